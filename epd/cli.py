@@ -1,0 +1,44 @@
+"""The ``epd`` command line: one console script, one subcommand per job.
+
+Each subcommand lives in its own module that defines ``add_arguments(parser)`` and
+``run(args) -> int``; modules are imported only when their subcommand runs, so ``epd --help``
+stays instant and a service never imports what another one needs (torch, vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]), run the chosen subcommand, return its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="epd",
+        description="Disaggregated Encode / Prefill / Decode serving for vision-language models.",
+        epilog="Run `epd COMMAND --help` for the flags of one command.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if args and args[0] in COMMANDS:
+        module_name, summary = COMMANDS[args[0]]
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(args[0], help=summary, description=summary)
+        module.add_arguments(sub)
+        parsed = parser.parse_args(args)
+        return int(module.run(parsed))
+    for name, (_, summary) in COMMANDS.items():
+        subparsers.add_parser(name, help=summary)
+    parser.parse_args(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

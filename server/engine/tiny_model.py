@@ -1,0 +1,215 @@
+"""Build a tiny random-weight Qwen2-VL model offline, deterministically.
+
+No model weights can be downloaded on the machines this project is built on, so tests and the
+embedded default run on a model made here: the real Qwen2-VL architecture (vision tower with
+patch merger, M-RoPE language model), a byte-level BPE tokenizer trained on a generated corpus,
+the Qwen chat template and processor configs. Same config -> the same bytes on every run.
+
+Random weights give near-uniform logits, and near-ties make greedy tokens flip between
+implementations (transformers vs vLLM kernels). The language model head is therefore scaled up
+(``lm_head_scale``) so the gap between the two most likely tokens is wide; tests check it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+
+CORPUS_WORDS = (
+    "the a an image picture photo of is shows describe what this that color red green blue cat "
+    "dog user assistant system you are helpful answer question small large hello world"
+).split()
+
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModelConfig:
+    """Sizes of the generated model. Head dims stay 64: vLLM's CPU attention supports it."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    vision_depth: int = 2
+    vision_embed_dim: int = 64
+    vision_num_heads: int = 2
+    vocab_size: int = 1000
+    min_pixels: int = 28 * 28 * 4
+    max_pixels: int = 28 * 28 * 64
+    init_range: float = 0.1
+    lm_head_scale: float = 8.0
+    seed: int = 0
+
+
+PRESETS: dict[str, TinyModelConfig] = {
+    "tiny": TinyModelConfig(),
+    # Encoding costs real time here (deeper, wider vision tower, up to 1024 patches per image).
+    "small": TinyModelConfig(
+        hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4, num_kv_heads=2,
+        vision_depth=8, vision_embed_dim=512, vision_num_heads=8, max_pixels=448 * 448,
+    ),
+}  # fmt: skip
+
+
+def preset(name: str, **overrides: Any) -> TinyModelConfig:
+    """Return the named preset ("tiny" or "small") with ``overrides`` applied."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    if config.hidden_size // config.num_heads != 64:
+        raise ValueError("hidden_size / num_heads must be 64 (vLLM CPU attention head size)")
+    return config
+
+
+def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
+                     progress: Progress | None = None) -> Path:
+    """Write the model to ``out_dir`` (replacing it atomically) and return the path."""
+    config = config or PRESETS["tiny"]
+    report = progress or (lambda _msg: None)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        report("training tokenizer")
+        tokenizer = _train_tokenizer(config)
+        report("saving processor")
+        _save_processor(tokenizer, config, staging)
+        report("initialising weights")
+        _save_model(tokenizer, config, staging)
+        (staging / "epd_tiny_model.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        for path in staging.iterdir():
+            path.chmod(0o644)
+        staging.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    report(f"saved {out}")
+    return out
+
+
+def _train_tokenizer(config: TinyModelConfig) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import Qwen2Tokenizer
+
+    rng = random.Random(config.seed)
+    corpus = [
+        " ".join(rng.choice(CORPUS_WORDS) for _ in range(rng.randint(3, 15))) + rng.choice(".?!")
+        for _ in range(3000)
+    ]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size - len(SPECIAL_TOKENS), special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    bpe.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = Qwen2Tokenizer(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+        bos_token=None, errors="replace", model_max_length=4096, chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
+    return tokenizer
+
+
+def _save_processor(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    sizes = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, patch_size=14,
+                 temporal_patch_size=2, merge_size=2)  # fmt: skip
+    image_processor = Qwen2VLImageProcessor(**sizes)
+    processor = Qwen2VLProcessor(
+        image_processor=image_processor, tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    processor.save_pretrained(out)
+    image_processor.save_pretrained(out)
+    tokenizer_config = out / "tokenizer_config.json"
+    data = json.loads(tokenizer_config.read_text())
+    data["chat_template"] = CHAT_TEMPLATE
+    tokenizer_config.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    head_dim = config.hidden_size // config.num_heads
+    model_config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+            max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=config.init_range,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                             "mrope_section": _mrope_section(head_dim)},
+            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=config.vision_depth, embed_dim=config.vision_embed_dim,
+            hidden_size=config.hidden_size, num_heads=config.vision_num_heads, mlp_ratio=2,
+            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+            initializer_range=config.init_range,
+        ),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+    )  # fmt: skip
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(config.seed)
+    model = Qwen2VLForConditionalGeneration(model_config).eval().to(torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(config.lm_head_scale)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.do_sample = False
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Split head_dim/2 rotary frequencies over (temporal, height, width) like Qwen2-VL (16:24:24)."""
+    half = head_dim // 2
+    temporal = half // 4
+    spatial = (half - temporal) // 2
+    return [temporal, spatial, half - temporal - spatial]

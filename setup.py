@@ -1,0 +1,21 @@
+"""Map the repository's top-level folders under one import namespace.
+
+server/ -> epd.server, client/ -> epd.client, scheduler/ -> epd.scheduler, epd/ -> epd
+(epd/v1 holds the generated protobuf stubs). Everything else lives in pyproject.toml; this
+file only exists because pyproject.toml cannot remap folders found by package discovery.
+"""
+
+from setuptools import find_packages, setup
+
+FOLDERS = {"epd": "epd", "epd.server": "server", "epd.client": "client", "epd.scheduler": "scheduler"}
+
+
+def packages_under(namespace: str, folder: str) -> list[str]:
+    return [namespace] + [f"{namespace}.{name}" for name in find_packages(folder)]
+
+
+setup(
+    packages=[name for ns, folder in FOLDERS.items() for name in packages_under(ns, folder)],
+    package_dir={ns: folder for ns, folder in FOLDERS.items()},
+    package_data={"epd.v1": ["*.pyi"]},
+)
