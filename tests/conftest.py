@@ -1,0 +1,71 @@
+"""Fixtures shared by every test tier.
+
+- ``tiny_model_dir``: the tiny Qwen2-VL built once per session (or taken from EPD_TEST_MODEL_DIR).
+- vLLM runs in-process where it can (VLLM_ENABLE_V1_MULTIPROCESSING=0), with its cache in a
+  temporary folder, and the files it leaves in /tmp are removed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="epd-tests-"))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CACHE_ROOT", str(_SESSION_TMP / "vllm-cache"))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_VLLM_TMP_PATTERNS = ("/tmp/vllm_dist_*", "/tmp/vllm-*", "/tmp/*.ipc")
+
+
+def _vllm_tmp_files() -> set[str]:
+    return {path for pattern in _VLLM_TMP_PATTERNS for path in glob.glob(pattern)}
+
+
+_PREEXISTING_TMP = _vllm_tmp_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove what vLLM left in /tmp during this session, and the session's own folder."""
+    for path in _vllm_tmp_files() - _PREEXISTING_TMP:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with_suppressed_unlink(path)
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+def with_suppressed_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+@pytest.fixture(scope="session")
+def session_tmp() -> Path:
+    """A folder that lives for the whole test session."""
+    return _SESSION_TMP
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Iterator[Path]:
+    """Path of the tiny test model, built once per session (seconds)."""
+    preset_dir = os.environ.get("EPD_TEST_MODEL_DIR")
+    if preset_dir:
+        yield Path(preset_dir)
+        return
+    from epd.server.engine.tiny_model import build_tiny_model
+
+    yield build_tiny_model(_SESSION_TMP / "tiny-qwen2-vl")
