@@ -7,7 +7,12 @@ file only exists because pyproject.toml cannot remap folders found by package di
 
 from setuptools import find_packages, setup
 
-FOLDERS = {"epd": "epd", "epd.server": "server", "epd.client": "client", "epd.scheduler": "scheduler"}
+FOLDERS = {
+    "epd": "epd",
+    "epd.server": "server",
+    "epd.client": "client",
+    "epd.scheduler": "scheduler",
+}
 
 
 def packages_under(namespace: str, folder: str) -> list[str]:

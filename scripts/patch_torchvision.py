@@ -50,7 +50,7 @@ def main() -> int:
         return 1
     target.write_text(patched)
     if not torchvision_imports():
-        print("patch_torchvision: torchvision still fails to import after the patch", file=sys.stderr)
+        print("patch_torchvision: torchvision still fails to import", file=sys.stderr)
         return 1
     print(f"patch_torchvision: guarded {count} decorators in {target}")
     return 0

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -42,15 +43,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
-            with_suppressed_unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
-
-
-def with_suppressed_unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,10 @@ SPECIAL_TOKENS = (
 )  # fmt: skip
 
 CORPUS_WORDS = (
-    "the a an image picture photo of is shows describe what this that color red green blue cat "
-    "dog user assistant system you are helpful answer question small large hello world"
-).split()
+    "the", "a", "an", "image", "picture", "photo", "of", "is", "shows", "describe", "what", "this",
+    "that", "color", "red", "green", "blue", "cat", "dog", "user", "assistant", "system", "you",
+    "are", "helpful", "answer", "question", "small", "large", "hello", "world",
+)
 
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}"
@@ -208,7 +209,7 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
 
 
 def _mrope_section(head_dim: int) -> list[int]:
-    """Split head_dim/2 rotary frequencies over (temporal, height, width) like Qwen2-VL (16:24:24)."""
+    """Split head_dim/2 rotary frequencies over (time, height, width) like Qwen2-VL (16:24:24)."""
     half = head_dim // 2
     temporal = half // 4
     spatial = (half - temporal) // 2

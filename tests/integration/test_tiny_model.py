@@ -1,0 +1,101 @@
+"""The tiny model: deterministic build, loads in transformers and vLLM, same greedy tokens."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from epd.server.engine.tiny_model import build_tiny_model, preset
+
+NUM_TOKENS = 24
+# Greedy tokens must not hinge on float noise: transformers and vLLM kernels differ by ~1e-5.
+MIN_TOP2_MARGIN = 0.02
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _image(seed: int, width: int, height: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 255, size=(height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+@pytest.fixture(scope="module")
+def chat() -> tuple[list[dict[str, object]], list[Image.Image]]:
+    messages: list[dict[str, object]] = [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "describe this picture"}, {"type": "image"},
+    ]}]  # fmt: skip
+    return messages, [_image(1, 96, 64), _image(2, 60, 90)]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(tiny_model_dir: Path, chat) -> tuple[str, list[int], list[float]]:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    messages, images = chat
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[prompt], images=images, return_tensors="pt")
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NUM_TOKENS, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    margins = [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
+    return prompt, tokens, margins
+
+
+def test_build_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:
+    again = build_tiny_model(tmp_path / "again")
+    assert _digest(again) == _digest(tiny_model_dir)
+
+
+def test_build_replaces_existing_output_and_reports_progress(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "stale.txt").write_text("left from an earlier build")
+    steps: list[str] = []
+    build_tiny_model(out, progress=steps.append)
+    assert not (out / "stale.txt").exists()
+    assert (out / "model.safetensors").is_file()
+    assert steps[-1] == f"saved {out}"
+
+
+def test_preset_rejects_unknown_name_and_bad_head_size() -> None:
+    with pytest.raises(ValueError, match="unknown model preset"):
+        preset("huge")
+    with pytest.raises(ValueError, match="must be 64"):
+        preset("tiny", hidden_size=96)
+
+
+def test_greedy_margins_are_wide(hf_greedy) -> None:
+    _, tokens, margins = hf_greedy
+    assert len(tokens) == NUM_TOKENS
+    assert min(margins) > MIN_TOP2_MARGIN, margins
+
+
+@pytest.mark.vllm
+def test_vllm_matches_transformers_token_for_token(tiny_model_dir: Path, chat, hf_greedy) -> None:
+    from vllm import LLM, SamplingParams
+
+    _, images = chat
+    prompt, hf_tokens, _ = hf_greedy
+    llm = LLM(
+        str(tiny_model_dir), dtype="float32", enforce_eager=True, max_model_len=2048,
+        kv_cache_memory_bytes=128 << 20, limit_mm_per_prompt={"image": 2}, seed=0,
+    )  # fmt: skip
+    try:
+        outputs = llm.generate(
+            {"prompt": prompt, "multi_modal_data": {"image": images}},
+            SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True),
+        )
+        assert list(outputs[0].outputs[0].token_ids) == hf_tokens
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
