@@ -32,6 +32,9 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 export PIP_NO_WARN_SCRIPT_LOCATION=1
+# Some machines' pip configuration names local package indexes that may be absent; pip warns
+# about each of them on every call. Keep the log readable by dropping exactly those lines.
+exec 2> >(grep -v --line-buffered "^WARNING: Location 'file:" >&2)
 "${PIP[@]}" install --upgrade pip
 
 # torch first and exactly pinned: a loose `torch` requirement anywhere would pull a CUDA build
