@@ -23,6 +23,7 @@ class Code(enum.Enum):
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
     UNIMPLEMENTED = "UNIMPLEMENTED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
     INTERNAL = "INTERNAL"
 
 
@@ -108,3 +109,17 @@ class Internal(EpdError):
 
     code = Code.INTERNAL
     default_reason = "INTERNAL"
+
+
+class Unauthenticated(EpdError):
+    """The call carries no valid credentials."""
+
+    code = Code.UNAUTHENTICATED
+    default_reason = "UNAUTHENTICATED"
+
+
+class Cancelled(EpdError):
+    """The caller went away or cancelled the call."""
+
+    code = Code.CANCELLED
+    default_reason = "CANCELLED"

@@ -1,0 +1,114 @@
+"""Client channels to epd services: tracing, auth, TLS and message limits configured alike."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+from epd.server.common.auth import bearer_metadata
+from epd.server.common.errors import Unavailable
+
+MiB = 1 << 20
+
+
+class _MetadataInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds fixed metadata (e.g. the bearer token) to every call."""
+
+    def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
+        self._pairs = tuple(pairs)
+
+    def _with_metadata(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._pairs)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_metadata(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_metadata(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._with_metadata(details), requests)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._with_metadata(details), requests)
+
+
+def create_channel(
+    endpoint: str,
+    *,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    auth_token: str | None = None,
+    max_message_bytes: int = 64 * MiB,
+) -> grpc.aio.Channel:
+    """Open an aio channel to ``endpoint`` (host:port).
+
+    Every call carries the current trace context (W3C, via the OpenTelemetry interceptors) and,
+    with ``auth_token``, ``authorization: Bearer``. TLS is used when any TLS file is given
+    (``tls_ca_file`` to verify the server, cert + key for mTLS).
+    """
+    interceptors: list[Any] = list(aio_client_interceptors())
+    if auth_token:
+        interceptors.append(_MetadataInterceptor([bearer_metadata(auth_token)]))
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    if not (tls_ca_file or tls_cert_file):
+        return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
+        private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
+        certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
+    )
+    return grpc.aio.secure_channel(
+        endpoint, credentials, options=options, interceptors=interceptors
+    )
+
+
+async def wait_for_health(
+    endpoint: str, *, service: str = "", timeout_s: float = 60.0, interval_s: float = 0.1,
+    channel: grpc.aio.Channel | None = None,
+) -> None:  # fmt: skip
+    """Poll grpc.health.v1 at ``endpoint`` until ``service`` is SERVING.
+
+    Raises Unavailable (reason NOT_HEALTHY) with the last status seen when ``timeout_s`` passes.
+    """
+    own_channel = channel is None
+    channel = channel or create_channel(endpoint)
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    try:
+        while True:
+            try:
+                request = health_pb2.HealthCheckRequest(service=service)
+                reply = await stub.Check(request, timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.aio.AioRpcError as e:
+                last = f"{e.code().name}: {e.details()}"
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"{endpoint} not healthy after {timeout_s:.0f}s (last: {last})",
+                                  reason="NOT_HEALTHY", metadata={"endpoint": endpoint})
+            await asyncio.sleep(interval_s)
+    finally:
+        if own_channel:
+            await channel.close()

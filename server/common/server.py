@@ -1,0 +1,237 @@
+"""One way to build and run an epd gRPC server.
+
+``build_server`` gives every service the same behaviour: standard health (NOT_SERVING until the
+service calls ``mark_serving``, NOT_SERVING again once draining), server reflection (so
+``grpcurl -plaintext HOST:PORT list`` works without .proto files), OpenTelemetry spans for every
+RPC with the caller's trace context, optional bearer-token auth and TLS / mTLS, and message-size
+limits. ``serve`` runs a built server until SIGTERM or SIGINT and then drains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+from epd.server.common.auth import BearerTokenInterceptor
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+DrainCallback = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    """Network, security and shutdown settings shared by every epd server."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_message_bytes: int = 64 * MiB
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    auth_token: str | None = None
+    drain_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_message_bytes <= 0:
+            raise ValueError("max message size must be positive")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("TLS needs both a certificate and a key file")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("mTLS (a client CA) needs the server's own certificate and key")
+        if self.drain_grace_s < 0:
+            raise ValueError("drain grace must not be negative")
+
+    @property
+    def address(self) -> str:
+        """The address to bind, host:port (IPv6 hosts bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, default_port: int = 0) -> None:
+        """Add the server flags to ``parser``; each falls back to an EPD_* environment variable."""
+        env = os.environ.get
+        group = parser.add_argument_group("server")
+        group.add_argument("--host", default=env("EPD_HOST", "127.0.0.1"),
+                           help="address to listen on (env EPD_HOST; default 127.0.0.1; "
+                                "0.0.0.0 or :: for all interfaces)")
+        group.add_argument("--port", type=int, default=int(env("EPD_PORT", default_port)),
+                           help=f"port to listen on, 0 picks a free one (env EPD_PORT; "
+                                f"default {default_port})")
+        group.add_argument("--max-message-mb", type=float,
+                           default=float(env("EPD_MAX_MESSAGE_MB", 64)),
+                           help="largest gRPC message sent or received, in MiB "
+                                "(env EPD_MAX_MESSAGE_MB; default 64)")
+        group.add_argument("--tls-cert", default=env("EPD_TLS_CERT"),
+                           help="PEM certificate chain; serves TLS when set (env EPD_TLS_CERT)")
+        group.add_argument("--tls-key", default=env("EPD_TLS_KEY"),
+                           help="PEM private key for --tls-cert (env EPD_TLS_KEY)")
+        group.add_argument("--tls-client-ca", default=env("EPD_TLS_CLIENT_CA"),
+                           help="PEM CA bundle; requires and verifies client certificates "
+                                "(mTLS) when set (env EPD_TLS_CLIENT_CA)")
+        group.add_argument("--auth-token", default=env("EPD_AUTH_TOKEN"),
+                           help="require 'authorization: Bearer TOKEN' on every RPC except "
+                                "health checks (env EPD_AUTH_TOKEN)")
+        group.add_argument("--drain-grace-s", type=float,
+                           default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
+                           help="on SIGTERM, seconds in-flight RPCs get to finish "
+                                "(env EPD_DRAIN_GRACE_S; default 10)")  # fmt: skip
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerOptions:
+        """Build options from flags added by ``add_arguments``."""
+        return cls(
+            host=args.host, port=args.port, max_message_bytes=int(args.max_message_mb * MiB),
+            tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
+            tls_client_ca_file=args.tls_client_ca, auth_token=args.auth_token or None,
+            drain_grace_s=args.drain_grace_s,
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class ServiceBinding:
+    """One service to serve: its full name, the servicer, and the generated ``add_*`` function."""
+
+    name: str
+    servicer: object
+    register: Callable[[Any, grpc.aio.Server], None]
+
+
+@dataclass
+class EpdServer:
+    """A running server: its port, health state and drain logic."""
+
+    grpc_server: grpc.aio.Server
+    port: int
+    service_names: list[str]
+    health_servicer: health.aio.HealthServicer
+    options: ServerOptions
+    _drain_callbacks: list[DrainCallback] = field(default_factory=list)
+    _drain_task: asyncio.Task[None] | None = None
+
+    async def mark_serving(self) -> None:
+        """Report SERVING for every service (call once warm, e.g. after the model loaded)."""
+        await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+
+    async def mark_not_serving(self) -> None:
+        """Report NOT_SERVING for every service while staying up."""
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def add_drain_callback(self, callback: DrainCallback) -> None:
+        """Run ``callback`` when draining starts, before in-flight RPCs finish (e.g. deregister)."""
+        self._drain_callbacks.append(callback)
+
+    async def drain_and_stop(self, grace: float | None = None) -> None:
+        """Stop taking work: health NOT_SERVING, drain callbacks, then let in-flight RPCs finish
+        within ``grace`` seconds (default: options.drain_grace_s) while refusing new ones.
+        Idempotent: later calls wait for the first drain to finish."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain(grace))
+        await asyncio.shield(self._drain_task)
+
+    async def wait_for_termination(self) -> None:
+        """Wait until the server has stopped."""
+        await self.grpc_server.wait_for_termination()
+
+    async def _drain(self, grace: float | None) -> None:
+        await self.health_servicer.enter_graceful_shutdown()
+        for callback in self._drain_callbacks:
+            try:
+                await callback()
+            except Exception:
+                logger.exception("drain callback failed")
+        await self.grpc_server.stop(self.options.drain_grace_s if grace is None else grace)
+
+    async def _set_all(self, status: int) -> None:
+        for name in ["", *self.service_names]:
+            await self.health_servicer.set(name, status)
+
+
+async def build_server(bindings: Sequence[ServiceBinding],
+                       options: ServerOptions | None = None) -> tuple[EpdServer, int]:  # fmt: skip
+    """Create, bind and start a server for ``bindings``; returns it and the bound port."""
+    options = options or ServerOptions()
+    interceptors: list[grpc.aio.ServerInterceptor] = [aio_server_interceptor()]
+    if options.auth_token:
+        interceptors.insert(0, BearerTokenInterceptor(options.auth_token))
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])  # fmt: skip
+    for binding in bindings:
+        binding.register(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [binding.name for binding in bindings]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server,
+    )  # fmt: skip
+    port = _bind(server, options)
+    epd_server = EpdServer(server, port, names, health_servicer, options)
+    await epd_server.mark_not_serving()
+    await server.start()
+    logger.info("serving %s on %s:%d", ", ".join(names), options.host, port)
+    return epd_server, port
+
+
+def _bind(server: grpc.aio.Server, options: ServerOptions) -> int:
+    if not options.tls_cert_file:
+        port = server.add_insecure_port(options.address)
+    else:
+        assert options.tls_key_file is not None
+        ca_file = options.tls_client_ca_file
+        client_ca = Path(ca_file).read_bytes() if ca_file else None
+        credentials = grpc.ssl_server_credentials(
+            [(Path(options.tls_key_file).read_bytes(), Path(options.tls_cert_file).read_bytes())],
+            root_certificates=client_ca, require_client_auth=client_ca is not None,
+        )  # fmt: skip
+        port = server.add_secure_port(options.address, credentials)
+    if port == 0:
+        raise OSError(f"could not bind {options.address}")
+    return int(port)
+
+
+async def serve(server: EpdServer) -> None:
+    """Run until SIGTERM/SIGINT (or the server stops), then drain. A second signal stops now."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def on_signal() -> None:
+        if stop_requested.is_set():
+            logger.warning("second signal: stopping without grace")
+            loop.create_task(server.grpc_server.stop(0))
+        stop_requested.set()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        waiter = asyncio.ensure_future(stop_requested.wait())
+        terminated = asyncio.ensure_future(server.wait_for_termination())
+        await asyncio.wait({waiter, terminated}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_requested.is_set():
+            logger.info("signal received: draining")
+            await server.drain_and_stop()
+        waiter.cancel()
+        await terminated
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,147 @@
+"""Tracing and logging set-up shared by every process.
+
+Traces: one OpenTelemetry TracerProvider per process, exporting where ``--trace-exporter`` says:
+``none`` (default), ``console``, ``otlp-grpc[=ENDPOINT]``, ``otlp-http[=ENDPOINT]`` or
+``json:PATH`` (one JSON span per line appended to PATH, shared safely by several processes).
+Trace context crosses processes in gRPC metadata through the instrumentation interceptors that
+``build_server`` and ``create_channel`` install.
+
+Logs: one line per record with the current trace and span ids, so logs and traces join.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+_lock = threading.Lock()
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends each finished span as one JSON object per line to a file."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(span.to_json(indent=None) + "\n" for span in spans)
+        with self._lock:
+            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, lines.encode())
+            finally:
+                os.close(fd)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def make_exporter(spec: str) -> tuple[SpanExporter, bool] | None:
+    """Parse an exporter spec; returns (exporter, export_synchronously) or None for "none"."""
+    kind, _, target = spec.partition("=")
+    if spec.startswith("json:"):
+        path = spec.removeprefix("json:")
+        if not path:
+            raise ValueError("json exporter needs a path: json:PATH")
+        return JsonLinesSpanExporter(path), True
+    if kind == "none":
+        return None
+    if kind == "console":
+        return ConsoleSpanExporter(), True
+    if kind == "otlp-grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=target or None), False
+    if kind == "otlp-http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter(endpoint=target or None), False
+    raise ValueError(
+        f"unknown trace exporter {spec!r}: use none, console, otlp-grpc[=ENDPOINT], "
+        "otlp-http[=ENDPOINT] or json:PATH"
+    )
+
+
+def configure_tracing(service_name: str, exporter: str | None = None) -> TracerProvider:
+    """Install (once per process) and return the SDK tracer provider for ``service_name``.
+
+    ``exporter`` defaults to $EPD_TRACE_EXPORTER, else "none". Calling again adds the exporter
+    to the provider already installed (the global provider can be set only once).
+    """
+    spec = exporter or os.environ.get("EPD_TRACE_EXPORTER", "none")
+    parsed = make_exporter(spec)
+    with _lock:
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+            trace.set_tracer_provider(provider)
+        if parsed is not None:
+            span_exporter, synchronous = parsed
+            processor = SimpleSpanProcessor if synchronous else BatchSpanProcessor
+            provider.add_span_processor(processor(span_exporter))
+    return provider
+
+
+def tracer(name: str) -> trace.Tracer:
+    """The tracer for instrumenting module ``name``."""
+    return trace.get_tracer(name)
+
+
+class TraceContextFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (hex, or "-") of the current span to every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        record.trace_id = f"{context.trace_id:032x}" if context.is_valid else "-"
+        record.span_id = f"{context.span_id:016x}" if context.is_valid else "-"
+        return True
+
+
+LOG_FORMAT = ("%(asctime)s %(levelname)s %(name)s trace=%(trace_id)s span=%(span_id)s "
+              "%(message)s")  # fmt: skip
+
+
+def configure_logging(level: str | None = None) -> None:
+    """Log one line per record to stderr with trace ids; level from arg, $EPD_LOG_LEVEL or INFO."""
+    handler = logging.StreamHandler()
+    handler.addFilter(TraceContextFilter())
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel((level or os.environ.get("EPD_LOG_LEVEL", "INFO")).upper())
+
+
+def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --trace-exporter and --log-level to ``parser``."""
+    group = parser.add_argument_group("telemetry")
+    group.add_argument("--trace-exporter", default=os.environ.get("EPD_TRACE_EXPORTER", "none"),
+                       help="where spans go: none, console, otlp-grpc[=ENDPOINT], "
+                            "otlp-http[=ENDPOINT] or json:PATH (env EPD_TRACE_EXPORTER)")
+    group.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"),
+                       choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                       help="log level (env EPD_LOG_LEVEL; default INFO)")  # fmt: skip
+
+
+def configure_from_args(service_name: str, args: argparse.Namespace) -> Any:
+    """Apply the flags added by ``add_telemetry_arguments``."""
+    configure_logging(args.log_level)
+    return configure_tracing(service_name, args.trace_exporter)

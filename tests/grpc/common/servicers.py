@@ -1,0 +1,55 @@
+"""Test servicers for the scaffold: real epd.v1 services with behaviour chosen per test."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from epd.server.common import errors
+from epd.server.common.server import ServiceBinding
+from epd.server.common.status import handle_errors
+from epd.v1 import encode_service_pb2 as encode_pb
+from epd.v1 import encode_service_pb2_grpc as encode_grpc
+
+
+class ScriptedEncodeService(encode_grpc.EncodeServiceServicer):  # type: ignore[misc]
+    """Release raises ``release_error`` if set; Encode streams one response per item, pausing
+    ``item_delay_s`` between items, and raises ``encode_error`` after the first item if set."""
+
+    def __init__(self) -> None:
+        self.release_error: Exception | None = None
+        self.encode_error: Exception | None = None
+        self.item_delay_s = 0.0
+        self.on_release: Callable[[], Any] | None = None
+
+    @handle_errors
+    async def Release(self, request: Any, context: Any) -> encode_pb.ReleaseResponse:
+        if self.on_release is not None:
+            await self.on_release()
+        if self.release_error is not None:
+            raise self.release_error
+        return encode_pb.ReleaseResponse(num_released=len(request.lease_ids))
+
+    @handle_errors
+    async def Encode(self, request: Any, context: Any) -> AsyncIterator[encode_pb.EncodeResponse]:
+        for index, item in enumerate(request.items):
+            if index and self.encode_error is not None:
+                raise self.encode_error
+            await asyncio.sleep(self.item_delay_s)
+            yield encode_pb.EncodeResponse(item_index=index, mm_hash=item.mm_hash)
+
+
+def encode_binding(servicer: ScriptedEncodeService) -> ServiceBinding:
+    return ServiceBinding("epd.v1.EncodeService", servicer,
+                          encode_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
+
+
+def errors_under_test() -> list[errors.EpdError]:
+    return [
+        errors.InvalidArgument("bad image", reason="IMAGE_TOO_LARGE", metadata={"limit": "10"}),
+        errors.NotFound("lease gone", reason="LEASE_EXPIRED"),
+        errors.ResourceExhausted("queue full", reason="QUEUE_FULL"),
+        errors.Unavailable("no encoder", reason="NO_ENCODER"),
+        errors.FailedPrecondition("wrong mode", reason="WRONG_MODE"),
+    ]
