@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
+    "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
+                 "with the reference engine"),
 }
 
 

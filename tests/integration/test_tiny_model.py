@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
+from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.tiny_model import build_tiny_model, preset
 
 NUM_TOKENS = 24
@@ -36,19 +36,10 @@ def chat() -> tuple[list[dict[str, object]], list[Image.Image]]:
 
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_model_dir: Path, chat) -> tuple[str, list[int], list[float]]:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
     messages, images = chat
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[prompt], images=images, return_tensors="pt")
-    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=NUM_TOKENS, do_sample=False,
-                             output_scores=True, return_dict_in_generate=True)  # fmt: skip
-    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    margins = [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
-    return prompt, tokens, margins
+    engine = ReferenceEngine(tiny_model_dir)
+    result = engine.generate(messages, images, max_tokens=NUM_TOKENS, ignore_eos=True)
+    return engine.render(messages), result.token_ids, result.top2_margins
 
 
 def test_build_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -1,0 +1,53 @@
+"""The ``epd`` console script as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+EPD = [sys.executable, "-m", "epd"]
+
+
+def run_epd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EPD, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_help_lists_commands() -> None:
+    result = run_epd("--help")
+    assert result.returncode == 0
+    assert "model" in result.stdout and "generate" in result.stdout
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = run_epd("frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_model_tiny_reports_progress_and_rejects_bad_sizes(tmp_path: Path) -> None:
+    built = run_epd("model", "tiny", "--out", str(tmp_path / "m"))
+    assert built.returncode == 0, built.stderr
+    assert "training tokenizer" in built.stderr and "saved" in built.stderr
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    bad = run_epd("model", "tiny", "--out", str(tmp_path / "x"), "--hidden-size", "100")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_generate_answers_about_an_image(tiny_model_dir: Path, tmp_path: Path) -> None:
+    image = tmp_path / "red.png"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(image)
+    result = run_epd("generate", "--model", str(tiny_model_dir), "--image", str(image),
+                     "--max-tokens", "5", "What color is it?")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "answer:" in result.stdout and "1 image(s)" in result.stdout
+
+
+def test_generate_rejects_unreadable_image_without_traceback(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    result = run_epd("generate", "--model", str(tmp_path), "--image", str(broken))
+    assert result.returncode == 2
+    assert "cannot read image" in result.stderr and "Traceback" not in result.stderr
