@@ -1,0 +1,63 @@
+"""The two sides of a tensor handoff.
+
+A producer (the process that computed a tensor, e.g. an encoder) calls ``put`` once per tensor;
+the payload is copied into memory the producer owns and a ``TensorRef`` comes back to send over
+gRPC. A consumer (e.g. a prefill worker), in another process or on another host, calls ``get`` with
+that reference. The producer keeps the payload until ``release`` is called with the lease id (the
+holder of the reference decides when: after the consumer is done) or until the lease expires and
+``reap_expired`` frees it. Nothing is freed by ``get``.
+
+Who frees what:
+- ``put`` -> the producer owns the payload until release or expiry.
+- ``get(copy=False)`` -> a zero-copy view where the backend allows it, valid only until the lease
+  is released (afterwards its memory may hold another tensor). ``get(copy=True)`` returns a
+  private tensor the caller owns.
+- ``release`` is idempotent: unknown or already released leases return False.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from epd.server.transfer.leases import LeaseInfo
+from epd.v1 import tensor_pb2
+
+
+class TensorProducer(ABC):
+    """Producer side of one backend. Thread-safe."""
+
+    kind: str
+
+    @abstractmethod
+    def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
+        """Copy ``tensor`` (CPU) into producer-owned memory; return its reference."""
+
+    def release(self, lease_id: str) -> bool:
+        """Free the payload of ``lease_id``. Returns whether it was held. Idempotent."""
+        return False
+
+    def held(self) -> list[LeaseInfo]:
+        """Payloads still held (for leak checks and debugging)."""
+        return []
+
+    def reap_expired(self) -> int:
+        """Free payloads whose lease expired; returns how many."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free everything this producer holds. The producer is unusable afterwards."""
+
+
+class TensorConsumer(ABC):
+    """Consumer side of one backend. Thread-safe."""
+
+    kind: str
+
+    @abstractmethod
+    def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
+        """The tensor ``ref`` points to (see the module docstring for the view's lifetime)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Drop cached connections or mappings."""

@@ -1,0 +1,77 @@
+"""Lease bookkeeping shared by producers: who holds what until when (no I/O, injectable clock)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+Payload = TypeVar("Payload")
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """One payload still held by a producer."""
+
+    lease_id: str
+    kind: str
+    byte_size: int
+    location: str
+    expires_at: float
+
+
+@dataclass(slots=True)
+class _Entry(Generic[Payload]):
+    info: LeaseInfo
+    payload: Payload
+
+
+class LeaseTable(Generic[Payload]):
+    """Thread-safe map of lease id -> payload with expiry times on ``clock`` (seconds)."""
+
+    def __init__(self, clock: Clock = time.time) -> None:
+        self._clock = clock
+        self._entries: dict[str, _Entry[Payload]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, payload: Payload, *, kind: str, byte_size: int, location: str,
+            ttl_s: float) -> LeaseInfo:  # fmt: skip
+        """Hold ``payload`` under a new lease that expires ``ttl_s`` from now."""
+        info = LeaseInfo(uuid.uuid4().hex, kind, byte_size, location, self._clock() + ttl_s)
+        with self._lock:
+            self._entries[info.lease_id] = _Entry(info, payload)
+        return info
+
+    def pop(self, lease_id: str) -> Payload | None:
+        """Remove and return the payload of ``lease_id``; None if unknown or already gone."""
+        with self._lock:
+            entry = self._entries.pop(lease_id, None)
+        return None if entry is None else entry.payload
+
+    def pop_expired(self) -> list[Payload]:
+        """Remove and return every payload whose lease has expired."""
+        now = self._clock()
+        with self._lock:
+            expired = [key for key, e in self._entries.items() if e.info.expires_at <= now]
+            return [self._entries.pop(key).payload for key in expired]
+
+    def pop_all(self) -> list[Payload]:
+        """Remove and return every payload (shutdown)."""
+        with self._lock:
+            payloads = [entry.payload for entry in self._entries.values()]
+            self._entries.clear()
+        return payloads
+
+    def held(self) -> list[LeaseInfo]:
+        """The leases still held, oldest expiry first."""
+        with self._lock:
+            infos = [entry.info for entry in self._entries.values()]
+        return sorted(infos, key=lambda info: info.expires_at)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

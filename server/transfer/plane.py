@@ -1,0 +1,147 @@
+"""One data plane per process: picks the backend for each handoff and frees what is not released.
+
+Choice for ``put``: an explicit preference (argument, or $EPD_TRANSFER_KIND for the whole process)
+wins; otherwise shared memory when the consumer's host id equals ours, else inline (NIXL is the
+cross-host backend once enabled; until then inline is the fallback). ``get`` dispatches on the
+reference's location. A background reaper frees payloads whose lease expired, so a consumer that
+dies never leaks producer memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+
+import torch
+
+from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.inline import InlineConsumer, InlineProducer
+from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.shm import ShmConsumer, ShmProducer
+from epd.v1 import tensor_pb2
+
+logger = logging.getLogger(__name__)
+
+KIND_NAMES: dict[int, str] = {
+    tensor_pb2.TRANSFER_KIND_SHM: "shm",
+    tensor_pb2.TRANSFER_KIND_NIXL: "nixl",
+    tensor_pb2.TRANSFER_KIND_INLINE: "inline",
+}
+KINDS_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
+
+
+def default_host_id() -> str:
+    """$EPD_HOST_ID, else hostname plus boot id: equal exactly for processes sharing /dev/shm."""
+    if os.environ.get("EPD_HOST_ID"):
+        return os.environ["EPD_HOST_ID"]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "noboot"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def parse_kind(name: str) -> int:
+    """TransferKind for "shm", "nixl", "inline" or "auto" (UNSPECIFIED)."""
+    if name in ("", "auto"):
+        return tensor_pb2.TRANSFER_KIND_UNSPECIFIED
+    if name not in KINDS_BY_NAME:
+        raise ValueError(f"unknown transfer kind {name!r}: use auto, shm, nixl or inline")
+    return KINDS_BY_NAME[name]
+
+
+class DataPlane:
+    """Producer and consumer of every available backend, for one process."""
+
+    def __init__(self, host_id: str | None = None, *, producer_endpoint: str = "",
+                 lease_ttl_s: float = 60.0, max_inline_bytes: int = 8 << 20,
+                 forced_kind: str | None = None) -> None:  # fmt: skip
+        self.host_id = host_id or default_host_id()
+        self.max_inline_bytes = max_inline_bytes
+        self.forced_kind = parse_kind(forced_kind or os.environ.get("EPD_TRANSFER_KIND", ""))
+        self.producers: dict[int, TensorProducer] = {
+            tensor_pb2.TRANSFER_KIND_SHM: ShmProducer(
+                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s),
+            tensor_pb2.TRANSFER_KIND_INLINE: InlineProducer(),
+        }  # fmt: skip
+        self.consumers: dict[str, TensorConsumer] = {
+            "shm": ShmConsumer(self.host_id), "inline_data": InlineConsumer(),
+        }
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def choose(self, consumer_host_id: str, preferred: int) -> int:
+        """The backend for a handoff to ``consumer_host_id`` (see the module docstring)."""
+        kind = preferred or self.forced_kind
+        if not kind:
+            kind = (tensor_pb2.TRANSFER_KIND_SHM if consumer_host_id == self.host_id
+                    else tensor_pb2.TRANSFER_KIND_INLINE)  # fmt: skip
+        if kind not in self.producers:
+            raise FailedPrecondition(f"transfer kind {KIND_NAMES.get(int(kind), kind)} is not "
+                                     "available in this process", reason="TRANSFER_UNAVAILABLE")
+        return kind
+
+    def put(self, tensor: torch.Tensor, consumer_host_id: str = "", *,
+            preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
+            ttl_s: float | None = None) -> tensor_pb2.TensorRef:  # fmt: skip
+        """Hand ``tensor`` over for a consumer on ``consumer_host_id``; returns the reference."""
+        kind = self.choose(consumer_host_id, preferred)
+        num_bytes = tensor.numel() * tensor.element_size()
+        if kind == tensor_pb2.TRANSFER_KIND_INLINE and num_bytes > self.max_inline_bytes:
+            raise InvalidArgument(f"{num_bytes} bytes is too large to send inline (limit "
+                                  f"{self.max_inline_bytes}); run producer and consumer on one "
+                                  "host or enable nixl", reason="INLINE_TOO_LARGE")  # fmt: skip
+        return self.producers[kind].put(tensor.detach().cpu(), ttl_s=ttl_s)
+
+    def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
+        """The tensor behind ``ref``: a view valid until its lease is released, or a copy."""
+        location = ref.WhichOneof("location")
+        if ref.lease_expire_time_ms and ref.lease_expire_time_ms < time.time() * 1000:
+            raise NotFound(f"lease {ref.lease_id} expired", reason="LEASE_EXPIRED")
+        consumer = self.consumers.get(location or "")
+        if consumer is None:
+            raise InvalidArgument(f"this process cannot read {location or 'a missing'} location",
+                                  reason="BAD_TENSOR_REF")  # fmt: skip
+        return consumer.get(ref, copy=copy)
+
+    def release(self, lease_ids: Iterable[str]) -> int:
+        """Free the given leases (unknown ones are ignored); returns how many were held."""
+        return sum(producer.release(lease_id) for lease_id in lease_ids
+                   for producer in self.producers.values())  # fmt: skip
+
+    def held(self) -> list[LeaseInfo]:
+        """Every payload this process still holds."""
+        return [info for producer in self.producers.values() for info in producer.held()]
+
+    def reap_expired(self) -> int:
+        """Free expired leases now; returns how many."""
+        return sum(producer.reap_expired() for producer in self.producers.values())
+
+    def start_reaper(self, interval_s: float = 1.0) -> None:
+        """Reap expired leases every ``interval_s`` in a daemon thread until ``close``."""
+        if self._reaper is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                if freed := self.reap_expired():
+                    logger.warning("freed %d payloads whose lease expired unreleased", freed)
+
+        self._reaper = threading.Thread(target=loop, name="epd-lease-reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        """Stop the reaper and free every payload."""
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
+        for producer in self.producers.values():
+            producer.close()
+        for consumer in self.consumers.values():
+            consumer.close()

@@ -1,0 +1,272 @@
+"""The shared-memory backend: POSIX segments in /dev/shm, pooled, read zero-copy.
+
+Segments are files under /dev/shm created 0600 with a per-process prefix
+``epd-<pid>-<process start time>-``, so a starting producer can tell leftovers of dead processes
+(or of an earlier process that had the same pid) from live ones and unlink them. Segments are
+mapped with plain ``mmap`` (not ``multiprocessing.shared_memory``), so Python's resource_tracker
+never registers, warns about or unlinks them behind our back.
+
+Each segment starts with a 64-byte header holding the lease id of the payload it carries. A
+consumer checks it, so a reference whose lease was released (and whose segment was reused for
+another tensor) fails with NOT_FOUND instead of returning someone else's data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
+from epd.server.transfer.tensors import as_bytes, check_ref, describe, from_bytes
+from epd.v1 import tensor_pb2
+
+SHM_DIR = "/dev/shm"
+HEADER_BYTES = 64
+MAGIC = b"EPDSHM01"
+MIN_SEGMENT_BYTES = 64 << 10
+_NAME = re.compile(r"^epd-(\d+)-(\d+)-\d+$")
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_prefix(pid: int | None = None) -> str:
+    """Segment name prefix of process ``pid`` (default: this one)."""
+    pid = os.getpid() if pid is None else pid
+    return f"epd-{pid}-{_start_time(pid) or 0}-"
+
+
+def list_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Names of every epd segment in ``shm_dir`` (all processes)."""
+    return sorted(name for name in os.listdir(shm_dir) if _NAME.match(name))
+
+
+def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink segments whose creating process is gone (or whose pid was reused). Returns names."""
+    removed = []
+    for name in list_segments(shm_dir):
+        match = _NAME.match(name)
+        assert match is not None
+        pid, started = int(match.group(1)), int(match.group(2))
+        if _start_time(pid) == started:
+            continue
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _size_class(num_bytes: int) -> int:
+    needed = max(num_bytes + HEADER_BYTES, MIN_SEGMENT_BYTES)
+    return 1 << (needed - 1).bit_length()
+
+
+@dataclass(slots=True)
+class Segment:
+    """One mapped segment owned by this producer."""
+
+    name: str
+    capacity: int
+    buffer: mmap.mmap
+
+    def payload(self, num_bytes: int) -> torch.Tensor:
+        """A writable uint8 view of the first ``num_bytes`` payload bytes."""
+        view = torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.capacity)
+        return view[HEADER_BYTES:HEADER_BYTES + num_bytes]
+
+    def stamp(self, lease_id: str) -> None:
+        self.buffer[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+
+
+class SegmentPool:
+    """Segments by power-of-two size class, reused after release (creating one per transfer is
+    several times slower). Idle segments beyond ``max_idle_bytes`` are unlinked."""
+
+    def __init__(self, shm_dir: str = SHM_DIR, max_idle_bytes: int = 1 << 30) -> None:
+        self._dir = shm_dir
+        self._prefix = process_prefix()
+        self._max_idle = max_idle_bytes
+        self._idle: dict[int, list[Segment]] = defaultdict(list)
+        self._idle_bytes = 0
+        self._counter = 0
+        self._lock = threading.Lock()
+        self.num_created = 0
+
+    def acquire(self, num_bytes: int) -> Segment:
+        """A segment with room for ``num_bytes`` of payload."""
+        capacity = _size_class(num_bytes)
+        with self._lock:
+            if self._idle[capacity]:
+                self._idle_bytes -= capacity
+                return self._idle[capacity].pop()
+            self._counter += 1
+            name = f"{self._prefix}{self._counter}"
+        return self._create(name, capacity)
+
+    def give_back(self, segment: Segment) -> None:
+        """Return ``segment`` for reuse (or unlink it if the idle budget is full)."""
+        segment.buffer[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        with self._lock:
+            if self._idle_bytes + segment.capacity <= self._max_idle:
+                self._idle[segment.capacity].append(segment)
+                self._idle_bytes += segment.capacity
+                return
+        self._destroy(segment)
+
+    def close(self) -> None:
+        """Unlink every idle segment."""
+        with self._lock:
+            idle = [segment for segments in self._idle.values() for segment in segments]
+            self._idle.clear()
+            self._idle_bytes = 0
+        for segment in idle:
+            self._destroy(segment)
+
+    def _create(self, name: str, capacity: int) -> Segment:
+        path = os.path.join(self._dir, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, capacity)
+            buffer = mmap.mmap(fd, capacity)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        self.num_created += 1
+        return Segment(name, capacity, buffer)
+
+    def _destroy(self, segment: Segment) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self._dir, segment.name))
+        # NOTE: BufferError means a local view still exists; the mapping goes when it is collected.
+        with contextlib.suppress(BufferError):
+            segment.buffer.close()
+
+
+class ShmProducer(TensorProducer):
+    """Puts tensors into pooled segments under leases; removes dead processes' leftovers."""
+
+    kind = "shm"
+
+    def __init__(self, host_id: str, *, producer_endpoint: str = "", ttl_s: float = 60.0,
+                 clock: Clock = time.time, shm_dir: str = SHM_DIR,
+                 max_idle_bytes: int = 1 << 30) -> None:  # fmt: skip
+        self.host_id = host_id
+        self.producer_endpoint = producer_endpoint
+        self.ttl_s = ttl_s
+        self.orphans_removed = cleanup_orphans(shm_dir)
+        self._pool = SegmentPool(shm_dir, max_idle_bytes)
+        self._leases: LeaseTable[Segment] = LeaseTable(clock)
+
+    def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
+        ref = describe(tensor)
+        segment = self._pool.acquire(ref.byte_size)
+        segment.payload(ref.byte_size).copy_(as_bytes(tensor))
+        info = self._leases.add(segment, kind=self.kind, byte_size=ref.byte_size,
+                                location=segment.name, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
+        segment.stamp(info.lease_id)
+        ref.shm.CopyFrom(tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES,
+                                                size=ref.byte_size))  # fmt: skip
+        ref.host_id = self.host_id
+        ref.lease_id = info.lease_id
+        ref.lease_expire_time_ms = int(info.expires_at * 1000)
+        ref.producer_endpoint = self.producer_endpoint
+        return ref
+
+    def release(self, lease_id: str) -> bool:
+        segment = self._leases.pop(lease_id)
+        if segment is None:
+            return False
+        self._pool.give_back(segment)
+        return True
+
+    def held(self) -> list[LeaseInfo]:
+        return self._leases.held()
+
+    def reap_expired(self) -> int:
+        expired = self._leases.pop_expired()
+        for segment in expired:
+            self._pool.give_back(segment)
+        return len(expired)
+
+    def close(self) -> None:
+        for segment in self._leases.pop_all():
+            self._pool.give_back(segment)
+        self._pool.close()
+
+    @property
+    def num_segments_created(self) -> int:
+        """Segments created so far (the pool reuses; tests check it stays small)."""
+        return self._pool.num_created
+
+
+class ShmConsumer(TensorConsumer):
+    """Maps segments of producers on the same host and views payloads without copying."""
+
+    kind = "shm"
+
+    def __init__(self, host_id: str, *, shm_dir: str = SHM_DIR) -> None:
+        self.host_id = host_id
+        self._dir = shm_dir
+
+    def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
+        dtype = check_ref(ref)
+        location = ref.shm
+        if ref.host_id != self.host_id:
+            raise FailedPrecondition(
+                f"shared-memory reference from host {ref.host_id!r} cannot be read on host "
+                f"{self.host_id!r}; ask the producer for nixl or inline", reason="FOREIGN_HOST",
+            )  # fmt: skip
+        if location.size != ref.byte_size or location.offset < HEADER_BYTES:
+            raise InvalidArgument("shm location does not match the TensorRef's byte size",
+                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+        if not _NAME.match(location.name):
+            raise InvalidArgument(f"{location.name!r} is not an epd segment name",
+                                  reason="BAD_TENSOR_REF")  # fmt: skip
+        buffer = self._map(location, ref.lease_id)
+        tensor = from_bytes(memoryview(buffer)[location.offset:], ref, dtype)
+        return tensor.clone() if copy else tensor
+
+    def _map(self, location: tensor_pb2.ShmLocation, lease_id: str) -> mmap.mmap:
+        path = os.path.join(self._dir, location.name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise NotFound(f"shared-memory segment {location.name} is gone (released, expired "
+                           "or its producer died)", reason="SEGMENT_NOT_FOUND") from None
+        try:
+            size = os.fstat(fd).st_size
+            if location.offset + location.size > size:
+                raise InvalidArgument(f"segment {location.name} has {size} bytes, the reference "
+                                      f"needs {location.offset + location.size}",
+                                      reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+            # NOTE: a private (copy-on-write) mapping is writable for torch.frombuffer, yet
+            # never changes the producer's segment.
+            buffer = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        if buffer[:len(MAGIC)] != MAGIC or buffer[8:40] != lease_id.encode():
+            buffer.close()
+            raise NotFound(f"lease {lease_id} was released: segment {location.name} no longer "
+                           "holds its payload", reason="LEASE_RELEASED")  # fmt: skip
+        return buffer

@@ -1,0 +1,69 @@
+"""Dtype mapping and validation of TensorRef metadata (no payload access)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from epd.server.common.errors import InvalidArgument
+from epd.v1 import tensor_pb2
+
+DTYPES: dict[int, torch.dtype] = {
+    tensor_pb2.SCALAR_TYPE_FLOAT32: torch.float32,
+    tensor_pb2.SCALAR_TYPE_FLOAT16: torch.float16,
+    tensor_pb2.SCALAR_TYPE_BFLOAT16: torch.bfloat16,
+    tensor_pb2.SCALAR_TYPE_INT64: torch.int64,
+    tensor_pb2.SCALAR_TYPE_INT32: torch.int32,
+    tensor_pb2.SCALAR_TYPE_UINT8: torch.uint8,
+}
+SCALAR_TYPES: dict[torch.dtype, Any] = {dtype: scalar for scalar, dtype in DTYPES.items()}
+
+
+def scalar_type(dtype: torch.dtype) -> Any:
+    """The proto ScalarType of ``dtype``; InvalidArgument for dtypes the plane cannot carry."""
+    if dtype not in SCALAR_TYPES:
+        raise InvalidArgument(f"dtype {dtype} cannot be transferred; use one of "
+                              f"{sorted(str(d) for d in SCALAR_TYPES)}", reason="UNSUPPORTED_DTYPE")
+    return SCALAR_TYPES[dtype]
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a CPU tensor's payload (contiguous copy only when needed)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8)
+
+
+def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
+    """A TensorRef with dtype, shape and byte size of ``tensor`` and no location yet."""
+    return tensor_pb2.TensorRef(dtype=scalar_type(tensor.dtype), shape=list(tensor.shape),
+                                byte_size=tensor.numel() * tensor.element_size())  # fmt: skip
+
+
+def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
+    """Validate dtype, shape and byte size; return the torch dtype. Raises InvalidArgument."""
+    dtype = DTYPES.get(ref.dtype)
+    if dtype is None:
+        raise InvalidArgument(f"TensorRef has unknown dtype {ref.dtype}", reason="BAD_TENSOR_REF")
+    if any(dim < 0 for dim in ref.shape):
+        raise InvalidArgument(f"TensorRef has a negative dimension: {list(ref.shape)}",
+                              reason="BAD_TENSOR_REF")  # fmt: skip
+    expected = math.prod(ref.shape) * torch.empty((), dtype=dtype).element_size()
+    if ref.byte_size != expected:
+        raise InvalidArgument(
+            f"TensorRef byte_size {ref.byte_size} does not match shape {list(ref.shape)} of "
+            f"{dtype} ({expected} bytes)", reason="TENSOR_SIZE_MISMATCH",
+        )  # fmt: skip
+    if ref.WhichOneof("location") is None:
+        raise InvalidArgument("TensorRef has no location (shm, nixl or inline_data)",
+                              reason="BAD_TENSOR_REF")  # fmt: skip
+    return dtype
+
+
+def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``ref``'s dtype and shape viewing ``buffer`` (writable, no copy)."""
+    if ref.byte_size == 0:
+        return torch.empty(tuple(ref.shape), dtype=dtype)
+    flat = torch.frombuffer(buffer, dtype=torch.uint8, count=ref.byte_size)  # type: ignore[call-overload]
+    return flat.view(dtype).reshape(tuple(ref.shape))

@@ -1,0 +1,180 @@
+"""Shared-memory and inline handoffs between two real processes, each ending with a leak check."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from epd.server.transfer import shm
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+from tests.integration.transfer.peers import consumer, digest, make_tensor, producer
+
+HOST = "test-host"
+SPAWN = multiprocessing.get_context("spawn")
+KiB, MiB = 1 << 10, 1 << 20
+
+
+class Peer:
+    """A consumer process and the pipe to it."""
+
+    def __init__(self, host_id: str = HOST) -> None:
+        self.conn, child_conn = SPAWN.Pipe()
+        self.process = SPAWN.Process(target=consumer, args=(child_conn, host_id), daemon=True)
+        self.process.start()
+
+    def read(self, ref: tensor_pb2.TensorRef, hold: bool = False) -> tuple:
+        self.conn.send((ref.SerializeToString(), hold))
+        assert self.conn.poll(120), "consumer did not answer"
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+        self.process.join(30)
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    """Fails the test if it leaves epd segments of live processes behind in /dev/shm."""
+    before = set(shm.list_segments())
+    yield
+    shm.cleanup_orphans()
+    assert set(shm.list_segments()) <= before
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Peer]:
+    consumer_peer = Peer()
+    yield consumer_peer
+    consumer_peer.stop()
+
+
+@pytest.fixture
+def plane(no_leaks: None) -> Iterator[DataPlane]:
+    data_plane = DataPlane(HOST, producer_endpoint="127.0.0.1:1")
+    yield data_plane
+    assert data_plane.held() == []
+    data_plane.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_bytes", [1 * KiB, 1 * MiB, 16 * MiB])
+def test_shm_round_trip(plane: DataPlane, peer: Peer, dtype: torch.dtype, num_bytes: int) -> None:
+    tensor = make_tensor(dtype, num_bytes, seed=num_bytes)
+    ref = plane.put(tensor, HOST)
+    assert ref.WhichOneof("location") == "shm" and ref.producer_endpoint == "127.0.0.1:1"
+    assert peer.read(ref) == ("ok", digest(tensor), list(tensor.shape), str(dtype))
+    assert plane.release([ref.lease_id]) == 1
+    assert plane.release([ref.lease_id]) == 0
+
+
+def test_shm_round_trip_128_mib(plane: DataPlane, peer: Peer) -> None:
+    tensor = make_tensor(torch.float32, 128 * MiB, seed=1)
+    ref = plane.put(tensor, HOST)
+    assert peer.read(ref)[1] == digest(tensor)
+    plane.release([ref.lease_id])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_inline_round_trip_to_another_host(plane: DataPlane, dtype: torch.dtype) -> None:
+    remote = Peer("other-host")
+    try:
+        tensor = make_tensor(dtype, 64 * KiB, seed=3)
+        ref = plane.put(tensor, "other-host")
+        assert ref.WhichOneof("location") == "inline_data" and not ref.lease_id
+        assert remote.read(ref) == ("ok", digest(tensor), list(tensor.shape), str(dtype))
+    finally:
+        remote.stop()
+
+
+def test_shm_reference_is_refused_on_another_host(plane: DataPlane) -> None:
+    remote = Peer("other-host")
+    try:
+        ref = plane.put(make_tensor(torch.float32, 4 * KiB, seed=4), HOST)
+        assert remote.read(ref) == ("error", "FOREIGN_HOST", "FailedPrecondition")
+        plane.release([ref.lease_id])
+    finally:
+        remote.stop()
+
+
+def test_many_concurrent_transfers_reuse_the_pool(plane: DataPlane, peer: Peer) -> None:
+    tensors = [make_tensor(torch.float16, 256 * KiB, seed=i) for i in range(32)]
+    refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
+
+    def put_range(start: int) -> None:
+        for i in range(start, len(tensors), 4):
+            refs[i] = plane.put(tensors[i], HOST)
+
+    threads = [threading.Thread(target=put_range, args=(start,)) for start in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for tensor, ref in zip(tensors, refs, strict=True):
+        assert ref is not None and peer.read(ref)[1] == digest(tensor)
+    assert plane.release([ref.lease_id for ref in refs if ref]) == len(tensors)
+    created = plane.producers[tensor_pb2.TRANSFER_KIND_SHM].num_segments_created  # type: ignore[attr-defined]
+    for i in range(10):
+        ref = plane.put(tensors[i], HOST)
+        plane.release([ref.lease_id])
+    assert plane.producers[tensor_pb2.TRANSFER_KIND_SHM].num_segments_created == created  # type: ignore[attr-defined]
+
+
+def test_expired_lease_is_refused_and_reaped(no_leaks: None, peer: Peer) -> None:
+    plane = DataPlane(HOST, lease_ttl_s=0.2)
+    ref = plane.put(make_tensor(torch.float32, 8 * KiB, seed=5), HOST)
+    time.sleep(0.3)
+    assert peer.read(ref) == ("error", "LEASE_EXPIRED", "NotFound")
+    assert plane.reap_expired() == 1 and plane.held() == []
+    plane.close()
+
+
+def test_released_lease_is_not_readable_even_after_segment_reuse(plane: DataPlane,
+                                                                 peer: Peer) -> None:  # fmt: skip
+    first = plane.put(make_tensor(torch.float32, 8 * KiB, seed=6), HOST)
+    plane.release([first.lease_id])
+    second = plane.put(make_tensor(torch.float32, 8 * KiB, seed=7), HOST)
+    assert second.shm.name == first.shm.name
+    assert peer.read(first) == ("error", "LEASE_RELEASED", "NotFound")
+    plane.release([second.lease_id])
+
+
+def test_consumer_killed_mid_way_leaks_nothing(no_leaks: None) -> None:
+    plane = DataPlane(HOST, lease_ttl_s=1.0)
+    victim = Peer()
+    warm_up = plane.put(make_tensor(torch.float32, 1 * KiB, seed=8), "elsewhere")
+    assert victim.read(warm_up)[0] == "ok"
+    plane.start_reaper(interval_s=0.05)
+    ref = plane.put(make_tensor(torch.float32, 4 * MiB, seed=8), HOST)
+    assert victim.read(ref, hold=True)[0] == "ok"
+    os.kill(victim.process.pid, signal.SIGKILL)
+    victim.process.join(10)
+    deadline = time.monotonic() + 5
+    while plane.held() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert plane.held() == []
+    plane.close()
+
+
+def test_producer_killed_leaves_orphans_that_the_next_producer_removes(no_leaks: None) -> None:
+    conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=producer, args=(child_conn, HOST), daemon=True)
+    process.start()
+    assert conn.poll(120)
+    _, segment_name, pid = conn.recv()
+    assert segment_name in shm.list_segments()
+    os.kill(pid, signal.SIGKILL)
+    process.join(10)
+    assert segment_name in shm.list_segments()
+    plane = DataPlane(HOST)
+    assert segment_name not in shm.list_segments()
+    assert segment_name in plane.producers[tensor_pb2.TRANSFER_KIND_SHM].orphans_removed  # type: ignore[attr-defined]
+    plane.close()

@@ -1,0 +1,119 @@
+"""Pure logic of the data plane: leases, backend choice, reference validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.server.transfer.leases import LeaseTable
+from epd.server.transfer.plane import DataPlane, parse_kind
+from epd.server.transfer.tensors import check_ref, describe
+from epd.v1 import tensor_pb2
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_lease_table_expires_on_the_clock() -> None:
+    clock = FakeClock()
+    table: LeaseTable[str] = LeaseTable(clock)
+    short = table.add("a", kind="shm", byte_size=1, location="s1", ttl_s=1.0)
+    table.add("b", kind="shm", byte_size=2, location="s2", ttl_s=10.0)
+    assert [info.location for info in table.held()] == ["s1", "s2"]
+    clock.now += 1.0
+    assert table.pop_expired() == ["a"]
+    assert table.pop(short.lease_id) is None
+    assert [info.location for info in table.held()] == ["s2"]
+    assert table.pop_all() == ["b"] and len(table) == 0
+
+
+@pytest.fixture
+def plane():
+    data_plane = DataPlane("host-a")
+    yield data_plane
+    assert data_plane.held() == []
+    data_plane.close()
+
+
+def test_choice_same_host_shm_other_host_inline(plane: DataPlane) -> None:
+    assert plane.choose("host-a", 0) == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-b", 0) == tensor_pb2.TRANSFER_KIND_INLINE
+    assert plane.choose("", 0) == tensor_pb2.TRANSFER_KIND_INLINE
+    assert plane.choose("host-b", tensor_pb2.TRANSFER_KIND_SHM) == tensor_pb2.TRANSFER_KIND_SHM
+    with pytest.raises(FailedPrecondition, match="nixl"):
+        plane.choose("host-b", tensor_pb2.TRANSFER_KIND_NIXL)
+
+
+def test_environment_forces_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPD_TRANSFER_KIND", "inline")
+    forced = DataPlane("host-a")
+    assert forced.choose("host-a", 0) == tensor_pb2.TRANSFER_KIND_INLINE
+    forced.close()
+    with pytest.raises(ValueError, match="unknown transfer kind"):
+        parse_kind("carrier-pigeon")
+
+
+def test_inline_refuses_oversized_tensors() -> None:
+    small = DataPlane("host-a", max_inline_bytes=1024)
+    with pytest.raises(InvalidArgument) as caught:
+        small.put(torch.zeros(1024), "host-b")
+    assert caught.value.reason == "INLINE_TOO_LARGE"
+    small.close()
+
+
+def test_zero_copy_view_and_private_copy(plane: DataPlane) -> None:
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    ref = plane.put(tensor, "host-a")
+    view, copy = plane.get(ref), plane.get(ref, copy=True)
+    assert torch.equal(view, tensor) and torch.equal(copy, tensor)
+    view.add_(1)
+    assert torch.equal(plane.get(ref), tensor)
+    plane.release([ref.lease_id])
+
+
+def test_empty_and_scalar_tensors(plane: DataPlane) -> None:
+    for tensor in (torch.zeros(0, 8), torch.tensor(3.5)):
+        ref = plane.put(tensor, "host-a")
+        assert torch.equal(plane.get(ref), tensor)
+        plane.release([ref.lease_id])
+
+
+@pytest.mark.parametrize("mutate, error, reason", [
+    (lambda r: setattr(r, "dtype", 0), InvalidArgument, "BAD_TENSOR_REF"),
+    (lambda r: setattr(r, "byte_size", r.byte_size + 4), InvalidArgument, "TENSOR_SIZE_MISMATCH"),
+    (lambda r: r.ClearField("shm"), InvalidArgument, "BAD_TENSOR_REF"),
+    (lambda r: setattr(r.shm, "name", "epd-1-1-999999"), NotFound, "SEGMENT_NOT_FOUND"),
+    (lambda r: setattr(r.shm, "name", "../etc/passwd"), InvalidArgument, "BAD_TENSOR_REF"),
+    (lambda r: setattr(r, "host_id", "host-z"), FailedPrecondition, "FOREIGN_HOST"),
+    (lambda r: setattr(r, "lease_expire_time_ms", 1), NotFound, "LEASE_EXPIRED"),
+    (lambda r: r.shape.append(-1), InvalidArgument, "BAD_TENSOR_REF"),
+])  # fmt: skip
+def test_bad_references_raise_typed_errors(plane: DataPlane, mutate, error, reason) -> None:
+    ref = plane.put(torch.ones(4, 4), "host-a")
+    bad = tensor_pb2.TensorRef()
+    bad.CopyFrom(ref)
+    mutate(bad)
+    with pytest.raises(error) as caught:
+        plane.get(bad)
+    assert caught.value.reason == reason
+    plane.release([ref.lease_id])
+
+
+def test_inline_payload_length_is_checked() -> None:
+    ref = describe(torch.ones(4))
+    ref.inline_data = b"\0" * 3
+    assert check_ref(ref) == torch.float32
+    with pytest.raises(InvalidArgument, match="3 bytes"):
+        DataPlane("h").get(ref)
+
+
+def test_unsupported_dtype_is_refused(plane: DataPlane) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        plane.put(torch.zeros(2, dtype=torch.complex64), "host-a")
+    assert caught.value.reason == "UNSUPPORTED_DTYPE"
