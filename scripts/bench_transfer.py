@@ -1,0 +1,154 @@
+"""Data-plane benchmark: handoff bandwidth and fixed cost per backend vs in-process memcpy.
+
+For each size, in one run on this machine:
+- memcpy: ``dst.copy_(src)`` in one process (the reference every ratio is against);
+- shm: ``put`` in this process + ``get`` (zero-copy view) in a second process;
+- inline: ``put`` + serialise the TensorRef, parse it + ``get`` (what a gRPC message carries,
+  without the network);
+- grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
+  data plane exists to avoid).
+The fixed per-handoff cost is the same measurement for a 4-byte tensor (control work only).
+
+    .venv/bin/python scripts/bench_transfer.py [--repeats N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+from concurrent import futures
+from multiprocessing.connection import Connection
+
+import torch
+
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+
+SIZES = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "128MiB": 128 << 20}
+HOST = "bench-host"
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _consumer(conn: Connection) -> None:
+    plane = DataPlane(HOST)
+    while (data := conn.recv()) is not None:
+        ref = tensor_pb2.TensorRef.FromString(data)
+        start = time.perf_counter()
+        plane.get(ref)
+        conn.send(time.perf_counter() - start)
+
+
+def _grpc_server(conn: Connection) -> None:
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=[
+        ("grpc.max_receive_message_length", 256 << 20)])  # fmt: skip
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+    generic = grpc.method_handlers_generic_handler("bench", {"Send": handler})
+    server.add_generic_rpc_handlers([generic])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    conn.send(port)
+    conn.recv()
+    server.stop(0)
+
+
+def measure(repeats: int) -> dict[str, dict[str, float]]:
+    plane = DataPlane(HOST, max_inline_bytes=256 << 20)
+    conn, child = SPAWN.Pipe()
+    consumer = SPAWN.Process(target=_consumer, args=(child,), daemon=True)
+    consumer.start()
+    grpc_conn, grpc_child = SPAWN.Pipe()
+    grpc_process = SPAWN.Process(target=_grpc_server, args=(grpc_child,), daemon=True)
+    grpc_process.start()
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_conn.recv()}", options=[
+        ("grpc.max_send_message_length", 256 << 20)])  # fmt: skip
+    send = channel.unary_unary("/bench/Send")
+
+    def shm_handoff(tensor: torch.Tensor) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            ref = plane.put(tensor, HOST)
+            put_s = time.perf_counter() - start
+            conn.send(ref.SerializeToString())
+            times.append(put_s + conn.recv())
+            plane.release([ref.lease_id])
+        return statistics.median(times[1:])
+
+    def inline_handoff(tensor: torch.Tensor) -> None:
+        data = plane.put(tensor, "elsewhere").SerializeToString()
+        plane.get(tensor_pb2.TensorRef.FromString(data))
+
+    results: dict[str, dict[str, float]] = {}
+    for label, num_bytes in {"4B": 4, **SIZES}.items():
+        reps = repeats if num_bytes <= 16 << 20 else max(3, repeats // 4)
+        src = torch.randn(max(num_bytes // 4, 1))
+        dst = torch.empty_like(src)
+        payload = src.numpy().tobytes()
+        results[label] = {
+            "bytes": num_bytes,
+            "memcpy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
+            "shm_s": shm_handoff(src),
+            "inline_s": _median_time(lambda s=src: inline_handoff(s), reps),
+            "grpc_bytes_s": _median_time(lambda p=payload: send(p), reps),
+        }
+    conn.send(None)
+    grpc_conn.send(None)
+    consumer.join(10)
+    grpc_process.join(10)
+    channel.close()
+    plane.close()
+    return results
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    fixed = results["4B"]
+    lines = [
+        f"fixed per-handoff cost (4-byte tensor, p50): shm {fixed['shm_s'] * 1e3:.3f} ms, "
+        f"inline {fixed['inline_s'] * 1e3:.3f} ms, grpc-bytes {fixed['grpc_bytes_s'] * 1e3:.3f} ms",
+        f"{'size':>7} | {'memcpy GB/s':>11} | {'shm GB/s':>8} {'x memcpy':>8} | "
+        f"{'inline GB/s':>11} {'x memcpy':>8} | {'grpc GB/s':>9} {'x memcpy':>8}",
+    ]
+    for label, row in results.items():
+        if label == "4B":
+            continue
+        gbps = {k: row["bytes"] / row[k] / 1e9 for k in ("memcpy_s", "shm_s", "inline_s",
+                                                          "grpc_bytes_s")}  # fmt: skip
+        lines.append(
+            f"{label:>7} | {gbps['memcpy_s']:11.2f} | {gbps['shm_s']:8.2f} "
+            f"{row['memcpy_s'] / row['shm_s']:8.2f} | {gbps['inline_s']:11.2f} "
+            f"{row['memcpy_s'] / row['inline_s']:8.2f} | {gbps['grpc_bytes_s']:9.2f} "
+            f"{row['memcpy_s'] / row['grpc_bytes_s']:8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per cell")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args()
+    results = measure(args.repeats)
+    print(json.dumps(results) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
