@@ -76,8 +76,10 @@ def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def _size_class(num_bytes: int) -> int:
-    needed = max(num_bytes + HEADER_BYTES, MIN_SEGMENT_BYTES)
-    return 1 << (needed - 1).bit_length()
+    """Segment capacity for a payload: header + payload rounded up to a power of two, so an
+    exact power-of-two payload (the common case) does not land in the next, twice larger class."""
+    payload = max(num_bytes, MIN_SEGMENT_BYTES)
+    return HEADER_BYTES + (1 << (payload - 1).bit_length())
 
 
 @dataclass(slots=True)
