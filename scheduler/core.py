@@ -1,0 +1,224 @@
+"""The scheduler's logic, one object: registry, encoder assignment, prefill and decode choice.
+
+The gRPC servicer and the simulator both drive this class; it has no grpc and no I/O. All public
+methods are thread-safe (one lock: decisions are microseconds, far below RPC costs).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epd.scheduler.model import (
+    Assignment,
+    EncodeItem,
+    ItemOutcome,
+    Load,
+    Policy,
+    Role,
+    Worker,
+    WorkerSpec,
+)
+from epd.scheduler.policies.encoders import EncoderPolicy, EncoderView, make_policy
+from epd.scheduler.policies.routing import PrefixIndex
+from epd.scheduler.policies.stats import ServiceTimes
+from epd.scheduler.registry import Clock, Registry
+from epd.server.common.errors import InvalidArgument, Unavailable
+
+PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
+
+
+@dataclass(slots=True)
+class _Group:
+    worker_id: str
+    item_indices: list[int]
+    backlog_at_assign: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    groups: list[_Group]
+    mm_hashes: list[str]
+    created_at: float
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Deployment-level settings."""
+
+    default_policy: Policy = Policy.ADAPTIVE
+    split_ratio: tuple[float, float] | None = None
+    ttl_s: float = 10.0
+    assignment_timeout_s: float = 300.0
+    max_remembered_hashes: int = 100_000
+
+
+class Scheduler:
+    """Registry plus every placement decision."""
+
+    def __init__(self, config: SchedulerConfig | None = None,
+                 clock: Clock = time.monotonic) -> None:  # fmt: skip
+        self.config = config or SchedulerConfig()
+        self.registry = Registry(self.config.ttl_s, clock)
+        self._clock = clock
+        self._policies = {p: make_policy(p, self.config.split_ratio) for p in Policy}
+        self._service = ServiceTimes()
+        self._pending: dict[str, _Pending] = {}
+        self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
+        self._prefixes = PrefixIndex()
+        self._lock = threading.RLock()
+
+    # ---- registry
+    def register(self, spec: WorkerSpec) -> Worker:
+        """Register (or re-register) a worker."""
+        with self._lock:
+            return self.registry.register(spec)
+
+    def heartbeat(self, lease_id: str, load: Load | None = None,
+                  stored_blocks: Sequence[int] = (), removed_blocks: Sequence[int] = ()) -> Worker:
+        """Renew a lease, record load, cache contents and KV events."""
+        with self._lock:
+            worker = self.registry.heartbeat(lease_id, load)
+            if load is not None and load.item_latency_ms > 0:
+                self._service.add(worker.id, load.item_latency_ms)
+            self._prefixes.store(worker.id, stored_blocks)
+            self._prefixes.remove(worker.id, removed_blocks)
+            return worker
+
+    def deregister(self, lease_id: str) -> None:
+        """Remove a worker and what is known about it."""
+        with self._lock:
+            worker = self.registry.deregister(lease_id)
+            if worker is not None:
+                self._service.forget(worker.id)
+                self._prefixes.forget(worker.id)
+
+    # ---- encoders
+    def assign_encoders(self, items: Sequence[EncodeItem], *, model: str = "",
+                        policy: Policy | None = None, exclude: Sequence[str] = ()) -> Assignment:
+        """Place each item on a live encoder of ``model``; Unavailable when there is none."""
+        if not items:
+            raise InvalidArgument("no items to assign", reason="NO_ITEMS")
+        with self._lock:
+            self._expire_assignments()
+            workers = self.registry.live([Role.ENCODE], self._model(model), exclude)
+            if not workers:
+                raise Unavailable(f"no live encoder for model {model or '(any)'}",
+                                  reason="NO_ENCODER", metadata={"model": model})  # fmt: skip
+            chosen_policy = policy or self.config.default_policy
+            hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
+            views = [self._view(w, hashes) for w in workers]
+            ids = self._policies[chosen_policy].assign(items, views)
+            return self._record(ids, items, workers, chosen_policy)
+
+    def complete_encoding(self, assignment_id: str, outcomes: Sequence[ItemOutcome]) -> None:
+        """Close an assignment: release in-flight counts, learn service times and cache homes."""
+        with self._lock:
+            pending = self._pending.pop(assignment_id, None)
+            if pending is None:
+                return
+            by_index = {outcome.item_index: outcome for outcome in outcomes}
+            for group in pending.groups:
+                self._finish_group(group, by_index, pending.mm_hashes)
+
+    def policy(self, policy: Policy) -> EncoderPolicy:
+        """The policy object used for ``policy`` (for inspection and tests)."""
+        return self._policies[policy]
+
+    # ---- prefill / decode
+    def choose_prefill(self, block_hashes: Sequence[int] = (), *, model: str = "",
+                       exclude: Sequence[str] = (),
+                       roles: Sequence[Role] = PREFILL_ROLES) -> tuple[Worker, int]:  # fmt: skip
+        """The worker with the longest cached prefix (ties and misses by load); records the
+        prompt's blocks there. Returns (worker, number of cached leading blocks)."""
+        with self._lock:
+            workers = self.registry.live(roles or PREFILL_ROLES, self._model(model), exclude)
+            if not workers:
+                raise Unavailable(f"no live prefill worker for model {model or '(any)'}",
+                                  reason="NO_PREFILL_WORKER")  # fmt: skip
+            best = min(workers, key=lambda w: (-self._prefixes.overlap(w.id, block_hashes),
+                                               self._load_key(w)))  # fmt: skip
+            overlap = self._prefixes.overlap(best.id, block_hashes)
+            self._prefixes.store(best.id, block_hashes)
+            return best, overlap
+
+    def choose_decode(self, *, model: str = "", exclude: Sequence[str] = ()) -> Worker:
+        """The least-loaded live decode worker."""
+        with self._lock:
+            workers = self.registry.live([Role.DECODE], self._model(model), exclude)
+            if not workers:
+                raise Unavailable(f"no live decode worker for model {model or '(any)'}",
+                                  reason="NO_DECODE_WORKER")  # fmt: skip
+            return min(workers, key=self._load_key)
+
+    # ---- internals
+    def _model(self, model: str) -> str:
+        """Empty model means the only one registered."""
+        if model:
+            return model
+        models = self.registry.models()
+        return models[0] if len(models) == 1 else ""
+
+    def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
+        """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
+        reported = worker.load.queue_depth + worker.load.num_in_flight
+        cached = {h for h in mm_hashes if h in worker.load.cached_mm_hashes
+                  or worker.id in self._hash_homes.get(h, ())}  # fmt: skip
+        return EncoderView(
+            worker.id, worker.spec.device, worker.spec.weight,
+            max(worker.num_assigned_in_flight, reported), self._service.get(worker.id),
+            frozenset(cached),
+        )  # fmt: skip
+
+    @staticmethod
+    def _load_key(worker: Worker) -> tuple[float, float, str]:
+        load = worker.load
+        busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
+        return (busy / worker.spec.capacity, load.kv_usage, worker.id)
+
+    def _record(self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker],
+                policy: Policy) -> Assignment:  # fmt: skip
+        by_id = {w.id: w for w in workers}
+        groups: dict[str, _Group] = {}
+        for index, worker_id in enumerate(ids):
+            worker = by_id[worker_id]
+            if worker_id not in groups:
+                groups[worker_id] = _Group(worker_id, [], self._view(worker).backlog_items)
+            groups[worker_id].item_indices.append(index)
+        for worker_id, group in groups.items():
+            by_id[worker_id].num_assigned_in_flight += len(group.item_indices)
+        assignment_id = uuid.uuid4().hex
+        self._pending[assignment_id] = _Pending(list(groups.values()),
+                                                [item.mm_hash for item in items], self._clock())
+        return Assignment(assignment_id, policy, tuple(ids),
+                          tuple(by_id[i].spec.endpoint for i in ids))  # fmt: skip
+
+    def _finish_group(self, group: _Group, outcomes: dict[int, ItemOutcome],
+                      mm_hashes: list[str]) -> None:  # fmt: skip
+        worker = self.registry.get(group.worker_id)
+        if worker is not None:
+            worker.num_assigned_in_flight = max(
+                0, worker.num_assigned_in_flight - len(group.item_indices))
+        done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
+        computed = [o for o in done if not o.cache_hit]
+        if computed:
+            self._service.add_completion(group.worker_id, max(o.latency_ms for o in computed),
+                                         len(computed), group.backlog_at_assign)  # fmt: skip
+        for outcome in done:
+            if mm_hash := mm_hashes[outcome.item_index]:
+                self._remember_home(mm_hash, group.worker_id)
+
+    def _remember_home(self, mm_hash: str, worker_id: str) -> None:
+        self._hash_homes.setdefault(mm_hash, set()).add(worker_id)
+        self._hash_homes.move_to_end(mm_hash)
+        while len(self._hash_homes) > self.config.max_remembered_hashes:
+            self._hash_homes.popitem(last=False)
+
+    def _expire_assignments(self) -> None:
+        limit = self._clock() - self.config.assignment_timeout_s
+        for assignment_id in [k for k, p in self._pending.items() if p.created_at < limit]:
+            self.complete_encoding(assignment_id, [])

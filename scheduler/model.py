@@ -1,0 +1,93 @@
+"""What the scheduler knows about workers, as plain dataclasses (no grpc, no torch)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Role(enum.Enum):
+    """What a worker serves (mirrors epd.v1.WorkerRole)."""
+
+    ENCODE = "encode"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    PREFILL_DECODE = "prefill_decode"
+    ENCODE_PREFILL = "encode_prefill"
+
+
+class Policy(enum.Enum):
+    """Encoder assignment policy (mirrors epd.v1.EncoderPolicy)."""
+
+    PER_IMAGE = "per_image"
+    PER_REQUEST = "per_request"
+    ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker's registration."""
+
+    id: str
+    role: Role
+    endpoint: str
+    model: str
+    device: str = "cpu"
+    weight: float = 1.0
+    capacity: int = 1
+    host_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A worker's load as of its latest heartbeat."""
+
+    queue_depth: int = 0
+    num_in_flight: int = 0
+    item_latency_ms: float = 0.0
+    kv_usage: float = 0.0
+    cached_mm_hashes: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True)
+class Worker:
+    """One registry entry: the registration, its lease and what the scheduler tracks."""
+
+    spec: WorkerSpec
+    lease_id: str
+    last_heartbeat: float
+    load: Load = field(default_factory=Load)
+    num_assigned_in_flight: int = 0
+    draining: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeItem:
+    """One image to place: its hash (for cache affinity) and cost in vision tokens."""
+
+    mm_hash: str = ""
+    num_tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    """How one assigned item went (reported by the route)."""
+
+    item_index: int
+    latency_ms: float = 0.0
+    cache_hit: bool = False
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Where each item of a request goes."""
+
+    assignment_id: str
+    policy: Policy
+    worker_ids: tuple[str, ...]
+    endpoints: tuple[str, ...]

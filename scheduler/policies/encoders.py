@@ -1,0 +1,143 @@
+"""Encoder assignment policies: which encoder encodes each image of a request.
+
+- ``PerImagePolicy``: each image to the next encoder by smooth weighted round robin, so one
+  request's images spread over encoders (and wait for the slowest).
+- ``PerRequestPolicy``: the whole request to one encoder by smooth weighted round robin.
+- ``AdaptivePolicy``: list scheduling by least expected completion time. Each encoder's per-item
+  service time is learned (EWMA, see ``stats``); its backlog is the work the scheduler assigned and
+  not yet saw completed (or what it reports, if more). Images go one by one to the encoder that
+  would finish them first, an image already in an encoder's cache costing almost nothing there.
+  A slow encoder thus gets exactly the work it finishes sooner than the fast one would: none at
+  low load, its useful share under load. Without statistics it falls back to the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epd.scheduler.model import EncodeItem, Policy
+from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
+from epd.server.common.errors import InvalidArgument
+
+CACHE_HIT_COST = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderView:
+    """What a policy sees of one live encoder."""
+
+    id: str
+    device: str = "cpu"
+    weight: float = 1.0
+    backlog_items: int = 0
+    service_ms: float | None = None
+    cached: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def is_accelerator(self) -> bool:
+        return not self.device.lower().startswith("cpu")
+
+
+def parse_split_ratio(text: str) -> tuple[float, float]:
+    """Parse "ACCELERATOR:CPU" shares such as "8:1" (weights for non-CPU and CPU encoders)."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise InvalidArgument(f"split ratio {text!r} must be ACCELERATOR:CPU, e.g. 8:1",
+                              reason="BAD_SPLIT_RATIO")  # fmt: skip
+    try:
+        shares = tuple(float(part) for part in parts)
+    except ValueError:
+        raise InvalidArgument(f"split ratio {text!r} must hold two numbers, e.g. 8:1",
+                              reason="BAD_SPLIT_RATIO") from None  # fmt: skip
+    if not all(math.isfinite(s) and s > 0 for s in shares):
+        raise InvalidArgument(f"split ratio {text!r} needs two positive shares, e.g. 8:1",
+                              reason="BAD_SPLIT_RATIO")  # fmt: skip
+    return shares[0], shares[1]
+
+
+def weights_of(encoders: Sequence[EncoderView],
+               split_ratio: tuple[float, float] | None) -> list[tuple[str, float]]:  # fmt: skip
+    """(id, weight) per encoder: the split ratio by device class when given, else own weights."""
+    if split_ratio is None:
+        return [(e.id, e.weight) for e in encoders]
+    return [(e.id, split_ratio[0] if e.is_accelerator else split_ratio[1]) for e in encoders]
+
+
+class EncoderPolicy(ABC):
+    """Maps the items of one request to encoder ids. Not thread-safe: callers serialise."""
+
+    policy: Policy
+
+    @abstractmethod
+    def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
+        """One encoder id per item, in item order. ``encoders`` is non-empty, ordered by id."""
+
+
+class PerImagePolicy(EncoderPolicy):
+    """Each image to the next encoder by smooth weighted round robin."""
+
+    policy = Policy.PER_IMAGE
+
+    def __init__(self, split_ratio: tuple[float, float] | None = None) -> None:
+        self.split_ratio = split_ratio
+        self._picker = SmoothWeightedRoundRobin()
+
+    def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
+        weighted = weights_of(encoders, self.split_ratio)
+        return [self._picker.pick(weighted) for _ in items]
+
+
+class PerRequestPolicy(EncoderPolicy):
+    """All images of a request to one encoder by smooth weighted round robin."""
+
+    policy = Policy.PER_REQUEST
+
+    def __init__(self, split_ratio: tuple[float, float] | None = None) -> None:
+        self.split_ratio = split_ratio
+        self._picker = SmoothWeightedRoundRobin()
+
+    def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
+        chosen = self._picker.pick(weights_of(encoders, self.split_ratio))
+        return [chosen] * len(items)
+
+
+class AdaptivePolicy(EncoderPolicy):
+    """Least expected completion time over learned service times, cache-aware."""
+
+    policy = Policy.ADAPTIVE
+
+    def __init__(self, split_ratio: tuple[float, float] | None = None) -> None:
+        self.split_ratio = split_ratio
+
+    def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
+        service = self.service_times(encoders)
+        finish = {e.id: e.backlog_items * service[e.id] for e in encoders}
+        chosen: list[str] = []
+        for item in items:
+            def completion(encoder: EncoderView, item: EncodeItem = item) -> float:
+                hit = bool(item.mm_hash) and item.mm_hash in encoder.cached
+                return finish[encoder.id] + service[encoder.id] * (CACHE_HIT_COST if hit else 1)
+
+            best = min(encoders, key=completion)
+            finish[best.id] = completion(best)
+            chosen.append(best.id)
+        return chosen
+
+    def service_times(self, encoders: Sequence[EncoderView]) -> dict[str, float]:
+        """Per-item service time per encoder; unknown ones from weights scaled to known ones."""
+        weights = dict(weights_of(encoders, self.split_ratio))
+        known = [e.service_ms * weights[e.id] for e in encoders if e.service_ms]
+        scale = sorted(known)[len(known) // 2] if known else 1.0
+        return {e.id: e.service_ms if e.service_ms else scale / weights[e.id] for e in encoders}
+
+
+def make_policy(policy: Policy, split_ratio: tuple[float, float] | None = None) -> EncoderPolicy:
+    """A fresh policy object of kind ``policy``."""
+    classes: dict[Policy, type[EncoderPolicy]] = {
+        Policy.PER_IMAGE: PerImagePolicy, Policy.PER_REQUEST: PerRequestPolicy,
+        Policy.ADAPTIVE: AdaptivePolicy,
+    }  # fmt: skip
+    return classes[policy](split_ratio)  # type: ignore[call-arg]

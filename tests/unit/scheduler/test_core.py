@@ -1,0 +1,136 @@
+"""The Scheduler facade: assignments with in-flight accounting and learning, routing choices."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role
+from epd.server.common.errors import InvalidArgument, Unavailable
+from tests.unit.scheduler.factories import create_scheduler, spec
+
+
+def items(count: int, prefix: str = "h") -> list[EncodeItem]:
+    return [EncodeItem(f"{prefix}{i}") for i in range(count)]
+
+
+def test_no_encoder_is_unavailable_with_a_clear_message() -> None:
+    scheduler, _ = create_scheduler(spec("p", Role.PREFILL))
+    with pytest.raises(Unavailable, match="no live encoder") as caught:
+        scheduler.assign_encoders(items(1))
+    assert caught.value.reason == "NO_ENCODER"
+    with pytest.raises(InvalidArgument):
+        scheduler.assign_encoders([])
+
+
+def test_only_live_encoders_of_the_model_are_chosen() -> None:
+    scheduler, clock = create_scheduler(spec("a", model="m"), spec("b", model="other"),
+                                        ttl_s=5)  # fmt: skip
+    assignment = scheduler.assign_encoders(items(3), model="m", policy=Policy.PER_IMAGE)
+    assert assignment.worker_ids == ("a", "a", "a")
+    clock.now += 6
+    with pytest.raises(Unavailable):
+        scheduler.assign_encoders(items(1), model="m")
+
+
+def test_exclusions_route_a_retry_elsewhere() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    for _ in range(3):
+        assert set(scheduler.assign_encoders(items(2), exclude=["a"]).worker_ids) == {"b"}
+
+
+def test_in_flight_counts_rise_on_assign_and_fall_on_completion() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    assignment = scheduler.assign_encoders(items(3), policy=Policy.PER_REQUEST)
+    worker = scheduler.registry.get("a")
+    assert worker is not None and worker.num_assigned_in_flight == 3
+    scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(i, 30.0) for i in range(3)])
+    assert worker.num_assigned_in_flight == 0
+    scheduler.complete_encoding(assignment.assignment_id, [])
+    assert worker.num_assigned_in_flight == 0
+
+
+def test_abandoned_assignments_expire() -> None:
+    scheduler, clock = create_scheduler(spec("a"), assignment_timeout_s=60, ttl_s=1000)
+    scheduler.assign_encoders(items(2))
+    clock.now += 61
+    scheduler.assign_encoders(items(1))
+    assert scheduler.registry.get("a").num_assigned_in_flight == 1  # type: ignore[union-attr]
+
+
+def test_adaptive_learns_a_wrong_ratio_from_completions() -> None:
+    scheduler, _ = create_scheduler(spec("cpu", device="cpu"), spec("gpu", device="cuda:0"),
+                                    split_ratio=(1.0, 1.0))  # fmt: skip
+    first = scheduler.assign_encoders(items(2), policy=Policy.ADAPTIVE)
+    assert sorted(first.worker_ids) == ["cpu", "gpu"]
+    outcomes = [ItemOutcome(i, 80.0 if worker == "cpu" else 10.0)
+                for i, worker in enumerate(first.worker_ids)]  # fmt: skip
+    scheduler.complete_encoding(first.assignment_id, outcomes)
+    second = scheduler.assign_encoders(items(4, "x"), policy=Policy.ADAPTIVE)
+    assert second.worker_ids == ("gpu",) * 4
+
+
+def test_heartbeat_latency_and_cache_feed_adaptive() -> None:
+    scheduler, _ = create_scheduler(spec("cpu"), spec("gpu", device="cuda"))
+    lease = {w.id: w.lease_id for w in scheduler.registry.all()}
+    scheduler.heartbeat(lease["cpu"], Load(item_latency_ms=80, cached_mm_hashes=frozenset({"x"})))
+    scheduler.heartbeat(lease["gpu"], Load(item_latency_ms=10))
+    assert scheduler.assign_encoders([EncodeItem("x")]).worker_ids == ("cpu",)
+    assert scheduler.assign_encoders([EncodeItem("y")]).worker_ids == ("gpu",)
+
+
+def test_completed_items_make_their_encoder_a_cache_home() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    first = scheduler.assign_encoders([EncodeItem("img")], policy=Policy.PER_IMAGE)
+    scheduler.complete_encoding(first.assignment_id, [ItemOutcome(0, 5.0)])
+    for _ in range(3):
+        again = scheduler.assign_encoders([EncodeItem("img")], policy=Policy.ADAPTIVE)
+        assert again.worker_ids == first.worker_ids
+        scheduler.complete_encoding(again.assignment_id, [ItemOutcome(0, 1.0, cache_hit=True)])
+
+
+def test_choose_prefill_by_longest_prefix_then_load() -> None:
+    scheduler, _ = create_scheduler(spec("p1", Role.PREFILL_DECODE),
+                                    spec("p2", Role.PREFILL_DECODE))  # fmt: skip
+    lease = {w.id: w.lease_id for w in scheduler.registry.all()}
+    scheduler.heartbeat(lease["p1"], Load(num_in_flight=3))
+    worker, cached = scheduler.choose_prefill([11, 12, 13])
+    assert (worker.id, cached) == ("p2", 0)
+    worker, cached = scheduler.choose_prefill([11, 12, 99])
+    assert (worker.id, cached) == ("p2", 2)
+    scheduler.heartbeat(lease["p1"], Load(), stored_blocks=[11, 12, 99])
+    worker, cached = scheduler.choose_prefill([11, 12, 99, 100])
+    assert (worker.id, cached) == ("p1", 3)
+    with pytest.raises(Unavailable):
+        scheduler.choose_prefill([1], exclude=["p1", "p2"])
+
+
+def test_choose_decode_by_load() -> None:
+    scheduler, _ = create_scheduler(spec("d1", Role.DECODE), spec("d2", Role.DECODE))
+    lease = {w.id: w.lease_id for w in scheduler.registry.all()}
+    scheduler.heartbeat(lease["d1"], Load(num_in_flight=5))
+    assert scheduler.choose_decode().id == "d2"
+    with pytest.raises(Unavailable, match="decode"):
+        scheduler.choose_decode(exclude=["d1", "d2"])
+
+
+def test_concurrent_assignments_keep_counts_consistent() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"), spec("c"))
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(200):
+            assignment = scheduler.assign_encoders(items(2), policy=Policy.PER_IMAGE)
+            with lock:
+                ids.extend(assignment.worker_ids)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counts = {w: ids.count(w) for w in "abc"}
+    assert counts == {"a": 534, "b": 533, "c": 533}
+    assert sum(w.num_assigned_in_flight for w in scheduler.registry.all()) == 1600
