@@ -23,7 +23,12 @@ from epd.scheduler.model import (
     Worker,
     WorkerSpec,
 )
-from epd.scheduler.policies.encoders import EncoderPolicy, EncoderView, make_policy
+from epd.scheduler.policies.encoders import (
+    AdaptivePolicy,
+    EncoderPolicy,
+    EncoderView,
+    make_policy,
+)
 from epd.scheduler.policies.routing import PrefixIndex
 from epd.scheduler.policies.stats import ServiceTimes
 from epd.scheduler.registry import Clock, Registry
@@ -65,11 +70,15 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.registry = Registry(self.config.ttl_s, clock)
         self._clock = clock
-        self._policies = {p: make_policy(p, self.config.split_ratio) for p in Policy}
+        # NOTE: per_image follows the workers' own weights (Dynamo's default); the split ratio
+        # is per_request's knob and adaptive's prior before it has measured anything.
+        self._policies = {p: make_policy(p, None if p is Policy.PER_IMAGE else
+                                         self.config.split_ratio) for p in Policy}
         self._service = ServiceTimes()
         self._pending: dict[str, _Pending] = {}
         self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
         self._prefixes = PrefixIndex()
+        self._busy_until: dict[str, float] = {}
         self._lock = threading.RLock()
 
     # ---- registry
@@ -84,7 +93,7 @@ class Scheduler:
         with self._lock:
             worker = self.registry.heartbeat(lease_id, load)
             if load is not None and load.item_latency_ms > 0:
-                self._service.add(worker.id, load.item_latency_ms)
+                self._service.add_reported(worker.id, load.item_latency_ms)
             self._prefixes.store(worker.id, stored_blocks)
             self._prefixes.remove(worker.id, removed_blocks)
             return worker
@@ -113,17 +122,26 @@ class Scheduler:
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
             views = [self._view(w, hashes) for w in workers]
             ids = self._policies[chosen_policy].assign(items, views)
+            self._advance_busy(ids, views)
             return self._record(ids, items, workers, chosen_policy)
 
-    def complete_encoding(self, assignment_id: str, outcomes: Sequence[ItemOutcome]) -> None:
-        """Close an assignment: release in-flight counts, learn service times and cache homes."""
+    def complete_encoding(self, assignment_id: str, outcomes: Sequence[ItemOutcome], *,
+                          final: bool = True) -> None:  # fmt: skip
+        """Report outcomes of an assignment: each encoder's group whose items all have an
+        outcome is closed (in-flight released, service time and cache homes learned). With
+        ``final`` the whole assignment closes, groups without outcomes included; otherwise the
+        rest stays open for later reports (the route reports each encoder as it finishes)."""
         with self._lock:
-            pending = self._pending.pop(assignment_id, None)
+            pending = self._pending.get(assignment_id)
             if pending is None:
                 return
             by_index = {outcome.item_index: outcome for outcome in outcomes}
-            for group in pending.groups:
-                self._finish_group(group, by_index, pending.mm_hashes)
+            for group in list(pending.groups):
+                if final or all(i in by_index for i in group.item_indices):
+                    self._finish_group(group, by_index, pending.mm_hashes)
+                    pending.groups.remove(group)
+            if final or not pending.groups:
+                del self._pending[assignment_id]
 
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
@@ -165,13 +183,13 @@ class Scheduler:
 
     def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
         """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
-        reported = worker.load.queue_depth + worker.load.num_in_flight
         cached = {h for h in mm_hashes if h in worker.load.cached_mm_hashes
                   or worker.id in self._hash_homes.get(h, ())}  # fmt: skip
+        busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
         return EncoderView(
             worker.id, worker.spec.device, worker.spec.weight,
-            max(worker.num_assigned_in_flight, reported), self._service.get(worker.id),
-            frozenset(cached),
+            backlog_items=worker.num_assigned_in_flight, service_ms=self._service.get(worker.id),
+            backlog_ms=max(0.0, busy_ms), cached=frozenset(cached),
         )  # fmt: skip
 
     @staticmethod
@@ -179,6 +197,16 @@ class Scheduler:
         load = worker.load
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
+
+    def _advance_busy(self, ids: list[str], views: list[EncoderView]) -> None:
+        """Push each chosen encoder's expected busy-until time by the work just given to it."""
+        adaptive = self._policies[Policy.ADAPTIVE]
+        assert isinstance(adaptive, AdaptivePolicy)
+        service_ms = adaptive.service_times(views)
+        now = self._clock()
+        for worker_id in ids:
+            start = max(now, self._busy_until.get(worker_id, now))
+            self._busy_until[worker_id] = start + service_ms[worker_id] / 1000
 
     def _record(self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker],
                 policy: Policy) -> Assignment:  # fmt: skip
@@ -203,6 +231,9 @@ class Scheduler:
         if worker is not None:
             worker.num_assigned_in_flight = max(
                 0, worker.num_assigned_in_flight - len(group.item_indices))
+            if worker.num_assigned_in_flight == 0:
+                self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0),
+                                                  self._clock())  # fmt: skip
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         computed = [o for o in done if not o.cache_hit]
         if computed:
@@ -221,4 +252,4 @@ class Scheduler:
     def _expire_assignments(self) -> None:
         limit = self._clock() - self.config.assignment_timeout_s
         for assignment_id in [k for k, p in self._pending.items() if p.created_at < limit]:
-            self.complete_encoding(assignment_id, [])
+            self.complete_encoding(assignment_id, [], final=True)

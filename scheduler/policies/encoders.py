@@ -34,6 +34,7 @@ class EncoderView:
     weight: float = 1.0
     backlog_items: int = 0
     service_ms: float | None = None
+    backlog_ms: float | None = None
     cached: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -111,10 +112,15 @@ class AdaptivePolicy(EncoderPolicy):
 
     def __init__(self, split_ratio: tuple[float, float] | None = None) -> None:
         self.split_ratio = split_ratio
+        self._turn = 0
 
     def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
         service = self.service_times(encoders)
-        finish = {e.id: e.backlog_items * service[e.id] for e in encoders}
+        finish = {e.id: e.backlog_ms if e.backlog_ms is not None
+                  else e.backlog_items * service[e.id] for e in encoders}  # fmt: skip
+        # NOTE: ties (e.g. idle twins) rotate instead of always going to the first encoder.
+        self._turn = (self._turn + 1) % len(encoders)
+        encoders = [*encoders[self._turn:], *encoders[:self._turn]]
         chosen: list[str] = []
         for item in items:
             def completion(encoder: EncoderView, item: EncodeItem = item) -> float:

@@ -23,14 +23,25 @@ class Ewma:
 
 
 class ServiceTimes:
-    """Per-item service time per worker id, in milliseconds."""
+    """Per-item service time per worker id, in milliseconds.
+
+    Two sources: what the worker measures itself (compute time per item, sent in heartbeats:
+    exact, but only as fresh as the last heartbeat) and what the scheduler infers from completed
+    assignments (always available, but it folds in queueing it can only estimate). The worker's
+    own figure wins when there is one.
+    """
 
     def __init__(self, alpha: float = 0.3) -> None:
         self._alpha = alpha
+        self._reported: dict[str, Ewma] = {}
         self._by_worker: dict[str, Ewma] = {}
 
+    def add_reported(self, worker_id: str, item_ms: float) -> None:
+        """Record the worker's own per-item compute time (from a heartbeat)."""
+        self._reported.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
+
     def add(self, worker_id: str, item_ms: float) -> None:
-        """Record a per-item service time sample for ``worker_id``."""
+        """Record a per-item service time inferred from a completed assignment."""
         self._by_worker.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
 
     def add_completion(self, worker_id: str, max_latency_ms: float, num_items: int,
@@ -42,9 +53,13 @@ class ServiceTimes:
 
     def get(self, worker_id: str) -> float | None:
         """The estimate, or None without samples."""
-        ewma = self._by_worker.get(worker_id)
-        return None if ewma is None else ewma.value
+        for source in (self._reported, self._by_worker):
+            ewma = source.get(worker_id)
+            if ewma is not None and ewma.value is not None:
+                return ewma.value
+        return None
 
     def forget(self, worker_id: str) -> None:
-        """Drop the estimate of a worker that left."""
+        """Drop the estimates of a worker that left."""
+        self._reported.pop(worker_id, None)
         self._by_worker.pop(worker_id, None)

@@ -1,0 +1,193 @@
+"""The event loop: requests arrive, the real Scheduler assigns images, encoders work, the
+route reports completions and encoders heartbeat, all on one simulated clock."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, WorkerSpec
+from epd.scheduler.sim.model import Scenario, SimEncoder
+
+HEARTBEAT_S = 1.0
+CACHE_HIT_MS = 0.5
+
+
+@dataclass(slots=True)
+class _Request:
+    arrival: float
+    hashes: list[str]
+    assignment_id: str = ""
+    encoder_of: list[str] = field(default_factory=list)
+    done_at: dict[int, float] = field(default_factory=dict)
+    hits: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _EncoderState:
+    model: SimEncoder
+    lease_id: str
+    queue: deque[tuple[int, int]] = field(default_factory=deque)
+    in_service: list[tuple[int, int, bool]] = field(default_factory=list)
+    busy_until: float = 0.0
+    busy_s: float = 0.0
+    cache: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    recent_item_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    """Figures of one policy on one scenario."""
+
+    policy: str
+    throughput_rps: float
+    p50_ms: float
+    p99_ms: float
+    completed: int
+    utilisation: dict[str, float]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+class Simulation:
+    """One scenario under one policy."""
+
+    def __init__(self, scenario: Scenario, policy: Policy) -> None:
+        self.scenario, self.policy = scenario, policy
+        self.clock = _Clock()
+        self.scheduler = Scheduler(SchedulerConfig(default_policy=policy,
+                                                   split_ratio=scenario.split_ratio,
+                                                   ttl_s=1e9), self.clock)  # fmt: skip
+        self.encoders: dict[str, _EncoderState] = {}
+        for encoder in scenario.encoders:
+            worker = self.scheduler.register(WorkerSpec(
+                encoder.name, Role.ENCODE, f"{encoder.name}:1", "sim", encoder.device,
+                encoder.weight, encoder.max_batch))  # fmt: skip
+            self.encoders[encoder.name] = _EncoderState(encoder, worker.lease_id)
+        self.requests: list[_Request] = []
+        self._events: list[tuple[float, int, str, str]] = []
+        self._sequence = 0
+
+    def run(self) -> PolicyResult:
+        rng = random.Random(self.scenario.seed)
+        self._generate_arrivals(rng)
+        self._push(HEARTBEAT_S, "heartbeat", "")
+        while self._events:
+            time_s, _, kind, name = heapq.heappop(self._events)
+            if time_s > self.scenario.duration_s:
+                break
+            self.clock.now = time_s
+            getattr(self, f"_on_{kind}")(name)
+        return self._result()
+
+    # ---- events
+    def _on_arrival(self, index: str) -> None:
+        request = self.requests[int(index)]
+        items = [EncodeItem(h) for h in request.hashes]
+        assignment = self.scheduler.assign_encoders(items, policy=self.policy)
+        request.assignment_id = assignment.assignment_id
+        request.encoder_of = list(assignment.worker_ids)
+        for item_index, worker_id in enumerate(assignment.worker_ids):
+            self.encoders[worker_id].queue.append((int(index), item_index))
+            self._start(worker_id)
+
+    def _on_finish(self, name: str) -> None:
+        state = self.encoders[name]
+        batch, state.in_service = state.in_service, []
+        for request_index, item_index, hit in batch:
+            self._complete_item(state, request_index, item_index, hit, self.clock.now)
+        self._start(name)
+
+    def _on_heartbeat(self, _: str) -> None:
+        for state in self.encoders.values():
+            load = Load(queue_depth=len(state.queue), item_latency_ms=state.recent_item_ms,
+                        cached_mm_hashes=frozenset(state.cache))  # fmt: skip
+            self.scheduler.heartbeat(state.lease_id, load)
+        self._push(self.clock.now + HEARTBEAT_S, "heartbeat", "")
+
+    # ---- mechanics
+    def _start(self, name: str) -> None:
+        state = self.encoders[name]
+        if state.in_service or not state.queue:
+            return
+        batch = [state.queue.popleft() for _ in range(min(state.model.max_batch, len(state.queue)))]
+        misses = [(r, i) for r, i in batch if self.requests[r].hashes[i] not in state.cache]
+        duration_ms = state.model.batch_ms(len(misses)) if misses else CACHE_HIT_MS
+        if misses:
+            state.recent_item_ms = duration_ms / len(misses)
+        state.busy_until = self.clock.now + duration_ms / 1000
+        state.busy_s += duration_ms / 1000
+        state.in_service = [(r, i, (r, i) not in misses) for r, i in batch]
+        self._push(state.busy_until, "finish", name)
+
+    def _complete_item(self, state: _EncoderState, request_index: int, item_index: int,
+                       hit: bool, at: float) -> None:  # fmt: skip
+        request = self.requests[request_index]
+        request.done_at[item_index] = at
+        if hit:
+            request.hits.add(item_index)
+        state.cache[request.hashes[item_index]] = None
+        state.cache.move_to_end(request.hashes[item_index])
+        while len(state.cache) > state.model.cache_items:
+            state.cache.popitem(last=False)
+        group = [i for i, name in enumerate(request.encoder_of) if name == state.model.name]
+        if all(i in request.done_at for i in group):
+            outcomes = [ItemOutcome(i, (request.done_at[i] - request.arrival) * 1000,
+                                    i in request.hits) for i in group]  # fmt: skip
+            self.scheduler.complete_encoding(request.assignment_id, outcomes,
+                                             final=len(request.done_at) == len(request.hashes))
+
+    def _generate_arrivals(self, rng: random.Random) -> None:
+        sizes, weights = zip(*self.scenario.image_mix.items(), strict=True)
+        now, fresh = 0.0, 0
+        while now < self.scenario.duration_s:
+            now += rng.expovariate(self.scenario.arrival_rps)
+            hashes = []
+            for _ in range(rng.choices(sizes, weights)[0]):
+                if rng.random() < self.scenario.repeat_probability:
+                    hashes.append(f"pool-{rng.randrange(self.scenario.repeat_pool)}")
+                else:
+                    fresh += 1
+                    hashes.append(f"img-{fresh}")
+            self.requests.append(_Request(now, hashes))
+            self._push(now, "arrival", str(len(self.requests) - 1))
+
+    def _push(self, at: float, kind: str, name: str) -> None:
+        self._sequence += 1
+        heapq.heappush(self._events, (at, self._sequence, kind, name))
+
+    def _result(self) -> PolicyResult:
+        start, end = self.scenario.warmup_s, self.scenario.duration_s
+        measured = [r for r in self.requests if start <= r.arrival < end]
+        latencies, completed = [], 0
+        for request in measured:
+            done = (len(request.done_at) == len(request.hashes)
+                    and max(request.done_at.values()) <= end)  # fmt: skip
+            completed += done
+            finish = max(request.done_at.values()) if done else end
+            latencies.append((finish - request.arrival) * 1000)
+        window = end - start
+        return PolicyResult(
+            self.policy.value, completed / window, _percentile(latencies, 0.5),
+            _percentile(latencies, 0.99), completed,
+            {name: min(1.0, s.busy_s / end) for name, s in self.encoders.items()},
+        )  # fmt: skip
+
+
+def simulate(scenario: Scenario) -> list[PolicyResult]:
+    """Every policy on ``scenario``, same arrivals for each."""
+    return [Simulation(scenario, policy).run() for policy in Policy]

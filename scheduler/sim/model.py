@@ -1,0 +1,71 @@
+"""What the simulator models: encoders (service time, batching, cache) and workloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SimEncoder:
+    """An encoder: a batch of n images takes ``fixed_ms + per_image_ms * n``."""
+
+    name: str
+    device: str
+    per_image_ms: float
+    fixed_ms: float = 0.0
+    max_batch: int = 1
+    weight: float = 1.0
+    cache_items: int = 256
+
+    def batch_ms(self, num_images: int) -> float:
+        return self.fixed_ms + self.per_image_ms * num_images
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A deployment and a workload, run once per policy with the same random draws."""
+
+    name: str
+    description: str
+    encoders: tuple[SimEncoder, ...]
+    arrival_rps: float
+    image_mix: dict[int, float] = field(default_factory=lambda: {1: 0.5, 2: 0.3, 4: 0.2})
+    split_ratio: tuple[float, float] | None = None
+    repeat_probability: float = 0.0
+    repeat_pool: int = 32
+    duration_s: float = 120.0
+    warmup_s: float = 10.0
+    seed: int = 0
+
+
+GPU_MS, CPU_MS = 10.0, 80.0
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "seed-8x", "accelerator 8x faster than CPU; per_image round robin (Dynamo's default) "
+        "vs per_request with the right split ratio 8:1",
+        (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
+        arrival_rps=45.0, split_ratio=(8.0, 1.0),
+    ),
+    Scenario(
+        "wrong-ratio", "8:1 reality but split ratio configured 1:1",
+        (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
+        arrival_rps=45.0, split_ratio=(1.0, 1.0),
+    ),
+    Scenario(
+        "balanced", "two equal CPU encoders",
+        (SimEncoder("cpu-a", "cpu", 40.0), SimEncoder("cpu-b", "cpu", 40.0)),
+        arrival_rps=20.0,
+    ),
+    Scenario(
+        "batching", "accelerator with batching (5 ms + 4 ms/image, up to 8) beside a CPU",
+        (SimEncoder("accel", "cuda:0", 4.0, fixed_ms=5.0, max_batch=8),
+         SimEncoder("cpu", "cpu", CPU_MS)),
+        arrival_rps=55.0, split_ratio=(8.0, 1.0),
+    ),
+    Scenario(
+        "repeated-images", "half the images repeat from a pool of 32 (cache reuse), 2 CPUs",
+        (SimEncoder("cpu-a", "cpu", 40.0), SimEncoder("cpu-b", "cpu", 40.0)),
+        arrival_rps=24.0, repeat_probability=0.5,
+    ),
+)  # fmt: skip
