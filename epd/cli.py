@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
+    "scheduler": ("epd.scheduler.cli", "run the scheduler: worker registry and placement"),
     "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
                  "with the reference engine"),
 }

@@ -187,12 +187,14 @@ class ItemOutcome(_message.Message):
     def __init__(self, item_index: _Optional[int] = ..., latency_ms: _Optional[float] = ..., cache_hit: _Optional[bool] = ..., failed: _Optional[bool] = ...) -> None: ...
 
 class CompleteEncodingRequest(_message.Message):
-    __slots__ = ("assignment_id", "outcomes")
+    __slots__ = ("assignment_id", "outcomes", "partial")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     outcomes: _containers.RepeatedCompositeFieldContainer[ItemOutcome]
-    def __init__(self, assignment_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ItemOutcome, _Mapping]]] = ...) -> None: ...
+    partial: bool
+    def __init__(self, assignment_id: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ItemOutcome, _Mapping]]] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class CompleteEncodingResponse(_message.Message):
     __slots__ = ()

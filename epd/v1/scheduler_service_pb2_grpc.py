@@ -124,7 +124,7 @@ class SchedulerServiceServicer:
 
     def CompleteEncoding(self, request, context):
         """CompleteEncoding reports how an assignment went: per-item latency feeds the adaptive policy
-        and the work stops counting as in flight. Idempotent per assignment id.
+        and the work stops counting as in flight. Idempotent per assignment id and item.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

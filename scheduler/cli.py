@@ -1,0 +1,60 @@
+"""``epd scheduler``: run the scheduler service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.model import Policy
+from epd.scheduler.policies.encoders import parse_split_ratio
+from epd.server.common.errors import InvalidArgument
+from epd.server.common.server import ServerOptions, serve
+from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+
+DEFAULT_PORT = 50051
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Scheduler flags, then the shared server and telemetry flags."""
+    env = os.environ.get
+    parser.add_argument("--default-policy", choices=[p.value for p in Policy],
+                        default=env("EPD_SCHEDULER_POLICY", Policy.ADAPTIVE.value),
+                        help="encoder assignment policy when a request names none "
+                             "(env EPD_SCHEDULER_POLICY; default adaptive)")
+    parser.add_argument("--split-ratio", default=env("EPD_SPLIT_RATIO"),
+                        help="ACCELERATOR:CPU shares for per_request (and adaptive's prior), "
+                             "e.g. 8:1 (env EPD_SPLIT_RATIO; default: the workers' weights)")
+    parser.add_argument("--ttl-s", type=float, default=float(env("EPD_SCHEDULER_TTL_S", 10.0)),
+                        help="a worker missing heartbeats this long is evicted "
+                             "(env EPD_SCHEDULER_TTL_S; default 10)")  # fmt: skip
+    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_telemetry_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT."""
+    try:
+        ratio = parse_split_ratio(args.split_ratio) if args.split_ratio else None
+        config = SchedulerConfig(Policy(args.default_policy), ratio, args.ttl_s)
+        options = ServerOptions.from_args(args)
+        if config.ttl_s <= 0:
+            raise ValueError("--ttl-s must be positive")
+    except (InvalidArgument, ValueError) as e:
+        print(f"epd scheduler: {e}", file=sys.stderr)
+        return 2
+    configure_from_args("epd-scheduler", args)
+    return asyncio.run(_serve(options, config))
+
+
+async def _serve(options: ServerOptions, config: SchedulerConfig) -> int:
+    from epd.scheduler.app import build_scheduler_server
+
+    server, port = await build_scheduler_server(options, config)
+    print(f"epd scheduler listening on {options.host}:{port}", flush=True)
+    await serve(server)
+    return 0

@@ -1,0 +1,84 @@
+"""Proto <-> dataclass conversion for the scheduler (no grpc)."""
+
+from __future__ import annotations
+
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, Worker, WorkerSpec
+from epd.server.common.errors import InvalidArgument
+from epd.v1 import scheduler_service_pb2 as pb
+
+ROLES: dict[int, Role] = {
+    pb.WORKER_ROLE_ENCODE: Role.ENCODE,
+    pb.WORKER_ROLE_PREFILL: Role.PREFILL,
+    pb.WORKER_ROLE_DECODE: Role.DECODE,
+    pb.WORKER_ROLE_PREFILL_DECODE: Role.PREFILL_DECODE,
+    pb.WORKER_ROLE_ENCODE_PREFILL: Role.ENCODE_PREFILL,
+}
+ROLE_VALUES = {role: value for value, role in ROLES.items()}
+POLICIES: dict[int, Policy] = {
+    pb.ENCODER_POLICY_PER_IMAGE: Policy.PER_IMAGE,
+    pb.ENCODER_POLICY_PER_REQUEST: Policy.PER_REQUEST,
+    pb.ENCODER_POLICY_ADAPTIVE: Policy.ADAPTIVE,
+}
+POLICY_VALUES = {policy: value for value, policy in POLICIES.items()}
+
+
+def role_from_proto(value: int) -> Role:
+    """The Role of a WorkerRole value; InvalidArgument for UNSPECIFIED or unknown values."""
+    if value not in ROLES:
+        raise InvalidArgument("worker role must be set (encode, prefill, decode, "
+                              "prefill_decode or encode_prefill)", reason="BAD_ROLE")  # fmt: skip
+    return ROLES[value]
+
+
+def policy_from_proto(value: int) -> Policy | None:
+    """The Policy of an EncoderPolicy value; None for UNSPECIFIED (the deployment default)."""
+    if value == pb.ENCODER_POLICY_UNSPECIFIED:
+        return None
+    if value not in POLICIES:
+        raise InvalidArgument(f"unknown encoder policy {value}", reason="BAD_POLICY")
+    return POLICIES[value]
+
+
+def spec_from_proto(info: pb.WorkerInfo) -> WorkerSpec:
+    """The registration in ``info`` (validated later by the registry)."""
+    return WorkerSpec(info.id, role_from_proto(info.role), info.endpoint, info.model,
+                      info.device or "cpu", info.weight, info.capacity or 1,
+                      info.host_id)  # fmt: skip
+
+
+def spec_to_proto(spec: WorkerSpec) -> pb.WorkerInfo:
+    """``spec`` as a WorkerInfo message."""
+    return pb.WorkerInfo(id=spec.id, role=ROLE_VALUES[spec.role], endpoint=spec.endpoint,  # type: ignore[arg-type]
+                         device=spec.device, weight=spec.weight, capacity=spec.capacity,
+                         host_id=spec.host_id, model=spec.model)  # fmt: skip
+
+
+def load_from_proto(load: pb.WorkerLoad) -> Load:
+    """The load reported in a heartbeat."""
+    return Load(load.queue_depth, load.num_in_flight, load.item_latency_ms, load.kv_usage,
+                frozenset(load.cached_mm_hashes))  # fmt: skip
+
+
+def load_to_proto(load: Load) -> pb.WorkerLoad:
+    """``load`` as a WorkerLoad message (without KV events)."""
+    return pb.WorkerLoad(queue_depth=load.queue_depth, num_in_flight=load.num_in_flight,
+                         item_latency_ms=load.item_latency_ms, kv_usage=load.kv_usage,
+                         cached_mm_hashes=sorted(load.cached_mm_hashes))  # fmt: skip
+
+
+def items_from_proto(items: list[pb.EncodeItem]) -> list[EncodeItem]:
+    """The items of an AssignEncoders request."""
+    return [EncodeItem(item.mm_hash, item.num_tokens or 1) for item in items]
+
+
+def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
+    """The outcomes of a CompleteEncoding request."""
+    return [ItemOutcome(o.item_index, o.latency_ms, o.cache_hit, o.failed) for o in outcomes]
+
+
+def status_to_proto(worker: Worker, heartbeat_age_s: float) -> pb.WorkerStatus:
+    """One ListWorkers entry."""
+    state = pb.WORKER_STATE_DRAINING if worker.draining else pb.WORKER_STATE_LIVE
+    return pb.WorkerStatus(info=spec_to_proto(worker.spec), load=load_to_proto(worker.load),
+                           state=state, heartbeat_age_ms=int(heartbeat_age_s * 1000),
+                           num_assigned_in_flight=worker.num_assigned_in_flight)  # fmt: skip

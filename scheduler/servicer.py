@@ -1,0 +1,97 @@
+"""SchedulerService over gRPC: convert, call the Scheduler, convert back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epd.scheduler import convert
+from epd.scheduler.core import Scheduler
+from epd.server.common.status import handle_errors
+from epd.v1 import scheduler_service_pb2 as pb
+from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
+
+Context = Any
+
+
+class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
+    """Thin adapter over ``Scheduler``; every error mapping happens in ``handle_errors``."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    @handle_errors
+    async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
+                             context: Context) -> pb.RegisterWorkerResponse:  # fmt: skip
+        worker = self.scheduler.register(convert.spec_from_proto(request.worker))
+        return pb.RegisterWorkerResponse(lease_id=worker.lease_id, ttl_ms=self._ttl_ms)
+
+    @handle_errors
+    async def Heartbeat(self, request: pb.HeartbeatRequest,
+                        context: Context) -> pb.HeartbeatResponse:  # fmt: skip
+        load = convert.load_from_proto(request.load) if request.HasField("load") else None
+        self.scheduler.heartbeat(request.lease_id, load, list(request.load.stored_block_hashes),
+                                 list(request.load.removed_block_hashes))  # fmt: skip
+        return pb.HeartbeatResponse(ttl_ms=self._ttl_ms)
+
+    @handle_errors
+    async def Deregister(self, request: pb.DeregisterRequest,
+                         context: Context) -> pb.DeregisterResponse:  # fmt: skip
+        self.scheduler.deregister(request.lease_id)
+        return pb.DeregisterResponse()
+
+    @handle_errors
+    async def AssignEncoders(self, request: pb.AssignEncodersRequest,
+                             context: Context) -> pb.AssignEncodersResponse:  # fmt: skip
+        assignment = self.scheduler.assign_encoders(
+            convert.items_from_proto(list(request.items)), model=request.model,
+            policy=convert.policy_from_proto(request.policy),
+            exclude=list(request.exclude_worker_ids),
+        )  # fmt: skip
+        return pb.AssignEncodersResponse(
+            assignment_id=assignment.assignment_id,
+            policy=convert.POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
+            assignments=[pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
+                         for i, (w, e) in enumerate(zip(assignment.worker_ids,
+                                                        assignment.endpoints, strict=True))],
+        )  # fmt: skip
+
+    @handle_errors
+    async def CompleteEncoding(self, request: pb.CompleteEncodingRequest,
+                               context: Context) -> pb.CompleteEncodingResponse:  # fmt: skip
+        self.scheduler.complete_encoding(request.assignment_id,
+                                         convert.outcomes_from_proto(list(request.outcomes)),
+                                         final=not request.partial)  # fmt: skip
+        return pb.CompleteEncodingResponse()
+
+    @handle_errors
+    async def ChoosePrefill(self, request: pb.ChoosePrefillRequest,
+                            context: Context) -> pb.ChoosePrefillResponse:  # fmt: skip
+        roles = [convert.role_from_proto(role) for role in request.roles]
+        kwargs = {"roles": roles} if roles else {}
+        worker, cached = self.scheduler.choose_prefill(
+            list(request.block_hashes), model=request.model,
+            exclude=list(request.exclude_worker_ids), **kwargs)  # fmt: skip
+        return pb.ChoosePrefillResponse(worker=convert.spec_to_proto(worker.spec),
+                                        num_cached_blocks=cached)  # fmt: skip
+
+    @handle_errors
+    async def ChooseDecode(self, request: pb.ChooseDecodeRequest,
+                           context: Context) -> pb.ChooseDecodeResponse:  # fmt: skip
+        worker = self.scheduler.choose_decode(model=request.model,
+                                              exclude=list(request.exclude_worker_ids))
+        return pb.ChooseDecodeResponse(worker=convert.spec_to_proto(worker.spec))
+
+    @handle_errors
+    async def ListWorkers(self, request: pb.ListWorkersRequest,
+                          context: Context) -> pb.ListWorkersResponse:  # fmt: skip
+        role = (convert.role_from_proto(request.role)
+                if request.role != pb.WORKER_ROLE_UNSPECIFIED else None)  # fmt: skip
+        registry = self.scheduler.registry
+        workers = [w for w in registry.all() if (role is None or w.spec.role == role)
+                   and (not request.model or w.spec.model == request.model)]  # fmt: skip
+        return pb.ListWorkersResponse(workers=[
+            convert.status_to_proto(w, registry.heartbeat_age(w)) for w in workers])
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.scheduler.registry.ttl_s * 1000)

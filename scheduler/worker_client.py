@@ -1,0 +1,102 @@
+"""Worker side of the registry: register, heartbeat load, re-register, deregister on drain.
+
+Every worker (encode, prefill, decode) runs one ``WorkerRegistration``. It never raises into
+the worker: while the scheduler is absent it retries with backoff, and the worker keeps serving
+requests sent to it directly. A heartbeat answered NOT_FOUND (lease expired, or the scheduler
+restarted and lost its soft state) triggers an immediate re-registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from epd.server.common.channels import create_channel
+from epd.v1 import scheduler_service_pb2 as pb
+from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+LoadFn = Callable[[], pb.WorkerLoad]
+RPC_TIMEOUT_S = 3.0
+
+
+class WorkerRegistration:
+    """Keeps one worker registered with the scheduler at ``scheduler_endpoint`` (None: no-op)."""
+
+    def __init__(self, scheduler_endpoint: str | None, info: pb.WorkerInfo, load_fn: LoadFn, *,
+                 interval_s: float | None = None, auth_token: str | None = None,
+                 retry_initial_s: float = 0.2, retry_max_s: float = 5.0) -> None:  # fmt: skip
+        self.scheduler_endpoint = scheduler_endpoint
+        self.info = info
+        self._load_fn = load_fn
+        self._interval_s = interval_s
+        self._auth_token = auth_token
+        self._retry = (retry_initial_s, retry_max_s)
+        self._lease_id: str | None = None
+        self._ttl_s = 10.0
+        self._task: asyncio.Task[None] | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self.num_registrations = 0
+
+    @property
+    def is_registered(self) -> bool:
+        """True while the worker holds a lease the scheduler last confirmed."""
+        return self._lease_id is not None
+
+    async def start(self) -> None:
+        """Start registering and heartbeating in the background (returns at once)."""
+        if self.scheduler_endpoint is None or self._task is not None:
+            return
+        self._channel = create_channel(self.scheduler_endpoint, auth_token=self._auth_token)
+        self._task = asyncio.create_task(self._run(pb_grpc.SchedulerServiceStub(self._channel)))
+
+    async def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeating and, with ``deregister``, leave the registry. Idempotent."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if deregister and self._lease_id and self._channel is not None:
+            stub = pb_grpc.SchedulerServiceStub(self._channel)
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+                await stub.Deregister(pb.DeregisterRequest(lease_id=self._lease_id),
+                                      timeout=RPC_TIMEOUT_S)  # fmt: skip
+        self._lease_id = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _run(self, stub: pb_grpc.SchedulerServiceStub) -> None:
+        backoff = self._retry[0]
+        while True:
+            try:
+                await (self._heartbeat(stub) if self._lease_id else self._register(stub))
+                backoff = self._retry[0]
+                await asyncio.sleep(self._interval_s or self._ttl_s / 3)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    logger.info("scheduler forgot lease %s; registering again", self._lease_id)
+                    self._lease_id = None
+                    continue
+                logger.warning("scheduler %s: %s %s; retrying in %.1fs", self.scheduler_endpoint,
+                               e.code().name, e.details(), backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._retry[1])
+
+    async def _register(self, stub: pb_grpc.SchedulerServiceStub) -> None:
+        reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=self.info),
+                                          timeout=RPC_TIMEOUT_S)  # fmt: skip
+        self._lease_id, self._ttl_s = reply.lease_id, reply.ttl_ms / 1000
+        self.num_registrations += 1
+        logger.info("registered %s with scheduler %s", self.info.id, self.scheduler_endpoint)
+
+    async def _heartbeat(self, stub: pb_grpc.SchedulerServiceStub) -> None:
+        request = pb.HeartbeatRequest(lease_id=self._lease_id, load=self._load_fn())
+        reply = await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
+        self._ttl_s = reply.ttl_ms / 1000
