@@ -1,0 +1,1 @@
+"""Image loading under limits (size, pixels, time, SSRF), normalisation, hashing and caching."""

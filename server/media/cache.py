@@ -1,0 +1,60 @@
+"""An LRU of loaded things with in-flight de-duplication: concurrent requests for the same key
+share one load; later ones hit the cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+Value = TypeVar("Value")
+
+
+class AsyncLruCache(Generic[Value]):
+    """At most ``max_items`` values; ``get_or_load`` loads each missing key once at a time."""
+
+    def __init__(self, max_items: int = 256) -> None:
+        if max_items < 0:
+            raise ValueError("max_items must not be negative")
+        self.max_items = max_items
+        self._values: OrderedDict[str, Value] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[Value]] = {}
+        self.num_hits = 0
+        self.num_loads = 0
+
+    async def get_or_load(self, key: str, load: Callable[[], Awaitable[Value]]) -> Value:
+        """The cached value of ``key``, or the result of ``load()`` (shared by concurrent callers;
+        a failed load is not cached and fails every caller waiting on it)."""
+        if key in self._values:
+            self._values.move_to_end(key)
+            self.num_hits += 1
+            return self._values[key]
+        if key in self._loading:
+            self.num_hits += 1
+            return await asyncio.shield(self._loading[key])
+        future: asyncio.Future[Value] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        self.num_loads += 1
+        try:
+            value = await load()
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # NOTE: marks it retrieved when nobody else waits
+            raise
+        finally:
+            self._loading.pop(key, None)
+        future.set_result(value)
+        self._put(key, value)
+        return value
+
+    def _put(self, key: str, value: Value) -> None:
+        if self.max_items == 0:
+            return
+        self._values[key] = value
+        self._values.move_to_end(key)
+        while len(self._values) > self.max_items:
+            self._values.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._values)

@@ -1,0 +1,169 @@
+"""Bring image bytes in from a URL: data:, file: (only when allowed), http(s) with an SSRF guard.
+
+The guard resolves host names itself and lets the connection use only addresses it checked, so a
+name cannot resolve to a public address when checked and to a private one when connected. IP
+literals (any spelling getaddrinfo accepts) are checked the same way, and redirects are followed
+by hand so every hop is checked again. Responses are read under the byte limit; the whole fetch,
+redirects included, is under the time limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import socket
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.media.policy import MediaPolicy
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _refuse(message: str, reason: str) -> InvalidArgument:
+    return InvalidArgument(message, reason=reason)
+
+
+def is_public(address: IpAddress) -> bool:
+    """True for globally routable unicast addresses (IPv4-mapped IPv6 judged as IPv4)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+class BlockedAddressError(OSError):
+    """The host resolves only to addresses the policy forbids."""
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves with getaddrinfo and drops every address that is not public."""
+
+    def __init__(self) -> None:
+        self._inner = ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        allowed = [r for r in results if is_public(ipaddress.ip_address(r["host"]))]
+        if not allowed:
+            raise BlockedAddressError(f"{host} resolves to a private or reserved address")
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+async def fetch_url(url: str, policy: MediaPolicy) -> bytes:
+    """The bytes behind ``url`` (data:, file:, http:, https:) under ``policy``."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme == "data":
+        return decode_data_url(url, policy)
+    if scheme == "file":
+        return read_file_url(url, policy)
+    if scheme in ("http", "https"):
+        try:
+            return await asyncio.wait_for(_fetch_http(url, policy), policy.fetch_timeout_s)
+        except TimeoutError:
+            raise _refuse(f"fetching {url} took longer than {policy.fetch_timeout_s:g}s",
+                          "FETCH_TIMEOUT") from None  # fmt: skip
+    raise _refuse(f"unsupported URL scheme {scheme or '(none)'!r}: use http(s), data or file",
+                  "UNSUPPORTED_SCHEME")  # fmt: skip
+
+
+def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
+    """Payload of a ``data:[<mime>][;base64],<data>`` URL."""
+    header, sep, payload = url[5:].partition(",")
+    if not sep:
+        raise _refuse("data URL has no ',' before its payload", "BAD_DATA_URL")
+    if len(payload) * 3 // 4 > policy.max_bytes:
+        raise _refuse(f"data URL payload exceeds {policy.max_bytes} bytes", "IMAGE_TOO_LARGE")
+    if not header.endswith(";base64"):
+        return urllib.parse.unquote_to_bytes(payload)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise _refuse(f"data URL is not valid base64: {e}", "BAD_DATA_URL") from e
+
+
+def read_file_url(url: str, policy: MediaPolicy) -> bytes:
+    """Contents of a ``file:`` URL, only when the policy allows local files."""
+    if not policy.allow_local_files:
+        raise _refuse("file: URLs are not allowed on this server (--allow-local-files)",
+                      "LOCAL_FILES_FORBIDDEN")  # fmt: skip
+    path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    try:
+        size = path.stat().st_size
+        if size > policy.max_bytes:
+            raise _refuse(f"{path} is {size} bytes, the limit is {policy.max_bytes}",
+                          "IMAGE_TOO_LARGE")  # fmt: skip
+        return path.read_bytes()
+    except OSError as e:
+        raise _refuse(f"cannot read {path}: {e.strerror or e}", "FILE_UNREADABLE") from e
+
+
+def _check_literal_host(url: str, policy: MediaPolicy) -> None:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _refuse(f"cannot fetch {url!r}: only http(s) URLs with a host",
+                      "UNSUPPORTED_SCHEME")  # fmt: skip
+    address = _literal_address(parts.hostname)
+    if address is not None and not policy.allow_private_networks and not is_public(address):
+        raise _refuse(f"{parts.hostname} is a private or reserved address", "PRIVATE_ADDRESS")
+
+
+def _literal_address(host: str) -> IpAddress | None:
+    """``host`` as an IP address if it is one in any spelling (127.1, 0x7f000001, 2130706433)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+async def _fetch_http(url: str, policy: MediaPolicy) -> bytes:
+    resolver: Any = None if policy.allow_private_networks else GuardedResolver()
+    connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+        for _ in range(policy.max_redirects + 1):
+            _check_literal_host(url, policy)
+            try:
+                async with session.get(url, allow_redirects=False) as response:
+                    if response.status in (301, 302, 303, 307, 308):
+                        url = urllib.parse.urljoin(url, response.headers.get("Location", ""))
+                        continue
+                    if response.status != 200:
+                        raise _refuse(f"fetching {url} answered HTTP {response.status}",
+                                      "FETCH_FAILED")  # fmt: skip
+                    return await _read_limited(response, policy.max_bytes)
+            except aiohttp.ClientConnectorError as e:
+                if isinstance(e.os_error, BlockedAddressError):
+                    raise _refuse(str(e.os_error), "PRIVATE_ADDRESS") from None
+                raise _refuse(f"cannot connect to {url}: {e.os_error}", "FETCH_FAILED") from None
+            except aiohttp.ClientError as e:
+                raise _refuse(f"fetching {url} failed: {e}", "FETCH_FAILED") from None
+    raise _refuse(f"more than {policy.max_redirects} redirects", "TOO_MANY_REDIRECTS")
+
+
+async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise _refuse(f"image is {declared} bytes, the limit is {limit}", "IMAGE_TOO_LARGE")
+    chunks, total = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        total += len(chunk)
+        if total > limit:
+            raise _refuse(f"image exceeds the limit of {limit} bytes", "IMAGE_TOO_LARGE")
+        chunks.append(chunk)
+    return b"".join(chunks)

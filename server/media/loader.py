@@ -1,0 +1,53 @@
+"""Load one media item (URL or bytes) into an RGB image with its mm_hash, cached."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.media.cache import AsyncLruCache
+from epd.server.media.decode import decode_image
+from epd.server.media.fetch import fetch_url
+from epd.server.media.hashing import mm_hash
+from epd.server.media.policy import MediaPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedImage:
+    """A decoded image and its content hash."""
+
+    image: Image.Image
+    mm_hash: str
+
+
+class MediaLoader:
+    """Loads items under one policy for one model; identical sources load once."""
+
+    def __init__(self, policy: MediaPolicy, *, model_id: str, processor_fingerprint: str,
+                 cache_items: int = 256) -> None:  # fmt: skip
+        self.policy = policy
+        self.model_id = model_id
+        self.processor_fingerprint = processor_fingerprint
+        self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(cache_items)
+
+    async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
+        """Decode the image at ``url`` or in ``data`` (exactly one must be given)."""
+        if bool(url) == bool(data):
+            raise InvalidArgument("a media item needs exactly one of url or data",
+                                  reason="BAD_MEDIA_ITEM")  # fmt: skip
+        if url and not url.startswith(("data:", "file:")):
+            key = "url:" + url
+        else:
+            key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
+        return await self.cache.get_or_load(key, lambda: self._load(url, data))
+
+    async def _load(self, url: str, data: bytes) -> LoadedImage:
+        raw = await fetch_url(url, self.policy) if url else data
+        image = await asyncio.to_thread(decode_image, raw, self.policy)
+        digest = mm_hash(image, model_id=self.model_id,
+                         processor_fingerprint=self.processor_fingerprint)  # fmt: skip
+        return LoadedImage(image, digest)
