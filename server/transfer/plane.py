@@ -76,6 +76,12 @@ class DataPlane:
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
+    def set_producer_endpoint(self, endpoint: str) -> None:
+        """Where consumers release leases (known once the server has bound its port)."""
+        for producer in self.producers.values():
+            if isinstance(producer, ShmProducer):
+                producer.producer_endpoint = endpoint
+
     def choose(self, consumer_host_id: str, preferred: int) -> int:
         """The backend for a handoff to ``consumer_host_id`` (see the module docstring)."""
         kind = preferred or self.forced_kind

@@ -1,0 +1,1 @@
+"""The encode service: images to embeddings with the model's vision tower alone."""

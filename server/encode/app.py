@@ -1,0 +1,102 @@
+"""Assemble an encode server: vision tower, batcher, caches, data plane, registration."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.encode.batcher import DynamicBatcher
+from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.service import EncodeWorker
+from epd.server.encode.servicer import EncodeServicer
+from epd.server.encode.vision import VisionEncoder
+from epd.server.media.hashing import processor_fingerprint
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import encode_service_pb2_grpc as pb_grpc
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+SERVICE_NAME = "epd.v1.EncodeService"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EncodeConfig:
+    """Everything an encode server needs besides network options."""
+
+    model_dir: Path
+    model_id: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    worker_id: str = ""
+    weight: float = 1.0
+    max_batch_size: int = 8
+    max_batch_wait_ms: float = 5.0
+    cache_mb: float = 256.0
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    scheduler: str | None = None
+    transfer_kind: str | None = None
+    lease_ttl_s: float = 60.0
+
+
+@dataclass
+class EncodeApp:
+    """A running encode server and the pieces tests and the CLI reach into."""
+
+    server: EpdServer
+    port: int
+    worker: EncodeWorker
+    registration: WorkerRegistration
+    plane: DataPlane
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """Drain, stop, free every payload."""
+        await self.server.drain_and_stop(grace)
+        await self.worker.batcher.close()
+        self.plane.close()
+
+
+async def build_encode_server(config: EncodeConfig,
+                              options: ServerOptions | None = None) -> EncodeApp:  # fmt: skip
+    """Load the vision tower, start serving, register with the scheduler (if any)."""
+    options = options or ServerOptions()
+    encoder = VisionEncoder(config.model_dir, device=config.device, dtype=config.dtype)
+    model_id = config.model_id or config.model_dir.name
+    batcher = DynamicBatcher(encoder.encode, max_items=config.max_batch_size,
+                             max_wait_s=config.max_batch_wait_ms / 1000)  # fmt: skip
+    loader = MediaLoader(config.media, model_id=model_id,
+                         processor_fingerprint=processor_fingerprint(config.model_dir))
+    plane = DataPlane(lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind)
+    plane.start_reaper()
+    cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
+    worker = EncodeWorker(batcher, loader, plane, cache, worker_id=config.worker_id,
+                          model_id=model_id)  # fmt: skip
+    binding = ServiceBinding(SERVICE_NAME, EncodeServicer(worker),
+                             pb_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
+    server, port = await build_server([binding], options)
+    endpoint = f"{options.host}:{port}"
+    plane.set_producer_endpoint(endpoint)
+    worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
+    info = scheduler_pb.WorkerInfo(
+        id=worker.worker_id, role=scheduler_pb.WORKER_ROLE_ENCODE, endpoint=endpoint,
+        device=str(encoder.device), weight=config.weight, capacity=config.max_batch_size,
+        host_id=plane.host_id, model=model_id,
+    )  # fmt: skip
+
+    def load() -> scheduler_pb.WorkerLoad:
+        return scheduler_pb.WorkerLoad(
+            queue_depth=batcher.queue_depth, num_in_flight=worker.num_in_flight,
+            item_latency_ms=batcher.stats.item_latency_ms, cached_mm_hashes=cache.hashes(256))
+
+    registration = WorkerRegistration(config.scheduler, info, load,
+                                      auth_token=options.auth_token)  # fmt: skip
+    server.add_drain_callback(registration.stop)
+    await registration.start()
+    await server.mark_serving()
+    logger.info("encoder %s serving %s on %s (device %s)", worker.worker_id, model_id, endpoint,
+                encoder.device)  # fmt: skip
+    return EncodeApp(server, port, worker, registration, plane)

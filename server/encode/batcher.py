@@ -1,0 +1,100 @@
+"""Dynamic batching: images from concurrent requests share one vision-tower call.
+
+Requests enqueue images; a single worker task takes up to ``max_items`` waiting at most
+``max_wait_s`` after the first one, runs the tower in a thread (the event loop stays free) and
+resolves each image's future. A tower failure fails every image of that batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Counters and recent latency, for heartbeats, metrics and tests."""
+
+    num_batches: int = 0
+    num_items: int = 0
+    item_latency_ms: float = 0.0
+
+
+class DynamicBatcher(Generic[Item, Result]):
+    """Batches calls of ``run(items) -> results`` (same order, same length)."""
+
+    def __init__(self, run: Callable[[list[Item]], list[Result]], *, max_items: int = 8,
+                 max_wait_s: float = 0.005) -> None:  # fmt: skip
+        if max_items < 1 or max_wait_s < 0:
+            raise ValueError("max_items must be >= 1 and max_wait_s >= 0")
+        self._run = run
+        self.max_items = max_items
+        self.max_wait_s = max_wait_s
+        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self.stats = BatchStats()
+        self.num_running = 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Items waiting for a batch."""
+        return self._queue.qsize()
+
+    async def submit(self, item: Item) -> Result:
+        """Result of ``item``, computed in some batch."""
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._work())
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        await self._queue.put((item, future))
+        return await future
+
+    async def close(self) -> None:
+        """Stop the worker; waiting items fail with CancelledError."""
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+        while not self._queue.empty():
+            _, future = self._queue.get_nowait()
+            future.cancel()
+
+    async def _work(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            deadline = time.monotonic() + self.max_wait_s
+            while len(batch) < self.max_items:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 and self._queue.empty():
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), max(remaining, 0)))
+                except TimeoutError:
+                    break
+            live = [(item, future) for item, future in batch if not future.cancelled()]
+            if live:
+                await self._run_batch(live)
+
+    async def _run_batch(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+        start = time.monotonic()
+        self.num_running = len(batch)
+        try:
+            results = await asyncio.to_thread(self._run, [item for item, _ in batch])
+        except Exception as e:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        finally:
+            self.num_running = 0
+        elapsed_ms = (time.monotonic() - start) * 1000
+        self.stats.num_batches += 1
+        self.stats.num_items += len(batch)
+        self.stats.item_latency_ms = elapsed_ms / len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)

@@ -1,0 +1,88 @@
+"""``epd encode``: run an encode server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from epd.server.common.server import ServerOptions, serve
+from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.media.policy import MediaPolicy
+
+DEFAULT_PORT = 50061
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Encoder flags, then media, server and telemetry flags."""
+    env = os.environ.get
+    parser.add_argument("--model", type=Path, required=True,
+                        help="model directory (a Qwen2-VL checkpoint; only visual.* is loaded)")
+    parser.add_argument("--model-id", default="",
+                        help="model name clients use (default: the directory name)")
+    parser.add_argument("--device", default=env("EPD_ENCODER_DEVICE", "cpu"),
+                        help="cpu, cuda, cuda:N, xpu or auto (env EPD_ENCODER_DEVICE; "
+                             "default cpu)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="vision tower dtype (default float32)")
+    parser.add_argument("--worker-id", default=env("EPD_WORKER_ID", ""),
+                        help="id in the scheduler's registry (env EPD_WORKER_ID; default "
+                             "encode-HOST-PORT)")
+    parser.add_argument("--weight", type=float, default=1.0,
+                        help="share of work under weighted policies (default 1)")
+    parser.add_argument("--scheduler", default=env("EPD_SCHEDULER"),
+                        help="scheduler host:port to register with (env EPD_SCHEDULER; "
+                             "default: none, serve direct calls only)")
+    parser.add_argument("--max-batch-size", type=int, default=8,
+                        help="images per vision-tower call at most (default 8)")
+    parser.add_argument("--max-batch-wait-ms", type=float, default=5.0,
+                        help="how long the first image of a batch waits for others (default 5)")
+    parser.add_argument("--cache-mb", type=float, default=256.0,
+                        help="encoder cache budget in MiB, 0 disables (default 256)")
+    parser.add_argument("--transfer", choices=["auto", "shm", "inline"],
+                        default=env("EPD_TRANSFER_KIND", "auto"),
+                        help="data-plane backend for results (env EPD_TRANSFER_KIND; default "
+                             "auto: shm on the same host, else inline)")
+    parser.add_argument("--lease-ttl-s", type=float, default=60.0,
+                        help="seconds an unreleased result is kept (default 60)")  # fmt: skip
+    MediaPolicy.add_arguments(parser)
+    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_telemetry_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
+    try:
+        if not (args.model / "config.json").exists():
+            raise ValueError(f"{args.model} is not a model directory (no config.json)")
+        if args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
+            raise ValueError("batch size must be >= 1, wait and cache must not be negative")
+        config = EncodeConfig(
+            args.model, args.model_id, args.device, args.dtype, args.worker_id, args.weight,
+            args.max_batch_size, args.max_batch_wait_ms, args.cache_mb,
+            MediaPolicy.from_args(args), args.scheduler,
+            None if args.transfer == "auto" else args.transfer, args.lease_ttl_s,
+        )  # fmt: skip
+        options = ServerOptions.from_args(args)
+    except ValueError as e:
+        print(f"epd encode: {e}", file=sys.stderr)
+        return 2
+    configure_from_args("epd-encode", args)
+    return asyncio.run(_serve(config, options))
+
+
+async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
+    try:
+        app = await build_encode_server(config, options)
+    except ValueError as e:
+        print(f"epd encode: {e}", file=sys.stderr)
+        return 2
+    print(f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id}",
+          flush=True)
+    await serve(app.server)
+    await app.worker.batcher.close()
+    app.plane.close()
+    return 0

@@ -1,0 +1,141 @@
+"""The encode worker's logic: items in, embeddings out through the data plane (no grpc).
+
+For each item: a cache hit by the caller's mm_hash answers at once; otherwise the image is loaded
+under the media rules, hashed, looked up again, and encoded in a dynamic batch (concurrent
+requests for the same image share one encoding). Results stream back as each is ready, cache
+hits first. A payload is put into the data plane only when its item is about to be returned, so a
+failed or cancelled request holds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.encode.batcher import DynamicBatcher
+from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
+from epd.server.media.loader import MediaLoader
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+
+MAX_ITEMS_PER_REQUEST = 64
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSource:
+    """One item as requested: optional known hash, and a URL or bytes."""
+
+    mm_hash: str = ""
+    url: str = ""
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedItem:
+    """One result, ready to send."""
+
+    item_index: int
+    mm_hash: str
+    embeddings: tensor_pb2.TensorRef
+    grid: Grid
+    cache_hit: bool
+    encode_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Computed:
+    entry: CachedEmbedding
+    mm_hash: str
+    cache_hit: bool
+    seconds: float
+
+
+class EncodeWorker:
+    """Everything one encode process does, behind two calls: ``encode`` and ``release``."""
+
+    def __init__(self, batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]],
+                 loader: MediaLoader, plane: DataPlane, cache: EmbeddingCache, *,
+                 worker_id: str, model_id: str) -> None:  # fmt: skip
+        self.batcher = batcher
+        self.loader = loader
+        self.plane = plane
+        self.cache = cache
+        self.worker_id = worker_id
+        self.model_id = model_id
+        self._encoding: dict[str, asyncio.Future[CachedEmbedding]] = {}
+        self.num_in_flight = 0
+
+    async def encode(self, items: list[MediaSource], *, model: str = "",
+                     consumer_host_id: str = "", transfer_kind: int = 0,
+                     ) -> AsyncIterator[EncodedItem]:  # fmt: skip
+        """Encode ``items``; yields one result per item, in completion order."""
+        self._validate(items, model)
+        tasks = [asyncio.ensure_future(self._compute_indexed(i, item))
+                 for i, item in enumerate(items)]  # fmt: skip
+        self.num_in_flight += len(items)
+        try:
+            for done in asyncio.as_completed(tasks):
+                index, computed = await done
+                ref = self.plane.put(computed.entry.embeddings, consumer_host_id,
+                                     preferred=transfer_kind)  # fmt: skip
+                yield EncodedItem(index, computed.mm_hash, ref, computed.entry.grid,
+                                  computed.cache_hit, computed.seconds)  # fmt: skip
+        finally:
+            self.num_in_flight -= len(items)
+            for task in tasks:
+                task.cancel()
+
+    def release(self, lease_ids: list[str]) -> int:
+        """Free the payloads of ``lease_ids``; unknown ones are ignored."""
+        return self.plane.release(lease_ids)
+
+    def _validate(self, items: list[MediaSource], model: str) -> None:
+        if not items:
+            raise InvalidArgument("EncodeRequest has no items", reason="NO_ITEMS")
+        if len(items) > MAX_ITEMS_PER_REQUEST:
+            raise InvalidArgument(f"{len(items)} items in one request; the limit is "
+                                  f"{MAX_ITEMS_PER_REQUEST}", reason="TOO_MANY_ITEMS")  # fmt: skip
+        if model and model != self.model_id:
+            raise InvalidArgument(f"this encoder serves {self.model_id!r}, not {model!r}",
+                                  reason="WRONG_MODEL")  # fmt: skip
+
+    async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
+        return index, await self._compute(item)
+
+    async def _compute(self, item: MediaSource) -> _Computed:
+        if item.mm_hash and (hit := self.cache.get(item.mm_hash)) is not None:
+            return _Computed(hit, item.mm_hash, True, 0.0)
+        loaded = await self.loader.load(url=item.url, data=item.data)
+        if item.mm_hash and item.mm_hash != loaded.mm_hash:
+            raise InvalidArgument(
+                f"mm_hash {item.mm_hash} does not match the image ({loaded.mm_hash}); the caller "
+                "hashes with another model id or processor", reason="MM_HASH_MISMATCH")
+        if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
+            return _Computed(hit, loaded.mm_hash, True, 0.0)
+        start = time.monotonic()
+        entry = await self._encode_once(loaded.mm_hash, loaded.image)
+        return _Computed(entry, loaded.mm_hash, False, time.monotonic() - start)
+
+    async def _encode_once(self, mm_hash: str, image: Image.Image) -> CachedEmbedding:
+        if mm_hash in self._encoding:
+            return await asyncio.shield(self._encoding[mm_hash])
+        future: asyncio.Future[CachedEmbedding] = asyncio.get_running_loop().create_future()
+        self._encoding[mm_hash] = future
+        try:
+            embeddings, grid = await self.batcher.submit(image)
+            entry = CachedEmbedding(embeddings, grid)
+            self.cache.put(mm_hash, entry)
+            future.set_result(entry)
+            return entry
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()
+            raise
+        finally:
+            self._encoding.pop(mm_hash, None)

@@ -1,0 +1,109 @@
+"""The vision tower and projector of a Qwen2-VL model, loaded alone.
+
+Only the ``visual.*`` weights are read from the checkpoint (no language-model weights in memory),
+into transformers' own vision model class, on the device asked for. The output is exactly what
+the prefill engine consumes: the merger's output, [num_tokens, hidden] per image, with the
+image's (t, h, w) patch grid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+VISUAL_PREFIXES = ("model.visual.", "visual.")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda, else xpu, else cpu; other names are checked to be usable."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        xpu = getattr(torch, "xpu", None)
+        return torch.device("xpu" if xpu is not None and xpu.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name} asked for, but CUDA is not available here")
+    if device.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise ValueError(f"device {name} asked for, but XPU is not available here")
+    return device
+
+
+def _visual_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    index = model_dir / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
+             if index.exists() else ["model.safetensors"])  # fmt: skip
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(str(model_dir / name), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                prefix = next((p for p in VISUAL_PREFIXES if key.startswith(p)), None)
+                if prefix is not None:
+                    state[key[len(prefix):]] = f.get_tensor(key)
+    if not state:
+        raise ValueError(f"no vision tower weights (visual.*) in {model_dir}")
+    return state
+
+
+class VisionEncoder:
+    """Preprocess images and run the vision tower on a batch of them."""
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu",
+                 dtype: str = "float32") -> None:  # fmt: skip
+        from transformers import AutoConfig, AutoImageProcessor
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+            Qwen2VisionTransformerPretrainedModel,
+        )
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(device)
+        self.dtype = DTYPES[dtype]
+        config = AutoConfig.from_pretrained(self.model_dir)
+        vision_config = config.vision_config
+        from transformers.initialization import no_init_weights
+
+        # NOTE: built on the target device without random init; the checkpoint fills every weight.
+        with no_init_weights(), torch.device(self.device):
+            model = Qwen2VisionTransformerPretrainedModel._from_config(vision_config)
+        model.load_state_dict(_visual_state_dict(self.model_dir), strict=True)
+        self.model = model.to(dtype=self.dtype).eval()
+        self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
+        self.merge_size = int(vision_config.spatial_merge_size)
+        self.hidden_size = int(vision_config.hidden_size)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        logger.info("vision tower of %s on %s (%s, %d parameters)", self.model_dir.name,
+                    self.device, dtype, self.num_parameters)  # fmt: skip
+
+    def preprocess(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixel patches of all images, concatenated, and their grids [num_images, 3]."""
+        inputs = self.processor(images=images, return_tensors="pt")
+        return inputs["pixel_values"], inputs["image_grid_thw"]
+
+    def grid_of(self, image: Image.Image) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid the processor makes of ``image``."""
+        _, grid = self.preprocess([image])
+        t, h, w = (int(v) for v in grid[0])
+        return t, h, w
+
+    @torch.inference_mode()
+    def encode(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
+        """Embeddings [num_tokens, hidden] (on CPU) and grid of each image, in one tower call."""
+        pixel_values, grid = self.preprocess(images)
+        output = self.model(pixel_values.to(self.device, self.dtype), grid_thw=grid.to(self.device))
+        merged = output.pooler_output if hasattr(output, "pooler_output") else output
+        sizes = (grid.prod(-1) // self.merge_size**2).tolist()
+        chunks = torch.split(merged.to("cpu"), sizes)
+        return [(chunk.contiguous(), (int(t), int(h), int(w)))
+                for chunk, (t, h, w) in zip(chunks, grid.tolist(), strict=True)]  # fmt: skip
