@@ -70,6 +70,11 @@ class VisionEncoder:
         self.model_dir = Path(model_dir)
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]
+        if self.device.type == "cuda" and self.dtype == torch.float32:
+            # NOTE: cuDNN convolutions (the patch embedding) default to TF32 on Ampere and later,
+            # which moves embeddings by ~1e-2 relative; float32 asked means float32 computed.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         config = AutoConfig.from_pretrained(self.model_dir)
         vision_config = config.vision_config
         from transformers.initialization import no_init_weights
