@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
     "scheduler": ("epd.scheduler.cli", "run the scheduler: worker registry and placement"),
     "encode": ("epd.server.encode.cli", "run an encoder: images to embeddings (vision tower only)"),
+    "prefill": ("epd.server.prefill.cli", "run a prefill worker on vLLM (aggregated PD today)"),
     "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
                  "with the reference engine"),
 }

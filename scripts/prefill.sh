@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run a prefill worker on vLLM (AsyncLLM; its EngineCore runs in a child process).
+#
+#   scripts/prefill.sh --model DIR [FLAGS]        # all flags: scripts/prefill.sh --help
+#
+# Main flags (environment fallbacks in parentheses):
+#   --model DIR --model-id NAME
+#   --mode prefill_decode|encode_prefill   aggregated PD from embeddings, or from raw images too
+#   --scheduler HOST:PORT (EPD_SCHEDULER)  --worker-id ID (EPD_WORKER_ID)  --weight W
+#   --max-model-len N  --kv-cache-mb MB  --max-pending N  --dtype float32|bfloat16|float16
+#   --host/--port (EPD_HOST/EPD_PORT, default 127.0.0.1:50071), --auth-token, --tls-*,
+#   --trace-exporter (EPD_TRACE_EXPORTER), --log-level (EPD_LOG_LEVEL), media flags (--help)
+# Health is NOT_SERVING until the engine is warm; SIGTERM drains, then stops the engine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+exec "${EPD_VENV:-$ROOT/.venv}/bin/epd" prefill "$@"

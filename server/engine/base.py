@@ -1,0 +1,94 @@
+"""The engine interface: what prefill and decode workers ask of a model runner.
+
+An engine owns a model and runs requests: a prompt of token ids in which each image appears as
+one ``<|vision_start|><|image_pad|><|vision_end|>`` group (the engine expands it to the image's
+token count) plus one ``EngineImage`` per group, in order. ``generate`` streams token chunks as
+they are produced and ends with a chunk carrying the finish reason and usage. Cancelling the
+iteration (or ``abort``) stops the request and frees its KV cache.
+
+Who frees what: images' embeddings are the caller's tensors; the engine copies what it keeps
+before ``generate`` yields its first chunk, so callers may release the producer's lease then.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+
+Grid = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineImage:
+    """One image of a prompt: precomputed embeddings with their grid, or a raw picture."""
+
+    mm_hash: str
+    grid: Grid | None = None
+    embeddings: torch.Tensor | None = None
+    image: Image.Image | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Token selection; defaults are greedy with 16 tokens."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Tokens produced since the previous chunk; the last chunk has finish_reason and usage."""
+
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What a worker reports in heartbeats."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+
+
+class Engine(ABC):
+    """A model runner. Methods are called from one asyncio event loop."""
+
+    model_id: str
+
+    @abstractmethod
+    def generate(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+                 sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
+        """Stream the generation of one request (see the module docstring)."""
+
+    async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook
+        """Stop ``request_id`` if it is running; unknown ids are ignored."""
+
+    def load(self) -> EngineLoad:
+        """Current load (for heartbeats and admission)."""
+        return EngineLoad()
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop the engine and free its resources (processes, memory)."""

@@ -1,0 +1,1 @@
+"""The prefill service: prompt + image embeddings -> tokens (aggregated PD today)."""

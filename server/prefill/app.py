@@ -1,0 +1,85 @@
+"""Assemble a prefill server: engine, data plane consumer, registration."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.engine.base import Engine
+from epd.server.media.hashing import processor_fingerprint
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.prefill.service import Mode, PrefillWorker
+from epd.server.prefill.servicer import PrefillServicer
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+SERVICE_NAME = "epd.v1.PrefillService"
+ROLES = {Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
+         Mode.ENCODE_PREFILL: scheduler_pb.WORKER_ROLE_ENCODE_PREFILL}  # fmt: skip
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefillConfig:
+    """Everything a prefill server needs besides its engine and network options."""
+
+    model_dir: Path
+    mode: Mode = Mode.PREFILL_DECODE
+    worker_id: str = ""
+    weight: float = 1.0
+    capacity: int = 8
+    scheduler: str | None = None
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+
+
+@dataclass
+class PrefillApp:
+    """A running prefill server."""
+
+    server: EpdServer
+    port: int
+    worker: PrefillWorker
+    registration: WorkerRegistration
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """Drain and stop the server (the engine is the caller's to close)."""
+        await self.server.drain_and_stop(grace)
+        self.worker.plane.close()
+
+
+async def build_prefill_server(config: PrefillConfig, engine: Engine,
+                               options: ServerOptions | None = None) -> PrefillApp:  # fmt: skip
+    """Serve ``engine`` (already started) and register with the scheduler (if any)."""
+    options = options or ServerOptions()
+    plane = DataPlane()
+    loader = MediaLoader(config.media, model_id=engine.model_id,
+                         processor_fingerprint=processor_fingerprint(config.model_dir))
+    worker = PrefillWorker(engine, plane, config.mode, loader)
+    binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
+                             pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
+    server, port = await build_server([binding], options)
+    endpoint = f"{options.host}:{port}"
+    info = scheduler_pb.WorkerInfo(
+        id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
+        role=ROLES[config.mode], endpoint=endpoint, device="cpu", weight=config.weight,
+        capacity=config.capacity, host_id=plane.host_id, model=engine.model_id,
+    )  # fmt: skip
+
+    def load() -> scheduler_pb.WorkerLoad:
+        engine_load = engine.load()
+        return scheduler_pb.WorkerLoad(queue_depth=engine_load.num_waiting,
+                                       num_in_flight=engine_load.num_running,
+                                       kv_usage=engine_load.kv_usage)  # fmt: skip
+
+    registration = WorkerRegistration(config.scheduler, info, load, auth_token=options.auth_token)
+    server.add_drain_callback(registration.stop)
+    await registration.start()
+    await server.mark_serving()
+    logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
+                engine.model_id, endpoint)  # fmt: skip
+    return PrefillApp(server, port, worker, registration)

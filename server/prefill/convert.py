@@ -1,0 +1,36 @@
+"""Proto <-> engine dataclasses for generation requests (no grpc)."""
+
+from __future__ import annotations
+
+from epd.server.engine.base import Sampling, Usage
+from epd.v1 import generation_pb2
+
+FINISH_REASONS = {
+    "stop": generation_pb2.FINISH_REASON_STOP,
+    "length": generation_pb2.FINISH_REASON_LENGTH,
+    "abort": generation_pb2.FINISH_REASON_ABORT,
+}
+
+
+def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
+    """Proto sampling with its documented defaults (0 max_tokens = 16, 0 top_p = 1)."""
+    return Sampling(
+        max_tokens=params.max_tokens or 16, temperature=params.temperature,
+        top_p=params.top_p or 1.0, top_k=params.top_k,
+        seed=params.seed if params.HasField("seed") else None, stop=tuple(params.stop),
+        stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos,
+    )  # fmt: skip
+
+
+def finish_reason_to_proto(reason: str | None) -> int:
+    """FinishReason value of an engine finish reason (None: not finished)."""
+    if reason is None:
+        return generation_pb2.FINISH_REASON_UNSPECIFIED
+    return FINISH_REASONS.get(reason, generation_pb2.FINISH_REASON_STOP)
+
+
+def usage_to_proto(usage: Usage) -> generation_pb2.Usage:
+    """Usage message of ``usage``."""
+    return generation_pb2.Usage(prompt_tokens=usage.prompt_tokens,
+                                completion_tokens=usage.completion_tokens,
+                                cached_prompt_tokens=usage.cached_prompt_tokens)  # fmt: skip
