@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("epd.scheduler.cli", "run the scheduler: worker registry and placement"),
     "encode": ("epd.server.encode.cli", "run an encoder: images to embeddings (vision tower only)"),
     "prefill": ("epd.server.prefill.cli", "run a prefill worker on vLLM (aggregated PD today)"),
+    "route": ("epd.server.route.cli", "run the route: the public Generate / ListModels entry"),
     "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
                  "with the reference engine"),
 }

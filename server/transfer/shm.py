@@ -14,6 +14,7 @@ another tensor) fails with NOT_FOUND instead of returning someone else's data.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import os
 import re
@@ -35,6 +36,9 @@ HEADER_BYTES = 64
 MAGIC = b"EPDSHM01"
 MIN_SEGMENT_BYTES = 64 << 10
 _NAME = re.compile(r"^epd-(\d+)-(\d+)-\d+$")
+# NOTE: one counter per process, not per pool: several producers in one process (tests, a
+# process serving two roles) must never pick the same segment name.
+_SEGMENT_NUMBERS = itertools.count(1)
 
 
 def _start_time(pid: int) -> int | None:
@@ -109,7 +113,6 @@ class SegmentPool:
         self._max_idle = max_idle_bytes
         self._idle: dict[int, list[Segment]] = defaultdict(list)
         self._idle_bytes = 0
-        self._counter = 0
         self._lock = threading.Lock()
         self.num_created = 0
 
@@ -120,8 +123,7 @@ class SegmentPool:
             if self._idle[capacity]:
                 self._idle_bytes -= capacity
                 return self._idle[capacity].pop()
-            self._counter += 1
-            name = f"{self._prefix}{self._counter}"
+            name = f"{self._prefix}{next(_SEGMENT_NUMBERS)}"
         return self._create(name, capacity)
 
     def give_back(self, segment: Segment) -> None:

@@ -117,3 +117,14 @@ def test_unsupported_dtype_is_refused(plane: DataPlane) -> None:
     with pytest.raises(InvalidArgument) as caught:
         plane.put(torch.zeros(2, dtype=torch.complex64), "host-a")
     assert caught.value.reason == "UNSUPPORTED_DTYPE"
+
+
+def test_two_planes_in_one_process_never_share_a_segment_name() -> None:
+    # NOTE: failed with FileExistsError when each pool numbered its segments from 1.
+    first, second = DataPlane("host-a"), DataPlane("host-a")
+    refs = [plane.put(torch.ones(8), "host-a") for plane in (first, second)]
+    assert refs[0].shm.name != refs[1].shm.name
+    for plane, ref in zip((first, second), refs, strict=True):
+        assert torch.equal(plane.get(ref), torch.ones(8))
+        plane.release([ref.lease_id])
+        plane.close()

@@ -1,0 +1,60 @@
+"""Assemble a route server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.media.hashing import processor_fingerprint
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.peers import Peers
+from epd.server.route.prompt import PromptBuilder
+from epd.server.route.service import RouteWorker
+from epd.server.route.servicer import RouteServicer
+from epd.server.transfer.plane import default_host_id
+from epd.v1 import route_service_pb2_grpc as pb_grpc
+
+SERVICE_NAME = "epd.v1.RouteService"
+
+
+@dataclass
+class RouteConfig:
+    """What the route needs: the model's tokenizer and processor settings, the scheduler."""
+
+    model_dir: Path
+    scheduler: str
+    model_id: str = ""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+
+
+@dataclass
+class RouteApp:
+    """A running route server."""
+
+    server: EpdServer
+    port: int
+    worker: RouteWorker
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """Drain, stop, close channels."""
+        await self.server.drain_and_stop(grace)
+        await self.worker.peers.close()
+
+
+async def build_route_server(config: RouteConfig,
+                             options: ServerOptions | None = None) -> RouteApp:  # fmt: skip
+    """Start a route for ``config.model_dir`` talking to ``config.scheduler``."""
+    options = options or ServerOptions()
+    model_id = config.model_id or config.model_dir.name
+    loader = MediaLoader(config.media, model_id=model_id,
+                         processor_fingerprint=processor_fingerprint(config.model_dir))
+    worker = RouteWorker(Peers(config.scheduler, options.auth_token),
+                         PromptBuilder(config.model_dir), loader, model_id=model_id,
+                         host_id=default_host_id())  # fmt: skip
+    binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
+                             pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
+    server, port = await build_server([binding], options)
+    await server.mark_serving()
+    return RouteApp(server, port, worker)

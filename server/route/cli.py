@@ -1,0 +1,54 @@
+"""``epd route``: run the public entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from epd.server.common.server import ServerOptions, serve
+from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.app import RouteConfig, build_route_server
+
+DEFAULT_PORT = 50050
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Route flags, then media, server and telemetry flags."""
+    env = os.environ.get
+    parser.add_argument("--model", type=Path, required=True,
+                        help="model directory (tokenizer, chat template, processor settings)")
+    parser.add_argument("--model-id", default="",
+                        help="model name the workers registered (default: the directory name)")
+    parser.add_argument("--scheduler", default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
+                        help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)")
+    MediaPolicy.add_arguments(parser)
+    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_telemetry_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT."""
+    if not (args.model / "config.json").exists():
+        print(f"epd route: {args.model} is not a model directory (no config.json)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        options = ServerOptions.from_args(args)
+        config = RouteConfig(args.model, args.scheduler, args.model_id, MediaPolicy.from_args(args))
+    except ValueError as e:
+        print(f"epd route: {e}", file=sys.stderr)
+        return 2
+    configure_from_args("epd-route", args)
+    return asyncio.run(_serve(config, options))
+
+
+async def _serve(config: RouteConfig, options: ServerOptions) -> int:
+    app = await build_route_server(config, options)
+    print(f"epd route listening on {options.host}:{app.port}", flush=True)
+    await serve(app.server)
+    await app.worker.peers.close()
+    return 0

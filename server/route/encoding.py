@@ -1,0 +1,129 @@
+"""The encode stage of a request: assignment, concurrent Encode calls, retries, release.
+
+Encoding is idempotent by mm_hash, so items whose encoder fails with UNAVAILABLE (or dies
+mid-stream) are assigned again excluding that encoder. Every lease obtained is released at its
+producer when the request ends, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from epd.server.common.errors import EpdError, Unavailable
+from epd.server.common.status import from_rpc_error
+from epd.server.route.peers import Peers
+from epd.v1 import encode_service_pb2 as encode_pb
+from epd.v1 import multimodal_pb2
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+logger = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class EncodeStage:
+    """The images of one request and what became of them."""
+
+    request_id: str
+    model: str
+    items: list[multimodal_pb2.MediaItem]
+    policy: Any = 0
+    consumer_host_id: str = ""
+    results: dict[int, encode_pb.EncodeResponse] = field(default_factory=dict)
+    encoder_ids: set[str] = field(default_factory=set)
+
+    @property
+    def leases(self) -> dict[str, list[str]]:
+        """Lease ids by producer endpoint."""
+        by_endpoint: dict[str, list[str]] = defaultdict(list)
+        for result in self.results.values():
+            if result.embeddings.lease_id:
+                by_endpoint[result.embeddings.producer_endpoint].append(
+                    result.embeddings.lease_id)
+        return by_endpoint
+
+
+async def encode_all(peers: Peers, stage: EncodeStage, timeout_s: float | None) -> None:
+    """Fill ``stage.results`` for every item, retrying failed encoders elsewhere."""
+    excluded: list[str] = []
+    for attempt in range(MAX_ATTEMPTS):
+        missing = [i for i in range(len(stage.items)) if i not in stage.results]
+        if not missing:
+            return
+        assignment = await peers.scheduler.AssignEncoders(scheduler_pb.AssignEncodersRequest(
+            request_id=stage.request_id, model=stage.model, policy=stage.policy,
+            items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash) for i in missing],
+            exclude_worker_ids=excluded), timeout=timeout_s)  # fmt: skip
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for placed in assignment.assignments:
+            groups[(placed.worker_id, placed.endpoint)].append(missing[placed.item_index])
+        failed = await asyncio.gather(*(
+            _encode_group(peers, stage, worker, endpoint, indices, assignment, missing, timeout_s)
+            for (worker, endpoint), indices in groups.items()))  # fmt: skip
+        excluded.extend(worker for worker in failed if worker)
+        if any(failed) and attempt + 1 < MAX_ATTEMPTS:
+            logger.warning("request %s: retrying images of failed encoders %s", stage.request_id,
+                           [w for w in failed if w])  # fmt: skip
+    if len(stage.results) < len(stage.items):
+        raise Unavailable("images could not be encoded: every encoder tried failed",
+                          reason="ENCODE_FAILED")  # fmt: skip
+
+
+async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoint: str,
+                        indices: list[int], assignment: scheduler_pb.AssignEncodersResponse,
+                        missing: list[int], timeout_s: float | None) -> str | None:  # fmt: skip
+    """Encode ``indices`` on one encoder; returns the worker id if it failed retryably."""
+    request = encode_pb.EncodeRequest(request_id=stage.request_id, model=stage.model,
+                                      items=[stage.items[i] for i in indices],
+                                      consumer_host_id=stage.consumer_host_id)  # fmt: skip
+    start, outcomes = time.monotonic(), []
+    failed: str | None = None
+    try:
+        async for response in peers.encoder(endpoint).Encode(request, timeout=timeout_s):
+            index = indices[response.item_index]
+            stage.results[index] = response
+            outcomes.append(scheduler_pb.ItemOutcome(
+                item_index=missing.index(index), cache_hit=response.cache_hit,
+                latency_ms=(time.monotonic() - start) * 1000))  # fmt: skip
+        stage.encoder_ids.add(worker_id)
+    except grpc.aio.AioRpcError as e:
+        error = from_rpc_error(e)
+        if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            raise error from None
+        failed = worker_id
+        outcomes.extend(scheduler_pb.ItemOutcome(item_index=missing.index(i), failed=True)
+                        for i in indices if i not in stage.results)  # fmt: skip
+    await _report(peers, assignment.assignment_id, outcomes)
+    return failed
+
+
+async def _report(peers: Peers, assignment_id: str,
+                  outcomes: list[scheduler_pb.ItemOutcome]) -> None:  # fmt: skip
+    try:
+        await peers.scheduler.CompleteEncoding(scheduler_pb.CompleteEncodingRequest(
+            assignment_id=assignment_id, outcomes=outcomes, partial=True), timeout=5)
+    except grpc.aio.AioRpcError as e:
+        logger.warning("could not report encoding outcome: %s", e.details())
+
+
+async def release_all(peers: Peers, stage: EncodeStage) -> None:
+    """Release every lease of ``stage`` at its producer (best effort: leases also expire)."""
+    for endpoint, lease_ids in stage.leases.items():
+        try:
+            await peers.encoder(endpoint).Release(encode_pb.ReleaseRequest(lease_ids=lease_ids),
+                                                  timeout=5)  # fmt: skip
+        except grpc.aio.AioRpcError as e:
+            logger.warning("release at %s failed (%s); leases will expire", endpoint, e.details())
+    stage.results.clear()
+
+
+def is_retryable(error: EpdError) -> bool:
+    """Whether a failure before the first token may be retried on another worker."""
+    return isinstance(error, Unavailable)

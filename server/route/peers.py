@@ -1,0 +1,37 @@
+"""Channels to the other services, one per endpoint, reused across requests."""
+
+from __future__ import annotations
+
+import grpc
+
+from epd.server.common.channels import create_channel
+from epd.v1 import encode_service_pb2_grpc, prefill_service_pb2_grpc, scheduler_service_pb2_grpc
+
+
+class Peers:
+    """Lazily opened channels keyed by endpoint, with typed stubs."""
+
+    def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
+        self._auth_token = auth_token
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.scheduler = scheduler_service_pb2_grpc.SchedulerServiceStub(
+            self._channel(scheduler_endpoint))
+
+    def encoder(self, endpoint: str) -> encode_service_pb2_grpc.EncodeServiceStub:
+        """Stub of the encoder at ``endpoint``."""
+        return encode_service_pb2_grpc.EncodeServiceStub(self._channel(endpoint))
+
+    def prefill(self, endpoint: str) -> prefill_service_pb2_grpc.PrefillServiceStub:
+        """Stub of the prefill worker at ``endpoint``."""
+        return prefill_service_pb2_grpc.PrefillServiceStub(self._channel(endpoint))
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        if endpoint not in self._channels:
+            self._channels[endpoint] = create_channel(endpoint, auth_token=self._auth_token)
+        return self._channels[endpoint]

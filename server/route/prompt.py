@@ -1,0 +1,96 @@
+"""Chat rendering, tokenisation, multimodal block hashes and incremental detokenisation.
+
+The prompt keeps one ``<|vision_start|><|image_pad|><|vision_end|>`` group per image (the engine
+expands it). For KV-aware routing the route hashes the prompt as the engine will hold it: each
+image's single pad token becomes that image's token count of a pad value derived from its mm_hash
+(as Dynamo and SGLang do), so prompts share a block hash only if they share every token and image
+before it. Hashes chain block to block; only full blocks count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from epd.server.common.errors import InvalidArgument
+
+BLOCK_SIZE = 16
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPart:
+    """One part of a message: text, or the index of an image in the request's image list."""
+
+    text: str | None = None
+    image_index: int | None = None
+
+
+class PromptBuilder:
+    """The model's tokenizer and chat template, loaded once."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir)
+        self.image_pad_id = int(config.image_token_id)
+        self.merge_size = int(config.vision_config.spatial_merge_size)
+        self.eos_token_id = self.tokenizer.eos_token_id
+
+    def token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
+        """Token ids of the rendered chat with the assistant's turn opened."""
+        if not messages:
+            raise InvalidArgument("the chat has no messages", reason="EMPTY_CHAT")
+        chat = []
+        for role, parts in messages:
+            if role not in ROLES:
+                raise InvalidArgument(f"unknown role {role!r}; use system, user or assistant",
+                                      reason="BAD_ROLE")  # fmt: skip
+            if not parts:
+                raise InvalidArgument(f"a {role} message has no content", reason="EMPTY_MESSAGE")
+            chat.append({"role": role, "content": [
+                {"type": "image"} if part.image_index is not None
+                else {"type": "text", "text": part.text or ""} for part in parts]})  # fmt: skip
+        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def block_hashes(self, token_ids: list[int], images: list[tuple[str, int]]) -> list[int]:
+        """Chained hashes of the full blocks of the expanded prompt; ``images`` holds
+        (mm_hash, number of image tokens) per image, in prompt order."""
+        expanded: list[int] = []
+        pending = iter(images)
+        for token in token_ids:
+            if token != self.image_pad_id:
+                expanded.append(token)
+                continue
+            mm_hash, num_tokens = next(pending, ("", 1))
+            expanded.extend([-(int(mm_hash[:15] or "0", 16) + 1)] * num_tokens)
+        hashes, previous = [], b""
+        for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
+            block = ",".join(map(str, expanded[start:start + BLOCK_SIZE])).encode()
+            digest = hashlib.blake2b(previous + block, digest_size=8).digest()
+            hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
+            previous = digest
+        return hashes
+
+
+class Detokenizer:
+    """Turns a growing list of token ids into text deltas, holding back incomplete characters."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    def add(self, token_ids: list[int]) -> str:
+        """The new text after appending ``token_ids``."""
+        self._ids.extend(token_ids)
+        text = str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
+        if text.endswith("\ufffd"):
+            return ""
+        delta = text[len(self._emitted):] if text.startswith(self._emitted) else text
+        self._emitted = text
+        return delta

@@ -1,0 +1,113 @@
+"""Route -> Scheduler -> Encode -> Prefill(+decode) in one process over real gRPC: the answer to
+a chat with two images equals the transformers reference token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import grpc
+import numpy as np
+import pytest
+from PIL import Image
+
+from epd.scheduler.app import build_scheduler_server
+from epd.server.common.channels import create_channel
+from epd.server.common.status import from_rpc_error
+from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.engine.reference import ReferenceEngine
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.route.app import RouteConfig, build_route_server
+from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+
+pytestmark = pytest.mark.vllm
+
+
+def picture(seed: int, width: int, height: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+async def deployment(tiny_model_dir):
+    from epd.server.engine.vllm_engine import VllmEngine
+
+    scheduler, scheduler_port = await build_scheduler_server()
+    endpoint = f"127.0.0.1:{scheduler_port}"
+    encoders = [await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny",
+                                                       scheduler=endpoint, worker_id=f"enc{i}"))
+                for i in range(2)]  # fmt: skip
+    engine = await VllmEngine.start(tiny_model_dir, model_id="tiny")
+    prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint),
+                                         engine)  # fmt: skip
+    route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny"))
+    async with create_channel(endpoint) as channel:
+        stub = scheduler_grpc.SchedulerServiceStub(channel)
+        for _ in range(200):
+            if len((await stub.ListWorkers(scheduler_pb.ListWorkersRequest())).workers) == 3:
+                break
+            await asyncio.sleep(0.05)
+    channel = create_channel(f"127.0.0.1:{route.port}")
+    yield route_service_pb2_grpc.RouteServiceStub(channel), encoders
+    await channel.close()
+    await route.stop()
+    await prefill.stop()
+    await engine.close()
+    for encoder in encoders:
+        await encoder.stop()
+    await scheduler.drain_and_stop(0)
+
+
+def chat_request(images: list[Image.Image], text: str,
+                 **sampling) -> route_service_pb2.GenerateRequest:  # fmt: skip
+    content = [route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=png(image)))
+               for image in images]  # fmt: skip
+    content.append(route_service_pb2.ContentPart(text=text))
+    return route_service_pb2.GenerateRequest(
+        request_id="req-1", model="tiny",
+        messages=[route_service_pb2.ChatMessage(role="user", content=content)],
+        sampling=generation_pb2.SamplingParams(**sampling))
+
+
+async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir) -> None:
+    stub, encoders = deployment
+    images = [picture(1, 96, 64), picture(2, 60, 90)]
+    request = chat_request(images, "describe this picture", max_tokens=12, ignore_eos=True)
+    responses = [r async for r in stub.Generate(request)]
+    tokens = [t for r in responses for t in r.token_ids]
+    reference = ReferenceEngine(tiny_model_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                             {"type": "text", "text": "describe this picture"}]}]
+    expected = reference.generate(messages, images, max_tokens=12, ignore_eos=True)
+    assert tokens == expected.token_ids
+    assert "".join(r.text for r in responses) == expected.text
+    assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert responses[-1].usage.completion_tokens == 12
+    assert all(encoder.plane.held() == [] for encoder in encoders)
+
+
+async def test_list_models_shows_the_deployment(deployment) -> None:
+    stub, _ = deployment
+    reply = await stub.ListModels(route_service_pb2.ListModelsRequest())
+    (card,) = reply.models
+    assert card.id == "tiny" and dict(card.worker_counts) == {"encode": 2, "prefill_decode": 1}
+
+
+async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
+    stub, encoders = deployment
+    request = chat_request([], "hi")
+    request.messages[0].content.insert(0, route_service_pb2.ContentPart(
+        image=multimodal_pb2.MediaItem(data=b"not an image")))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        _ = [r async for r in stub.Generate(request)]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
+    assert all(encoder.plane.held() == [] for encoder in encoders)
