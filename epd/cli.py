@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "encode": ("epd.server.encode.cli", "run an encoder: images to embeddings (vision tower only)"),
     "prefill": ("epd.server.prefill.cli", "run a prefill worker on vLLM (aggregated PD today)"),
     "route": ("epd.server.route.cli", "run the route: the public Generate / ListModels entry"),
+    "up": ("epd.client.up_cli", "start a local deployment, answer one request with an image"),
+    "chat": ("epd.client.chat_cli", "ask a running deployment about images"),
     "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
                  "with the reference engine"),
 }

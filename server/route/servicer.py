@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +28,8 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     async def Generate(self, request: pb.GenerateRequest,
                        context: Context) -> AsyncIterator[pb.GenerateResponse]:  # fmt: skip
         remaining = context.time_remaining()
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
         request_id = request.request_id
         async for chunk in self.worker.generate(request, timeout_s=remaining):
             response = pb.GenerateResponse(request_id=request_id, text=chunk.text,

@@ -1,0 +1,123 @@
+"""Start a local deployment as child processes, wait for health, stop everything on exit.
+
+Each service runs as ``python -m epd <service> ...`` with its log in the run folder; dependants
+start only once what they need is healthy, and slow starters (the vLLM engine) start in parallel
+with the rest. Children get SIGTERM (drain) on exit, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epd.server.common.channels import wait_for_health
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Child:
+    """One running service."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class Deployment:
+    """The children of one ``epd up``, in start order."""
+
+    run_dir: Path
+    env: dict[str, str]
+    children: list[Child] = field(default_factory=list)
+    base_port: int | None = None
+
+    def port(self, offset: int) -> int:
+        """Port for the service at ``offset`` (base port + offset, or a free one)."""
+        return self.base_port + offset if self.base_port else free_port()
+
+    def start(self, name: str, offset: int, *args: str) -> Child:
+        """Start ``python -m epd <args> --port P`` with its output in ``run_dir/name.log``."""
+        port = self.port(offset)
+        log = self.run_dir / f"{name}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen([sys.executable, "-m", "epd", *args, "--port", str(port)],
+                                       stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                       start_new_session=True)  # fmt: skip
+        child = Child(name, port, process, log)
+        self.children.append(child)
+        return child
+
+    async def wait_healthy(self, child: Child, timeout_s: float) -> None:
+        """Wait for ``child`` to report SERVING; fail early if it exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
+                                   f"last log lines:\n{tail(child.log)}")  # fmt: skip
+            try:
+                await wait_for_health(child.endpoint, timeout_s=2.0)
+                return
+            except Exception:  # noqa: BLE001 - keep polling until the deadline
+                continue
+        raise RuntimeError(f"{child.name} not healthy after {timeout_s:.0f}s; log {child.log}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM every child (dependants first), SIGKILL what is left after ``grace_s``."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        self.children.clear()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+async def start_epd(deployment: Deployment, model_dir: Path, model_id: str,
+                    *, num_encoders: int = 1, policy: str = "adaptive") -> Child:  # fmt: skip
+    """Start scheduler, encoders, a prefill_decode worker and the route; return the route."""
+    model = ["--model", str(model_dir), "--model-id", model_id]
+    scheduler = deployment.start("scheduler", 1, "scheduler", "--default-policy", policy)
+    await deployment.wait_healthy(scheduler, 60)
+    registry = ["--scheduler", scheduler.endpoint]
+    prefill = deployment.start("prefill", 2, "prefill", *model, *registry, "--kv-cache-mb", "128")
+    encoders = [deployment.start(f"encode{i}", 3 + i, "encode", *model, *registry,
+                                 "--worker-id", f"encode{i}") for i in range(num_encoders)]
+    for encoder in encoders:
+        await deployment.wait_healthy(encoder, 120)
+    await deployment.wait_healthy(prefill, 300)
+    route = deployment.start("route", 0, "route", *model, *registry)
+    await deployment.wait_healthy(route, 60)
+    return route

@@ -1,0 +1,111 @@
+"""``epd up``: start a local E/PD deployment, answer one request with an image, show the trace."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from epd.client.errors import EpdClientError
+from epd.client.launcher import Deployment, start_epd
+from epd.client.sdk import AsyncEpdClient, user
+from epd.client.traces import summarise
+
+DEFAULT_MODEL = Path(".epd/models/tiny")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``epd up``."""
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                        help=f"model directory (default {DEFAULT_MODEL}; the tiny model is "
+                             "built there if absent)")
+    parser.add_argument("--model-id", default="", help="model name (default: directory name)")
+    parser.add_argument("--encoders", type=int, default=1, help="number of encoders (default 1)")
+    parser.add_argument("--policy", choices=["per_image", "per_request", "adaptive"],
+                        default="adaptive", help="encoder assignment policy (default adaptive)")
+    parser.add_argument("--base-port", type=int, default=0,
+                        help="route on BASE, scheduler BASE+1, prefill BASE+2, encoders BASE+3.. "
+                             "(default 0: free ports)")
+    parser.add_argument("--question", default="What is in this picture?",
+                        help="the question of the demo request")
+    parser.add_argument("--image", type=Path, help="image of the demo request (default: a "
+                                                   "generated picture)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the deployment running after the demo (Ctrl-C stops it)")
+    parser.add_argument("--run-dir", type=Path, default=Path(".epd/run"),
+                        help="where logs and traces go (default .epd/run/TIMESTAMP)")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start, ask, print, stop (or keep)."""
+    if args.encoders < 1 or args.max_tokens < 1:
+        print("epd up: --encoders and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    if args.model == DEFAULT_MODEL and not (args.model / "config.json").exists():
+        from epd.server.engine.tiny_model import build_tiny_model
+
+        print(f"building the tiny model in {args.model} ...", flush=True)
+        build_tiny_model(args.model)
+    if not (args.model / "config.json").exists():
+        print(f"epd up: {args.model} is not a model directory (no config.json)", file=sys.stderr)
+        return 2
+    run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "EPD_TRACE_EXPORTER": f"json:{run_dir / 'spans.jsonl'}",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    deployment = Deployment(run_dir, env, base_port=args.base_port or None)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        return asyncio.run(_up(args, deployment))
+    except KeyboardInterrupt:
+        print("\nstopping", flush=True)
+        return 130
+    except RuntimeError as e:
+        print(f"epd up: {e}", file=sys.stderr)
+        return 1
+    finally:
+        deployment.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
+    model_id = args.model_id or args.model.resolve().name
+    print("starting scheduler, encoder(s), prefill (vLLM) and route ...", flush=True)
+    start = time.monotonic()
+    route = await start_epd(deployment, args.model.resolve(), model_id,
+                            num_encoders=args.encoders, policy=args.policy)  # fmt: skip
+    print(f"ready in {time.monotonic() - start:.0f}s; logs in {deployment.run_dir}")
+    for child in deployment.children:
+        print(f"  {child.name:<10} {child.endpoint}")
+    image = args.image or _demo_image(deployment.run_dir / "demo.png")
+    print(f"\nuser: [image {image}] {args.question}\nassistant: ", end="", flush=True)
+    async with AsyncEpdClient(route.endpoint) as client:
+        try:
+            tokens: list[int] = []
+            async for chunk in client.stream([user(args.question, image=image)], model=model_id,
+                                             max_tokens=args.max_tokens):  # fmt: skip
+                print(chunk.text, end="", flush=True)
+                tokens.extend(chunk.token_ids)
+        except EpdClientError as e:
+            print(f"\nrequest failed: {e}", file=sys.stderr)
+            return 1
+    print(f"\n(tokens {tokens}; the tiny model has random weights, so the words are noise)\n")
+    await asyncio.sleep(0.5)
+    print(summarise(deployment.run_dir / "spans.jsonl"))
+    if args.keep:
+        print(f"\nrunning; route at {route.endpoint} (epd chat --endpoint {route.endpoint} "
+              "--image PATH 'question'); Ctrl-C stops everything")
+        await asyncio.Event().wait()
+    return 0
+
+
+def _demo_image(path: Path) -> Path:
+    from epd.server.engine.generate_cli import demo_image
+
+    demo_image().save(path)
+    return path

@@ -1,0 +1,40 @@
+"""``epd up`` (the README's first command) across real processes: the answer equals the
+reference tokens, the trace spans every service, nothing is left running or in /dev/shm."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epd.server.engine.generate_cli import demo_image
+from epd.server.engine.reference import ReferenceEngine
+from epd.server.transfer import shm
+
+pytestmark = pytest.mark.vllm
+
+
+def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Path) -> None:
+    before = set(shm.list_segments())
+    result = subprocess.run(
+        [sys.executable, "-m", "epd", "up", "--model", str(tiny_model_dir), "--model-id", "tiny",
+         "--max-tokens", "8", "--question", "What is in this picture?", "--encoders", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
+    assert match, result.stdout
+    tokens = ast.literal_eval(match.group(1))
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": "What is in this picture?"}]}]
+    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
+    assert tokens == expected.token_ids
+    for service in ("epd-route", "epd-scheduler", "epd-encode", "epd-prefill"):
+        assert service in result.stdout
+    leftovers = subprocess.run(["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "],
+                               capture_output=True, text=True)  # fmt: skip
+    assert leftovers.stdout.strip() == ""
+    assert set(shm.list_segments()) <= before
