@@ -9,6 +9,7 @@ from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, b
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
+from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
@@ -27,6 +28,7 @@ class RouteConfig:
     scheduler: str
     model_id: str = ""
     media: MediaPolicy = field(default_factory=MediaPolicy)
+    http_port: int | None = None
 
 
 @dataclass
@@ -36,9 +38,12 @@ class RouteApp:
     server: EpdServer
     port: int
     worker: RouteWorker
+    http: OpenAiHttp | None = None
 
     async def stop(self, grace: float | None = 0) -> None:
-        """Drain, stop, close channels."""
+        """Stop HTTP, drain gRPC, close channels."""
+        if self.http is not None:
+            await self.http.stop()
         await self.server.drain_and_stop(grace)
         await self.worker.peers.close()
 
@@ -56,5 +61,9 @@ async def build_route_server(config: RouteConfig,
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
+    http = None
+    if config.http_port is not None:
+        http = OpenAiHttp(worker)
+        await http.start(options.host, config.http_port)
     await server.mark_serving()
-    return RouteApp(server, port, worker)
+    return RouteApp(server, port, worker, http)

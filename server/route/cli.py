@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model name the workers registered (default: the directory name)")
     parser.add_argument("--scheduler", default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
                         help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)")
+    http_port = env("EPD_HTTP_PORT")
+    parser.add_argument("--http-port", type=int, default=int(http_port) if http_port else None,
+                        help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
+                             "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
+                             "off)")  # fmt: skip
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
@@ -38,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         options = ServerOptions.from_args(args)
-        config = RouteConfig(args.model, args.scheduler, args.model_id, MediaPolicy.from_args(args))
+        config = RouteConfig(args.model, args.scheduler, args.model_id,
+                             MediaPolicy.from_args(args), args.http_port)
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2
@@ -48,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: RouteConfig, options: ServerOptions) -> int:
     app = await build_route_server(config, options)
-    print(f"epd route listening on {options.host}:{app.port}", flush=True)
+    http = f", OpenAI HTTP on http://{options.host}:{app.http.port}/v1" if app.http else ""
+    print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
     await serve(app.server)
     await app.worker.peers.close()
     return 0

@@ -4,6 +4,7 @@ a chat with two images equals the transformers reference token for token."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 
 import grpc
@@ -48,7 +49,7 @@ async def deployment(tiny_model_dir):
     engine = await VllmEngine.start(tiny_model_dir, model_id="tiny")
     prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint),
                                          engine)  # fmt: skip
-    route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny"))
+    route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
     async with create_channel(endpoint) as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
         for _ in range(200):
@@ -56,7 +57,7 @@ async def deployment(tiny_model_dir):
                 break
             await asyncio.sleep(0.05)
     channel = create_channel(f"127.0.0.1:{route.port}")
-    yield route_service_pb2_grpc.RouteServiceStub(channel), encoders
+    yield route_service_pb2_grpc.RouteServiceStub(channel), encoders, route
     await channel.close()
     await route.stop()
     await prefill.stop()
@@ -78,7 +79,7 @@ def chat_request(images: list[Image.Image], text: str,
 
 
 async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir) -> None:
-    stub, encoders = deployment
+    stub, encoders, _ = deployment
     images = [picture(1, 96, 64), picture(2, 60, 90)]
     request = chat_request(images, "describe this picture", max_tokens=12, ignore_eos=True)
     responses = [r async for r in stub.Generate(request)]
@@ -95,14 +96,14 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
 
 
 async def test_list_models_shows_the_deployment(deployment) -> None:
-    stub, _ = deployment
+    stub, _, _ = deployment
     reply = await stub.ListModels(route_service_pb2.ListModelsRequest())
     (card,) = reply.models
     assert card.id == "tiny" and dict(card.worker_counts) == {"encode": 2, "prefill_decode": 1}
 
 
 async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
-    stub, encoders = deployment
+    stub, encoders, _ = deployment
     request = chat_request([], "hi")
     request.messages[0].content.insert(0, route_service_pb2.ContentPart(
         image=multimodal_pb2.MediaItem(data=b"not an image")))
@@ -110,4 +111,55 @@ async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
         _ = [r async for r in stub.Generate(request)]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
+    assert all(encoder.plane.held() == [] for encoder in encoders)
+
+
+def data_url(image: Image.Image) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+def openai_messages(images: list[Image.Image], text: str) -> list[dict[str, object]]:
+    parts: list[dict[str, object]] = [{"type": "image_url", "image_url": {"url": data_url(i)}}
+                                      for i in images]  # fmt: skip
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+async def test_openai_client_chat_completion_equals_the_grpc_answer(deployment) -> None:
+    import openai
+
+    stub, _, route = deployment
+    images = [picture(1, 96, 64), picture(2, 60, 90)]
+    expected = [r async for r in stub.Generate(chat_request(images, "describe this picture",
+                                                            max_tokens=12))]  # fmt: skip
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
+    reply = await client.chat.completions.create(
+        model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12)
+    assert reply.choices[0].message.content == "".join(r.text for r in expected)
+    assert reply.usage.completion_tokens == expected[-1].usage.completion_tokens
+    stream = await client.chat.completions.create(
+        model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12,
+        stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    assert [m.id for m in (await client.models.list()).data] == ["tiny"]
+    await client.close()
+
+
+async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> None:
+    import openai
+
+    _, encoders, route = deployment
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
+    assert caught.value.body["code"] == "BAD_REQUEST"
+    bad_image = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}},
+        {"type": "text", "text": "hi"}]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="tiny", messages=bad_image, max_tokens=4)
+    assert caught.value.body["code"] == "PRIVATE_ADDRESS"
+    await client.close()
     assert all(encoder.plane.held() == [] for encoder in encoders)

@@ -1,0 +1,134 @@
+"""OpenAI-compatible HTTP in the route process: /v1/chat/completions (with SSE streaming),
+/v1/models and /health, served by aiohttp on its own port and driving the same RouteWorker as
+gRPC, so the official ``openai`` client and OpenAI-speaking benchmarks work unchanged."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from epd.server.common.errors import EpdError
+from epd.server.route import openai_schema as schema
+from epd.server.route.service import RouteWorker
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+logger = logging.getLogger(__name__)
+MAX_BODY_BYTES = 64 << 20
+
+
+class OpenAiHttp:
+    """The HTTP front of one RouteWorker."""
+
+    def __init__(self, worker: RouteWorker, request_timeout_s: float = 600.0) -> None:
+        self.worker = worker
+        self.timeout_s = request_timeout_s
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0 picks a free port); returns the port."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
+                        web.get("/v1/models", self.models), web.get("/health", self.health)])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            listing = await self.worker.peers.scheduler.ListWorkers(
+                scheduler_pb.ListWorkersRequest(), timeout=5)
+        except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
+            return _error(e)
+        models = sorted({w.info.model for w in listing.workers} | {self.worker.model_id})
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "epd"} for m in models]})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response({"error": {"message": "the body is not valid JSON",
+                                                "type": "invalid_request_error", "param": None,
+                                                "code": "BAD_REQUEST"}}, status=400)  # fmt: skip
+        try:
+            generate = schema.to_generate_request(body, self.worker.model_id)
+        except EpdError as e:
+            return _error(e)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await self._stream(request, generate, include_usage)
+        texts, finish, usage = [], 0, None
+        try:
+            async for piece in self.worker.generate(generate, timeout_s=self.timeout_s):
+                texts.append(piece.text)
+                finish, usage = piece.finish_reason or finish, piece.usage or usage
+        except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
+            return _error(e)
+        return web.json_response(schema.completion(generate.request_id, generate.model,
+                                                   "".join(texts), finish, usage))
+
+    async def _stream(self, request: web.Request, generate: Any,
+                      include_usage: bool) -> web.StreamResponse:  # fmt: skip
+        pieces = self.worker.generate(generate, timeout_s=self.timeout_s)
+        try:
+            first = await anext(pieces)
+        except StopAsyncIteration:
+            first = None
+        except Exception as e:  # noqa: BLE001 - before any byte is sent: a plain error response
+            return _error(e)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        ident, model = generate.request_id, generate.model
+        await _send(response, schema.chunk(ident, model, {"role": "assistant", "content": ""},
+                                           None))  # fmt: skip
+        usage = None
+        try:
+            piece = first
+            while piece is not None:
+                await _send(response, schema.chunk(ident, model, {"content": piece.text},
+                                                   piece.finish_reason or None))  # fmt: skip
+                usage = piece.usage or usage
+                piece = await anext(pieces, None)
+            if include_usage:
+                await _send(response, schema.chunk(ident, model, {}, None, usage))
+        except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
+            await _send(response, schema.error_body(e)[1])
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+def _error(err: Exception) -> web.Response:
+    if not isinstance(err, EpdError):
+        from epd.server.common.status import from_rpc_error
+
+        if hasattr(err, "code") and callable(err.code):
+            err = from_rpc_error(err)  # type: ignore[arg-type]
+        else:
+            logger.error("unexpected error in HTTP handler", exc_info=err)
+    status, body = schema.error_body(err)
+    return web.json_response(body, status=status)
+
+
