@@ -35,6 +35,7 @@ class Child:
     port: int
     process: subprocess.Popen[bytes]
     log: Path
+    http_port: int | None = None
 
     @property
     def endpoint(self) -> str:
@@ -118,6 +119,8 @@ async def start_epd(deployment: Deployment, model_dir: Path, model_id: str,
     for encoder in encoders:
         await deployment.wait_healthy(encoder, 120)
     await deployment.wait_healthy(prefill, 300)
-    route = deployment.start("route", 0, "route", *model, *registry)
+    http_port = deployment.port(10)
+    route = deployment.start("route", 0, "route", *model, *registry, "--http-port", str(http_port))
+    route.http_port = http_port
     await deployment.wait_healthy(route, 60)
     return route

@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=["per_image", "per_request", "adaptive"],
                         default="adaptive", help="encoder assignment policy (default adaptive)")
     parser.add_argument("--base-port", type=int, default=0,
-                        help="route on BASE, scheduler BASE+1, prefill BASE+2, encoders BASE+3.. "
-                             "(default 0: free ports)")
+                        help="route on BASE, scheduler BASE+1, prefill BASE+2, encoders BASE+3.., "
+                             "OpenAI HTTP BASE+10 (default 0: free ports)")
     parser.add_argument("--question", default="What is in this picture?",
                         help="the question of the demo request")
     parser.add_argument("--image", type=Path, help="image of the demo request (default: a "
@@ -82,6 +82,7 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     print(f"ready in {time.monotonic() - start:.0f}s; logs in {deployment.run_dir}")
     for child in deployment.children:
         print(f"  {child.name:<10} {child.endpoint}")
+    print(f"  {'openai':<10} http://127.0.0.1:{route.http_port}/v1 (chat/completions, models)")
     image = args.image or _demo_image(deployment.run_dir / "demo.png")
     print(f"\nuser: [image {image}] {args.question}\nassistant: ", end="", flush=True)
     async with AsyncEpdClient(route.endpoint) as client:
