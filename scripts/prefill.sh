@@ -5,7 +5,10 @@
 #
 # Main flags (environment fallbacks in parentheses):
 #   --model DIR --model-id NAME
-#   --mode prefill_decode|encode_prefill   aggregated PD from embeddings, or from raw images too
+#   --mode prefill|prefill_decode|encode_prefill   KV handed to decode (P/D), aggregated PD from
+#          embeddings, or aggregated from raw images too; --kv-transfer: encode_prefill also
+#          serves Prefill (EP/D)
+#   --kv-host ADDR (EPD_KV_HOST)  --kv-port N (EPD_KV_PORT, 0 = free port): NIXL handshake listener
 #   --scheduler HOST:PORT (EPD_SCHEDULER)  --worker-id ID (EPD_WORKER_ID)  --weight W
 #   --max-model-len N  --kv-cache-mb MB  --max-pending N  --dtype float32|bfloat16|float16
 #   --host/--port (EPD_HOST/EPD_PORT, default 127.0.0.1:50071), --auth-token, --tls-*,

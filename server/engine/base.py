@@ -8,6 +8,12 @@ iteration (or ``abort``) stops the request and frees its KV cache.
 
 Who frees what: images' embeddings are the caller's tensors; the engine copies what it keeps
 before ``generate`` yields its first chunk, so callers may release the producer's lease then.
+
+Disaggregated prefill/decode (P/D) is two optional calls on two engines: ``prefill`` on a KV
+producer computes the prompt's KV cache and the first token and returns ``kv_transfer_params``
+(opaque, JSON-like); ``decode`` on a KV consumer, given the same prompt and those params, pulls
+the KV cache from the producer and streams the tokens after the first one. The producer keeps
+the blocks until the consumer has read them or its KV lease expires; a handle is single-use.
 """
 
 from __future__ import annotations
@@ -15,11 +21,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from PIL import Image
 
+from epd.server.common.errors import FailedPrecondition
+
 Grid = tuple[int, int, int]
+# Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a
+# decode worker can lay out positions even when the prompt's images were raw pictures.
+IMAGE_GRIDS_KEY = "epd_image_grids"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +77,20 @@ class TokenChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """The first token of a prefilled request and what a decode engine needs to continue it.
+
+    ``kv_transfer_params`` is None when generation ended at the first token (``finish_reason``
+    set): there is nothing to decode.
+    """
+
+    first_token_id: int
+    finish_reason: str | None
+    kv_transfer_params: dict[str, Any] | None
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
 class EngineLoad:
     """What a worker reports in heartbeats."""
 
@@ -82,6 +108,27 @@ class Engine(ABC):
     def generate(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
                  sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
         """Stream the generation of one request (see the module docstring)."""
+
+    async def prefill(self, request_id: str, prompt_token_ids: list[int],
+                      images: list[EngineImage], sampling: Sampling) -> PrefillResult:  # fmt: skip
+        """Compute the prompt's KV cache and first token, keep the KV for a decode engine.
+
+        Only engines started as KV producers implement it; others raise FailedPrecondition.
+        Cancelling the call aborts the request and frees its KV blocks.
+        """
+        raise FailedPrecondition("this engine does not hand its KV cache to decode workers",
+                                 reason="KV_TRANSFER_DISABLED")  # fmt: skip
+
+    def decode(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+               sampling: Sampling, first_token_id: int,
+               kv_transfer_params: dict[str, Any]) -> AsyncIterator[TokenChunk]:  # fmt: skip
+        """Pull the KV cache ``prefill`` returned and stream the tokens after ``first_token_id``.
+
+        ``images`` need grids only (their embeddings are not recomputed). Usage on the last
+        chunk counts the whole request, first token included. Only KV consumers implement it.
+        """
+        raise FailedPrecondition("this engine does not take KV caches from prefill workers",
+                                 reason="KV_TRANSFER_DISABLED")  # fmt: skip
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Stop ``request_id`` if it is running; unknown ids are ignored."""

@@ -22,35 +22,44 @@ class VisionLayout:
         return sum(1 for a, b in zip(token_ids, token_ids[1:], strict=False)
                    if a == self.vision_start_id and b == self.image_pad_id)  # fmt: skip
 
-    def check(self, token_ids: list[int], images: list[EngineImage], max_len: int) -> None:
-        """Raise InvalidArgument unless prompt and images agree and fit."""
+    def check(self, token_ids: list[int], images: list[EngineImage], max_len: int, *,
+              grids_suffice: bool = False) -> None:  # fmt: skip
+        """Raise InvalidArgument unless prompt and images agree and fit.
+
+        ``grids_suffice``: an image may come with its grid only (decode after a remote prefill).
+        """
         if not token_ids:
             raise InvalidArgument("the prompt has no tokens", reason="EMPTY_PROMPT")
         groups = self.count_images(token_ids)
         if groups != len(images):
             raise InvalidArgument(f"the prompt has {groups} image placeholders but {len(images)} "
                                   "images were given", reason="IMAGE_COUNT_MISMATCH")  # fmt: skip
-        expanded = len(token_ids) + sum(self._check_image(i, image) - 1
+        expanded = len(token_ids) + sum(self._check_image(i, image, grids_suffice) - 1
                                         for i, image in enumerate(images))  # fmt: skip
         if expanded >= max_len:
             raise InvalidArgument(f"the prompt expands to {expanded} tokens; the engine's limit "
                                   f"is {max_len - 1}", reason="PROMPT_TOO_LONG")  # fmt: skip
 
-    def _check_image(self, index: int, image: EngineImage) -> int:
+    def _check_image(self, index: int, image: EngineImage, grids_suffice: bool) -> int:
         if image.embeddings is None:
+            if grids_suffice and image.image is None:
+                return self._expected_rows(index, image)
             if image.image is None:
                 raise InvalidArgument(f"image {index} has neither embeddings nor a picture",
                                       reason="MISSING_IMAGE_DATA")  # fmt: skip
             return 1
-        if image.grid is None or any(v <= 0 for v in image.grid):
-            raise InvalidArgument(f"image {index} has no valid grid", reason="BAD_GRID")
-        t, h, w = image.grid
-        expected = t * h * w // self.merge_size**2
+        expected = self._expected_rows(index, image)
         rows, width = (tuple(image.embeddings.shape) + (0, 0))[:2]
         if image.embeddings.dim() != 2 or rows != expected or width != self.hidden_size:
             raise InvalidArgument(
                 f"image {index}: embeddings {list(image.embeddings.shape)} do not match grid "
-                f"{list(image.grid)} (expected [{expected}, {self.hidden_size}])",
+                f"{list(image.grid or ())} (expected [{expected}, {self.hidden_size}])",
                 reason="EMBEDDING_SHAPE_MISMATCH",
             )  # fmt: skip
         return expected
+
+    def _expected_rows(self, index: int, image: EngineImage) -> int:
+        grid = image.grid
+        if grid is None or any(v <= 0 for v in grid) or (grid[1] * grid[2]) % self.merge_size**2:
+            raise InvalidArgument(f"image {index} has no valid grid", reason="BAD_GRID")
+        return grid[0] * grid[1] * grid[2] // self.merge_size**2

@@ -2,7 +2,14 @@
 
 Image embeddings go in as ``multi_modal_data={"image": {"image_embeds": [N, hidden],
 "image_grid_thw": [num_images, 3]}}`` with ``enable_mm_embeds``; raw pictures as a list of
-images (the engine then runs its own vision tower). Outputs stream as deltas.
+images (the engine then runs its own vision tower). vLLM hashes what it is given for its caches;
+grid-only images (decode) are named by their ``mm_hash`` instead. Outputs stream as deltas.
+
+P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer in host
+memory. ``prefill`` asks for one token with ``do_remote_decode``; the connector keeps the blocks
+and returns ``kv_transfer_params``; ``decode`` on the consumer passes them back, vLLM pulls the
+blocks over NIXL, recomputes the last prompt token (so it samples the first token again, with
+the same seed) and goes on.
 """
 
 from __future__ import annotations
@@ -10,23 +17,54 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import random
+import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from epd.server.engine.base import Engine, EngineImage, EngineLoad, Sampling, TokenChunk, Usage
+from epd.server.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)  # fmt: skip
+from epd.server.engine.base import (
+    IMAGE_GRIDS_KEY,
+    Engine,
+    EngineImage,
+    EngineLoad,
+    Grid,
+    PrefillResult,
+    Sampling,
+    TokenChunk,
+    Usage,
+)  # fmt: skip
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_inputs import (
+    SIDE_CHANNEL_ENV_LOCK,
+    SideChannel,
+    kv_transfer_config,
+    multi_modal_data,
+    restore_ints,
+    sampling_params,
+)  # fmt: skip
+from epd.server.engine.vllm_stats import LoadTracker
 
 logger = logging.getLogger(__name__)
+SEED_KEY = "epd_seed"
 
 
 @dataclass(frozen=True, slots=True)
 class VllmOptions:
-    """How to start the engine (sizes chosen for CPU machines by default)."""
+    """How to start the engine (sizes chosen for CPU machines by default).
+
+    ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
+    (serves ``decode``) or ``kv_both``. ``side_channel``: where the NIXL handshake listens
+    (port 0: a free port).
+    """
 
     dtype: str = "float32"
     max_model_len: int = 4096
@@ -34,6 +72,8 @@ class VllmOptions:
     max_images_per_prompt: int = 8
     max_pending_requests: int = 64
     enforce_eager: bool = True
+    kv_role: str | None = None
+    side_channel: SideChannel = field(default_factory=SideChannel)
 
 
 def _layout(model_dir: Path) -> VisionLayout:
@@ -49,60 +89,137 @@ def _layout(model_dir: Path) -> VisionLayout:
     )  # fmt: skip
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 class VllmEngine(Engine):
     """An AsyncLLM behind the Engine interface, with bounded admission."""
 
-    def __init__(self, llm: Any, model_id: str, layout: VisionLayout, options: VllmOptions) -> None:
+    def __init__(self, llm: Any, model_id: str, layout: VisionLayout, options: VllmOptions,
+                 tracker: LoadTracker | None = None, model_dir: Path = Path()) -> None:  # fmt: skip
         self._llm = llm
         self.model_id = model_id
         self.layout = layout
         self.options = options
+        self._tracker = tracker or LoadTracker()
         self._running: set[str] = set()
+        self._image_processor: Any = None
+        self.model_dir = model_dir
 
     @classmethod
     async def start(cls, model_dir: str | Path, *, model_id: str = "",
                     options: VllmOptions | None = None) -> VllmEngine:  # fmt: skip
         """Start the engine (tens of seconds on CPU: vLLM spawns and warms its EngineCore)."""
         from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         options = options or VllmOptions()
         model_dir = Path(model_dir)
+        if options.kv_role and not options.side_channel.port:
+            host = options.side_channel.host
+            options = replace(options, side_channel=SideChannel(host, _free_port(host)))
         args = AsyncEngineArgs(
             model=str(model_dir), dtype=options.dtype, enforce_eager=options.enforce_eager,
             max_model_len=options.max_model_len, kv_cache_memory_bytes=options.kv_cache_bytes,
             enable_mm_embeds=True, limit_mm_per_prompt={"image": options.max_images_per_prompt},
-            served_model_name=model_id or model_dir.name,
+            served_model_name=model_id or model_dir.name, disable_log_stats=False,
+            kv_transfer_config=kv_transfer_config(options.kv_role) if options.kv_role else None,
         )  # fmt: skip
-        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-        return cls(llm, model_id or model_dir.name, _layout(model_dir), options)
+        tracker = LoadTracker()
+        llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker)
+        return cls(llm, model_id or model_dir.name, _layout(model_dir), options, tracker, model_dir)
 
     async def generate(  # type: ignore[override]
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        params = sampling_params(sampling)
+        num_generated = 0
+        async for output in self._run(request_id, prompt_token_ids, images, params):
+            num_generated += len(output.outputs[0].token_ids)
+            yield _chunk(output, prompt_token_ids, num_generated)
+
+    async def prefill(self, request_id: str, prompt_token_ids: list[int],
+                      images: list[EngineImage], sampling: Sampling) -> PrefillResult:  # fmt: skip
+        self._require_role("kv_producer", "prefill")
+        self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        seed = sampling.seed
+        if seed is None and sampling.temperature > 0:
+            # NOTE: the decode engine samples the first token again; the same seed: the same token.
+            seed = random.getrandbits(63)
+        params = sampling_params(replace(sampling, seed=seed), max_tokens=1,
+                                 kv_transfer_params={"do_remote_decode": True})  # fmt: skip
+        final = None
+        async for output in self._run(request_id, prompt_token_ids, images, params):
+            final = output if final is None or output.finished else final
+        if final is None or not final.outputs[0].token_ids:
+            raise Unavailable("the engine produced no first token", reason="ENGINE_NO_OUTPUT")
+        completion = final.outputs[0]
+        usage = Usage(len(final.prompt_token_ids or prompt_token_ids), 1,
+                      final.num_cached_tokens or 0)  # fmt: skip
+        reason = completion.finish_reason
+        if reason == "length" and sampling.max_tokens > 1:
+            reason = None
+        handle = None if reason else dict(final.kv_transfer_params or {})
+        if handle is not None:
+            handle[IMAGE_GRIDS_KEY] = [list(self._grid(image)) for image in images]
+            if seed is not None:
+                handle[SEED_KEY] = seed
+        return PrefillResult(int(completion.token_ids[0]), reason, handle, usage)
+
+    async def decode(  # type: ignore[override]
+        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+        sampling: Sampling, first_token_id: int, kv_transfer_params: dict[str, Any],
+    ) -> AsyncIterator[TokenChunk]:
+        self._require_role("kv_consumer", "decode")
+        self.layout.check(prompt_token_ids, images, self.options.max_model_len,
+                          grids_suffice=True)  # fmt: skip
+        kv_params = restore_ints(dict(kv_transfer_params))
+        if not kv_params.get("do_remote_prefill"):
+            raise InvalidArgument("the KV handle is not one a prefill worker returned",
+                                  reason="BAD_KV_HANDLE")  # fmt: skip
+        seed = kv_params.pop(SEED_KEY, sampling.seed)
+        kv_params.pop(IMAGE_GRIDS_KEY, None)
+        params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
+        is_first, num_generated = True, 0
+        async for output in self._run(request_id, prompt_token_ids, images, params):
+            num_generated += len(output.outputs[0].token_ids)
+            chunk = _chunk(output, prompt_token_ids, num_generated)
+            if is_first and chunk.token_ids:
+                is_first = False
+                if chunk.token_ids[0] != first_token_id:
+                    logger.warning("request %s: decode resampled first token %d, prefill gave %d",
+                                   request_id, chunk.token_ids[0], first_token_id)  # fmt: skip
+                chunk = replace(chunk, token_ids=chunk.token_ids[1:])
+            yield chunk
+
+    async def _run(self, request_id: str, prompt_token_ids: list[int],
+                   images: list[EngineImage], params: Any) -> AsyncIterator[Any]:  # fmt: skip
+        """vLLM's outputs for one request, admitted, with abort on cancellation."""
         if len(self._running) >= self.options.max_pending_requests:
             raise ResourceExhausted(f"{len(self._running)} requests already running; retry later",
                                     reason="ENGINE_BUSY")  # fmt: skip
-        if self._llm.errored:
-            raise Unavailable("the vLLM engine has failed; restart the worker",
+        if self._llm is None or self._llm.errored:
+            raise Unavailable("the vLLM engine has stopped or failed; restart the worker",
                               reason="ENGINE_DEAD")  # fmt: skip
+        if request_id in self._running:
+            raise InvalidArgument(f"request {request_id!r} is already running",
+                                  reason="DUPLICATE_REQUEST_ID")  # fmt: skip
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
         if images:
-            prompt["multi_modal_data"] = _multi_modal_data(images)
+            prompt["multi_modal_data"] = multi_modal_data(images, self.layout)
+            if any(image.embeddings is None and image.image is None for image in images):
+                # NOTE: placeholder embeddings (decode) must not share cache entries with real
+                # ones: name them by the route's mm_hash, else uniquely per request.
+                prompt["multi_modal_uuids"] = {"image": [
+                    image.mm_hash or f"{request_id}-{i}" for i, image in enumerate(images)]}
         self._running.add(request_id)
-        num_generated = 0
         try:
-            async for output in self._llm.generate(prompt, _sampling_params(sampling), request_id):
-                completion = output.outputs[0]
-                num_generated += len(completion.token_ids)
-                usage = None
-                if output.finished:
-                    num_prompt = len(output.prompt_token_ids or prompt_token_ids)
-                    usage = Usage(num_prompt, num_generated, output.num_cached_tokens or 0)
-                yield TokenChunk(list(completion.token_ids),
-                                 completion.finish_reason if output.finished else None, usage)
+            async for output in self._llm.generate(prompt, params, request_id):
+                yield output
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise
@@ -112,12 +229,31 @@ class VllmEngine(Engine):
         finally:
             self._running.discard(request_id)
 
+    def _grid(self, image: EngineImage) -> Grid:
+        if image.grid is not None or image.image is None:
+            return image.grid or (0, 0, 0)
+        if self._image_processor is None:
+            from transformers import AutoImageProcessor
+
+            self._image_processor = AutoImageProcessor.from_pretrained(self.model_dir)
+        grid = self._image_processor(images=[image.image], return_tensors="pt")["image_grid_thw"]
+        t, h, w = (int(v) for v in grid[0])
+        return t, h, w
+
+    def _require_role(self, role: str, call: str) -> None:
+        if self.options.kv_role not in (role, "kv_both"):
+            raise FailedPrecondition(f"{call} needs an engine started with kv_role {role} "
+                                     f"(this one: {self.options.kv_role})",
+                                     reason="KV_TRANSFER_DISABLED")  # fmt: skip
+
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
             await self._llm.abort(request_id)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(num_running=len(self._running))
+        stats = self._tracker.latest()
+        return EngineLoad(num_running=max(len(self._running) - stats.num_waiting, 0),
+                          num_waiting=stats.num_waiting, kv_usage=stats.kv_usage)  # fmt: skip
 
     async def close(self) -> None:
         if self._llm is None:
@@ -129,29 +265,30 @@ class VllmEngine(Engine):
         gc.collect()
 
 
-def _multi_modal_data(images: list[EngineImage]) -> dict[str, Any]:
-    if all(image.embeddings is not None for image in images):
-        embeds = torch.cat([image.embeddings for image in images if image.embeddings is not None])
-        grids = torch.tensor([image.grid for image in images], dtype=torch.int64)
-        return {"image": {"image_embeds": embeds, "image_grid_thw": grids}}
-    if all(image.image is not None for image in images):
-        return {"image": [image.image for image in images]}
-    raise InvalidArgument("a prompt's images must be all embeddings or all pictures",
-                          reason="MIXED_IMAGE_INPUTS")  # fmt: skip
+def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker) -> Any:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    if args.kv_transfer_config is None:
+        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+    names = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    with SIDE_CHANNEL_ENV_LOCK:
+        saved = {name: os.environ.get(name) for name in names}
+        os.environ.update(zip(names, (side_channel.host, str(side_channel.port)), strict=True))
+        try:
+            return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
-def _sampling_params(sampling: Sampling) -> Any:
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    if sampling.max_tokens < 1:
-        raise InvalidArgument("max_tokens must be at least 1", reason="BAD_SAMPLING")
-    try:
-        return SamplingParams(
-            max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed,
-            stop=list(sampling.stop) or None, stop_token_ids=list(sampling.stop_token_ids) or None,
-            ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
-        )  # fmt: skip
-    except ValueError as e:
-        raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
+def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:
+    """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
+    completion = output.outputs[0]
+    if not output.finished:
+        return TokenChunk(list(completion.token_ids))
+    num_prompt = len(output.prompt_token_ids or prompt_token_ids)
+    return TokenChunk(list(completion.token_ids), completion.finish_reason,
+                      Usage(num_prompt, num_generated, output.num_cached_tokens or 0))

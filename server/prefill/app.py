@@ -19,7 +19,8 @@ from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.PrefillService"
-ROLES = {Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
+ROLES = {Mode.PREFILL: scheduler_pb.WORKER_ROLE_PREFILL,
+         Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
          Mode.ENCODE_PREFILL: scheduler_pb.WORKER_ROLE_ENCODE_PREFILL}  # fmt: skip
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class PrefillConfig:
     capacity: int = 8
     scheduler: str | None = None
     media: MediaPolicy = field(default_factory=MediaPolicy)
+    hands_off_kv: bool = False
 
 
 @dataclass
@@ -59,16 +61,26 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     plane = DataPlane()
     loader = MediaLoader(config.media, model_id=engine.model_id,
                          processor_fingerprint=processor_fingerprint(config.model_dir))
-    worker = PrefillWorker(engine, plane, config.mode, loader)
+    worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv)
     binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
                              pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
-    endpoint = f"{options.host}:{port}"
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
-        role=ROLES[config.mode], endpoint=endpoint, device="cpu", weight=config.weight,
-        capacity=config.capacity, host_id=plane.host_id, model=engine.model_id,
+        role=ROLES[config.mode], endpoint=f"{options.host}:{port}", device="cpu",
+        weight=config.weight, capacity=config.capacity, host_id=plane.host_id,
+        model=engine.model_id,
     )  # fmt: skip
+    registration = await register_and_serve(server, info, engine, config.scheduler, options)
+    logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
+                engine.model_id, info.endpoint)  # fmt: skip
+    return PrefillApp(server, port, worker, registration)
+
+
+async def register_and_serve(server: EpdServer, info: scheduler_pb.WorkerInfo, engine: Engine,
+                             scheduler: str | None,
+                             options: ServerOptions) -> WorkerRegistration:  # fmt: skip
+    """Register ``info`` (heartbeating the engine's load), then mark the server SERVING."""
 
     def load() -> scheduler_pb.WorkerLoad:
         engine_load = engine.load()
@@ -76,10 +88,8 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
                                        num_in_flight=engine_load.num_running,
                                        kv_usage=engine_load.kv_usage)  # fmt: skip
 
-    registration = WorkerRegistration(config.scheduler, info, load, auth_token=options.auth_token)
+    registration = WorkerRegistration(scheduler, info, load, auth_token=options.auth_token)
     server.add_drain_callback(registration.stop)
     await registration.start()
     await server.mark_serving()
-    logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
-                engine.model_id, endpoint)  # fmt: skip
-    return PrefillApp(server, port, worker, registration)
+    return registration

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
@@ -18,16 +19,12 @@ DEFAULT_PORT = 50071
 MiB = 1 << 20
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Prefill flags, then media, server and telemetry flags."""
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM engine flags shared by ``epd prefill`` and ``epd decode``."""
     env = os.environ.get
     parser.add_argument("--model", type=Path, required=True, help="model directory")
     parser.add_argument("--model-id", default="",
                         help="model name clients use (default: the directory name)")
-    parser.add_argument("--mode", choices=[m.value for m in Mode], default="prefill_decode",
-                        help="prefill_decode: aggregated prefill + decode from image embeddings; "
-                             "encode_prefill: also takes raw images and encodes them itself "
-                             "(default prefill_decode)")
     parser.add_argument("--worker-id", default=env("EPD_WORKER_ID", ""),
                         help="id in the scheduler's registry (env EPD_WORKER_ID)")
     parser.add_argument("--weight", type=float, default=1.0, help="share of work (default 1)")
@@ -41,7 +38,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending", type=int, default=64,
                         help="requests admitted at once; more get RESOURCE_EXHAUSTED (default 64)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="model dtype (default float32)")  # fmt: skip
+                        help="model dtype (default float32)")
+    parser.add_argument("--kv-host", default=env("EPD_KV_HOST", "127.0.0.1"),
+                        help="address of this worker's NIXL KV handshake listener, reachable by "
+                             "its peers (env EPD_KV_HOST, default 127.0.0.1)")
+    parser.add_argument("--kv-port", type=int, default=int(env("EPD_KV_PORT", "0")),
+                        help="port of the NIXL handshake listener (env EPD_KV_PORT; "
+                             "default 0: a free port)")  # fmt: skip
+
+
+def engine_options(args: argparse.Namespace, kv_role: str | None) -> Any:
+    """VllmOptions from the engine flags."""
+    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_inputs import SideChannel
+
+    return VllmOptions(dtype=args.dtype, max_model_len=args.max_model_len,
+                       kv_cache_bytes=args.kv_cache_mb * MiB,
+                       max_pending_requests=args.max_pending, kv_role=kv_role,
+                       side_channel=SideChannel(args.kv_host, args.kv_port))  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Prefill flags, then engine, media, server and telemetry flags."""
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default="prefill_decode",
+                        help="prefill: first token + KV handle for a decode worker; "
+                             "prefill_decode: aggregated prefill + decode from image embeddings; "
+                             "encode_prefill: also takes raw images and encodes them itself "
+                             "(default prefill_decode)")
+    parser.add_argument("--kv-transfer", action="store_true",
+                        help="encode_prefill: also serve Prefill, handing KV to decode workers "
+                             "(EP/D); implied by --mode prefill")  # fmt: skip
+    add_engine_arguments(parser)
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
@@ -55,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         options = ServerOptions.from_args(args)
-        config = PrefillConfig(args.model, Mode(args.mode), args.worker_id, args.weight,
-                               args.max_pending, args.scheduler, MediaPolicy.from_args(args))
+        mode = Mode(args.mode)
+        config = PrefillConfig(args.model, mode, args.worker_id, args.weight, args.max_pending,
+                               args.scheduler, MediaPolicy.from_args(args),
+                               hands_off_kv=args.kv_transfer or mode is Mode.PREFILL)  # fmt: skip
     except ValueError as e:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
@@ -65,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, config: PrefillConfig, options: ServerOptions) -> int:
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
 
-    engine = await VllmEngine.start(args.model, model_id=args.model_id, options=VllmOptions(
-        dtype=args.dtype, max_model_len=args.max_model_len,
-        kv_cache_bytes=args.kv_cache_mb * MiB, max_pending_requests=args.max_pending))
+    kv_role = "kv_producer" if config.hands_off_kv else None
+    engine = await VllmEngine.start(args.model, model_id=args.model_id,
+                                    options=engine_options(args, kv_role))  # fmt: skip
     try:
         app = await build_prefill_server(config, engine, options)
         print(f"epd prefill listening on {options.host}:{app.port} ({config.mode.value})",

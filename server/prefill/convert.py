@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf import json_format
+
 from epd.server.engine.base import Sampling, Usage
 from epd.v1 import generation_pb2
 
@@ -34,3 +38,19 @@ def usage_to_proto(usage: Usage) -> generation_pb2.Usage:
     return generation_pb2.Usage(prompt_tokens=usage.prompt_tokens,
                                 completion_tokens=usage.completion_tokens,
                                 cached_prompt_tokens=usage.cached_prompt_tokens)  # fmt: skip
+
+
+def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
+    """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
+    handle = generation_pb2.KvHandle()
+    if params:
+        handle.engine_id = str(params.get("remote_engine_id", ""))
+        handle.params.update(params)
+    return handle
+
+
+def kv_params_from_proto(handle: generation_pb2.KvHandle) -> dict[str, Any]:
+    """The KV transfer parameters in ``handle`` (numbers come back as floats; engines fix them)."""
+    params: dict[str, Any] = json_format.MessageToDict(handle.params)
+    return params
+

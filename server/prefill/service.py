@@ -1,8 +1,10 @@
 """The prefill worker's logic (no grpc): resolve a prompt's images, run the engine.
 
-Embeddings are pulled through the data plane as private copies, so the caller may release the
-encoder's leases as soon as the first token arrives. Raw images (encode_prefill mode) are loaded
-under the media rules and encoded by the engine's own vision tower.
+Modes (chosen at start-up):
+- ``prefill``: ``prefill`` only (first token + KV handle for a decode worker), from embeddings.
+- ``prefill_decode``: ``generate`` only (aggregated PD), from embeddings.
+- ``encode_prefill``: ``generate`` from embeddings or raw images (the engine runs its own vision
+  tower); also ``prefill`` when its engine is a KV producer (EP/D).
 """
 
 from __future__ import annotations
@@ -10,55 +12,54 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 
-from epd.server.common.errors import FailedPrecondition, InvalidArgument
-from epd.server.engine.base import Engine, EngineImage, Sampling, TokenChunk
+from epd.server.common.errors import FailedPrecondition
+from epd.server.engine.base import Engine, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
+from epd.server.prefill.images import ImageResolver, check_request
 from epd.server.transfer.plane import DataPlane
-from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import generation_pb2
 
 
 class Mode(enum.Enum):
     """What a prefill worker serves."""
 
+    PREFILL = "prefill"
     PREFILL_DECODE = "prefill_decode"
     ENCODE_PREFILL = "encode_prefill"
 
 
 class PrefillWorker:
-    """Runs whole generations (aggregated prefill + decode) on one engine."""
+    """Runs prefills (KV handed to decode) or whole generations on one engine."""
 
     def __init__(self, engine: Engine, plane: DataPlane, mode: Mode,
-                 loader: MediaLoader | None = None) -> None:  # fmt: skip
+                 loader: MediaLoader | None = None, *,
+                 hands_off_kv: bool = False) -> None:  # fmt: skip
+        """``hands_off_kv``: the engine is a KV producer (always so in prefill mode)."""
         self.engine = engine
         self.plane = plane
         self.mode = mode
-        self.loader = loader
+        self.hands_off_kv = hands_off_kv or mode is Mode.PREFILL
+        self.images = ImageResolver(plane, loader if mode is Mode.ENCODE_PREFILL else None)
 
     async def generate(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
                        sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
-        """Stream the generation of ``prompt``."""
-        if not request_id:
-            raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
-        if model and model != self.engine.model_id:
-            raise InvalidArgument(f"this worker serves {self.engine.model_id!r}, not {model!r}",
-                                  reason="WRONG_MODEL")  # fmt: skip
-        images = [await self._resolve(i, image) for i, image in enumerate(prompt.images)]
+        """Stream the whole generation of ``prompt`` (prefill_decode, encode_prefill)."""
+        if self.mode is Mode.PREFILL:
+            raise FailedPrecondition("this worker runs in prefill mode: call Prefill and hand "
+                                     "the KV handle to a decode worker", reason="WRONG_MODE")
+        check_request(request_id, model, self.engine.model_id)
+        images = await self.images.resolve(prompt.images)
         async for chunk in self.engine.generate(request_id, list(prompt.token_ids), images,
                                                 sampling):  # fmt: skip
             yield chunk
 
-    async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
-        source = image.WhichOneof("source")
-        grid = (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
-        if source == "embeddings":
-            tensor = self.plane.get(image.embeddings, copy=True)
-            return EngineImage(image.mm_hash, grid, embeddings=tensor)
-        if source == "media":
-            if self.mode is not Mode.ENCODE_PREFILL or self.loader is None:
-                raise FailedPrecondition("this worker takes image embeddings, not raw images; "
-                                         "send raw images to an encode_prefill worker",
-                                         reason="RAW_IMAGES_UNSUPPORTED")  # fmt: skip
-            loaded = await self.loader.load(url=image.media.url, data=image.media.data)
-            return EngineImage(loaded.mm_hash, grid, image=loaded.image)
-        raise InvalidArgument(f"image {index} has neither embeddings nor media",
-                              reason="MISSING_IMAGE_DATA")  # fmt: skip
+    async def prefill(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
+                      sampling: Sampling) -> PrefillResult:  # fmt: skip
+        """First token and KV transfer parameters (prefill, encode_prefill with KV hand-off)."""
+        if not self.hands_off_kv:
+            raise FailedPrecondition(
+                f"this worker runs in {self.mode.value} mode without KV hand-off and serves "
+                "PrefillDecode; Prefill needs a worker in prefill mode", reason="WRONG_MODE")
+        check_request(request_id, model, self.engine.model_id)
+        images = await self.images.resolve(prompt.images)
+        return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)

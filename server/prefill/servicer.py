@@ -7,7 +7,6 @@ from typing import Any
 
 from opentelemetry import trace
 
-from epd.server.common.errors import FailedPrecondition
 from epd.server.common.status import handle_errors
 from epd.server.prefill import convert
 from epd.server.prefill.service import PrefillWorker
@@ -15,6 +14,13 @@ from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 
 Context = Any
+
+
+def _annotate(request_id: str, num_images: int) -> Any:
+    span = trace.get_current_span()
+    span.set_attribute("epd.request_id", request_id)
+    span.set_attribute("epd.images", num_images)
+    return span
 
 
 class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
@@ -25,18 +31,21 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
 
     @handle_errors
     async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillResponse:
-        raise FailedPrecondition(
-            f"this worker runs in {self.worker.mode.value} mode and serves PrefillDecode; "
-            "Prefill (KV handed to a decode worker) needs a worker in prefill mode",
-            reason="WRONG_MODE")
+        _annotate(request.request_id, len(request.prompt.images))
+        sampling = convert.sampling_from_proto(request.sampling)
+        result = await self.worker.prefill(request.request_id, request.model, request.prompt,
+                                           sampling)  # fmt: skip
+        return pb.PrefillResponse(
+            first_token_id=result.first_token_id,
+            finish_reason=convert.finish_reason_to_proto(result.finish_reason),  # type: ignore[arg-type]
+            kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
+            usage=convert.usage_to_proto(result.usage))  # fmt: skip
 
     @handle_errors
     async def PrefillDecode(
         self, request: pb.PrefillDecodeRequest, context: Context
     ) -> AsyncIterator[pb.PrefillDecodeResponse]:
-        span = trace.get_current_span()
-        span.set_attribute("epd.request_id", request.request_id)
-        span.set_attribute("epd.images", len(request.prompt.images))
+        span = _annotate(request.request_id, len(request.prompt.images))
         sampling = convert.sampling_from_proto(request.sampling)
         num_tokens = 0
         async for chunk in self.worker.generate(request.request_id, request.model, request.prompt,

@@ -13,8 +13,6 @@ from PIL import Image
 
 from epd.server.common.channels import create_channel
 from epd.server.common.status import from_rpc_error
-from epd.server.encode.vision import VisionEncoder
-from epd.server.engine.reference import ReferenceEngine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
 from epd.server.transfer.plane import DataPlane
@@ -37,23 +35,14 @@ def chat(num_images: int, text: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-async def stack(tiny_model_dir):
-    from epd.server.engine.vllm_engine import VllmEngine
-
-    engine = await VllmEngine.start(tiny_model_dir, model_id="tiny")
-    app = await build_prefill_server(PrefillConfig(tiny_model_dir), engine)
+async def stack(tiny_model_dir, engines):
+    app = await build_prefill_server(PrefillConfig(tiny_model_dir), engines[0])
     channel = create_channel(f"127.0.0.1:{app.port}")
     producer = DataPlane(app.worker.plane.host_id)
     yield pb_grpc.PrefillServiceStub(channel), producer, app
     await channel.close()
     await app.stop()
     producer.close()
-    await engine.close()
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny_model_dir):
-    return ReferenceEngine(tiny_model_dir), VisionEncoder(tiny_model_dir)
 
 
 def build_request(

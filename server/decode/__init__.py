@@ -1,0 +1,1 @@
+"""The decode service: continue generations whose KV cache a prefill worker computed."""

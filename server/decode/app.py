@@ -1,0 +1,62 @@
+"""Assemble a decode server: KV-consumer engine, servicer, registration."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.decode.service import DecodeWorker
+from epd.server.decode.servicer import DecodeServicer
+from epd.server.engine.base import Engine
+from epd.server.prefill.app import register_and_serve
+from epd.server.transfer.plane import default_host_id
+from epd.v1 import decode_service_pb2_grpc as pb_grpc
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+SERVICE_NAME = "epd.v1.DecodeService"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeConfig:
+    """Everything a decode server needs besides its engine and network options."""
+
+    worker_id: str = ""
+    weight: float = 1.0
+    capacity: int = 8
+    scheduler: str | None = None
+
+
+@dataclass
+class DecodeApp:
+    """A running decode server."""
+
+    server: EpdServer
+    port: int
+    worker: DecodeWorker
+    registration: WorkerRegistration
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """Drain and stop the server (the engine is the caller's to close)."""
+        await self.server.drain_and_stop(grace)
+
+
+async def build_decode_server(config: DecodeConfig, engine: Engine,
+                              options: ServerOptions | None = None) -> DecodeApp:  # fmt: skip
+    """Serve ``engine`` (a started KV consumer) and register with the scheduler (if any)."""
+    options = options or ServerOptions()
+    worker = DecodeWorker(engine)
+    binding = ServiceBinding(SERVICE_NAME, DecodeServicer(worker),
+                             pb_grpc.add_DecodeServiceServicer_to_server)  # fmt: skip
+    server, port = await build_server([binding], options)
+    host_id = default_host_id()
+    info = scheduler_pb.WorkerInfo(
+        id=config.worker_id or f"decode-{host_id}-{port}", role=scheduler_pb.WORKER_ROLE_DECODE,
+        endpoint=f"{options.host}:{port}", device="cpu", weight=config.weight,
+        capacity=config.capacity, host_id=host_id, model=engine.model_id,
+    )  # fmt: skip
+    registration = await register_and_serve(server, info, engine, config.scheduler, options)
+    logger.info("decode worker %s serving %s on %s", info.id, engine.model_id, info.endpoint)
+    return DecodeApp(server, port, worker, registration)

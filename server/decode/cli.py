@@ -1,0 +1,51 @@
+"""``epd decode``: run a decode worker on vLLM (KV pulled from prefill workers over NIXL)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from epd.server.common.server import ServerOptions, serve
+from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.decode.app import DecodeConfig, build_decode_server
+from epd.server.prefill.cli import add_engine_arguments, engine_options
+
+DEFAULT_PORT = 50081
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine, server and telemetry flags."""
+    add_engine_arguments(parser)
+    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_telemetry_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the engine (KV consumer), serve until SIGTERM/SIGINT, stop the engine."""
+    if not (args.model / "config.json").exists():
+        print(f"epd decode: {args.model} is not a model directory (no config.json)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        options = ServerOptions.from_args(args)
+    except ValueError as e:
+        print(f"epd decode: {e}", file=sys.stderr)
+        return 2
+    config = DecodeConfig(args.worker_id, args.weight, args.max_pending, args.scheduler)
+    configure_from_args("epd-decode", args)
+    return asyncio.run(_serve(args, config, options))
+
+
+async def _serve(args: argparse.Namespace, config: DecodeConfig, options: ServerOptions) -> int:
+    from epd.server.engine.vllm_engine import VllmEngine
+
+    engine = await VllmEngine.start(args.model, model_id=args.model_id,
+                                    options=engine_options(args, "kv_consumer"))  # fmt: skip
+    try:
+        app = await build_decode_server(config, engine, options)
+        print(f"epd decode listening on {options.host}:{app.port}", flush=True)
+        await serve(app.server)
+    finally:
+        await engine.close()
+    return 0

@@ -1,0 +1,43 @@
+"""DecodeService over gRPC: convert, call the DecodeWorker, convert back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from opentelemetry import trace
+
+from epd.server.common.status import handle_errors
+from epd.server.decode.service import DecodeWorker
+from epd.server.prefill import convert
+from epd.v1 import decode_service_pb2 as pb
+from epd.v1 import decode_service_pb2_grpc as pb_grpc
+
+Context = Any
+
+
+class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
+    """Thin adapter over ``DecodeWorker``."""
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self.worker = worker
+
+    @handle_errors
+    async def Decode(self, request: pb.DecodeRequest,
+                     context: Context) -> AsyncIterator[pb.DecodeResponse]:  # fmt: skip
+        span = trace.get_current_span()
+        span.set_attribute("epd.request_id", request.request_id)
+        num_tokens = 0
+        async for chunk in self.worker.decode(
+            request.request_id, request.model, request.prompt,
+            convert.sampling_from_proto(request.sampling), request.first_token_id,
+            convert.kv_params_from_proto(request.kv_handle),
+        ):  # fmt: skip
+            num_tokens += len(chunk.token_ids)
+            response = pb.DecodeResponse(
+                token_ids=chunk.token_ids,
+                finish_reason=convert.finish_reason_to_proto(chunk.finish_reason))  # type: ignore[arg-type]
+            if chunk.usage is not None:
+                response.usage.CopyFrom(convert.usage_to_proto(chunk.usage))
+            yield response
+        span.set_attribute("epd.tokens", num_tokens)

@@ -1,0 +1,101 @@
+"""Engine dataclasses -> vLLM inputs: multimodal data, sampling parameters, KV transfer config.
+
+Pure conversions (vLLM is imported lazily, inside the functions that build its objects).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.engine.base import EngineImage, Sampling
+from epd.server.engine.prompt_check import VisionLayout
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+def multi_modal_data(images: list[EngineImage], layout: VisionLayout) -> dict[str, Any]:
+    """``multi_modal_data`` for a prompt's images (all embeddings, all pictures, or all grids).
+
+    Grid-only images (decode after a remote prefill: their KV is pulled, never recomputed) get
+    zero embeddings of the right shape so vLLM lays out positions the same way as the prefill.
+    """
+    if all(image.image is not None for image in images):
+        return {"image": [image.image for image in images]}
+    if any(image.image is not None for image in images):
+        raise InvalidArgument("a prompt's images must be all embeddings or all pictures",
+                              reason="MIXED_IMAGE_INPUTS")  # fmt: skip
+    embeds = torch.cat([_embeddings_or_zeros(image, layout) for image in images])
+    grids = torch.tensor([image.grid for image in images], dtype=torch.int64)
+    return {"image": {"image_embeds": embeds, "image_grid_thw": grids}}
+
+
+def _embeddings_or_zeros(image: EngineImage, layout: VisionLayout) -> torch.Tensor:
+    if image.embeddings is not None:
+        return image.embeddings
+    assert image.grid is not None  # checked by VisionLayout.check
+    t, h, w = image.grid
+    return torch.zeros(t * h * w // layout.merge_size**2, layout.hidden_size)
+
+
+def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
+                    kv_transfer_params: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    """vLLM ``SamplingParams`` (delta outputs) for ``sampling``; InvalidArgument if out of range."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if sampling.max_tokens < 1:
+        raise InvalidArgument("max_tokens must be at least 1", reason="BAD_SAMPLING")
+    extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens or sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed,
+            stop=list(sampling.stop) or None, stop_token_ids=list(sampling.stop_token_ids) or None,
+            ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
+            extra_args=extra_args,
+        )  # fmt: skip
+    except ValueError as e:
+        raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
+
+
+def kv_transfer_config(role: str, engine_id: str = "") -> Any:
+    """NixlConnector config for ``role`` with the KV buffer in host memory (works on CPU)."""
+    from vllm.config import KVTransferConfig
+
+    if role not in KV_ROLES:
+        raise ValueError(f"kv role must be one of {KV_ROLES}, not {role!r}")
+    return KVTransferConfig(kv_connector="NixlConnector", kv_role=role,  # type: ignore[arg-type]
+                            kv_buffer_device="cpu", engine_id=engine_id or None)  # fmt: skip
+
+
+def restore_ints(value: Any) -> Any:
+    """``value`` with integral floats turned back into ints, recursively.
+
+    KV transfer params travel in a ``google.protobuf.Struct``, which stores every number as a
+    double; vLLM's connector needs its block ids and ports back as ints.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: restore_ints(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [restore_ints(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SideChannel:
+    """Where this engine's NIXL handshake listener binds (one free port per engine on a host)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+# NOTE: vLLM reads the side channel from the environment of its EngineCore process, which
+# inherits ours when it is created: engines started concurrently in one process take turns.
+SIDE_CHANNEL_ENV_LOCK = threading.Lock()

@@ -1,0 +1,70 @@
+"""ImageInput messages -> EngineImage (no grpc): pull embeddings, load raw images, or grids only.
+
+Embeddings are pulled through the data plane as private copies, so the caller may release the
+encoder's leases as soon as the call returns. Raw images are loaded under the media rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epd.server.common.errors import FailedPrecondition, InvalidArgument
+from epd.server.engine.base import EngineImage, Grid
+from epd.server.media.loader import MediaLoader
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import multimodal_pb2
+
+
+def check_request(request_id: str, model: str, served_model: str) -> None:
+    """InvalidArgument for an empty request id or another model than ``served_model``."""
+    if not request_id:
+        raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
+    if model and model != served_model:
+        raise InvalidArgument(f"this worker serves {served_model!r}, not {model!r}",
+                              reason="WRONG_MODEL")  # fmt: skip
+
+
+def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
+    """The image's (t, h, w) patch grid, or None when the message has none."""
+    return (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
+
+
+def grids_only(images: Sequence[multimodal_pb2.ImageInput],
+               fallback: Sequence[Sequence[float]] = ()) -> list[EngineImage]:  # fmt: skip
+    """Images as grids (their KV is pulled, never recomputed); ``fallback`` fills absent grids."""
+    resolved = []
+    for i, image in enumerate(images):
+        grid = grid_of(image)
+        if grid is None and i < len(fallback) and len(fallback[i]) == 3:
+            t, h, w = (int(v) for v in fallback[i])  # NOTE: Struct numbers arrive as floats
+            grid = (t, h, w)
+        resolved.append(EngineImage(image.mm_hash, grid))
+    return resolved
+
+
+class ImageResolver:
+    """Turns a prompt's ImageInputs into engine images for one worker."""
+
+    def __init__(self, plane: DataPlane, loader: MediaLoader | None = None) -> None:
+        """``loader`` None: raw images are refused (the worker takes embeddings only)."""
+        self.plane = plane
+        self.loader = loader
+
+    async def resolve(self, images: Sequence[multimodal_pb2.ImageInput]) -> list[EngineImage]:
+        """Engine images in prompt order (embeddings copied out of the data plane)."""
+        return [await self._resolve(i, image) for i, image in enumerate(images)]
+
+    async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
+        source = image.WhichOneof("source")
+        if source == "embeddings":
+            tensor = self.plane.get(image.embeddings, copy=True)
+            return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor)
+        if source == "media":
+            if self.loader is None:
+                raise FailedPrecondition("this worker takes image embeddings, not raw images; "
+                                         "send raw images to an encode_prefill worker",
+                                         reason="RAW_IMAGES_UNSUPPORTED")  # fmt: skip
+            loaded = await self.loader.load(url=image.media.url, data=image.media.data)
+            return EngineImage(loaded.mm_hash, grid_of(image), image=loaded.image)
+        raise InvalidArgument(f"image {index} has neither embeddings nor media",
+                              reason="MISSING_IMAGE_DATA")  # fmt: skip

@@ -1,0 +1,61 @@
+"""Request factories for the engine tests: pictures, chats, prompts with embeddings or media."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import generation_pb2, multimodal_pb2
+
+
+def picture(seed: int, width: int, height: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+def chat(num_images: int, text: str) -> list[dict[str, object]]:
+    parts: list[dict[str, str]] = [{"type": "image"} for _ in range(num_images)]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def prompt_tokens(oracle, num_images: int, text: str) -> list[int]:
+    reference, _ = oracle
+    rendered = reference.render(chat(num_images, text))
+    return list(reference.processor.tokenizer(rendered)["input_ids"])
+
+
+def embedded_prompt(oracle, producer: DataPlane, images: list[Image.Image],
+                    text: str) -> generation_pb2.Prompt:  # fmt: skip
+    """A Prompt whose images are the encoder's embeddings, put in ``producer``'s data plane."""
+    _, encoder = oracle
+    inputs = []
+    for i, image in enumerate(images):
+        embeddings, grid = encoder.encode([image])[0]
+        inputs.append(multimodal_pb2.ImageInput(
+            mm_hash=f"{text}-{i}-{image.size}", grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1],
+                                                                              w=grid[2]),
+            embeddings=producer.put(embeddings, producer.host_id)))  # fmt: skip
+    return generation_pb2.Prompt(token_ids=prompt_tokens(oracle, len(images), text), images=inputs)
+
+
+def media_prompt(oracle, images: list[Image.Image], text: str) -> generation_pb2.Prompt:
+    """A Prompt whose images are PNG bytes (no grid: the worker encodes them itself)."""
+    inputs = []
+    for image in images:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        inputs.append(multimodal_pb2.ImageInput(media=multimodal_pb2.MediaItem(data=buffer.getvalue())))
+    return generation_pb2.Prompt(token_ids=prompt_tokens(oracle, len(images), text), images=inputs)
+
+
+def expected_tokens(oracle, images: list[Image.Image], text: str, num_tokens: int) -> list[int]:
+    reference, _ = oracle
+    return reference.generate(chat(len(images), text), images, max_tokens=num_tokens,
+                              ignore_eos=True).token_ids  # fmt: skip
+
+
+def release(producer: DataPlane, prompt: generation_pb2.Prompt) -> None:
+    producer.release([i.embeddings.lease_id for i in prompt.images if i.HasField("embeddings")])

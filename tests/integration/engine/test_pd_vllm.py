@@ -1,0 +1,203 @@
+"""P/D on vLLM over gRPC: Prefill -> KvHandle -> Decode (KV pulled over NIXL) gives the same tokens
+as E/PD, EPD (raw images into vLLM), EP/D and the transformers reference; concurrency,
+cancellation, sampling with a seed, finish reasons and bad inputs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from epd.server.common.channels import create_channel
+from epd.server.common.status import from_rpc_error
+from epd.server.decode.app import DecodeConfig, build_decode_server
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.prefill.service import Mode
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import decode_service_pb2 as decode_pb
+from epd.v1 import decode_service_pb2_grpc as decode_grpc
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+
+from .helpers import embedded_prompt, expected_tokens, media_prompt, picture, release
+
+pytestmark = pytest.mark.vllm
+NUM_TOKENS = 12
+GREEDY = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
+
+
+class Stubs:
+    """Servers over the session engines: P (prefill), E/PD, EPD with KV hand-off, D."""
+
+    def __init__(self) -> None:
+        self.apps: list = []
+        self.channels: list = []
+
+    async def serve(self, app, stub_class):
+        self.apps.append(app)
+        self.channels.append(create_channel(f"127.0.0.1:{app.port}"))
+        return stub_class(self.channels[-1])
+
+
+@pytest.fixture(scope="module")
+async def stubs(tiny_model_dir, engines):
+    producer_engine, consumer_engine = engines
+    stubs = Stubs()
+    stubs.prefill = await stubs.serve(await build_prefill_server(
+        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), producer_engine),
+        prefill_grpc.PrefillServiceStub)  # fmt: skip
+    stubs.aggregated = await stubs.serve(await build_prefill_server(
+        PrefillConfig(tiny_model_dir), producer_engine), prefill_grpc.PrefillServiceStub)
+    stubs.encode_prefill = await stubs.serve(await build_prefill_server(
+        PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
+        producer_engine), prefill_grpc.PrefillServiceStub)  # fmt: skip
+    stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), consumer_engine),
+                                     decode_grpc.DecodeServiceStub)  # fmt: skip
+    stubs.plane = DataPlane(stubs.apps[0].worker.plane.host_id)
+    stubs.consumer = consumer_engine
+    yield stubs
+    for channel in stubs.channels:
+        await channel.close()
+    for app in stubs.apps:
+        await app.stop()
+    stubs.plane.close()
+
+
+async def prefill_then_decode(stubs, prefill_stub, request_id: str, prompt,
+                              sampling=GREEDY) -> tuple[list[int], list]:  # fmt: skip
+    first = await prefill_stub.Prefill(prefill_pb.PrefillRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling))
+    responses = [r async for r in stubs.decode.Decode(decode_pb.DecodeRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling,
+        first_token_id=first.first_token_id, kv_handle=first.kv_handle))]  # fmt: skip
+    return [first.first_token_id] + [t for r in responses for t in r.token_ids], responses
+
+
+async def aggregated(stub, request_id: str, prompt, sampling=GREEDY) -> list[int]:
+    request = prefill_pb.PrefillDecodeRequest(request_id=request_id, model="tiny", prompt=prompt,
+                                              sampling=sampling)  # fmt: skip
+    return [t async for r in stub.PrefillDecode(request) for t in r.token_ids]
+
+
+async def test_every_topology_gives_the_reference_tokens(stubs, oracle) -> None:
+    images, text = [picture(1, 96, 64), picture(2, 60, 90)], "describe these pictures"
+    expected = expected_tokens(oracle, images, text, NUM_TOKENS)
+    embedded = embedded_prompt(oracle, stubs.plane, images, text)
+    raw = media_prompt(oracle, images, text)
+
+    pd, responses = await prefill_then_decode(stubs, stubs.prefill, "pd", embedded)
+    assert pd == expected, "P/D (embeddings -> prefill -> KV over NIXL -> decode)"
+    assert await aggregated(stubs.aggregated, "e-pd", embedded) == expected, "E/PD"
+    assert await aggregated(stubs.encode_prefill, "epd", raw) == expected, "EPD (raw images)"
+    ep_d, _ = await prefill_then_decode(stubs, stubs.encode_prefill, "ep-d", raw)
+    assert ep_d == expected, "EP/D (raw images -> prefill -> decode)"
+
+    last = responses[-1]
+    assert last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert last.usage.completion_tokens == NUM_TOKENS and last.usage.prompt_tokens > 20
+    release(stubs.plane, embedded)
+
+
+async def test_concurrent_pd_requests_each_get_their_own_answer(stubs, oracle) -> None:
+    cases = [([picture(10 + i, 56 + 8 * i, 56)], f"what is shown {i}?") for i in range(3)]
+    prompts = [embedded_prompt(oracle, stubs.plane, images, text) for images, text in cases]
+    results = await asyncio.gather(*(prefill_then_decode(stubs, stubs.prefill, f"c{i}", prompt)
+                                     for i, prompt in enumerate(prompts)))  # fmt: skip
+    for (images, text), (tokens, _), prompt in zip(cases, results, prompts, strict=True):
+        assert tokens == expected_tokens(oracle, images, text, NUM_TOKENS)
+        release(stubs.plane, prompt)
+
+
+async def test_seeded_sampling_matches_the_aggregated_engine(stubs, oracle) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(20, 64, 64)], "tell a story")
+    sampling = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True,
+                                             temperature=1.0, seed=1234)  # fmt: skip
+    pd, _ = await prefill_then_decode(stubs, stubs.prefill, "s-pd", prompt, sampling)
+    assert pd == await aggregated(stubs.aggregated, "s-agg", prompt, sampling)
+    release(stubs.plane, prompt)
+
+
+async def test_finish_reasons_at_the_first_token_and_mid_stream(stubs, oracle) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(21, 56, 56)], "count")
+    one = generation_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
+    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="f1", prompt=prompt,
+                                                                  sampling=one))  # fmt: skip
+    assert first.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    assert not first.HasField("kv_handle") or not first.kv_handle.params.fields
+    assert first.usage.completion_tokens == 1
+
+    tokens, _ = await prefill_then_decode(stubs, stubs.prefill, "f2", prompt)
+    stop = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, stop_token_ids=[tokens[3]],
+                                         ignore_eos=True)  # fmt: skip
+    stopped, responses = await prefill_then_decode(stubs, stubs.prefill, "f3", prompt, stop)
+    assert stopped == tokens[: tokens.index(tokens[3]) + 1]
+    assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_STOP
+    release(stubs.plane, prompt)
+
+
+async def test_decode_cancellation_aborts_the_engine_request(stubs, oracle) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(22, 56, 56)], "go on")
+    sampling = generation_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)
+    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="x", prompt=prompt,
+                                                                  sampling=sampling))  # fmt: skip
+    call = stubs.decode.Decode(decode_pb.DecodeRequest(
+        request_id="x", prompt=prompt, sampling=sampling, first_token_id=first.first_token_id,
+        kv_handle=first.kv_handle))  # fmt: skip
+    await call.read()
+    assert stubs.consumer.load().num_running + stubs.consumer.load().num_waiting == 1
+    call.cancel()
+    for _ in range(100):
+        if not stubs.consumer.load().num_running:
+            break
+        await asyncio.sleep(0.05)
+    assert stubs.consumer.load().num_running == 0
+    release(stubs.plane, prompt)
+
+
+async def expect_error(call, code: grpc.StatusCode, reason: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        result = call()
+        if hasattr(result, "__aiter__"):
+            _ = [r async for r in result]
+        else:
+            await result
+    assert caught.value.code() == code, caught.value.details()
+    assert from_rpc_error(caught.value).reason == reason
+
+
+async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(23, 56, 56)], "bad")
+    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="b", prompt=prompt,
+                                                                  sampling=GREEDY))  # fmt: skip
+    invalid, precondition = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
+
+    def decode(**changes):
+        request = decode_pb.DecodeRequest(request_id="b", model="tiny", prompt=prompt,
+                                          sampling=GREEDY, first_token_id=first.first_token_id,
+                                          kv_handle=first.kv_handle)  # fmt: skip
+        for name, value in changes.items():
+            if value is None:
+                request.ClearField(name)
+            else:
+                getattr(request, name).CopyFrom(value) if hasattr(value, "DESCRIPTOR") \
+                    else setattr(request, name, value)
+        return lambda: stubs.decode.Decode(request)
+
+    await expect_error(decode(kv_handle=None), invalid, "MISSING_KV_HANDLE")
+    await expect_error(decode(model="llama"), invalid, "WRONG_MODEL")
+    not_prefilled = generation_pb2.KvHandle()
+    not_prefilled.params.update({"remote_engine_id": "x"})
+    await expect_error(decode(kv_handle=not_prefilled), invalid, "BAD_KV_HANDLE")
+    text_only = generation_pb2.Prompt(token_ids=prompt.token_ids)
+    await expect_error(decode(prompt=text_only), invalid, "IMAGE_COUNT_MISMATCH")
+
+    aggregated_only = prefill_pb.PrefillRequest(request_id="b2", prompt=prompt)
+    await expect_error(lambda: stubs.aggregated.Prefill(aggregated_only), precondition,
+                       "WRONG_MODE")  # fmt: skip
+    whole = prefill_pb.PrefillDecodeRequest(request_id="b3", prompt=prompt)
+    await expect_error(lambda: stubs.prefill.PrefillDecode(whole), precondition, "WRONG_MODE")
+    release(stubs.plane, prompt)
+    # the unused handle: decode it so the producer frees its blocks now
+    _ = [r async for r in decode()()]
