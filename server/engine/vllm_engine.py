@@ -216,6 +216,8 @@ class VllmEngine(Engine):
                 # ones: name them by the route's mm_hash, else uniquely per request.
                 prompt["multi_modal_uuids"] = {"image": [
                     image.mm_hash or f"{request_id}-{i}" for i, image in enumerate(images)]}
+        from vllm.exceptions import VLLMClientError
+
         self._running.add(request_id)
         try:
             async for output in self._llm.generate(prompt, params, request_id):
@@ -223,7 +225,7 @@ class VllmEngine(Engine):
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise
-        except ValueError as e:
+        except (ValueError, VLLMClientError) as e:
             raise InvalidArgument(f"the engine refused the request: {e}",
                                   reason="ENGINE_REJECTED") from e  # fmt: skip
         finally:

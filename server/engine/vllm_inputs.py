@@ -46,6 +46,7 @@ def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
                     kv_transfer_params: dict[str, Any] | None = None) -> Any:  # fmt: skip
     """vLLM ``SamplingParams`` (delta outputs) for ``sampling``; InvalidArgument if out of range."""
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
 
     if sampling.max_tokens < 1:
@@ -59,7 +60,7 @@ def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
             ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
         )  # fmt: skip
-    except ValueError as e:
+    except (ValueError, VLLMClientError) as e:
         raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
 
 

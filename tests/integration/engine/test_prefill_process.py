@@ -1,4 +1,6 @@
-"""``scripts/prefill.sh`` as a real process: warm engine -> SERVING, SIGTERM -> clean exit."""
+"""``scripts/prefill.sh --mode prefill`` and ``scripts/decode.sh`` as real processes, started
+together: warm engines -> SERVING, one P/D request whose KV crosses processes over NIXL gives
+the reference tokens, SIGTERM -> clean exit with no EngineCore left behind."""
 
 from __future__ import annotations
 
@@ -7,77 +9,84 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import decode_service_pb2 as decode_pb
+from epd.v1 import decode_service_pb2_grpc as decode_grpc
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+
+from .helpers import embedded_prompt, expected_tokens, picture, release
+from .processes import alive, children_of, describe, wait_gone
+
 pytestmark = pytest.mark.vllm
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "prefill.sh"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
+NUM_TOKENS = 8
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The pids still running (zombies count as gone)."""
-    running = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    running.append(pid)
-        except OSError:
-            continue
-    return running
-
-
-def describe(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return "?"
-
-
-def test_prefill_process_serves_when_warm_and_stops_cleanly(tiny_model_dir, session_tmp) -> None:
+def launch(script: str, model_dir: Path, *flags: str) -> subprocess.Popen[str]:
     env = {**os.environ, "EPD_VENV": str(Path(sys.executable).parents[1])}
-    process = subprocess.Popen(["bash", str(SCRIPT), "--model", str(tiny_model_dir), "--port", "0",
-                                "--kv-cache-mb", "64"], text=True, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(["bash", str(SCRIPTS / script), "--model", str(model_dir),
+                             "--model-id", "tiny", "--port", "0", "--kv-cache-mb", "64", *flags],
+                            text=True, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def wait_listening(process: subprocess.Popen[str], name: str) -> str:
+    assert process.stdout is not None
+    for line in process.stdout:
+        if match := re.search(rf"epd {name} listening on [^:]+:(\d+)", line):
+            return f"127.0.0.1:{match.group(1)}"
+    raise AssertionError(f"no listening line from epd {name} (exit {process.poll()})")
+
+
+def is_serving(endpoint: str) -> bool:
+    with grpc.insecure_channel(endpoint) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=10)  # fmt: skip
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle) -> None:
+    processes = [launch("prefill.sh", tiny_model_dir, "--mode", "prefill"),
+                 launch("decode.sh", tiny_model_dir)]  # fmt: skip
+    plane = DataPlane()
     try:
-        assert process.stdout is not None
-        match = None
-        for line in process.stdout:
-            if match := re.search(r"epd prefill listening on [^:]+:(\d+)", line):
-                break
-        assert match, f"no listening line (exit {process.poll()})"
-        engine_processes = children_of(process.pid)
-        assert engine_processes, "vLLM's EngineCore should run as a child process"
-        with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                              timeout=10)  # fmt: skip
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-        deadline = time.monotonic() + 15
-        while alive(engine_processes) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        prefill_at = wait_listening(processes[0], "prefill")
+        decode_at = wait_listening(processes[1], "decode")
+        engine_processes = [pid for p in processes for pid in children_of(p.pid)]
+        assert len(engine_processes) >= 2, "each vLLM EngineCore runs as a child process"
+        assert is_serving(prefill_at) and is_serving(decode_at)
+
+        images = [picture(30, 80, 56)]
+        prompt = embedded_prompt(oracle, plane, images, "what is this?")
+        sampling = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
+        with grpc.insecure_channel(prefill_at) as p_channel, \
+                grpc.insecure_channel(decode_at) as d_channel:  # fmt: skip
+            first = prefill_grpc.PrefillServiceStub(p_channel).Prefill(prefill_pb.PrefillRequest(
+                request_id="proc", prompt=prompt, sampling=sampling), timeout=60)
+            release(plane, prompt)
+            chunks = decode_grpc.DecodeServiceStub(d_channel).Decode(decode_pb.DecodeRequest(
+                request_id="proc", prompt=prompt, sampling=sampling,
+                first_token_id=first.first_token_id, kv_handle=first.kv_handle), timeout=60)
+            tokens = [first.first_token_id] + [t for c in chunks for t in c.token_ids]
+        assert tokens == expected_tokens(oracle, images, "what is this?", NUM_TOKENS)
+
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        assert [process.wait(timeout=60) for process in processes] == [0, 0]
+        wait_gone(engine_processes, timeout_s=15)
         assert not alive(engine_processes), [describe(pid) for pid in alive(engine_processes)]
     finally:
-        process.kill()
-        process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+        plane.close()
+        for process in processes:
+            process.kill()
+            process.wait()
+            assert process.stdout is not None
+            process.stdout.close()

@@ -1,0 +1,60 @@
+"""VisionLayout.check: placeholder counts, embedding shapes against grids, grid-only images."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.engine.base import EngineImage
+from epd.server.engine.prompt_check import VisionLayout
+
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+END = 7
+
+
+def prompt(num_images: int) -> list[int]:
+    return [1, 2] + [5, 6, END] * num_images + [3]
+
+
+def embedded(grid: tuple[int, int, int], rows: int | None = None) -> EngineImage:
+    num_rows = rows if rows is not None else grid[0] * grid[1] * grid[2] // 4
+    return EngineImage("h", grid, embeddings=torch.zeros(num_rows, 8))
+
+
+def reason_of(token_ids, images, max_len=100, **kwargs) -> str:
+    with pytest.raises(InvalidArgument) as caught:
+        LAYOUT.check(token_ids, images, max_len, **kwargs)
+    return caught.value.reason
+
+
+def test_matching_prompt_and_images_pass() -> None:
+    LAYOUT.check(prompt(2), [embedded((1, 4, 6)), embedded((1, 2, 2))], 100)
+    LAYOUT.check(prompt(1), [EngineImage("h", image=Image.new("RGB", (8, 8)))], 100)
+    LAYOUT.check(prompt(0), [], 100)
+
+
+def test_count_images_counts_start_pad_pairs_only() -> None:
+    assert LAYOUT.count_images([5, 6, 7, 5, 1, 6, 5, 6]) == 2
+
+
+def test_bad_prompts_and_images_are_named() -> None:
+    assert reason_of([], []) == "EMPTY_PROMPT"
+    assert reason_of(prompt(2), [embedded((1, 2, 2))]) == "IMAGE_COUNT_MISMATCH"
+    assert reason_of(prompt(1), [embedded((1, 4, 4), rows=3)]) == "EMBEDDING_SHAPE_MISMATCH"
+    wide = EngineImage("h", (1, 2, 2), embeddings=torch.zeros(1, 9))
+    assert reason_of(prompt(1), [wide]) == "EMBEDDING_SHAPE_MISMATCH"
+    assert reason_of(prompt(1), [EngineImage("h", (1, 0, 2), embeddings=torch.zeros(0, 8))]) \
+        == "BAD_GRID"
+    assert reason_of(prompt(1), [EngineImage("h")]) == "MISSING_IMAGE_DATA"
+    assert reason_of(prompt(1), [embedded((1, 20, 20))], max_len=100) == "PROMPT_TOO_LONG"
+
+
+def test_grid_only_images_need_the_flag_and_a_whole_grid() -> None:
+    grid_only = [EngineImage("h", (1, 4, 4))]
+    assert reason_of(prompt(1), grid_only) == "MISSING_IMAGE_DATA"
+    LAYOUT.check(prompt(1), grid_only, 100, grids_suffice=True)
+    odd = [EngineImage("h", (1, 3, 3))]
+    assert reason_of(prompt(1), odd, grids_suffice=True) == "BAD_GRID"
+    assert reason_of(prompt(1), [EngineImage("h")], grids_suffice=True) == "BAD_GRID"

@@ -1,0 +1,77 @@
+"""Conversions to vLLM inputs and back from protobuf: multimodal data, sampling, KV handles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_inputs import multi_modal_data, restore_ints
+from epd.server.prefill import convert
+from epd.server.prefill.images import grids_only
+from epd.v1 import generation_pb2, multimodal_pb2
+
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+
+
+def test_embeddings_are_concatenated_with_one_grid_row_per_image() -> None:
+    first = EngineImage("a", (1, 2, 4), embeddings=torch.ones(2, 8))
+    second = EngineImage("b", (1, 2, 2), embeddings=torch.full((1, 8), 2.0))
+    data = multi_modal_data([first, second], LAYOUT)["image"]
+    assert data["image_embeds"].shape == (3, 8)
+    assert data["image_embeds"][2, 0] == 2.0
+    assert data["image_grid_thw"].tolist() == [[1, 2, 4], [1, 2, 2]]
+
+
+def test_grid_only_images_get_zero_placeholders_and_pictures_pass_through() -> None:
+    data = multi_modal_data([EngineImage("a", (1, 4, 4))], LAYOUT)["image"]
+    assert data["image_embeds"].shape == (4, 8) and not data["image_embeds"].any()
+    picture = Image.new("RGB", (4, 4))
+    assert multi_modal_data([EngineImage("p", image=picture)], LAYOUT) == {"image": [picture]}
+    mixed = [EngineImage("p", image=picture), EngineImage("a", (1, 2, 2), torch.ones(1, 8))]
+    with pytest.raises(InvalidArgument) as caught:
+        multi_modal_data(mixed, LAYOUT)
+    assert caught.value.reason == "MIXED_IMAGE_INPUTS"
+
+
+def test_kv_handle_survives_a_struct_round_trip() -> None:
+    params = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_port": 5601,
+              "remote_engine_id": "e1", "remote_blocks_expiry_time": None,
+              IMAGE_GRIDS_KEY: [[1, 4, 6]], "ratio": 0.5}  # fmt: skip
+    handle = convert.kv_handle_to_proto(params)
+    assert handle.engine_id == "e1"
+    wire = generation_pb2.KvHandle.FromString(handle.SerializeToString())
+    assert restore_ints(convert.kv_params_from_proto(wire)) == params
+    assert convert.kv_handle_to_proto(None) == generation_pb2.KvHandle()
+
+
+def test_decode_grids_come_from_the_prompt_else_from_the_handle() -> None:
+    images = [multimodal_pb2.ImageInput(mm_hash="a", grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2)),
+              multimodal_pb2.ImageInput(mm_hash="b")]  # fmt: skip
+    resolved = grids_only(images, [[1.0, 9.0, 9.0], [1.0, 4.0, 6.0]])
+    assert [(i.mm_hash, i.grid) for i in resolved] == [("a", (1, 2, 2)), ("b", (1, 4, 6))]
+    assert grids_only(images[1:])[0].grid is None
+
+
+def test_sampling_defaults_and_ranges() -> None:
+    sampling = convert.sampling_from_proto(generation_pb2.SamplingParams())
+    assert sampling == Sampling(max_tokens=16, top_p=1.0)
+    seeded = convert.sampling_from_proto(generation_pb2.SamplingParams(seed=0, stop=["x"]))
+    assert seeded.seed == 0 and seeded.stop == ("x",)
+
+
+def test_vllm_sampling_params_reject_bad_values() -> None:
+    pytest.importorskip("vllm")
+    from epd.server.engine.vllm_inputs import sampling_params
+
+    params = sampling_params(Sampling(max_tokens=5, temperature=0.7, top_k=3), max_tokens=1,
+                             kv_transfer_params={"do_remote_decode": True})  # fmt: skip
+    assert params.max_tokens == 1 and params.top_k == 3
+    assert params.extra_args == {"kv_transfer_params": {"do_remote_decode": True}}
+    for bad in (Sampling(max_tokens=0), Sampling(top_p=1.5), Sampling(temperature=-1.0)):
+        with pytest.raises(InvalidArgument) as caught:
+            sampling_params(bad)
+        assert caught.value.reason == "BAD_SAMPLING"
