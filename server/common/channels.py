@@ -18,13 +18,8 @@ from epd.server.common.errors import Unavailable
 MiB = 1 << 20
 
 
-class _MetadataInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """Adds fixed metadata (e.g. the bearer token) to every call."""
+class _MetadataAdder:
+    """Adds fixed metadata (e.g. the bearer token) to a call's details."""
 
     def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._pairs = tuple(pairs)
@@ -35,17 +30,34 @@ class _MetadataInterceptor(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+# NOTE: one class per call kind: grpc.aio files an interceptor under the first kind it is an
+# instance of, so a single class implementing all four would only ever see unary-unary calls.
+class _UnaryUnaryMetadata(_MetadataAdder, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_metadata(details), request)
 
+
+class _UnaryStreamMetadata(_MetadataAdder, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_metadata(details), request)
 
+
+class _StreamUnaryMetadata(_MetadataAdder, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_metadata(details), requests)
 
+
+class _StreamStreamMetadata(_MetadataAdder, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_metadata(details), requests)
+
+
+def metadata_interceptors(pairs: Sequence[tuple[str, str]]) -> list[grpc.aio.ClientInterceptor]:
+    """Client interceptors adding ``pairs`` to every call of every kind (unary and streaming)."""
+    kinds = (_UnaryUnaryMetadata, _UnaryStreamMetadata, _StreamUnaryMetadata,
+             _StreamStreamMetadata)  # fmt: skip
+    return [kind(pairs) for kind in kinds]
 
 
 def create_channel(
@@ -65,7 +77,7 @@ def create_channel(
     """
     interceptors: list[Any] = list(aio_client_interceptors())
     if auth_token:
-        interceptors.append(_MetadataInterceptor([bearer_metadata(auth_token)]))
+        interceptors.extend(metadata_interceptors([bearer_metadata(auth_token)]))
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -83,15 +95,26 @@ def create_channel(
 
 
 async def wait_for_health(
-    endpoint: str, *, service: str = "", timeout_s: float = 60.0, interval_s: float = 0.1,
+    endpoint: str,
+    *,
+    service: str = "",
+    timeout_s: float = 60.0,
+    interval_s: float = 0.1,
     channel: grpc.aio.Channel | None = None,
-) -> None:  # fmt: skip
-    """Poll grpc.health.v1 at ``endpoint`` until ``service`` is SERVING.
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> None:
+    """Poll grpc.health.v1 at ``endpoint`` until ``service`` ("" = the whole server) is SERVING.
 
-    Raises Unavailable (reason NOT_HEALTHY) with the last status seen when ``timeout_s`` passes.
+    Uses ``channel`` when given (left open), else its own channel (TLS files as in
+    ``create_channel``; health needs no token). Raises Unavailable (reason NOT_HEALTHY, metadata
+    ``endpoint``) with the last status seen when ``timeout_s`` passes.
     """
     own_channel = channel is None
-    channel = channel or create_channel(endpoint)
+    channel = channel or create_channel(
+        endpoint, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file
+    )
     stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -99,14 +122,15 @@ async def wait_for_health(
         while True:
             try:
                 request = health_pb2.HealthCheckRequest(service=service)
-                reply = await stub.Check(request, timeout=2.0)
+                remaining = max(deadline - time.monotonic(), 0.05)
+                reply = await stub.Check(request, timeout=min(2.0, remaining))
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.aio.AioRpcError as e:
                 last = f"{e.code().name}: {e.details()}"
             if time.monotonic() >= deadline:
-                raise Unavailable(f"{endpoint} not healthy after {timeout_s:.0f}s (last: {last})",
+                raise Unavailable(f"{endpoint} not healthy after {timeout_s:g}s (last: {last})",
                                   reason="NOT_HEALTHY", metadata={"endpoint": endpoint})
             await asyncio.sleep(interval_s)
     finally:

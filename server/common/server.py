@@ -214,11 +214,12 @@ async def serve(server: EpdServer) -> None:
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
+    stop_now: list[asyncio.Task[None]] = []  # NOTE: holds the task so it is not collected
 
     def on_signal() -> None:
-        if stop_requested.is_set():
+        if stop_requested.is_set() and not stop_now:
             logger.warning("second signal: stopping without grace")
-            loop.create_task(server.grpc_server.stop(0))
+            stop_now.append(loop.create_task(server.grpc_server.stop(0)))
         stop_requested.set()
 
     for sig in signals:

@@ -10,6 +10,7 @@ Clients: ``from_rpc_error`` turns a failed call back into the matching ``EpdErro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -69,14 +70,22 @@ async def abort_with_error(context: grpc.aio.ServicerContext[Any, Any], err: Exc
 
 
 def handle_errors(method: Method) -> Method:
-    """Decorate an async servicer method (unary, or a server-streaming async generator)."""
+    """Decorate an async servicer method (unary, or a server-streaming async generator).
+
+    ``EpdError`` -> abort with its rich status; ``grpc.aio.AbortError`` (the handler aborted
+    the call itself) and ``asyncio.CancelledError`` (the caller went away) pass through
+    untouched; any other exception -> logged with its traceback, INTERNAL with a generic message.
+    """
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
             try:
-                async for item in method(self, request, context):
-                    yield item
+                # NOTE: aclosing runs the handler's finally blocks as soon as this wrapper is
+                # closed (the call ended early), not whenever the inner generator is collected.
+                async with contextlib.aclosing(method(self, request, context)) as items:
+                    async for item in items:
+                        yield item
             except grpc.aio.AbortError:
                 raise
             except Exception as e:

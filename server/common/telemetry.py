@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ from opentelemetry.sdk.trace.export import (
 )
 
 _lock = threading.Lock()
+_specs_by_provider: weakref.WeakKeyDictionary[TracerProvider, set[str]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -81,23 +85,41 @@ def make_exporter(spec: str) -> tuple[SpanExporter, bool] | None:
     )
 
 
+def add_exporter(provider: TracerProvider, spec: str) -> bool:
+    """Make ``provider`` export to ``spec`` (see ``make_exporter``) unless it already does.
+
+    Returns True when an exporter was added; "none" and a spec added before add nothing, so
+    repeated set-up never exports a span twice.
+    """
+    with _lock:
+        added = _specs_by_provider.setdefault(provider, set())
+        if spec in added:
+            return False
+        parsed = make_exporter(spec)
+        added.add(spec)
+        if parsed is None:
+            return False
+        span_exporter, synchronous = parsed
+        processor = SimpleSpanProcessor if synchronous else BatchSpanProcessor
+        provider.add_span_processor(processor(span_exporter))
+        return True
+
+
 def configure_tracing(service_name: str, exporter: str | None = None) -> TracerProvider:
     """Install (once per process) and return the SDK tracer provider for ``service_name``.
 
-    ``exporter`` defaults to $EPD_TRACE_EXPORTER, else "none". Calling again adds the exporter
-    to the provider already installed (the global provider can be set only once).
+    ``exporter`` defaults to $EPD_TRACE_EXPORTER, else "none". Idempotent: the global provider
+    is set only once (the first ``service_name`` names the resource), and calling again with
+    another exporter adds it to that provider, with the same one adds nothing.
     """
     spec = exporter or os.environ.get("EPD_TRACE_EXPORTER", "none")
-    parsed = make_exporter(spec)
+    make_exporter(spec)  # NOTE: a bad spec fails here, before the global provider is touched
     with _lock:
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
             provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
             trace.set_tracer_provider(provider)
-        if parsed is not None:
-            span_exporter, synchronous = parsed
-            processor = SimpleSpanProcessor if synchronous else BatchSpanProcessor
-            provider.add_span_processor(processor(span_exporter))
+    add_exporter(provider, spec)
     return provider
 
 
@@ -120,11 +142,25 @@ LOG_FORMAT = ("%(asctime)s %(levelname)s %(name)s trace=%(trace_id)s span=%(span
               "%(message)s")  # fmt: skip
 
 
+class SingleLineFormatter(logging.Formatter):
+    """``LOG_FORMAT`` with newlines (multi-line messages, tracebacks) escaped as ``\\n``, so one
+    record is always one line for grep and log shippers."""
+
+    def __init__(self) -> None:
+        super().__init__(LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", "\\n")
+
+
 def configure_logging(level: str | None = None) -> None:
-    """Log one line per record to stderr with trace ids; level from arg, $EPD_LOG_LEVEL or INFO."""
+    """Log one line per record to stderr with trace ids; level from arg, $EPD_LOG_LEVEL or INFO.
+
+    Replaces the root logger's handlers, so calling it twice does not duplicate lines.
+    """
     handler = logging.StreamHandler()
     handler.addFilter(TraceContextFilter())
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(SingleLineFormatter())
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel((level or os.environ.get("EPD_LOG_LEVEL", "INFO")).upper())

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
+
 from epd.server.common import errors
 from epd.server.common.server import ServiceBinding
 from epd.server.common.status import handle_errors
@@ -19,25 +21,34 @@ class ScriptedEncodeService(encode_grpc.EncodeServiceServicer):  # type: ignore[
 
     def __init__(self) -> None:
         self.release_error: Exception | None = None
+        self.release_abort: grpc.StatusCode | None = None
         self.encode_error: Exception | None = None
         self.item_delay_s = 0.0
         self.on_release: Callable[[], Any] | None = None
+        self.encode_exits: list[str] = []  # how each Encode stream ended: "done" or an exception
 
     @handle_errors
     async def Release(self, request: Any, context: Any) -> encode_pb.ReleaseResponse:
         if self.on_release is not None:
             await self.on_release()
+        if self.release_abort is not None:
+            await context.abort(self.release_abort, "aborted by the handler itself")
         if self.release_error is not None:
             raise self.release_error
         return encode_pb.ReleaseResponse(num_released=len(request.lease_ids))
 
     @handle_errors
     async def Encode(self, request: Any, context: Any) -> AsyncIterator[encode_pb.EncodeResponse]:
-        for index, item in enumerate(request.items):
-            if index and self.encode_error is not None:
-                raise self.encode_error
-            await asyncio.sleep(self.item_delay_s)
-            yield encode_pb.EncodeResponse(item_index=index, mm_hash=item.mm_hash)
+        try:
+            for index, item in enumerate(request.items):
+                if index and self.encode_error is not None:
+                    raise self.encode_error
+                await asyncio.sleep(self.item_delay_s)
+                yield encode_pb.EncodeResponse(item_index=index, mm_hash=item.mm_hash)
+            self.encode_exits.append("done")
+        except BaseException as e:
+            self.encode_exits.append(type(e).__name__)
+            raise
 
 
 def encode_binding(servicer: ScriptedEncodeService) -> ServiceBinding:

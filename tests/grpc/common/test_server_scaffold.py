@@ -48,9 +48,15 @@ async def test_health_not_serving_until_marked_then_not_serving_on_drain() -> No
     await server.mark_serving()
     assert await health_status(endpoint, "epd.v1.EncodeService") == SERVING
     await wait_for_health(endpoint, timeout_s=2)
-    await server.health_servicer.enter_graceful_shutdown()
-    assert await health_status(endpoint) == NOT_SERVING
+    seen_while_draining: list[int] = []
+
+    async def check_health() -> None:  # drain callbacks run while the server still answers
+        seen_while_draining.append(await health_status(endpoint))
+        seen_while_draining.append(await health_status(endpoint, "epd.v1.EncodeService"))
+
+    server.add_drain_callback(check_health)
     await server.drain_and_stop(0)
+    assert seen_while_draining == [NOT_SERVING, NOT_SERVING]
 
 
 async def test_wait_for_health_times_out_with_a_clear_error() -> None:
