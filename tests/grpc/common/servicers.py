@@ -1,9 +1,12 @@
-"""Test servicers for the scaffold: real epd.v1 services with behaviour chosen per test."""
+"""Test servicers for the scaffold (real epd.v1 services with behaviour chosen per test) and
+helpers such as self-signed certificates."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -64,3 +67,28 @@ def errors_under_test() -> list[errors.EpdError]:
         errors.Unavailable("no encoder", reason="NO_ENCODER"),
         errors.FailedPrecondition("wrong mode", reason="WRONG_MODE"),
     ]
+
+
+def self_signed_cert(folder: Path, name: str = "localhost") -> tuple[str, str]:
+    """Write a self-signed CA certificate for DNS ``name`` and its key; returns their paths."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert_file, key_file = folder / f"{name}-cert.pem", folder / f"{name}-key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    return str(cert_file), str(key_file)

@@ -11,12 +11,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epd.server.common import errors
-from epd.server.common.channels import create_channel
+from epd.server.common.channels import create_channel, wait_for_health
 from epd.server.common.server import EpdServer, ServerOptions, build_server, serve
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2
-from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding
+from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding, self_signed_cert
 
 
 async def start(servicer: ScriptedEncodeService, **options) -> tuple[EpdServer, str]:
@@ -165,3 +165,29 @@ async def test_failing_drain_callback_does_not_block_the_stop() -> None:
     await asyncio.gather(server.drain_and_stop(0), server.drain_and_stop(0))
     assert ran == ["broken", "second"]  # each ran once although drain was asked twice
     await asyncio.wait_for(server.wait_for_termination(), 2.0)
+
+
+async def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(tmp_path) -> None:
+    server_cert, server_key = self_signed_cert(tmp_path, "localhost")
+    client_cert, client_key = self_signed_cert(tmp_path, "client")
+    stranger_cert, stranger_key = self_signed_cert(tmp_path, "stranger")
+    server, port = await build_server(
+        [encode_binding(ScriptedEncodeService())],
+        ServerOptions(tls_cert_file=server_cert, tls_key_file=server_key,
+                      tls_client_ca_file=client_cert),
+    )  # fmt: skip
+    endpoint, request = f"localhost:{port}", encode_pb.ReleaseRequest(lease_ids=["a"])
+    async with create_channel(endpoint, tls_ca_file=server_cert, tls_cert_file=client_cert,
+                              tls_key_file=client_key) as channel:  # fmt: skip
+        reply = await encode_grpc.EncodeServiceStub(channel).Release(request)
+    assert reply.num_released == 1
+    for cert, key in ((None, None), (stranger_cert, stranger_key)):
+        async with create_channel(endpoint, tls_ca_file=server_cert, tls_cert_file=cert,
+                                  tls_key_file=key) as channel:  # fmt: skip
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await encode_grpc.EncodeServiceStub(channel).Release(request, timeout=2.0)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    await server.mark_serving()
+    await wait_for_health(endpoint, timeout_s=2.0, tls_ca_file=server_cert,
+                          tls_cert_file=client_cert, tls_key_file=client_key)  # fmt: skip
+    await server.drain_and_stop(0)

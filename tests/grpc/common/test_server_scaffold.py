@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 from pathlib import Path
 
@@ -23,7 +22,12 @@ from epd.server.common.telemetry import JsonLinesSpanExporter, make_exporter
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2
-from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding, errors_under_test
+from tests.grpc.common.servicers import (
+    ScriptedEncodeService,
+    encode_binding,
+    errors_under_test,
+    self_signed_cert,
+)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -184,32 +188,8 @@ async def test_bearer_token_required_except_for_health() -> None:
     await server.drain_and_stop(0)
 
 
-def _self_signed(tmp_path: Path) -> tuple[str, str]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))  # fmt: skip
-    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
-    return str(cert_file), str(key_file)
-
-
 async def test_tls_server_accepts_a_channel_that_trusts_its_certificate(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     server, port = await build_server([encode_binding(ScriptedEncodeService())],
                                       ServerOptions(tls_cert_file=cert, tls_key_file=key))
     async with create_channel(f"localhost:{port}", tls_ca_file=cert) as channel:
