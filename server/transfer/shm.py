@@ -62,15 +62,21 @@ def list_segments(shm_dir: str = SHM_DIR) -> list[str]:
     return sorted(name for name in os.listdir(shm_dir) if _NAME.match(name))
 
 
-def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments whose creating process is gone (or whose pid was reused). Returns names."""
-    removed = []
+def orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Segments whose creating process is gone (or whose pid now belongs to another process)."""
+    found = []
     for name in list_segments(shm_dir):
         match = _NAME.match(name)
         assert match is not None
-        pid, started = int(match.group(1)), int(match.group(2))
-        if _start_time(pid) == started:
-            continue
+        if _start_time(int(match.group(1))) != int(match.group(2)):
+            found.append(name)
+    return found
+
+
+def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink segments whose creating process is gone (or whose pid was reused). Returns names."""
+    removed = []
+    for name in orphans(shm_dir):
         try:
             os.unlink(os.path.join(shm_dir, name))
             removed.append(name)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Path) -> None:
-    before = set(shm.list_segments())
+    before = set(shm.orphans())
     result = subprocess.run(
         [sys.executable, "-m", "epd", "up", "--model", str(tiny_model_dir), "--model-id", "tiny",
          "--max-tokens", "8", "--question", "What is in this picture?", "--encoders", "2"],
@@ -37,4 +37,4 @@ def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Pa
     leftovers = subprocess.run(["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "],
                                capture_output=True, text=True)  # fmt: skip
     assert leftovers.stdout.strip() == ""
-    assert set(shm.list_segments()) <= before
+    assert set(shm.orphans()) <= before, "processes of epd up left shared memory behind"
