@@ -17,7 +17,6 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -177,7 +176,7 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="log level (env EPD_LOG_LEVEL; default INFO)")  # fmt: skip
 
 
-def configure_from_args(service_name: str, args: argparse.Namespace) -> Any:
-    """Apply the flags added by ``add_telemetry_arguments``."""
+def configure_from_args(service_name: str, args: argparse.Namespace) -> TracerProvider:
+    """Apply the flags added by ``add_telemetry_arguments``; returns the tracer provider."""
     configure_logging(args.log_level)
     return configure_tracing(service_name, args.trace_exporter)
