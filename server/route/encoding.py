@@ -16,8 +16,9 @@ from typing import Any
 
 import grpc
 
-from epd.server.common.errors import EpdError, Unavailable
+from epd.server.common.errors import Unavailable
 from epd.server.common.status import from_rpc_error
+from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import multimodal_pb2
@@ -36,6 +37,7 @@ class EncodeStage:
     items: list[multimodal_pb2.MediaItem]
     policy: Any = 0
     consumer_host_id: str = ""
+    num_tokens: list[int] = field(default_factory=list)
     results: dict[int, encode_pb.EncodeResponse] = field(default_factory=dict)
     encoder_ids: set[str] = field(default_factory=set)
 
@@ -50,22 +52,26 @@ class EncodeStage:
         return by_endpoint
 
 
-async def encode_all(peers: Peers, stage: EncodeStage, timeout_s: float | None) -> None:
+async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline) -> None:
     """Fill ``stage.results`` for every item, retrying failed encoders elsewhere."""
     excluded: list[str] = []
     for attempt in range(MAX_ATTEMPTS):
         missing = [i for i in range(len(stage.items)) if i not in stage.results]
         if not missing:
             return
-        assignment = await peers.scheduler.AssignEncoders(scheduler_pb.AssignEncodersRequest(
-            request_id=stage.request_id, model=stage.model, policy=stage.policy,
-            items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash) for i in missing],
-            exclude_worker_ids=excluded), timeout=timeout_s)  # fmt: skip
+        try:
+            assignment = await peers.scheduler.AssignEncoders(scheduler_pb.AssignEncodersRequest(
+                request_id=stage.request_id, model=stage.model, policy=stage.policy,
+                items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash,
+                                               num_tokens=_num_tokens(stage, i)) for i in missing],
+                exclude_worker_ids=excluded), timeout=deadline.remaining())  # fmt: skip
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for placed in assignment.assignments:
             groups[(placed.worker_id, placed.endpoint)].append(missing[placed.item_index])
         failed = await asyncio.gather(*(
-            _encode_group(peers, stage, worker, endpoint, indices, assignment, missing, timeout_s)
+            _encode_group(peers, stage, worker, endpoint, indices, assignment, missing, deadline)
             for (worker, endpoint), indices in groups.items()))  # fmt: skip
         excluded.extend(worker for worker in failed if worker)
         if any(failed) and attempt + 1 < MAX_ATTEMPTS:
@@ -78,15 +84,16 @@ async def encode_all(peers: Peers, stage: EncodeStage, timeout_s: float | None) 
 
 async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoint: str,
                         indices: list[int], assignment: scheduler_pb.AssignEncodersResponse,
-                        missing: list[int], timeout_s: float | None) -> str | None:  # fmt: skip
+                        missing: list[int], deadline: Deadline) -> str | None:  # fmt: skip
     """Encode ``indices`` on one encoder; returns the worker id if it failed retryably."""
     request = encode_pb.EncodeRequest(request_id=stage.request_id, model=stage.model,
                                       items=[stage.items[i] for i in indices],
                                       consumer_host_id=stage.consumer_host_id)  # fmt: skip
     start, outcomes = time.monotonic(), []
     failed: str | None = None
+    call = peers.encoder(endpoint).Encode(request, timeout=deadline.remaining())
     try:
-        async for response in peers.encoder(endpoint).Encode(request, timeout=timeout_s):
+        async for response in call:
             index = indices[response.item_index]
             stage.results[index] = response
             outcomes.append(scheduler_pb.ItemOutcome(
@@ -100,6 +107,8 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
         failed = worker_id
         outcomes.extend(scheduler_pb.ItemOutcome(item_index=missing.index(i), failed=True)
                         for i in indices if i not in stage.results)  # fmt: skip
+    finally:
+        call.cancel()  # NOTE: no-op once finished; stops the encoder's work on cancellation
     await _report(peers, assignment.assignment_id, outcomes)
     return failed
 
@@ -124,6 +133,5 @@ async def release_all(peers: Peers, stage: EncodeStage) -> None:
     stage.results.clear()
 
 
-def is_retryable(error: EpdError) -> bool:
-    """Whether a failure before the first token may be retried on another worker."""
-    return isinstance(error, Unavailable)
+def _num_tokens(stage: EncodeStage, index: int) -> int:
+    return stage.num_tokens[index] if index < len(stage.num_tokens) else 0

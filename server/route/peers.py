@@ -5,7 +5,12 @@ from __future__ import annotations
 import grpc
 
 from epd.server.common.channels import create_channel
-from epd.v1 import encode_service_pb2_grpc, prefill_service_pb2_grpc, scheduler_service_pb2_grpc
+from epd.v1 import (
+    decode_service_pb2_grpc,
+    encode_service_pb2_grpc,
+    prefill_service_pb2_grpc,
+    scheduler_service_pb2_grpc,
+)
 
 
 class Peers:
@@ -24,6 +29,10 @@ class Peers:
     def prefill(self, endpoint: str) -> prefill_service_pb2_grpc.PrefillServiceStub:
         """Stub of the prefill worker at ``endpoint``."""
         return prefill_service_pb2_grpc.PrefillServiceStub(self._channel(endpoint))
+
+    def decode(self, endpoint: str) -> decode_service_pb2_grpc.DecodeServiceStub:
+        """Stub of the decode worker at ``endpoint``."""
+        return decode_service_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
 
     async def close(self) -> None:
         """Close every channel."""

@@ -1,10 +1,11 @@
-"""The route's logic: one chat request through encode and prefill(+decode), streamed back.
+"""The route's logic: one chat request through encode, prefill and decode, streamed back.
 
-Order: load every image under the media rules (hash + validation, once per source), render and
-tokenise the chat, have the images encoded (scheduler assignment, concurrent encoders, retries),
-pick a prefill worker by multimodal prefix overlap, stream its tokens as text deltas. A prefill
-failing with UNAVAILABLE before the first token is retried on another worker; after the first
-token a failure ends the stream with its status. Every lease is released at the end.
+Order: load every image under the media rules (validation, mm_hash and grid, once per source),
+render and tokenise the chat, pick the path from the roles live now (``topology``), have the
+images encoded (scheduler assignment, concurrent encoders, retries elsewhere) or pass them raw to
+an encode_prefill worker, hash the expanded prompt for KV-aware prefill choice, stream the engine's
+tokens as text deltas (``hops``). Every embedding lease is released at its encoder once the prompt
+has been prefilled, or when the request ends, whatever happened.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.errors import EpdError, Unavailable
+from epd.server.common.errors import InvalidArgument
 from epd.server.common.status import from_rpc_error
-from epd.server.media.loader import MediaLoader
-from epd.server.route.encoding import EncodeStage, encode_all, is_retryable, release_all
+from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.route.deadline import Deadline
+from epd.server.route.encoding import EncodeStage, encode_all, release_all
+from epd.server.route.grid import GridCalculator
+from epd.server.route.hops import EngineCall, stream_tokens
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
+from epd.server.route.topology import Plan, Role, RoleView, plan_for
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
-from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
-MAX_PREFILL_ATTEMPTS = 2
 Chat = list[tuple[str, list[ChatPart]]]
 Media = multimodal_pb2.MediaItem
 
@@ -46,38 +49,48 @@ class RouteWorker:
     """Runs requests for one model against the services the scheduler knows."""
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
-                 model_id: str, host_id: str) -> None:  # fmt: skip
+                 model_id: str, host_id: str,
+                 grids: GridCalculator | None = None) -> None:  # fmt: skip
         self.peers = peers
         self.prompts = prompts
         self.loader = loader
         self.model_id = model_id
         self.host_id = host_id
+        self.grids = grids or GridCalculator()
+        self.roles = RoleView()
 
     async def generate(self, request: route_service_pb2.GenerateRequest,
                        timeout_s: float | None = None) -> AsyncIterator[RouteChunk]:  # fmt: skip
         """Stream the answer to ``request``."""
+        deadline = Deadline(timeout_s)
         span = trace.get_current_span()
         request_id = request.request_id or uuid.uuid4().hex
+        model = request.model or self.model_id
         span.set_attribute("epd.request_id", request_id)
         messages, media = self._chat(request)
         loaded = await asyncio.gather(*(self.loader.load(url=m.url, data=m.data) for m in media))
+        grids = [self._grid(image) for image in loaded]
         items = [multimodal_pb2.MediaItem(mm_hash=image.mm_hash, url=m.url, data=m.data)
                  for image, m in zip(loaded, media, strict=True)]  # fmt: skip
         token_ids = self.prompts.token_ids(messages)
-        stage = EncodeStage(request_id, self.model_id, items, request.encoder_policy, self.host_id)
+        live_roles = await self._live_roles(model, deadline)
+        plan = plan_for(live_roles, len(items))
         span.set_attribute("epd.images", len(items))
+        span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
+        stage = EncodeStage(request_id, model, items, request.encoder_policy, self.host_id,
+                            [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids])
         try:
-            if items:
-                await encode_all(self.peers, stage, timeout_s)
-                span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
-                span.set_attribute("epd.cache_hits",
-                                   sum(r.cache_hit for r in stage.results.values()))
-            prompt = self._prompt(token_ids, stage)
-            async for chunk in self._prefill_decode(request_id, prompt, request.sampling,
-                                                    timeout_s):  # fmt: skip
-                yield chunk
+            prompt = await self._prompt(token_ids, stage, plan, grids, deadline)
+            call = EngineCall(request_id, model, prompt, request.sampling,
+                              self._block_hashes(token_ids, items, grids), plan, live_roles,
+                              deadline)  # fmt: skip
+            detokenizer = Detokenizer(self.prompts.tokenizer)
+            async for piece in stream_tokens(self.peers, call, lambda: release_all(self.peers,
+                                                                                    stage)):
+                yield RouteChunk(detokenizer.add(piece.token_ids), piece.token_ids,
+                                 piece.finish_reason, piece.usage)
         finally:
-            await release_all(self.peers, stage)
+            await asyncio.shield(release_all(self.peers, stage))
 
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:
         messages: Chat = []
@@ -93,45 +106,46 @@ class RouteWorker:
             messages.append((message.role, parts))
         return messages, media
 
-    def _prompt(self, token_ids: list[int], stage: EncodeStage) -> generation_pb2.Prompt:
+    def _grid(self, image: LoadedImage) -> multimodal_pb2.ImageGrid:
+        try:
+            t, h, w = self.grids.grid(*image.image.size)
+        except ValueError as e:
+            raise InvalidArgument(str(e), reason="BAD_IMAGE_SHAPE") from e
+        return multimodal_pb2.ImageGrid(t=t, h=h, w=w)
+
+    async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:
+        if self.roles.is_stale():
+            try:
+                listing = await self.peers.scheduler.ListWorkers(
+                    scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining())
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc_error(e) from None
+            self.roles.update(listing)
+        return self.roles.roles(model)
+
+    async def _prompt(self, token_ids: list[int], stage: EncodeStage, plan: Plan,
+                      grids: list[multimodal_pb2.ImageGrid],
+                      deadline: Deadline) -> generation_pb2.Prompt:  # fmt: skip
+        if not plan.uses_encoders:
+            images = [multimodal_pb2.ImageInput(mm_hash=item.mm_hash, media=item)
+                      for item in stage.items]  # fmt: skip
+            return generation_pb2.Prompt(token_ids=token_ids, images=images)
+        await encode_all(self.peers, stage, deadline)
+        span = trace.get_current_span()
+        span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
+        span.set_attribute("epd.cache_hits", sum(r.cache_hit for r in stage.results.values()))
+        span.set_attribute("epd.embedding_bytes",
+                           sum(r.embeddings.byte_size for r in stage.results.values()))
         images = []
-        for index in range(len(stage.items)):
+        for index, grid in enumerate(grids):
             result = stage.results[index]
-            images.append(multimodal_pb2.ImageInput(mm_hash=result.mm_hash, grid=result.grid,
-                                                    embeddings=result.embeddings))  # fmt: skip
+            images.append(multimodal_pb2.ImageInput(
+                mm_hash=result.mm_hash, grid=result.grid if result.HasField("grid") else grid,
+                embeddings=result.embeddings))  # fmt: skip
         return generation_pb2.Prompt(token_ids=token_ids, images=images)
 
-    def _block_hashes(self, prompt: generation_pb2.Prompt) -> list[int]:
-        merge = self.prompts.merge_size**2
-        return self.prompts.block_hashes(list(prompt.token_ids), [
-            (image.mm_hash, image.grid.t * image.grid.h * image.grid.w // merge)
-            for image in prompt.images])  # fmt: skip
-
-    async def _prefill_decode(self, request_id: str, prompt: generation_pb2.Prompt,
-                              sampling: generation_pb2.SamplingParams,
-                              timeout_s: float | None) -> AsyncIterator[RouteChunk]:  # fmt: skip
-        hashes, excluded = self._block_hashes(prompt), list[str]()
-        for attempt in range(MAX_PREFILL_ATTEMPTS):
-            choice = await self.peers.scheduler.ChoosePrefill(scheduler_pb.ChoosePrefillRequest(
-                request_id=request_id, model=self.model_id, block_hashes=hashes,
-                exclude_worker_ids=excluded,
-                roles=[scheduler_pb.WORKER_ROLE_PREFILL_DECODE]), timeout=timeout_s)  # fmt: skip
-            trace.get_current_span().set_attribute("epd.prefill_id", choice.worker.id)
-            call = self.peers.prefill(choice.worker.endpoint).PrefillDecode(
-                prefill_pb.PrefillDecodeRequest(request_id=request_id, model=self.model_id,
-                                                prompt=prompt, sampling=sampling),
-                timeout=timeout_s)  # fmt: skip
-            detokenizer, started = Detokenizer(self.prompts.tokenizer), False
-            try:
-                async for response in call:
-                    started = True
-                    yield RouteChunk(detokenizer.add(list(response.token_ids)),
-                                     list(response.token_ids), response.finish_reason,
-                                     response.usage if response.HasField("usage") else None)
-                return
-            except grpc.aio.AioRpcError as e:
-                error: EpdError = from_rpc_error(e)
-                if started or not is_retryable(error) or attempt + 1 == MAX_PREFILL_ATTEMPTS:
-                    raise error from None
-                excluded.append(choice.worker.id)
-        raise Unavailable("no prefill worker could serve the request", reason="PREFILL_FAILED")
+    def _block_hashes(self, token_ids: list[int], items: list[Media],
+                      grids: list[multimodal_pb2.ImageGrid]) -> list[int]:  # fmt: skip
+        return self.prompts.block_hashes(token_ids, [
+            (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
+            for item, grid in zip(items, grids, strict=True)])  # fmt: skip

@@ -1,0 +1,135 @@
+"""The engine hops of a request: choose a prefill worker, then stream PrefillDecode, or Prefill
+and Decode on a decode worker (P/D). A failure before the first token is retried on another
+prefill worker; after it, the failure ends the stream with its status."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry import trace
+
+from epd.server.common.errors import EpdError, Unavailable
+from epd.server.common.status import from_rpc_error
+from epd.server.route.deadline import Deadline
+from epd.server.route.peers import Peers
+from epd.server.route.topology import Plan, Role, hands_off_kv
+from epd.v1 import decode_service_pb2 as decode_pb
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+logger = logging.getLogger(__name__)
+MAX_PREFILL_ATTEMPTS = 3
+OnPrefilled = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Tokens from the engine since the previous piece; the last has finish reason and usage."""
+
+    token_ids: list[int]
+    finish_reason: int = 0
+    usage: generation_pb2.Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCall:
+    """Everything the engine hops of one request need."""
+
+    request_id: str
+    model: str
+    prompt: generation_pb2.Prompt
+    sampling: generation_pb2.SamplingParams
+    block_hashes: list[int]
+    plan: Plan
+    live_roles: frozenset[Role]
+    deadline: Deadline
+
+
+async def stream_tokens(peers: Peers, call: EngineCall,
+                        on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
+    """Stream the request's tokens; ``on_prefilled`` runs once the prompt has been read."""
+    excluded: list[str] = []
+    for attempt in range(MAX_PREFILL_ATTEMPTS):
+        started, worker = False, None
+        try:
+            choice = await peers.scheduler.ChoosePrefill(scheduler_pb.ChoosePrefillRequest(
+                request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
+                exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
+                timeout=call.deadline.remaining())  # fmt: skip
+            worker = choice.worker
+            span = trace.get_current_span()
+            span.set_attribute("epd.prefill_id", worker.id)
+            span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
+            if hands_off_kv(worker.role, call.live_roles):
+                pieces = _prefill_then_decode(peers, call, worker, on_prefilled)
+            else:
+                pieces = _prefill_decode(peers, call, worker.endpoint)
+            async for piece in pieces:
+                if not started:
+                    started = True
+                    await on_prefilled()
+                yield piece
+            return
+        except grpc.aio.AioRpcError as e:
+            error: EpdError = from_rpc_error(e)
+        except EpdError as e:
+            error = e
+        if (started or worker is None or not isinstance(error, Unavailable)
+                or attempt + 1 == MAX_PREFILL_ATTEMPTS):
+            raise error
+        logger.warning("request %s: prefill on %s failed before the first token (%s); retrying "
+                       "elsewhere", call.request_id, worker.id, error)  # fmt: skip
+        excluded.append(worker.id)
+    raise Unavailable("no prefill worker could serve the request", reason="PREFILL_FAILED")
+
+
+async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> AsyncIterator[Piece]:
+    stream = peers.prefill(endpoint).PrefillDecode(prefill_pb.PrefillDecodeRequest(
+        request_id=call.request_id, model=call.model, prompt=call.prompt,
+        sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
+    try:
+        async for response in stream:
+            yield Piece(list(response.token_ids), response.finish_reason,
+                        response.usage if response.HasField("usage") else None)
+    finally:
+        stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
+
+
+async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler_pb.WorkerInfo,
+                               on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
+    decoder = await peers.scheduler.ChooseDecode(scheduler_pb.ChooseDecodeRequest(
+        request_id=call.request_id, model=call.model), timeout=call.deadline.remaining())
+    trace.get_current_span().set_attribute("epd.decode_id", decoder.worker.id)
+    try:
+        reply = await peers.prefill(worker.endpoint).Prefill(prefill_pb.PrefillRequest(
+            request_id=call.request_id, model=call.model, prompt=call.prompt,
+            sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
+    except grpc.aio.AioRpcError as e:
+        error = from_rpc_error(e)
+        if error.reason != "WRONG_MODE":
+            raise error from None
+        # NOTE: an encode_prefill worker without KV hand-off beside decode workers: aggregated.
+        async for piece in _prefill_decode(peers, call, worker.endpoint):
+            yield piece
+        return
+    await on_prefilled()
+    if reply.finish_reason:
+        yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
+        return
+    yield Piece([reply.first_token_id])
+    stream = peers.decode(decoder.worker.endpoint).Decode(decode_pb.DecodeRequest(
+        request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling,
+        first_token_id=reply.first_token_id, kv_handle=reply.kv_handle),
+        timeout=call.deadline.remaining())  # fmt: skip
+    try:
+        async for response in stream:
+            yield Piece(list(response.token_ids), response.finish_reason,
+                        response.usage if response.HasField("usage") else None)
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e) from None
+    finally:
+        stream.cancel()

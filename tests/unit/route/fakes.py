@@ -1,0 +1,170 @@
+"""In-memory stand-ins for the stubs the route calls, recording every call (no servers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from epd.server.common.errors import EpdError, Unavailable
+from epd.server.common.status import to_rpc_status
+from epd.v1 import encode_service_pb2 as encode_pb
+from epd.v1 import generation_pb2, tensor_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+
+def rpc_error(error: EpdError) -> grpc.aio.AioRpcError:
+    """The AioRpcError a server answering ``error`` produces, rich status included."""
+    status = to_rpc_status(error)
+    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(*status.trailing_metadata), status.details)
+
+
+class FakeStream:
+    """A server stream: yields ``responses``, then raises ``error`` if set; records cancel()."""
+
+    def __init__(self, responses: list[Any], error: EpdError | None = None) -> None:
+        self.responses = responses
+        self.error = error
+        self.is_cancelled = False
+
+    def cancel(self) -> bool:
+        self.is_cancelled = True
+        return True
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        for response in self.responses:
+            await asyncio.sleep(0)
+            yield response
+        if self.error is not None:
+            raise rpc_error(self.error)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+
+@dataclass
+class FakeScheduler:
+    """Assigns encoders round robin over ``encoders`` minus exclusions; prefill likewise."""
+
+    encoders: list[str] = field(default_factory=lambda: ["enc0", "enc1"])
+    prefills: list[tuple[str, int]] = field(default_factory=lambda: [
+        ("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)])  # fmt: skip
+    decoders: list[str] = field(default_factory=lambda: ["dec0"])
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    async def AssignEncoders(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("AssignEncoders", request))
+        live = [e for e in self.encoders if e not in request.exclude_worker_ids]
+        if not live:
+            raise rpc_error(Unavailable("no encoder", reason="NO_ENCODER"))
+        return scheduler_pb.AssignEncodersResponse(assignment_id=f"a{len(self.calls)}",
+                                                   assignments=[
+            scheduler_pb.EncoderAssignment(item_index=i, worker_id=live[i % len(live)],
+                                           endpoint=live[i % len(live)])
+            for i in range(len(request.items))])  # fmt: skip
+
+    async def CompleteEncoding(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("CompleteEncoding", request))
+        return scheduler_pb.CompleteEncodingResponse()
+
+    async def ChoosePrefill(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("ChoosePrefill", request))
+        live = [(w, r) for w, r in self.prefills
+                if w not in request.exclude_worker_ids and r in request.roles]  # fmt: skip
+        if not live:
+            raise rpc_error(Unavailable("no prefill worker", reason="NO_WORKER"))
+        worker, role = live[0]
+        return scheduler_pb.ChoosePrefillResponse(worker=scheduler_pb.WorkerInfo(
+            id=worker, role=role, endpoint=worker))  # type: ignore[arg-type]
+
+    async def ChooseDecode(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("ChooseDecode", request))
+        return scheduler_pb.ChooseDecodeResponse(worker=scheduler_pb.WorkerInfo(
+            id=self.decoders[0], endpoint=self.decoders[0]))
+
+
+def embeddings(endpoint: str, lease: str) -> tensor_pb2.TensorRef:
+    return tensor_pb2.TensorRef(lease_id=lease, producer_endpoint=endpoint, byte_size=4)
+
+
+@dataclass
+class FakeEncoder:
+    """Encodes every item, or fails with ``error`` after ``num_before_error`` items."""
+
+    endpoint: str
+    error: EpdError | None = None
+    num_before_error: int = 0
+    streams: list[FakeStream] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+    def Encode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        count = self.num_before_error if self.error else len(request.items)
+        responses = [encode_pb.EncodeResponse(
+            item_index=i, mm_hash=request.items[i].mm_hash,
+            embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"))
+            for i in range(count)]  # fmt: skip
+        self.streams.append(FakeStream(responses, self.error))
+        return self.streams[-1]
+
+    async def Release(self, request: Any, timeout: float | None = None) -> Any:
+        self.released.extend(request.lease_ids)
+        return encode_pb.ReleaseResponse()
+
+
+@dataclass
+class FakeEngine:
+    """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set."""
+
+    tokens: list[int] = field(default_factory=lambda: [7, 8, 9])
+    error: EpdError | None = None
+    num_before_error: int = 0
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    streams: list[FakeStream] = field(default_factory=list)
+
+    def _stream(self, tokens: list[int], response_type: Callable[..., Any]) -> FakeStream:
+        count = self.num_before_error if self.error else len(tokens)
+        responses = [response_type(token_ids=[t]) for t in tokens[:count]]
+        if not self.error:
+            responses[-1].finish_reason = generation_pb2.FINISH_REASON_LENGTH
+            responses[-1].usage.completion_tokens = len(self.tokens)
+        self.streams.append(FakeStream(responses, self.error))
+        return self.streams[-1]
+
+    def PrefillDecode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        self.calls.append(("PrefillDecode", request))
+        return self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
+
+    async def Prefill(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("Prefill", request))
+        if self.error is not None:
+            raise rpc_error(self.error)
+        return prefill_pb.PrefillResponse(first_token_id=self.tokens[0])
+
+    def Decode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        from epd.v1 import decode_service_pb2
+
+        self.calls.append(("Decode", request))
+        return self._stream(self.tokens[1:], decode_service_pb2.DecodeResponse)
+
+
+@dataclass
+class FakePeers:
+    """``Peers`` with fakes behind each endpoint."""
+
+    scheduler: FakeScheduler = field(default_factory=FakeScheduler)
+    encoders: dict[str, FakeEncoder] = field(default_factory=dict)
+    engines: dict[str, FakeEngine] = field(default_factory=dict)
+
+    def encoder(self, endpoint: str) -> FakeEncoder:
+        return self.encoders.setdefault(endpoint, FakeEncoder(endpoint))
+
+    def prefill(self, endpoint: str) -> FakeEngine:
+        return self.engines.setdefault(endpoint, FakeEngine())
+
+    def decode(self, endpoint: str) -> FakeEngine:
+        return self.engines.setdefault(endpoint, FakeEngine())

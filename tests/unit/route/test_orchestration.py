@@ -1,0 +1,105 @@
+"""Encode retries, lease release, prefill retries and the P/D path, against in-memory fakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from epd.server.common.errors import InvalidArgument, Unavailable
+from epd.server.route.deadline import Deadline
+from epd.server.route.encoding import EncodeStage, encode_all, release_all
+from epd.server.route.hops import EngineCall, stream_tokens
+from epd.server.route.topology import DECODE, PREFILL, PREFILL_DECODE, plan_for
+from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+
+
+def stage_of(num_images: int) -> EncodeStage:
+    items = [multimodal_pb2.MediaItem(mm_hash=f"h{i}", data=b"x") for i in range(num_images)]
+    return EncodeStage("req", "tiny", items, num_tokens=[4] * num_images)
+
+
+def engine_call(live_roles: frozenset[int]) -> EngineCall:
+    return EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
+                      generation_pb2.SamplingParams(), [], plan_for(live_roles, 0),
+                      live_roles, Deadline(30))  # type: ignore[arg-type]
+
+
+async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there() -> None:
+    peers = FakePeers()
+    peers.encoders["enc0"] = FakeEncoder("enc0", Unavailable("gone"), num_before_error=1)
+    stage = stage_of(4)
+    await encode_all(peers, stage, Deadline(30))  # type: ignore[arg-type]
+    assert sorted(stage.results) == [0, 1, 2, 3]
+    assigns = [r for name, r in peers.scheduler.calls if name == "AssignEncoders"]
+    assert list(assigns[1].exclude_worker_ids) == ["enc0"]
+    assert [item.mm_hash for item in assigns[1].items] == ["h2"]
+    assert all(item.num_tokens == 4 for item in assigns[0].items)
+    failed = [o for name, r in peers.scheduler.calls if name == "CompleteEncoding"
+              for o in r.outcomes if o.failed]  # fmt: skip
+    assert [o.item_index for o in failed] == [2]  # index of h2 in the assignment
+    await release_all(peers, stage)  # type: ignore[arg-type]
+    held = {"enc0/h0", "enc1/h1", "enc1/h2", "enc1/h3"}
+    assert set(peers.encoders["enc0"].released + peers.encoders["enc1"].released) == held
+    assert all(s.is_cancelled for e in peers.encoders.values() for s in e.streams)
+
+
+async def test_bad_input_at_an_encoder_is_not_retried() -> None:
+    peers = FakePeers()
+    peers.encoders["enc0"] = FakeEncoder("enc0", InvalidArgument("bad", reason="BAD_IMAGE"))
+    with pytest.raises(InvalidArgument) as caught:
+        await encode_all(peers, stage_of(1), Deadline(30))  # type: ignore[arg-type]
+    assert caught.value.reason == "BAD_IMAGE"
+
+
+async def test_every_encoder_failing_is_unavailable() -> None:
+    peers = FakePeers(FakeScheduler(encoders=["enc0"]))
+    peers.encoders["enc0"] = FakeEncoder("enc0", Unavailable("gone"))
+    with pytest.raises(Unavailable):
+        await encode_all(peers, stage_of(2), Deadline(30))  # type: ignore[arg-type]
+
+
+async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> None:
+    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
+    released: list[bool] = []
+
+    async def on_prefilled() -> None:
+        released.append(True)
+
+    pieces = [p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})),
+                                             on_prefilled)]  # type: ignore[arg-type]
+    assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
+    assert pieces[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
+    chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
+    assert list(chooses[1].exclude_worker_ids) == ["pd0"]
+    assert released == [True]
+
+
+async def test_failure_after_the_first_token_ends_the_stream() -> None:
+    peers = FakePeers(FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)]),
+                      engines={"pd0": FakeEngine(error=Unavailable("down"), num_before_error=1)})
+    received = []
+    with pytest.raises(Unavailable):
+        async for piece in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})),
+                                         _nothing):  # type: ignore[arg-type]
+            received.extend(piece.token_ids)
+    assert received == [7]
+    assert "pd1" not in peers.engines
+
+
+async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    peers = FakePeers(scheduler, engines={"p0": FakeEngine(), "dec0": FakeEngine()})
+    pieces = [p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})),
+                                             _nothing)]  # type: ignore[arg-type]
+    assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
+    assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill"]
+    (decode,) = peers.engines["dec0"].calls
+    assert decode[0] == "Decode" and decode[1].first_token_id == 7
+    assert list(scheduler.calls[0][1].roles) == [
+        scheduler_pb.WORKER_ROLE_PREFILL_DECODE, PREFILL, scheduler_pb.WORKER_ROLE_ENCODE_PREFILL]
+
+
+async def _nothing() -> None:
+    return None

@@ -1,0 +1,75 @@
+"""Chat rendering, image grids, multimodal block hashes and incremental detokenisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.route.grid import GridCalculator
+from epd.server.route.prompt import BLOCK_SIZE, ChatPart, Detokenizer, PromptBuilder
+
+
+@pytest.fixture(scope="module")
+def builder(tiny_model_dir: Path) -> PromptBuilder:
+    return PromptBuilder(tiny_model_dir)
+
+
+@pytest.mark.parametrize("size", [(96, 64), (60, 90), (28, 28), (10, 300), (1000, 700), (57, 57)])
+def test_grid_equals_the_processor(tiny_model_dir: Path, size: tuple[int, int]) -> None:
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(tiny_model_dir)
+    expected = processor(images=[Image.new("RGB", size)], return_tensors="np")["image_grid_thw"]
+    calculator = GridCalculator.from_model_dir(tiny_model_dir)
+    grid = calculator.grid(*size)
+    assert list(grid) == [int(v) for v in expected[0]]
+    assert calculator.num_tokens(grid) == grid[0] * grid[1] * grid[2] // 4
+
+
+def test_extreme_aspect_ratio_is_refused() -> None:
+    with pytest.raises(ValueError):
+        GridCalculator().grid(1, 500)
+
+
+def test_prompt_has_one_placeholder_group_per_image(builder: PromptBuilder) -> None:
+    ids = builder.token_ids([("user", [ChatPart(image_index=0), ChatPart(image_index=1),
+                                       ChatPart(text="compare")])])  # fmt: skip
+    assert ids.count(builder.image_pad_id) == 2
+    text = builder.tokenizer.decode(ids)
+    assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
+    assert text.rstrip().endswith("assistant")
+
+
+@pytest.mark.parametrize(("messages", "reason"), [
+    ([], "EMPTY_CHAT"), ([("robot", [ChatPart(text="hi")])], "BAD_ROLE"),
+    ([("user", [])], "EMPTY_MESSAGE")])  # fmt: skip
+def test_bad_chats_are_invalid_arguments(builder: PromptBuilder, messages, reason) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        builder.token_ids(messages)
+    assert caught.value.reason == reason
+
+
+def test_block_hashes_share_prefixes_and_tell_images_apart(builder: PromptBuilder) -> None:
+    pad = builder.image_pad_id
+    prompt = [1] * 20 + [pad] + [2] * 40
+    same = builder.block_hashes(prompt, [("aa11", 24)])
+    assert len(same) == (20 + 24 + 40) // BLOCK_SIZE
+    assert same == builder.block_hashes(prompt, [("aa11", 24)])
+    other = builder.block_hashes(prompt, [("bb22", 24)])
+    assert other[0] == same[0] and other[1:] != same[1:]  # block 0 is text only
+    longer = builder.block_hashes(prompt + [3] * 16, [("aa11", 24)])
+    assert longer[: len(same)] == same  # chained: a longer prompt extends the same chain
+    changed_text = builder.block_hashes([9] + prompt[1:], [("aa11", 24)])
+    assert all(a != b for a, b in zip(changed_text, same, strict=True))
+
+
+def test_detokenizer_streams_the_whole_text(builder: PromptBuilder) -> None:
+    ids = builder.tokenizer("héllo wörld, ünïcode ✓ 🙂 done", add_special_tokens=False)[
+        "input_ids"]
+    detokenizer = Detokenizer(builder.tokenizer)
+    deltas = [detokenizer.add([token]) for token in ids]
+    assert "".join(deltas) == builder.tokenizer.decode(ids)
+    assert all("\ufffd" not in delta for delta in deltas)
