@@ -1,10 +1,12 @@
 """One data plane per process: picks the backend for each handoff and frees what is not released.
 
 Choice for ``put``: an explicit preference (argument, or $EPD_TRANSFER_KIND for the whole process)
-wins; otherwise shared memory when the consumer's host id equals ours, else inline (NIXL is the
-cross-host backend once enabled; until then inline is the fallback). ``get`` dispatches on the
-reference's location. A background reaper frees payloads whose lease expired, so a consumer that
-dies never leaks producer memory.
+wins; otherwise shared memory when the consumer's host id equals ours, NIXL when the consumer is
+on another known host and NIXL is enabled here, else inline (also for an empty, i.e. unknown,
+consumer host id: such a consumer may not have NIXL). ``get`` dispatches on the reference's
+location. A background reaper frees payloads whose lease expired (and NIXL payloads whose
+consumer notified that it has read them), so a consumer that dies never leaks producer memory.
+NIXL costs nothing until first used: the process's agent is created then (~0.5 s).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFou
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
 from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.nixl import NixlConsumer, NixlProducer
+from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.shm import ShmConsumer, ShmProducer
 from epd.v1 import tensor_pb2
 
@@ -33,6 +37,7 @@ KIND_NAMES: dict[int, str] = {
     tensor_pb2.TRANSFER_KIND_INLINE: "inline",
 }
 KINDS_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
+ALL_KINDS = ("shm", "nixl", "inline")
 
 
 def default_host_id() -> str:
@@ -61,37 +66,54 @@ class DataPlane:
 
     def __init__(self, host_id: str | None = None, *, producer_endpoint: str = "",
                  lease_ttl_s: float = 60.0, max_inline_bytes: int = 8 << 20,
-                 forced_kind: str | None = None) -> None:  # fmt: skip
+                 forced_kind: str | None = None,
+                 kinds: tuple[str, ...] = ALL_KINDS) -> None:  # fmt: skip
+        """``kinds`` lists the backends this process offers (nixl is dropped when the package is
+        missing); ``forced_kind`` (default $EPD_TRANSFER_KIND) overrides the automatic choice."""
+        unknown = set(kinds) - set(ALL_KINDS)
+        if unknown:
+            raise ValueError(f"unknown transfer kinds {sorted(unknown)}: use {ALL_KINDS}")
         self.host_id = host_id or default_host_id()
         self.max_inline_bytes = max_inline_bytes
         self.forced_kind = parse_kind(forced_kind or os.environ.get("EPD_TRANSFER_KIND", ""))
-        self.producers: dict[int, TensorProducer] = {
-            tensor_pb2.TRANSFER_KIND_SHM: ShmProducer(
-                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s),
-            tensor_pb2.TRANSFER_KIND_INLINE: InlineProducer(),
-        }  # fmt: skip
-        self.consumers: dict[str, TensorConsumer] = {
-            "shm": ShmConsumer(self.host_id), "inline_data": InlineConsumer(),
-        }
+        self.producers: dict[int, TensorProducer] = {}
+        self.consumers: dict[str, TensorConsumer] = {}
+        if "shm" in kinds:
+            self.producers[tensor_pb2.TRANSFER_KIND_SHM] = ShmProducer(
+                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s)
+            self.consumers["shm"] = ShmConsumer(self.host_id)
+        if "nixl" in kinds and is_nixl_available():
+            self.producers[tensor_pb2.TRANSFER_KIND_NIXL] = NixlProducer(
+                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s)
+            self.consumers["nixl"] = NixlConsumer()
+        if "inline" in kinds:
+            self.producers[tensor_pb2.TRANSFER_KIND_INLINE] = InlineProducer()
+            self.consumers["inline_data"] = InlineConsumer()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
     def set_producer_endpoint(self, endpoint: str) -> None:
         """Where consumers release leases (known once the server has bound its port)."""
         for producer in self.producers.values():
-            if isinstance(producer, ShmProducer):
+            if isinstance(producer, ShmProducer | NixlProducer):
                 producer.producer_endpoint = endpoint
 
     def choose(self, consumer_host_id: str, preferred: int) -> int:
         """The backend for a handoff to ``consumer_host_id`` (see the module docstring)."""
         kind = preferred or self.forced_kind
         if not kind:
-            kind = (tensor_pb2.TRANSFER_KIND_SHM if consumer_host_id == self.host_id
-                    else tensor_pb2.TRANSFER_KIND_INLINE)  # fmt: skip
+            kind = self._automatic_kind(consumer_host_id)
         if kind not in self.producers:
             raise FailedPrecondition(f"transfer kind {KIND_NAMES.get(int(kind), kind)} is not "
                                      "available in this process", reason="TRANSFER_UNAVAILABLE")
         return kind
+
+    def _automatic_kind(self, consumer_host_id: str) -> int:
+        if consumer_host_id == self.host_id and tensor_pb2.TRANSFER_KIND_SHM in self.producers:
+            return tensor_pb2.TRANSFER_KIND_SHM
+        if consumer_host_id and tensor_pb2.TRANSFER_KIND_NIXL in self.producers:
+            return tensor_pb2.TRANSFER_KIND_NIXL
+        return tensor_pb2.TRANSFER_KIND_INLINE
 
     def put(self, tensor: torch.Tensor, consumer_host_id: str = "", *,
             preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,

@@ -85,7 +85,7 @@ def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
     return removed
 
 
-def _size_class(num_bytes: int) -> int:
+def size_class(num_bytes: int) -> int:
     """Segment capacity for a payload: header + payload rounded up to a power of two, so an
     exact power-of-two payload (the common case) does not land in the next, twice larger class."""
     payload = max(num_bytes, MIN_SEGMENT_BYTES)
@@ -124,7 +124,7 @@ class SegmentPool:
 
     def acquire(self, num_bytes: int) -> Segment:
         """A segment with room for ``num_bytes`` of payload."""
-        capacity = _size_class(num_bytes)
+        capacity = size_class(num_bytes)
         with self._lock:
             if self._idle[capacity]:
                 self._idle_bytes -= capacity

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 from multiprocessing.connection import Connection
 
 import torch
 
 from epd.server.common.errors import EpdError
+from epd.server.transfer import nixl_agent
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
+
+HOST = "test-host"
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -28,24 +33,58 @@ def make_tensor(dtype: torch.dtype, num_bytes: int, seed: int) -> torch.Tensor:
 
 def consumer(conn: Connection, host_id: str) -> None:
     """Read each reference sent on ``conn``; answer ("ok", digest, shape) or ("error", reason).
-    A reference sent with hold=True is viewed and kept open until the process dies."""
+    A reference sent with hold=True is viewed and kept open until the process dies.
+    "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
+    answers how many NIXL regions stay registered."""
     plane = DataPlane(host_id)
     held = []
     while (message := conn.recv()) is not None:
+        if message == "outstanding":
+            conn.send(plane.consumers["nixl"].num_outstanding)  # type: ignore[attr-defined]
+            continue
+        if message == "close":
+            plane.close()
+            conn.send(nixl_agent.num_registered_regions())
+            continue
         data, hold = message
         ref = tensor_pb2.TensorRef.FromString(data)
         try:
             tensor = plane.get(ref)
             if hold:
                 held.append(tensor)
-            conn.send(("ok", digest(tensor), list(tensor.shape), str(tensor.dtype)))
+            answer = ("ok", digest(tensor), list(tensor.shape), str(tensor.dtype))
+            del tensor  # NOTE: a NIXL view keeps its receive block until it is dropped.
+            conn.send(answer)
         except EpdError as e:
             conn.send(("error", e.reason, type(e).__name__))
 
 
-def producer(conn: Connection, host_id: str) -> None:
-    """Put one tensor, send its reference and segment name, then wait to be killed."""
+def producer(conn: Connection, host_id: str, consumer_host_id: str = "") -> None:
+    """Put one tensor for ``consumer_host_id`` (default: this host), send its reference and
+    segment name, then wait to be killed."""
     plane = DataPlane(host_id)
-    ref = plane.put(make_tensor(torch.float32, 1 << 20, seed=7), host_id)
+    ref = plane.put(make_tensor(torch.float32, 1 << 20, seed=7), consumer_host_id or host_id)
     conn.send((ref.SerializeToString(), ref.shm.name, os.getpid()))
     conn.recv()
+
+
+class Peer:
+    """A consumer process (see ``consumer``) and the pipe to it."""
+
+    def __init__(self, host_id: str = HOST) -> None:
+        self.conn, child_conn = SPAWN.Pipe()
+        self.process = SPAWN.Process(target=consumer, args=(child_conn, host_id), daemon=True)
+        self.process.start()
+
+    def ask(self, message: object, timeout_s: float = 120) -> tuple:
+        self.conn.send(message)
+        assert self.conn.poll(timeout_s), "consumer did not answer"
+        return self.conn.recv()  # type: ignore[no-any-return]
+
+    def read(self, ref: tensor_pb2.TensorRef, hold: bool = False) -> tuple:
+        return self.ask((ref.SerializeToString(), hold))
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+        self.process.join(30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
@@ -15,30 +14,11 @@ import torch
 from epd.server.transfer import shm
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
-from tests.integration.transfer.peers import consumer, digest, make_tensor, producer
+from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
 
-HOST = "test-host"
-SPAWN = multiprocessing.get_context("spawn")
 KiB, MiB = 1 << 10, 1 << 20
-
-
-class Peer:
-    """A consumer process and the pipe to it."""
-
-    def __init__(self, host_id: str = HOST) -> None:
-        self.conn, child_conn = SPAWN.Pipe()
-        self.process = SPAWN.Process(target=consumer, args=(child_conn, host_id), daemon=True)
-        self.process.start()
-
-    def read(self, ref: tensor_pb2.TensorRef, hold: bool = False) -> tuple:
-        self.conn.send((ref.SerializeToString(), hold))
-        assert self.conn.poll(120), "consumer did not answer"
-        return self.conn.recv()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.conn.send(None)
-        self.process.join(30)
+# NOTE: without nixl, a consumer on another host gets inline (what these tests are about).
+NO_NIXL = ("shm", "inline")
 
 
 @pytest.fixture
@@ -62,7 +42,7 @@ def peer() -> Iterator[Peer]:
 
 @pytest.fixture
 def plane(no_leaks: None) -> Iterator[DataPlane]:
-    data_plane = DataPlane(HOST, producer_endpoint="127.0.0.1:1")
+    data_plane = DataPlane(HOST, producer_endpoint="127.0.0.1:1", kinds=NO_NIXL)
     yield data_plane
     assert data_plane.held() == []
     data_plane.close()
@@ -132,7 +112,7 @@ def test_many_concurrent_transfers_reuse_the_pool(plane: DataPlane, peer: Peer) 
 
 
 def test_expired_lease_is_refused_and_reaped(no_leaks: None, peer: Peer) -> None:
-    plane = DataPlane(HOST, lease_ttl_s=0.2)
+    plane = DataPlane(HOST, lease_ttl_s=0.2, kinds=NO_NIXL)
     ref = plane.put(make_tensor(torch.float32, 8 * KiB, seed=5), HOST)
     time.sleep(0.3)
     assert peer.read(ref) == ("error", "LEASE_EXPIRED", "NotFound")
@@ -151,7 +131,7 @@ def test_released_lease_is_not_readable_even_after_segment_reuse(plane: DataPlan
 
 
 def test_consumer_killed_mid_way_leaks_nothing(no_leaks: None) -> None:
-    plane = DataPlane(HOST, lease_ttl_s=1.0)
+    plane = DataPlane(HOST, lease_ttl_s=1.0, kinds=NO_NIXL)
     victim = Peer()
     warm_up = plane.put(make_tensor(torch.float32, 1 * KiB, seed=8), "elsewhere")
     assert victim.read(warm_up)[0] == "ok"
@@ -177,7 +157,7 @@ def test_producer_killed_leaves_orphans_that_the_next_producer_removes(no_leaks:
     os.kill(pid, signal.SIGKILL)
     process.join(10)
     assert segment_name in shm.list_segments()
-    plane = DataPlane(HOST)
+    plane = DataPlane(HOST, kinds=NO_NIXL)
     assert segment_name not in shm.list_segments()
     assert segment_name in plane.producers[tensor_pb2.TRANSFER_KIND_SHM].orphans_removed  # type: ignore[attr-defined]
     plane.close()

@@ -7,6 +7,7 @@ import torch
 
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.leases import LeaseTable
+from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, parse_kind
 from epd.server.transfer.tensors import check_ref, describe
 from epd.v1 import tensor_pb2
@@ -41,13 +42,25 @@ def plane():
     data_plane.close()
 
 
-def test_choice_same_host_shm_other_host_inline(plane: DataPlane) -> None:
+@pytest.mark.skipif(not is_nixl_available(), reason="nixl is not installed")
+def test_choice_same_host_shm_other_host_nixl_unknown_host_inline(plane: DataPlane) -> None:
     assert plane.choose("host-a", 0) == tensor_pb2.TRANSFER_KIND_SHM
-    assert plane.choose("host-b", 0) == tensor_pb2.TRANSFER_KIND_INLINE
+    assert plane.choose("host-b", 0) == tensor_pb2.TRANSFER_KIND_NIXL
     assert plane.choose("", 0) == tensor_pb2.TRANSFER_KIND_INLINE
     assert plane.choose("host-b", tensor_pb2.TRANSFER_KIND_SHM) == tensor_pb2.TRANSFER_KIND_SHM
-    with pytest.raises(FailedPrecondition, match="nixl"):
+    assert plane.choose("host-a", tensor_pb2.TRANSFER_KIND_NIXL) == tensor_pb2.TRANSFER_KIND_NIXL
+
+
+def test_choice_without_nixl_falls_back_to_inline() -> None:
+    plane = DataPlane("host-a", kinds=("shm", "inline"))
+    assert plane.choose("host-a", 0) == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-b", 0) == tensor_pb2.TRANSFER_KIND_INLINE
+    with pytest.raises(FailedPrecondition, match="nixl") as raised:
         plane.choose("host-b", tensor_pb2.TRANSFER_KIND_NIXL)
+    assert raised.value.reason == "TRANSFER_UNAVAILABLE"
+    plane.close()
+    with pytest.raises(ValueError, match="unknown transfer kinds"):
+        DataPlane("host-a", kinds=("shm", "pigeon"))
 
 
 def test_environment_forces_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +73,7 @@ def test_environment_forces_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_inline_refuses_oversized_tensors() -> None:
-    small = DataPlane("host-a", max_inline_bytes=1024)
+    small = DataPlane("host-a", max_inline_bytes=1024, kinds=("shm", "inline"))
     with pytest.raises(InvalidArgument) as caught:
         small.put(torch.zeros(1024), "host-b")
     assert caught.value.reason == "INLINE_TOO_LARGE"

@@ -1,0 +1,219 @@
+"""The one NIXL agent of a process: registrations, remote agents, READs and notifications.
+
+Creating an agent costs ~0.5 s and connecting to a peer up to ~50 ms, so a process makes one
+agent, lazily, on first use (``process_agent``) and keeps it until it exits; producers and
+consumers of every DataPlane in the process share it. Remote agents are cached by name and
+reloaded only when a peer sends metadata that differs from what was loaded (it grows whenever
+the peer registers another buffer).
+
+Descriptors cross the wire as integers ``(address, length, device_id)``; this module never calls
+``deserialize_descs`` (it unpickles). The UCX backend runs with error handling mode ``none`` by
+default, which lets UCX use shared-memory transports (cma) on one host: ``peer`` mode forces TCP
+and is ~10x slower here. Set $EPD_NIXL_UCX_ERROR_HANDLING=peer where peer-failure detection
+matters more than speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+
+logger = logging.getLogger(__name__)
+# NOTE: read when nixl is first imported; INFO lines on every agent start are noise in servers.
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+
+Region = tuple[int, int, int]
+NotificationListener = Callable[[str, bytes], None]
+_SPINS_BEFORE_SLEEP = 2000
+
+
+def is_available() -> bool:
+    """Whether the nixl package can be imported in this environment."""
+    try:
+        import nixl._api  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class NixlAgent:
+    """Thread-safe wrapper over one ``nixl_agent`` with the UCX backend (host or device memory)."""
+
+    def __init__(self, name: str) -> None:
+        from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+        strict = nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+        config = nixl_agent_config(backends=[], sync_mode=strict)
+        self.name = name
+        self._agent: Any = nixl_agent(name, config)
+        mode = os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", "none")
+        self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
+        self._lock = threading.Lock()
+        self._registered: dict[int, Any] = {}
+        self._metadata: bytes | None = None
+        self._remote: dict[str, bytes] = {}
+        self._listeners: list[NotificationListener] = []
+
+    # -- local memory ---------------------------------------------------------------------------
+
+    def register(self, address: int, length: int, memory_type: str = "DRAM",
+                 device_id: int = 0) -> None:  # fmt: skip
+        """Register ``length`` bytes at ``address`` so peers can READ them."""
+        descs = self._agent.get_reg_descs([(address, length, device_id, "")], memory_type)
+        self._agent.register_memory(descs)
+        with self._lock:
+            self._registered[address] = descs
+            self._metadata = None
+
+    def deregister(self, address: int) -> None:
+        """Undo ``register`` for the region starting at ``address`` (unknown: no-op)."""
+        with self._lock:
+            descs = self._registered.pop(address, None)
+            self._metadata = None
+        if descs is not None:
+            self._agent.deregister_memory(descs)
+
+    @property
+    def num_registered_regions(self) -> int:
+        """Regions registered now (leak checks compare it before and after)."""
+        with self._lock:
+            return len(self._registered)
+
+    def metadata(self) -> bytes:
+        """This agent's metadata (connection info and registrations) for peers, cached."""
+        with self._lock:
+            if self._metadata is None:
+                self._metadata = bytes(self._agent.get_agent_metadata())
+            return self._metadata
+
+    # -- peers ----------------------------------------------------------------------------------
+
+    def connect(self, agent_name: str, metadata: bytes) -> None:
+        """Make sure ``agent_name`` is loaded, with ``metadata`` if it is newer than the cache."""
+        with self._lock:
+            known = self._remote.get(agent_name)
+        if known is not None and (not metadata or metadata == known):
+            return
+        if not metadata:
+            raise NotFound(f"NIXL agent {agent_name!r} is unknown here and the reference carries "
+                           "no agent metadata", reason="NIXL_AGENT_UNKNOWN")  # fmt: skip
+        try:
+            loaded = self._agent.add_remote_agent(metadata)
+        except Exception as e:
+            # NOTE: nixl raises nixlBackendError / nixlRemoteDisconnectError when the peer cannot
+            # be reached (e.g. its process died), other errors for metadata it cannot parse.
+            if type(e).__name__ in ("nixlBackendError", "nixlRemoteDisconnectError"):
+                raise Unavailable(f"cannot connect to NIXL agent {agent_name!r} (its process may "
+                                  f"be gone): {e}", reason="NIXL_PEER_UNREACHABLE") from e
+            raise InvalidArgument(f"cannot load metadata of NIXL agent {agent_name!r}: {e}",
+                                  reason="NIXL_BAD_METADATA") from e  # fmt: skip
+        loaded_name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        if loaded_name != agent_name:
+            raise InvalidArgument(f"metadata is of agent {loaded_name!r}, the reference names "
+                                  f"{agent_name!r}", reason="NIXL_AGENT_MISMATCH")  # fmt: skip
+        with self._lock:
+            self._remote[agent_name] = metadata
+
+    def read(self, local: Sequence[Region], remote: Sequence[Region], agent_name: str, *,
+             remote_memory_type: str = "DRAM", notification: bytes = b"",
+             timeout_s: float = 30.0) -> None:  # fmt: skip
+        """One-sided READ of ``remote`` regions of ``agent_name`` into registered ``local`` ones;
+        ``notification`` reaches the peer when the READ completes. Blocks until done."""
+        try:
+            handle = self._agent.initialize_xfer(
+                "READ", self._agent.get_xfer_descs(list(local), "DRAM"),
+                self._agent.get_xfer_descs(list(remote), remote_memory_type), agent_name,
+                notification)  # fmt: skip
+        except Exception as e:
+            raise NotFound(f"NIXL agent {agent_name!r} does not expose the referenced regions "
+                           f"(released, or its process restarted): {e}",
+                           reason="NIXL_REGION_NOT_FOUND") from e  # fmt: skip
+        try:
+            self._wait(self._agent.transfer(handle), handle, agent_name, timeout_s)
+        except Unavailable:
+            self.forget(agent_name)
+            raise
+        finally:
+            self._agent.release_xfer_handle(handle)
+
+    def forget(self, agent_name: str) -> None:
+        """Drop a remote agent (after a failure): the next reference reloads its metadata."""
+        with self._lock:
+            known = self._remote.pop(agent_name, None)
+        if known is not None:
+            with contextlib.suppress(Exception):
+                self._agent.remove_remote_agent(agent_name)
+
+    def _wait(self, state: str, handle: Any, agent_name: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        spins = 0
+        while state == "PROC":
+            spins += 1
+            if spins > _SPINS_BEFORE_SLEEP:
+                # NOTE: spin first (transfers are micro- to milliseconds), then yield the core.
+                time.sleep(0.0002)
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"NIXL READ from {agent_name!r} did not finish in "
+                                      f"{timeout_s} s", reason="NIXL_TRANSFER_TIMEOUT")  # fmt: skip
+            state = self._agent.check_xfer_state(handle)
+        if state != "DONE":
+            raise Unavailable(f"NIXL READ from {agent_name!r} failed ({state})",
+                              reason="NIXL_TRANSFER_FAILED")  # fmt: skip
+
+    # -- notifications --------------------------------------------------------------------------
+
+    def add_listener(self, listener: NotificationListener) -> None:
+        """Call ``listener(peer_name, message)`` for each notification ``poll`` receives."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: NotificationListener) -> None:
+        """Stop calling ``listener`` (unknown: no-op)."""
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def poll(self) -> int:
+        """Deliver notifications that arrived since the last poll; returns how many."""
+        notifications = self._agent.get_new_notifs()
+        with self._lock:
+            listeners = list(self._listeners)
+        count = 0
+        for peer, messages in notifications.items():
+            for message in messages:
+                count += 1
+                for listener in listeners:
+                    listener(str(peer), bytes(message))
+        return count
+
+
+_PROCESS_AGENT: NixlAgent | None = None
+_PROCESS_AGENT_PID = 0
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_agent() -> NixlAgent:
+    """This process's agent, created on first call (named ``epd-<host hash>-<pid>-<random>``)."""
+    global _PROCESS_AGENT, _PROCESS_AGENT_PID
+    with _PROCESS_LOCK:
+        if _PROCESS_AGENT is None or os.getpid() != _PROCESS_AGENT_PID:
+            host = zlib.crc32(socket.gethostname().encode())
+            name = f"epd-{host:08x}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            _PROCESS_AGENT, _PROCESS_AGENT_PID = NixlAgent(name), os.getpid()
+        return _PROCESS_AGENT
+
+
+def num_registered_regions() -> int:
+    """Regions this process has registered with NIXL now (0 if it never made an agent)."""
+    agent = _PROCESS_AGENT
+    return 0 if agent is None or os.getpid() != _PROCESS_AGENT_PID else agent.num_registered_regions

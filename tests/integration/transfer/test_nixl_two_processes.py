@@ -1,0 +1,202 @@
+"""NIXL handoffs between two real processes (UCX, host memory), each ending with a leak check:
+no payload held, no receive block in use in the consumer, no NIXL region left registered here
+once the plane is closed, no new /dev/shm entries."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from epd.server.transfer import nixl_agent, shm
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
+
+pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
+
+KiB, MiB = 1 << 10, 1 << 20
+REMOTE = "remote-host"
+NIXL = tensor_pb2.TRANSFER_KIND_NIXL
+
+
+def wait_until_nothing_held(plane: DataPlane, timeout_s: float = 5.0) -> None:
+    """Poll until the producer has freed everything (notifications arrive asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while plane.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert plane.held() == []
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Peer]:
+    """A consumer on another host; at the end it must deregister everything it registered."""
+    consumer_peer = Peer(REMOTE)
+    yield consumer_peer
+    assert consumer_peer.ask("close") == 0
+    consumer_peer.stop()
+
+
+def shm_entries_of(*pids: int) -> set[str]:
+    """/dev/shm entries that name one of ``pids`` (epd segments carry their creator's pid);
+    entries of other processes on this shared machine are not this test's business."""
+    return {name for name in os.listdir("/dev/shm")
+            if any(f"-{pid}-" in name or name.endswith(f"-{pid}") for pid in pids)}  # fmt: skip
+
+
+@pytest.fixture
+def new_plane(peer: Peer) -> Iterator[list[DataPlane]]:
+    """Makes producer planes; checks every leak once the test is done with them."""
+    pids = (os.getpid(), peer.process.pid or 0)
+    shm_before = shm_entries_of(*pids)
+    planes: list[DataPlane] = []
+    yield planes
+    for plane in planes:
+        wait_until_nothing_held(plane)
+        plane.close()
+    assert nixl_agent.num_registered_regions() == 0
+    assert peer.ask("outstanding") == 0
+    assert shm_entries_of(*pids) <= shm_before
+
+
+@pytest.fixture
+def plane(new_plane: list[DataPlane]) -> DataPlane:
+    new_plane.append(DataPlane(HOST, producer_endpoint="127.0.0.1:1"))
+    return new_plane[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_bytes", [1 * KiB, 1 * MiB, 16 * MiB])
+def test_nixl_round_trip_released_by_notification(
+    plane: DataPlane, peer: Peer, dtype: torch.dtype, num_bytes: int
+) -> None:
+    tensor = make_tensor(dtype, num_bytes, seed=num_bytes)
+    ref = plane.put(tensor, REMOTE)
+    assert ref.WhichOneof("location") == "nixl" and ref.producer_endpoint == "127.0.0.1:1"
+    assert all(d.address and d.length for d in ref.nixl.descriptors)
+    assert peer.read(ref) == ("ok", digest(tensor), list(tensor.shape), str(dtype))
+    wait_until_nothing_held(plane)
+    assert plane.release([ref.lease_id]) == 0
+
+
+def test_nixl_round_trip_128_mib(plane: DataPlane, peer: Peer) -> None:
+    tensor = make_tensor(torch.bfloat16, 128 * MiB, seed=1)
+    ref = plane.put(tensor, REMOTE, preferred=NIXL)
+    assert peer.read(ref)[1] == digest(tensor)
+
+
+def test_release_rpc_before_the_read_makes_the_reference_dangling(plane: DataPlane,
+                                                                  peer: Peer) -> None:  # fmt: skip
+    first = plane.put(make_tensor(torch.float32, 8 * KiB, seed=6), REMOTE)
+    assert plane.release([first.lease_id]) == 1
+    second = plane.put(make_tensor(torch.float32, 8 * KiB, seed=7), REMOTE)
+    assert second.nixl.descriptors[0].address == first.nixl.descriptors[0].address
+    assert peer.read(first) == ("error", "LEASE_RELEASED", "NotFound")
+    assert peer.read(second)[0] == "ok"
+
+
+def test_many_concurrent_transfers_reuse_registered_blocks(plane: DataPlane, peer: Peer) -> None:
+    tensors = [make_tensor(torch.float16, 256 * KiB, seed=i) for i in range(32)]
+    refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
+
+    def put_range(start: int) -> None:
+        for i in range(start, len(tensors), 4):
+            refs[i] = plane.put(tensors[i], REMOTE)
+
+    threads = [threading.Thread(target=put_range, args=(start,)) for start in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for tensor, ref in zip(tensors, refs, strict=True):
+        assert ref is not None and peer.read(ref)[1] == digest(tensor)
+    wait_until_nothing_held(plane)
+    producer_side = plane.producers[NIXL]
+    created = producer_side.num_blocks_created  # type: ignore[attr-defined]
+    assert created <= len(tensors)
+    for i in range(10):
+        assert peer.read(plane.put(tensors[i], REMOTE))[1] == digest(tensors[i])
+        wait_until_nothing_held(plane)
+    assert producer_side.num_blocks_created == created  # type: ignore[attr-defined]
+
+
+def test_expired_lease_is_refused_and_reaped(new_plane: list[DataPlane], peer: Peer) -> None:
+    plane = DataPlane(HOST, lease_ttl_s=0.2)
+    new_plane.append(plane)
+    ref = plane.put(make_tensor(torch.float32, 8 * KiB, seed=5), REMOTE)
+    time.sleep(0.3)
+    assert peer.read(ref) == ("error", "LEASE_EXPIRED", "NotFound")
+    assert plane.reap_expired() == 1 and plane.held() == []
+
+
+def test_bad_references_raise_typed_errors(plane: DataPlane, peer: Peer) -> None:
+    ref = plane.put(make_tensor(torch.float32, 4 * KiB, seed=9), REMOTE)
+
+    def altered(**changes: object) -> tensor_pb2.TensorRef:
+        bad = tensor_pb2.TensorRef()
+        bad.CopyFrom(ref)
+        for path, value in changes.items():
+            if path == "payload_length":
+                bad.nixl.descriptors[1].length = value  # type: ignore[assignment]
+            elif path == "payload_address":
+                bad.nixl.descriptors[1].address = value  # type: ignore[assignment]
+            elif path in ("agent_name", "agent_metadata"):
+                setattr(bad.nixl, path, value)
+            else:
+                setattr(bad, path, value)
+        return bad
+
+    assert peer.read(altered(payload_length=8 * KiB)) == (
+        "error", "TENSOR_SIZE_MISMATCH", "InvalidArgument")  # fmt: skip
+    assert peer.read(altered(dtype=tensor_pb2.SCALAR_TYPE_FLOAT16)) == (
+        "error", "TENSOR_SIZE_MISMATCH", "InvalidArgument")  # fmt: skip
+    assert peer.read(altered(agent_name="epd-nobody", agent_metadata=b"")) == (
+        "error", "NIXL_AGENT_UNKNOWN", "NotFound")  # fmt: skip
+    assert peer.read(altered(agent_metadata=b"not metadata")) == (
+        "error", "NIXL_BAD_METADATA", "InvalidArgument")  # fmt: skip
+    assert peer.read(altered(payload_address=4096)) == (
+        "error", "NIXL_REGION_NOT_FOUND", "NotFound")  # fmt: skip
+    assert peer.read(ref)[0] == "ok"
+
+
+def test_consumer_killed_mid_way_leaks_nothing(new_plane: list[DataPlane]) -> None:
+    plane = DataPlane(HOST, lease_ttl_s=1.0)
+    new_plane.append(plane)
+    victim = Peer(REMOTE)
+    try:
+        warm_up = plane.put(make_tensor(torch.float32, 1 * KiB, seed=8), REMOTE, ttl_s=120)
+        assert victim.read(warm_up)[0] == "ok"  # the victim's agent exists, its imports are done
+        plane.start_reaper(interval_s=0.05)
+        viewed = plane.put(make_tensor(torch.float32, 4 * MiB, seed=8), REMOTE)
+        assert victim.read(viewed, hold=True)[0] == "ok"
+        never_read = plane.put(make_tensor(torch.float32, 4 * MiB, seed=9), REMOTE)
+        os.kill(victim.process.pid, signal.SIGKILL)
+        victim.process.join(10)
+        deadline = time.monotonic() + 0.5
+        while len(plane.held()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [info.lease_id for info in plane.held()] == [never_read.lease_id]
+        wait_until_nothing_held(plane)
+    finally:
+        victim.stop()
+
+
+def test_producer_killed_gives_a_typed_error_and_leaves_nothing(new_plane: list[DataPlane],
+                                                                peer: Peer) -> None:  # fmt: skip
+    shm_before = set(shm.list_segments())
+    conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=producer, args=(child_conn, HOST, REMOTE), daemon=True)
+    process.start()
+    assert conn.poll(120)
+    data, _, pid = conn.recv()
+    os.kill(pid, signal.SIGKILL)
+    process.join(10)
+    answer = peer.ask((data, False), timeout_s=60)
+    assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
+                      ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
+    assert set(shm.list_segments()) <= shm_before

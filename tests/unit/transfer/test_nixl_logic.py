@@ -1,0 +1,168 @@
+"""NIXL backend logic with a fake agent: pool reuse and registration counts, leases released by
+notification or expiry, descriptor validation. No real NIXL agent is created here."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from epd.server.common.errors import InvalidArgument, NotFound
+from epd.server.transfer.nixl import (
+    RELEASE_PREFIX,
+    NixlConsumer,
+    NixlProducer,
+    RegisteredPool,
+    mirror,
+    remote_regions,
+)
+from epd.server.transfer.shm import HEADER_BYTES
+from epd.v1 import tensor_pb2
+
+
+class FakeAgent:
+    """Records registrations; ``read`` copies from this process's memory like a loopback READ."""
+
+    name = "epd-fake-1-abc"
+
+    def __init__(self) -> None:
+        self.registered: set[int] = set()
+        self.listeners: list = []
+        self.pending: list[bytes] = []
+
+    def register(self, address: int, length: int) -> None:
+        self.registered.add(address)
+
+    def deregister(self, address: int) -> None:
+        self.registered.discard(address)
+
+    def metadata(self) -> bytes:
+        return b"meta:%d" % len(self.registered)
+
+    def connect(self, agent_name: str, metadata: bytes) -> None:
+        pass
+
+    def read(self, local, remote, agent_name, *, remote_memory_type="DRAM", notification=b"",
+             timeout_s=30.0) -> None:  # fmt: skip
+        import ctypes
+
+        for (dst, length, _), (src, _, _) in zip(local, remote, strict=True):
+            ctypes.memmove(dst, src, length)
+        if notification:
+            self.pending.append(notification)
+
+    def add_listener(self, listener) -> None:
+        self.listeners.append(listener)
+
+    def remove_listener(self, listener) -> None:
+        self.listeners.remove(listener)
+
+    def poll(self) -> int:
+        delivered, self.pending = self.pending, []
+        for message in delivered:
+            for listener in list(self.listeners):
+                listener("peer", message)
+        return len(delivered)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def agent() -> FakeAgent:
+    return FakeAgent()
+
+
+def make_producer(agent: FakeAgent, clock: FakeClock | None = None) -> NixlProducer:
+    return NixlProducer("host-a", ttl_s=10.0, clock=clock or FakeClock(),
+                        agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+
+
+def test_pool_reuses_blocks_and_deregisters_on_close(agent: FakeAgent) -> None:
+    pool = RegisteredPool(agent, max_idle_bytes=1 << 20)  # type: ignore[arg-type]
+    first = pool.acquire(1000)
+    pool.give_back(first)
+    assert pool.acquire(900) is first and pool.num_created == 1
+    big = pool.acquire(4 << 20)
+    assert len(agent.registered) == 2 and pool.num_outstanding == 2
+    pool.give_back(big)  # over the idle budget: deregistered at once
+    assert agent.registered == {first.address}
+    pool.close()
+    pool.give_back(first)  # a block coming back after close is deregistered, not kept
+    assert agent.registered == set() and pool.num_outstanding == 0
+
+
+def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) -> None:
+    producer = make_producer(agent)
+    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    tensor = torch.randn(64, 32).to(torch.bfloat16)
+    ref = producer.put(tensor)
+    assert [d.length for d in ref.nixl.descriptors] == [HEADER_BYTES, ref.byte_size]
+    assert ref.nixl.agent_name == agent.name and ref.nixl.agent_metadata
+    view = consumer.get(ref)
+    assert torch.equal(view, tensor) and consumer.num_outstanding == 1
+    assert agent.pending == [RELEASE_PREFIX + ref.lease_id.encode()]
+    assert producer.held() == [] and producer.release(ref.lease_id) is False
+    reshaped = view.reshape(-1)
+    del view
+    gc.collect()
+    assert consumer.num_outstanding == 1  # a derived view still holds the block
+    del reshaped
+    gc.collect()
+    assert consumer.num_outstanding == 0
+    producer.close()
+    consumer.close()
+    assert agent.registered == set()
+
+
+def test_copy_returns_the_block_at_once_and_expiry_is_reaped(agent: FakeAgent) -> None:
+    clock = FakeClock()
+    producer = make_producer(agent, clock)
+    consumer = NixlConsumer(agent_factory=lambda: agent, release_after_read=False)  # type: ignore[arg-type,return-value]
+    ref = producer.put(torch.arange(10, dtype=torch.int64))
+    assert torch.equal(consumer.get(ref, copy=True), torch.arange(10))
+    assert consumer.num_outstanding == 0 and len(producer.held()) == 1
+    clock.now += 10.0
+    assert producer.reap_expired() == 1 and producer.held() == []
+    with pytest.raises(NotFound) as caught:
+        consumer.get(ref)
+    assert caught.value.reason == "LEASE_RELEASED"
+    producer.close()
+    consumer.close()
+    assert agent.registered == set()
+
+
+def nixl_ref(byte_size: int, lengths: list[int], **location: object) -> tensor_pb2.TensorRef:
+    ref = tensor_pb2.TensorRef(dtype=tensor_pb2.SCALAR_TYPE_UINT8, shape=[byte_size],
+                               byte_size=byte_size)  # fmt: skip
+    ref.nixl.CopyFrom(tensor_pb2.NixlLocation(**{"agent_name": "a", **location}))  # type: ignore[arg-type]
+    for i, length in enumerate(lengths):
+        ref.nixl.descriptors.add(address=4096 * (i + 1), length=length)
+    return ref
+
+
+def test_remote_regions_accept_stamped_and_plain_layouts() -> None:
+    assert remote_regions(nixl_ref(100, [HEADER_BYTES, 100]))[1] is True
+    assert remote_regions(nixl_ref(100, [60, 40]))[1] is False
+    assert mirror([(1, 10, 0), (99, 5, 0)], 1000) == [(1000, 10, 0), (1010, 5, 0)]
+
+
+@pytest.mark.parametrize("ref, reason", [
+    (nixl_ref(100, [HEADER_BYTES, 99]), "TENSOR_SIZE_MISMATCH"),
+    (nixl_ref(100, []), "BAD_TENSOR_REF"),
+    (nixl_ref(100, [100, 0]), "BAD_TENSOR_REF"),
+    (nixl_ref(100, [1] * 100), "BAD_TENSOR_REF"),
+    (nixl_ref(100, [100], memory_type=7), "BAD_TENSOR_REF"),
+    (nixl_ref(100, [100], agent_name=""), "BAD_TENSOR_REF"),
+])  # fmt: skip
+def test_remote_regions_refuse_malformed_descriptors(ref: tensor_pb2.TensorRef,
+                                                     reason: str) -> None:  # fmt: skip
+    with pytest.raises(InvalidArgument) as caught:
+        remote_regions(ref)
+    assert caught.value.reason == reason
