@@ -3,11 +3,15 @@
 For each size, in one run on this machine:
 - memcpy: ``dst.copy_(src)`` in one process (the reference every ratio is against);
 - shm: ``put`` in this process + ``get`` (zero-copy view) in a second process;
+- nixl: ``put`` into a registered buffer here + ``get`` (one NIXL READ into the second process's
+  registered buffer, viewed without a further copy) there, agents connected beforehand;
 - inline: ``put`` + serialise the TensorRef, parse it + ``get`` (what a gRPC message carries,
   without the network);
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
   data plane exists to avoid).
 The fixed per-handoff cost is the same measurement for a 4-byte tensor (control work only).
+Timings of a handoff add the producer's ``put`` and the consumer's ``get``, measured where each
+runs; the pipe that stands in for the gRPC message carrying the TensorRef is not counted.
 
     .venv/bin/python scripts/bench_transfer.py [--repeats N] [--json]
 """
@@ -30,6 +34,7 @@ from epd.v1 import tensor_pb2
 
 SIZES = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "128MiB": 128 << 20}
 HOST = "bench-host"
+KINDS = {"shm": tensor_pb2.TRANSFER_KIND_SHM, "nixl": tensor_pb2.TRANSFER_KIND_NIXL}
 SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -81,11 +86,11 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         ("grpc.max_send_message_length", 256 << 20)])  # fmt: skip
     send = channel.unary_unary("/bench/Send")
 
-    def shm_handoff(tensor: torch.Tensor) -> float:
+    def handoff(tensor: torch.Tensor, kind: str, repeats: int) -> float:
         times = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            ref = plane.put(tensor, HOST)
+            ref = plane.put(tensor, HOST, preferred=KINDS[kind])
             put_s = time.perf_counter() - start
             conn.send(ref.SerializeToString())
             times.append(put_s + conn.recv())
@@ -93,7 +98,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         return statistics.median(times[1:])
 
     def inline_handoff(tensor: torch.Tensor) -> None:
-        data = plane.put(tensor, "elsewhere").SerializeToString()
+        ref = plane.put(tensor, HOST, preferred=tensor_pb2.TRANSFER_KIND_INLINE)
+        data = ref.SerializeToString()
         plane.get(tensor_pb2.TensorRef.FromString(data))
 
     results: dict[str, dict[str, float]] = {}
@@ -105,7 +111,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         results[label] = {
             "bytes": num_bytes,
             "memcpy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
-            "shm_s": shm_handoff(src),
+            "shm_s": handoff(src, "shm", reps),
+            "nixl_s": handoff(src, "nixl", reps),
             "inline_s": _median_time(lambda s=src: inline_handoff(s), reps),
             "grpc_bytes_s": _median_time(lambda p=payload: send(p), reps),
         }
@@ -118,25 +125,24 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
     return results
 
 
+BACKENDS = ("shm", "nixl", "inline", "grpc_bytes")
+
+
 def table(results: dict[str, dict[str, float]]) -> str:
     fixed = results["4B"]
     lines = [
-        f"fixed per-handoff cost (4-byte tensor, p50): shm {fixed['shm_s'] * 1e3:.3f} ms, "
-        f"inline {fixed['inline_s'] * 1e3:.3f} ms, grpc-bytes {fixed['grpc_bytes_s'] * 1e3:.3f} ms",
-        f"{'size':>7} | {'memcpy GB/s':>11} | {'shm GB/s':>8} {'x memcpy':>8} | "
-        f"{'inline GB/s':>11} {'x memcpy':>8} | {'grpc GB/s':>9} {'x memcpy':>8}",
+        "fixed per-handoff cost (4-byte tensor, p50): "
+        + ", ".join(f"{name} {fixed[name + '_s'] * 1e3:.3f} ms" for name in BACKENDS),
+        f"{'size':>7} | {'memcpy GB/s':>11} | "
+        + " | ".join(f"{name + ' GB/s':>15} {'x memcpy':>8}" for name in BACKENDS),
     ]
     for label, row in results.items():
         if label == "4B":
             continue
-        gbps = {k: row["bytes"] / row[k] / 1e9 for k in ("memcpy_s", "shm_s", "inline_s",
-                                                          "grpc_bytes_s")}  # fmt: skip
-        lines.append(
-            f"{label:>7} | {gbps['memcpy_s']:11.2f} | {gbps['shm_s']:8.2f} "
-            f"{row['memcpy_s'] / row['shm_s']:8.2f} | {gbps['inline_s']:11.2f} "
-            f"{row['memcpy_s'] / row['inline_s']:8.2f} | {gbps['grpc_bytes_s']:9.2f} "
-            f"{row['memcpy_s'] / row['grpc_bytes_s']:8.2f}"
-        )
+        cells = [f"{row['bytes'] / row[name + '_s'] / 1e9:15.2f} "
+                 f"{row['memcpy_s'] / row[name + '_s']:8.2f}" for name in BACKENDS]  # fmt: skip
+        memcpy = row["bytes"] / row["memcpy_s"] / 1e9
+        lines.append(f"{label:>7} | {memcpy:11.2f} | " + " | ".join(cells))
     return "\n".join(lines)
 
 

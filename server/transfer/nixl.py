@@ -151,7 +151,7 @@ class NixlProducer(TensorProducer):
         block.stamp(info.lease_id)
         regions = [(block.address, HEADER_BYTES), (block.address + HEADER_BYTES, ref.byte_size)]
         ref.nixl.CopyFrom(tensor_pb2.NixlLocation(
-            agent_name=agent.name, agent_metadata=agent.metadata(),
+            agent_name=agent.name, agent_metadata=agent.metadata(block.address),
             memory_type=tensor_pb2.NIXL_MEMORY_TYPE_DRAM,
             descriptors=[tensor_pb2.NixlDescriptor(address=address, length=length)
                          for address, length in regions if length]))  # fmt: skip

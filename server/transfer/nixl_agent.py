@@ -2,9 +2,10 @@
 
 Creating an agent costs ~0.5 s and connecting to a peer up to ~50 ms, so a process makes one
 agent, lazily, on first use (``process_agent``) and keeps it until it exits; producers and
-consumers of every DataPlane in the process share it. Remote agents are cached by name and
-reloaded only when a peer sends metadata that differs from what was loaded (it grows whenever
-the peer registers another buffer).
+consumers of every DataPlane in the process share it. A reference carries the producer's partial
+metadata for the one region it points into (connection info + that registration, ~450 bytes
+whatever the pool size); a consumer loads each distinct metadata blob once (the first costs the
+connection, later ones a few microseconds) and remembers it per remote agent name.
 
 Descriptors cross the wire as integers ``(address, length, device_id)``; this module never calls
 ``deserialize_descs`` (it unpickles). The UCX backend runs with error handling mode ``none`` by
@@ -35,6 +36,7 @@ os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 Region = tuple[int, int, int]
 NotificationListener = Callable[[str, bytes], None]
 _SPINS_BEFORE_SLEEP = 2000
+_MAX_METADATA_PER_PEER = 4096
 
 
 def is_available() -> bool:
@@ -60,8 +62,8 @@ class NixlAgent:
         self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
-        self._metadata: bytes | None = None
-        self._remote: dict[str, bytes] = {}
+        self._metadata: dict[int, bytes] = {}
+        self._remote: dict[str, set[bytes]] = {}
         self._listeners: list[NotificationListener] = []
 
     # -- local memory ---------------------------------------------------------------------------
@@ -73,13 +75,12 @@ class NixlAgent:
         self._agent.register_memory(descs)
         with self._lock:
             self._registered[address] = descs
-            self._metadata = None
 
     def deregister(self, address: int) -> None:
         """Undo ``register`` for the region starting at ``address`` (unknown: no-op)."""
         with self._lock:
             descs = self._registered.pop(address, None)
-            self._metadata = None
+            self._metadata.pop(address, None)
         if descs is not None:
             self._agent.deregister_memory(descs)
 
@@ -89,20 +90,28 @@ class NixlAgent:
         with self._lock:
             return len(self._registered)
 
-    def metadata(self) -> bytes:
-        """This agent's metadata (connection info and registrations) for peers, cached."""
+    def metadata(self, address: int) -> bytes:
+        """Metadata a peer needs to READ the registered region at ``address``: connection info
+        and that one registration (cached per region)."""
         with self._lock:
-            if self._metadata is None:
-                self._metadata = bytes(self._agent.get_agent_metadata())
-            return self._metadata
+            cached = self._metadata.get(address)
+            descs = self._registered[address]
+        if cached is None:
+            cached = bytes(self._agent.get_partial_agent_metadata(descs, True))
+            with self._lock:
+                self._metadata[address] = cached
+        return cached
 
     # -- peers ----------------------------------------------------------------------------------
 
     def connect(self, agent_name: str, metadata: bytes) -> None:
-        """Make sure ``agent_name`` is loaded, with ``metadata`` if it is newer than the cache."""
+        """Make sure ``agent_name`` is loaded, with ``metadata`` if it is newer than the cache.
+        This agent's own name needs nothing: NIXL reads its own registrations in loopback."""
+        if agent_name == self.name:
+            return
         with self._lock:
             known = self._remote.get(agent_name)
-        if known is not None and (not metadata or metadata == known):
+        if known is not None and (not metadata or metadata in known):
             return
         if not metadata:
             raise NotFound(f"NIXL agent {agent_name!r} is unknown here and the reference carries "
@@ -122,7 +131,10 @@ class NixlAgent:
             raise InvalidArgument(f"metadata is of agent {loaded_name!r}, the reference names "
                                   f"{agent_name!r}", reason="NIXL_AGENT_MISMATCH")  # fmt: skip
         with self._lock:
-            self._remote[agent_name] = metadata
+            known = self._remote.setdefault(agent_name, set())
+            if len(known) >= _MAX_METADATA_PER_PEER:
+                known.clear()  # NOTE: reloading a blob is harmless, it only costs microseconds
+            known.add(metadata)
 
     def read(self, local: Sequence[Region], remote: Sequence[Region], agent_name: str, *,
              remote_memory_type: str = "DRAM", notification: bytes = b"",

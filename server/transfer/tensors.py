@@ -19,6 +19,7 @@ DTYPES: dict[int, torch.dtype] = {
     tensor_pb2.SCALAR_TYPE_UINT8: torch.uint8,
 }
 SCALAR_TYPES: dict[torch.dtype, Any] = {dtype: scalar for scalar, dtype in DTYPES.items()}
+ITEM_SIZES: dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in SCALAR_TYPES}
 
 
 def scalar_type(dtype: torch.dtype) -> Any:
@@ -49,7 +50,7 @@ def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
     if any(dim < 0 for dim in ref.shape):
         raise InvalidArgument(f"TensorRef has a negative dimension: {list(ref.shape)}",
                               reason="BAD_TENSOR_REF")  # fmt: skip
-    expected = math.prod(ref.shape) * torch.empty((), dtype=dtype).element_size()
+    expected = math.prod(ref.shape) * ITEM_SIZES[dtype]
     if ref.byte_size != expected:
         raise InvalidArgument(
             f"TensorRef byte_size {ref.byte_size} does not match shape {list(ref.shape)} of "

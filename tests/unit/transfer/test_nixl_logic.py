@@ -37,8 +37,9 @@ class FakeAgent:
     def deregister(self, address: int) -> None:
         self.registered.discard(address)
 
-    def metadata(self) -> bytes:
-        return b"meta:%d" % len(self.registered)
+    def metadata(self, address: int) -> bytes:
+        assert address in self.registered
+        return b"meta:%d" % address
 
     def connect(self, agent_name: str, metadata: bytes) -> None:
         pass
