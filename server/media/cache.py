@@ -12,14 +12,19 @@ Value = TypeVar("Value")
 
 
 class AsyncLruCache(Generic[Value]):
-    """At most ``max_items`` values; ``get_or_load`` loads each missing key once at a time."""
+    """At most ``max_items`` values and ``max_bytes`` (as weighed by ``size_of``) of them;
+    ``get_or_load`` loads each missing key once at a time. Not thread-safe: one event loop."""
 
-    def __init__(self, max_items: int = 256) -> None:
-        if max_items < 0:
-            raise ValueError("max_items must not be negative")
+    def __init__(self, max_items: int = 256, *, max_bytes: int | None = None,
+                 size_of: Callable[[Value], int] | None = None) -> None:  # fmt: skip
+        if max_items < 0 or (max_bytes is not None and max_bytes < 0):
+            raise ValueError("cache limits must not be negative")
         self.max_items = max_items
-        self._values: OrderedDict[str, Value] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._size_of = size_of or (lambda value: 0)
+        self._values: OrderedDict[str, tuple[Value, int]] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Value]] = {}
+        self.num_bytes = 0
         self.num_hits = 0
         self.num_loads = 0
 
@@ -29,7 +34,7 @@ class AsyncLruCache(Generic[Value]):
         if key in self._values:
             self._values.move_to_end(key)
             self.num_hits += 1
-            return self._values[key]
+            return self._values[key][0]
         if key in self._loading:
             self.num_hits += 1
             return await asyncio.shield(self._loading[key])
@@ -49,12 +54,18 @@ class AsyncLruCache(Generic[Value]):
         return value
 
     def _put(self, key: str, value: Value) -> None:
-        if self.max_items == 0:
+        size = self._size_of(value)
+        if self.max_items == 0 or (self.max_bytes is not None and size > self.max_bytes):
             return
-        self._values[key] = value
-        self._values.move_to_end(key)
-        while len(self._values) > self.max_items:
-            self._values.popitem(last=False)
+        if key in self._values:
+            self.num_bytes -= self._values.pop(key)[1]
+        self._values[key] = (value, size)
+        self.num_bytes += size
+        while len(self._values) > self.max_items or (
+            self.max_bytes is not None and self.num_bytes > self.max_bytes
+        ):
+            _, (_, evicted) = self._values.popitem(last=False)
+            self.num_bytes -= evicted
 
     def __len__(self) -> int:
         return len(self._values)

@@ -10,7 +10,6 @@ images give their first frame.
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -31,16 +30,17 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
         raise _refuse(f"image is {len(data)} bytes, the limit is {policy.max_bytes}",
                       "IMAGE_TOO_LARGE")  # fmt: skip
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > policy.max_pixels:
-                raise _refuse(f"image is {width}x{height} pixels, the limit is "
-                              f"{policy.max_pixels} pixels", "TOO_MANY_PIXELS")  # fmt: skip
-            image.seek(0)
-            image.load()
-            return to_rgb(ImageOps.exif_transpose(image) or image)
+        # NOTE: no warnings.catch_warnings here: it swaps process-wide state and decoding runs in
+        # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours below
+        # is tighter and runs before any pixel is decoded.
+        image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        if width * height > policy.max_pixels:
+            raise _refuse(f"image is {width}x{height} pixels, the limit is "
+                          f"{policy.max_pixels} pixels", "TOO_MANY_PIXELS")  # fmt: skip
+        image.seek(0)
+        image.load()
+        return to_rgb(ImageOps.exif_transpose(image) or image)
     except InvalidArgument:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:

@@ -28,11 +28,15 @@ class MediaLoader:
     """Loads items under one policy for one model; identical sources load once."""
 
     def __init__(self, policy: MediaPolicy, *, model_id: str, processor_fingerprint: str,
-                 cache_items: int = 256) -> None:  # fmt: skip
+                 cache_items: int = 256, cache_bytes: int = 256 << 20) -> None:  # fmt: skip
+        """``cache_items`` / ``cache_bytes`` (decoded RGB bytes) bound the cache of decoded
+        images; 0 items disables it (concurrent loads of one source are still shared)."""
         self.policy = policy
         self.model_id = model_id
         self.processor_fingerprint = processor_fingerprint
-        self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(cache_items)
+        # NOTE: a byte budget, not only a count: 256 images at the pixel limit would be ~24 GiB.
+        self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(
+            cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes)
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
         """Decode the image at ``url`` or in ``data`` (exactly one must be given)."""
@@ -47,7 +51,15 @@ class MediaLoader:
 
     async def _load(self, url: str, data: bytes) -> LoadedImage:
         raw = await fetch_url(url, self.policy) if url else data
-        image = await asyncio.to_thread(decode_image, raw, self.policy)
+        # NOTE: decoding and hashing both walk every pixel: off the event loop.
+        return await asyncio.to_thread(self._decode_and_hash, raw)
+
+    def _decode_and_hash(self, raw: bytes) -> LoadedImage:
+        image = decode_image(raw, self.policy)
         digest = mm_hash(image, model_id=self.model_id,
                          processor_fingerprint=self.processor_fingerprint)  # fmt: skip
         return LoadedImage(image, digest)
+
+
+def _decoded_bytes(loaded: LoadedImage) -> int:
+    return loaded.image.width * loaded.image.height * len(loaded.image.getbands())

@@ -8,13 +8,13 @@ import ipaddress
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
 
 from epd.server.common.errors import InvalidArgument
 from epd.server.media import fetch
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from tests.unit.media.images import encode, noise
+from tests.unit.media.web import image_server
 
 PNG = encode(noise())
 OPEN = MediaPolicy(allow_private_networks=True, fetch_timeout_s=2.0, max_bytes=1 << 20)
@@ -29,29 +29,8 @@ async def reason_of(url: str, policy: MediaPolicy) -> str:
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    async def image(request: web.Request) -> web.Response:
-        return web.Response(body=PNG, content_type="image/png")
-
-    async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
-        return web.Response(body=PNG)
-
-    async def huge(request: web.Request) -> web.Response:
-        return web.Response(body=b"\0" * (2 << 20))
-
-    async def redirect(request: web.Request) -> web.Response:
-        raise web.HTTPFound(request.query["to"])
-
-    app = web.Application()
-    app.add_routes([web.get("/image.png", image), web.get("/slow", slow), web.get("/huge", huge),
-                    web.get("/redirect", redirect)])  # fmt: skip
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with image_server(PNG) as url:
+        yield url
 
 
 async def test_data_url_and_its_errors() -> None:
@@ -113,3 +92,28 @@ async def test_loader_deduplicates_and_caches(server: str) -> None:
     assert same.mm_hash == loaded[0].mm_hash
     with pytest.raises(InvalidArgument):
         await loader.load()
+
+
+async def test_cache_keeps_decoded_images_under_a_byte_budget() -> None:
+    loader = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p", cache_bytes=64 * 48 * 3)
+    first, second = encode(noise(seed=1)), encode(noise(seed=2))
+    await loader.load(data=first)
+    await loader.load(data=second)
+    assert len(loader.cache) == 1 and loader.cache.num_bytes == 64 * 48 * 3
+    await loader.load(data=second)
+    await loader.load(data=first)
+    assert loader.cache.num_loads == 3 and loader.cache.num_hits == 1
+    big = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p", cache_bytes=100)
+    await big.load(data=first)
+    assert len(big.cache) == 0
+
+
+async def test_a_failed_load_is_shared_and_not_cached() -> None:
+    loader = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p")
+    outcomes = await asyncio.gather(*(loader.load(data=b"junk") for _ in range(3)),
+                                    return_exceptions=True)  # fmt: skip
+    assert all(isinstance(o, InvalidArgument) for o in outcomes)
+    assert loader.cache.num_loads == 1 and len(loader.cache) == 0
+    with pytest.raises(InvalidArgument):
+        await loader.load(data=b"junk")
+    assert loader.cache.num_loads == 2
