@@ -1,0 +1,24 @@
+"""epd's Python SDK: ``EpdClient`` (blocking) and ``AsyncEpdClient`` for the RouteService.
+
+    from epd.client import EpdClient, user
+
+    with EpdClient("127.0.0.1:50050") as client:
+        for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
+            print(chunk.text, end="", flush=True)
+"""
+
+from epd.client.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    EpdClientError,
+    InvalidRequest,
+    Unauthenticated,
+    Unavailable,
+)
+from epd.client.messages import Chunk, Message, Picture, assistant, build_request, system, user
+from epd.client.sdk import AsyncEpdClient
+from epd.client.sync_client import EpdClient
+
+__all__ = ["AsyncEpdClient", "Cancelled", "Chunk", "DeadlineExceeded", "EpdClient",
+           "EpdClientError", "InvalidRequest", "Message", "Picture", "Unauthenticated",
+           "Unavailable", "assistant", "build_request", "system", "user"]  # fmt: skip

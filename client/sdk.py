@@ -1,104 +1,45 @@
-"""Python SDK for epd's RouteService.
+"""Python SDK for epd's RouteService (async; ``EpdClient`` in ``sync_client`` is the blocking
+twin with the same methods).
+
+    from epd.client import AsyncEpdClient, user
 
     async with AsyncEpdClient("127.0.0.1:50050") as client:
         async for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
             print(chunk.text, end="", flush=True)
 
-Images may be paths, bytes, PIL images or URLs (http(s) or data:). Errors raise
-``EpdClientError`` with the status code and the server's ErrorInfo reason.
+Images may be paths, bytes, PIL images or URLs (http(s) or data:). Failures raise
+``EpdClientError`` subclasses carrying the status code and the server's ErrorInfo reason.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
-from PIL import Image
 
 from epd.client.errors import EpdClientError
+from epd.client.messages import Chunk, Message, build_request, join, to_chunk
 from epd.server.common.channels import create_channel
-from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
+from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
-ImageLike = str | Path | bytes | Image.Image
-
-
-@dataclass(frozen=True, slots=True)
-class Picture:
-    """An image part of a message."""
-
-    source: ImageLike
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One chat turn: role and an ordered list of text strings and pictures."""
-
-    role: str
-    parts: tuple[str | Picture, ...]
-
-
-def user(text: str, *, image: ImageLike | None = None,
-         images: Sequence[ImageLike] = ()) -> Message:  # fmt: skip
-    """A user turn: its images first (as chat templates expect), then the text."""
-    pictures = ([image] if image is not None else []) + list(images)
-    return Message("user", (*(Picture(p) for p in pictures), text))
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """A piece of the answer; the last one has ``finish_reason`` and ``usage``."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
-
-
-def media_item(source: ImageLike) -> multimodal_pb2.MediaItem:
-    """A MediaItem for a path, bytes, PIL image or URL."""
-    if isinstance(source, Image.Image):
-        buffer = io.BytesIO()
-        source.save(buffer, format="PNG")
-        return multimodal_pb2.MediaItem(data=buffer.getvalue())
-    if isinstance(source, bytes):
-        return multimodal_pb2.MediaItem(data=source)
-    text = str(source)
-    if text.startswith(("http://", "https://", "data:")):
-        return multimodal_pb2.MediaItem(url=text)
-    return multimodal_pb2.MediaItem(data=Path(text).read_bytes())
-
-
-def build_request(messages: Sequence[Message], *, model: str = "", max_tokens: int = 64,
-                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                  seed: int | None = None, stop: Sequence[str] = (), ignore_eos: bool = False,
-                  request_id: str = "") -> route_service_pb2.GenerateRequest:  # fmt: skip
-    """The GenerateRequest for ``messages`` and sampling settings."""
-    chat = []
-    for message in messages:
-        content = [route_service_pb2.ContentPart(image=media_item(part.source))
-                   if isinstance(part, Picture) else route_service_pb2.ContentPart(text=str(part))
-                   for part in message.parts]  # fmt: skip
-        chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
-    sampling = generation_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                             top_p=top_p, top_k=top_k, stop=list(stop),
-                                             ignore_eos=ignore_eos)  # fmt: skip
-    if seed is not None:
-        sampling.seed = seed
-    return route_service_pb2.GenerateRequest(request_id=request_id, model=model, messages=chat,
-                                             sampling=sampling)  # fmt: skip
+Metadata = Sequence[tuple[str, str]]
 
 
 class AsyncEpdClient:
-    """Async client of one route endpoint (host:port). Use as an async context manager."""
+    """Async client of one route endpoint (host:port). Use as an async context manager.
+
+    ``auth_token``: sent as ``authorization: Bearer``. ``tls_ca_file``: serve-side CA, turns TLS
+    on; ``tls_cert_file`` + ``tls_key_file``: client certificate for mTLS. ``timeout_s``: default
+    deadline of each call (None: none), overridable per call.
+    """
 
     def __init__(self, endpoint: str, *, auth_token: str | None = None,
-                 tls_ca_file: str | None = None,
+                 tls_ca_file: str | None = None, tls_cert_file: str | None = None,
+                 tls_key_file: str | None = None,
                  timeout_s: float | None = 300.0) -> None:  # fmt: skip
-        self._channel = create_channel(endpoint, auth_token=auth_token, tls_ca_file=tls_ca_file)
+        self._channel = create_channel(endpoint, auth_token=auth_token, tls_ca_file=tls_ca_file,
+                                       tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
         self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
         self.timeout_s = timeout_s
 
@@ -109,48 +50,44 @@ class AsyncEpdClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (cancels calls in flight)."""
         await self._channel.close()
 
-    async def stream(self, messages: Sequence[Message], *,
-                     metadata: Sequence[tuple[str, str]] = (),
-                     **sampling: Any) -> AsyncIterator[Chunk]:  # fmt: skip
-        """Stream the answer to ``messages`` (sampling keywords as in ``build_request``)."""
-        request = build_request(messages, **sampling)
+    async def stream(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
+                     metadata: Metadata = (), **options: Any) -> AsyncIterator[Chunk]:  # fmt: skip
+        """Stream the answer to ``messages``.
+
+        ``options`` are the keywords of ``build_request`` (model, max_tokens, temperature, top_p,
+        top_k, seed, stop, stop_token_ids, ignore_eos, encoder_policy, request_id).
+        ``timeout_s``: this call's deadline (default: the client's). ``metadata``: extra gRPC
+        metadata pairs. Breaking out of the loop cancels the request on every service.
+        """
+        request = build_request(messages, **options)
+        call = self._stub.Generate(request, timeout=self._timeout(timeout_s),
+                                   metadata=tuple(metadata) or None)  # fmt: skip
         try:
-            call = self._stub.Generate(request, timeout=self.timeout_s,
-                                       metadata=tuple(metadata) or None)
             async for response in call:
-                yield _chunk(response)
+                yield to_chunk(response)
         except grpc.aio.AioRpcError as e:
             raise EpdClientError.from_rpc_error(e) from None
+        finally:
+            call.cancel()
 
-    async def generate(self, messages: Sequence[Message], **sampling: Any) -> Chunk:
-        """The whole answer as one chunk."""
-        texts, tokens, last = [], [], Chunk("", [])
-        async for chunk in self.stream(messages, **sampling):
-            texts.append(chunk.text)
-            tokens.extend(chunk.token_ids)
-            last = chunk
-        return Chunk("".join(texts), tokens, last.finish_reason, last.usage)
+    async def generate(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
+                       metadata: Metadata = (), **options: Any) -> Chunk:  # fmt: skip
+        """The whole answer as one chunk (arguments as in ``stream``)."""
+        return join([chunk async for chunk in self.stream(
+            messages, timeout_s=timeout_s, metadata=metadata, **options)])  # fmt: skip
 
-    async def list_models(self) -> list[str]:
-        """Ids of the models the deployment serves."""
+    async def list_models(self, *, metadata: Metadata = ()) -> list[str]:
+        """Ids of the models the deployment serves (empty before any worker registered)."""
         try:
-            reply = await self._stub.ListModels(route_service_pb2.ListModelsRequest(), timeout=10)
+            reply = await self._stub.ListModels(route_service_pb2.ListModelsRequest(),
+                                                timeout=self._timeout(-1.0),
+                                                metadata=tuple(metadata) or None)  # fmt: skip
         except grpc.aio.AioRpcError as e:
             raise EpdClientError.from_rpc_error(e) from None
         return [model.id for model in reply.models]
 
-
-def _chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
-    reason = None
-    if response.finish_reason:
-        reason = generation_pb2.FinishReason.Name(response.finish_reason)
-        reason = reason.removeprefix("FINISH_REASON_").lower()
-    usage = {}
-    if response.HasField("usage"):
-        usage = {"prompt_tokens": response.usage.prompt_tokens,
-                 "completion_tokens": response.usage.completion_tokens,
-                 "cached_prompt_tokens": response.usage.cached_prompt_tokens}  # fmt: skip
-    return Chunk(response.text, list(response.token_ids), reason, usage)
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return self.timeout_s if timeout_s is not None and timeout_s < 0 else timeout_s

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from epd.client.errors import EpdClientError
 from epd.client.launcher import Deployment, start_epd
-from epd.client.sdk import AsyncEpdClient, user
+from epd.client.messages import user
+from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
 
 DEFAULT_MODEL = Path(".epd/models/tiny")

@@ -68,6 +68,14 @@ class FakeScheduler:
                                            endpoint=live[i % len(live)])
             for i in range(len(request.items))])  # fmt: skip
 
+    async def ListWorkers(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("ListWorkers", request))
+        workers = [(e, scheduler_pb.WORKER_ROLE_ENCODE) for e in self.encoders] + self.prefills
+        workers += [(d, scheduler_pb.WORKER_ROLE_DECODE) for d in self.decoders]
+        return scheduler_pb.ListWorkersResponse(workers=[scheduler_pb.WorkerStatus(
+            info=scheduler_pb.WorkerInfo(id=w, role=r, endpoint=w, model="tiny"),  # type: ignore[arg-type]
+            state=scheduler_pb.WORKER_STATE_LIVE) for w, r in workers])  # fmt: skip
+
     async def CompleteEncoding(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("CompleteEncoding", request))
         return scheduler_pb.CompleteEncodingResponse()

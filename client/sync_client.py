@@ -1,0 +1,97 @@
+"""Blocking SDK client: the same calls as ``AsyncEpdClient``, for scripts and notebooks.
+
+    from epd.client import EpdClient, user
+
+    with EpdClient("127.0.0.1:50050") as client:
+        answer = client.generate([user("What is in this picture?", image="cat.png")],
+                                 max_tokens=32)
+        print(answer.text, answer.usage)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from epd.client.errors import EpdClientError
+from epd.client.messages import Chunk, Message, build_request, join, to_chunk
+from epd.v1 import route_service_pb2, route_service_pb2_grpc
+
+MiB = 1 << 20
+Metadata = Sequence[tuple[str, str]]
+
+
+class EpdClient:
+    """Blocking client of one route endpoint (host:port). Use as a context manager.
+
+    Options as in ``AsyncEpdClient``: ``auth_token`` (bearer), ``tls_ca_file`` (TLS),
+    ``tls_cert_file`` + ``tls_key_file`` (mTLS), ``timeout_s`` (default deadline per call).
+    """
+
+    def __init__(self, endpoint: str, *, auth_token: str | None = None,
+                 tls_ca_file: str | None = None, tls_cert_file: str | None = None,
+                 tls_key_file: str | None = None,
+                 timeout_s: float | None = 300.0) -> None:  # fmt: skip
+        options = [("grpc.max_send_message_length", 64 * MiB),
+                   ("grpc.max_receive_message_length", 64 * MiB)]  # fmt: skip
+        if tls_ca_file or tls_cert_file:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca_file), private_key=_read(tls_key_file),
+                certificate_chain=_read(tls_cert_file))  # fmt: skip
+            self._channel = grpc.secure_channel(endpoint, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(endpoint, options=options)
+        self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
+        self._auth = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> EpdClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def stream(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
+               metadata: Metadata = (), **options: Any) -> Iterator[Chunk]:  # fmt: skip
+        """Yield the answer to ``messages`` chunk by chunk (arguments as in
+        ``AsyncEpdClient.stream``); closing the iterator early cancels the request."""
+        call = self._stub.Generate(build_request(messages, **options),
+                                   timeout=self._timeout(timeout_s),
+                                   metadata=self._auth + tuple(metadata))  # fmt: skip
+        try:
+            for response in call:
+                yield to_chunk(response)
+        except grpc.RpcError as e:
+            raise EpdClientError.from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    def generate(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
+                 metadata: Metadata = (), **options: Any) -> Chunk:  # fmt: skip
+        """The whole answer as one chunk."""
+        return join(list(self.stream(messages, timeout_s=timeout_s, metadata=metadata,
+                                     **options)))  # fmt: skip
+
+    def list_models(self, *, metadata: Metadata = ()) -> list[str]:
+        """Ids of the models the deployment serves."""
+        try:
+            reply = self._stub.ListModels(route_service_pb2.ListModelsRequest(),
+                                          timeout=self._timeout(-1.0),
+                                          metadata=self._auth + tuple(metadata))  # fmt: skip
+        except grpc.RpcError as e:
+            raise EpdClientError.from_rpc_error(e) from None
+        return [model.id for model in reply.models]
+
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return self.timeout_s if timeout_s is not None and timeout_s < 0 else timeout_s
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None

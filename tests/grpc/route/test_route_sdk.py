@@ -1,0 +1,117 @@
+"""The real RouteService (servicer, worker, prompt, media rules) over gRPC with in-memory fakes
+behind it, driven by the SDK: streaming, typed errors, auth, cancellation releasing leases."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
+from epd.server.common.errors import Unavailable as ServerUnavailable
+from epd.server.common.server import ServerOptions, ServiceBinding, build_server
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.app import SERVICE_NAME
+from epd.server.route.grid import GridCalculator
+from epd.server.route.prompt import PromptBuilder
+from epd.server.route.service import RouteWorker
+from epd.server.route.servicer import RouteServicer
+from epd.v1 import route_service_pb2_grpc
+from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler
+
+TOKEN = "s3cret"
+
+
+def png(width: int = 64, height: int = 48) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+async def route(tiny_model_dir: Path) -> AsyncIterator[tuple[str, FakePeers, PromptBuilder]]:
+    prompts = PromptBuilder(tiny_model_dir)
+    peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
+    words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
+    peers.engines["pd0"] = FakeEngine(tokens=list(words))
+    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
+    worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
+                         grids=GridCalculator.from_model_dir(tiny_model_dir))  # fmt: skip
+    binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
+                             route_service_pb2_grpc.add_RouteServiceServicer_to_server)
+    server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))
+    await server.mark_serving()
+    yield f"127.0.0.1:{port}", peers, prompts
+    await server.drain_and_stop(0)
+
+
+async def test_async_stream_delivers_text_tokens_and_usage(route) -> None:
+    endpoint, peers, prompts = route
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        chunks = [c async for c in client.stream([user("what?", images=[png(), png(30, 90)])],
+                                                 max_tokens=5, request_id="r1")]  # fmt: skip
+    assert "".join(c.text for c in chunks) == "a red square"
+    assert chunks[-1].finish_reason == "length" and chunks[-1].request_id == "r1"
+    (prefill,) = peers.engines["pd0"].calls
+    assert len(prefill[1].prompt.images) == 2
+    assert all(image.HasField("embeddings") for image in prefill[1].prompt.images)
+    assert list(prefill[1].prompt.token_ids).count(prompts.image_pad_id) == 2
+    released = [lease for e in peers.encoders.values() for lease in e.released]
+    assert len(released) == 2
+
+
+async def test_sync_client_generate_and_typed_errors(route) -> None:
+    endpoint, _, _ = route
+    # NOTE: the blocking client runs in a thread; the server shares this test's event loop.
+    await asyncio.to_thread(_sync_calls, endpoint)
+
+
+def _sync_calls(endpoint: str) -> None:
+    with EpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = client.generate([user("what?", image=png())])
+        assert answer.text == "a red square" and answer.usage["completion_tokens"] == len(answer.token_ids)
+        with pytest.raises(InvalidRequest) as caught:
+            client.generate([user("what?", image=b"not an image")])
+        assert caught.value.code == "INVALID_ARGUMENT" and caught.value.reason == "BAD_IMAGE"
+    with EpdClient(endpoint, auth_token="wrong") as client, pytest.raises(Unauthenticated):
+        client.generate([user("hi")])
+
+
+async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:
+    endpoint, peers, _ = route
+    peers.scheduler.prefills.clear()
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        with pytest.raises(Unavailable) as caught:
+            await client.generate([user("hi", image=png())])
+    assert caught.value.reason == "NO_WORKER"
+    assert len([lease for e in peers.encoders.values() for lease in e.released]) == 1
+
+
+async def test_an_engine_dying_before_the_first_token_is_retried(route) -> None:
+    endpoint, peers, _ = route
+    peers.scheduler.prefills.insert(0, ("pd-dead", 4))
+    peers.engines["pd-dead"] = FakeEngine(error=ServerUnavailable("down"))
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = await client.generate([user("hi")])
+    assert answer.text == "a red square"
+
+
+async def test_client_cancellation_cancels_the_engine_stream_and_releases(route) -> None:
+    endpoint, peers, _ = route
+    engine = peers.engines["pd0"]
+    engine.tokens = engine.tokens * 200
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        stream = client.stream([user("hi", image=png())])
+        await anext(stream)
+        await stream.aclose()
+        for _ in range(100):
+            if engine.streams and engine.streams[-1].is_cancelled:
+                break
+            await asyncio.sleep(0.02)
+    assert engine.streams[-1].is_cancelled
+    assert len([lease for e in peers.encoders.values() for lease in e.released]) == 1
