@@ -13,6 +13,7 @@ from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.service import EncodeWorker
 from epd.server.encode.servicer import EncodeServicer
 from epd.server.encode.vision import VisionEncoder
+from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
@@ -52,6 +53,7 @@ class EncodeApp:
     worker: EncodeWorker
     registration: WorkerRegistration
     plane: DataPlane
+    device: str
 
     async def stop(self, grace: float | None = 0) -> None:
         """Drain, stop, free every payload."""
@@ -74,7 +76,7 @@ async def build_encode_server(config: EncodeConfig,
     plane.start_reaper()
     cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
     worker = EncodeWorker(batcher, loader, plane, cache, worker_id=config.worker_id,
-                          model_id=model_id)  # fmt: skip
+                          model_id=model_id, gridder=ImageGridder(config.model_dir))  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, EncodeServicer(worker),
                              pb_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
@@ -99,4 +101,4 @@ async def build_encode_server(config: EncodeConfig,
     await server.mark_serving()
     logger.info("encoder %s serving %s on %s (device %s)", worker.worker_id, model_id, endpoint,
                 encoder.device)  # fmt: skip
-    return EncodeApp(server, port, worker, registration, plane)
+    return EncodeApp(server, port, worker, registration, plane, str(encoder.device))

@@ -2,7 +2,8 @@
 
 Requests enqueue images; a single worker task takes up to ``max_items`` waiting at most
 ``max_wait_s`` after the first one, runs the tower in a thread (the event loop stays free) and
-resolves each image's future. A tower failure fails every image of that batch.
+resolves each image's future. When a batch of several fails, its items run again one by one, so
+one bad image fails only its own request.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class BatchStats:
 
     num_batches: int = 0
     num_items: int = 0
+    num_failed_batches: int = 0
     item_latency_ms: float = 0.0
 
 
@@ -85,9 +87,13 @@ class DynamicBatcher(Generic[Item, Result]):
         try:
             results = await asyncio.to_thread(self._run, [item for item, _ in batch])
         except Exception as e:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(e)
+            if len(batch) == 1:
+                if not batch[0][1].done():
+                    batch[0][1].set_exception(e)
+                return
+            self.stats.num_failed_batches += 1
+            for single in batch:
+                await self._run_batch([single])
             return
         finally:
             self.num_running = 0

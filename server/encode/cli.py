@@ -42,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long the first image of a batch waits for others (default 5)")
     parser.add_argument("--cache-mb", type=float, default=256.0,
                         help="encoder cache budget in MiB, 0 disables (default 256)")
-    parser.add_argument("--transfer", choices=["auto", "shm", "inline"],
+    parser.add_argument("--transfer", choices=["auto", "shm", "nixl", "inline"],
                         default=env("EPD_TRANSFER_KIND", "auto"),
-                        help="data-plane backend for results (env EPD_TRANSFER_KIND; default "
-                             "auto: shm on the same host, else inline)")
+                        help="data-plane backend for results, unless a request asks for one (env "
+                             "EPD_TRANSFER_KIND; default auto: shm on the same host, nixl to "
+                             "another host when nixl is installed, else inline)")
     parser.add_argument("--lease-ttl-s", type=float, default=60.0,
                         help="seconds an unreleased result is kept (default 60)")  # fmt: skip
     MediaPolicy.add_arguments(parser)
@@ -80,8 +81,8 @@ async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
     except ValueError as e:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2
-    print(f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id}",
-          flush=True)
+    print(f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
+          f"(device {app.device})", flush=True)  # fmt: skip
     await serve(app.server)
     await app.worker.batcher.close()
     app.plane.close()

@@ -20,6 +20,7 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
+from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
@@ -61,8 +62,12 @@ class EncodeWorker:
 
     def __init__(self, batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]],
                  loader: MediaLoader, plane: DataPlane, cache: EmbeddingCache, *,
-                 worker_id: str, model_id: str) -> None:  # fmt: skip
+                 worker_id: str, model_id: str,
+                 gridder: ImageGridder | None = None) -> None:  # fmt: skip
+        """``gridder`` (the model's processor rules) refuses images the processor cannot take
+        before they reach a batch; without it such an image fails in the tower."""
         self.batcher = batcher
+        self.gridder = gridder
         self.loader = loader
         self.plane = plane
         self.cache = cache
@@ -118,6 +123,8 @@ class EncodeWorker:
                 "hashes with another model id or processor", reason="MM_HASH_MISMATCH")
         if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
             return _Computed(hit, loaded.mm_hash, True, 0.0)
+        if self.gridder is not None:
+            self.gridder.grid(loaded.image)  # raises InvalidArgument (BAD_IMAGE_SHAPE)
         start = time.monotonic()
         entry = await self._encode_once(loaded.mm_hash, loaded.image)
         return _Computed(entry, loaded.mm_hash, False, time.monotonic() - start)

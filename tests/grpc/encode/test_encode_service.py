@@ -16,10 +16,11 @@ from epd.server.common.channels import create_channel
 from epd.server.common.status import from_rpc_error
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.transfer import shm
+from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
-from epd.v1 import multimodal_pb2
+from epd.v1 import multimodal_pb2, tensor_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 
@@ -120,10 +121,28 @@ async def test_a_request_streams_cache_hits_first(app, stub) -> None:
     app.worker.release([r.embeddings.lease_id for r in (warm, *responses)])
 
 
-async def test_inline_when_the_consumer_is_elsewhere(app, stub) -> None:
-    (response,) = [r async for r in stub.Encode(pb.EncodeRequest(
-        items=[multimodal_pb2.MediaItem(data=png(5))], consumer_host_id="another-host"))]
+async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
+    data = png(5)
+    (local,) = await encode(stub, multimodal_pb2.MediaItem(data=data))
+    (remote,) = [r async for r in stub.Encode(pb.EncodeRequest(
+        items=[multimodal_pb2.MediaItem(data=data)], consumer_host_id="another-host"))]  # fmt: skip
+    expected = "nixl" if is_nixl_available() else "inline_data"
+    assert remote.embeddings.WhichOneof("location") == expected and remote.cache_hit
+    other_host = DataPlane("another-host")
+    try:
+        embeddings = other_host.get(remote.embeddings, copy=True)
+    finally:
+        other_host.close()
+    assert torch.equal(embeddings, DataPlane(app.plane.host_id).get(local.embeddings, copy=True))
+    app.worker.release([local.embeddings.lease_id, remote.embeddings.lease_id])
+    assert app.plane.held() == []
+
+
+async def test_the_request_can_ask_for_inline(app, stub) -> None:
+    (response,) = await encode(stub, multimodal_pb2.MediaItem(data=png(5)),
+                               transfer_kind=tensor_pb2.TRANSFER_KIND_INLINE)  # fmt: skip
     assert response.embeddings.WhichOneof("location") == "inline_data"
+    assert app.plane.held() == []
 
 
 def bomb() -> bytes:
@@ -143,6 +162,10 @@ def bomb() -> bytes:
     ([multimodal_pb2.MediaItem(data=png(7))], {"model": "llama"}, "WRONG_MODEL"),
     ([multimodal_pb2.MediaItem(mm_hash="0" * 32, data=png(7))], {}, "MM_HASH_MISMATCH"),
     ([multimodal_pb2.MediaItem(data=bomb())], {}, "TOO_MANY_PIXELS"),
+    ([multimodal_pb2.MediaItem(data=png(8, (4020, 20)))], {}, "BAD_IMAGE_SHAPE"),
+    ([multimodal_pb2.MediaItem(data=b"\0" * (21 << 20))], {}, "IMAGE_TOO_LARGE"),
+    ([multimodal_pb2.MediaItem(url="ftp://example.com/x.png")], {}, "UNSUPPORTED_SCHEME"),
+    ([multimodal_pb2.MediaItem(url="http://0x7f000001/x.png")], {}, "PRIVATE_ADDRESS"),
 ])  # fmt: skip
 async def test_bad_inputs_are_invalid_argument(app, stub, items, fields, reason) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -60,6 +60,24 @@ async def test_batcher_failure_fails_its_batch_only() -> None:
     await batcher.close()
 
 
+async def test_a_bad_item_in_a_batch_fails_alone() -> None:
+    calls: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        calls.append(items)
+        if 3 in items:
+            raise ValueError("cannot preprocess item 3")
+        return [-item for item in items]
+
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_items=4, max_wait_s=0.05)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)),
+                                    return_exceptions=True)  # fmt: skip
+    assert outcomes[:3] == [0, -1, -2] and isinstance(outcomes[3], ValueError)
+    assert calls[0] == [0, 1, 2, 3] and len(calls) == 5
+    assert batcher.stats.num_failed_batches == 1
+    await batcher.close()
+
+
 def test_unavailable_devices_are_refused() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
