@@ -7,6 +7,7 @@ with the rest. Children get SIGTERM (drain) on exit, then SIGKILL after a grace 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -106,21 +107,73 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-async def start_epd(deployment: Deployment, model_dir: Path, model_id: str,
-                    *, num_encoders: int = 1, policy: str = "adaptive") -> Child:  # fmt: skip
-    """Start scheduler, encoders, a prefill_decode worker and the route; return the route."""
+TOPOLOGIES = {
+    "epd": "E/P/D: encoder(s), a prefill worker handing KV to a decode worker",
+    "e-pd": "E/PD: encoder(s), an aggregated prefill+decode worker",
+    "ep-d": "EP/D: a worker that encodes and prefills, handing KV to a decode worker",
+    "epd1": "EPD: one worker that encodes, prefills and decodes",
+    "dual-encoder": "E/PD with two encoders: one on the accelerator (auto), one on CPU",
+}
+PREFILL_MODES = {"epd": ["--mode", "prefill"], "e-pd": ["--mode", "prefill_decode"],
+                 "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
+                 "epd1": ["--mode", "encode_prefill"],
+                 "dual-encoder": ["--mode", "prefill_decode"]}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings."""
+
+    name: str = "epd"
+    num_encoders: int = 1
+    policy: str = "adaptive"
+    split_ratio: str = ""
+    kv_cache_mb: int = 128
+    http: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {self.name!r}; one of {sorted(TOPOLOGIES)}")
+
+    @property
+    def encoder_devices(self) -> list[str]:
+        """Device of each encoder to start (none where the prefill worker encodes)."""
+        if self.name in ("ep-d", "epd1"):
+            return []
+        if self.name == "dual-encoder":
+            return ["auto", "cpu"]
+        return ["cpu"] * self.num_encoders
+
+    @property
+    def has_decode(self) -> bool:
+        """Whether a decode worker is started."""
+        return self.name in ("epd", "ep-d")
+
+
+async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
+                         topology: Topology) -> Child:  # fmt: skip
+    """Start the scheduler, then the workers of ``topology`` in parallel (engines take ~35 s),
+    then the route once they are healthy; ports: route BASE, scheduler +1, prefill +2,
+    decode +3, encoders +4.., OpenAI HTTP +10. Returns the route."""
     model = ["--model", str(model_dir), "--model-id", model_id]
-    scheduler = deployment.start("scheduler", 1, "scheduler", "--default-policy", policy)
+    policy = ["--default-policy", topology.policy]
+    if topology.split_ratio:
+        policy += ["--split-ratio", topology.split_ratio]
+    scheduler = deployment.start("scheduler", 1, "scheduler", *policy)
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
-    prefill = deployment.start("prefill", 2, "prefill", *model, *registry, "--kv-cache-mb", "128")
-    encoders = [deployment.start(f"encode{i}", 3 + i, "encode", *model, *registry,
-                                 "--worker-id", f"encode{i}") for i in range(num_encoders)]
-    for encoder in encoders:
-        await deployment.wait_healthy(encoder, 120)
-    await deployment.wait_healthy(prefill, 300)
-    http_port = deployment.port(10)
-    route = deployment.start("route", 0, "route", *model, *registry, "--http-port", str(http_port))
-    route.http_port = http_port
+    engine = [*model, *registry, "--kv-cache-mb", str(topology.kv_cache_mb)]
+    workers = [deployment.start("prefill", 2, "prefill", *engine, "--worker-id", "prefill0",
+                                *PREFILL_MODES[topology.name])]  # fmt: skip
+    if topology.has_decode:
+        workers.append(deployment.start("decode", 3, "decode", *engine, "--worker-id", "decode0"))
+    for i, device in enumerate(topology.encoder_devices):
+        workers.append(deployment.start(f"encode{i}", 4 + i, "encode", *model, *registry,
+                                        "--worker-id", f"encode{i}", "--device", device))
+    await asyncio.gather(*(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400)
+                           for w in workers))  # fmt: skip
+    http = ["--http-port", str(deployment.port(10))] if topology.http else []
+    route = deployment.start("route", 0, "route", *model, *registry, *http)
+    route.http_port = int(http[1]) if http else None
     await deployment.wait_healthy(route, 60)
     return route

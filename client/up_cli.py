@@ -1,9 +1,11 @@
-"""``epd up``: start a local E/PD deployment, answer one request with an image, show the trace."""
+"""``epd up``: start a local deployment (E/P/D by default) as child processes, answer one request
+with an image, print the answer and the trace across services, stop everything (or ``--keep``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -11,7 +13,7 @@ import time
 from pathlib import Path
 
 from epd.client.errors import EpdClientError
-from epd.client.launcher import Deployment, start_epd
+from epd.client.launcher import TOPOLOGIES, Deployment, Topology, start_topology
 from epd.client.messages import user
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
@@ -25,17 +27,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"model directory (default {DEFAULT_MODEL}; the tiny model is "
                              "built there if absent)")
     parser.add_argument("--model-id", default="", help="model name (default: directory name)")
-    parser.add_argument("--encoders", type=int, default=1, help="number of encoders (default 1)")
+    parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="epd",
+                        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items())
+                        + " (default epd)")
+    parser.add_argument("--encoders", type=int, default=1,
+                        help="number of encoders for epd and e-pd (default 1)")
     parser.add_argument("--policy", choices=["per_image", "per_request", "adaptive"],
                         default="adaptive", help="encoder assignment policy (default adaptive)")
+    parser.add_argument("--split-ratio", default="",
+                        help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)")
+    parser.add_argument("--kv-cache-mb", type=int, default=128,
+                        help="KV cache per engine in MiB (default 128)")
     parser.add_argument("--base-port", type=int, default=0,
-                        help="route on BASE, scheduler BASE+1, prefill BASE+2, encoders BASE+3.., "
-                             "OpenAI HTTP BASE+10 (default 0: free ports)")
+                        help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
+                             "encoders BASE+4.., OpenAI HTTP BASE+10 (default 0: free ports)")
     parser.add_argument("--question", default="What is in this picture?",
                         help="the question of the demo request")
     parser.add_argument("--image", type=Path, help="image of the demo request (default: a "
                                                    "generated picture)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
+    parser.add_argument("--no-demo", action="store_true",
+                        help="skip the demo request (with --keep: just start the deployment)")
+    parser.add_argument("--endpoints-file", type=Path,
+                        help="once ready, write the endpoints of every service there as JSON")
     parser.add_argument("--keep", action="store_true",
                         help="leave the deployment running after the demo (Ctrl-C stops it)")
     parser.add_argument("--run-dir", type=Path, default=Path(".epd/run"),
@@ -60,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "EPD_TRACE_EXPORTER": f"json:{run_dir / 'spans.jsonl'}",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     deployment = Deployment(run_dir, env, base_port=args.base_port or None)
+    args.run_dir_resolved = run_dir
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         return asyncio.run(_up(args, deployment))
@@ -76,17 +91,31 @@ def run(args: argparse.Namespace) -> int:
 
 async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     model_id = args.model_id or args.model.resolve().name
-    print("starting scheduler, encoder(s), prefill (vLLM) and route ...", flush=True)
+    topology = Topology(args.topology, args.encoders, args.policy, args.split_ratio,
+                        args.kv_cache_mb)  # fmt: skip
+    print(f"starting {TOPOLOGIES[topology.name]} (engines take ~35 s) ...", flush=True)
     start = time.monotonic()
-    route = await start_epd(deployment, args.model.resolve(), model_id,
-                            num_encoders=args.encoders, policy=args.policy)  # fmt: skip
+    route = await start_topology(deployment, args.model.resolve(), model_id, topology)
     print(f"ready in {time.monotonic() - start:.0f}s; logs in {deployment.run_dir}")
     for child in deployment.children:
-        print(f"  {child.name:<10} {child.endpoint}")
+        print(f"  {child.name:<10} {child.endpoint}  (log {child.log.name})")
     print(f"  {'openai':<10} http://127.0.0.1:{route.http_port}/v1 (chat/completions, models)")
-    image = args.image or _demo_image(deployment.run_dir / "demo.png")
+    if args.endpoints_file:
+        _write_endpoints(args.endpoints_file, deployment, route.http_port)
+    if not args.no_demo and await _demo(args, route.endpoint, model_id) != 0:
+        return 1
+    if args.keep:
+        print(f"\nrunning; route at {route.endpoint} (epd chat --endpoint {route.endpoint} "
+              "--image PATH 'question'); Ctrl-C stops everything", flush=True)
+        await asyncio.Event().wait()
+    return 0
+
+
+async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
+    deployment_dir = args.run_dir_resolved
+    image = args.image or _demo_image(deployment_dir / "demo.png")
     print(f"\nuser: [image {image}] {args.question}\nassistant: ", end="", flush=True)
-    async with AsyncEpdClient(route.endpoint) as client:
+    async with AsyncEpdClient(endpoint) as client:
         try:
             tokens: list[int] = []
             async for chunk in client.stream([user(args.question, image=image)], model=model_id,
@@ -98,12 +127,16 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
             return 1
     print(f"\n(tokens {tokens}; the tiny model has random weights, so the words are noise)\n")
     await asyncio.sleep(0.5)
-    print(summarise(deployment.run_dir / "spans.jsonl"))
-    if args.keep:
-        print(f"\nrunning; route at {route.endpoint} (epd chat --endpoint {route.endpoint} "
-              "--image PATH 'question'); Ctrl-C stops everything")
-        await asyncio.Event().wait()
+    print(summarise(deployment_dir / "spans.jsonl"), flush=True)
     return 0
+
+
+def _write_endpoints(path: Path, deployment: Deployment, http_port: int | None) -> None:
+    endpoints: dict[str, object] = {c.name: c.endpoint for c in deployment.children}
+    endpoints["http"] = f"http://127.0.0.1:{http_port}/v1" if http_port else None
+    endpoints["pids"] = {c.name: c.process.pid for c in deployment.children}
+    endpoints["run_dir"] = str(deployment.run_dir)
+    path.write_text(json.dumps(endpoints, indent=1))
 
 
 def _demo_image(path: Path) -> Path:
