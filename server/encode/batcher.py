@@ -38,7 +38,8 @@ class DynamicBatcher(Generic[Item, Result]):
         self._run = run
         self.max_items = max_items
         self.max_wait_s = max_wait_s
-        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[tuple[Result, int]]]] = (
+            asyncio.Queue())  # fmt: skip
         self._worker: asyncio.Task[None] | None = None
         self.stats = BatchStats()
         self.num_running = 0
@@ -50,9 +51,15 @@ class DynamicBatcher(Generic[Item, Result]):
 
     async def submit(self, item: Item) -> Result:
         """Result of ``item``, computed in some batch."""
+        result, _ = await self.submit_sized(item)
+        return result
+
+    async def submit_sized(self, item: Item) -> tuple[Result, int]:
+        """Result of ``item`` and the number of items in the batch that computed it.
+        Cancelling the caller withdraws the item if its batch has not started."""
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
         await self._queue.put((item, future))
         return await future
 
@@ -81,7 +88,8 @@ class DynamicBatcher(Generic[Item, Result]):
             if live:
                 await self._run_batch(live)
 
-    async def _run_batch(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+    async def _run_batch(self, batch: list[tuple[Item, asyncio.Future[tuple[Result, int]]]],
+                         ) -> None:  # fmt: skip
         start = time.monotonic()
         self.num_running = len(batch)
         try:
@@ -103,4 +111,4 @@ class DynamicBatcher(Generic[Item, Result]):
         self.stats.item_latency_ms = elapsed_ms / len(batch)
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
-                future.set_result(result)
+                future.set_result((result, len(batch)))

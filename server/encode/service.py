@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from PIL import Image
@@ -47,6 +48,13 @@ class EncodedItem:
     grid: Grid
     cache_hit: bool
     encode_seconds: float
+    batch_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    entry: CachedEmbedding
+    batch_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,7 @@ class _Computed:
     mm_hash: str
     cache_hit: bool
     seconds: float
+    batch_size: int = 0
 
 
 class EncodeWorker:
@@ -73,7 +82,7 @@ class EncodeWorker:
         self.cache = cache
         self.worker_id = worker_id
         self.model_id = model_id
-        self._encoding: dict[str, asyncio.Future[CachedEmbedding]] = {}
+        self._encoding: dict[str, asyncio.Task[_Encoded]] = {}
         self.num_in_flight = 0
 
     async def encode(self, items: list[MediaSource], *, model: str = "",
@@ -83,6 +92,8 @@ class EncodeWorker:
         self._validate(items, model)
         tasks = [asyncio.ensure_future(self._compute_indexed(i, item))
                  for i, item in enumerate(items)]  # fmt: skip
+        for task in tasks:
+            task.add_done_callback(_retrieve_exception)
         self.num_in_flight += len(items)
         try:
             for done in asyncio.as_completed(tasks):
@@ -90,7 +101,8 @@ class EncodeWorker:
                 ref = self.plane.put(computed.entry.embeddings, consumer_host_id,
                                      preferred=transfer_kind)  # fmt: skip
                 yield EncodedItem(index, computed.mm_hash, ref, computed.entry.grid,
-                                  computed.cache_hit, computed.seconds)  # fmt: skip
+                                  computed.cache_hit, computed.seconds,
+                                  computed.batch_size)  # fmt: skip
         finally:
             self.num_in_flight -= len(items)
             for task in tasks:
@@ -116,6 +128,9 @@ class EncodeWorker:
     async def _compute(self, item: MediaSource) -> _Computed:
         if item.mm_hash and (hit := self.cache.get(item.mm_hash)) is not None:
             return _Computed(hit, item.mm_hash, True, 0.0)
+        if item.mm_hash and not (item.url or item.data):
+            raise InvalidArgument(f"mm_hash {item.mm_hash} is not cached on this encoder; send "
+                                  "the image (url or data) with it", reason="MM_HASH_NOT_CACHED")
         loaded = await self.loader.load(url=item.url, data=item.data)
         if item.mm_hash and item.mm_hash != loaded.mm_hash:
             raise InvalidArgument(
@@ -126,23 +141,31 @@ class EncodeWorker:
         if self.gridder is not None:
             self.gridder.grid(loaded.image)  # raises InvalidArgument (BAD_IMAGE_SHAPE)
         start = time.monotonic()
-        entry = await self._encode_once(loaded.mm_hash, loaded.image)
-        return _Computed(entry, loaded.mm_hash, False, time.monotonic() - start)
+        encoded = await self._encode_once(loaded.mm_hash, loaded.image)
+        return _Computed(encoded.entry, loaded.mm_hash, False, time.monotonic() - start,
+                         encoded.batch_size)  # fmt: skip
 
-    async def _encode_once(self, mm_hash: str, image: Image.Image) -> CachedEmbedding:
-        if mm_hash in self._encoding:
-            return await asyncio.shield(self._encoding[mm_hash])
-        future: asyncio.Future[CachedEmbedding] = asyncio.get_running_loop().create_future()
-        self._encoding[mm_hash] = future
+    async def _encode_once(self, mm_hash: str, image: Image.Image) -> _Encoded:
+        # NOTE: the encoding runs in its own task, shared by every request for this image: a
+        # request that is cancelled stops waiting without failing the others.
+        task = self._encoding.get(mm_hash)
+        if task is None:
+            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, image))
+            task.add_done_callback(_retrieve_exception)
+            self._encoding[mm_hash] = task
+        return await asyncio.shield(task)
+
+    async def _encode_and_cache(self, mm_hash: str, image: Image.Image) -> _Encoded:
         try:
-            embeddings, grid = await self.batcher.submit(image)
-            entry = CachedEmbedding(embeddings, grid)
-            self.cache.put(mm_hash, entry)
-            future.set_result(entry)
-            return entry
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()
-            raise
+            (embeddings, grid), batch_size = await self.batcher.submit_sized(image)
         finally:
             self._encoding.pop(mm_hash, None)
+        entry = CachedEmbedding(embeddings, grid)
+        self.cache.put(mm_hash, entry)
+        return _Encoded(entry, batch_size)
+
+
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    # NOTE: when one item fails, the others' failures are not awaited; retrieve them here.
+    if not task.cancelled():
+        task.exception()

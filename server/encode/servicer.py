@@ -30,13 +30,14 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         span.set_attribute("epd.encoder_id", self.worker.worker_id)
         span.set_attribute("epd.items", len(request.items))
         sources = [MediaSource(item.mm_hash, item.url, item.data) for item in request.items]
-        hits = num_bytes = 0
+        hits = num_bytes = largest_batch = 0
         async for result in self.worker.encode(
             sources, model=request.model, consumer_host_id=request.consumer_host_id,
             transfer_kind=request.transfer_kind,
         ):  # fmt: skip
             hits += result.cache_hit
             num_bytes += result.embeddings.byte_size
+            largest_batch = max(largest_batch, result.batch_size)
             yield pb.EncodeResponse(
                 item_index=result.item_index, mm_hash=result.mm_hash,
                 embeddings=result.embeddings, grid=multimodal_pb2.ImageGrid(
@@ -46,6 +47,8 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
             )  # fmt: skip
             span.set_attribute("epd.transfer_kind", result.embeddings.WhichOneof("location") or "")
         span.set_attribute("epd.cache_hits", hits)
+        span.set_attribute("epd.cache_misses", len(request.items) - hits)
+        span.set_attribute("epd.batch_size", largest_batch)
         span.set_attribute("epd.bytes", num_bytes)
 
     @handle_errors

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 Value = TypeVar("Value")
 
@@ -23,33 +23,36 @@ class AsyncLruCache(Generic[Value]):
         self.max_bytes = max_bytes
         self._size_of = size_of or (lambda value: 0)
         self._values: OrderedDict[str, tuple[Value, int]] = OrderedDict()
-        self._loading: dict[str, asyncio.Future[Value]] = {}
+        self._loading: dict[str, asyncio.Task[Value]] = {}
         self.num_bytes = 0
         self.num_hits = 0
         self.num_loads = 0
 
     async def get_or_load(self, key: str, load: Callable[[], Awaitable[Value]]) -> Value:
-        """The cached value of ``key``, or the result of ``load()`` (shared by concurrent callers;
-        a failed load is not cached and fails every caller waiting on it)."""
+        """The cached value of ``key``, or the result of ``load()``, shared by concurrent callers.
+
+        The load runs in its own task: a caller that is cancelled stops waiting but neither stops
+        the load nor fails the others. A failed load is not cached and fails every caller
+        waiting on it."""
         if key in self._values:
             self._values.move_to_end(key)
             self.num_hits += 1
             return self._values[key][0]
-        if key in self._loading:
+        task = self._loading.get(key)
+        if task is None:
+            self.num_loads += 1
+            task = asyncio.ensure_future(self._load_and_keep(key, load))
+            task.add_done_callback(_retrieve_exception)
+            self._loading[key] = task
+        else:
             self.num_hits += 1
-            return await asyncio.shield(self._loading[key])
-        future: asyncio.Future[Value] = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
-        self.num_loads += 1
+        return await asyncio.shield(task)
+
+    async def _load_and_keep(self, key: str, load: Callable[[], Awaitable[Value]]) -> Value:
         try:
             value = await load()
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # NOTE: marks it retrieved when nobody else waits
-            raise
         finally:
             self._loading.pop(key, None)
-        future.set_result(value)
         self._put(key, value)
         return value
 
@@ -69,3 +72,9 @@ class AsyncLruCache(Generic[Value]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    # NOTE: a load whose every caller went away must not log "exception never retrieved".
+    if not task.cancelled():
+        task.exception()

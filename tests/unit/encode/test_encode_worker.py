@@ -1,0 +1,97 @@
+"""EncodeWorker logic with a fake tower: shared encodings survive a cancelled requester, hash-only
+items, batch sizes, failures, and what is held afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.encode.batcher import DynamicBatcher
+from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.service import EncodedItem, EncodeWorker, MediaSource
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.plane import DataPlane
+from tests.unit.media.images import encode, noise
+
+Grid = tuple[int, int, int]
+
+
+class FakeTower:
+    """Embeds an image as one row of its mean pixel; blocks while ``gate`` is clear."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, Grid]]:
+        self.gate.wait(10)
+        self.calls.append(len(images))
+        return [(torch.tensor([[float(sum(image.getpixel((0, 0))))]]), (1, 2, 2))
+                for image in images]  # fmt: skip
+
+
+@pytest.fixture
+async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
+    tower = FakeTower()
+    batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]] = DynamicBatcher(
+        tower, max_items=8, max_wait_s=0.02)
+    plane = DataPlane("host-a", kinds=("inline",))
+    loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
+    worker = EncodeWorker(batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w",
+                          model_id="m")  # fmt: skip
+    yield worker, tower
+    await batcher.close()
+    assert plane.held() == [] and worker.num_in_flight == 0
+    plane.close()
+
+
+async def collect(worker: EncodeWorker, *sources: MediaSource) -> list[EncodedItem]:
+    return [item async for item in worker.encode(list(sources), consumer_host_id="host-a")]
+
+
+async def test_a_cancelled_request_does_not_fail_one_sharing_its_image(parts) -> None:
+    worker, tower = parts
+    tower.gate.clear()
+    data = encode(noise(seed=1))
+    first = asyncio.ensure_future(collect(worker, MediaSource(data=data)))
+    second = asyncio.ensure_future(collect(worker, MediaSource(data=data)))
+    await asyncio.sleep(0.1)
+    first.cancel()
+    tower.gate.set()
+    (item,) = await second
+    assert first.cancelled() and not item.cache_hit and item.batch_size == 1
+    assert tower.calls == [1]
+
+
+async def test_concurrent_requests_report_their_batch_size(parts) -> None:
+    worker, tower = parts
+    results = await asyncio.gather(*(collect(worker, MediaSource(data=encode(noise(seed=s))))
+                                     for s in range(3)))  # fmt: skip
+    assert tower.calls == [3] and [r.batch_size for (r,) in results] == [3, 3, 3]
+    (again,) = await collect(worker, MediaSource(mm_hash=results[0][0].mm_hash))
+    assert again.cache_hit and again.batch_size == 0 and tower.calls == [3]
+
+
+async def test_a_hash_the_encoder_lacks_needs_the_image(parts) -> None:
+    worker, _ = parts
+    with pytest.raises(InvalidArgument) as caught:
+        await collect(worker, MediaSource(mm_hash="f" * 32))
+    assert caught.value.reason == "MM_HASH_NOT_CACHED"
+
+
+async def test_two_bad_items_fail_the_request_once(parts) -> None:
+    worker, tower = parts
+    with pytest.raises(InvalidArgument) as caught:
+        await collect(worker, MediaSource(data=b"junk"), MediaSource(data=b"more junk"),
+                      MediaSource(data=encode(noise(seed=9))))  # fmt: skip
+    assert caught.value.reason == "BAD_IMAGE"
+    await asyncio.sleep(0.1)  # the good item's encoding finishes and is cached
+    assert len(worker.cache) == 1
