@@ -83,20 +83,37 @@ class Deployment:
         raise RuntimeError(f"{child.name} not healthy after {timeout_s:.0f}s; log {child.log}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM every child (dependants first), SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every child's process group (dependants first), SIGKILL what is left after
+        ``grace_s``; returns once every group is empty (vLLM's engine cores included)."""
         for child in reversed(self.children):
             if child.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGTERM)
+                _signal_group(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(max(0.0, deadline - time.monotonic()))
-            if child.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+            while _group_alive(child.process.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _signal_group(child.process.pid, signal.SIGKILL)
+            child.process.wait()
+            settle = time.monotonic() + 5.0  # NOTE: bounded: unreaped zombies still answer
+            while _group_alive(child.process.pid) and time.monotonic() < settle:
+                time.sleep(0.05)
         self.children.clear()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still running (zombies of others aside)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def tail(path: Path, lines: int = 15) -> str:

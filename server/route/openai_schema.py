@@ -63,6 +63,9 @@ def to_generate_request(body: Any, default_model: str) -> route_service_pb2.Gene
         max_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 16),
         temperature=float(body.get("temperature") or 0.0), top_p=float(body.get("top_p") or 1.0),
         stop=[stop] if isinstance(stop, str) else list(stop),
+        # NOTE: vLLM's extensions of the OpenAI API, sent by vLLM's benchmarks and clients.
+        top_k=max(0, int(body.get("top_k") or 0)), ignore_eos=bool(body.get("ignore_eos")),
+        stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
     )  # fmt: skip
     if body.get("seed") is not None:
         sampling.seed = int(body["seed"])

@@ -1,0 +1,220 @@
+"""End-to-end serving benchmark: TTFT p50/p99, TPOT and throughput of whole deployments (each
+started by the ``epd up`` launcher as real processes) against monolithic vLLM serving the same
+model on this machine in the same run, all driven through the OpenAI chat API with streaming.
+
+Systems (``--systems``, comma separated): ``epd`` (E/P/D), ``e-pd`` (E/PD), ``ep-d``, ``epd1``,
+``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive) and ``vllm``
+(``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine). Every request
+carries its own random image (no cache hits) as a data URL, at each ``--concurrency`` level,
+optionally paced at ``--rate`` requests/s (Poisson arrivals; 0 = as fast as the concurrency lets).
+
+    .venv/bin/python scripts/bench_e2e.py [--model DIR] [--systems epd,e-pd,vllm]
+        [--concurrency 1,4] [--requests 16] [--tokens 16] [--rate 0] [--csv out.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import csv
+import io
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from epd.client.launcher import Deployment, Topology, free_port, start_topology
+
+FIELDS = ["system", "concurrency", "rate", "requests", "failed", "ttft_p50_ms", "ttft_p99_ms",
+          "tpot_ms", "output_tok_s", "req_s"]  # fmt: skip
+
+
+@dataclass
+class Row:
+    """One (system, concurrency) measurement."""
+
+    system: str
+    concurrency: int
+    rate: float
+    requests: int
+    failed: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_ms: float
+    output_tok_s: float
+    req_s: float
+
+
+def data_url(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (224, 224, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+async def one_request(client: object, model: str, seed: int,
+                      tokens: int) -> tuple[float, float, int]:  # fmt: skip
+    """(TTFT s, total s, output tokens) of one streamed chat completion."""
+    start = time.perf_counter()
+    stream = await client.chat.completions.create(  # type: ignore[attr-defined]
+        model=model, max_tokens=tokens, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(seed)}},
+            {"type": "text", "text": "What is in this picture?"}]}])  # fmt: skip
+    first, completion = None, 0
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            completion = chunk.usage.completion_tokens
+    total = time.perf_counter() - start
+    return (first if first is not None else total), total, completion
+
+
+async def measure(base_url: str, model: str, system: str, concurrency: int, rate: float,
+                  num_requests: int, tokens: int) -> Row:  # fmt: skip
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="-", timeout=600)
+    await one_request(client, model, seed=10_000, tokens=2)  # warm-up
+    semaphore = asyncio.Semaphore(concurrency)
+    results: list[tuple[float, float, int]] = []
+    failed = 0
+
+    async def run(seed: int) -> None:
+        nonlocal failed
+        async with semaphore:
+            try:
+                results.append(await one_request(client, model, seed, tokens))
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                failed += 1
+                print(f"  request failed: {e}", file=sys.stderr)
+
+    start = time.perf_counter()
+    tasks = []
+    async for seed in arrivals(num_requests, rate):
+        tasks.append(asyncio.create_task(run(seed)))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    await client.close()
+    ttfts = sorted(r[0] * 1000 for r in results) or [float("nan")]
+    tpots = [(r[1] - r[0]) * 1000 / (r[2] - 1) for r in results if r[2] > 1] or [float("nan")]
+    return Row(system, concurrency, rate, len(results), failed, statistics.median(ttfts),
+               ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], statistics.mean(tpots),
+               sum(r[2] for r in results) / elapsed, len(results) / elapsed)  # fmt: skip
+
+
+async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
+    """Request seeds, spaced by exponential gaps at ``rate``/s (0: all at once)."""
+    for seed in range(num_requests):
+        if rate > 0 and seed:
+            await asyncio.sleep(random.expovariate(rate))
+        yield seed
+
+
+@contextlib.asynccontextmanager
+async def serving(system: str, model_dir: Path, run_dir: Path) -> AsyncIterator[str]:
+    """Start ``system``; yield its OpenAI base URL; stop it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    deployment = Deployment(run_dir, env)
+    try:
+        if system == "vllm":
+            yield await start_vllm(deployment, model_dir)
+        else:
+            name, _, policy = system.partition(":")
+            topology = Topology(name, policy=policy or "adaptive")
+            route = await start_topology(deployment, model_dir, "tiny", topology)
+            yield f"http://127.0.0.1:{route.http_port}/v1"
+    finally:
+        deployment.stop()
+
+
+async def start_vllm(deployment: Deployment, model_dir: Path) -> str:
+    import aiohttp
+
+    port = free_port()
+    log = deployment.run_dir / "vllm.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--served-model-name", "tiny", "--port", str(port), "--dtype", "float32",
+             "--enforce-eager", "--max-model-len", "4096"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**deployment.env, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    from epd.client.launcher import Child
+
+    deployment.children.append(Child("vllm", port, process, log))
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM exited; see {log}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"http://127.0.0.1:{port}/health") as reply:
+                    if reply.status == 200:
+                        return f"http://127.0.0.1:{port}/v1"
+            await asyncio.sleep(1)
+    raise RuntimeError(f"vLLM not healthy after 600 s; see {log}")
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'system':<24}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
+          f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}")  # fmt: skip
+    for r in rows:
+        print(f"{r.system:<24}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
+              f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
+              f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}")  # fmt: skip
+
+
+async def main(args: argparse.Namespace) -> int:
+    model_dir = args.model
+    if model_dir is None:
+        from epd.server.engine.tiny_model import build_tiny_model
+
+        model_dir = Path(".epd/models/tiny")
+        if not (model_dir / "config.json").exists():
+            build_tiny_model(model_dir)
+    run_root = Path(tempfile.mkdtemp(prefix="epd-bench-"))
+    rows: list[Row] = []
+    for system in args.systems.split(","):
+        print(f"== {system}: starting", flush=True)
+        async with serving(system, model_dir.resolve(), run_root / system.replace(":", "-")) as url:
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                row = await measure(url, "tiny", system, concurrency, args.rate, args.requests,
+                                    args.tokens)  # fmt: skip
+                rows.append(row)
+                print_table([row])
+    print()
+    print_table(rows)
+    if args.csv:
+        with open(args.csv, "w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(asdict(r) for r in rows)
+        print(f"\nwrote {args.csv}; logs in {run_root}")
+    return 0 if all(r.failed == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    parser.add_argument("--systems", default="epd,e-pd,vllm",
+                        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default "
+                             "epd,e-pd,vllm)")  # fmt: skip
+    parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per level")
+    parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
+    parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: unpaced)")
+    parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
+    sys.exit(asyncio.run(main(parser.parse_args())))

