@@ -42,6 +42,7 @@ class EncodeConfig:
     scheduler: str | None = None
     transfer_kind: str | None = None
     lease_ttl_s: float = 60.0
+    heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
 
 
 @dataclass
@@ -95,6 +96,7 @@ async def build_encode_server(config: EncodeConfig,
             item_latency_ms=batcher.stats.item_latency_ms, cached_mm_hashes=cache.hashes(256))
 
     registration = WorkerRegistration(config.scheduler, info, load,
+                                      interval_s=config.heartbeat_interval_s,
                                       auth_token=options.auth_token)  # fmt: skip
     server.add_drain_callback(registration.stop)
     await registration.start()

@@ -1,0 +1,59 @@
+"""An encoder whose scheduler is absent serves direct calls, registers once the scheduler comes
+up, and heartbeats its load (cached mm_hashes included)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+
+from PIL import Image
+
+from epd.scheduler.app import build_scheduler_server
+from epd.server.common.channels import create_channel
+from epd.server.common.server import ServerOptions
+from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.v1 import encode_service_pb2 as pb
+from epd.v1 import encode_service_pb2_grpc as pb_grpc
+from epd.v1 import multimodal_pb2
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None:
+    port = free_port()
+    encoder = await build_encode_server(EncodeConfig(
+        tiny_model_dir, model_id="tiny", scheduler=f"127.0.0.1:{port}", worker_id="enc-late",
+        transfer_kind="inline", heartbeat_interval_s=0.1))  # fmt: skip
+    buffer = io.BytesIO()
+    Image.new("RGB", (56, 56), (9, 9, 9)).save(buffer, format="PNG")
+    try:
+        async with create_channel(f"127.0.0.1:{encoder.port}") as channel:
+            request = pb.EncodeRequest(items=[multimodal_pb2.MediaItem(data=buffer.getvalue())])
+            (response,) = [r async for r in pb_grpc.EncodeServiceStub(channel).Encode(request)]
+        scheduler, _ = await build_scheduler_server(ServerOptions(port=port))
+        async with create_channel(f"127.0.0.1:{port}") as channel:
+            stub = scheduler_grpc.SchedulerServiceStub(channel)
+            workers = []
+            for _ in range(300):
+                # NOTE: wait_for_ready: the subchannel is shared with the encoder's registration
+                # channel, which may still be in reconnect backoff from the refused attempts.
+                reply = await stub.ListWorkers(scheduler_pb.ListWorkersRequest(),
+                                               wait_for_ready=True, timeout=10)  # fmt: skip
+                workers = list(reply.workers)
+                if workers and response.mm_hash in workers[0].load.cached_mm_hashes:
+                    break
+                await asyncio.sleep(0.05)
+        (worker,) = workers
+        assert worker.info.id == "enc-late" and worker.info.host_id == encoder.plane.host_id
+        assert worker.info.capacity == 8 and worker.info.endpoint.endswith(f":{encoder.port}")
+        assert list(worker.load.cached_mm_hashes) == [response.mm_hash]
+    finally:
+        await encoder.stop()
+    await scheduler.drain_and_stop(0)
