@@ -1,0 +1,55 @@
+"""What ``epd up`` starts for each topology, and where."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from epd.client.launcher import PREFILL_MODES, TOPOLOGIES, Deployment, Topology
+
+
+@pytest.mark.parametrize(("name", "devices", "has_decode", "mode"), [
+    ("epd", ["cpu", "cpu"], True, "prefill"),
+    ("e-pd", ["cpu", "cpu"], False, "prefill_decode"),
+    ("ep-d", [], True, "encode_prefill"),
+    ("epd1", [], False, "encode_prefill"),
+    ("dual-encoder", ["auto", "cpu"], False, "prefill_decode"),
+])  # fmt: skip
+def test_each_topology_starts_its_roles(name, devices, has_decode, mode) -> None:
+    topology = Topology(name, num_encoders=2)
+    assert topology.encoder_devices == devices
+    assert topology.has_decode is has_decode
+    assert PREFILL_MODES[name][1] == mode
+    assert ("--kv-transfer" in PREFILL_MODES[name]) is (name == "ep-d")
+
+
+def test_unknown_topology_is_refused() -> None:
+    assert set(TOPOLOGIES) == set(PREFILL_MODES)
+    with pytest.raises(ValueError):
+        Topology("e/p/d")
+
+
+def test_ports_follow_the_base_port_or_are_free(tmp_path: Path) -> None:
+    assert Deployment(tmp_path, {}, base_port=40000).port(3) == 40003
+    free = {Deployment(tmp_path, {}).port(0) for _ in range(3)}
+    assert all(port > 0 for port in free)
+
+
+def test_stop_ends_every_process_of_a_child_group(tmp_path: Path) -> None:
+    deployment = Deployment(tmp_path, {})
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+              "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "time.sleep(60)']); time.sleep(60)")  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    from epd.client.launcher import Child, _group_alive
+
+    deployment.children.append(Child("sleeper", 0, process, tmp_path / "log"))
+    time.sleep(0.5)
+    start = time.monotonic()
+    deployment.stop(grace_s=1.0)
+    assert not _group_alive(process.pid)  # the grandchild ignoring SIGTERM was killed too
+    assert time.monotonic() - start < 10
