@@ -1,7 +1,9 @@
 """Data-plane benchmark: handoff bandwidth and fixed cost per backend vs in-process memcpy.
 
 For each size, in one run on this machine:
-- memcpy: ``dst.copy_(src)`` in one process (the reference every ratio is against);
+- memcpy: one plain memcpy into a warm buffer in one process (the reference every ratio is
+  against); ``torch copy_`` (intra-op threads) is shown beside it: faster on idle cores, very slow
+  when another process holds them, which is why the data plane copies with plain memcpy;
 - shm: ``put`` in this process + ``get`` (zero-copy view) in a second process;
 - nixl: ``put`` into a registered buffer here + ``get`` (one NIXL READ into the second process's
   registered buffer, viewed without a further copy) there, agents connected beforehand;
@@ -30,6 +32,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from epd.server.transfer.plane import DataPlane
+from epd.server.transfer.tensors import copy_payload
 from epd.v1 import tensor_pb2
 
 SIZES = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "128MiB": 128 << 20}
@@ -110,7 +113,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         payload = src.numpy().tobytes()
         results[label] = {
             "bytes": num_bytes,
-            "memcpy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
+            "memcpy_s": _median_time(lambda d=dst, s=src: copy_payload(d, s), reps),
+            "torch_copy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
             "shm_s": handoff(src, "shm", reps),
             "nixl_s": handoff(src, "nixl", reps),
             "inline_s": _median_time(lambda s=src: inline_handoff(s), reps),
@@ -133,7 +137,7 @@ def table(results: dict[str, dict[str, float]]) -> str:
     lines = [
         "fixed per-handoff cost (4-byte tensor, p50): "
         + ", ".join(f"{name} {fixed[name + '_s'] * 1e3:.3f} ms" for name in BACKENDS),
-        f"{'size':>7} | {'memcpy GB/s':>11} | "
+        f"{'size':>7} | {'memcpy GB/s':>11} {'torch copy_':>11} | "
         + " | ".join(f"{name + ' GB/s':>15} {'x memcpy':>8}" for name in BACKENDS),
     ]
     for label, row in results.items():
@@ -141,8 +145,8 @@ def table(results: dict[str, dict[str, float]]) -> str:
             continue
         cells = [f"{row['bytes'] / row[name + '_s'] / 1e9:15.2f} "
                  f"{row['memcpy_s'] / row[name + '_s']:8.2f}" for name in BACKENDS]  # fmt: skip
-        memcpy = row["bytes"] / row["memcpy_s"] / 1e9
-        lines.append(f"{label:>7} | {memcpy:11.2f} | " + " | ".join(cells))
+        memcpy, torch_copy = (row["bytes"] / row[key] / 1e9 for key in ("memcpy_s", "torch_copy_s"))
+        lines.append(f"{label:>7} | {memcpy:11.2f} {torch_copy:11.2f} | " + " | ".join(cells))
     return "\n".join(lines)
 
 

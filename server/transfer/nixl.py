@@ -33,7 +33,7 @@ from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
-from epd.server.transfer.tensors import as_bytes, check_ref, describe
+from epd.server.transfer.tensors import as_bytes, check_ref, copy_payload, describe
 from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
@@ -144,7 +144,7 @@ class NixlProducer(TensorProducer):
         agent.poll()
         ref = describe(tensor)
         block = pool.acquire(ref.byte_size)
-        block.view[HEADER_BYTES:HEADER_BYTES + ref.byte_size].copy_(as_bytes(tensor))
+        copy_payload(block.view[HEADER_BYTES:HEADER_BYTES + ref.byte_size], as_bytes(tensor))
         info = self._leases.add(block, kind=self.kind, byte_size=ref.byte_size,
                                 location=f"{agent.name}@{block.address:#x}",
                                 ttl_s=ttl_s or self.ttl_s)  # fmt: skip

@@ -11,7 +11,8 @@ Descriptors cross the wire as integers ``(address, length, device_id)``; this mo
 ``deserialize_descs`` (it unpickles). The UCX backend runs with error handling mode ``none`` by
 default, which lets UCX use shared-memory transports (cma) on one host: ``peer`` mode forces TCP
 and is ~10x slower here. Set $EPD_NIXL_UCX_ERROR_HANDLING=peer where peer-failure detection
-matters more than speed.
+matters more than speed. NIXL's progress thread is off (see the note in ``NixlAgent``); set
+$EPD_NIXL_PROGRESS_THREAD=1 to turn it on where cores are plentiful.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ class NixlAgent:
         from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
         strict = nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
-        config = nixl_agent_config(backends=[], sync_mode=strict)
+        # NOTE: NIXL's progress thread polls without pause and takes a whole core; with torch's
+        # intra-op threads beside it on a small machine, a 64 KiB copy took 20 ms instead of
+        # 5 us. Our own thread below polls every millisecond instead (a passive producer must
+        # make progress for peers to connect and for their notifications to arrive).
+        progress_thread = os.environ.get("EPD_NIXL_PROGRESS_THREAD", "0") == "1"
+        config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[],
+                                   sync_mode=strict)  # fmt: skip
         self.name = name
         self._agent: Any = nixl_agent(name, config)
         mode = os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", "none")
@@ -65,6 +72,17 @@ class NixlAgent:
         self._metadata: dict[int, bytes] = {}
         self._remote: dict[str, set[bytes]] = {}
         self._listeners: list[NotificationListener] = []
+        self._progress_interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
+        if not progress_thread:
+            threading.Thread(target=self._progress, name="epd-nixl-progress", daemon=True).start()
+
+    def _progress(self) -> None:
+        while True:
+            time.sleep(self._progress_interval_s)
+            try:
+                self.poll()
+            except Exception:  # NOTE: a listener's bug must not stop progress for every peer
+                logger.exception("NIXL notification handling failed")
 
     # -- local memory ---------------------------------------------------------------------------
 

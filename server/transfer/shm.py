@@ -28,7 +28,7 @@ import torch
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
-from epd.server.transfer.tensors import as_bytes, check_ref, describe, from_bytes
+from epd.server.transfer.tensors import as_bytes, check_ref, copy_payload, describe, from_bytes
 from epd.v1 import tensor_pb2
 
 SHM_DIR = "/dev/shm"
@@ -191,7 +191,7 @@ class ShmProducer(TensorProducer):
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
-        segment.payload(ref.byte_size).copy_(as_bytes(tensor))
+        copy_payload(segment.payload(ref.byte_size), as_bytes(tensor))
         info = self._leases.add(segment, kind=self.kind, byte_size=ref.byte_size,
                                 location=segment.name, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
         segment.stamp(info.lease_id)
