@@ -113,7 +113,7 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         payload = src.numpy().tobytes()
         results[label] = {
             "bytes": num_bytes,
-            "memcpy_s": _median_time(lambda d=dst, s=src: copy_payload(d, s), reps),
+            "memcpy_s": _median_time(lambda d=dst, s=src: copy_payload(d.data_ptr(), s), reps),
             "torch_copy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
             "shm_s": handoff(src, "shm", reps),
             "nixl_s": handoff(src, "nixl", reps),

@@ -33,7 +33,7 @@ from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
-from epd.server.transfer.tensors import as_bytes, check_ref, copy_payload, describe
+from epd.server.transfer.tensors import check_ref, copy_payload, describe
 from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
@@ -50,10 +50,7 @@ class Block:
     capacity: int
     memory: mmap.mmap
     view: torch.Tensor
-
-    @property
-    def address(self) -> int:
-        return int(self.view.data_ptr())
+    address: int
 
     def stamp(self, lease_id: str) -> None:
         self.memory[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
@@ -86,7 +83,8 @@ class RegisteredPool:
                 return self._idle[capacity].pop()
             self.num_created += 1
         memory = mmap.mmap(-1, capacity)
-        block = Block(capacity, memory, torch.frombuffer(memory, dtype=torch.uint8))
+        view = torch.frombuffer(memory, dtype=torch.uint8)
+        block = Block(capacity, memory, view, view.data_ptr())
         self._agent.register(block.address, capacity)
         return block
 
@@ -144,17 +142,18 @@ class NixlProducer(TensorProducer):
         agent.poll()
         ref = describe(tensor)
         block = pool.acquire(ref.byte_size)
-        copy_payload(block.view[HEADER_BYTES:HEADER_BYTES + ref.byte_size], as_bytes(tensor))
+        copy_payload(block.address + HEADER_BYTES, tensor)
         info = self._leases.add(block, kind=self.kind, byte_size=ref.byte_size,
                                 location=f"{agent.name}@{block.address:#x}",
                                 ttl_s=ttl_s or self.ttl_s)  # fmt: skip
         block.stamp(info.lease_id)
-        regions = [(block.address, HEADER_BYTES), (block.address + HEADER_BYTES, ref.byte_size)]
-        ref.nixl.CopyFrom(tensor_pb2.NixlLocation(
-            agent_name=agent.name, agent_metadata=agent.metadata(block.address),
-            memory_type=tensor_pb2.NIXL_MEMORY_TYPE_DRAM,
-            descriptors=[tensor_pb2.NixlDescriptor(address=address, length=length)
-                         for address, length in regions if length]))  # fmt: skip
+        location = ref.nixl
+        location.agent_name = agent.name
+        location.agent_metadata = agent.metadata(block.address)
+        location.memory_type = tensor_pb2.NIXL_MEMORY_TYPE_DRAM
+        location.descriptors.add(address=block.address, length=HEADER_BYTES)
+        if ref.byte_size:
+            location.descriptors.add(address=block.address + HEADER_BYTES, length=ref.byte_size)
         ref.host_id = self.host_id
         ref.lease_id = info.lease_id
         ref.lease_expire_time_ms = int(info.expires_at * 1000)
@@ -294,10 +293,11 @@ def remote_regions(ref: tensor_pb2.TensorRef) -> tuple[list[Region], bool]:
         raise InvalidArgument(f"{len(location.descriptors)} NIXL descriptors (limit "
                               f"{MAX_DESCRIPTORS})", reason="BAD_TENSOR_REF")  # fmt: skip
     regions = [(d.address, d.length, d.device_id) for d in location.descriptors]
-    if any(length == 0 for _, length, _ in regions) or not regions:
+    lengths = [length for _, length, _ in regions]
+    if not regions or min(lengths) == 0:
         raise InvalidArgument("NIXL descriptors must be non-empty regions",
                               reason="BAD_TENSOR_REF")  # fmt: skip
-    total = sum(length for _, length, _ in regions)
+    total = sum(lengths)
     if total == ref.byte_size + HEADER_BYTES and regions[0][1] == HEADER_BYTES:
         return regions, True
     if total == ref.byte_size:

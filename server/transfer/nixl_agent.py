@@ -17,6 +17,7 @@ $EPD_NIXL_PROGRESS_THREAD=1 to turn it on where cores are plentiful.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -73,12 +74,24 @@ class NixlAgent:
         self._remote: dict[str, set[bytes]] = {}
         self._listeners: list[NotificationListener] = []
         self._progress_interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
+        self._stop = threading.Event()
+        self._progress_thread: threading.Thread | None = None
         if not progress_thread:
-            threading.Thread(target=self._progress, name="epd-nixl-progress", daemon=True).start()
+            self._progress_thread = threading.Thread(target=self._progress, daemon=True,
+                                                     name="epd-nixl-progress")  # fmt: skip
+            self._progress_thread.start()
+            # NOTE: a daemon thread inside a NIXL call while the interpreter tears down aborts
+            # the process ("terminate called without an active exception").
+            atexit.register(self.stop_progress)
+
+    def stop_progress(self) -> None:
+        """Stop the polling thread (at exit; idempotent)."""
+        self._stop.set()
+        if self._progress_thread is not None and self._progress_thread.is_alive():
+            self._progress_thread.join()
 
     def _progress(self) -> None:
-        while True:
-            time.sleep(self._progress_interval_s)
+        while not self._stop.wait(self._progress_interval_s):
             try:
                 self.poll()
             except Exception:  # NOTE: a listener's bug must not stop progress for every peer

@@ -14,6 +14,7 @@ another tensor) fails with NOT_FOUND instead of returning someone else's data.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import mmap
 import os
@@ -28,7 +29,7 @@ import torch
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
-from epd.server.transfer.tensors import as_bytes, check_ref, copy_payload, describe, from_bytes
+from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes
 from epd.v1 import tensor_pb2
 
 SHM_DIR = "/dev/shm"
@@ -99,11 +100,7 @@ class Segment:
     name: str
     capacity: int
     buffer: mmap.mmap
-
-    def payload(self, num_bytes: int) -> torch.Tensor:
-        """A writable uint8 view of the first ``num_bytes`` payload bytes."""
-        view = torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.capacity)
-        return view[HEADER_BYTES:HEADER_BYTES + num_bytes]
+    address: int
 
     def stamp(self, lease_id: str) -> None:
         self.buffer[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
@@ -163,7 +160,8 @@ class SegmentPool:
         finally:
             os.close(fd)
         self.num_created += 1
-        return Segment(name, capacity, buffer)
+        # NOTE: the ctypes object is dropped at once, so the mapping stays closable.
+        return Segment(name, capacity, buffer, ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
 
     def _destroy(self, segment: Segment) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -191,7 +189,7 @@ class ShmProducer(TensorProducer):
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
-        copy_payload(segment.payload(ref.byte_size), as_bytes(tensor))
+        copy_payload(segment.address + HEADER_BYTES, tensor)
         info = self._leases.add(segment, kind=self.kind, byte_size=ref.byte_size,
                                 location=segment.name, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
         segment.stamp(info.lease_id)

@@ -37,18 +37,18 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def copy_payload(destination: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy the bytes of contiguous CPU ``source`` into contiguous ``destination`` of the same
-    byte length with one single-threaded memcpy.
+def copy_payload(address: int, tensor: torch.Tensor) -> None:
+    """Copy the payload bytes of CPU ``tensor`` (C order) to ``address`` with one plain memcpy;
+    the caller guarantees room for them.
 
     NOTE: ``Tensor.copy_`` splits large copies across torch's intra-op threads; on a small,
     busy machine a thread that is not scheduled stalls the copy (64 KiB took 2-20 ms
     instead of 6 us here)."""
+    source = tensor.detach().cpu() if tensor.device.type != "cpu" else tensor
+    source = source if source.is_contiguous() else source.contiguous()
     num_bytes = source.numel() * source.element_size()
-    assert destination.numel() * destination.element_size() == num_bytes
-    assert source.is_contiguous() and destination.is_contiguous()
     if num_bytes:
-        ctypes.memmove(destination.data_ptr(), source.data_ptr(), num_bytes)
+        ctypes.memmove(address, source.data_ptr(), num_bytes)
 
 
 def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
