@@ -42,7 +42,7 @@ class FakeTower:
 async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
     tower = FakeTower()
     batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]] = DynamicBatcher(
-        tower, max_items=8, max_wait_s=0.02)
+        tower, max_items=8, max_wait_s=0.5)  # NOTE: generous, so a loaded box still batches
     plane = DataPlane("host-a", kinds=("inline",))
     loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
     worker = EncodeWorker(batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w",
