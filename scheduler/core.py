@@ -39,7 +39,7 @@ PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
 
 @dataclass(slots=True)
 class _Group:
-    worker_id: str
+    worker: Worker
     item_indices: list[int]
     backlog_at_assign: int
 
@@ -48,6 +48,7 @@ class _Group:
 class _Pending:
     groups: list[_Group]
     mm_hashes: list[str]
+    units: list[float]
     created_at: float
 
 
@@ -68,7 +69,9 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig | None = None,
                  clock: Clock = time.monotonic) -> None:  # fmt: skip
         self.config = config or SchedulerConfig()
-        self.registry = Registry(self.config.ttl_s, clock)
+        self._lock = threading.RLock()
+        self.registry = Registry(self.config.ttl_s, clock, on_remove=self._forget,
+                                 lock=self._lock)  # fmt: skip
         self._clock = clock
         # NOTE: per_image follows the workers' own weights (Dynamo's default); the split ratio
         # is per_request's knob and adaptive's prior before it has measured anything.
@@ -79,7 +82,6 @@ class Scheduler:
         self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
         self._prefixes = PrefixIndex()
         self._busy_until: dict[str, float] = {}
-        self._lock = threading.RLock()
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> Worker:
@@ -99,12 +101,17 @@ class Scheduler:
             return worker
 
     def deregister(self, lease_id: str) -> None:
-        """Remove a worker and what is known about it."""
+        """End a worker's lease; it drains (listed, never chosen) while assigned work is in
+        flight, then leaves with everything known about it."""
         with self._lock:
-            worker = self.registry.deregister(lease_id)
-            if worker is not None:
-                self._service.forget(worker.id)
-                self._prefixes.forget(worker.id)
+            self.registry.deregister(lease_id)
+
+    def list_workers(self, role: Role | None = None, model: str = "") -> list[Worker]:
+        """Registered workers (draining ones included) of ``role`` and ``model`` (None / "" =
+        any), by id."""
+        with self._lock:
+            return [w for w in self.registry.all() if (role is None or w.spec.role == role)
+                    and (not model or w.spec.model == model)]  # fmt: skip
 
     # ---- encoders
     def assign_encoders(self, items: Sequence[EncodeItem], *, model: str = "",
@@ -122,7 +129,7 @@ class Scheduler:
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
             views = [self._view(w, hashes) for w in workers]
             ids = self._policies[chosen_policy].assign(items, views)
-            self._advance_busy(ids, views)
+            self._advance_busy(ids, items, views)
             return self._record(ids, items, workers, chosen_policy)
 
     def complete_encoding(self, assignment_id: str, outcomes: Sequence[ItemOutcome], *,
@@ -138,7 +145,7 @@ class Scheduler:
             by_index = {outcome.item_index: outcome for outcome in outcomes}
             for group in list(pending.groups):
                 if final or all(i in by_index for i in group.item_indices):
-                    self._finish_group(group, by_index, pending.mm_hashes)
+                    self._finish_group(group, by_index, pending)
                     pending.groups.remove(group)
             if final or not pending.groups:
                 del self._pending[assignment_id]
@@ -175,11 +182,14 @@ class Scheduler:
 
     # ---- internals
     def _model(self, model: str) -> str:
-        """Empty model means the only one registered."""
+        """Empty model means the only one registered; InvalidArgument when there are several."""
         if model:
             return model
         models = self.registry.models()
-        return models[0] if len(models) == 1 else ""
+        if len(models) > 1:
+            raise InvalidArgument(f"name the model: several are served ({', '.join(models)})",
+                                  reason="MODEL_REQUIRED", metadata={"models": ",".join(models)})
+        return models[0] if models else ""
 
     def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
         """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
@@ -198,15 +208,22 @@ class Scheduler:
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
 
-    def _advance_busy(self, ids: list[str], views: list[EncoderView]) -> None:
+    def _advance_busy(self, ids: list[str], items: Sequence[EncodeItem],
+                      views: list[EncoderView]) -> None:  # fmt: skip
         """Push each chosen encoder's expected busy-until time by the work just given to it."""
-        adaptive = self._policies[Policy.ADAPTIVE]
-        assert isinstance(adaptive, AdaptivePolicy)
+        adaptive = self._adaptive
         service_ms = adaptive.service_times(views)
         now = self._clock()
-        for worker_id in ids:
+        for worker_id, item in zip(ids, items, strict=True):
             start = max(now, self._busy_until.get(worker_id, now))
-            self._busy_until[worker_id] = start + service_ms[worker_id] / 1000
+            work_ms = service_ms[worker_id] * adaptive.units(item)
+            self._busy_until[worker_id] = start + work_ms / 1000
+
+    @property
+    def _adaptive(self) -> AdaptivePolicy:
+        adaptive = self._policies[Policy.ADAPTIVE]
+        assert isinstance(adaptive, AdaptivePolicy)
+        return adaptive
 
     def _record(self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker],
                 policy: Policy) -> Assignment:  # fmt: skip
@@ -215,33 +232,47 @@ class Scheduler:
         for index, worker_id in enumerate(ids):
             worker = by_id[worker_id]
             if worker_id not in groups:
-                groups[worker_id] = _Group(worker_id, [], self._view(worker).backlog_items)
+                groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
             groups[worker_id].item_indices.append(index)
-        for worker_id, group in groups.items():
-            by_id[worker_id].num_assigned_in_flight += len(group.item_indices)
+        for group in groups.values():
+            group.worker.num_assigned_in_flight += len(group.item_indices)
         assignment_id = uuid.uuid4().hex
-        self._pending[assignment_id] = _Pending(list(groups.values()),
-                                                [item.mm_hash for item in items], self._clock())
+        self._pending[assignment_id] = _Pending(
+            list(groups.values()), [item.mm_hash for item in items],
+            [self._adaptive.units(item) for item in items], self._clock())  # fmt: skip
         return Assignment(assignment_id, policy, tuple(ids),
                           tuple(by_id[i].spec.endpoint for i in ids))  # fmt: skip
 
     def _finish_group(self, group: _Group, outcomes: dict[int, ItemOutcome],
-                      mm_hashes: list[str]) -> None:  # fmt: skip
-        worker = self.registry.get(group.worker_id)
-        if worker is not None:
-            worker.num_assigned_in_flight = max(
-                0, worker.num_assigned_in_flight - len(group.item_indices))
-            if worker.num_assigned_in_flight == 0:
-                self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0),
-                                                  self._clock())  # fmt: skip
+                      pending: _Pending) -> None:  # fmt: skip
+        # NOTE: the group holds the Worker object it was given to, so a worker that left and
+        # registered again is not charged for its predecessor's work.
+        worker = group.worker
+        worker.num_assigned_in_flight = max(0, worker.num_assigned_in_flight
+                                            - len(group.item_indices))  # fmt: skip
+        if self.registry.get(worker.id) is not worker:
+            return
+        if worker.num_assigned_in_flight == 0:
+            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0),
+                                              self._clock())  # fmt: skip
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         computed = [o for o in done if not o.cache_hit]
         if computed:
-            self._service.add_completion(group.worker_id, max(o.latency_ms for o in computed),
-                                         len(computed), group.backlog_at_assign)  # fmt: skip
+            self._service.add_completion(worker.id, max(o.latency_ms for o in computed),
+                                         sum(pending.units[o.item_index] for o in computed),
+                                         group.backlog_at_assign)  # fmt: skip
         for outcome in done:
-            if mm_hash := mm_hashes[outcome.item_index]:
-                self._remember_home(mm_hash, group.worker_id)
+            if mm_hash := pending.mm_hashes[outcome.item_index]:
+                self._remember_home(mm_hash, worker.id)
+        self.registry.finish_drain(worker)
+
+    def _forget(self, worker: Worker) -> None:
+        """Drop what is known about a worker that left (its caches left with it)."""
+        self._service.forget(worker.id)
+        self._prefixes.forget(worker.id)
+        self._busy_until.pop(worker.id, None)
+        for homes in self._hash_homes.values():
+            homes.discard(worker.id)
 
     def _remember_home(self, mm_hash: str, worker_id: str) -> None:
         self._hash_homes.setdefault(mm_hash, set()).add(worker_id)

@@ -11,6 +11,7 @@ from epd.scheduler.model import Load, Role, Worker, WorkerSpec
 from epd.server.common.errors import AlreadyExists, InvalidArgument, NotFound
 
 Clock = Callable[[], float]
+OnRemove = Callable[[Worker], None]
 
 
 def validate_endpoint(endpoint: str) -> None:
@@ -36,16 +37,25 @@ def validate_spec(spec: WorkerSpec) -> None:
 
 
 class Registry:
-    """Thread-safe registry. A worker is live while heartbeats arrive within ``ttl_s``."""
+    """Thread-safe registry. A worker is live while heartbeats arrive within ``ttl_s``.
 
-    def __init__(self, ttl_s: float = 10.0, clock: Clock = time.monotonic) -> None:
+    ``on_remove(worker)`` runs (under the lock) whenever an entry leaves for good: evicted,
+    deregistered and drained, or replaced by a new registration of its id (a restarted worker
+    has lost its caches). ``lock`` lets an owner share one lock with the registry, so callbacks
+    never take a second lock in the other order.
+    """
+
+    def __init__(self, ttl_s: float = 10.0, clock: Clock = time.monotonic, *,
+                 on_remove: OnRemove | None = None,
+                 lock: threading.RLock | None = None) -> None:  # fmt: skip
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.ttl_s = ttl_s
         self._clock = clock
+        self._on_remove = on_remove or (lambda worker: None)
         self._by_id: dict[str, Worker] = {}
         self._by_lease: dict[str, str] = {}
-        self._lock = threading.RLock()
+        self._lock = lock or threading.RLock()
 
     def register(self, spec: WorkerSpec) -> Worker:
         """Add ``spec`` (or replace its earlier entry: same endpoint, or an expired one)."""
@@ -59,7 +69,7 @@ class Registry:
                     reason="DUPLICATE_WORKER_ID", metadata={"endpoint": old.spec.endpoint},
                 )  # fmt: skip
             if old is not None:
-                self._by_lease.pop(old.lease_id, None)
+                self._remove(old)
             worker = Worker(spec, uuid.uuid4().hex, self._clock())
             self._by_id[spec.id] = worker
             self._by_lease[worker.lease_id] = spec.id
@@ -76,10 +86,23 @@ class Registry:
             return worker
 
     def deregister(self, lease_id: str) -> Worker | None:
-        """Remove the worker of ``lease_id``; unknown leases are ignored."""
+        """End the lease of ``lease_id`` (unknown leases are ignored). A worker with assigned
+        work in flight stays listed as draining (never chosen) until ``finish_drain`` or its TTL;
+        others leave at once."""
         with self._lock:
             worker_id = self._by_lease.pop(lease_id, None)
-            return None if worker_id is None else self._by_id.pop(worker_id, None)
+            worker = None if worker_id is None else self._by_id.get(worker_id)
+            if worker is not None:
+                worker.draining = True
+                self.finish_drain(worker)
+            return worker
+
+    def finish_drain(self, worker: Worker) -> None:
+        """Remove ``worker`` if it is draining and has nothing assigned in flight."""
+        with self._lock:
+            is_current = self._by_id.get(worker.id) is worker
+            if is_current and worker.draining and worker.num_assigned_in_flight == 0:
+                self._remove(worker)
 
     def evict_expired(self) -> list[Worker]:
         """Remove workers whose last heartbeat is older than the TTL; returns them."""
@@ -87,8 +110,7 @@ class Registry:
         with self._lock:
             expired = [w for w in self._by_id.values() if w.last_heartbeat < deadline]
             for worker in expired:
-                del self._by_id[worker.id]
-                self._by_lease.pop(worker.lease_id, None)
+                self._remove(worker)
             return expired
 
     def live(self, roles: Iterable[Role], model: str = "",
@@ -120,6 +142,11 @@ class Registry:
     def heartbeat_age(self, worker: Worker) -> float:
         """Seconds since ``worker``'s latest heartbeat."""
         return self._clock() - worker.last_heartbeat
+
+    def _remove(self, worker: Worker) -> None:
+        del self._by_id[worker.id]
+        self._by_lease.pop(worker.lease_id, None)
+        self._on_remove(worker)
 
     def _worker_of(self, lease_id: str) -> Worker:
         worker_id = self._by_lease.get(lease_id)

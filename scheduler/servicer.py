@@ -86,11 +86,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
                           context: Context) -> pb.ListWorkersResponse:  # fmt: skip
         role = (convert.role_from_proto(request.role)
                 if request.role != pb.WORKER_ROLE_UNSPECIFIED else None)  # fmt: skip
-        registry = self.scheduler.registry
-        workers = [w for w in registry.all() if (role is None or w.spec.role == role)
-                   and (not request.model or w.spec.model == request.model)]  # fmt: skip
-        return pb.ListWorkersResponse(workers=[
-            convert.status_to_proto(w, registry.heartbeat_age(w)) for w in workers])
+        workers = self.scheduler.list_workers(role, request.model)
+        age = self.scheduler.registry.heartbeat_age
+        return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])
 
     @property
     def _ttl_ms(self) -> int:

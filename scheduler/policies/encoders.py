@@ -9,6 +9,9 @@
   would finish them first, an image already in an encoder's cache costing almost nothing there.
   A slow encoder thus gets exactly the work it finishes sooner than the fast one would: none at
   low load, its useful share under load. Without statistics it falls back to the weights.
+  Items are costed by size: an item of ``num_tokens`` vision tokens counts ``num_tokens`` over the
+  running mean size of the items seen (1 when sizes are unknown), so big images go where they
+  finish first.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epd.scheduler.model import EncodeItem, Policy
+from epd.scheduler.policies.stats import Ewma
 from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
 from epd.server.common.errors import InvalidArgument
 
@@ -113,8 +117,16 @@ class AdaptivePolicy(EncoderPolicy):
     def __init__(self, split_ratio: tuple[float, float] | None = None) -> None:
         self.split_ratio = split_ratio
         self._turn = 0
+        self._mean_tokens = Ewma(alpha=0.05)
+
+    def units(self, item: EncodeItem) -> float:
+        """Cost of ``item`` in mean-sized items (service times are learned per such unit)."""
+        mean = self._mean_tokens.value
+        return item.num_tokens / mean if mean else 1.0
 
     def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
+        for item in items:
+            self._mean_tokens.add(item.num_tokens)
         service = self.service_times(encoders)
         finish = {e.id: e.backlog_ms if e.backlog_ms is not None
                   else e.backlog_items * service[e.id] for e in encoders}  # fmt: skip
@@ -125,7 +137,8 @@ class AdaptivePolicy(EncoderPolicy):
         for item in items:
             def completion(encoder: EncoderView, item: EncodeItem = item) -> float:
                 hit = bool(item.mm_hash) and item.mm_hash in encoder.cached
-                return finish[encoder.id] + service[encoder.id] * (CACHE_HIT_COST if hit else 1)
+                cost = CACHE_HIT_COST if hit else self.units(item)
+                return finish[encoder.id] + service[encoder.id] * cost
 
             best = min(encoders, key=completion)
             finish[best.id] = completion(best)

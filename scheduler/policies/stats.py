@@ -44,12 +44,13 @@ class ServiceTimes:
         """Record a per-item service time inferred from a completed assignment."""
         self._by_worker.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
 
-    def add_completion(self, worker_id: str, max_latency_ms: float, num_items: int,
+    def add_completion(self, worker_id: str, max_latency_ms: float, num_units: float,
                        backlog_at_assign: int) -> None:  # fmt: skip
-        """A finished group of ``num_items`` whose last item arrived ``max_latency_ms`` after the
-        call; the encoder also had ``backlog_at_assign`` items ahead of it (serial service)."""
-        if num_items > 0:
-            self.add(worker_id, max_latency_ms / (num_items + backlog_at_assign))
+        """A finished group of ``num_units`` of work (items scaled by their size, see
+        ``AdaptivePolicy.units``) whose last item arrived ``max_latency_ms`` after the call; the
+        encoder also had ``backlog_at_assign`` items ahead of it (serial service)."""
+        if num_units > 0:
+            self.add(worker_id, max_latency_ms / (num_units + backlog_at_assign))
 
     def get(self, worker_id: str) -> float | None:
         """The estimate, or None without samples."""

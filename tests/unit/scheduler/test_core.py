@@ -134,3 +134,69 @@ def test_concurrent_assignments_keep_counts_consistent() -> None:
     counts = {w: ids.count(w) for w in "abc"}
     assert counts == {"a": 534, "b": 533, "c": 533}
     assert sum(w.num_assigned_in_flight for w in scheduler.registry.all()) == 1600
+
+
+def test_deregistered_worker_drains_its_in_flight_work_then_leaves() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    lease = {w.id: w.lease_id for w in scheduler.registry.all()}
+    assignment = scheduler.assign_encoders(items(1), policy=Policy.PER_IMAGE)
+    (busy,) = assignment.worker_ids
+    scheduler.deregister(lease[busy])
+    (draining,) = [w for w in scheduler.list_workers() if w.id == busy]
+    assert draining.draining and draining.num_assigned_in_flight == 1
+    for _ in range(3):
+        assert busy not in scheduler.assign_encoders(items(2)).worker_ids
+    scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(0, 5.0)])
+    assert busy not in [w.id for w in scheduler.list_workers()]
+
+
+def test_idle_deregistered_worker_leaves_at_once() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    (worker,) = scheduler.registry.all()
+    scheduler.deregister(worker.lease_id)
+    assert scheduler.list_workers() == []
+
+
+def test_evicted_worker_comes_back_with_nothing_remembered() -> None:
+    scheduler, clock = create_scheduler(spec("p1", Role.PREFILL), spec("p2", Role.PREFILL),
+                                        ttl_s=5)  # fmt: skip
+    first, _ = scheduler.choose_prefill([1, 2, 3])
+    other = "p2" if first.id == "p1" else "p1"
+    clock.now += 4
+    scheduler.heartbeat(scheduler.registry.get(other).lease_id)  # type: ignore[union-attr]
+    clock.now += 2
+    assert [w.id for w in scheduler.list_workers()] == [other]
+    scheduler.register(spec(first.id, Role.PREFILL))
+    worker, cached = scheduler.choose_prefill([1, 2, 3])
+    assert cached == 0 and worker.id == first.id  # its KV cache is gone; by load, ids break ties
+    scheduler.heartbeat(scheduler.registry.get(other).lease_id)  # type: ignore[union-attr]
+
+
+def test_a_new_registration_is_not_charged_for_its_predecessors_work() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    assignment = scheduler.assign_encoders(items(3))
+    scheduler.register(spec("a"))  # the worker restarted at the same endpoint
+    scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(i, 9.0) for i in range(3)])
+    (worker,) = scheduler.list_workers()
+    assert worker.num_assigned_in_flight == 0
+    scheduler.assign_encoders(items(1))
+    assert worker.num_assigned_in_flight == 1
+
+
+def test_forgotten_encoder_is_no_longer_a_cache_home() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    first = scheduler.assign_encoders([EncodeItem("img")], policy=Policy.PER_IMAGE)
+    scheduler.complete_encoding(first.assignment_id, [ItemOutcome(0, 5.0)])
+    (home,) = first.worker_ids
+    scheduler.register(spec(home))  # restarted: its encoder cache is empty
+    chosen = {scheduler.assign_encoders([EncodeItem("img")]).worker_ids for _ in range(2)}
+    assert chosen == {("a",), ("b",)}  # no affinity left: ties rotate
+
+
+def test_empty_model_with_several_served_is_invalid() -> None:
+    scheduler, _ = create_scheduler(spec("a", model="m1"), spec("b", model="m2"))
+    with pytest.raises(InvalidArgument, match="several") as caught:
+        scheduler.assign_encoders(items(1))
+    assert caught.value.reason == "MODEL_REQUIRED"
+    assert scheduler.assign_encoders(items(1), model="m2").worker_ids == ("b",)
+

@@ -95,3 +95,15 @@ def test_prefix_index_counts_leading_blocks_only() -> None:
     assert index.overlap("p1", [1, 2, 3]) == 1
     index.store("p1", [5, 6, 7, 8])
     assert index.num_blocks("p1") == 4 and index.overlap("p1", [1]) == 0
+
+
+def test_adaptive_costs_items_by_size_relative_to_the_mean() -> None:
+    # the gpu is 30 ms behind; per mean-sized item it takes 10 ms, the cpu 40 ms: a plain count
+    # ties (40 vs 40), a big item finishes first on the gpu, a small one on the idle cpu.
+    fast = EncoderView("gpu", "cuda", service_ms=10, backlog_ms=30)
+    slow = EncoderView("cpu", "cpu", service_ms=40, backlog_ms=0)
+    policy = AdaptivePolicy()
+    policy.assign([EncodeItem("prime", 100)], [slow, fast])
+    assert policy.assign([EncodeItem("big", 200)], [slow, fast]) == ["gpu"]
+    assert policy.assign([EncodeItem("small", 50)], [slow, fast]) == ["cpu"]
+    assert AdaptivePolicy().units(EncodeItem("unseen", 500)) == 1.0  # no sizes seen yet
