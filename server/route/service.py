@@ -70,8 +70,7 @@ class RouteWorker:
         messages, media = self._chat(request)
         loaded = await asyncio.gather(*(self.loader.load(url=m.url, data=m.data) for m in media))
         grids = [self._grid(image) for image in loaded]
-        items = [multimodal_pb2.MediaItem(mm_hash=image.mm_hash, url=m.url, data=m.data)
-                 for image, m in zip(loaded, media, strict=True)]  # fmt: skip
+        items = [_with_hash(m, image.mm_hash) for image, m in zip(loaded, media, strict=True)]
         token_ids = self.prompts.token_ids(messages)
         live_roles = await self._live_roles(model, deadline)
         plan = plan_for(live_roles, len(items))
@@ -149,3 +148,12 @@ class RouteWorker:
         return self.prompts.block_hashes(token_ids, [
             (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
             for item, grid in zip(items, grids, strict=True)])  # fmt: skip
+
+
+def _with_hash(media: Media, mm_hash: str) -> Media:
+    # NOTE: copied, not rebuilt from url= and data=: setting both members of the oneof (one
+    # empty) would keep only the last, dropping a data: URL.
+    item = multimodal_pb2.MediaItem()
+    item.CopyFrom(media)
+    item.mm_hash = mm_hash
+    return item

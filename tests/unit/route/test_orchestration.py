@@ -103,3 +103,14 @@ async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
 
 async def _nothing() -> None:
     return None
+
+
+def test_media_items_keep_their_source_when_hashed() -> None:
+    from epd.server.route.service import _with_hash
+
+    for item in (multimodal_pb2.MediaItem(url="data:image/png;base64,AA"),
+                 multimodal_pb2.MediaItem(data=b"png")):  # fmt: skip
+        hashed = _with_hash(item, "abc")
+        assert hashed.mm_hash == "abc"
+        assert hashed.WhichOneof("source") == item.WhichOneof("source")
+        assert (hashed.url, hashed.data) == (item.url, item.data)
