@@ -26,6 +26,7 @@ import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent import futures
 from multiprocessing.connection import Connection
 
@@ -41,14 +42,10 @@ KINDS = {"shm": tensor_pb2.TRANSFER_KIND_SHM, "nixl": tensor_pb2.TRANSFER_KIND_N
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def _median_time(fn, repeats: int) -> float:
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
     fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return time.perf_counter() - start
 
 
 def _consumer(conn: Connection) -> None:
@@ -89,16 +86,14 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         ("grpc.max_send_message_length", 256 << 20)])  # fmt: skip
     send = channel.unary_unary("/bench/Send")
 
-    def handoff(tensor: torch.Tensor, kind: str, repeats: int) -> float:
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            ref = plane.put(tensor, HOST, preferred=KINDS[kind])
-            put_s = time.perf_counter() - start
-            conn.send(ref.SerializeToString())
-            times.append(put_s + conn.recv())
-            plane.release([ref.lease_id])
-        return statistics.median(times[1:])
+    def handoff(tensor: torch.Tensor, kind: str) -> float:
+        start = time.perf_counter()
+        ref = plane.put(tensor, HOST, preferred=KINDS[kind])
+        put_s = time.perf_counter() - start
+        conn.send(ref.SerializeToString())
+        get_s: float = conn.recv()
+        plane.release([ref.lease_id])
+        return put_s + get_s
 
     def inline_handoff(tensor: torch.Tensor) -> None:
         ref = plane.put(tensor, HOST, preferred=tensor_pb2.TRANSFER_KIND_INLINE)
@@ -107,19 +102,28 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
 
     results: dict[str, dict[str, float]] = {}
     for label, num_bytes in {"4B": 4, **SIZES}.items():
-        reps = repeats if num_bytes <= 16 << 20 else max(3, repeats // 4)
+        reps = repeats if num_bytes <= 16 << 20 else max(5, repeats // 4)
         src = torch.randn(max(num_bytes // 4, 1))
         dst = torch.empty_like(src)
         payload = src.numpy().tobytes()
-        results[label] = {
-            "bytes": num_bytes,
-            "memcpy_s": _median_time(lambda d=dst, s=src: copy_payload(d.data_ptr(), s), reps),
-            "torch_copy_s": _median_time(lambda d=dst, s=src: d.copy_(s), reps),
-            "shm_s": handoff(src, "shm", reps),
-            "nixl_s": handoff(src, "nixl", reps),
-            "inline_s": _median_time(lambda s=src: inline_handoff(s), reps),
-            "grpc_bytes_s": _median_time(lambda p=payload: send(p), reps),
+        cells: dict[str, Callable[[], float]] = {
+            "memcpy_s": lambda d=dst, s=src: _timed(lambda: copy_payload(d.data_ptr(), s)),
+            "torch_copy_s": lambda d=dst, s=src: _timed(lambda: d.copy_(s)),
+            "shm_s": lambda s=src: handoff(s, "shm"),
+            "nixl_s": lambda s=src: handoff(s, "nixl"),
+            "inline_s": lambda s=src: _timed(lambda: inline_handoff(s)),
+            "grpc_bytes_s": lambda p=payload: _timed(lambda: send(p)),
         }
+        # NOTE: one sample of every cell per round, so that load from other processes on a shared
+        # machine falls on all of them alike; the first round warms up and is not counted.
+        samples: dict[str, list[float]] = {name: [] for name in cells}
+        for round_index in range(reps + 1):
+            for name, sample in cells.items():
+                seconds = sample()
+                if round_index:
+                    samples[name].append(seconds)
+        results[label] = {"bytes": num_bytes,
+                          **{name: statistics.median(values) for name, values in samples.items()}}
     conn.send(None)
     grpc_conn.send(None)
     consumer.join(10)
