@@ -23,10 +23,21 @@ logger = logging.getLogger(__name__)
 
 LoadFn = Callable[[], pb.WorkerLoad]
 RPC_TIMEOUT_S = 3.0
+MIN_INTERVAL_S = 0.05
+# Codes a retry cannot fix without someone changing the worker's flags: logged as errors.
+CONFIG_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                 grpc.StatusCode.PERMISSION_DENIED)  # fmt: skip
 
 
 class WorkerRegistration:
-    """Keeps one worker registered with the scheduler at ``scheduler_endpoint`` (None: no-op)."""
+    """Keeps one worker registered with the scheduler at ``scheduler_endpoint`` (None: no-op).
+
+    ``load_fn`` is called before each heartbeat, on the event loop; it must be quick. Heartbeats
+    go every ``interval_s`` (default: a third of the TTL the scheduler grants). Errors of any
+    kind (scheduler down, ALREADY_EXISTS while a predecessor's lease runs out, ``load_fn``
+    raising) are logged and retried with exponential backoff from ``retry_initial_s`` to
+    ``retry_max_s``; nothing is raised into the worker.
+    """
 
     def __init__(self, scheduler_endpoint: str | None, info: pb.WorkerInfo, load_fn: LoadFn, *,
                  interval_s: float | None = None, auth_token: str | None = None,
@@ -78,16 +89,21 @@ class WorkerRegistration:
             try:
                 await (self._heartbeat(stub) if self._lease_id else self._register(stub))
                 backoff = self._retry[0]
-                await asyncio.sleep(self._interval_s or self._ttl_s / 3)
+                await asyncio.sleep(max(MIN_INTERVAL_S, self._interval_s or self._ttl_s / 3))
+                continue
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     logger.info("scheduler forgot lease %s; registering again", self._lease_id)
                     self._lease_id = None
                     continue
-                logger.warning("scheduler %s: %s %s; retrying in %.1fs", self.scheduler_endpoint,
-                               e.code().name, e.details(), backoff)  # fmt: skip
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._retry[1])
+                level = logging.ERROR if e.code() in CONFIG_ERRORS else logging.WARNING
+                logger.log(level, "scheduler %s: %s %s; retrying in %.1fs",
+                           self.scheduler_endpoint, e.code().name, e.details(), backoff)
+            except Exception:  # NOTE: never let the loop die: the worker must stay registered
+                logger.exception("registration with %s failed; retrying in %.1fs",
+                                 self.scheduler_endpoint, backoff)  # fmt: skip
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._retry[1])
 
     async def _register(self, stub: pb_grpc.SchedulerServiceStub) -> None:
         reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=self.info),

@@ -6,6 +6,8 @@ import asyncio
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
@@ -37,6 +39,11 @@ async def fails_with(call, code: grpc.StatusCode, reason: str) -> None:
         await call
     assert caught.value.code() == code
     assert from_rpc_error(caught.value).reason == reason
+    status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+    assert status is not None and status.code == code.value[0]
+    (detail,) = status.details
+    info = error_details_pb2.ErrorInfo()
+    assert detail.Unpack(info) and info.reason == reason
 
 
 async def test_register_heartbeat_list_deregister(scheduler) -> None:
@@ -81,6 +88,45 @@ async def test_assign_without_encoders_is_unavailable(scheduler) -> None:
     await fails_with(stub.AssignEncoders(request), grpc.StatusCode.UNAVAILABLE, "NO_ENCODER")
     await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest()),
                      grpc.StatusCode.INVALID_ARGUMENT, "NO_ITEMS")
+
+
+async def test_bad_requests_name_what_is_wrong(scheduler) -> None:
+    stub, _ = scheduler
+    for worker_id, port, model in (("a", 7001, "m"), ("b", 7002, "other")):
+        worker = info(worker_id, port=port)
+        worker.model = model
+        await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=worker))
+    items = [pb.EncodeItem(mm_hash="x")]
+    await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest(items=items)),
+                     grpc.StatusCode.INVALID_ARGUMENT, "MODEL_REQUIRED")
+    await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest(
+        model="m", items=items, policy=99)), grpc.StatusCode.INVALID_ARGUMENT, "BAD_POLICY")  # type: ignore[arg-type]
+    await fails_with(stub.ChoosePrefill(pb.ChoosePrefillRequest(model="m", roles=[42])),  # type: ignore[list-item]
+                     grpc.StatusCode.INVALID_ARGUMENT, "BAD_ROLE")
+    await fails_with(stub.Heartbeat(pb.HeartbeatRequest()),
+                     grpc.StatusCode.NOT_FOUND, "LEASE_NOT_FOUND")
+    await stub.CompleteEncoding(pb.CompleteEncodingRequest(assignment_id="unknown"))
+    await stub.Deregister(pb.DeregisterRequest(lease_id="unknown"))
+
+
+async def test_deregistered_encoder_drains_then_leaves(scheduler) -> None:
+    stub, _ = scheduler
+    leases = {}
+    for worker_id, port in (("a", 7001), ("b", 7002)):
+        reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info(worker_id,
+                                                                               port=port)))
+        leases[worker_id] = reply.lease_id
+    assigned = await stub.AssignEncoders(pb.AssignEncodersRequest(
+        items=[pb.EncodeItem(mm_hash="x")], policy=pb.ENCODER_POLICY_PER_IMAGE))
+    busy = assigned.assignments[0].worker_id
+    await stub.Deregister(pb.DeregisterRequest(lease_id=leases[busy]))
+    states = {w.info.id: w.state for w in (await stub.ListWorkers(pb.ListWorkersRequest())).workers}
+    assert states[busy] == pb.WORKER_STATE_DRAINING and len(states) == 2
+    again = await stub.AssignEncoders(pb.AssignEncodersRequest(items=[pb.EncodeItem()] * 3))
+    assert {a.worker_id for a in again.assignments} == {"b" if busy == "a" else "a"}
+    await stub.CompleteEncoding(pb.CompleteEncodingRequest(assignment_id=assigned.assignment_id))
+    listing = await stub.ListWorkers(pb.ListWorkersRequest())
+    assert [w.info.id for w in listing.workers] == ["b" if busy == "a" else "a"]
 
 
 async def test_concurrent_assignments_follow_the_policy(scheduler) -> None:
