@@ -272,10 +272,15 @@ def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker) -> A
 
     if args.kv_transfer_config is None:
         return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
-    names = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    # NOTE: a KV-transfer engine runs its model inside the EngineCore process (uni executor):
+    # with a separate worker process, the EngineCore's busy wait for it starved the worker on 2
+    # cores (16 tokens took 5-20 s instead of ~0.1 s).
+    names = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+             "VLLM_ENABLE_V1_MULTIPROCESSING")  # fmt: skip
     with SIDE_CHANNEL_ENV_LOCK:
         saved = {name: os.environ.get(name) for name in names}
-        os.environ.update(zip(names, (side_channel.host, str(side_channel.port)), strict=True))
+        os.environ.update(zip(names, (side_channel.host, str(side_channel.port), "0"),
+                              strict=True))  # fmt: skip
         try:
             return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
         finally:

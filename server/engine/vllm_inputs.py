@@ -70,8 +70,10 @@ def kv_transfer_config(role: str, engine_id: str = "") -> Any:
 
     if role not in KV_ROLES:
         raise ValueError(f"kv role must be one of {KV_ROLES}, not {role!r}")
+    # NOTE: the module swaps in a NIXL agent without a busy-polling progress thread.
     return KVTransferConfig(kv_connector="NixlConnector", kv_role=role,  # type: ignore[arg-type]
-                            kv_buffer_device="cpu", engine_id=engine_id or None)  # fmt: skip
+                            kv_buffer_device="cpu", engine_id=engine_id or None,
+                            kv_connector_module_path="epd.server.engine.nixl_cpu")  # fmt: skip
 
 
 def restore_ints(value: Any) -> Any:
