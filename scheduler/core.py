@@ -30,7 +30,7 @@ from epd.scheduler.policies.encoders import (
     make_policy,
 )
 from epd.scheduler.policies.routing import PrefixIndex
-from epd.scheduler.policies.stats import ServiceTimes
+from epd.scheduler.policies.stats import Ewma, ServiceTimes
 from epd.scheduler.registry import Clock, Registry
 from epd.server.common.errors import InvalidArgument, Unavailable
 
@@ -82,6 +82,9 @@ class Scheduler:
         self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
         self._prefixes = PrefixIndex()
         self._busy_until: dict[str, float] = {}
+        # NOTE: the mean size of the items each encoder was given of late turns the per-item
+        # latency it reports into a per-unit one (an encoder fed big images is not slow).
+        self._units_per_item: dict[str, Ewma] = {}
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> Worker:
@@ -95,7 +98,8 @@ class Scheduler:
         with self._lock:
             worker = self.registry.heartbeat(lease_id, load)
             if load is not None and load.item_latency_ms > 0:
-                self._service.add_reported(worker.id, load.item_latency_ms)
+                units = self._units_per_item.get(worker.id, Ewma()).value or 1.0
+                self._service.add_reported(worker.id, load.item_latency_ms, units)
             self._prefixes.store(worker.id, stored_blocks)
             self._prefixes.remove(worker.id, removed_blocks)
             return worker
@@ -128,6 +132,7 @@ class Scheduler:
             chosen_policy = policy or self.config.default_policy
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
             views = [self._view(w, hashes) for w in workers]
+            self._adaptive.observe(items)
             ids = self._policies[chosen_policy].assign(items, views)
             self._advance_busy(ids, items, views)
             return self._record(ids, items, workers, chosen_policy)
@@ -149,6 +154,11 @@ class Scheduler:
                     pending.groups.remove(group)
             if final or not pending.groups:
                 del self._pending[assignment_id]
+
+    def service_ms(self, worker_id: str) -> float | None:
+        """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
+        with self._lock:
+            return self._service.get(worker_id)
 
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
@@ -234,6 +244,8 @@ class Scheduler:
             if worker_id not in groups:
                 groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
             groups[worker_id].item_indices.append(index)
+            self._units_per_item.setdefault(worker_id, Ewma()).add(
+                self._adaptive.units(items[index]))
         for group in groups.values():
             group.worker.num_assigned_in_flight += len(group.item_indices)
         assignment_id = uuid.uuid4().hex
@@ -271,6 +283,7 @@ class Scheduler:
         self._service.forget(worker.id)
         self._prefixes.forget(worker.id)
         self._busy_until.pop(worker.id, None)
+        self._units_per_item.pop(worker.id, None)
         for homes in self._hash_homes.values():
             homes.discard(worker.id)
 

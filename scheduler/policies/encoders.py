@@ -119,14 +119,19 @@ class AdaptivePolicy(EncoderPolicy):
         self._turn = 0
         self._mean_tokens = Ewma(alpha=0.05)
 
+    def observe(self, items: Sequence[EncodeItem]) -> None:
+        """Fold the sizes of a request's items into the running mean; the scheduler calls it
+        once per request whatever the policy, before ``assign``."""
+        for item in items:
+            self._mean_tokens.add(item.num_tokens)
+
     def units(self, item: EncodeItem) -> float:
-        """Cost of ``item`` in mean-sized items (service times are learned per such unit)."""
+        """Cost of ``item`` in mean-sized items (service times are learned per such unit);
+        1 before any size was observed."""
         mean = self._mean_tokens.value
         return item.num_tokens / mean if mean else 1.0
 
     def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
-        for item in items:
-            self._mean_tokens.add(item.num_tokens)
         service = self.service_times(encoders)
         finish = {e.id: e.backlog_ms if e.backlog_ms is not None
                   else e.backlog_items * service[e.id] for e in encoders}  # fmt: skip

@@ -36,9 +36,10 @@ class ServiceTimes:
         self._reported: dict[str, Ewma] = {}
         self._by_worker: dict[str, Ewma] = {}
 
-    def add_reported(self, worker_id: str, item_ms: float) -> None:
-        """Record the worker's own per-item compute time (from a heartbeat)."""
-        self._reported.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
+    def add_reported(self, worker_id: str, item_ms: float, units_per_item: float = 1.0) -> None:
+        """Record the worker's own per-item compute time (from a heartbeat), its items having
+        been ``units_per_item`` mean-sized items each of late."""
+        self._reported.setdefault(worker_id, Ewma(self._alpha)).add(item_ms / units_per_item)
 
     def add(self, worker_id: str, item_ms: float) -> None:
         """Record a per-item service time inferred from a completed assignment."""

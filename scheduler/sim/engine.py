@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from epd.scheduler.core import Scheduler, SchedulerConfig
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, WorkerSpec
-from epd.scheduler.sim.model import Scenario, SimEncoder
+from epd.scheduler.sim.model import REFERENCE_TOKENS, Scenario, SimEncoder
 
 HEARTBEAT_S = 1.0
 CACHE_HIT_MS = 0.5
@@ -20,6 +20,7 @@ CACHE_HIT_MS = 0.5
 class _Request:
     arrival: float
     hashes: list[str]
+    tokens: list[int]
     assignment_id: str = ""
     encoder_of: list[str] = field(default_factory=list)
     done_at: dict[int, float] = field(default_factory=dict)
@@ -97,7 +98,7 @@ class Simulation:
     # ---- events
     def _on_arrival(self, index: str) -> None:
         request = self.requests[int(index)]
-        items = [EncodeItem(h) for h in request.hashes]
+        items = [EncodeItem(h, t) for h, t in zip(request.hashes, request.tokens, strict=True)]
         assignment = self.scheduler.assign_encoders(items, policy=self.policy)
         request.assignment_id = assignment.assignment_id
         request.encoder_of = list(assignment.worker_ids)
@@ -126,7 +127,8 @@ class Simulation:
             return
         batch = [state.queue.popleft() for _ in range(min(state.model.max_batch, len(state.queue)))]
         misses = [(r, i) for r, i in batch if self.requests[r].hashes[i] not in state.cache]
-        duration_ms = state.model.batch_ms(len(misses)) if misses else CACHE_HIT_MS
+        size = sum(self.requests[r].tokens[i] for r, i in misses) / REFERENCE_TOKENS
+        duration_ms = state.model.batch_ms(size) if misses else CACHE_HIT_MS
         if misses:
             state.recent_item_ms = duration_ms / len(misses)
         state.busy_until = self.clock.now + duration_ms / 1000
@@ -163,8 +165,14 @@ class Simulation:
                 else:
                     fresh += 1
                     hashes.append(f"img-{fresh}")
-            self.requests.append(_Request(now, hashes))
+            self.requests.append(_Request(now, hashes, self._draw_tokens(rng, len(hashes))))
             self._push(now, "arrival", str(len(self.requests) - 1))
+
+    def _draw_tokens(self, rng: random.Random, num_images: int) -> list[int]:
+        sizes, weights = zip(*self.scenario.token_mix.items(), strict=True)
+        if len(sizes) == 1:  # NOTE: no draws, so fixed-size scenarios keep their random stream
+            return [sizes[0]] * num_images
+        return rng.choices(sizes, weights, k=num_images)
 
     def _push(self, at: float, kind: str, name: str) -> None:
         self._sequence += 1

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+REFERENCE_TOKENS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class SimEncoder:
-    """An encoder: a batch of n images takes ``fixed_ms + per_image_ms * n``."""
+    """An encoder: a batch of images totalling n reference-sized images (``REFERENCE_TOKENS``
+    vision tokens each) takes ``fixed_ms + per_image_ms * n``."""
 
     name: str
     device: str
@@ -17,7 +20,7 @@ class SimEncoder:
     weight: float = 1.0
     cache_items: int = 256
 
-    def batch_ms(self, num_images: int) -> float:
+    def batch_ms(self, num_images: float) -> float:
         return self.fixed_ms + self.per_image_ms * num_images
 
 
@@ -30,6 +33,8 @@ class Scenario:
     encoders: tuple[SimEncoder, ...]
     arrival_rps: float
     image_mix: dict[int, float] = field(default_factory=lambda: {1: 0.5, 2: 0.3, 4: 0.2})
+    # vision tokens per image -> probability; one entry means every image has that size
+    token_mix: dict[int, float] = field(default_factory=lambda: {REFERENCE_TOKENS: 1.0})
     split_ratio: tuple[float, float] | None = None
     repeat_probability: float = 0.0
     repeat_pool: int = 32
@@ -62,6 +67,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         (SimEncoder("accel", "cuda:0", 4.0, fixed_ms=5.0, max_batch=8),
          SimEncoder("cpu", "cpu", CPU_MS)),
         arrival_rps=55.0, split_ratio=(8.0, 1.0),
+    ),
+    Scenario(
+        "mixed-sizes", "image sizes vary 16x (256 to 4096 vision tokens), right ratio 8:1",
+        (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
+        arrival_rps=40.0, split_ratio=(8.0, 1.0),
+        token_mix={256: 0.6, 1024: 0.3, 4096: 0.1},
     ),
     Scenario(
         "repeated-images", "half the images repeat from a pool of 32 (cache reuse), 2 CPUs",

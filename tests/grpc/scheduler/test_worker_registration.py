@@ -16,6 +16,8 @@ from epd.server.common.channels import create_channel
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
+TTL_S = 1.0  # NOTE: generous: the suite shares two busy cores
+
 
 def info(port: int = 7000) -> pb.WorkerInfo:
     return pb.WorkerInfo(id="enc", role=pb.WORKER_ROLE_ENCODE, endpoint=f"127.0.0.1:{port}",
@@ -24,7 +26,7 @@ def info(port: int = 7000) -> pb.WorkerInfo:
 
 @pytest.fixture
 async def endpoint() -> AsyncIterator[str]:
-    server, port = await build_scheduler_server(config=SchedulerConfig(ttl_s=0.4))
+    server, port = await build_scheduler_server(config=SchedulerConfig(ttl_s=TTL_S))
     yield f"127.0.0.1:{port}"
     await server.drain_and_stop(0)
 
@@ -50,9 +52,9 @@ async def test_heartbeats_at_a_third_of_the_ttl_keep_the_lease(endpoint: str) ->
         return registration.is_registered
 
     await wait_until(registered)
-    await asyncio.sleep(1.2)  # three TTLs
+    await asyncio.sleep(2.5 * TTL_S)
     (worker,) = await list_workers(endpoint)
-    assert worker.heartbeat_age_ms < 400
+    assert worker.heartbeat_age_ms < TTL_S * 1000
     assert registration.num_registrations == 1  # never evicted
     await registration.stop()
     assert await list_workers(endpoint) == []

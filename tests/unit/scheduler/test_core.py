@@ -200,3 +200,17 @@ def test_empty_model_with_several_served_is_invalid() -> None:
     assert caught.value.reason == "MODEL_REQUIRED"
     assert scheduler.assign_encoders(items(1), model="m2").worker_ids == ("b",)
 
+
+
+def test_reported_latency_is_read_against_the_sizes_each_encoder_was_given() -> None:
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    lease = {w.id: w.lease_id for w in scheduler.registry.all()}
+    big = scheduler.assign_encoders([EncodeItem("b0", 3000), EncodeItem("b1", 3000)],
+                                    policy=Policy.PER_REQUEST)  # fmt: skip
+    small = scheduler.assign_encoders([EncodeItem("s0", 1000), EncodeItem("s1", 1000)],
+                                      policy=Policy.PER_REQUEST)  # fmt: skip
+    assert (big.worker_ids, small.worker_ids) == (("a", "a"), ("b", "b"))
+    # the same speed per token: 3x the tokens per item, 3x the latency per item
+    scheduler.heartbeat(lease["a"], Load(item_latency_ms=30))
+    scheduler.heartbeat(lease["b"], Load(item_latency_ms=10))
+    assert scheduler.service_ms("a") == pytest.approx(scheduler.service_ms("b"), rel=0.1)

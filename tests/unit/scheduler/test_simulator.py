@@ -39,3 +39,9 @@ def test_adaptive_recovers_from_a_wrong_split_ratio(results) -> None:
 def test_simulation_is_deterministic() -> None:
     scenario = next(s for s in SCENARIOS if s.name == "balanced")
     assert simulate(scenario) == simulate(scenario)
+
+
+def test_adaptive_sends_big_images_where_they_finish_first(results) -> None:
+    rows = results["mixed-sizes"]
+    assert rows["adaptive"].throughput_rps >= rows["per_request"].throughput_rps
+    assert rows["adaptive"].p99_ms <= 0.5 * rows["per_request"].p99_ms
