@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from epd.v1 import tensor_pb2
+
 Payload = TypeVar("Payload")
 Clock = Callable[[], float]
 
@@ -75,3 +77,13 @@ class LeaseTable(Generic[Payload]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+
+def attach_lease(ref: tensor_pb2.TensorRef, info: LeaseInfo, host_id: str,
+                 producer_endpoint: str) -> tensor_pb2.TensorRef:  # fmt: skip
+    """Fill the holder-facing fields of ``ref`` (host, lease, expiry, where to release)."""
+    ref.host_id = host_id
+    ref.lease_id = info.lease_id
+    ref.lease_expire_time_ms = int(info.expires_at * 1000)
+    ref.producer_endpoint = producer_endpoint
+    return ref

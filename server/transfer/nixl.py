@@ -30,7 +30,7 @@ import torch
 
 from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
+from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
 from epd.server.transfer.tensors import check_ref, copy_payload, describe
@@ -154,11 +154,7 @@ class NixlProducer(TensorProducer):
         location.descriptors.add(address=block.address, length=HEADER_BYTES)
         if ref.byte_size:
             location.descriptors.add(address=block.address + HEADER_BYTES, length=ref.byte_size)
-        ref.host_id = self.host_id
-        ref.lease_id = info.lease_id
-        ref.lease_expire_time_ms = int(info.expires_at * 1000)
-        ref.producer_endpoint = self.producer_endpoint
-        return ref
+        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
     def release(self, lease_id: str) -> bool:
         block = self._leases.pop(lease_id)

@@ -28,7 +28,7 @@ import torch
 
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable
+from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes
 from epd.v1 import tensor_pb2
 
@@ -195,11 +195,7 @@ class ShmProducer(TensorProducer):
         segment.stamp(info.lease_id)
         ref.shm.CopyFrom(tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES,
                                                 size=ref.byte_size))  # fmt: skip
-        ref.host_id = self.host_id
-        ref.lease_id = info.lease_id
-        ref.lease_expire_time_ms = int(info.expires_at * 1000)
-        ref.producer_endpoint = self.producer_endpoint
-        return ref
+        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
     def release(self, lease_id: str) -> bool:
         segment = self._leases.pop(lease_id)
