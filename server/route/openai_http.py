@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from epd.server.common.errors import EpdError
+from epd.server.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
 from epd.server.route.service import RouteWorker
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -30,7 +31,7 @@ class OpenAiHttp:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 picks a free port); returns the port."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[tracing_middleware])
         app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
                         web.get("/v1/models", self.models), web.get("/health", self.health)])
         self._runner = web.AppRunner(app, access_log=None)
@@ -68,7 +69,8 @@ class OpenAiHttp:
                                                 "type": "invalid_request_error", "param": None,
                                                 "code": "BAD_REQUEST"}}, status=400)  # fmt: skip
         try:
-            generate = schema.to_generate_request(body, self.worker.model_id)
+            generate = schema.to_generate_request(body, self.worker.model_id,
+                                                  request.headers.get("X-Request-Id"))
         except EpdError as e:
             return _error(e)
         if body.get("stream"):
@@ -82,7 +84,8 @@ class OpenAiHttp:
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
         return web.json_response(schema.completion(generate.request_id, generate.model,
-                                                   "".join(texts), finish, usage))
+                                                   "".join(texts), finish, usage),
+                                 headers={"X-Request-Id": generate.request_id})  # fmt: skip
 
     async def _stream(self, request: web.Request, generate: Any,
                       include_usage: bool) -> web.StreamResponse:  # fmt: skip
@@ -94,7 +97,8 @@ class OpenAiHttp:
         except Exception as e:  # noqa: BLE001 - before any byte is sent: a plain error response
             return _error(e)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+                                               "Cache-Control": "no-cache",
+                                               "X-Request-Id": generate.request_id})
         await response.prepare(request)
         ident, model = generate.request_id, generate.model
         await _send(response, schema.chunk(ident, model, {"role": "assistant", "content": ""},

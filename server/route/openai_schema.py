@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -17,6 +18,10 @@ FINISH: dict[int, str] = {
     generation_pb2.FINISH_REASON_LENGTH: "length",
     generation_pb2.FINISH_REASON_ABORT: "abort",
 }
+
+
+# Client-chosen request ids (the X-Request-Id header vLLM's clients and benchmarks send).
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def _bad(message: str, param: str) -> InvalidArgument:
@@ -45,8 +50,13 @@ def _content(content: Any, index: int) -> list[route_service_pb2.ContentPart]:
     return parts
 
 
-def to_generate_request(body: Any, default_model: str) -> route_service_pb2.GenerateRequest:
-    """Validate a chat-completions body and convert it."""
+def to_generate_request(
+    body: Any, default_model: str, request_id: str | None = None
+) -> route_service_pb2.GenerateRequest:
+    """Validate a chat-completions body and convert it; ``request_id`` (the X-Request-Id header)
+    names the request in every hop and trace, a fresh one is made when it is None."""
+    if request_id is not None and not REQUEST_ID.fullmatch(request_id):
+        raise _bad("X-Request-Id must be 1-128 letters, digits or . _ : -", "X-Request-Id")
     if not isinstance(body, dict):
         raise _bad("the body must be a JSON object", "body")
     messages = body.get("messages")
@@ -70,7 +80,7 @@ def to_generate_request(body: Any, default_model: str) -> route_service_pb2.Gene
     if body.get("seed") is not None:
         sampling.seed = int(body["seed"])
     return route_service_pb2.GenerateRequest(
-        request_id=f"chatcmpl-{uuid.uuid4().hex}", model=body.get("model") or default_model,
+        request_id=request_id or uuid.uuid4().hex, model=body.get("model") or default_model,
         messages=chat, sampling=sampling)  # fmt: skip
 
 
@@ -88,7 +98,8 @@ def error_body(err: Exception) -> tuple[int, dict[str, Any]]:
 def completion(request_id: str, model: str, text: str, finish: int,
                usage: generation_pb2.Usage | None) -> dict[str, Any]:  # fmt: skip
     """A non-streamed chat.completion object."""
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+    return {"id": f"chatcmpl-{request_id}", "object": "chat.completion",
+            "created": int(time.time()),
             "model": model, "choices": [{"index": 0, "finish_reason": FINISH.get(finish, "stop"),
                                          "message": {"role": "assistant", "content": text}}],
             "usage": usage_json(usage)}  # fmt: skip
@@ -99,7 +110,7 @@ def chunk(request_id: str, model: str, delta: dict[str, str], finish: int | None
     """One chat.completion.chunk (an empty choices list with usage for the usage chunk)."""
     choices = [] if usage is not None else [
         {"index": 0, "delta": delta, "finish_reason": FINISH.get(finish) if finish else None}]
-    body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk",
+    body: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
                             "created": int(time.time()), "model": model, "choices": choices}
     if usage is not None:
         body["usage"] = usage_json(usage)

