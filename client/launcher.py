@@ -147,10 +147,23 @@ class Topology:
     split_ratio: str = ""
     kv_cache_mb: int = 128
     http: bool = True
+    encoder_threads: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.name!r}; one of {sorted(TOPOLOGIES)}")
+        if any(t < 0 for t in self.encoder_threads):
+            raise ValueError("encoder threads must be 0 (torch's default) or more")
+        if len(self.encoder_threads) > len(self.encoder_devices):
+            raise ValueError(f"{len(self.encoder_threads)} encoder thread counts for "
+                             f"{len(self.encoder_devices)} encoders")  # fmt: skip
+
+    def encoder_args(self, index: int) -> list[str]:
+        """Extra flags of encoder ``index``: its device and, when given, its thread count."""
+        flags = ["--device", self.encoder_devices[index]]
+        if index < len(self.encoder_threads) and self.encoder_threads[index]:
+            flags += ["--threads", str(self.encoder_threads[index])]
+        return flags
 
     @property
     def encoder_devices(self) -> list[str]:
@@ -184,9 +197,10 @@ async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
                                 *PREFILL_MODES[topology.name])]  # fmt: skip
     if topology.has_decode:
         workers.append(deployment.start("decode", 3, "decode", *engine, "--worker-id", "decode0"))
-    for i, device in enumerate(topology.encoder_devices):
+    for i in range(len(topology.encoder_devices)):
         workers.append(deployment.start(f"encode{i}", 4 + i, "encode", *model, *registry,
-                                        "--worker-id", f"encode{i}", "--device", device))
+                                        "--worker-id", f"encode{i}",
+                                        *topology.encoder_args(i)))  # fmt: skip
     await asyncio.gather(*(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400)
                            for w in workers))  # fmt: skip
     http = ["--http-port", str(deployment.port(10))] if topology.http else []

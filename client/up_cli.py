@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default="adaptive", help="encoder assignment policy (default adaptive)")
     parser.add_argument("--split-ratio", default="",
                         help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)")
+    parser.add_argument("--encoder-threads", default="",
+                        help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
+                             "encoder of dual-encoder the slower one (default: torch's default)")
     parser.add_argument("--kv-cache-mb", type=int, default=128,
                         help="KV cache per engine in MiB (default 128)")
     parser.add_argument("--base-port", type=int, default=0,
@@ -56,10 +59,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where logs and traces go (default .epd/run/TIMESTAMP)")  # fmt: skip
 
 
+def parse_counts(text: str) -> tuple[int, ...]:
+    """``"2,1"`` -> (2, 1); ValueError names what is wrong."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--encoder-threads {text!r}: expected integers like 2,1") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Start, ask, print, stop (or keep)."""
     if args.encoders < 1 or args.max_tokens < 1:
         print("epd up: --encoders and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        args.encoder_threads = parse_counts(args.encoder_threads)
+        Topology(args.topology, args.encoders, encoder_threads=args.encoder_threads)
+    except ValueError as e:
+        print(f"epd up: {e}", file=sys.stderr)
         return 2
     if args.model == DEFAULT_MODEL and not (args.model / "config.json").exists():
         from epd.server.engine.tiny_model import build_tiny_model
@@ -92,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     model_id = args.model_id or args.model.resolve().name
     topology = Topology(args.topology, args.encoders, args.policy, args.split_ratio,
-                        args.kv_cache_mb)  # fmt: skip
+                        args.kv_cache_mb, encoder_threads=args.encoder_threads)  # fmt: skip
     print(f"starting {TOPOLOGIES[topology.name]} (engines take ~35 s) ...", flush=True)
     start = time.monotonic()
     route = await start_topology(deployment, args.model.resolve(), model_id, topology)

@@ -3,13 +3,17 @@ started by the ``epd up`` launcher as real processes) against monolithic vLLM se
 model on this machine in the same run, all driven through the OpenAI chat API with streaming.
 
 Systems (``--systems``, comma separated): ``epd`` (E/P/D), ``e-pd`` (E/PD), ``ep-d``, ``epd1``,
-``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive) and ``vllm``
+``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive; with
+``--encoder-threads 2,1`` the second one is deliberately slower) and ``vllm``
 (``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine). Every request
-carries its own random image (no cache hits) as a data URL, at each ``--concurrency`` level,
-optionally paced at ``--rate`` requests/s (Poisson arrivals; 0 = as fast as the concurrency lets).
+carries ``--images`` random pictures of its own (no cache hits) as data URLs, at each
+``--concurrency`` level and each ``--rates`` request rate (Poisson arrivals; 0 = as fast as the
+concurrency lets). Where vllm ran at the same level, each row also shows its TTFT p50 and
+throughput as ratios to vLLM's.
 
     .venv/bin/python scripts/bench_e2e.py [--model DIR] [--systems epd,e-pd,vllm]
-        [--concurrency 1,4] [--requests 16] [--tokens 16] [--rate 0] [--csv out.csv]
+        [--concurrency 1,4] [--rates 0] [--requests 16] [--tokens 16] [--images 1]
+        [--encoder-threads 2,1] [--split-ratio 2:1] [--csv out.csv] [--json]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import base64
 import contextlib
 import csv
 import io
+import json
 import os
 import random
 import statistics
@@ -30,6 +35,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -37,7 +43,7 @@ from PIL import Image
 from epd.client.launcher import Deployment, Topology, free_port, start_topology
 
 FIELDS = ["system", "concurrency", "rate", "requests", "failed", "ttft_p50_ms", "ttft_p99_ms",
-          "tpot_ms", "output_tok_s", "req_s"]  # fmt: skip
+          "tpot_ms", "output_tok_s", "req_s", "ttft_p50_vs_vllm", "tok_s_vs_vllm"]  # fmt: skip
 
 
 @dataclass
@@ -54,24 +60,28 @@ class Row:
     tpot_ms: float
     output_tok_s: float
     req_s: float
+    ttft_p50_vs_vllm: float | None = None
+    tok_s_vs_vllm: float | None = None
 
 
 def data_url(seed: int) -> str:
+    """A random 224x224 PNG as a data URL (a distinct picture per seed)."""
     pixels = np.random.default_rng(seed).integers(0, 255, (224, 224, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-async def one_request(client: object, model: str, seed: int,
-                      tokens: int) -> tuple[float, float, int]:  # fmt: skip
+async def one_request(client: object, model: str, seed: int, tokens: int,
+                      images: int = 1) -> tuple[float, float, int]:  # fmt: skip
     """(TTFT s, total s, output tokens) of one streamed chat completion."""
+    pictures = [{"type": "image_url", "image_url": {"url": data_url(seed * 16 + i)}}
+                for i in range(images)]  # fmt: skip
     start = time.perf_counter()
     stream = await client.chat.completions.create(  # type: ignore[attr-defined]
         model=model, max_tokens=tokens, stream=True, stream_options={"include_usage": True},
         extra_body={"ignore_eos": True}, messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": data_url(seed)}},
-            {"type": "text", "text": "What is in this picture?"}]}])  # fmt: skip
+            *pictures, {"type": "text", "text": "What is in this picture?"}]}])  # fmt: skip
     first, completion = None, 0
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
@@ -83,11 +93,12 @@ async def one_request(client: object, model: str, seed: int,
 
 
 async def measure(base_url: str, model: str, system: str, concurrency: int, rate: float,
-                  num_requests: int, tokens: int) -> Row:  # fmt: skip
+                  num_requests: int, tokens: int, images: int, first_seed: int) -> Row:  # fmt: skip
+    """One level: ``num_requests`` requests (seeds from ``first_seed``) after one warm-up."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", timeout=600)
-    await one_request(client, model, seed=10_000, tokens=2)  # warm-up
+    await one_request(client, model, seed=first_seed + 10_000, tokens=2, images=images)
     semaphore = asyncio.Semaphore(concurrency)
     results: list[tuple[float, float, int]] = []
     failed = 0
@@ -96,7 +107,7 @@ async def measure(base_url: str, model: str, system: str, concurrency: int, rate
         nonlocal failed
         async with semaphore:
             try:
-                results.append(await one_request(client, model, seed, tokens))
+                results.append(await one_request(client, model, seed, tokens, images))
             except Exception as e:  # noqa: BLE001 - counted and reported
                 failed += 1
                 print(f"  request failed: {e}", file=sys.stderr)
@@ -104,7 +115,7 @@ async def measure(base_url: str, model: str, system: str, concurrency: int, rate
     start = time.perf_counter()
     tasks = []
     async for seed in arrivals(num_requests, rate):
-        tasks.append(asyncio.create_task(run(seed)))
+        tasks.append(asyncio.create_task(run(first_seed + seed)))
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
     await client.close()
@@ -124,7 +135,8 @@ async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def serving(system: str, model_dir: Path, run_dir: Path) -> AsyncIterator[str]:
+async def serving(system: str, model_dir: Path, run_dir: Path,
+                  args: argparse.Namespace) -> AsyncIterator[str]:  # fmt: skip
     """Start ``system``; yield its OpenAI base URL; stop it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -134,7 +146,10 @@ async def serving(system: str, model_dir: Path, run_dir: Path) -> AsyncIterator[
             yield await start_vllm(deployment, model_dir)
         else:
             name, _, policy = system.partition(":")
-            topology = Topology(name, policy=policy or "adaptive")
+            dual = name == "dual-encoder"
+            topology = Topology(name, policy=policy or "adaptive",
+                                split_ratio=args.split_ratio if dual else "",
+                                encoder_threads=args.encoder_threads if dual else ())  # fmt: skip
             route = await start_topology(deployment, model_dir, "tiny", topology)
             yield f"http://127.0.0.1:{route.http_port}/v1"
     finally:
@@ -168,13 +183,32 @@ async def start_vllm(deployment: Deployment, model_dir: Path) -> str:
     raise RuntimeError(f"vLLM not healthy after 600 s; see {log}")
 
 
+def ratio(value: float, reference: float) -> float | None:
+    return round(value / reference, 3) if reference and reference == reference else None
+
+
+def compare_to_vllm(rows: list[Row]) -> None:
+    """Fill each row's ratios to the vllm row at the same concurrency and rate."""
+    baseline = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm"}
+    for row in rows:
+        reference = baseline.get((row.concurrency, row.rate))
+        if reference is not None:
+            row.ttft_p50_vs_vllm = ratio(row.ttft_p50_ms, reference.ttft_p50_ms)
+            row.tok_s_vs_vllm = ratio(row.output_tok_s, reference.output_tok_s)
+
+
 def print_table(rows: list[Row]) -> None:
-    print(f"{'system':<24}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
-          f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}")  # fmt: skip
+    def times(value: float | None) -> str:
+        return f"{value:>7.2f}x" if value is not None else f"{'-':>8}"
+
+    print(f"{'system':<26}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
+          f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}{'TTFT/vllm':>10}"
+          f"{'tok/s/vllm':>11}")  # fmt: skip
     for r in rows:
-        print(f"{r.system:<24}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
+        print(f"{r.system:<26}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
               f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
-              f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}")  # fmt: skip
+              f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}  {times(r.ttft_p50_vs_vllm)}"
+              f"  {times(r.tok_s_vs_vllm)}")  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -186,24 +220,42 @@ async def main(args: argparse.Namespace) -> int:
         if not (model_dir / "config.json").exists():
             build_tiny_model(model_dir)
     run_root = Path(tempfile.mkdtemp(prefix="epd-bench-"))
+    rates = parse_list(args.rates, float)
+    levels = [(c, r) for c in parse_list(args.concurrency, int) for r in rates]
     rows: list[Row] = []
-    for system in args.systems.split(","):
-        print(f"== {system}: starting", flush=True)
-        async with serving(system, model_dir.resolve(), run_root / system.replace(":", "-")) as url:
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
-                row = await measure(url, "tiny", system, concurrency, args.rate, args.requests,
-                                    args.tokens)  # fmt: skip
+    for index, system in enumerate(args.systems.split(",")):
+        log(args, f"== {system}: starting")
+        async with serving(system, model_dir.resolve(), run_root / system.replace(":", "-"),
+                           args) as url:  # fmt: skip
+            for level, (concurrency, rate) in enumerate(levels):
+                first_seed = (index * len(levels) + level) * args.requests
+                row = await measure(url, "tiny", system, concurrency, rate, args.requests,
+                                    args.tokens, args.images, first_seed)  # fmt: skip
                 rows.append(row)
-                print_table([row])
-    print()
-    print_table(rows)
+                if not args.json:
+                    print_table([row])
+    compare_to_vllm(rows)
+    if args.json:
+        print(json.dumps({"model": str(model_dir), "images": args.images, "tokens": args.tokens,
+                          "rows": [asdict(r) for r in rows]}))  # fmt: skip
+    else:
+        print()
+        print_table(rows)
     if args.csv:
         with open(args.csv, "w", newline="") as out:
             writer = csv.DictWriter(out, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(asdict(r) for r in rows)
-        print(f"\nwrote {args.csv}; logs in {run_root}")
+        log(args, f"wrote {args.csv}; logs in {run_root}")
     return 0 if all(r.failed == 0 for r in rows) else 1
+
+
+def parse_list(text: str, kind: type[float] | type[int]) -> list[Any]:
+    return [kind(part) for part in text.split(",") if part.strip()]
+
+
+def log(args: argparse.Namespace, message: str) -> None:
+    print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 if __name__ == "__main__":
@@ -213,8 +265,19 @@ if __name__ == "__main__":
                         help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default "
                              "epd,e-pd,vllm)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
+    parser.add_argument("--rates", default="0",
+                        help="request rates in requests/s, comma separated (default 0: unpaced)")
     parser.add_argument("--requests", type=int, default=16, help="requests per level")
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
-    parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: unpaced)")
+    parser.add_argument("--images", type=int, default=1, help="images per request (default 1)")
+    parser.add_argument("--encoder-threads", default="",
+                        help="dual-encoder: CPU threads of each encoder, e.g. 2,1 makes the "
+                             "second slower (default: torch's default)")
+    parser.add_argument("--split-ratio", default="",
+                        help="dual-encoder: per_request shares FAST:SLOW, e.g. 2:1")
     parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object of the figures instead of tables")
+    parsed = parser.parse_args()
+    parsed.encoder_threads = tuple(parse_list(parsed.encoder_threads, int))
+    sys.exit(asyncio.run(main(parsed)))

@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="vision tower dtype (default float32)")
+    parser.add_argument("--threads", type=int, default=int(env("EPD_ENCODER_THREADS", "0")),
+                        help="CPU threads of the vision tower (env EPD_ENCODER_THREADS; default "
+                             "0: torch's default, one per core); give CPU encoders that share a "
+                             "machine with engines fewer")
     parser.add_argument("--worker-id", default=env("EPD_WORKER_ID", ""),
                         help="id in the scheduler's registry (env EPD_WORKER_ID; default "
                              "encode-HOST-PORT)")
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.model} is not a model directory (no config.json)")
         if args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
             raise ValueError("batch size must be >= 1, wait and cache must not be negative")
+        if args.threads < 0:
+            raise ValueError("--threads must be 0 (torch's default) or more")
         config = EncodeConfig(
             args.model, args.model_id, args.device, args.dtype, args.worker_id, args.weight,
             args.max_batch_size, args.max_batch_wait_ms, args.cache_mb,
@@ -72,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2
     configure_from_args("epd-encode", args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     return asyncio.run(_serve(config, options))
 
 

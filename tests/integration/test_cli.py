@@ -51,3 +51,12 @@ def test_generate_rejects_unreadable_image_without_traceback(tmp_path: Path) -> 
     result = run_epd("generate", "--model", str(tmp_path), "--image", str(broken))
     assert result.returncode == 2
     assert "cannot read image" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_thread_counts_are_usage_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
+    encode = run_epd("encode", "--model", str(tiny_model_dir), "--threads", "-1")
+    assert encode.returncode == 2 and "--threads" in encode.stderr
+    up = run_epd("up", "--model", str(tiny_model_dir), "--topology", "dual-encoder",
+                 "--encoder-threads", "2,x", "--run-dir", str(tmp_path))  # fmt: skip
+    assert up.returncode == 2 and "--encoder-threads" in up.stderr
+    assert "Traceback" not in encode.stderr + up.stderr

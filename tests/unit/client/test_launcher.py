@@ -53,3 +53,19 @@ def test_stop_ends_every_process_of_a_child_group(tmp_path: Path) -> None:
     deployment.stop(grace_s=1.0)
     assert not _group_alive(process.pid)  # the grandchild ignoring SIGTERM was killed too
     assert time.monotonic() - start < 10
+
+
+def test_encoder_threads_go_to_their_encoders_in_order() -> None:
+    topology = Topology("dual-encoder", encoder_threads=(2, 1))
+    assert topology.encoder_args(0) == ["--device", "auto", "--threads", "2"]
+    assert topology.encoder_args(1) == ["--device", "cpu", "--threads", "1"]
+    assert Topology("e-pd", num_encoders=2, encoder_threads=(1,)).encoder_args(1) == [
+        "--device", "cpu"]  # fmt: skip
+
+
+@pytest.mark.parametrize("threads", [(1, 1, 1), (-1,)])
+def test_encoder_threads_that_do_not_fit_are_refused(threads: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError):
+        Topology("dual-encoder", encoder_threads=threads)
+    with pytest.raises(ValueError):
+        Topology("epd1", encoder_threads=(1,))
