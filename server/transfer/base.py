@@ -1,11 +1,13 @@
 """The two sides of a tensor handoff.
 
 A producer (the process that computed a tensor, e.g. an encoder) calls ``put`` once per tensor;
-the payload is copied into memory the producer owns and a ``TensorRef`` comes back to send over
-gRPC. A consumer (e.g. a prefill worker), in another process or on another host, calls ``get`` with
-that reference. The producer keeps the payload until ``release`` is called with the lease id (the
-holder of the reference decides when: after the consumer is done) or until the lease expires and
-``reap_expired`` frees it. Nothing is freed by ``get``.
+the payload is copied into memory the producer owns (the NIXL producer lends large tensors in
+place instead: then the caller must not modify the tensor until its lease ends) and a
+``TensorRef`` comes back to send over gRPC. A consumer (e.g. a prefill worker), in another
+process or on another host, calls ``get`` with that reference. The producer keeps the payload
+until ``release`` is called with the lease id (the holder of the reference decides when: after
+the consumer is done) or until the lease expires and ``reap_expired`` frees it. Nothing is freed
+by ``get``.
 
 Who frees what:
 - ``put`` -> the producer owns the payload until release or expiry.
@@ -32,7 +34,7 @@ class TensorProducer(ABC):
 
     @abstractmethod
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
-        """Copy ``tensor`` (CPU) into producer-owned memory; return its reference."""
+        """Copy (or lend, see the module docstring) ``tensor`` (CPU); return its reference."""
 
     def release(self, lease_id: str) -> bool:
         """Free the payload of ``lease_id``. Returns whether it was held. Idempotent."""

@@ -70,6 +70,9 @@ class NixlAgent:
         self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
+        self._lengths: dict[int, int] = {}
+        self._shares: dict[int, int] = {}
+        self._share_lock = threading.Lock()
         self._metadata: dict[int, bytes] = {}
         self._remote: dict[str, set[bytes]] = {}
         self._listeners: list[NotificationListener] = []
@@ -106,14 +109,50 @@ class NixlAgent:
         self._agent.register_memory(descs)
         with self._lock:
             self._registered[address] = descs
+            self._lengths[address] = length
 
     def deregister(self, address: int) -> None:
         """Undo ``register`` for the region starting at ``address`` (unknown: no-op)."""
         with self._lock:
             descs = self._registered.pop(address, None)
             self._metadata.pop(address, None)
+            self._lengths.pop(address, None)
+            self._shares.pop(address, None)
         if descs is not None:
             self._agent.deregister_memory(descs)
+
+    def share(self, address: int, length: int) -> bool:
+        """Register caller memory (host) until ``unshare`` is called as many times; the same
+        region shared twice is registered once. False if a different registered region starts
+        at ``address`` (the caller then copies instead)."""
+        with self._share_lock:
+            with self._lock:
+                if address in self._registered:
+                    if self._lengths.get(address) != length or address not in self._shares:
+                        return False
+                    self._shares[address] += 1
+                    return True
+            self.register(address, length)
+            with self._lock:
+                self._shares[address] = 1
+            return True
+
+    def unshare(self, address: int) -> None:
+        """Drop one ``share`` of the region at ``address``; the last one deregisters it."""
+        with self._share_lock:
+            with self._lock:
+                count = self._shares.get(address, 0) - 1
+                if count > 0:
+                    self._shares[address] = count
+                    return
+            self.deregister(address)
+
+    def metadata_of(self, addresses: Sequence[int]) -> bytes:
+        """Connection info and the registrations of several regions, in one blob (not cached)."""
+        with self._lock:
+            regions = [(a, self._lengths[a]) for a in addresses]
+        descs = self._agent.get_reg_descs([(a, n, 0, "") for a, n in regions], "DRAM")
+        return bytes(self._agent.get_partial_agent_metadata(descs, True))
 
     @property
     def num_registered_regions(self) -> int:

@@ -200,3 +200,26 @@ def test_producer_killed_gives_a_typed_error_and_leaves_nothing(new_plane: list[
     assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
     assert set(shm.list_segments()) <= shm_before
+
+
+def test_large_tensors_are_lent_in_place_not_copied(plane: DataPlane, peer: Peer) -> None:
+    tensor = make_tensor(torch.float32, 4 * MiB, seed=21)
+    producer_side = plane.producers[NIXL]
+    ref = plane.put(tensor, REMOTE)
+    assert ref.nixl.descriptors[1].address == tensor.data_ptr()  # the caller's memory
+    assert producer_side.num_lent == 1  # type: ignore[attr-defined]
+    assert producer_side.num_blocks_created == 0  # type: ignore[attr-defined]
+    twice = plane.put(tensor, REMOTE)  # the same memory lent twice is registered once
+    regions = nixl_agent.num_registered_regions()
+    assert peer.read(ref)[1] == digest(tensor) and peer.read(twice)[1] == digest(tensor)
+    wait_until_nothing_held(plane)
+    assert nixl_agent.num_registered_regions() == regions - 1  # only the stamp arena is left
+
+
+def test_a_released_lent_reference_is_refused(plane: DataPlane, peer: Peer) -> None:
+    first = plane.put(make_tensor(torch.float32, 2 * MiB, seed=22), REMOTE)
+    assert plane.release([first.lease_id]) == 1
+    second = plane.put(make_tensor(torch.float32, 2 * MiB, seed=23), REMOTE)
+    assert second.nixl.descriptors[0].address == first.nixl.descriptors[0].address  # stamp slot
+    assert peer.read(first) == ("error", "LEASE_RELEASED", "NotFound")
+    assert peer.read(second)[0] == "ok"
