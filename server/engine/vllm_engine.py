@@ -89,10 +89,35 @@ def _layout(model_dir: Path) -> VisionLayout:
     )  # fmt: skip
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+def side_channel_port(host: str, attempts: int = 64) -> int:
+    """A free port for vLLM's NIXL handshake listener, below the kernel's ephemeral range.
+
+    The listener binds seconds after the port is chosen, inside the EngineCore; a port from the
+    ephemeral range (what binding port 0 gives) can be taken meanwhile by any outgoing connection
+    or by another engine's ZMQ and gloo sockets, and then vLLM's listener thread dies and the
+    engine start waits for it forever (seen with prefill and decode starting together).
+    """
+    low = _ephemeral_low()
+    for _ in range(attempts):
+        port = random.randrange(EPHEMERAL_FLOOR, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {EPHEMERAL_FLOOR}-{low - 1} on {host}")
+
+
+EPHEMERAL_FLOOR = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(low, EPHEMERAL_FLOOR + 1000)
 
 
 class VllmEngine(Engine):
@@ -119,7 +144,7 @@ class VllmEngine(Engine):
         model_dir = Path(model_dir)
         if options.kv_role and not options.side_channel.port:
             host = options.side_channel.host
-            options = replace(options, side_channel=SideChannel(host, _free_port(host)))
+            options = replace(options, side_channel=SideChannel(host, side_channel_port(host)))
         args = AsyncEngineArgs(
             model=str(model_dir), dtype=options.dtype, enforce_eager=options.enforce_eager,
             max_model_len=options.max_model_len, kv_cache_memory_bytes=options.kv_cache_bytes,
