@@ -40,6 +40,9 @@ from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
 MAX_DESCRIPTORS = 64
+# Payloads up to this size are returned as private copies: a copy costs less than the view's
+# bookkeeping (a ctypes buffer and a finalizer) and gives the receive block back at once.
+SMALL_COPY_BYTES = 16 << 10
 _MEMORY_TYPES = {tensor_pb2.NIXL_MEMORY_TYPE_UNSPECIFIED: "DRAM",
                  tensor_pb2.NIXL_MEMORY_TYPE_DRAM: "DRAM", tensor_pb2.NIXL_MEMORY_TYPE_VRAM: "VRAM"}
 AgentFactory = Callable[[], NixlAgent]
@@ -300,8 +303,8 @@ class NixlProducer(TensorProducer):
 class NixlConsumer(TensorConsumer):
     """READs payloads into its own registered blocks. ``get`` returns a view of the block, which
     goes back to the pool when the last tensor viewing it is garbage collected (``copy=True``
-    returns a private tensor at once). With ``release_after_read`` the READ notifies the producer,
-    which frees the payload: read each reference once."""
+    and payloads up to 16 KiB return a private tensor at once). With ``release_after_read`` the
+    READ notifies the producer, which frees the payload: read each reference once."""
 
     kind = "nixl"
 
@@ -346,7 +349,7 @@ class NixlConsumer(TensorConsumer):
     def _lend(self, pool: RegisteredPool, block: Block, ref: tensor_pb2.TensorRef,
               dtype: torch.dtype, copy: bool) -> torch.Tensor:  # fmt: skip
         shape = tuple(ref.shape)
-        if copy or ref.byte_size == 0:
+        if copy or ref.byte_size <= SMALL_COPY_BYTES:
             payload = block.view[HEADER_BYTES:HEADER_BYTES + ref.byte_size].clone()
             pool.give_back(block)
             return payload.view(dtype).reshape(shape)

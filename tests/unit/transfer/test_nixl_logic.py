@@ -11,6 +11,7 @@ import torch
 from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.nixl import (
     RELEASE_PREFIX,
+    SMALL_COPY_BYTES,
     NixlConsumer,
     NixlProducer,
     RegisteredPool,
@@ -102,7 +103,7 @@ def test_pool_reuses_blocks_and_deregisters_on_close(agent: FakeAgent) -> None:
 def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) -> None:
     producer = make_producer(agent)
     consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
-    tensor = torch.randn(64, 32).to(torch.bfloat16)
+    tensor = torch.randn(128, 128).to(torch.bfloat16)  # above SMALL_COPY_BYTES: a view
     ref = producer.put(tensor)
     assert [d.length for d in ref.nixl.descriptors] == [HEADER_BYTES, ref.byte_size]
     assert ref.nixl.agent_name == agent.name and ref.nixl.agent_metadata
@@ -167,3 +168,15 @@ def test_remote_regions_refuse_malformed_descriptors(ref: tensor_pb2.TensorRef,
     with pytest.raises(InvalidArgument) as caught:
         remote_regions(ref)
     assert caught.value.reason == reason
+
+
+def test_small_payloads_come_back_as_private_copies(agent: FakeAgent) -> None:
+    producer = make_producer(agent)
+    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    tensor = torch.randn(64, 32).to(torch.bfloat16)
+    assert tensor.numel() * 2 <= SMALL_COPY_BYTES
+    received = consumer.get(producer.put(tensor))
+    assert torch.equal(received, tensor) and consumer.num_outstanding == 0
+    producer.close()
+    consumer.close()
+    assert agent.registered == set()
