@@ -34,10 +34,5 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
             convert.kv_params_from_proto(request.kv_handle),
         ):  # fmt: skip
             num_tokens += len(chunk.token_ids)
-            response = pb.DecodeResponse(
-                token_ids=chunk.token_ids,
-                finish_reason=convert.finish_reason_to_proto(chunk.finish_reason))  # type: ignore[arg-type]
-            if chunk.usage is not None:
-                response.usage.CopyFrom(convert.usage_to_proto(chunk.usage))
-            yield response
+            yield pb.DecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)

@@ -6,7 +6,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from epd.server.engine.base import Sampling, Usage
+from epd.server.engine.base import Sampling, TokenChunk, Usage
 from epd.v1 import generation_pb2
 
 FINISH_REASONS = {
@@ -38,6 +38,15 @@ def usage_to_proto(usage: Usage) -> generation_pb2.Usage:
     return generation_pb2.Usage(prompt_tokens=usage.prompt_tokens,
                                 completion_tokens=usage.completion_tokens,
                                 cached_prompt_tokens=usage.cached_prompt_tokens)  # fmt: skip
+
+
+def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
+    """Fields of a streamed token response (PrefillDecodeResponse, DecodeResponse) for ``chunk``."""
+    fields: dict[str, Any] = {"token_ids": chunk.token_ids,
+                              "finish_reason": finish_reason_to_proto(chunk.finish_reason)}
+    if chunk.usage is not None:
+        fields["usage"] = usage_to_proto(chunk.usage)
+    return fields
 
 
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:

@@ -51,10 +51,5 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         async for chunk in self.worker.generate(request.request_id, request.model, request.prompt,
                                                 sampling):  # fmt: skip
             num_tokens += len(chunk.token_ids)
-            response = pb.PrefillDecodeResponse(
-                token_ids=chunk.token_ids,
-                finish_reason=convert.finish_reason_to_proto(chunk.finish_reason))  # type: ignore[arg-type]
-            if chunk.usage is not None:
-                response.usage.CopyFrom(convert.usage_to_proto(chunk.usage))
-            yield response
+            yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)
