@@ -135,6 +135,7 @@ PREFILL_MODES = {"epd": ["--mode", "prefill"], "e-pd": ["--mode", "prefill_decod
                  "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
                  "epd1": ["--mode", "encode_prefill"],
                  "dual-encoder": ["--mode", "prefill_decode"]}  # fmt: skip
+ENGINES = ("auto", "vllm", "transformers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +149,17 @@ class Topology:
     kv_cache_mb: int = 128
     http: bool = True
     encoder_threads: tuple[int, ...] = ()
+    engine: str = "auto"
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.name!r}; one of {sorted(TOPOLOGIES)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
+        if self.engine == "transformers" and self.has_decode:
+            raise ValueError(f"the transformers engine does not hand KV to decode workers; "
+                             f"topology {self.name} needs vllm (or use e-pd, epd1, "
+                             "dual-encoder)")  # fmt: skip
         if any(t < 0 for t in self.encoder_threads):
             raise ValueError("encoder threads must be 0 (torch's default) or more")
         if len(self.encoder_threads) > len(self.encoder_devices):
@@ -194,7 +202,8 @@ async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
     registry = ["--scheduler", scheduler.endpoint]
     engine = [*model, *registry, "--kv-cache-mb", str(topology.kv_cache_mb)]
     workers = [deployment.start("prefill", 2, "prefill", *engine, "--worker-id", "prefill0",
-                                *PREFILL_MODES[topology.name])]  # fmt: skip
+                                *PREFILL_MODES[topology.name],
+                                "--engine", topology.engine)]  # fmt: skip
     if topology.has_decode:
         workers.append(deployment.start("decode", 3, "decode", *engine, "--worker-id", "decode0"))
     for i in range(len(topology.encoder_devices)):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from epd.client.errors import EpdClientError
-from epd.client.launcher import TOPOLOGIES, Deployment, Topology, start_topology
+from epd.client.launcher import ENGINES, TOPOLOGIES, Deployment, Topology, start_topology
 from epd.client.messages import user
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder-threads", default="",
                         help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
                              "encoder of dual-encoder the slower one (default: torch's default)")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help="prefill worker's engine: vllm, transformers (no vLLM needed; "
+                             "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
+                             "(default auto)")
     parser.add_argument("--kv-cache-mb", type=int, default=128,
                         help="KV cache per engine in MiB (default 128)")
     parser.add_argument("--base-port", type=int, default=0,
@@ -74,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         args.encoder_threads = parse_counts(args.encoder_threads)
-        Topology(args.topology, args.encoders, encoder_threads=args.encoder_threads)
+        Topology(args.topology, args.encoders, encoder_threads=args.encoder_threads,
+                 engine=args.engine)
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
@@ -109,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
 async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     model_id = args.model_id or args.model.resolve().name
     topology = Topology(args.topology, args.encoders, args.policy, args.split_ratio,
-                        args.kv_cache_mb, encoder_threads=args.encoder_threads)  # fmt: skip
-    print(f"starting {TOPOLOGIES[topology.name]} (engines take ~35 s) ...", flush=True)
+                        args.kv_cache_mb, encoder_threads=args.encoder_threads,
+                        engine=args.engine)  # fmt: skip
+    wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
+    print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)
     start = time.monotonic()
     route = await start_topology(deployment, args.model.resolve(), model_id, topology)
     print(f"ready in {time.monotonic() - start:.0f}s; logs in {deployment.run_dir}")

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
     "scheduler": ("epd.scheduler.cli", "run the scheduler: worker registry and placement"),
     "encode": ("epd.server.encode.cli", "run an encoder: images to embeddings (vision tower only)"),
-    "prefill": ("epd.server.prefill.cli", "run a prefill worker on vLLM (P/D, E/PD or EPD)"),
+    "prefill": ("epd.server.prefill.cli", "run a prefill worker (vLLM or transformers)"),
     "decode": ("epd.server.decode.cli", "run a decode worker on vLLM (KV pulled from prefill)"),
     "route": ("epd.server.route.cli", "run the route: the public Generate / ListModels entry"),
     "up": ("epd.client.up_cli", "start a local deployment, answer one request with an image"),

@@ -9,7 +9,7 @@ import sys
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.prefill.cli import add_engine_arguments, engine_options
+from epd.server.prefill.cli import add_engine_arguments, engine_options, vllm_installed
 
 DEFAULT_PORT = 50081
 
@@ -26,6 +26,10 @@ def run(args: argparse.Namespace) -> int:
     if not (args.model / "config.json").exists():
         print(f"epd decode: {args.model} is not a model directory (no config.json)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if not vllm_installed():
+        print("epd decode: vLLM is not installed; decode workers pull KV caches with vLLM's "
+              "NixlConnector (scripts/install.sh installs it)", file=sys.stderr)  # fmt: skip
         return 2
     try:
         options = ServerOptions.from_args(args)

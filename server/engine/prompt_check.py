@@ -22,6 +22,22 @@ class VisionLayout:
         return sum(1 for a, b in zip(token_ids, token_ids[1:], strict=False)
                    if a == self.vision_start_id and b == self.image_pad_id)  # fmt: skip
 
+    def expand(self, token_ids: list[int], images: list[EngineImage]) -> list[int]:
+        """``token_ids`` with each image's one placeholder repeated to its embedding rows.
+
+        Every image needs its grid; call ``check`` first.
+        """
+        expanded: list[int] = []
+        remaining = iter(enumerate(images))
+        previous = None
+        for token in token_ids:
+            if token == self.image_pad_id and previous == self.vision_start_id:
+                expanded.extend([token] * self._expected_rows(*next(remaining)))
+            else:
+                expanded.append(token)
+            previous = token
+        return expanded
+
     def check(self, token_ids: list[int], images: list[EngineImage], max_len: int, *,
               grids_suffice: bool = False) -> None:  # fmt: skip
         """Raise InvalidArgument unless prompt and images agree and fit.

@@ -1,13 +1,14 @@
-"""``epd prefill``: run a prefill worker on vLLM."""
+"""``epd prefill``: run a prefill worker on vLLM, or on transformers where vLLM is absent."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
@@ -15,8 +16,12 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
 
+if TYPE_CHECKING:
+    from epd.server.engine.base import Engine
+
 DEFAULT_PORT = 50071
 MiB = 1 << 20
+ENGINES = ("auto", "vllm", "transformers")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +63,26 @@ def engine_options(args: argparse.Namespace, kv_role: str | None) -> Any:
                        side_channel=SideChannel(args.kv_host, args.kv_port))  # fmt: skip
 
 
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_engine(name: str, hands_off_kv: bool) -> str:
+    """``vllm`` or ``transformers`` for ``--engine name``; ValueError when it cannot serve."""
+    has_vllm = vllm_installed()
+    if name == "auto":
+        name = "vllm" if has_vllm else "transformers"
+    if name == "vllm" and not has_vllm:
+        raise ValueError("--engine vllm: vLLM is not installed (scripts/install.sh installs "
+                         "it; --engine transformers runs without it)")  # fmt: skip
+    if name == "transformers" and hands_off_kv:
+        raise ValueError("the transformers engine does not hand its KV cache to decode workers; "
+                         "use --engine vllm, or --mode prefill_decode / encode_prefill without "
+                         "--kv-transfer")  # fmt: skip
+    return name
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prefill flags, then engine, media, server and telemetry flags."""
     parser.add_argument("--mode", choices=[m.value for m in Mode], default="prefill_decode",
@@ -68,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transfer", action="store_true",
                         help="encode_prefill: also serve Prefill, handing KV to decode workers "
                              "(EP/D); implied by --mode prefill")  # fmt: skip
+    parser.add_argument("--engine", choices=ENGINES, default=os.environ.get("EPD_ENGINE", "auto"),
+                        help="vllm: vLLM's engine (KV hand-off, batching); transformers: the "
+                             "model's transformers code in-process (aggregated modes only, "
+                             "no vLLM needed); auto: vllm when installed (env EPD_ENGINE, "
+                             "default auto)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of the transformers engine (default cpu; vLLM "
+                             "picks its own)")  # fmt: skip
     add_engine_arguments(parser)
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
@@ -86,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         config = PrefillConfig(args.model, mode, args.worker_id, args.weight, args.max_pending,
                                args.scheduler, MediaPolicy.from_args(args),
                                hands_off_kv=args.kv_transfer or mode is Mode.PREFILL)  # fmt: skip
+        args.engine = resolve_engine(args.engine, config.hands_off_kv)
     except ValueError as e:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
@@ -94,17 +128,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, config: PrefillConfig, options: ServerOptions) -> int:
-    from epd.server.engine.vllm_engine import VllmEngine
-
-    kv_role = "kv_producer" if config.hands_off_kv else None
-    engine = await VllmEngine.start(args.model, model_id=args.model_id,
-                                    options=engine_options(args, kv_role))  # fmt: skip
+    engine = await _start_engine(args, config)
     try:
         app = await build_prefill_server(config, engine, options)
-        print(f"epd prefill listening on {options.host}:{app.port} ({config.mode.value})",
-              flush=True)  # fmt: skip
+        print(f"epd prefill listening on {options.host}:{app.port} ({config.mode.value}, "
+              f"{args.engine})", flush=True)  # fmt: skip
         await serve(app.server)
         app.worker.plane.close()
     finally:
         await engine.close()
     return 0
+
+
+async def _start_engine(args: argparse.Namespace, config: PrefillConfig) -> Engine:
+    if args.engine == "transformers":
+        from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
+
+        options = TransformersOptions(device=args.device, dtype=args.dtype,
+                                      max_model_len=args.max_model_len,
+                                      kv_cache_bytes=args.kv_cache_mb * MiB,
+                                      max_pending_requests=args.max_pending)  # fmt: skip
+        return await TransformersEngine.start(args.model, model_id=args.model_id, options=options)
+    from epd.server.engine.vllm_engine import VllmEngine
+
+    kv_role = "kv_producer" if config.hands_off_kv else None
+    return await VllmEngine.start(args.model, model_id=args.model_id,
+                                  options=engine_options(args, kv_role))  # fmt: skip

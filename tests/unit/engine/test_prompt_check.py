@@ -58,3 +58,10 @@ def test_grid_only_images_need_the_flag_and_a_whole_grid() -> None:
     odd = [EngineImage("h", (1, 3, 3))]
     assert reason_of(prompt(1), odd, grids_suffice=True) == "BAD_GRID"
     assert reason_of(prompt(1), [EngineImage("h")], grids_suffice=True) == "BAD_GRID"
+
+
+def test_expand_repeats_each_placeholder_to_its_embedding_rows() -> None:
+    images = [embedded((1, 4, 6)), EngineImage("h", (1, 2, 2))]
+    expanded = LAYOUT.expand(prompt(2), images)
+    assert expanded == [1, 2, 5, *[6] * 6, END, 5, 6, END, 3]
+    assert LAYOUT.expand([1, 6, 5, 2], []) == [1, 6, 5, 2]

@@ -1,0 +1,253 @@
+"""The transformers backend: an aggregated engine for machines without vLLM.
+
+It serves ``generate`` (prefill_decode and encode_prefill workers) with the model's transformers
+implementation in-process: each image's embeddings (precomputed by an encoder, or computed here by
+the model's own vision tower from a raw picture) are scattered over the prompt's image
+placeholders, M-RoPE positions come from the model's ``get_rope_index`` with the images' grids,
+and a per-request KV cache drives the decode loop (sampling and stop rules in ``sampler.py``).
+
+Model steps run on one worker thread; concurrent requests interleave token by token (no batching:
+this is the fallback, vLLM is the fast path). Admission: at most ``max_pending_requests`` requests,
+more get RESOURCE_EXHAUSTED; a request reserves KV room for its prompt and all its tokens and
+waits (``num_waiting``) until the reservation fits ``kv_cache_bytes``. It does not hand KV to
+decode workers (``prefill``/``decode`` raise FAILED_PRECONDITION).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from epd.server.engine.base import Engine, EngineImage, EngineLoad, Sampling, TokenChunk, Usage
+from epd.server.engine.kv_budget import KvBudget
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.sampler import StopChecker, TokenSampler
+
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class TransformersOptions:
+    """How to run the model: device, dtype and limits (see the module docstring)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 256 << 20
+    max_pending_requests: int = 64
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """One request's model state between steps."""
+
+    cache: Any
+    logits: torch.Tensor
+    num_prompt_tokens: int
+    position_delta: int
+
+
+class TransformersEngine(Engine):
+    """A transformers image-text-to-text model behind the Engine interface."""
+
+    def __init__(self, model: Any, processor: Any, model_id: str, layout: VisionLayout,
+                 options: TransformersOptions) -> None:  # fmt: skip
+        self.model = model
+        self.processor = processor
+        self.model_id = model_id
+        self.layout = layout
+        self.options = options
+        text = model.config.text_config
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        bytes_per_token = (2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
+                           * DTYPES[options.dtype].itemsize)  # fmt: skip
+        self.budget = KvBudget(max(options.kv_cache_bytes // bytes_per_token, 1))
+        self._eos_ids = _eos_ids(model, processor)
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, "epd-transformers")
+        self._running: set[str] = set()
+        self._aborted: set[str] = set()
+
+    @classmethod
+    async def start(cls, model_dir: str | Path, *, model_id: str = "",
+                    options: TransformersOptions | None = None) -> TransformersEngine:  # fmt: skip
+        """Load the model (seconds for small models; no child process)."""
+        options = options or TransformersOptions()
+        if options.dtype not in DTYPES:
+            raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+        model_dir = Path(model_dir)
+        model, processor = await asyncio.to_thread(_load, model_dir, options)
+        return cls(model, processor, model_id or model_dir.name, _layout(model, processor),
+                   options)  # fmt: skip
+
+    async def generate(  # type: ignore[override]
+        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+        sampling: Sampling,
+    ) -> AsyncIterator[TokenChunk]:
+        self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        self._admit(request_id)
+        self._running.add(request_id)
+        try:
+            async for chunk in self._generate(request_id, prompt_token_ids, images, sampling):
+                yield chunk
+        finally:
+            self._running.discard(request_id)
+            self._aborted.discard(request_id)
+
+    def _admit(self, request_id: str) -> None:
+        if self._executor is None:
+            raise Unavailable("the engine has been closed", reason="ENGINE_DEAD")
+        if request_id in self._running:
+            raise InvalidArgument(f"request {request_id!r} is already running",
+                                  reason="DUPLICATE_REQUEST_ID")  # fmt: skip
+        if len(self._running) >= self.options.max_pending_requests:
+            raise ResourceExhausted(f"{len(self._running)} requests already running; retry later",
+                                    reason="ENGINE_BUSY")  # fmt: skip
+
+    async def _generate(self, request_id: str, prompt_token_ids: list[int],
+                        images: list[EngineImage],
+                        sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
+        if any(image.embeddings is None for image in images):
+            images = await self._step(self._encode_pictures, images)
+        input_ids = self.layout.expand(prompt_token_ids, images)
+        max_new_tokens = min(sampling.max_tokens, self.options.max_model_len - len(input_ids))
+        if max_new_tokens <= 0:
+            raise InvalidArgument(f"the prompt expands to {len(input_ids)} tokens; the engine's "
+                                  f"limit is {self.options.max_model_len - 1}",
+                                  reason="PROMPT_TOO_LONG")  # fmt: skip
+        num_reserved = len(input_ids) + max_new_tokens
+        await self.budget.acquire(num_reserved)
+        try:
+            sequence = await self._step(self._prefill, input_ids, images)
+            stops = StopChecker(sampling, self._eos_ids, self._decode_text, max_new_tokens)
+            async for chunk in self._decode_loop(request_id, sequence, TokenSampler(sampling),
+                                                 stops):  # fmt: skip
+                yield chunk
+        finally:
+            self.budget.release(num_reserved)
+
+    async def _decode_loop(self, request_id: str, sequence: _Sequence, sampler: TokenSampler,
+                           stops: StopChecker) -> AsyncIterator[TokenChunk]:  # fmt: skip
+        token_ids: list[int] = []
+        while True:
+            token_ids.append(sampler.select(sequence.logits))
+            reason = stops.check(token_ids)
+            if reason is None and request_id in self._aborted:
+                reason = "abort"
+            if reason is not None:
+                yield TokenChunk([token_ids[-1]], reason,
+                                 Usage(sequence.num_prompt_tokens, len(token_ids)))  # fmt: skip
+                return
+            yield TokenChunk([token_ids[-1]])
+            await self._step(self._extend, sequence, token_ids[-1])
+
+    async def _step(self, function: Any, *args: Any) -> Any:
+        if self._executor is None:
+            raise Unavailable("the engine has been closed", reason="ENGINE_DEAD")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    @torch.inference_mode()
+    def _prefill(self, input_ids: list[int], images: list[EngineImage]) -> _Sequence:
+        """Run the prompt through the model: KV cache and the first token's logits."""
+        from transformers import DynamicCache
+
+        ids = torch.tensor([input_ids], device=self.options.device)
+        embeds = self.model.get_input_embeddings()(ids)
+        delta = 0
+        if images:
+            is_image = ids == self.layout.image_pad_id
+            features = torch.cat([_embeddings(image) for image in images])
+            embeds = embeds.masked_scatter(is_image.unsqueeze(-1),
+                                           features.to(embeds.device, embeds.dtype))  # fmt: skip
+            grids = torch.tensor([list(image.grid or ()) for image in images], device=ids.device)
+            positions, deltas = self.model.model.get_rope_index(
+                ids, mm_token_type_ids=is_image.int(), image_grid_thw=grids)  # fmt: skip
+            delta = int(deltas.flatten()[0])
+        else:
+            positions = torch.arange(len(input_ids), device=ids.device).expand(3, 1, -1)
+        cache = DynamicCache(config=self.model.config.text_config)
+        logits = self._forward(embeds, positions, cache)
+        return _Sequence(cache, logits, len(input_ids), delta)
+
+    @torch.inference_mode()
+    def _extend(self, sequence: _Sequence, token_id: int) -> None:
+        """Append ``token_id`` to the sequence: its KV and the next token's logits."""
+        length = sequence.cache.get_seq_length()
+        ids = torch.tensor([[token_id]], device=self.options.device)
+        positions = torch.full((3, 1, 1), length + sequence.position_delta, device=ids.device)
+        sequence.logits = self._forward(self.model.get_input_embeddings()(ids), positions,
+                                        sequence.cache)  # fmt: skip
+
+    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
+                                              past_key_values=cache, use_cache=True)  # fmt: skip
+        return self.model.lm_head(out.last_hidden_state[0, -1]).float()  # type: ignore[no-any-return]
+
+    @torch.inference_mode()
+    def _encode_pictures(self, images: list[EngineImage]) -> list[EngineImage]:
+        """``images`` with raw pictures replaced by the vision tower's embeddings and grids."""
+        return [image if image.embeddings is not None else self._encode(image) for image in images]
+
+    def _encode(self, image: EngineImage) -> EngineImage:
+        inputs = self.processor.image_processor(images=[image.image], return_tensors="pt")
+        grid = inputs["image_grid_thw"]
+        features = self.model.model.get_image_features(
+            inputs["pixel_values"].to(self.options.device, self.model.dtype),
+            grid.to(self.options.device))  # fmt: skip
+        t, h, w = (int(v) for v in grid[0])
+        return EngineImage(image.mm_hash, (t, h, w), torch.cat(list(features.pooler_output)))
+
+    def _decode_text(self, token_ids: list[int]) -> str:
+        return str(self.processor.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._running:
+            self._aborted.add(request_id)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(num_running=self.budget.num_holding, num_waiting=self.budget.num_waiting,
+                          kv_usage=self.budget.usage)  # fmt: skip
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+
+def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=DTYPES[options.dtype])
+    return model.to(options.device).eval(), processor
+
+
+def _layout(model: Any, processor: Any) -> VisionLayout:
+    config = model.config
+    return VisionLayout(
+        vision_start_id=processor.tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+        image_pad_id=config.image_token_id,
+        merge_size=config.vision_config.spatial_merge_size,
+        hidden_size=config.text_config.hidden_size,
+    )  # fmt: skip
+
+
+def _embeddings(image: EngineImage) -> torch.Tensor:
+    assert image.embeddings is not None, "pictures are encoded before prefill"
+    return image.embeddings
+
+
+def _eos_ids(model: Any, processor: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if processor.tokenizer.eos_token_id is not None:
+        ids.add(processor.tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,82 @@
+"""``epd up`` where vLLM cannot be imported: the prefill worker falls back to the transformers
+engine on its own (``--engine auto``), E/PD answers with the reference tokens, and what needs
+vLLM (decode workers, KV hand-off topologies) says so instead of failing with a traceback."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epd.server.engine.generate_cli import demo_image
+from epd.server.engine.reference import ReferenceEngine
+from epd.server.transfer import shm
+
+QUESTION = "What is in this picture?"
+
+
+@pytest.fixture
+def without_vllm(tmp_path: Path) -> dict[str, str]:
+    """An environment whose Python processes cannot import vllm (as where it is not installed)."""
+    hider = tmp_path / "hide_vllm"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text("import sys\nsys.modules['vllm'] = None\n")
+    path = os.pathsep.join(p for p in (str(hider), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def epd(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "epd", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def test_vllm_is_really_hidden(without_vllm: dict[str, str], tmp_path: Path) -> None:
+    probe = subprocess.run([sys.executable, "-c", "import vllm"], env=without_vllm,
+                           capture_output=True, text=True)  # fmt: skip
+    assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr
+
+
+def test_e_pd_answers_on_the_transformers_engine(
+    tiny_model_dir: Path, tmp_path: Path, without_vllm: dict[str, str]
+) -> None:
+    before = set(shm.orphans())
+    result = epd("up", "--model", str(tiny_model_dir), "--model-id", "tiny", "--topology", "e-pd",
+                 "--max-tokens", "8", "--question", QUESTION, "--run-dir", str(tmp_path / "run"),
+                 env=without_vllm, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
+    assert match, result.stdout
+    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+    messages = [{"role": "user", "content": content}]
+    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
+    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    prefill_log = next((tmp_path / "run").glob("*/prefill.log")).read_text()
+    assert "(prefill_decode, transformers)" in prefill_log
+    assert "epd-encode" in result.stdout and "epd-prefill" in result.stdout
+    leftovers = subprocess.run(["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "],
+                               capture_output=True, text=True)  # fmt: skip
+    assert leftovers.stdout.strip() == ""
+    assert set(shm.orphans()) <= before
+
+
+def test_what_needs_vllm_is_a_usage_error(tiny_model_dir: Path, tmp_path: Path,
+                                          without_vllm: dict[str, str]) -> None:  # fmt: skip
+    model = ["--model", str(tiny_model_dir)]
+    cases = {
+        ("prefill", *model, "--engine", "vllm"): "vLLM is not installed",
+        ("prefill", *model, "--mode", "prefill"): "does not hand its KV cache",
+        ("prefill", *model, "--engine", "transformers", "--mode", "encode_prefill",
+         "--kv-transfer"): "does not hand its KV cache",
+        ("decode", *model): "vLLM is not installed",
+        ("up", *model, "--engine", "transformers", "--topology", "ep-d",
+         "--run-dir", str(tmp_path)): "does not hand KV",
+    }  # fmt: skip
+    for args, message in cases.items():
+        result = epd(*args, env=without_vllm, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stderr[-1000:])
+        assert message in result.stderr and "Traceback" not in result.stderr, args
