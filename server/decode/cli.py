@@ -9,7 +9,12 @@ import sys
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.prefill.cli import add_engine_arguments, engine_options, vllm_installed
+from epd.server.prefill.cli import (
+    add_engine_arguments,
+    check_engine_arguments,
+    engine_options,
+    vllm_installed,
+)  # fmt: skip
 
 DEFAULT_PORT = 50081
 
@@ -32,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
               "NixlConnector (scripts/install.sh installs it)", file=sys.stderr)  # fmt: skip
         return 2
     try:
+        check_engine_arguments(args)
         options = ServerOptions.from_args(args)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)

@@ -63,7 +63,8 @@ class VllmOptions:
 
     ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
     (serves ``decode``) or ``kv_both``. ``side_channel``: where the NIXL handshake listens
-    (port 0: a free port).
+    (port 0: a free port). ``kv_lease_s``: how long a producer keeps KV blocks that no decode
+    worker reads (a cancelled request's), the same on both sides.
     """
 
     dtype: str = "float32"
@@ -74,6 +75,7 @@ class VllmOptions:
     enforce_eager: bool = True
     kv_role: str | None = None
     side_channel: SideChannel = field(default_factory=SideChannel)
+    kv_lease_s: int = 30
 
 
 def _layout(model_dir: Path) -> VisionLayout:
@@ -150,7 +152,8 @@ class VllmEngine(Engine):
             max_model_len=options.max_model_len, kv_cache_memory_bytes=options.kv_cache_bytes,
             enable_mm_embeds=True, limit_mm_per_prompt={"image": options.max_images_per_prompt},
             served_model_name=model_id or model_dir.name, disable_log_stats=False,
-            kv_transfer_config=kv_transfer_config(options.kv_role) if options.kv_role else None,
+            kv_transfer_config=kv_transfer_config(options.kv_role, lease_s=options.kv_lease_s)
+            if options.kv_role else None,
         )  # fmt: skip
         tracker = LoadTracker()
         llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker)

@@ -64,16 +64,27 @@ def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
         raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
 
 
-def kv_transfer_config(role: str, engine_id: str = "") -> Any:
-    """NixlConnector config for ``role`` with the KV buffer in host memory (works on CPU)."""
+MIN_KV_LEASE_S = 6
+
+
+def kv_transfer_config(role: str, engine_id: str = "", lease_s: int = 30) -> Any:
+    """NixlConnector config for ``role`` with the KV buffer in host memory (works on CPU).
+
+    ``lease_s``: how long a producer keeps blocks no consumer has read (a consumer that is
+    reading renews it every ``lease_s / 6``); prefill and decode workers must agree on it.
+    """
     from vllm.config import KVTransferConfig
 
     if role not in KV_ROLES:
         raise ValueError(f"kv role must be one of {KV_ROLES}, not {role!r}")
+    if lease_s < MIN_KV_LEASE_S:
+        raise ValueError(f"the KV lease must be at least {MIN_KV_LEASE_S} s (consumers renew it "
+                         f"every lease/6 s), got {lease_s}")  # fmt: skip
     # NOTE: the module swaps in a NIXL agent without a busy-polling progress thread.
     return KVTransferConfig(kv_connector="NixlConnector", kv_role=role,  # type: ignore[arg-type]
                             kv_buffer_device="cpu", engine_id=engine_id or None,
-                            kv_connector_module_path="epd.server.engine.nixl_cpu")  # fmt: skip
+                            kv_connector_module_path="epd.server.engine.nixl_cpu",
+                            kv_connector_extra_config={"kv_lease_duration": lease_s})  # fmt: skip
 
 
 def restore_ints(value: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
@@ -49,7 +50,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "its peers (env EPD_KV_HOST, default 127.0.0.1)")
     parser.add_argument("--kv-port", type=int, default=int(env("EPD_KV_PORT", "0")),
                         help="port of the NIXL handshake listener (env EPD_KV_PORT; "
-                             "default 0: a free port)")  # fmt: skip
+                             "default 0: a free port)")
+    parser.add_argument("--kv-lease-s", type=int, default=int(env("EPD_KV_LEASE_S", "30")),
+                        help="seconds a prefill worker keeps KV blocks no decode worker has read "
+                             "(a request cancelled between prefill and decode); the same on "
+                             "prefill and decode workers, at least 6 (env EPD_KV_LEASE_S, "
+                             "default 30)")  # fmt: skip
+
+
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the first engine flag with a value no engine accepts."""
+    if args.kv_lease_s < MIN_KV_LEASE_S:
+        raise ValueError(f"--kv-lease-s must be at least {MIN_KV_LEASE_S} (decode workers renew "
+                         f"the lease every lease/6 s), got {args.kv_lease_s}")  # fmt: skip
+    for flag in ("max_model_len", "kv_cache_mb", "max_pending"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
 
 
 def engine_options(args: argparse.Namespace, kv_role: str | None) -> Any:
@@ -60,7 +76,8 @@ def engine_options(args: argparse.Namespace, kv_role: str | None) -> Any:
     return VllmOptions(dtype=args.dtype, max_model_len=args.max_model_len,
                        kv_cache_bytes=args.kv_cache_mb * MiB,
                        max_pending_requests=args.max_pending, kv_role=kv_role,
-                       side_channel=SideChannel(args.kv_host, args.kv_port))  # fmt: skip
+                       side_channel=SideChannel(args.kv_host, args.kv_port),
+                       kv_lease_s=args.kv_lease_s)  # fmt: skip
 
 
 def vllm_installed() -> bool:
@@ -114,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     try:
+        check_engine_arguments(args)
         options = ServerOptions.from_args(args)
         mode = Mode(args.mode)
         config = PrefillConfig(args.model, mode, args.worker_id, args.weight, args.max_pending,

@@ -13,8 +13,8 @@ NOT_FOUND instead of returning someone else's data. References whose descriptors
 ``byte_size`` (no stamp: another producer) are read as they are.
 
 Release: the consumer's READ carries the notification ``epd-release:<lease id>``; the producer
-frees the lease when it polls notifications (on ``put``, ``held``, ``reap_expired``: the reaper),
-or earlier on ``release`` (the Release RPC). Both are idempotent.
+frees the lease when the agent's progress thread delivers it (within a millisecond; ``held`` and
+``reap_expired`` poll too), or earlier on ``release`` (the Release RPC). Both are idempotent.
 """
 
 from __future__ import annotations
@@ -195,7 +195,6 @@ class NixlProducer(TensorProducer):
 
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
         agent, pool = self._ensure_started()
-        agent.poll()
         ref = describe(tensor)
         lent = self._lend(agent, tensor, ref.byte_size, ttl_s)
         if lent is not None:
@@ -350,9 +349,10 @@ class NixlConsumer(TensorConsumer):
               dtype: torch.dtype, copy: bool) -> torch.Tensor:  # fmt: skip
         shape = tuple(ref.shape)
         if copy or ref.byte_size <= SMALL_COPY_BYTES:
-            payload = block.view[HEADER_BYTES:HEADER_BYTES + ref.byte_size].clone()
+            payload = torch.empty(shape, dtype=dtype)
+            ctypes.memmove(payload.data_ptr(), block.address + HEADER_BYTES, ref.byte_size)
             pool.give_back(block)
-            return payload.view(dtype).reshape(shape)
+            return payload
         # NOTE: the ctypes array is the buffer the tensor's storage keeps alive; when the last view
         # dies, the array dies and the finalizer hands the block back.
         array = (ctypes.c_char * (HEADER_BYTES + ref.byte_size)).from_buffer(block.memory)

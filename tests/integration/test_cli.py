@@ -60,3 +60,12 @@ def test_bad_thread_counts_are_usage_errors(tiny_model_dir: Path, tmp_path: Path
                  "--encoder-threads", "2,x", "--run-dir", str(tmp_path))  # fmt: skip
     assert up.returncode == 2 and "--encoder-threads" in up.stderr
     assert "Traceback" not in encode.stderr + up.stderr
+
+
+def test_bad_engine_flags_are_usage_errors(tiny_model_dir: Path) -> None:
+    model = ["--model", str(tiny_model_dir)]
+    lease = run_epd("prefill", *model, "--mode", "prefill", "--kv-lease-s", "3")
+    assert lease.returncode == 2 and "--kv-lease-s must be at least 6" in lease.stderr
+    pending = run_epd("decode", *model, "--max-pending", "0")
+    assert pending.returncode == 2 and "--max-pending must be at least 1" in pending.stderr
+    assert "Traceback" not in lease.stderr + pending.stderr

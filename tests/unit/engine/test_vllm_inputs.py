@@ -9,7 +9,7 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_inputs import multi_modal_data, restore_ints
+from epd.server.engine.vllm_inputs import kv_transfer_config, multi_modal_data, restore_ints
 from epd.server.prefill import convert
 from epd.server.prefill.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
@@ -75,3 +75,13 @@ def test_vllm_sampling_params_reject_bad_values() -> None:
         with pytest.raises(InvalidArgument) as caught:
             sampling_params(bad)
         assert caught.value.reason == "BAD_SAMPLING"
+
+
+def test_kv_transfer_config_carries_the_lease_and_refuses_bad_roles_and_leases() -> None:
+    config = kv_transfer_config("kv_producer", lease_s=12)
+    assert config.get_from_extra_config("kv_lease_duration", 30) == 12
+    assert config.kv_buffer_device == "cpu" and config.kv_connector == "NixlConnector"
+    with pytest.raises(ValueError, match="lease"):
+        kv_transfer_config("kv_consumer", lease_s=5)
+    with pytest.raises(ValueError, match="role"):
+        kv_transfer_config("kv_sideways")
