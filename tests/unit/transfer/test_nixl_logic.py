@@ -14,10 +14,10 @@ from epd.server.transfer.nixl import (
     SMALL_COPY_BYTES,
     NixlConsumer,
     NixlProducer,
-    RegisteredPool,
     mirror,
     remote_regions,
 )
+from epd.server.transfer.nixl_pool import RegisteredPool
 from epd.server.transfer.shm import HEADER_BYTES
 from epd.v1 import tensor_pb2
 

@@ -1,0 +1,119 @@
+"""Registered host memory for the NIXL backend: pooled blocks and the lease-stamp arena.
+
+A block is an anonymous page-aligned mapping registered with the process's NIXL agent once and
+reused by power-of-two size class (registration costs more than a small transfer); its first 64
+bytes hold the lease stamp a consumer checks after its READ. Lent tensors have no room for a
+stamp, so theirs live in one registered arena of 64-byte slots.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from epd.server.transfer.nixl_agent import NixlAgent
+from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
+
+
+@dataclass(slots=True)
+class Block:
+    """One registered buffer: a 64-byte stamp, then up to ``capacity - 64`` payload bytes."""
+
+    capacity: int
+    memory: mmap.mmap
+    view: torch.Tensor
+    address: int
+
+    def stamp(self, lease_id: str) -> None:
+        self.memory[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+
+    def is_stamped(self, lease_id: str) -> bool:
+        return self.memory[:HEADER_BYTES] == (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+
+
+class RegisteredPool:
+    """Registered blocks by size class, reused after give_back; idle ones beyond
+    ``max_idle_bytes`` (and all idle ones at ``close``) are deregistered."""
+
+    def __init__(self, agent: NixlAgent, max_idle_bytes: int = 1 << 30) -> None:
+        self._agent = agent
+        self._max_idle = max_idle_bytes
+        self._idle: dict[int, list[Block]] = defaultdict(list)
+        self._idle_bytes = 0
+        self._is_closed = False
+        self._lock = threading.Lock()
+        self.num_created = 0
+        self.num_outstanding = 0
+
+    def acquire(self, num_bytes: int) -> Block:
+        """A registered block with room for ``num_bytes`` of payload."""
+        capacity = size_class(num_bytes)
+        with self._lock:
+            self.num_outstanding += 1
+            if self._idle[capacity]:
+                self._idle_bytes -= capacity
+                return self._idle[capacity].pop()
+            self.num_created += 1
+        memory = mmap.mmap(-1, capacity)
+        view = torch.frombuffer(memory, dtype=torch.uint8)
+        block = Block(capacity, memory, view, view.data_ptr())
+        self._agent.register(block.address, capacity)
+        return block
+
+    def give_back(self, block: Block) -> None:
+        """Return ``block`` for reuse (its stamp is wiped first)."""
+        block.memory[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        with self._lock:
+            self.num_outstanding -= 1
+            if not self._is_closed and self._idle_bytes + block.capacity <= self._max_idle:
+                self._idle[block.capacity].append(block)
+                self._idle_bytes += block.capacity
+                return
+        self._agent.deregister(block.address)
+
+    def close(self) -> None:
+        """Deregister idle blocks; blocks still out are deregistered when they come back."""
+        with self._lock:
+            self._is_closed = True
+            idle = [block for blocks in self._idle.values() for block in blocks]
+            self._idle.clear()
+            self._idle_bytes = 0
+        for block in idle:
+            self._agent.deregister(block.address)
+
+
+class StampArena:
+    """One registered buffer of 64-byte lease stamps for lent tensors (which have no room for
+    one): a slot is stamped on ``put`` and wiped when the lease ends."""
+
+    def __init__(self, agent: NixlAgent, slots: int = 1024) -> None:
+        self._agent = agent
+        self.memory = mmap.mmap(-1, slots * HEADER_BYTES)
+        self.address = torch.frombuffer(self.memory, dtype=torch.uint8).data_ptr()
+        agent.register(self.address, slots * HEADER_BYTES)
+        self._free = list(range(slots))
+        self._lock = threading.Lock()
+
+    def take(self, lease_id: str) -> int | None:
+        """A stamped slot's address, or None when all are in use."""
+        with self._lock:
+            if not self._free:
+                return None
+            slot = self._free.pop()
+        offset = slot * HEADER_BYTES
+        self.memory[offset:offset + HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(
+            HEADER_BYTES, b"\0")
+        return self.address + offset
+
+    def give_back(self, address: int) -> None:
+        offset = address - self.address
+        self.memory[offset:offset + HEADER_BYTES] = bytes(HEADER_BYTES)
+        with self._lock:
+            self._free.append(offset // HEADER_BYTES)
+
+    def close(self) -> None:
+        self._agent.deregister(self.address)
