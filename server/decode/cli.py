@@ -28,16 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the engine (KV consumer), serve until SIGTERM/SIGINT, stop the engine."""
-    if not (args.model / "config.json").exists():
-        print(f"epd decode: {args.model} is not a model directory (no config.json)",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if not vllm_installed():
-        print("epd decode: vLLM is not installed; decode workers pull KV caches with vLLM's "
-              "NixlConnector (scripts/install.sh installs it)", file=sys.stderr)  # fmt: skip
-        return 2
     try:
         check_engine_arguments(args)
+        if not vllm_installed():
+            raise ValueError("vLLM is not installed; decode workers pull KV caches with vLLM's "
+                             "NixlConnector (scripts/install.sh installs it)")  # fmt: skip
         options = ServerOptions.from_args(args)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from epd.server.common.model_dir import require_model_dir
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import EncodeConfig, build_encode_server
@@ -61,8 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
-        if not (args.model / "config.json").exists():
-            raise ValueError(f"{args.model} is not a model directory (no config.json)")
+        require_model_dir(args.model)
         if args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
             raise ValueError("batch size must be >= 1, wait and cache must not be negative")
         if args.threads < 0:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epd.server.common.model_dir import require_model_dir
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
@@ -60,6 +61,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
     """ValueError naming the first engine flag with a value no engine accepts."""
+    require_model_dir(args.model)
     if args.kv_lease_s < MIN_KV_LEASE_S:
         raise ValueError(f"--kv-lease-s must be at least {MIN_KV_LEASE_S} (decode workers renew "
                          f"the lease every lease/6 s), got {args.kv_lease_s}")  # fmt: skip
@@ -126,10 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the engine, serve until SIGTERM/SIGINT, stop the engine."""
-    if not (args.model / "config.json").exists():
-        print(f"epd prefill: {args.model} is not a model directory (no config.json)",
-              file=sys.stderr)  # fmt: skip
-        return 2
     try:
         check_engine_arguments(args)
         options = ServerOptions.from_args(args)

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from epd.server.common.model_dir import require_model_dir
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.media.policy import MediaPolicy
@@ -37,11 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
-    if not (args.model / "config.json").exists():
-        print(f"epd route: {args.model} is not a model directory (no config.json)",
-              file=sys.stderr)  # fmt: skip
-        return 2
     try:
+        require_model_dir(args.model)
         options = ServerOptions.from_args(args)
         config = RouteConfig(args.model, args.scheduler, args.model_id,
                              MediaPolicy.from_args(args), args.http_port)

@@ -62,7 +62,12 @@ def test_bad_thread_counts_are_usage_errors(tiny_model_dir: Path, tmp_path: Path
     assert "Traceback" not in encode.stderr + up.stderr
 
 
-def test_bad_engine_flags_are_usage_errors(tiny_model_dir: Path) -> None:
+def test_bad_engine_flags_and_model_dirs_are_usage_errors(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    for command in ("prefill", "decode", "route"):
+        empty = run_epd(command, "--model", str(tmp_path))
+        assert empty.returncode == 2, (command, empty.stderr)
+        assert f"epd {command}: {tmp_path} is not a model directory" in empty.stderr
     model = ["--model", str(tiny_model_dir)]
     lease = run_epd("prefill", *model, "--mode", "prefill", "--kv-lease-s", "3")
     assert lease.returncode == 2 and "--kv-lease-s must be at least 6" in lease.stderr

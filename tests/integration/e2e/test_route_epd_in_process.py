@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 
 import grpc
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -22,19 +20,9 @@ from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.pictures import picture, png
 
 pytestmark = pytest.mark.vllm
-
-
-def picture(seed: int, width: int, height: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
-
-
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import os
 import signal
@@ -19,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -33,21 +31,11 @@ from tests.integration.e2e.launcher import (
     session_members,
     unlink_segments,
 )
+from tests.pictures import picture, png
 
 pytestmark = pytest.mark.vllm
 GRPCURL = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "grpcurl"
 QUESTION = "describe this picture"
-
-
-def picture(seed: int, width: int = 64, height: int = 48) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
-
-
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 from PIL import Image
 
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
-
-
-def picture(seed: int, width: int, height: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+from tests.pictures import png
 
 
 def chat(num_images: int, text: str) -> list[dict[str, object]]:
@@ -45,9 +38,7 @@ def media_prompt(oracle, images: list[Image.Image], text: str) -> generation_pb2
     """A Prompt whose images are PNG bytes (no grid: the worker encodes them itself)."""
     inputs = []
     for image in images:
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        inputs.append(multimodal_pb2.ImageInput(media=multimodal_pb2.MediaItem(data=buffer.getvalue())))
+        inputs.append(multimodal_pb2.ImageInput(media=multimodal_pb2.MediaItem(data=png(image))))
     return generation_pb2.Prompt(token_ids=prompt_tokens(oracle, len(images), text), images=inputs)
 
 

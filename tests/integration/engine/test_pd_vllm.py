@@ -20,8 +20,9 @@ from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.pictures import picture
 
-from .helpers import embedded_prompt, expected_tokens, media_prompt, picture, release
+from .helpers import embedded_prompt, expected_tokens, media_prompt, release
 
 pytestmark = pytest.mark.vllm
 NUM_TOKENS = 12

@@ -4,10 +4,8 @@ reference tokens; concurrency, cancellation and bad inputs over gRPC."""
 from __future__ import annotations
 
 import asyncio
-import io
 
 import grpc
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -19,19 +17,12 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from tests.pictures import picture, png
+
+from .helpers import chat
 
 pytestmark = pytest.mark.vllm
 NUM_TOKENS = 16
-
-
-def picture(seed: int, width: int, height: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
-
-
-def chat(num_images: int, text: str) -> list[dict[str, object]]:
-    parts: list[dict[str, str]] = [{"type": "image"} for _ in range(num_images)]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +170,7 @@ async def test_encode_prefill_mode_takes_raw_images(stack, oracle, tiny_model_di
     request, expected = build_request(oracle, producer, images, "describe this picture", "ep1")
     producer.release([i.embeddings.lease_id for i in request.prompt.images])
     for image_input, image in zip(request.prompt.images, images, strict=True):
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        image_input.media.CopyFrom(multimodal_pb2.MediaItem(data=buffer.getvalue()))
+        image_input.media.CopyFrom(multimodal_pb2.MediaItem(data=png(image)))
     async with create_channel(f"127.0.0.1:{raw_app.port}") as channel:
         tokens, _ = await collect(pb_grpc.PrefillServiceStub(channel), request)
     await raw_app.stop()

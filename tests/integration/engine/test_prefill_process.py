@@ -21,8 +21,9 @@ from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.pictures import picture
 
-from .helpers import embedded_prompt, expected_tokens, picture, release
+from .helpers import embedded_prompt, expected_tokens, release
 from .processes import alive, children_of, describe, wait_gone
 
 pytestmark = pytest.mark.vllm

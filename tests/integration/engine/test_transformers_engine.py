@@ -20,13 +20,13 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from tests.pictures import picture
 
 from .helpers import (
     chat,
     embedded_prompt,
     expected_tokens,
     media_prompt,
-    picture,
     prompt_tokens,
     release,
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import threading
 from multiprocessing.connection import Connection
 
 import torch
@@ -29,6 +30,24 @@ def make_tensor(dtype: torch.dtype, num_bytes: int, seed: int) -> torch.Tensor:
     numel = num_bytes // torch.empty((), dtype=dtype).element_size()
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(numel, generator=generator).to(dtype).reshape(-1, 16)
+
+
+def put_concurrently(plane: DataPlane, tensors: list[torch.Tensor], consumer_host_id: str,
+                     num_threads: int = 4) -> list[tensor_pb2.TensorRef]:  # fmt: skip
+    """Put every tensor from ``num_threads`` threads at once; the references in tensor order."""
+    refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
+
+    def put_every(start: int) -> None:
+        for i in range(start, len(tensors), num_threads):
+            refs[i] = plane.put(tensors[i], consumer_host_id)
+
+    threads = [threading.Thread(target=put_every, args=(start,)) for start in range(num_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(ref is not None for ref in refs), "a put failed"
+    return [ref for ref in refs if ref is not None]
 
 
 def consumer(conn: Connection, host_id: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -16,7 +15,15 @@ import torch
 from epd.server.transfer import nixl_agent, shm
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
-from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
+from tests.integration.transfer.peers import (
+    HOST,
+    SPAWN,
+    Peer,
+    digest,
+    make_tensor,
+    producer,
+    put_concurrently,
+)
 
 pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
 
@@ -102,19 +109,9 @@ def test_release_rpc_before_the_read_makes_the_reference_dangling(plane: DataPla
 
 def test_many_concurrent_transfers_reuse_registered_blocks(plane: DataPlane, peer: Peer) -> None:
     tensors = [make_tensor(torch.float16, 256 * KiB, seed=i) for i in range(32)]
-    refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
-
-    def put_range(start: int) -> None:
-        for i in range(start, len(tensors), 4):
-            refs[i] = plane.put(tensors[i], REMOTE)
-
-    threads = [threading.Thread(target=put_range, args=(start,)) for start in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    refs = put_concurrently(plane, tensors, REMOTE)
     for tensor, ref in zip(tensors, refs, strict=True):
-        assert ref is not None and peer.read(ref)[1] == digest(tensor)
+        assert peer.read(ref)[1] == digest(tensor)
     wait_until_nothing_held(plane)
     producer_side = plane.producers[NIXL]
     created = producer_side.num_blocks_created  # type: ignore[attr-defined]

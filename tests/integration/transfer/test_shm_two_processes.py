@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -14,7 +13,15 @@ import torch
 from epd.server.transfer import shm
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
-from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
+from tests.integration.transfer.peers import (
+    HOST,
+    SPAWN,
+    Peer,
+    digest,
+    make_tensor,
+    producer,
+    put_concurrently,
+)
 
 KiB, MiB = 1 << 10, 1 << 20
 # NOTE: without nixl, a consumer on another host gets inline (what these tests are about).
@@ -90,20 +97,10 @@ def test_shm_reference_is_refused_on_another_host(plane: DataPlane) -> None:
 
 def test_many_concurrent_transfers_reuse_the_pool(plane: DataPlane, peer: Peer) -> None:
     tensors = [make_tensor(torch.float16, 256 * KiB, seed=i) for i in range(32)]
-    refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
-
-    def put_range(start: int) -> None:
-        for i in range(start, len(tensors), 4):
-            refs[i] = plane.put(tensors[i], HOST)
-
-    threads = [threading.Thread(target=put_range, args=(start,)) for start in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    refs = put_concurrently(plane, tensors, HOST)
     for tensor, ref in zip(tensors, refs, strict=True):
-        assert ref is not None and peer.read(ref)[1] == digest(tensor)
-    assert plane.release([ref.lease_id for ref in refs if ref]) == len(tensors)
+        assert peer.read(ref)[1] == digest(tensor)
+    assert plane.release([ref.lease_id for ref in refs]) == len(tensors)
     created = plane.producers[tensor_pb2.TRANSFER_KIND_SHM].num_segments_created  # type: ignore[attr-defined]
     for i in range(10):
         ref = plane.put(tensors[i], HOST)

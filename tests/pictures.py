@@ -1,0 +1,21 @@
+"""Test pictures: deterministic random RGB images and their PNG bytes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+
+def picture(seed: int, width: int = 64, height: int = 48) -> Image.Image:
+    """A ``width`` x ``height`` RGB image of random pixels, the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8))
+
+
+def png(image: Image.Image) -> bytes:
+    """``image`` encoded as PNG."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
