@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
-from epd.server.route.grid import GridCalculator
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
@@ -59,7 +59,7 @@ async def build_route_server(config: RouteConfig,
     worker = RouteWorker(Peers(config.scheduler, options.auth_token),
                          PromptBuilder(config.model_dir), loader, model_id=model_id,
                          host_id=default_host_id(),
-                         grids=GridCalculator.from_model_dir(config.model_dir))  # fmt: skip
+                         grids=ImageGridder(config.model_dir))  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)

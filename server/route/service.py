@@ -18,12 +18,11 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.errors import InvalidArgument
 from epd.server.common.status import from_rpc_error
+from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
-from epd.server.route.grid import GridCalculator
 from epd.server.route.hops import EngineCall, stream_tokens
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
@@ -49,14 +48,13 @@ class RouteWorker:
     """Runs requests for one model against the services the scheduler knows."""
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
-                 model_id: str, host_id: str,
-                 grids: GridCalculator | None = None) -> None:  # fmt: skip
+                 model_id: str, host_id: str, grids: ImageGridder) -> None:  # fmt: skip
         self.peers = peers
         self.prompts = prompts
         self.loader = loader
         self.model_id = model_id
         self.host_id = host_id
-        self.grids = grids or GridCalculator()
+        self.grids = grids
         self.roles = RoleView()
 
     async def generate(self, request: route_service_pb2.GenerateRequest,
@@ -106,10 +104,7 @@ class RouteWorker:
         return messages, media
 
     def _grid(self, image: LoadedImage) -> multimodal_pb2.ImageGrid:
-        try:
-            t, h, w = self.grids.grid(*image.image.size)
-        except ValueError as e:
-            raise InvalidArgument(str(e), reason="BAD_IMAGE_SHAPE") from e
+        t, h, w = self.grids.grid(image.image)
         return multimodal_pb2.ImageGrid(t=t, h=h, w=w)
 
     async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:

@@ -14,10 +14,10 @@ from PIL import Image
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
 from epd.server.common.errors import Unavailable as ServerUnavailable
 from epd.server.common.server import ServerOptions, ServiceBinding, build_server
+from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
-from epd.server.route.grid import GridCalculator
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
@@ -41,7 +41,7 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[tuple[str, FakePeers, Pro
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
     worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
-                         grids=GridCalculator.from_model_dir(tiny_model_dir))  # fmt: skip
+                         grids=ImageGridder(tiny_model_dir))  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              route_service_pb2_grpc.add_RouteServiceServicer_to_server)
     server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))

@@ -10,7 +10,8 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 from epd.server.media.grid import ImageGridder
 
-SIZES = [(96, 64), (10, 10), (1000, 30), (2000, 1500), (57, 113), (3000, 3000)]
+SIZES = [(96, 64), (10, 10), (1000, 30), (2000, 1500), (57, 113), (3000, 3000), (60, 90), (28, 28),
+         (10, 300), (1000, 700), (57, 57)]
 
 
 def processor_grids(model_dir, sizes) -> list[tuple[int, int, int]]:

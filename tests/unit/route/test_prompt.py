@@ -5,33 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from epd.server.common.errors import InvalidArgument
-from epd.server.route.grid import GridCalculator
 from epd.server.route.prompt import BLOCK_SIZE, ChatPart, Detokenizer, PromptBuilder
 
 
 @pytest.fixture(scope="module")
 def builder(tiny_model_dir: Path) -> PromptBuilder:
     return PromptBuilder(tiny_model_dir)
-
-
-@pytest.mark.parametrize("size", [(96, 64), (60, 90), (28, 28), (10, 300), (1000, 700), (57, 57)])
-def test_grid_equals_the_processor(tiny_model_dir: Path, size: tuple[int, int]) -> None:
-    from transformers import AutoImageProcessor
-
-    processor = AutoImageProcessor.from_pretrained(tiny_model_dir)
-    expected = processor(images=[Image.new("RGB", size)], return_tensors="np")["image_grid_thw"]
-    calculator = GridCalculator.from_model_dir(tiny_model_dir)
-    grid = calculator.grid(*size)
-    assert list(grid) == [int(v) for v in expected[0]]
-    assert calculator.num_tokens(grid) == grid[0] * grid[1] * grid[2] // 4
-
-
-def test_extreme_aspect_ratio_is_refused() -> None:
-    with pytest.raises(ValueError):
-        GridCalculator().grid(1, 500)
 
 
 def test_prompt_has_one_placeholder_group_per_image(builder: PromptBuilder) -> None:
