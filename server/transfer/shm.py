@@ -36,6 +36,8 @@ SHM_DIR = "/dev/shm"
 HEADER_BYTES = 64
 MAGIC = b"EPDSHM01"
 MIN_SEGMENT_BYTES = 64 << 10
+# Payloads up to this size are read into a private copy: a read costs less than mapping.
+SMALL_COPY_BYTES = 16 << 10
 _NAME = re.compile(r"^epd-(\d+)-(\d+)-\d+$")
 # NOTE: one counter per process, not per pool: several producers in one process (tests, a
 # process serving two roles) must never pick the same segment name.
@@ -247,30 +249,57 @@ class ShmConsumer(TensorConsumer):
         if not _NAME.match(location.name):
             raise InvalidArgument(f"{location.name!r} is not an epd segment name",
                                   reason="BAD_TENSOR_REF")  # fmt: skip
-        buffer = self._map(location, ref.lease_id)
-        tensor = from_bytes(memoryview(buffer)[location.offset:], ref, dtype)
-        return tensor.clone() if copy else tensor
-
-    def _map(self, location: tensor_pb2.ShmLocation, lease_id: str) -> mmap.mmap:
-        path = os.path.join(self._dir, location.name)
+        fd = self._open(location.name)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise NotFound(f"shared-memory segment {location.name} is gone (released, expired "
-                           "or its producer died)", reason="SEGMENT_NOT_FOUND") from None
-        try:
-            size = os.fstat(fd).st_size
-            if location.offset + location.size > size:
-                raise InvalidArgument(f"segment {location.name} has {size} bytes, the reference "
-                                      f"needs {location.offset + location.size}",
-                                      reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
-            # NOTE: a private (copy-on-write) mapping is writable for torch.frombuffer, yet
-            # never changes the producer's segment.
-            buffer = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            if copy or ref.byte_size <= SMALL_COPY_BYTES:
+                return self._read(fd, ref, dtype)
+            buffer = self._map(fd, location, ref.lease_id)
         finally:
             os.close(fd)
-        if buffer[:len(MAGIC)] != MAGIC or buffer[8:40] != lease_id.encode():
+        return from_bytes(memoryview(buffer)[location.offset:], ref, dtype)
+
+    def _open(self, name: str) -> int:
+        try:
+            return os.open(os.path.join(self._dir, name), os.O_RDONLY)
+        except FileNotFoundError:
+            raise NotFound(f"shared-memory segment {name} is gone (released, expired or its "
+                           "producer died)", reason="SEGMENT_NOT_FOUND") from None
+
+    def _read(self, fd: int, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
+        """A private copy read with ``preadv`` (no mapping to set up and tear down)."""
+        location = ref.shm
+        header = bytearray(HEADER_BYTES)
+        payload = bytearray(ref.byte_size)
+        if location.offset == HEADER_BYTES:
+            num_read = os.preadv(fd, [header, payload], 0)
+        else:
+            num_read = os.preadv(fd, [header], 0) + os.preadv(fd, [payload], location.offset)
+        if num_read != HEADER_BYTES + ref.byte_size:
+            raise InvalidArgument(f"segment {location.name} is shorter than the reference "
+                                  f"needs ({location.offset + location.size} bytes)",
+                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+        _check_stamp(header, location.name, ref.lease_id)
+        return from_bytes(payload, ref, dtype)
+
+    def _map(self, fd: int, location: tensor_pb2.ShmLocation, lease_id: str) -> mmap.mmap:
+        size = os.fstat(fd).st_size
+        if location.offset + location.size > size:
+            raise InvalidArgument(f"segment {location.name} has {size} bytes, the reference "
+                                  f"needs {location.offset + location.size}",
+                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+        # NOTE: a private (copy-on-write) mapping is writable for torch.frombuffer, yet never
+        # changes the producer's segment.
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        try:
+            _check_stamp(buffer[:HEADER_BYTES], location.name, lease_id)
+        except NotFound:
             buffer.close()
-            raise NotFound(f"lease {lease_id} was released: segment {location.name} no longer "
-                           "holds its payload", reason="LEASE_RELEASED")  # fmt: skip
+            raise
         return buffer
+
+
+def _check_stamp(header: bytes | bytearray, name: str, lease_id: str) -> None:
+    """NotFound unless the segment header carries ``lease_id`` (else its lease was released)."""
+    if header[:len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
+        raise NotFound(f"lease {lease_id} was released: segment {name} no longer holds its "
+                       "payload", reason="LEASE_RELEASED")  # fmt: skip

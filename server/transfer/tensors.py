@@ -81,5 +81,5 @@ def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) ->
     """A tensor of ``ref``'s dtype and shape viewing ``buffer`` (writable, no copy)."""
     if ref.byte_size == 0:
         return torch.empty(tuple(ref.shape), dtype=dtype)
-    flat = torch.frombuffer(buffer, dtype=torch.uint8, count=ref.byte_size)  # type: ignore[call-overload]
-    return flat.view(dtype).reshape(tuple(ref.shape))
+    flat = torch.frombuffer(buffer, dtype=dtype, count=ref.byte_size // ITEM_SIZES[dtype])  # type: ignore[call-overload]
+    return flat.reshape(tuple(ref.shape))

@@ -81,7 +81,7 @@ def test_inline_refuses_oversized_tensors() -> None:
 
 
 def test_zero_copy_view_and_private_copy(plane: DataPlane) -> None:
-    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    tensor = torch.arange(12 * 1024, dtype=torch.float32).reshape(3, 4096)
     ref = plane.put(tensor, "host-a")
     view, copy = plane.get(ref), plane.get(ref, copy=True)
     assert torch.equal(view, tensor) and torch.equal(copy, tensor)
