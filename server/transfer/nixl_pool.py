@@ -18,6 +18,8 @@ import torch
 from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
 
+BLANK_STAMP = bytes(HEADER_BYTES)
+
 
 @dataclass(slots=True)
 class Block:
@@ -66,7 +68,7 @@ class RegisteredPool:
 
     def give_back(self, block: Block) -> None:
         """Return ``block`` for reuse (its stamp is wiped first)."""
-        block.memory[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        block.memory[:HEADER_BYTES] = BLANK_STAMP
         with self._lock:
             self.num_outstanding -= 1
             if not self._is_closed and self._idle_bytes + block.capacity <= self._max_idle:
@@ -111,7 +113,7 @@ class StampArena:
 
     def give_back(self, address: int) -> None:
         offset = address - self.address
-        self.memory[offset:offset + HEADER_BYTES] = bytes(HEADER_BYTES)
+        self.memory[offset:offset + HEADER_BYTES] = BLANK_STAMP
         with self._lock:
             self._free.append(offset // HEADER_BYTES)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import math
 from typing import Any
 
 import torch
@@ -62,10 +61,12 @@ def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
     dtype = DTYPES.get(ref.dtype)
     if dtype is None:
         raise InvalidArgument(f"TensorRef has unknown dtype {ref.dtype}", reason="BAD_TENSOR_REF")
-    if any(dim < 0 for dim in ref.shape):
-        raise InvalidArgument(f"TensorRef has a negative dimension: {list(ref.shape)}",
-                              reason="BAD_TENSOR_REF")  # fmt: skip
-    expected = math.prod(ref.shape) * ITEM_SIZES[dtype]
+    expected = ITEM_SIZES[dtype]
+    for dim in ref.shape:
+        if dim < 0:
+            raise InvalidArgument(f"TensorRef has a negative dimension: {list(ref.shape)}",
+                                  reason="BAD_TENSOR_REF")  # fmt: skip
+        expected *= dim
     if ref.byte_size != expected:
         raise InvalidArgument(
             f"TensorRef byte_size {ref.byte_size} does not match shape {list(ref.shape)} of "
