@@ -15,12 +15,15 @@ the same seed) and goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import random
+import shutil
 import socket
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -126,7 +129,9 @@ class VllmEngine(Engine):
     """An AsyncLLM behind the Engine interface, with bounded admission."""
 
     def __init__(self, llm: Any, model_id: str, layout: VisionLayout, options: VllmOptions,
-                 tracker: LoadTracker | None = None, model_dir: Path = Path()) -> None:  # fmt: skip
+                 tracker: LoadTracker | None = None, model_dir: Path = Path(),
+                 rpc_dir: Path | None = None) -> None:  # fmt: skip
+        """``rpc_dir``: the folder of ``llm``'s ZMQ sockets, removed by ``close``."""
         self._llm = llm
         self.model_id = model_id
         self.layout = layout
@@ -135,6 +140,7 @@ class VllmEngine(Engine):
         self._running: set[str] = set()
         self._image_processor: Any = None
         self.model_dir = model_dir
+        self._rpc_dir = rpc_dir
 
     @classmethod
     async def start(cls, model_dir: str | Path, *, model_id: str = "",
@@ -156,8 +162,15 @@ class VllmEngine(Engine):
             if options.kv_role else None,
         )  # fmt: skip
         tracker = LoadTracker()
-        llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker)
-        return cls(llm, model_id or model_dir.name, _layout(model_dir), options, tracker, model_dir)
+        rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
+        try:
+            llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker,
+                                          rpc_dir)  # fmt: skip
+        except BaseException:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+            raise
+        return cls(llm, model_id or model_dir.name, _layout(model_dir), options, tracker, model_dir,
+                   rpc_dir)  # fmt: skip
 
     async def generate(  # type: ignore[override]
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
@@ -166,9 +179,13 @@ class VllmEngine(Engine):
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
         params = sampling_params(sampling)
         num_generated = 0
-        async for output in self._run(request_id, prompt_token_ids, images, params):
-            num_generated += len(output.outputs[0].token_ids)
-            yield _chunk(output, prompt_token_ids, num_generated)
+        # NOTE: aclosing: a consumer closing this stream early aborts the request at once, not
+        # whenever the inner generator happens to be collected.
+        async with contextlib.aclosing(self._run(request_id, prompt_token_ids, images,
+                                                 params)) as outputs:  # fmt: skip
+            async for output in outputs:
+                num_generated += len(output.outputs[0].token_ids)
+                yield _chunk(output, prompt_token_ids, num_generated)
 
     async def prefill(self, request_id: str, prompt_token_ids: list[int],
                       images: list[EngineImage], sampling: Sampling) -> PrefillResult:  # fmt: skip
@@ -213,19 +230,22 @@ class VllmEngine(Engine):
         kv_params.pop(IMAGE_GRIDS_KEY, None)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
-        async for output in self._run(request_id, prompt_token_ids, images, params):
-            num_generated += len(output.outputs[0].token_ids)
-            chunk = _chunk(output, prompt_token_ids, num_generated)
-            if is_first and chunk.token_ids:
-                is_first = False
-                if chunk.token_ids[0] != first_token_id:
-                    logger.warning("request %s: decode resampled first token %d, prefill gave %d",
-                                   request_id, chunk.token_ids[0], first_token_id)  # fmt: skip
-                chunk = replace(chunk, token_ids=chunk.token_ids[1:])
-            yield chunk
+        async with contextlib.aclosing(self._run(request_id, prompt_token_ids, images,
+                                                 params)) as outputs:  # fmt: skip
+            async for output in outputs:
+                num_generated += len(output.outputs[0].token_ids)
+                chunk = _chunk(output, prompt_token_ids, num_generated)
+                if is_first and chunk.token_ids:
+                    is_first = False
+                    if chunk.token_ids[0] != first_token_id:
+                        logger.warning("request %s: decode resampled first token %d, prefill "
+                                       "gave %d", request_id, chunk.token_ids[0], first_token_id)
+                    chunk = replace(chunk, token_ids=chunk.token_ids[1:])
+                yield chunk
 
     async def _run(self, request_id: str, prompt_token_ids: list[int],
-                   images: list[EngineImage], params: Any) -> AsyncIterator[Any]:  # fmt: skip
+                   images: list[EngineImage],
+                   params: Any) -> AsyncGenerator[Any, None]:  # fmt: skip
         """vLLM's outputs for one request, admitted, with abort on cancellation."""
         if len(self._running) >= self.options.max_pending_requests:
             raise ResourceExhausted(f"{len(self._running)} requests already running; retry later",
@@ -293,30 +313,42 @@ class VllmEngine(Engine):
         # NOTE: drop the last reference now: AsyncLLM.__del__ run at interpreter exit fails noisily.
         del llm
         gc.collect()
+        if self._rpc_dir is not None:
+            # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
+            # its three sockets (/tmp/<uuid>) behind.
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
 
-def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker) -> Any:
+def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker,
+                rpc_dir: Path) -> Any:  # fmt: skip
+    """An AsyncLLM whose ZMQ ipc sockets (its own and its EngineCore's) live in ``rpc_dir``."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    if args.kv_transfer_config is None:
+    environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
+    if args.kv_transfer_config is not None:
+        # NOTE: a KV-transfer engine runs its model inside the EngineCore process (uni executor):
+        # with a separate worker process, the EngineCore's busy wait for it starved the worker on
+        # 2 cores (16 tokens took 5-20 s instead of ~0.1 s).
+        environ.update(VLLM_NIXL_SIDE_CHANNEL_HOST=side_channel.host,
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel.port),
+                       VLLM_ENABLE_V1_MULTIPROCESSING="0")  # fmt: skip
+    with SIDE_CHANNEL_ENV_LOCK, _environment(environ):
         return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
-    # NOTE: a KV-transfer engine runs its model inside the EngineCore process (uni executor):
-    # with a separate worker process, the EngineCore's busy wait for it starved the worker on 2
-    # cores (16 tokens took 5-20 s instead of ~0.1 s).
-    names = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-             "VLLM_ENABLE_V1_MULTIPROCESSING")  # fmt: skip
-    with SIDE_CHANNEL_ENV_LOCK:
-        saved = {name: os.environ.get(name) for name in names}
-        os.environ.update(zip(names, (side_channel.host, str(side_channel.port), "0"),
-                              strict=True))  # fmt: skip
-        try:
-            return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in os.environ for the block (hold SIDE_CHANNEL_ENV_LOCK around it)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:

@@ -110,6 +110,7 @@ class SideChannel:
     port: int = 0
 
 
-# NOTE: vLLM reads the side channel from the environment of its EngineCore process, which
-# inherits ours when it is created: engines started concurrently in one process take turns.
+# NOTE: vLLM reads the side channel (and its ZMQ socket folder) from the environment, in its
+# EngineCore process too, which inherits ours when it is created: engines started concurrently in
+# one process take turns.
 SIDE_CHANNEL_ENV_LOCK = threading.Lock()

@@ -1,9 +1,12 @@
-"""/proc helpers for process tests: children of a pid, which are still alive, their commands."""
+"""/proc helpers for process tests: children of a pid, which are still alive, their commands,
+and the files they hold or are named after (to find what they leave behind in /tmp, /dev/shm)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections.abc import Iterable
 
 
 def children_of(pid: int) -> list[int]:
@@ -44,3 +47,56 @@ def describe(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode()
     except OSError:
         return "?"
+
+
+def entries(*folders: str) -> set[str]:
+    """Paths of the entries of ``folders`` now."""
+    return {os.path.join(folder, name) for folder in folders for name in os.listdir(folder)}
+
+
+def named_after(paths: Iterable[str], pids: list[int]) -> set[str]:
+    """The ``paths`` whose name holds one of ``pids`` as a whole token (``epd-123-4``)."""
+    pattern = re.compile(rf"(?<![0-9A-Za-z])({'|'.join(map(str, pids))})(?![0-9A-Za-z])")
+    return {path for path in paths if pattern.search(os.path.basename(path))}
+
+
+def held_paths(pids: list[int], folders: tuple[str, ...]) -> set[str]:
+    """Paths under ``folders`` that ``pids`` have open, mapped or bound as unix sockets."""
+    sockets = _unix_socket_paths()
+    held: set[str] = set()
+    for pid in pids:
+        held |= {sockets.get(target, target) for target in _fd_targets(pid)}
+        held |= _mapped_files(pid)
+    return {path for path in held if path.startswith(tuple(f"{f}/" for f in folders))}
+
+
+def _fd_targets(pid: int) -> list[str]:
+    targets = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return targets
+
+
+def _mapped_files(pid: int) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {parts[5] for line in f if len(parts := line.rstrip("\n").split(None, 5)) == 6}
+    except OSError:
+        return set()
+
+
+def _unix_socket_paths() -> dict[str, str]:
+    """``socket:[inode]`` -> the path it is bound to, for named unix sockets."""
+    found = {}
+    with open("/proc/net/unix") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7].startswith("/"):
+                found[f"socket:[{parts[6]}]"] = parts[7]
+    return found

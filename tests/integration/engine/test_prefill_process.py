@@ -1,14 +1,22 @@
 """``scripts/prefill.sh --mode prefill`` and ``scripts/decode.sh`` as real processes, started
 together: warm engines -> SERVING, one P/D request whose KV crosses processes over NIXL gives
-the reference tokens, SIGTERM -> clean exit with no EngineCore left behind."""
+the reference tokens, SIGTERM -> clean exit with no EngineCore left behind and no files either:
+nothing in the processes' own TMPDIR (vLLM's ZMQ sockets, its ``vllm_dist_*`` files), and nothing
+new in /tmp or /dev/shm named after their pids or that they held while serving.
+
+NOTE: the processes get a TMPDIR of their own so that what they leave is told apart from what
+other vLLM processes on the machine create meanwhile; names under /tmp and /dev/shm without a pid
+(``vllm_dist_*``, ``sem.mp-*``) cannot be."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import grpc
@@ -24,15 +32,19 @@ from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.pictures import picture
 
 from .helpers import embedded_prompt, expected_tokens, release
-from .processes import alive, children_of, describe, wait_gone
+from .processes import alive, children_of, describe, entries, held_paths, named_after, wait_gone
 
 pytestmark = pytest.mark.vllm
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 NUM_TOKENS = 8
+SHARED_TMP = ("/tmp", "/dev/shm")
 
 
-def launch(script: str, model_dir: Path, *flags: str) -> subprocess.Popen[str]:
+def launch(script: str, model_dir: Path, *flags: str,
+           tmp_dir: Path | None = None) -> subprocess.Popen[str]:  # fmt: skip
     env = {**os.environ, "EPD_VENV": str(Path(sys.executable).parents[1])}
+    if tmp_dir is not None:
+        env["TMPDIR"] = str(tmp_dir)
     return subprocess.Popen(["bash", str(SCRIPTS / script), "--model", str(model_dir),
                              "--model-id", "tiny", "--port", "0", "--kv-cache-mb", "64", *flags],
                             text=True, env=env, stdout=subprocess.PIPE,
@@ -54,9 +66,20 @@ def is_serving(endpoint: str) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
+def left_behind(before: set[str], pids: list[int], held: set[str], tmp_dir: Path) -> set[str]:
+    """What the processes left: anything in their TMPDIR; new shared entries they held or that
+    are named after them."""
+    new = entries(*SHARED_TMP) - before
+    return entries(str(tmp_dir)) | named_after(new, pids) | {p for p in held - before
+                                                             if os.path.lexists(p)}  # fmt: skip
+
+
 def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle) -> None:
-    processes = [launch("prefill.sh", tiny_model_dir, "--mode", "prefill"),
-                 launch("decode.sh", tiny_model_dir)]  # fmt: skip
+    # NOTE: short: vLLM's ZMQ socket paths under it must fit in 107 bytes.
+    tmp_dir = Path(tempfile.mkdtemp(prefix="epd-p-", dir="/tmp"))
+    before = entries(*SHARED_TMP)
+    processes = [launch("prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir),
+                 launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir)]  # fmt: skip
     plane = DataPlane()
     try:
         prefill_at = wait_listening(processes[0], "prefill")
@@ -79,11 +102,16 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle
             tokens = [first.first_token_id] + [t for c in chunks for t in c.token_ids]
         assert tokens == expected_tokens(oracle, images, "what is this?", NUM_TOKENS)
 
+        pids = [process.pid for process in processes] + engine_processes
+        held = held_paths(pids, SHARED_TMP)
+        plane.close()  # NOTE: the test's own segments, which the prefill worker mapped
+        assert entries(str(tmp_dir)), "vLLM keeps its ZMQ sockets in TMPDIR while it runs"
         for process in processes:
             process.send_signal(signal.SIGTERM)
         assert [process.wait(timeout=60) for process in processes] == [0, 0]
         wait_gone(engine_processes, timeout_s=15)
         assert not alive(engine_processes), [describe(pid) for pid in alive(engine_processes)]
+        assert not left_behind(before, pids, held, tmp_dir)
     finally:
         plane.close()
         for process in processes:
@@ -91,3 +119,4 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle
             process.wait()
             assert process.stdout is not None
             process.stdout.close()
+        shutil.rmtree(tmp_dir, ignore_errors=True)

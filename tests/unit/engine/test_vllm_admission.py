@@ -1,0 +1,226 @@
+"""VllmEngine's admission and abort rules, on a fake AsyncLLM (no engine is started).
+
+At most ``max_pending_requests`` requests run at once (more: RESOURCE_EXHAUSTED ``ENGINE_BUSY``,
+also over gRPC); a request that ends, is cancelled or whose stream is closed early frees its
+slot, and the cancelled ones are aborted in the engine; a request id already running is
+``DUPLICATE_REQUEST_ID``; a failed or closed engine is UNAVAILABLE ``ENGINE_DEAD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+
+from epd.server.common.channels import create_channel
+from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from epd.server.common.status import from_rpc_error
+from epd.server.engine.base import Sampling, TokenChunk
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+
+# NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
+pytest.importorskip("vllm")
+
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+PROMPT = [1, 2, 3]
+SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
+
+
+def output(token_id: int, finished: bool) -> SimpleNamespace:
+    """A delta RequestOutput as vLLM streams it."""
+    completion = SimpleNamespace(token_ids=[token_id], finish_reason="length" if finished else None)
+    return SimpleNamespace(outputs=[completion], finished=finished, prompt_token_ids=PROMPT,
+                           num_cached_tokens=0)  # fmt: skip
+
+
+class FakeLlm:
+    """Stands in for AsyncLLM: each request yields one token, then waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.errored = False
+        self.started: list[str] = []
+        self.aborted: list[str] = []
+        self.release = asyncio.Event()
+        self.is_shut_down = False
+
+    async def generate(self, prompt: dict[str, Any], params: Any,
+                       request_id: str) -> AsyncIterator[SimpleNamespace]:  # fmt: skip
+        self.started.append(request_id)
+        yield output(7, finished=False)
+        await self.release.wait()
+        yield output(8, finished=True)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def shutdown(self) -> None:
+        self.is_shut_down = True
+
+
+@pytest.fixture
+def llm() -> FakeLlm:
+    return FakeLlm()
+
+
+@pytest.fixture
+def engine(llm: FakeLlm) -> VllmEngine:
+    return VllmEngine(llm, "tiny", LAYOUT, VllmOptions(max_pending_requests=2))
+
+
+class Consumer:
+    """One request consumed in a task: ``first`` is set once the engine admitted it."""
+
+    def __init__(self, engine: VllmEngine, request_id: str) -> None:
+        self.chunks: list[TokenChunk] = []
+        self.first = asyncio.Event()
+        self.task = asyncio.create_task(self._consume(engine, request_id))
+
+    async def _consume(self, engine: VllmEngine, request_id: str) -> None:
+        async for chunk in engine.generate(request_id, PROMPT, [], SAMPLING):
+            self.chunks.append(chunk)
+            self.first.set()
+
+    async def admitted(self) -> None:
+        await asyncio.wait_for(self.first.wait(), timeout=5)
+
+    async def cancel(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def running(engine: VllmEngine, *request_ids: str) -> list[Consumer]:
+    consumers = [Consumer(engine, request_id) for request_id in request_ids]
+    for consumer in consumers:
+        await consumer.admitted()
+    return consumers
+
+
+async def first_chunk(engine: VllmEngine, request_id: str) -> TokenChunk:
+    """Start ``request_id`` and return its first chunk (raises what admission raises)."""
+    stream = engine.generate(request_id, PROMPT, [], SAMPLING)
+    try:
+        return await anext(stream)
+    finally:
+        await stream.aclose()
+
+
+async def test_requests_beyond_the_limit_are_engine_busy(engine, llm) -> None:
+    consumers = await running(engine, "a", "b")
+    assert engine.load().num_running == 2
+    with pytest.raises(ResourceExhausted) as caught:
+        await first_chunk(engine, "c")
+    assert caught.value.reason == "ENGINE_BUSY"
+    assert llm.started == ["a", "b"], "a refused request never reaches the engine"
+    for consumer in consumers:
+        await consumer.cancel()
+
+
+async def test_a_cancelled_consumer_aborts_its_request_and_frees_its_slot(engine, llm) -> None:
+    first, second = await running(engine, "a", "b")
+    await first.cancel()
+    assert llm.aborted == ["a"]
+    assert engine.load().num_running == 1
+    (third,) = await running(engine, "c")
+    assert llm.started == ["a", "b", "c"]
+    for consumer in (second, third):
+        await consumer.cancel()
+    assert llm.aborted == ["a", "b", "c"]
+    assert engine.load().num_running == 0
+
+
+async def test_a_stream_closed_early_aborts_its_request(engine, llm) -> None:
+    stream = engine.generate("a", PROMPT, [], SAMPLING)
+    assert (await anext(stream)).token_ids == [7]
+    await stream.aclose()
+    assert llm.aborted == ["a"]
+    assert engine.load().num_running == 0
+
+
+async def test_a_decode_stream_closed_early_aborts_its_request(llm) -> None:
+    options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
+    engine = VllmEngine(llm, "tiny", LAYOUT, options)
+    stream = engine.decode("d", PROMPT, [], SAMPLING, first_token_id=7,
+                           kv_transfer_params={"do_remote_prefill": True})  # fmt: skip
+    assert (await anext(stream)).token_ids == [], "the resampled first token is dropped"
+    await stream.aclose()
+    assert llm.aborted == ["d"]
+    assert engine.load().num_running == 0
+
+
+async def test_finished_requests_leave_room_and_are_not_aborted(engine, llm) -> None:
+    consumers = await running(engine, "a", "b")
+    llm.release.set()
+    await asyncio.gather(*(consumer.task for consumer in consumers))
+    assert [t for c in consumers[0].chunks for t in c.token_ids] == [7, 8]
+    assert consumers[0].chunks[-1].finish_reason == "length"
+    assert engine.load().num_running == 0 and llm.aborted == []
+    await asyncio.gather(*(first_chunk(engine, request_id) for request_id in ("c", "d")))
+
+
+async def test_a_running_request_id_is_a_duplicate(engine, llm) -> None:
+    (consumer,) = await running(engine, "a")
+    with pytest.raises(InvalidArgument) as caught:
+        await first_chunk(engine, "a")
+    assert caught.value.reason == "DUPLICATE_REQUEST_ID"
+    assert llm.started == ["a"] and llm.aborted == []
+    assert engine.load().num_running == 1, "the refusal leaves the running request alone"
+    await consumer.cancel()
+
+
+async def test_a_failed_or_closed_engine_is_dead(engine, llm) -> None:
+    llm.errored = True
+    with pytest.raises(Unavailable) as caught:
+        await first_chunk(engine, "a")
+    assert caught.value.reason == "ENGINE_DEAD"
+    llm.errored = False
+    await engine.close()
+    assert llm.is_shut_down
+    with pytest.raises(Unavailable) as caught:
+        await first_chunk(engine, "b")
+    assert caught.value.reason == "ENGINE_DEAD"
+    assert llm.started == []
+
+
+async def test_engine_busy_reaches_grpc_clients(llm, tmp_path: Path) -> None:
+    engine = VllmEngine(llm, "tiny", LAYOUT, VllmOptions(max_pending_requests=1))
+    app = await build_prefill_server(PrefillConfig(tmp_path), engine)
+    sampling = generation_pb2.SamplingParams(max_tokens=4, ignore_eos=True)
+
+    def request(request_id: str) -> prefill_pb.PrefillDecodeRequest:
+        return prefill_pb.PrefillDecodeRequest(
+            request_id=request_id, model="tiny", sampling=sampling,
+            prompt=generation_pb2.Prompt(token_ids=PROMPT))  # fmt: skip
+
+    try:
+        async with create_channel(f"127.0.0.1:{app.port}") as channel:
+            stub = prefill_grpc.PrefillServiceStub(channel)
+            holding = stub.PrefillDecode(request("a"))
+            assert list((await holding.read()).token_ids) == [7]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                _ = [r async for r in stub.PrefillDecode(request("b"))]
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert from_rpc_error(caught.value).reason == "ENGINE_BUSY"
+            holding.cancel()
+            await wait_for_abort(llm, "a")
+    finally:
+        await app.stop()
+
+
+async def wait_for_abort(llm: FakeLlm, request_id: str) -> None:
+    for _ in range(100):
+        if request_id in llm.aborted:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{request_id} was not aborted after its call was cancelled")
