@@ -9,7 +9,7 @@
 #   --dtype float32|float16|bfloat16
 #   --scheduler HOST:PORT       register and heartbeat there (EPD_SCHEDULER)
 #   --worker-id ID --weight W   identity and share in the scheduler (EPD_WORKER_ID)
-#   --max-batch-size N --max-batch-wait-ms MS   dynamic batching across requests
+#   --max-batch-size N --max-batch-wait-ms MS --max-inline-ms MS   dynamic batching across requests
 #   --cache-mb MB               encoder cache by mm_hash (0 disables)
 #   --transfer auto|shm|nixl|inline  data plane for results (EPD_TRANSFER_KIND; EPD_HOST_ID
 #                               overrides the host id that decides shm vs nixl/inline)

@@ -36,13 +36,14 @@ class EncodeConfig:
     worker_id: str = ""
     weight: float = 1.0
     max_batch_size: int = 8
-    max_batch_wait_ms: float = 5.0
+    max_batch_wait_ms: float = 0.0
     cache_mb: float = 256.0
     media: MediaPolicy = field(default_factory=MediaPolicy)
     scheduler: str | None = None
     transfer_kind: str | None = None
     lease_ttl_s: float = 60.0
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
+    max_inline_ms: float = 10.0
 
 
 @dataclass
@@ -70,7 +71,8 @@ async def build_encode_server(config: EncodeConfig,
     encoder = VisionEncoder(config.model_dir, device=config.device, dtype=config.dtype)
     model_id = config.model_id or config.model_dir.name
     batcher = DynamicBatcher(encoder.encode, max_items=config.max_batch_size,
-                             max_wait_s=config.max_batch_wait_ms / 1000)  # fmt: skip
+                             max_wait_s=config.max_batch_wait_ms / 1000,
+                             inline_below_s=config.max_inline_ms / 1000)  # fmt: skip
     loader = MediaLoader(config.media, model_id=model_id,
                          processor_fingerprint=processor_fingerprint(config.model_dir))
     plane = DataPlane(lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind)

@@ -43,8 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: none, serve direct calls only)")
     parser.add_argument("--max-batch-size", type=int, default=8,
                         help="images per vision-tower call at most (default 8)")
-    parser.add_argument("--max-batch-wait-ms", type=float, default=5.0,
-                        help="how long the first image of a batch waits for others (default 5)")
+    parser.add_argument("--max-batch-wait-ms", type=float,
+                        default=float(env("EPD_MAX_BATCH_WAIT_MS", "0")),
+                        help="how long the first image of a batch waits for others (env "
+                             "EPD_MAX_BATCH_WAIT_MS; default 0: a batch takes the images already "
+                             "queued, which under load are those that arrived while the tower "
+                             "ran)")
+    parser.add_argument("--max-inline-ms", type=float,
+                        default=float(env("EPD_MAX_INLINE_MS", "10")),
+                        help="batches expected to finish within this many ms run on the event "
+                             "loop instead of a worker thread, whose hand-off costs more than "
+                             "that on small CPU machines (env EPD_MAX_INLINE_MS; default 10; "
+                             "0: always a thread)")
     parser.add_argument("--cache-mb", type=float, default=256.0,
                         help="encoder cache budget in MiB, 0 disables (default 256)")
     parser.add_argument("--transfer", choices=["auto", "shm", "nixl", "inline"],
@@ -63,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
         require_model_dir(args.model)
-        if args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
-            raise ValueError("batch size must be >= 1, wait and cache must not be negative")
+        if (args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0
+                or args.max_inline_ms < 0):  # fmt: skip
+            raise ValueError("batch size must be >= 1; wait, inline time and cache must not "
+                             "be negative")
         if args.threads < 0:
             raise ValueError("--threads must be 0 (torch's default) or more")
         config = EncodeConfig(
@@ -72,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             args.max_batch_size, args.max_batch_wait_ms, args.cache_mb,
             MediaPolicy.from_args(args), args.scheduler,
             None if args.transfer == "auto" else args.transfer, args.lease_ttl_s,
+            max_inline_ms=args.max_inline_ms,
         )  # fmt: skip
         options = ServerOptions.from_args(args)
     except ValueError as e:

@@ -49,6 +49,16 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
         raise _refuse(f"cannot decode image: {type(e).__name__}: {e}", "BAD_IMAGE") from e
 
 
+def declared_pixels(data: bytes) -> int | None:
+    """Width x height as the image header declares it (nothing decoded); None if unreadable."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Exception:
+        return None
+    return width * height
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """``image`` as 8-bit RGB (see the module docstring for each mode)."""
     if image.mode == "RGB":

@@ -109,7 +109,8 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
                         for i in indices if i not in stage.results)  # fmt: skip
     finally:
         call.cancel()  # NOTE: no-op once finished; stops the encoder's work on cancellation
-    await _report(peers, assignment.assignment_id, outcomes)
+    # NOTE: the scheduler's bookkeeping need not hold up the answer: a report RPC costs ~1 ms.
+    peers.background.start(_report(peers, assignment.assignment_id, outcomes))
     return failed
 
 

@@ -51,7 +51,8 @@ class EngineCall:
 
 async def stream_tokens(peers: Peers, call: EngineCall,
                         on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
-    """Stream the request's tokens; ``on_prefilled`` runs once the prompt has been read."""
+    """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
+    background once the prompt has been read, so it does not delay the first token."""
     excluded: list[str] = []
     for attempt in range(MAX_PREFILL_ATTEMPTS):
         started, worker = False, None
@@ -71,7 +72,7 @@ async def stream_tokens(peers: Peers, call: EngineCall,
             async for piece in pieces:
                 if not started:
                     started = True
-                    await on_prefilled()
+                    peers.background.start(on_prefilled())
                 yield piece
             return
         except grpc.aio.AioRpcError as e:
@@ -116,7 +117,7 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
         async for piece in _prefill_decode(peers, call, worker.endpoint):
             yield piece
         return
-    await on_prefilled()
+    peers.background.start(on_prefilled())
     if reply.finish_reason:
         yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
         return

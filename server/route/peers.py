@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
 import grpc
 
 from epd.server.common.channels import create_channel
@@ -13,12 +17,31 @@ from epd.v1 import (
 )
 
 
+class BackgroundCalls:
+    """Calls nobody waits for (reports), run off the request's critical path but not lost."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self, call: Coroutine[Any, Any, Any]) -> None:
+        """Run ``call``, which must handle its own errors, in the background."""
+        task = asyncio.ensure_future(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for every call started so far."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class Peers:
     """Lazily opened channels keyed by endpoint, with typed stubs."""
 
     def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
         self._auth_token = auth_token
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.background = BackgroundCalls()
         self.scheduler = scheduler_service_pb2_grpc.SchedulerServiceStub(
             self._channel(scheduler_endpoint))
 
@@ -35,7 +58,8 @@ class Peers:
         return decode_service_pb2_grpc.DecodeServiceStub(self._channel(endpoint))
 
     async def close(self) -> None:
-        """Close every channel."""
+        """Wait for background calls, then close every channel."""
+        await self.background.settle()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -44,6 +46,35 @@ async def test_batcher_groups_concurrent_items_and_keeps_order() -> None:
     assert results == [i * 10 for i in range(10)]
     assert len(calls) == 3 and max(len(c) for c in calls) == 4
     assert batcher.stats.num_items == 10
+    await batcher.close()
+
+
+async def test_short_batches_run_on_the_event_loop_long_ones_in_a_thread() -> None:
+    threads: list[int] = []
+
+    def run(items: list[float]) -> list[float]:
+        threads.append(threading.get_ident())
+        time.sleep(max(items))
+        return items
+
+    batcher: DynamicBatcher[float, float] = DynamicBatcher(run, inline_below_s=0.05)
+    assert await batcher.submit(0.001) == 0.001  # NOTE: no history yet: a thread
+    assert await batcher.submit(0.001) == 0.001
+    assert await batcher.submit(0.2) == 0.2  # NOTE: expected short from the last one: inline
+    assert await batcher.submit(0.001) == 0.001  # NOTE: expected long now: a thread
+    loop_thread = threading.get_ident()
+    assert [t == loop_thread for t in threads] == [False, True, True, False]
+    assert batcher.num_inline_batches == 2
+    await batcher.close()
+
+
+async def test_without_an_inline_budget_every_batch_runs_in_a_thread() -> None:
+    threads: list[int] = []
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        lambda items: threads.append(threading.get_ident()) or items)  # type: ignore[func-returns-value]
+    assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 1, 2]
+    assert await batcher.submit(3) == 3
+    assert threading.get_ident() not in threads and batcher.num_inline_batches == 0
     await batcher.close()
 
 

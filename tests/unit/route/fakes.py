@@ -11,6 +11,7 @@ import grpc
 
 from epd.server.common.errors import EpdError, Unavailable
 from epd.server.common.status import to_rpc_status
+from epd.server.route.peers import BackgroundCalls
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -56,6 +57,10 @@ class FakeScheduler:
         ("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)])  # fmt: skip
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    reports_may_finish: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.reports_may_finish.set()
 
     async def AssignEncoders(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("AssignEncoders", request))
@@ -77,6 +82,7 @@ class FakeScheduler:
             state=scheduler_pb.WORKER_STATE_LIVE) for w, r in workers])  # fmt: skip
 
     async def CompleteEncoding(self, request: Any, timeout: float | None = None) -> Any:
+        await self.reports_may_finish.wait()
         self.calls.append(("CompleteEncoding", request))
         return scheduler_pb.CompleteEncodingResponse()
 
@@ -167,6 +173,7 @@ class FakePeers:
     scheduler: FakeScheduler = field(default_factory=FakeScheduler)
     encoders: dict[str, FakeEncoder] = field(default_factory=dict)
     engines: dict[str, FakeEngine] = field(default_factory=dict)
+    background: BackgroundCalls = field(default_factory=BackgroundCalls)
 
     def encoder(self, endpoint: str) -> FakeEncoder:
         return self.encoders.setdefault(endpoint, FakeEncoder(endpoint))

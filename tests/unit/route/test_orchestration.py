@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from epd.server.common.errors import InvalidArgument, Unavailable
@@ -31,6 +33,7 @@ async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there
     stage = stage_of(4)
     await encode_all(peers, stage, Deadline(30))  # type: ignore[arg-type]
     assert sorted(stage.results) == [0, 1, 2, 3]
+    await peers.background.settle()
     assigns = [r for name, r in peers.scheduler.calls if name == "AssignEncoders"]
     assert list(assigns[1].exclude_worker_ids) == ["enc0"]
     assert [item.mm_hash for item in assigns[1].items] == ["h2"]
@@ -42,6 +45,19 @@ async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there
     held = {"enc0/h0", "enc1/h1", "enc1/h2", "enc1/h3"}
     assert set(peers.encoders["enc0"].released + peers.encoders["enc1"].released) == held
     assert all(s.is_cancelled for e in peers.encoders.values() for s in e.streams)
+
+
+async def test_the_answer_does_not_wait_for_the_encoding_report() -> None:
+    peers = FakePeers()
+    peers.scheduler.reports_may_finish.clear()
+    stage = stage_of(2)
+    await asyncio.wait_for(encode_all(peers, stage, Deadline(30)), 5)  # type: ignore[arg-type]
+    assert sorted(stage.results) == [0, 1]
+    assert not [name for name, _ in peers.scheduler.calls if name == "CompleteEncoding"]
+    peers.scheduler.reports_may_finish.set()
+    await peers.background.settle()
+    reports = [r for name, r in peers.scheduler.calls if name == "CompleteEncoding"]
+    assert sum(len(r.outcomes) for r in reports) == 2
 
 
 async def test_bad_input_at_an_encoder_is_not_retried() -> None:
@@ -73,7 +89,27 @@ async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> 
     assert pieces[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
     assert list(chooses[1].exclude_worker_ids) == ["pd0"]
+    await peers.background.settle()
     assert released == [True]
+
+
+@pytest.mark.parametrize("roles", [frozenset({PREFILL_DECODE}), frozenset({PREFILL, DECODE})])
+async def test_the_first_token_does_not_wait_for_the_release(roles: frozenset[int]) -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL if DECODE in roles else PREFILL_DECODE)])
+    peers = FakePeers(scheduler, engines={"p0": FakeEngine(), "dec0": FakeEngine()})
+    may_release, released = asyncio.Event(), asyncio.Event()
+
+    async def on_prefilled() -> None:
+        await may_release.wait()
+        released.set()
+
+    stream = stream_tokens(peers, engine_call(roles), on_prefilled)  # type: ignore[arg-type]
+    first = await asyncio.wait_for(anext(stream), 5)
+    assert first.token_ids == [7] and not released.is_set()
+    may_release.set()
+    assert [t async for p in stream for t in p.token_ids] == [8, 9]
+    await peers.background.settle()
+    assert released.is_set()
 
 
 async def test_failure_after_the_first_token_ends_the_stream() -> None:

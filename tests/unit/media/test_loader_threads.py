@@ -1,0 +1,46 @@
+"""Where MediaLoader decodes: small images (by their declared size) on the event loop, larger
+ones and unreadable bytes in a worker thread; the outcome is the same either way."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PIL import Image
+
+from epd.server.common.errors import InvalidArgument
+from epd.server.media import loader as loader_module
+from epd.server.media.loader import INLINE_DECODE_PIXELS, MediaLoader
+from epd.server.media.policy import MediaPolicy
+
+from .images import encode, noise
+
+
+def recording_loader() -> tuple[MediaLoader, list[bool]]:
+    media = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p", cache_items=0)
+    on_loop: list[bool] = []
+    decode = media._decode_and_hash
+    loop_thread = threading.get_ident()
+
+    def recorded(raw: bytes) -> loader_module.LoadedImage:
+        on_loop.append(threading.get_ident() == loop_thread)
+        return decode(raw)
+
+    media._decode_and_hash = recorded  # type: ignore[method-assign]
+    return media, on_loop
+
+
+async def test_small_images_decode_on_the_loop_large_ones_in_a_thread() -> None:
+    media, on_loop = recording_loader()
+    small, large = noise(64, 48, seed=1), Image.new("RGB", (INLINE_DECODE_PIXELS // 100, 101))
+    loaded = [await media.load(data=encode(image)) for image in (small, large)]
+    assert on_loop == [True, False]
+    assert [item.image.size for item in loaded] == [small.size, large.size]
+    assert loaded[0].image.tobytes() == small.tobytes()
+
+
+async def test_unreadable_bytes_fail_the_same_way_off_the_loop() -> None:
+    media, on_loop = recording_loader()
+    with pytest.raises(InvalidArgument) as caught:
+        await media.load(data=b"\x89PNG\r\n\x1a\n not really")
+    assert caught.value.reason == "BAD_IMAGE" and on_loop == [False]
