@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -23,7 +23,7 @@ class BackgroundCalls:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def start(self, call: Coroutine[Any, Any, Any]) -> None:
+    def start(self, call: Awaitable[Any]) -> None:
         """Run ``call``, which must handle its own errors, in the background."""
         task = asyncio.ensure_future(call)
         self._tasks.add(task)
