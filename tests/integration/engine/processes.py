@@ -61,13 +61,20 @@ def named_after(paths: Iterable[str], pids: list[int]) -> set[str]:
 
 
 def held_paths(pids: list[int], folders: tuple[str, ...]) -> set[str]:
-    """Paths under ``folders`` that ``pids`` have open, mapped or bound as unix sockets."""
+    """The entries of ``folders`` under which ``pids`` have something open, mapped or bound as a
+    unix socket (``/tmp/x`` for ``/tmp/x/y/lib.so``, so that a checkout or virtual environment
+    that lives under /tmp compares equal to its entry from before the processes started)."""
     sockets = _unix_socket_paths()
     held: set[str] = set()
     for pid in pids:
         held |= {sockets.get(target, target) for target in _fd_targets(pid)}
         held |= _mapped_files(pid)
-    return {path for path in held if path.startswith(tuple(f"{f}/" for f in folders))}
+    entries_held = set()
+    for path in held:
+        for folder in folders:
+            if path.startswith(f"{folder}/"):
+                entries_held.add(os.path.join(folder, path[len(folder) + 1:].split("/")[0]))
+    return entries_held
 
 
 def _fd_targets(pid: int) -> list[str]:
