@@ -291,18 +291,12 @@ def remote_regions(ref: tensor_pb2.TensorRef) -> tuple[list[Region], bool]:
     if len(location.descriptors) > MAX_DESCRIPTORS:
         raise InvalidArgument(f"{len(location.descriptors)} NIXL descriptors (limit "
                               f"{MAX_DESCRIPTORS})", reason="BAD_TENSOR_REF")  # fmt: skip
-    regions = []
-    total = 0
-    for descriptor in location.descriptors:
-        length = descriptor.length
-        if not length:
-            raise InvalidArgument("NIXL descriptors must be non-empty regions",
-                                  reason="BAD_TENSOR_REF")  # fmt: skip
-        regions.append((descriptor.address, length, descriptor.device_id))
-        total += length
-    if not regions:
+    regions = [(d.address, d.length, d.device_id) for d in location.descriptors]
+    lengths = [length for _, length, _ in regions]
+    if not regions or min(lengths) == 0:
         raise InvalidArgument("NIXL descriptors must be non-empty regions",
                               reason="BAD_TENSOR_REF")  # fmt: skip
+    total = sum(lengths)
     if total == ref.byte_size + HEADER_BYTES and regions[0][1] == HEADER_BYTES:
         return regions, True
     if total == ref.byte_size:

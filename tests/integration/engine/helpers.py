@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from PIL import Image
 
+from epd.server.common.channels import create_channel
+from epd.server.engine.base import Engine
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
 from tests.pictures import png
@@ -50,3 +54,26 @@ def expected_tokens(oracle, images: list[Image.Image], text: str, num_tokens: in
 
 def release(producer: DataPlane, prompt: generation_pb2.Prompt) -> None:
     producer.release([i.embeddings.lease_id for i in prompt.images if i.HasField("embeddings")])
+
+
+class Stubs:
+    """Servers over the session engines (``producer``, ``consumer``) and stubs to call them."""
+
+    def __init__(self, engines: tuple[Engine, Engine]) -> None:
+        self.producer, self.consumer = engines
+        self.apps: list[Any] = []
+        self.channels: list[Any] = []
+
+    async def serve(self, app: Any, stub_class: Any) -> Any:
+        """A ``stub_class`` stub over a channel to ``app``; ``close`` stops both."""
+        self.apps.append(app)
+        self.channels.append(create_channel(f"127.0.0.1:{app.port}"))
+        return stub_class(self.channels[-1])
+
+    async def close(self) -> None:
+        """Close the channels, stop the servers (deregistering them). Idempotent."""
+        channels, apps, self.channels, self.apps = self.channels, self.apps, [], []
+        for channel in channels:
+            await channel.close()
+        for app in apps:
+            await app.stop()

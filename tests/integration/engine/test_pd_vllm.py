@@ -9,7 +9,6 @@ import asyncio
 import grpc
 import pytest
 
-from epd.server.common.channels import create_channel
 from epd.server.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
@@ -22,47 +21,29 @@ from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.pictures import picture
 
-from .helpers import embedded_prompt, expected_tokens, media_prompt, release
+from .helpers import Stubs, embedded_prompt, expected_tokens, media_prompt, release
 
 pytestmark = pytest.mark.vllm
 NUM_TOKENS = 12
 GREEDY = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
-class Stubs:
-    """Servers over the session engines: P (prefill), E/PD, EPD with KV hand-off, D."""
-
-    def __init__(self) -> None:
-        self.apps: list = []
-        self.channels: list = []
-
-    async def serve(self, app, stub_class):
-        self.apps.append(app)
-        self.channels.append(create_channel(f"127.0.0.1:{app.port}"))
-        return stub_class(self.channels[-1])
-
-
 @pytest.fixture(scope="module")
 async def stubs(tiny_model_dir, engines):
-    producer_engine, consumer_engine = engines
-    stubs = Stubs()
+    stubs = Stubs(engines)
     stubs.prefill = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), producer_engine),
+        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer),
         prefill_grpc.PrefillServiceStub)  # fmt: skip
     stubs.aggregated = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir), producer_engine), prefill_grpc.PrefillServiceStub)
+        PrefillConfig(tiny_model_dir), stubs.producer), prefill_grpc.PrefillServiceStub)
     stubs.encode_prefill = await stubs.serve(await build_prefill_server(
         PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
-        producer_engine), prefill_grpc.PrefillServiceStub)  # fmt: skip
-    stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), consumer_engine),
+        stubs.producer), prefill_grpc.PrefillServiceStub)  # fmt: skip
+    stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), stubs.consumer),
                                      decode_grpc.DecodeServiceStub)  # fmt: skip
     stubs.plane = DataPlane(stubs.apps[0].worker.plane.host_id)
-    stubs.consumer = consumer_engine
     yield stubs
-    for channel in stubs.channels:
-        await channel.close()
-    for app in stubs.apps:
-        await app.stop()
+    await stubs.close()
     stubs.plane.close()
 
 

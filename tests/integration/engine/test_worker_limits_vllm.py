@@ -34,7 +34,7 @@ from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 
-from .helpers import prompt_tokens
+from .helpers import Stubs, prompt_tokens
 
 pytestmark = pytest.mark.vllm
 DEADLINE_S = 1.0
@@ -42,28 +42,6 @@ LONG = generation_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)
 # NOTE: heartbeats go every ttl/3 s; a short TTL keeps the load test quick.
 SCHEDULER_TTL_S = 1.5
 WAIT_S = 15.0
-
-
-class Stubs:
-    """Servers over the session engines: aggregated (E/PD), prefill (P) and decode (D)."""
-
-    def __init__(self, engines: tuple[Engine, Engine]) -> None:
-        self.producer, self.consumer = engines
-        self.apps: list = []
-        self.channels: list = []
-
-    async def serve(self, app, stub_class):
-        self.apps.append(app)
-        self.channels.append(create_channel(f"127.0.0.1:{app.port}"))
-        return stub_class(self.channels[-1])
-
-    async def close(self) -> None:
-        """Close the channels, stop the servers (deregistering them). Idempotent."""
-        channels, apps, self.channels, self.apps = self.channels, self.apps, [], []
-        for channel in channels:
-            await channel.close()
-        for app in apps:
-            await app.stop()
 
 
 @pytest.fixture(scope="module")
