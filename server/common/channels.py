@@ -14,6 +14,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from epd.server.common.auth import bearer_metadata
 from epd.server.common.errors import Unavailable
+from epd.server.common.telemetry import traces_rpcs
 
 MiB = 1 << 20
 
@@ -71,11 +72,12 @@ def create_channel(
 ) -> grpc.aio.Channel:
     """Open an aio channel to ``endpoint`` (host:port).
 
-    Every call carries the current trace context (W3C, via the OpenTelemetry interceptors) and,
+    Every call carries the current trace context (W3C, via the OpenTelemetry interceptors) when
+    the process traces (``telemetry.traces_rpcs``) and,
     with ``auth_token``, ``authorization: Bearer``. TLS is used when any TLS file is given
     (``tls_ca_file`` to verify the server, cert + key for mTLS).
     """
-    interceptors: list[Any] = list(aio_client_interceptors())
+    interceptors: list[Any] = list(aio_client_interceptors()) if traces_rpcs() else []
     if auth_token:
         interceptors.extend(metadata_interceptors([bearer_metadata(auth_token)]))
     options = [

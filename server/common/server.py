@@ -3,7 +3,8 @@
 ``build_server`` gives every service the same behaviour: standard health (NOT_SERVING until the
 service calls ``mark_serving``, NOT_SERVING again once draining), server reflection (so
 ``grpcurl -plaintext HOST:PORT list`` works without .proto files), OpenTelemetry spans for every
-RPC with the caller's trace context, optional bearer-token auth and TLS / mTLS, and message-size
+RPC but health and reflection, with the caller's trace context, when the process traces
+(``telemetry.traces_rpcs``), optional bearer-token auth and TLS / mTLS, and message-size
 limits. ``serve`` runs a built server until SIGTERM or SIGINT and then drains it.
 """
 
@@ -22,14 +23,20 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from epd.server.common.auth import BearerTokenInterceptor
+from epd.server.common.telemetry import traces_rpcs
 
 logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
 DrainCallback = Callable[[], Awaitable[None]]
+
+# NOTE: health and reflection are not traced: probes would flood traces, and the instrumentation
+# cannot serve health's Watch (a coroutine writing through the context, not a generator).
+_TRACED = filters.negate(filters.any_of(filters.service_prefix("grpc.health."),
+                                        filters.service_prefix("grpc.reflection.")))
 
 
 @dataclass(slots=True)
@@ -167,7 +174,9 @@ async def build_server(bindings: Sequence[ServiceBinding],
                        options: ServerOptions | None = None) -> tuple[EpdServer, int]:  # fmt: skip
     """Create, bind and start a server for ``bindings``; returns it and the bound port."""
     options = options or ServerOptions()
-    interceptors: list[grpc.aio.ServerInterceptor] = [aio_server_interceptor()]
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if traces_rpcs():
+        interceptors.append(aio_server_interceptor(filter_=_TRACED))
     if options.auth_token:
         interceptors.insert(0, BearerTokenInterceptor(options.auth_token))
     server = grpc.aio.server(interceptors=interceptors, options=[

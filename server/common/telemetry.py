@@ -4,7 +4,9 @@ Traces: one OpenTelemetry TracerProvider per process, exporting where ``--trace-
 ``none`` (default), ``console``, ``otlp-grpc[=ENDPOINT]``, ``otlp-http[=ENDPOINT]`` or
 ``json:PATH`` (one JSON span per line appended to PATH, shared safely by several processes).
 Trace context crosses processes in gRPC metadata through the instrumentation interceptors that
-``build_server`` and ``create_channel`` install.
+``build_server`` and ``create_channel`` install while ``traces_rpcs()`` holds: when spans go
+somewhere. With ``none`` no interceptor is installed, because they cost ~0.3-0.6 ms per call on a
+2-core machine (more than the call itself) for spans nobody reads.
 
 Logs: one line per record with the current trace and span ids, so logs and traces join.
 """
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -54,6 +56,29 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def shutdown(self) -> None:
         return None
+
+
+class _EpdTracerProvider(TracerProvider):
+    """The SDK provider ``configure_tracing`` installs; it knows whether spans go anywhere."""
+
+    exports = False
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        self.exports = True
+
+
+def traces_rpcs() -> bool:
+    """Whether gRPC servers and channels built from now on should trace their calls.
+
+    True when the process-wide provider hands spans to a processor: one added by
+    ``configure_tracing``'s exporter or by the embedding application (any SDK provider that
+    ``configure_tracing`` did not make counts as exporting). False for the API's no-op provider.
+    """
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, _EpdTracerProvider):
+        return provider.exports
+    return isinstance(provider, TracerProvider)
 
 
 def make_exporter(spec: str) -> tuple[SpanExporter, bool] | None:
@@ -116,7 +141,8 @@ def configure_tracing(service_name: str, exporter: str | None = None) -> TracerP
     with _lock:
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
-            provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+            provider = _EpdTracerProvider(
+                resource=Resource.create({"service.name": service_name}))
             trace.set_tracer_provider(provider)
     add_exporter(provider, spec)
     return provider

@@ -63,6 +63,20 @@ async def test_health_not_serving_until_marked_then_not_serving_on_drain() -> No
     assert seen_while_draining == [NOT_SERVING, NOT_SERVING]
 
 
+async def test_health_watch_streams_status_changes_on_a_traced_server(spans) -> None:
+    server, endpoint = await start(ScriptedEncodeService())
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        call = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service="epd.v1.EncodeService"))
+        seen = [(await call.read()).status]
+        await server.mark_serving()
+        seen.append((await call.read()).status)
+        call.cancel()
+    await server.drain_and_stop(0)
+    assert seen == [NOT_SERVING, SERVING]
+    assert not [s for s in spans.get_finished_spans() if "grpc.health" in s.name]
+
+
 async def test_wait_for_health_times_out_with_a_clear_error() -> None:
     server, endpoint = await start(ScriptedEncodeService())
     with pytest.raises(errors.Unavailable, match="not healthy") as caught:
