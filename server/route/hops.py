@@ -1,12 +1,18 @@
 """The engine hops of a request: choose a prefill worker, then stream PrefillDecode, or Prefill
 and Decode on a decode worker (P/D). A failure before the first token is retried on another
-prefill worker; after it, the failure ends the stream with its status."""
+prefill worker; after it, the failure ends the stream with its status.
+
+Scheduler calls stay off the critical path where they can: the route chooses the first prefill
+worker while the images are encoded (``choose_prefill`` beside the encoding, ``concurrently``), and
+the decode worker while the prompt is prefilled; each call costs about a millisecond here."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -24,6 +30,23 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 logger = logging.getLogger(__name__)
 MAX_PREFILL_ATTEMPTS = 3
 OnPrefilled = Callable[[], Awaitable[None]]
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def concurrently(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Both results; the first failure cancels the other one and is raised as it is."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            first_task = group.create_task(_awaited(first))
+            second_task = group.create_task(_awaited(second))
+    except BaseExceptionGroup as group_error:
+        raise group_error.exceptions[0] from None
+    return first_task.result(), second_task.result()
+
+
+async def _awaited(awaitable: Awaitable[A]) -> A:
+    return await awaitable
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +72,31 @@ class EngineCall:
     deadline: Deadline
 
 
-async def stream_tokens(peers: Peers, call: EngineCall,
-                        on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
+async def choose_prefill(
+    peers: Peers, call: EngineCall, excluded: Sequence[str] = ()
+) -> scheduler_pb.ChoosePrefillResponse:
+    """The scheduler's prefill worker for ``call`` (its prompt is not needed yet)."""
+    try:
+        return await peers.scheduler.ChoosePrefill(scheduler_pb.ChoosePrefillRequest(
+            request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
+            exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
+            timeout=call.deadline.remaining())  # fmt: skip
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e) from None
+
+
+async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
+                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
+                        ) -> AsyncIterator[Piece]:  # fmt: skip
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
-    background once the prompt has been read, so it does not delay the first token."""
+    background once the prompt has been read, so it does not delay the first token.
+    ``first_choice``: the prefill worker already chosen for the first attempt, if any."""
     excluded: list[str] = []
     for attempt in range(MAX_PREFILL_ATTEMPTS):
         started, worker = False, None
         try:
-            choice = await peers.scheduler.ChoosePrefill(scheduler_pb.ChoosePrefillRequest(
-                request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
-                exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
-                timeout=call.deadline.remaining())  # fmt: skip
+            choice = first_choice if first_choice and not attempt else (
+                await choose_prefill(peers, call, excluded))
             worker = choice.worker
             span = trace.get_current_span()
             span.set_attribute("epd.prefill_id", worker.id)
@@ -102,21 +138,17 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
 
 async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler_pb.WorkerInfo,
                                on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
-    decoder = await peers.scheduler.ChooseDecode(scheduler_pb.ChooseDecodeRequest(
-        request_id=call.request_id, model=call.model), timeout=call.deadline.remaining())
-    trace.get_current_span().set_attribute("epd.decode_id", decoder.worker.id)
     try:
-        reply = await peers.prefill(worker.endpoint).Prefill(prefill_pb.PrefillRequest(
-            request_id=call.request_id, model=call.model, prompt=call.prompt,
-            sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
-    except grpc.aio.AioRpcError as e:
-        error = from_rpc_error(e)
+        reply, decoder = await concurrently(_prefill(peers, call, worker.endpoint),
+                                            _choose_decode(peers, call))  # fmt: skip
+    except EpdError as error:
         if error.reason != "WRONG_MODE":
-            raise error from None
+            raise
         # NOTE: an encode_prefill worker without KV hand-off beside decode workers: aggregated.
         async for piece in _prefill_decode(peers, call, worker.endpoint):
             yield piece
         return
+    trace.get_current_span().set_attribute("epd.decode_id", decoder.worker.id)
     peers.background.start(on_prefilled())
     if reply.finish_reason:
         yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
@@ -134,3 +166,20 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
         raise from_rpc_error(e) from None
     finally:
         stream.cancel()
+
+
+async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.PrefillResponse:
+    try:
+        return await peers.prefill(endpoint).Prefill(prefill_pb.PrefillRequest(
+            request_id=call.request_id, model=call.model, prompt=call.prompt,
+            sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e) from None
+
+
+async def _choose_decode(peers: Peers, call: EngineCall) -> scheduler_pb.ChooseDecodeResponse:
+    try:
+        return await peers.scheduler.ChooseDecode(scheduler_pb.ChooseDecodeRequest(
+            request_id=call.request_id, model=call.model), timeout=call.deadline.remaining())
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e) from None

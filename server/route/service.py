@@ -3,9 +3,10 @@
 Order: load every image under the media rules (validation, mm_hash and grid, once per source),
 render and tokenise the chat, pick the path from the roles live now (``topology``), have the
 images encoded (scheduler assignment, concurrent encoders, retries elsewhere) or pass them raw to
-an encode_prefill worker, hash the expanded prompt for KV-aware prefill choice, stream the engine's
-tokens as text deltas (``hops``). Every embedding lease is released at its encoder once the prompt
-has been prefilled, or when the request ends, whatever happened.
+an encode_prefill worker while the scheduler chooses the prefill worker (KV-aware, from the hashes
+of the expanded prompt), stream the engine's tokens as text deltas (``hops``). Every embedding
+lease is released at its encoder once the prompt has been prefilled, or when the request ends,
+whatever happened.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from opentelemetry import trace
@@ -23,7 +24,7 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
-from epd.server.route.hops import EngineCall, stream_tokens
+from epd.server.route.hops import EngineCall, choose_prefill, concurrently, stream_tokens
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
@@ -76,14 +77,16 @@ class RouteWorker:
         span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
         stage = EncodeStage(request_id, model, items, request.encoder_policy, self.host_id,
                             [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids])
+        call = EngineCall(request_id, model, generation_pb2.Prompt(), request.sampling,
+                          self._block_hashes(token_ids, items, grids), plan, live_roles,
+                          deadline)  # fmt: skip
         try:
-            prompt = await self._prompt(token_ids, stage, plan, grids, deadline)
-            call = EngineCall(request_id, model, prompt, request.sampling,
-                              self._block_hashes(token_ids, items, grids), plan, live_roles,
-                              deadline)  # fmt: skip
+            prompt, choice = await concurrently(
+                self._prompt(token_ids, stage, plan, grids, deadline),
+                choose_prefill(self.peers, call))  # fmt: skip
             detokenizer = Detokenizer(self.prompts.tokenizer)
-            async for piece in stream_tokens(self.peers, call, lambda: release_all(self.peers,
-                                                                                    stage)):
+            async for piece in stream_tokens(self.peers, replace(call, prompt=prompt),
+                                             lambda: release_all(self.peers, stage), choice):
                 yield RouteChunk(detokenizer.add(piece.token_ids), piece.token_ids,
                                  piece.finish_reason, piece.usage)
         finally:

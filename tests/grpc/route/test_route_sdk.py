@@ -22,7 +22,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
 from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
 TOKEN = "s3cret"
 
@@ -83,6 +83,17 @@ def _sync_calls(endpoint: str) -> None:
         client.generate([user("hi")])
 
 
+async def test_the_prefill_worker_is_chosen_while_the_images_are_encoded(route) -> None:
+    endpoint, peers, _ = route
+    for name in ("enc0", "enc1"):
+        peers.encoders[name] = FakeEncoder(name, hold=peers.scheduler.prefill_chosen)
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
+    assert answer.text == "a red square"
+    names = [name for name, _ in peers.scheduler.calls]
+    assert names.index("ChoosePrefill") < names.index("CompleteEncoding")
+
+
 async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:
     endpoint, peers, _ = route
     peers.scheduler.prefills.clear()
@@ -90,7 +101,9 @@ async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:
         with pytest.raises(Unavailable) as caught:
             await client.generate([user("hi", image=png())])
     assert caught.value.reason == "NO_WORKER"
-    assert len([lease for e in peers.encoders.values() for lease in e.released]) == 1
+    released = [lease for e in peers.encoders.values() for lease in e.released]
+    handed_out = sum(s.num_yielded for e in peers.encoders.values() for s in e.streams)
+    assert len(released) == handed_out
 
 
 async def test_an_engine_dying_before_the_first_token_is_retried(route) -> None:

@@ -26,20 +26,27 @@ def rpc_error(error: EpdError) -> grpc.aio.AioRpcError:
 
 
 class FakeStream:
-    """A server stream: yields ``responses``, then raises ``error`` if set; records cancel()."""
+    """A server stream: yields ``responses`` (the first once ``hold`` is set, if given), then
+    raises ``error`` if set; records cancel()."""
 
-    def __init__(self, responses: list[Any], error: EpdError | None = None) -> None:
+    def __init__(self, responses: list[Any], error: EpdError | None = None,
+                 hold: asyncio.Event | None = None) -> None:  # fmt: skip
         self.responses = responses
         self.error = error
+        self.hold = hold
         self.is_cancelled = False
+        self.num_yielded = 0
 
     def cancel(self) -> bool:
         self.is_cancelled = True
         return True
 
     async def _iterate(self) -> AsyncIterator[Any]:
+        if self.hold is not None:
+            await self.hold.wait()
         for response in self.responses:
             await asyncio.sleep(0)
+            self.num_yielded += 1
             yield response
         if self.error is not None:
             raise rpc_error(self.error)
@@ -58,6 +65,8 @@ class FakeScheduler:
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
     calls: list[tuple[str, Any]] = field(default_factory=list)
     reports_may_finish: asyncio.Event = field(default_factory=asyncio.Event)
+    prefill_chosen: asyncio.Event = field(default_factory=asyncio.Event)
+    decode_chosen: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.reports_may_finish.set()
@@ -88,6 +97,7 @@ class FakeScheduler:
 
     async def ChoosePrefill(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChoosePrefill", request))
+        self.prefill_chosen.set()
         live = [(w, r) for w, r in self.prefills
                 if w not in request.exclude_worker_ids and r in request.roles]  # fmt: skip
         if not live:
@@ -98,6 +108,7 @@ class FakeScheduler:
 
     async def ChooseDecode(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChooseDecode", request))
+        self.decode_chosen.set()
         return scheduler_pb.ChooseDecodeResponse(worker=scheduler_pb.WorkerInfo(
             id=self.decoders[0], endpoint=self.decoders[0]))
 
@@ -108,11 +119,13 @@ def embeddings(endpoint: str, lease: str) -> tensor_pb2.TensorRef:
 
 @dataclass
 class FakeEncoder:
-    """Encodes every item, or fails with ``error`` after ``num_before_error`` items."""
+    """Encodes every item, or fails with ``error`` after ``num_before_error`` items; answers
+    once ``hold`` is set, if given."""
 
     endpoint: str
     error: EpdError | None = None
     num_before_error: int = 0
+    hold: asyncio.Event | None = None
     streams: list[FakeStream] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
 
@@ -122,7 +135,7 @@ class FakeEncoder:
             item_index=i, mm_hash=request.items[i].mm_hash,
             embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"))
             for i in range(count)]  # fmt: skip
-        self.streams.append(FakeStream(responses, self.error))
+        self.streams.append(FakeStream(responses, self.error, self.hold))
         return self.streams[-1]
 
     async def Release(self, request: Any, timeout: float | None = None) -> Any:
@@ -132,11 +145,13 @@ class FakeEncoder:
 
 @dataclass
 class FakeEngine:
-    """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set."""
+    """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set;
+    Prefill answers once ``hold`` is set, if given."""
 
     tokens: list[int] = field(default_factory=lambda: [7, 8, 9])
     error: EpdError | None = None
     num_before_error: int = 0
+    hold: asyncio.Event | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
@@ -155,6 +170,12 @@ class FakeEngine:
 
     async def Prefill(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("Prefill", request))
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.calls.append(("Prefill cancelled", request))
+                raise
         if self.error is not None:
             raise rpc_error(self.error)
         return prefill_pb.PrefillResponse(first_token_id=self.tokens[0])

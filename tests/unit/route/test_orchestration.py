@@ -13,7 +13,7 @@ from epd.server.route.hops import EngineCall, stream_tokens
 from epd.server.route.topology import DECODE, PREFILL, PREFILL_DECODE, plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, rpc_error
 
 
 def stage_of(num_images: int) -> EncodeStage:
@@ -135,6 +135,39 @@ async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
     assert decode[0] == "Decode" and decode[1].first_token_id == 7
     assert list(scheduler.calls[0][1].roles) == [
         scheduler_pb.WORKER_ROLE_PREFILL_DECODE, PREFILL, scheduler_pb.WORKER_ROLE_ENCODE_PREFILL]
+
+
+async def test_the_decode_worker_is_chosen_while_the_prompt_is_prefilled() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    prefill = FakeEngine(hold=scheduler.decode_chosen)
+    peers = FakePeers(scheduler, engines={"p0": prefill, "dec0": FakeEngine()})
+    choose_decode = scheduler.ChooseDecode
+
+    async def once_prefill_started(request: object, timeout: float | None = None) -> object:
+        while not prefill.calls:
+            await asyncio.sleep(0.001)
+        return await choose_decode(request, timeout)
+
+    scheduler.ChooseDecode = once_prefill_started  # type: ignore[method-assign]
+    stream = stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)  # type: ignore[arg-type]
+    assert (await asyncio.wait_for(anext(stream), 5)).token_ids == [7]
+    assert [t async for p in stream for t in p.token_ids] == [8, 9]
+
+
+async def test_no_decode_worker_cancels_the_prefill() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    never = asyncio.Event()
+    peers = FakePeers(scheduler, engines={"p0": FakeEngine(hold=never), "dec0": FakeEngine()})
+
+    async def no_decoder(request: object, timeout: float | None = None) -> None:
+        raise rpc_error(Unavailable("no decode worker", reason="NO_DECODE_WORKER"))
+
+    scheduler.ChooseDecode = no_decoder  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(anext(stream_tokens(
+            peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)), 5)  # type: ignore[arg-type]
+    assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill", "Prefill cancelled"]
+    assert not peers.engines["dec0"].calls
 
 
 async def _nothing() -> None:
