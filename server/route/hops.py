@@ -77,12 +77,14 @@ async def choose_prefill(
 ) -> scheduler_pb.ChoosePrefillResponse:
     """The scheduler's prefill worker for ``call`` (its prompt is not needed yet)."""
     try:
-        return await peers.scheduler.ChoosePrefill(scheduler_pb.ChoosePrefillRequest(
-            request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
-            exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
+        choice: scheduler_pb.ChoosePrefillResponse = await peers.scheduler.ChoosePrefill(
+            scheduler_pb.ChoosePrefillRequest(
+                request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
+                exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
             timeout=call.deadline.remaining())  # fmt: skip
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e) from None
+    return choice
 
 
 async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
@@ -170,16 +172,20 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
 
 async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.PrefillResponse:
     try:
-        return await peers.prefill(endpoint).Prefill(prefill_pb.PrefillRequest(
-            request_id=call.request_id, model=call.model, prompt=call.prompt,
-            sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
+        reply: prefill_pb.PrefillResponse = await peers.prefill(endpoint).Prefill(
+            prefill_pb.PrefillRequest(request_id=call.request_id, model=call.model,
+                                      prompt=call.prompt, sampling=call.sampling),
+            timeout=call.deadline.remaining())  # fmt: skip
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e) from None
+    return reply
 
 
 async def _choose_decode(peers: Peers, call: EngineCall) -> scheduler_pb.ChooseDecodeResponse:
     try:
-        return await peers.scheduler.ChooseDecode(scheduler_pb.ChooseDecodeRequest(
-            request_id=call.request_id, model=call.model), timeout=call.deadline.remaining())
+        choice: scheduler_pb.ChooseDecodeResponse = await peers.scheduler.ChooseDecode(
+            scheduler_pb.ChooseDecodeRequest(request_id=call.request_id, model=call.model),
+            timeout=call.deadline.remaining())
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e) from None
+    return choice
