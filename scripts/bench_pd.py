@@ -136,7 +136,7 @@ class Bench:
 
         request = encode_service_pb2.EncodeRequest(
             items=[multimodal_pb2.MediaItem(data=data)], consumer_host_id=self.host_id)
-        item = [r async for r in self.encode.Encode(request)][0]
+        item = await self.encode.Encode(request).read()  # NOTE: as the route: no wait for the end
         image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=item.grid,
                                           embeddings=item.embeddings)  # fmt: skip
         return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])

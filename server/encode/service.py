@@ -90,6 +90,15 @@ class EncodeWorker:
                      ) -> AsyncIterator[EncodedItem]:  # fmt: skip
         """Encode ``items``; yields one result per item, in completion order."""
         self._validate(items, model)
+        if len(items) == 1:
+            # NOTE: one item needs no task of its own: each costs a turn of the event loop.
+            self.num_in_flight += 1
+            try:
+                computed = await self._compute(items[0])
+            finally:
+                self.num_in_flight -= 1
+            yield self._hand_over(0, computed, consumer_host_id, transfer_kind)
+            return
         tasks = [asyncio.ensure_future(self._compute_indexed(i, item))
                  for i, item in enumerate(items)]  # fmt: skip
         for task in tasks:
@@ -98,15 +107,17 @@ class EncodeWorker:
         try:
             for done in asyncio.as_completed(tasks):
                 index, computed = await done
-                ref = self.plane.put(computed.entry.embeddings, consumer_host_id,
-                                     preferred=transfer_kind)  # fmt: skip
-                yield EncodedItem(index, computed.mm_hash, ref, computed.entry.grid,
-                                  computed.cache_hit, computed.seconds,
-                                  computed.batch_size)  # fmt: skip
+                yield self._hand_over(index, computed, consumer_host_id, transfer_kind)
         finally:
             self.num_in_flight -= len(items)
             for task in tasks:
                 task.cancel()
+
+    def _hand_over(self, index: int, computed: _Computed, consumer_host_id: str,
+                   transfer_kind: int) -> EncodedItem:  # fmt: skip
+        ref = self.plane.put(computed.entry.embeddings, consumer_host_id, preferred=transfer_kind)
+        return EncodedItem(index, computed.mm_hash, ref, computed.entry.grid, computed.cache_hit,
+                           computed.seconds, computed.batch_size)  # fmt: skip
 
     def release(self, lease_ids: list[str]) -> int:
         """Free the payloads of ``lease_ids``; unknown ones are ignored."""

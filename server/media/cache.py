@@ -56,6 +56,18 @@ class AsyncLruCache(Generic[Value]):
         self._put(key, value)
         return value
 
+    def get_or_compute(self, key: str, compute: Callable[[], Value]) -> Value:
+        """The cached value of ``key``, or ``compute()`` kept: ``get_or_load`` for values made
+        without awaiting (no task, no turn of the event loop, so nothing to share in flight)."""
+        if key in self._values:
+            self._values.move_to_end(key)
+            self.num_hits += 1
+            return self._values[key][0]
+        self.num_loads += 1
+        value = compute()
+        self._put(key, value)
+        return value
+
     def _put(self, key: str, value: Value) -> None:
         size = self._size_of(value)
         if self.max_items == 0 or (self.max_bytes is not None and size > self.max_bytes):

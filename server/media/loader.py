@@ -51,12 +51,13 @@ class MediaLoader:
             key = "url:" + url
         else:
             key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
+        if data and _decodes_inline(data):
+            return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
         return await self.cache.get_or_load(key, lambda: self._load(url, data))
 
     async def _load(self, url: str, data: bytes) -> LoadedImage:
         raw = await fetch_url(url, self.policy) if url else data
-        pixels = declared_pixels(raw)
-        if pixels is not None and pixels <= INLINE_DECODE_PIXELS:
+        if _decodes_inline(raw):
             return self._decode_and_hash(raw)
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
         return await asyncio.to_thread(self._decode_and_hash, raw)
@@ -66,6 +67,11 @@ class MediaLoader:
         digest = mm_hash(image, model_id=self.model_id,
                          processor_fingerprint=self.processor_fingerprint)  # fmt: skip
         return LoadedImage(image, digest)
+
+
+def _decodes_inline(raw: bytes) -> bool:
+    pixels = declared_pixels(raw)
+    return pixels is not None and pixels <= INLINE_DECODE_PIXELS
 
 
 def _decoded_bytes(loaded: LoadedImage) -> int:

@@ -44,3 +44,14 @@ async def test_unreadable_bytes_fail_the_same_way_off_the_loop() -> None:
     with pytest.raises(InvalidArgument) as caught:
         await media.load(data=b"\x89PNG\r\n\x1a\n not really")
     assert caught.value.reason == "BAD_IMAGE" and on_loop == [False]
+
+
+async def test_small_images_load_without_a_turn_of_the_event_loop() -> None:
+    media = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
+    data = encode(noise(64, 48, seed=3))
+    for expect_hit in (False, True):
+        load = media.load(data=data)
+        with pytest.raises(StopIteration) as finished:  # NOTE: done at the first step, no await
+            load.send(None)
+        assert finished.value.value.image.size == (64, 48)
+        assert media.cache.num_hits == expect_hit and media.cache.num_loads == 1

@@ -30,10 +30,13 @@ class FakeStream:
     raises ``error`` if set; records cancel()."""
 
     def __init__(self, responses: list[Any], error: EpdError | None = None,
-                 hold: asyncio.Event | None = None) -> None:  # fmt: skip
+                 hold: asyncio.Event | None = None,
+                 linger: asyncio.Event | None = None) -> None:  # fmt: skip
+        """``linger``: after the responses, the stream ends only once it is set."""
         self.responses = responses
         self.error = error
         self.hold = hold
+        self.linger = linger
         self.is_cancelled = False
         self.num_yielded = 0
 
@@ -48,6 +51,8 @@ class FakeStream:
             await asyncio.sleep(0)
             self.num_yielded += 1
             yield response
+        if self.linger is not None:
+            await self.linger.wait()
         if self.error is not None:
             raise rpc_error(self.error)
 
@@ -126,6 +131,7 @@ class FakeEncoder:
     error: EpdError | None = None
     num_before_error: int = 0
     hold: asyncio.Event | None = None
+    linger: asyncio.Event | None = None
     streams: list[FakeStream] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
 
@@ -135,7 +141,7 @@ class FakeEncoder:
             item_index=i, mm_hash=request.items[i].mm_hash,
             embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"))
             for i in range(count)]  # fmt: skip
-        self.streams.append(FakeStream(responses, self.error, self.hold))
+        self.streams.append(FakeStream(responses, self.error, self.hold, self.linger))
         return self.streams[-1]
 
     async def Release(self, request: Any, timeout: float | None = None) -> Any:

@@ -44,7 +44,16 @@ async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there
     await release_all(peers, stage)  # type: ignore[arg-type]
     held = {"enc0/h0", "enc1/h1", "enc1/h2", "enc1/h3"}
     assert set(peers.encoders["enc0"].released + peers.encoders["enc1"].released) == held
-    assert all(s.is_cancelled for e in peers.encoders.values() for s in e.streams)
+    assert all(s.is_cancelled for s in peers.encoders["enc0"].streams)
+
+
+async def test_encoding_does_not_wait_for_the_end_of_a_complete_stream() -> None:
+    never = asyncio.Event()
+    peers = FakePeers(encoders={name: FakeEncoder(name, linger=never) for name in ("enc0", "enc1")})
+    stage = stage_of(3)
+    await asyncio.wait_for(encode_all(peers, stage, Deadline(30)), 5)  # type: ignore[arg-type]
+    assert sorted(stage.results) == [0, 1, 2]
+    assert not any(s.is_cancelled for e in peers.encoders.values() for s in e.streams)
 
 
 async def test_the_answer_does_not_wait_for_the_encoding_report() -> None:
