@@ -108,9 +108,7 @@ class NixlProducer(TensorProducer):
         location.agent_name = agent.name
         location.agent_metadata = agent.metadata(block.address)
         location.memory_type = tensor_pb2.NIXL_MEMORY_TYPE_DRAM
-        location.descriptors.add(address=block.address, length=HEADER_BYTES)
-        if ref.byte_size:
-            location.descriptors.add(address=block.address + HEADER_BYTES, length=ref.byte_size)
+        location.descriptors.add(address=block.address, length=HEADER_BYTES + ref.byte_size)
         return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
     def _lend(self, agent: NixlAgent, tensor: torch.Tensor, byte_size: int,
@@ -232,10 +230,12 @@ class NixlConsumer(TensorConsumer):
         block = pool.acquire(ref.byte_size)
         local = mirror(remote, block.address if is_stamped else block.address + HEADER_BYTES)
         notification = RELEASE_PREFIX + ref.lease_id.encode() if self.release_after_read else b""
+        # NOTE: one stamped region is a pooled block of the producer's: its address comes back.
+        recurring = is_stamped and len(remote) == 1
         try:
             agent.read(local, remote, ref.nixl.agent_name, notification=notification,
                        remote_memory_type=_MEMORY_TYPES[ref.nixl.memory_type],
-                       timeout_s=self.timeout_s)  # fmt: skip
+                       timeout_s=self.timeout_s, recurring=recurring)  # fmt: skip
             if is_stamped and not block.is_stamped(ref.lease_id):
                 raise NotFound(f"lease {ref.lease_id} was released: its NIXL buffer no longer "
                                "holds the payload", reason="LEASE_RELEASED")  # fmt: skip
@@ -268,6 +268,8 @@ class NixlConsumer(TensorConsumer):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        if self._agent is not None:
+            self._agent.drop_prepared()
 
 
 def mirror(remote: list[Region], start: int) -> list[Region]:
@@ -281,7 +283,8 @@ def mirror(remote: list[Region], start: int) -> list[Region]:
 
 def remote_regions(ref: tensor_pb2.TensorRef) -> tuple[list[Region], bool]:
     """The integer descriptors of ``ref.nixl`` checked against its byte size, and whether they
-    start with an epd lease stamp. Raises InvalidArgument for anything malformed."""
+    start with an epd lease stamp (they then cover exactly ``byte_size`` + 64 bytes, the first
+    region at least the stamp). Raises InvalidArgument for anything malformed."""
     location = ref.nixl
     if not location.agent_name:
         raise InvalidArgument("NIXL location has no agent name", reason="BAD_TENSOR_REF")
@@ -297,7 +300,7 @@ def remote_regions(ref: tensor_pb2.TensorRef) -> tuple[list[Region], bool]:
         raise InvalidArgument("NIXL descriptors must be non-empty regions",
                               reason="BAD_TENSOR_REF")  # fmt: skip
     total = sum(lengths)
-    if total == ref.byte_size + HEADER_BYTES and regions[0][1] == HEADER_BYTES:
+    if total == ref.byte_size + HEADER_BYTES and regions[0][1] >= HEADER_BYTES:
         return regions, True
     if total == ref.byte_size:
         return regions, False

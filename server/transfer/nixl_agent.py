@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.server.transfer.nixl_prepared import PreparedReads
 
 logger = logging.getLogger(__name__)
 # NOTE: read when nixl is first imported; INFO lines on every agent start are noise in servers.
@@ -75,6 +76,10 @@ class NixlAgent:
         self._share_lock = threading.Lock()
         self._metadata: dict[int, bytes] = {}
         self._remote: dict[str, set[bytes]] = {}
+        # NOTE: one lock around every use of prepared READs and every load or removal of a remote
+        # agent: NIXL may erase an agent's record (and the pointers prepared READs hold) there.
+        self._prepared_lock = threading.Lock()
+        self._prepared = PreparedReads(self._agent)
         self._listeners: list[NotificationListener] = []
         self._progress_interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
         self._stop = threading.Event()
@@ -116,9 +121,12 @@ class NixlAgent:
         with self._lock:
             descs = self._registered.pop(address, None)
             self._metadata.pop(address, None)
-            self._lengths.pop(address, None)
+            length = self._lengths.pop(address, 0)
             self._shares.pop(address, None)
         if descs is not None:
+            with self._prepared_lock:
+                if len(self._prepared):
+                    self._prepared.drop_local(address, length)
             self._agent.deregister_memory(descs)
 
     def share(self, address: int, length: int) -> bool:
@@ -187,7 +195,8 @@ class NixlAgent:
             raise NotFound(f"NIXL agent {agent_name!r} is unknown here and the reference carries "
                            "no agent metadata", reason="NIXL_AGENT_UNKNOWN")  # fmt: skip
         try:
-            loaded = self._agent.add_remote_agent(metadata)
+            with self._prepared_lock:
+                loaded = self._load(agent_name, metadata)
         except Exception as e:
             # NOTE: nixl raises nixlBackendError / nixlRemoteDisconnectError when the peer cannot
             # be reached (e.g. its process died), other errors for metadata it cannot parse.
@@ -206,35 +215,100 @@ class NixlAgent:
                 known.clear()  # NOTE: reloading a blob is harmless, it only costs microseconds
             known.add(metadata)
 
+    def _load(self, agent_name: str, metadata: bytes) -> Any:
+        """``add_remote_agent`` (under the prepared-list lock). A failed load may have erased
+        what NIXL knew of the agent: its prepared lists and known blobs are dropped then."""
+        try:
+            return self._agent.add_remote_agent(metadata)
+        except Exception:
+            self._prepared.drop_agent(agent_name)
+            with self._lock:
+                self._remote.pop(agent_name, None)
+            raise
+
     def read(self, local: Sequence[Region], remote: Sequence[Region], agent_name: str, *,
              remote_memory_type: str = "DRAM", notification: bytes = b"",
-             timeout_s: float = 30.0) -> None:  # fmt: skip
+             timeout_s: float = 30.0, recurring: bool = False) -> None:  # fmt: skip
         """One-sided READ of ``remote`` regions of ``agent_name`` into registered ``local`` ones;
-        ``notification`` reaches the peer when the READ completes. Blocks until done."""
+        ``notification`` reaches the peer when the READ completes. Blocks until done.
+        ``recurring``: both sides are regions that come back (pooled blocks), so the READ is
+        prepared once and reposted (see ``nixl_prepared``; ``num_prepared`` counts what is kept)."""
+        if recurring and agent_name != self.name:
+            self._read_prepared(tuple(local), tuple(remote), agent_name, remote_memory_type,
+                                notification, timeout_s)  # fmt: skip
+            return
         try:
             handle = self._agent.initialize_xfer(
                 "READ", self._agent.get_xfer_descs(list(local), "DRAM"),
                 self._agent.get_xfer_descs(list(remote), remote_memory_type), agent_name,
                 notification)  # fmt: skip
         except Exception as e:
-            raise NotFound(f"NIXL agent {agent_name!r} does not expose the referenced regions "
-                           f"(released, or its process restarted): {e}",
-                           reason="NIXL_REGION_NOT_FOUND") from e  # fmt: skip
+            raise _region_not_found(agent_name, e) from e
         try:
-            self._wait(self._agent.transfer(handle), handle, agent_name, timeout_s)
+            self._complete(handle, b"", agent_name, timeout_s)
+        finally:
+            self._agent.release_xfer_handle(handle)
+
+    def _read_prepared(self, local: tuple[Region, ...], remote: tuple[Region, ...],
+                       agent_name: str, memory_type: str, notification: bytes,
+                       timeout_s: float) -> None:  # fmt: skip
+        with self._prepared_lock:
+            try:
+                key, handle, epoch = self._prepared.take(agent_name, memory_type, local, remote,
+                                                         notification)  # fmt: skip
+            except Exception as e:
+                self._prepared.drop_agent(agent_name)
+                raise _region_not_found(agent_name, e) from e
+        try:
+            self._complete(handle, notification, agent_name, timeout_s)
+        except BaseException:
+            with self._prepared_lock:
+                self._prepared.drop_agent(agent_name)
+            self._agent.release_xfer_handle(handle)
+            raise
+        with self._prepared_lock:
+            self._prepared.give_back(key, handle, epoch)
+
+    def _complete(self, handle: Any, notification: bytes, agent_name: str,
+                  timeout_s: float) -> None:  # fmt: skip
+        """Post ``handle`` (with ``notification`` when not empty) and wait for it; a peer that
+        failed is forgotten."""
+        try:
+            try:
+                state = self._agent.transfer(handle, notification)
+            except Exception as e:
+                # NOTE: NIXL raises (rather than returning "ERR") for a request whose remote
+                # agent's record was erased or reloaded, or whose peer disconnected.
+                if type(e).__name__ == "nixlNotFoundError":
+                    raise _region_not_found(agent_name, e) from e
+                raise Unavailable(f"NIXL READ from {agent_name!r} failed: {e}",
+                                  reason="NIXL_TRANSFER_FAILED") from e  # fmt: skip
+            self._wait(state, handle, agent_name, timeout_s)
         except Unavailable:
             self.forget(agent_name)
             raise
-        finally:
-            self._agent.release_xfer_handle(handle)
 
     def forget(self, agent_name: str) -> None:
         """Drop a remote agent (after a failure): the next reference reloads its metadata."""
         with self._lock:
             known = self._remote.pop(agent_name, None)
         if known is not None:
-            with contextlib.suppress(Exception):
-                self._agent.remove_remote_agent(agent_name)
+            with self._prepared_lock:
+                self._prepared.drop_agent(agent_name)
+                with contextlib.suppress(Exception):
+                    self._agent.remove_remote_agent(agent_name)
+
+    def drop_prepared(self) -> int:
+        """Release every prepared READ of a remote agent (a consumer closing); returns how many
+        handles. Those of local blocks alone go when their block is deregistered."""
+        with self._prepared_lock:
+            return self._prepared.drop_remote()
+
+    @property
+    def num_prepared(self) -> int:
+        """Prepared descriptor lists and READ requests held now (leak checks)."""
+        with self._prepared_lock:
+            return len(self._prepared)
 
     def _wait(self, state: str, handle: Any, agent_name: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -279,6 +353,12 @@ class NixlAgent:
         return count
 
 
+def _region_not_found(agent_name: str, error: Exception) -> NotFound:
+    return NotFound(f"NIXL agent {agent_name!r} does not expose the referenced regions "
+                    f"(released, or its process restarted): {error}",
+                    reason="NIXL_REGION_NOT_FOUND")  # fmt: skip
+
+
 _PROCESS_AGENT: NixlAgent | None = None
 _PROCESS_AGENT_PID = 0
 _PROCESS_LOCK = threading.Lock()
@@ -293,6 +373,12 @@ def process_agent() -> NixlAgent:
             name = f"epd-{host:08x}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             _PROCESS_AGENT, _PROCESS_AGENT_PID = NixlAgent(name), os.getpid()
         return _PROCESS_AGENT
+
+
+def num_prepared() -> int:
+    """Prepared NIXL READ handles this process holds now (0 if it never made an agent)."""
+    agent = _PROCESS_AGENT
+    return 0 if agent is None or os.getpid() != _PROCESS_AGENT_PID else agent.num_prepared
 
 
 def num_registered_regions() -> int:

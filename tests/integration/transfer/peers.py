@@ -54,7 +54,8 @@ def consumer(conn: Connection, host_id: str) -> None:
     """Read each reference sent on ``conn``; answer ("ok", digest, shape) or ("error", reason).
     A reference sent with hold=True is viewed and kept open until the process dies.
     "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
-    answers how many NIXL regions stay registered."""
+    answers how many NIXL regions stay registered and how many prepared READ handles are kept;
+    "prepared" answers the latter alone."""
     plane = DataPlane(host_id)
     held = []
     while (message := conn.recv()) is not None:
@@ -63,7 +64,10 @@ def consumer(conn: Connection, host_id: str) -> None:
             continue
         if message == "close":
             plane.close()
-            conn.send(nixl_agent.num_registered_regions())
+            conn.send((nixl_agent.num_registered_regions(), nixl_agent.num_prepared()))
+            continue
+        if message == "prepared":
+            conn.send(nixl_agent.num_prepared())
             continue
         data, hold = message
         ref = tensor_pb2.TensorRef.FromString(data)

@@ -42,10 +42,11 @@ def wait_until_nothing_held(plane: DataPlane, timeout_s: float = 5.0) -> None:
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[Peer]:
-    """A consumer on another host; at the end it must deregister everything it registered."""
+    """A consumer on another host; at the end it must deregister everything it registered and
+    release every prepared READ."""
     consumer_peer = Peer(REMOTE)
     yield consumer_peer
-    assert consumer_peer.ask("close") == 0
+    assert consumer_peer.ask("close") == (0, 0)
     consumer_peer.stop()
 
 
@@ -138,10 +139,11 @@ def test_bad_references_raise_typed_errors(plane: DataPlane, peer: Peer) -> None
         bad = tensor_pb2.TensorRef()
         bad.CopyFrom(ref)
         for path, value in changes.items():
+            # NOTE: a pooled payload has one descriptor, its stamp and payload (the last one).
             if path == "payload_length":
-                bad.nixl.descriptors[1].length = value  # type: ignore[assignment]
+                bad.nixl.descriptors[-1].length = value  # type: ignore[assignment]
             elif path == "payload_address":
-                bad.nixl.descriptors[1].address = value  # type: ignore[assignment]
+                bad.nixl.descriptors[-1].address = value  # type: ignore[assignment]
             elif path in ("agent_name", "agent_metadata"):
                 setattr(bad.nixl, path, value)
             else:

@@ -31,6 +31,8 @@ class FakeAgent:
         self.registered: set[int] = set()
         self.listeners: list = []
         self.pending: list[bytes] = []
+        self.recurring_reads = 0
+        self.dropped_prepared = 0
 
     def register(self, address: int, length: int) -> None:
         self.registered.add(address)
@@ -46,13 +48,18 @@ class FakeAgent:
         pass
 
     def read(self, local, remote, agent_name, *, remote_memory_type="DRAM", notification=b"",
-             timeout_s=30.0) -> None:  # fmt: skip
+             timeout_s=30.0, recurring=False) -> None:  # fmt: skip
         import ctypes
 
+        self.recurring_reads += recurring
         for (dst, length, _), (src, _, _) in zip(local, remote, strict=True):
             ctypes.memmove(dst, src, length)
         if notification:
             self.pending.append(notification)
+
+    def drop_prepared(self) -> int:
+        self.dropped_prepared += 1
+        return 0
 
     def add_listener(self, listener) -> None:
         self.listeners.append(listener)
@@ -105,7 +112,8 @@ def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) ->
     consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
     tensor = torch.randn(128, 128).to(torch.bfloat16)  # above SMALL_COPY_BYTES: a view
     ref = producer.put(tensor)
-    assert [d.length for d in ref.nixl.descriptors] == [HEADER_BYTES, ref.byte_size]
+    # one descriptor: the stamp and the payload behind it, fetched by one READ
+    assert [d.length for d in ref.nixl.descriptors] == [HEADER_BYTES + ref.byte_size]
     assert ref.nixl.agent_name == agent.name and ref.nixl.agent_metadata
     view = consumer.get(ref)
     assert torch.equal(view, tensor) and consumer.num_outstanding == 1
@@ -118,9 +126,10 @@ def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) ->
     del reshaped
     gc.collect()
     assert consumer.num_outstanding == 0
+    assert agent.recurring_reads == 1  # a pooled block: its descriptor lists are worth keeping
     producer.close()
     consumer.close()
-    assert agent.registered == set()
+    assert agent.registered == set() and agent.dropped_prepared == 1
 
 
 def test_copy_returns_the_block_at_once_and_expiry_is_reaped(agent: FakeAgent) -> None:
@@ -151,12 +160,18 @@ def nixl_ref(byte_size: int, lengths: list[int], **location: object) -> tensor_p
 
 def test_remote_regions_accept_stamped_and_plain_layouts() -> None:
     assert remote_regions(nixl_ref(100, [HEADER_BYTES, 100]))[1] is True
+    assert remote_regions(nixl_ref(100, [HEADER_BYTES + 100]))[1] is True  # stamp + payload
+    assert remote_regions(nixl_ref(0, [HEADER_BYTES]))[1] is True
     assert remote_regions(nixl_ref(100, [60, 40]))[1] is False
+    assert remote_regions(nixl_ref(100, [100]))[1] is False
     assert mirror([(1, 10, 0), (99, 5, 0)], 1000) == [(1000, 10, 0), (1010, 5, 0)]
 
 
 @pytest.mark.parametrize("ref, reason", [
     (nixl_ref(100, [HEADER_BYTES, 99]), "TENSOR_SIZE_MISMATCH"),
+    (nixl_ref(100, [HEADER_BYTES + 99]), "TENSOR_SIZE_MISMATCH"),
+    (nixl_ref(100, [HEADER_BYTES + 101]), "TENSOR_SIZE_MISMATCH"),
+    (nixl_ref(100, [HEADER_BYTES - 1, 101]), "TENSOR_SIZE_MISMATCH"),  # a cut stamp
     (nixl_ref(100, []), "BAD_TENSOR_REF"),
     (nixl_ref(100, [100, 0]), "BAD_TENSOR_REF"),
     (nixl_ref(100, [1] * 100), "BAD_TENSOR_REF"),

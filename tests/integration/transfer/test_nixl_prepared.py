@@ -1,0 +1,158 @@
+"""Prepared (kept and reposted) NIXL READs between two real agents in this process: reuse, the
+notification of each READ, and every event that must release what is kept."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from epd.server.common.errors import InvalidArgument, NotFound
+from epd.server.transfer import nixl_agent
+from epd.server.transfer.nixl_agent import NixlAgent
+
+pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
+
+SIZE = 4096
+
+
+class Buffer:
+    """An anonymous mapping and its address (kept alive by the test)."""
+
+    def __init__(self, size: int = SIZE) -> None:
+        self.memory = mmap.mmap(-1, size)
+        self.address = torch.frombuffer(self.memory, dtype=torch.uint8).data_ptr()
+
+    def fill(self, data: bytes) -> None:
+        self.memory[:len(data)] = data
+
+
+class Inbox:
+    """Notifications an agent receives (its progress thread delivers them)."""
+
+    def __init__(self, agent: NixlAgent) -> None:
+        self.messages: list[bytes] = []
+        self._cv = threading.Condition()
+        agent.add_listener(self._on)
+
+    def _on(self, peer: str, message: bytes) -> None:
+        with self._cv:
+            self.messages.append(message)
+            self._cv.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float = 5.0) -> list[bytes]:
+        with self._cv:
+            self._cv.wait_for(lambda: len(self.messages) >= count, timeout_s)
+            return list(self.messages)
+
+
+@pytest.fixture(scope="module")
+def agents() -> Iterator[tuple[NixlAgent, NixlAgent]]:
+    producer, consumer = NixlAgent("epd-test-producer"), NixlAgent("epd-test-consumer")
+    yield producer, consumer
+    producer.stop_progress()
+    consumer.stop_progress()
+
+
+@pytest.fixture
+def pair(agents: tuple[NixlAgent, NixlAgent]) -> Iterator[tuple[NixlAgent, NixlAgent, Buffer,
+                                                                Buffer]]:  # fmt: skip
+    """A registered remote buffer of the producer, known to the consumer, and a registered local
+    one of the consumer; afterwards the consumer holds no prepared READ and no registration."""
+    producer, consumer = agents
+    remote, local = Buffer(), Buffer()
+    producer.register(remote.address, SIZE)
+    consumer.register(local.address, SIZE)
+    consumer.connect(producer.name, producer.metadata(remote.address))
+    yield producer, consumer, remote, local
+    consumer.deregister(local.address)
+    consumer.forget(producer.name)
+    producer.deregister(remote.address)
+    assert consumer.num_prepared == 0 and consumer.num_registered_regions == 0
+
+
+def read(consumer: NixlAgent, producer: NixlAgent, local: Buffer, remote: Buffer, length: int,
+         notification: bytes = b"") -> bytes:  # fmt: skip
+    consumer.read([(local.address, length, 0)], [(remote.address, length, 0)], producer.name,
+                  notification=notification, recurring=True)  # fmt: skip
+    return bytes(local.memory[:length])
+
+
+def test_a_recurring_read_is_prepared_once_and_reposted_with_its_own_notification(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    inbox = Inbox(producer)
+    remote.fill(b"first")
+    assert read(consumer, producer, local, remote, 5, b"n1") == b"first"
+    assert consumer.num_prepared == 3  # two descriptor lists and one READ request
+    remote.fill(b"again")
+    assert read(consumer, producer, local, remote, 5, b"n2") == b"again"
+    assert consumer.num_prepared == 3
+    assert inbox.wait_for(2) == [b"n1", b"n2"]
+    remote.fill(b"quiet")
+    assert read(consumer, producer, local, remote, 5) == b"quiet"  # no notification: not n2 again
+    assert consumer.num_prepared == 4  # a request of its own
+    time.sleep(0.05)
+    assert inbox.wait_for(3, timeout_s=0.05) == [b"n1", b"n2"]
+    producer.remove_listener(inbox._on)
+
+
+def test_deregistering_the_local_block_releases_what_names_it(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    read(consumer, producer, local, remote, 8)
+    consumer.deregister(local.address)
+    assert consumer.num_prepared == 1  # the remote list alone
+    consumer.register(local.address, SIZE)  # a new registration of the same memory reads fine
+    remote.fill(b"reborn")
+    assert read(consumer, producer, local, remote, 6) == b"reborn"
+
+
+def test_new_metadata_of_the_same_agent_keeps_prepared_reads(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    read(consumer, producer, local, remote, 8)
+    other = Buffer()
+    producer.register(other.address, SIZE)
+    try:
+        consumer.connect(producer.name, producer.metadata_of([other.address, remote.address]))
+        assert consumer.num_prepared == 3
+        remote.fill(b"kept")
+        assert read(consumer, producer, local, remote, 4) == b"kept"
+        other.fill(b"other")
+        assert read(consumer, producer, local, other, 5) == b"other"
+    finally:
+        producer.deregister(other.address)
+
+
+def test_unknown_region_bad_metadata_and_forget_release_the_agents_reads(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    read(consumer, producer, local, remote, 8)
+    with pytest.raises(NotFound) as caught:
+        consumer.read([(local.address, 8, 0)], [(4096, 8, 0)], producer.name, recurring=True)
+    assert caught.value.reason == "NIXL_REGION_NOT_FOUND"
+    assert consumer.num_prepared == 1  # the local list alone
+    remote.fill(b"after")
+    assert read(consumer, producer, local, remote, 5) == b"after"
+    assert consumer.num_prepared == 4  # local lists of 8 and 5 bytes, remote list, request
+    with pytest.raises(InvalidArgument):
+        consumer.connect(producer.name, b"not metadata")
+    assert consumer.num_prepared == 2  # the local lists
+    consumer.connect(producer.name, producer.metadata(remote.address))  # loaded again
+    assert read(consumer, producer, local, remote, 5) == b"after"
+    consumer.forget(producer.name)
+    assert consumer.num_prepared == 2
+    consumer.connect(producer.name, producer.metadata(remote.address))
+    assert read(consumer, producer, local, remote, 5) == b"after"
+
+
+def test_a_consumer_closing_releases_remote_reads(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    read(consumer, producer, local, remote, 8)
+    assert consumer.drop_prepared() == 2 and consumer.num_prepared == 1  # the local list stays
