@@ -12,6 +12,7 @@ from epd.server.engine.base import Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
+from epd.server.prefill.encoders import EncoderPulls
 from epd.server.prefill.service import Mode, PrefillWorker
 from epd.server.prefill.servicer import PrefillServicer
 from epd.server.transfer.plane import DataPlane
@@ -47,10 +48,12 @@ class PrefillApp:
     port: int
     worker: PrefillWorker
     registration: WorkerRegistration
+    encoders: EncoderPulls
 
     async def stop(self, grace: float | None = 0) -> None:
         """Drain and stop the server (the engine is the caller's to close)."""
         await self.server.drain_and_stop(grace)
+        await self.encoders.close()
         self.worker.plane.close()
 
 
@@ -61,7 +64,9 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     plane = DataPlane()
     loader = MediaLoader(config.media, model_id=engine.model_id,
                          processor_fingerprint=processor_fingerprint(config.model_dir))
-    worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv)
+    encoders = EncoderPulls(options.auth_token)
+    worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv,
+                           encoders=encoders)  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
                              pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
@@ -74,7 +79,7 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
     logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
                 engine.model_id, info.endpoint)  # fmt: skip
-    return PrefillApp(server, port, worker, registration)
+    return PrefillApp(server, port, worker, registration, encoders)
 
 
 async def register_and_serve(server: EpdServer, info: scheduler_pb.WorkerInfo, engine: Engine,

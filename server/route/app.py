@@ -30,6 +30,7 @@ class RouteConfig:
     model_id: str = ""
     media: MediaPolicy = field(default_factory=MediaPolicy)
     http_port: int | None = None
+    pull_embeddings: bool = True
 
 
 @dataclass
@@ -58,8 +59,8 @@ async def build_route_server(config: RouteConfig,
                          processor_fingerprint=processor_fingerprint(config.model_dir))
     worker = RouteWorker(Peers(config.scheduler, options.auth_token),
                          PromptBuilder(config.model_dir), loader, model_id=model_id,
-                         host_id=default_host_id(),
-                         grids=ImageGridder(config.model_dir))  # fmt: skip
+                         host_id=default_host_id(), grids=ImageGridder(config.model_dir),
+                         pull_embeddings=config.pull_embeddings)  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)

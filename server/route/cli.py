@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
                              "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
                              "off)")  # fmt: skip
+    parser.add_argument("--pull-embeddings", action=argparse.BooleanOptionalAction,
+                        default=env("EPD_PULL_EMBEDDINGS", "1") != "0",
+                        help="send the prompt to the prefill worker while the images are "
+                             "encoded; the worker fetches each image's embeddings from its "
+                             "encoder (falls back to handing them over if that fails). "
+                             "--no-pull-embeddings: wait for the encoders, then hand the "
+                             "embeddings over (env EPD_PULL_EMBEDDINGS=0; default on)")  # fmt: skip
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
@@ -42,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         require_model_dir(args.model)
         options = ServerOptions.from_args(args)
         config = RouteConfig(args.model, args.scheduler, args.model_id,
-                             MediaPolicy.from_args(args), args.http_port)
+                             MediaPolicy.from_args(args), args.http_port,
+                             pull_embeddings=args.pull_embeddings)  # fmt: skip
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2

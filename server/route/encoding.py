@@ -52,21 +52,33 @@ class EncodeStage:
         return by_endpoint
 
 
-async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline) -> None:
-    """Fill ``stage.results`` for every item, retrying failed encoders elsewhere."""
+async def assign_encoders(peers: Peers, stage: EncodeStage, missing: list[int],
+                          excluded: list[str],
+                          deadline: Deadline) -> scheduler_pb.AssignEncodersResponse:  # fmt: skip
+    """The scheduler's encoders for the items ``missing`` (indices into ``stage.items``)."""
+    try:
+        assignment: scheduler_pb.AssignEncodersResponse = await peers.scheduler.AssignEncoders(
+            scheduler_pb.AssignEncodersRequest(
+                request_id=stage.request_id, model=stage.model, policy=stage.policy,
+                items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash,
+                                               num_tokens=_num_tokens(stage, i)) for i in missing],
+                exclude_worker_ids=excluded), timeout=deadline.remaining())  # fmt: skip
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e) from None
+    return assignment
+
+
+async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline,
+                     first: scheduler_pb.AssignEncodersResponse | None = None) -> None:  # fmt: skip
+    """Fill ``stage.results`` for every item, retrying failed encoders elsewhere. ``first``:
+    the assignment of every item for the first attempt, if already made."""
     excluded: list[str] = []
     for attempt in range(MAX_ATTEMPTS):
         missing = [i for i in range(len(stage.items)) if i not in stage.results]
         if not missing:
             return
-        try:
-            assignment = await peers.scheduler.AssignEncoders(scheduler_pb.AssignEncodersRequest(
-                request_id=stage.request_id, model=stage.model, policy=stage.policy,
-                items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash,
-                                               num_tokens=_num_tokens(stage, i)) for i in missing],
-                exclude_worker_ids=excluded), timeout=deadline.remaining())  # fmt: skip
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        assignment = (first if first is not None and not attempt
+                      else await assign_encoders(peers, stage, missing, excluded, deadline))
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for placed in assignment.assignments:
             groups[(placed.worker_id, placed.endpoint)].append(missing[placed.item_index])

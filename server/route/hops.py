@@ -8,17 +8,16 @@ the decode worker while the prompt is prefilled; each call costs about a millise
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
 
 from epd.server.common.errors import EpdError, Unavailable
 from epd.server.common.status import from_rpc_error
+from epd.server.common.tasks import concurrently
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.server.route.topology import Plan, Role, hands_off_kv
@@ -30,25 +29,6 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 logger = logging.getLogger(__name__)
 MAX_PREFILL_ATTEMPTS = 3
 OnPrefilled = Callable[[], Awaitable[None]]
-A = TypeVar("A")
-B = TypeVar("B")
-
-
-async def concurrently(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
-    """Both results; the first failure cancels the other one and is raised as it is."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            first_task = group.create_task(_awaited(first))
-            second_task = group.create_task(_awaited(second))
-    except BaseExceptionGroup as group_error:
-        raise group_error.exceptions[0] from None
-    return first_task.result(), second_task.result()
-
-
-async def _awaited(awaitable: Awaitable[A]) -> A:
-    return await awaitable
-
-
 @dataclass(frozen=True, slots=True)
 class Piece:
     """Tokens from the engine since the previous piece; the last has finish reason and usage."""
@@ -88,13 +68,15 @@ async def choose_prefill(
 
 
 async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
-                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
-                        ) -> AsyncIterator[Piece]:  # fmt: skip
+                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None, *,
+                        max_attempts: int = MAX_PREFILL_ATTEMPTS,
+                        ) -> AsyncGenerator[Piece, None]:  # fmt: skip
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
-    ``first_choice``: the prefill worker already chosen for the first attempt, if any."""
+    ``first_choice``: the prefill worker already chosen for the first attempt, if any;
+    ``max_attempts``: prefill workers tried before the first token."""
     excluded: list[str] = []
-    for attempt in range(MAX_PREFILL_ATTEMPTS):
+    for attempt in range(max_attempts):
         started, worker = False, None
         try:
             choice = first_choice if first_choice and not attempt else (
@@ -118,7 +100,7 @@ async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefille
         except EpdError as e:
             error = e
         if (started or worker is None or not isinstance(error, Unavailable)
-                or attempt + 1 == MAX_PREFILL_ATTEMPTS):
+                or attempt + 1 == max_attempts):
             raise error
         logger.warning("request %s: prefill on %s failed before the first token (%s); retrying "
                        "elsewhere", call.request_id, worker.id, error)  # fmt: skip

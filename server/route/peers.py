@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any
-
 import grpc
 
 from epd.server.common.channels import create_channel
+from epd.server.common.tasks import BackgroundCalls
 from epd.v1 import (
     decode_service_pb2_grpc,
     encode_service_pb2_grpc,
     prefill_service_pb2_grpc,
     scheduler_service_pb2_grpc,
 )
-
-
-class BackgroundCalls:
-    """Calls nobody waits for (reports), run off the request's critical path but not lost."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    def start(self, call: Awaitable[Any]) -> None:
-        """Run ``call``, which must handle its own errors, in the background."""
-        task = asyncio.ensure_future(call)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def settle(self) -> None:
-        """Wait for every call started so far."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class Peers:

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, replace
+from typing import Any
 
 import grpc
 from opentelemetry import trace
 
+from epd.server.common.errors import EpdError
 from epd.server.common.status import from_rpc_error
+from epd.server.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
-from epd.server.route.encoding import EncodeStage, encode_all, release_all
-from epd.server.route.hops import EngineCall, choose_prefill, concurrently, stream_tokens
+from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
+from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_tokens
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
@@ -33,6 +37,7 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 Chat = list[tuple[str, list[ChatPart]]]
 Media = multimodal_pb2.MediaItem
+Grid = multimodal_pb2.ImageGrid
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,11 @@ class RouteWorker:
     """Runs requests for one model against the services the scheduler knows."""
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
-                 model_id: str, host_id: str, grids: ImageGridder) -> None:  # fmt: skip
+                 model_id: str, host_id: str, grids: ImageGridder,
+                 pull_embeddings: bool = True) -> None:  # fmt: skip
+        """``pull_embeddings``: engines fetch embeddings from the encoders while the route
+        waits for the encoding (see ``_pulled``); False: the route hands them over after it."""
+        self.pull_embeddings = pull_embeddings
         self.peers = peers
         self.prompts = prompts
         self.loader = loader
@@ -77,20 +86,74 @@ class RouteWorker:
         span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
         stage = EncodeStage(request_id, model, items, request.encoder_policy, self.host_id,
                             [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids])
-        call = EngineCall(request_id, model, generation_pb2.Prompt(), request.sampling,
-                          self._block_hashes(token_ids, items, grids), plan, live_roles,
-                          deadline)  # fmt: skip
+        call = EngineCall(request_id, model, generation_pb2.Prompt(token_ids=token_ids),
+                          request.sampling, self._block_hashes(token_ids, items, grids), plan,
+                          live_roles, deadline)  # fmt: skip
         try:
-            prompt, choice = await concurrently(
-                self._prompt(token_ids, stage, plan, grids, deadline),
-                choose_prefill(self.peers, call))  # fmt: skip
+            pieces = (self._pulled(call, stage, grids)
+                      if plan.uses_encoders and self.pull_embeddings
+                      else self._handed_over(call, stage, grids))  # fmt: skip
             detokenizer = Detokenizer(self.prompts.tokenizer)
-            async for piece in stream_tokens(self.peers, replace(call, prompt=prompt),
-                                             lambda: release_all(self.peers, stage), choice):
-                yield RouteChunk(detokenizer.add(piece.token_ids), piece.token_ids,
-                                 piece.finish_reason, piece.usage)
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    yield RouteChunk(detokenizer.add(piece.token_ids), piece.token_ids,
+                                     piece.finish_reason, piece.usage)
         finally:
             await asyncio.shield(release_all(self.peers, stage))
+
+    async def _handed_over(self, call: EngineCall, stage: EncodeStage,
+                           grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
+        """Encode (while the scheduler chooses the prefill worker), then hand the embeddings'
+        references to the engine."""
+        prompt, choice = await concurrently(
+            self._prompt(list(call.prompt.token_ids), stage, call.plan, grids, call.deadline),
+            choose_prefill(self.peers, call))  # fmt: skip
+        async for piece in stream_tokens(self.peers, replace(call, prompt=prompt),
+                                         lambda: release_all(self.peers, stage), choice):
+            yield piece
+
+    async def _pulled(self, call: EngineCall, stage: EncodeStage,
+                      grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
+        """Send the prompt while the images are encoded: the engine's worker fetches each
+        image's embeddings from its encoder, by mm_hash, as soon as they exist, so the route is
+        no longer between encoder and engine. If that fails before the first token (e.g. the
+        encoder died and the images were encoded elsewhere), hand the embeddings over instead."""
+        everything = list(range(len(stage.items)))
+        assignment, choice = await concurrently(
+            assign_encoders(self.peers, stage, everything, [], call.deadline),
+            choose_prefill(self.peers, call))  # fmt: skip
+        endpoints = {everything[a.item_index]: a.endpoint for a in assignment.assignments}
+        images = [multimodal_pb2.ImageInput(
+            mm_hash=item.mm_hash, grid=grid,
+            encoder=multimodal_pb2.EncoderSource(endpoint=endpoints[i]))
+            for i, (item, grid) in enumerate(zip(stage.items, grids, strict=True))]  # fmt: skip
+        encoding = asyncio.ensure_future(encode_all(self.peers, stage, call.deadline, assignment))
+
+        async def release_once_encoded() -> None:
+            await asyncio.wait([encoding])
+            await release_all(self.peers, stage)
+
+        prompt = generation_pb2.Prompt(token_ids=call.prompt.token_ids, images=images)
+        pulled = stream_tokens(self.peers, replace(call, prompt=prompt), release_once_encoded,
+                               choice, max_attempts=1)  # fmt: skip
+        try:
+            first = await _first_piece(pulled, encoding)
+            if first is not None:
+                yield first
+                async for piece in pulled:
+                    yield piece
+                return
+            await encoding
+            embedded = self._embedded(call.prompt.token_ids, stage, grids)
+            async for piece in stream_tokens(self.peers, replace(call, prompt=embedded),
+                                             lambda: release_all(self.peers, stage)):  # fmt: skip
+                yield piece
+        finally:
+            await pulled.aclose()
+            encoding.cancel()
+            await asyncio.wait([encoding])
+            if not encoding.cancelled():
+                encoding.exception()  # NOTE: retrieved; a failure was raised above if it mattered
 
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:
         messages: Chat = []
@@ -128,6 +191,11 @@ class RouteWorker:
                       for item in stage.items]  # fmt: skip
             return generation_pb2.Prompt(token_ids=token_ids, images=images)
         await encode_all(self.peers, stage, deadline)
+        return self._embedded(token_ids, stage, grids)
+
+    def _embedded(self, token_ids: Sequence[int], stage: EncodeStage,
+                  grids: list[multimodal_pb2.ImageGrid]) -> generation_pb2.Prompt:  # fmt: skip
+        """The prompt with the encoders' embedding references (every item encoded)."""
         span = trace.get_current_span()
         span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
         span.set_attribute("epd.cache_hits", sum(r.cache_hit for r in stage.results.values()))
@@ -155,3 +223,23 @@ def _with_hash(media: Media, mm_hash: str) -> Media:
     item.CopyFrom(media)
     item.mm_hash = mm_hash
     return item
+
+
+async def _first_piece(pieces: AsyncIterator[Piece],
+                       encoding: asyncio.Future[None]) -> Piece | None:  # fmt: skip
+    """The first piece of ``pieces``, or None if they fail before it or ``encoding`` fails
+    first (the engine would wait for images that never come)."""
+    first = asyncio.ensure_future(anext(pieces))
+    try:
+        while not first.done():
+            waited: set[asyncio.Future[Any]] = {first} if encoding.done() else {first, encoding}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if encoding.done() and not encoding.cancelled() and encoding.exception() is not None:
+                return None  # NOTE: the caller awaits the encoding and raises its error
+        return first.result()
+    except (EpdError, StopAsyncIteration):
+        return None
+    finally:
+        if not first.done():
+            first.cancel()
+            await asyncio.wait([first])

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
+from epd.server.common.errors import InvalidArgument as InvalidArgumentError
 from epd.server.common.errors import Unavailable as ServerUnavailable
 from epd.server.common.server import ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
@@ -25,6 +26,7 @@ from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
 TOKEN = "s3cret"
+Route = tuple[str, FakePeers, PromptBuilder]
 
 
 def png(width: int = 64, height: int = 48) -> bytes:
@@ -34,14 +36,16 @@ def png(width: int = 64, height: int = 48) -> bytes:
 
 
 @pytest.fixture
-async def route(tiny_model_dir: Path) -> AsyncIterator[tuple[str, FakePeers, PromptBuilder]]:
+async def route(tiny_model_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[Route]:
+    """A route over fakes; ``indirect`` parametrisation sets ``pull_embeddings`` (default on)."""
     prompts = PromptBuilder(tiny_model_dir)
     peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
     worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
-                         grids=ImageGridder(tiny_model_dir))  # fmt: skip
+                         grids=ImageGridder(tiny_model_dir),
+                         pull_embeddings=getattr(request, "param", True))  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              route_service_pb2_grpc.add_RouteServiceServicer_to_server)
     server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))
@@ -50,16 +54,20 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[tuple[str, FakePeers, Pro
     await server.drain_and_stop(0)
 
 
-async def test_async_stream_delivers_text_tokens_and_usage(route) -> None:
+@pytest.mark.parametrize("route", [True, False], indirect=True, ids=["pulled", "handed-over"])
+async def test_async_stream_delivers_text_tokens_and_usage(route, request) -> None:
     endpoint, peers, prompts = route
+    pulled = request.node.callspec.params["route"]
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         chunks = [c async for c in client.stream([user("what?", images=[png(), png(30, 90)])],
                                                  max_tokens=5, request_id="r1")]  # fmt: skip
     assert "".join(c.text for c in chunks) == "a red square"
     assert chunks[-1].finish_reason == "length" and chunks[-1].request_id == "r1"
     (prefill,) = peers.engines["pd0"].calls
-    assert len(prefill[1].prompt.images) == 2
-    assert all(image.HasField("embeddings") for image in prefill[1].prompt.images)
+    images = prefill[1].prompt.images
+    assert len(images) == 2 and all(image.mm_hash and image.HasField("grid") for image in images)
+    sources = {image.WhichOneof("source") for image in images}
+    assert sources == ({"encoder"} if pulled else {"embeddings"})
     assert list(prefill[1].prompt.token_ids).count(prompts.image_pad_id) == 2
     released = [lease for e in peers.encoders.values() for lease in e.released]
     assert len(released) == 2
@@ -92,6 +100,31 @@ async def test_the_prefill_worker_is_chosen_while_the_images_are_encoded(route) 
     assert answer.text == "a red square"
     names = [name for name, _ in peers.scheduler.calls]
     assert names.index("ChoosePrefill") < names.index("CompleteEncoding")
+
+
+async def test_a_worker_that_cannot_fetch_gets_the_embeddings_handed_over(route) -> None:
+    endpoint, peers, _ = route
+    peers.encoders["enc0"] = FakeEncoder("enc0", ServerUnavailable("gone"))
+    peers.engines["pd0"].unreachable_encoders = {"enc0"}
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
+    assert answer.text == "a red square"
+    pulled, handed_over = (call for _, call in peers.engines["pd0"].calls)
+    assert pulled.prompt.images[0].encoder.endpoint == "enc0"
+    assert handed_over.prompt.images[0].embeddings.producer_endpoint == "enc1"
+    assert peers.encoders["enc1"].released == [handed_over.prompt.images[0].embeddings.lease_id]
+
+
+async def test_a_bad_image_fails_the_request_while_the_engine_waits_for_it(route) -> None:
+    endpoint, peers, _ = route
+    peers.encoders["enc0"] = FakeEncoder("enc0", InvalidArgumentError("bad", reason="BAD_IMAGE"))
+    peers.engines["pd0"].hold = asyncio.Event()  # NOTE: the engine would wait for ever
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        with pytest.raises(InvalidRequest) as caught:
+            await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
+    assert caught.value.reason == "BAD_IMAGE"
+    (stream,) = peers.engines["pd0"].streams
+    assert stream.is_cancelled
 
 
 async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:

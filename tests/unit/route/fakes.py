@@ -11,7 +11,7 @@ import grpc
 
 from epd.server.common.errors import EpdError, Unavailable
 from epd.server.common.status import to_rpc_status
-from epd.server.route.peers import BackgroundCalls
+from epd.server.common.tasks import BackgroundCalls
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -152,12 +152,14 @@ class FakeEncoder:
 @dataclass
 class FakeEngine:
     """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set;
-    Prefill answers once ``hold`` is set, if given."""
+    Prefill and PrefillDecode answer once ``hold`` is set, if given; a prompt naming one of
+    ``unreachable_encoders`` fails PrefillDecode (UNAVAILABLE) as a worker that cannot fetch."""
 
     tokens: list[int] = field(default_factory=lambda: [7, 8, 9])
     error: EpdError | None = None
     num_before_error: int = 0
     hold: asyncio.Event | None = None
+    unreachable_encoders: set[str] = field(default_factory=set)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
@@ -172,7 +174,13 @@ class FakeEngine:
 
     def PrefillDecode(self, request: Any, timeout: float | None = None) -> FakeStream:
         self.calls.append(("PrefillDecode", request))
-        return self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
+        sources = {image.encoder.endpoint for image in request.prompt.images}
+        if sources & self.unreachable_encoders:
+            self.streams.append(FakeStream([], Unavailable("encoder unreachable")))
+            return self.streams[-1]
+        stream = self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
+        stream.hold = self.hold
+        return stream
 
     async def Prefill(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("Prefill", request))
