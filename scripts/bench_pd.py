@@ -3,11 +3,15 @@ vLLM with raw images, on the same machine in the same run (ratios to monolithic)
 
 Paths (sequential requests = low load; every request has its own random image, so no cache hits):
 - monolithic: AsyncLLM.generate with the decoded image, in-process (vLLM runs the vision tower);
-- E/PD: Encode over gRPC (encode service, embeddings in shared memory) -> PrefillDecode over
-  gRPC to a prefill_decode worker on a plain vLLM engine (the same engine as monolithic);
+- E/PD: as the route does by default: Encode over gRPC to the encode service (embeddings in
+  shared memory), then PrefillDecode with the embeddings' references to a prefill_decode worker
+  on a plain vLLM engine (the same engine as monolithic);
+- E/PD pull: as the route with --pull-embeddings: Encode and, at the same time, PrefillDecode
+  naming the image's encoder; the worker fetches the embeddings there itself;
 - EPD: the raw image over gRPC to an encode_prefill worker (same engine);
 - E/P/D: Encode -> Prefill (KV producer) -> Decode (KV consumer; KV pulled over NIXL). TTFT is
   when Prefill returns the first token.
+Every path but monolithic first loads the image as the route does (decode, mm_hash, grid).
 All servers run in this process on loopback (each vLLM EngineCore in its own child process).
 
     .venv/bin/python scripts/bench_pd.py [--presets tiny,small] [--requests N] [--tokens N]
@@ -70,6 +74,10 @@ class Bench:
         from epd.server.decode.app import DecodeConfig, build_decode_server
         from epd.server.encode.app import EncodeConfig, build_encode_server
         from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+        from epd.server.media.grid import ImageGridder
+        from epd.server.media.hashing import processor_fingerprint
+        from epd.server.media.loader import MediaLoader
+        from epd.server.media.policy import MediaPolicy
         from epd.server.prefill.app import PrefillConfig, build_prefill_server
         from epd.server.prefill.service import Mode
         from epd.v1 import decode_service_pb2_grpc, encode_service_pb2_grpc
@@ -97,6 +105,10 @@ class Bench:
         encoder = await build_encode_server(EncodeConfig(self.model_dir, max_batch_wait_ms=0))
         self.host_id = encoder.plane.host_id
         self.encode = await serve(encoder, encode_service_pb2_grpc.EncodeServiceStub)
+        self.encoder_endpoint = f"127.0.0.1:{encoder.port}"
+        self.loader = MediaLoader(MediaPolicy(), model_id=encoder.worker.model_id,
+                                  processor_fingerprint=processor_fingerprint(self.model_dir))
+        self.gridder = ImageGridder(self.model_dir)
         self.aggregated = await serve(await build_prefill_server(
             PrefillConfig(self.model_dir), self.engine), prefill_grpc.PrefillServiceStub)
         raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
@@ -131,21 +143,66 @@ class Bench:
                                       Sampling(max_tokens=self.num_tokens, ignore_eos=True))
         return await timed((t async for c in chunks for t in c.token_ids), start)
 
-    async def encoded(self, data: bytes) -> Any:
-        from epd.v1 import encode_service_pb2, generation_pb2, multimodal_pb2
+    async def loaded(self, data: bytes) -> Any:
+        """The image as the route loads it: a MediaItem with its mm_hash, and its grid."""
+        from epd.v1 import multimodal_pb2
 
-        request = encode_service_pb2.EncodeRequest(
-            items=[multimodal_pb2.MediaItem(data=data)], consumer_host_id=self.host_id)
-        item = await self.encode.Encode(request).read()  # NOTE: as the route: no wait for the end
-        image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=item.grid,
-                                          embeddings=item.embeddings)  # fmt: skip
+        image = await self.loader.load(data=data)
+        t, h, w = self.gridder.grid(image.image)
+        item = multimodal_pb2.MediaItem(mm_hash=image.mm_hash, data=data)
+        return item, multimodal_pb2.ImageGrid(t=t, h=h, w=w)
+
+    def encode_call(self, item: Any) -> Any:
+        from epd.v1 import encode_service_pb2
+
+        return self.encode.Encode(encode_service_pb2.EncodeRequest(
+            items=[item], consumer_host_id=self.host_id))
+
+    async def encoded(self, data: bytes) -> Any:
+        """Encode, then a prompt with the embeddings' reference (the route's default way; the
+        stream's end is not waited for, as the route does not)."""
+        from epd.v1 import generation_pb2, multimodal_pb2
+
+        item, grid = await self.loaded(data)
+        result = await self.encode_call(item).read()
+        image = multimodal_pb2.ImageInput(mm_hash=result.mm_hash, grid=result.grid,
+                                          embeddings=result.embeddings)  # fmt: skip
         return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])
+
+    async def named(self, data: bytes) -> tuple[Any, Any]:
+        """A prompt naming the image's encoder, and the Encode call started beside it."""
+        from epd.v1 import generation_pb2, multimodal_pb2
+
+        item, grid = await self.loaded(data)
+        encoding = asyncio.ensure_future(self.encode_call(item).read())
+        image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=grid,
+                                          encoder=multimodal_pb2.EncoderSource(
+                                              endpoint=self.encoder_endpoint))  # fmt: skip
+        return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image]), encoding
 
     async def release(self, prompt: Any) -> None:
         from epd.v1 import encode_service_pb2
 
         await self.encode.Release(encode_service_pb2.ReleaseRequest(
             lease_ids=[image.embeddings.lease_id for image in prompt.images]))
+
+    async def release_encoded(self, encoding: Any) -> None:
+        from epd.v1 import encode_service_pb2
+
+        result = await encoding
+        await self.encode.Release(encode_service_pb2.ReleaseRequest(
+            lease_ids=[result.embeddings.lease_id]))
+
+    async def e_pd_pull(self, data: bytes, request_id: str) -> Timed:
+        from epd.v1 import prefill_service_pb2 as pb
+
+        start = time.perf_counter()
+        prompt, encoding = await self.named(data)
+        call = self.aggregated.PrefillDecode(pb.PrefillDecodeRequest(
+            request_id=request_id, prompt=prompt, sampling=self.sampling()))
+        result = await timed((t async for r in call for t in r.token_ids), start)
+        await self.release_encoded(encoding)
+        return result
 
     async def e_pd(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import prefill_service_pb2 as pb
@@ -163,7 +220,8 @@ class Bench:
         from epd.v1 import prefill_service_pb2 as pb
 
         start = time.perf_counter()
-        image = multimodal_pb2.ImageInput(media=multimodal_pb2.MediaItem(data=data))
+        item, grid = await self.loaded(data)
+        image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=grid, media=item)
         call = self.epd.PrefillDecode(pb.PrefillDecodeRequest(
             request_id=request_id, sampling=self.sampling(),
             prompt=generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])))
@@ -195,7 +253,8 @@ async def measure(preset_name: str, num_requests: int, num_tokens: int,
         model_dir = build_tiny_model(Path(folder) / preset_name, preset(preset_name))
         bench = Bench(model_dir, num_tokens)
         await bench.start(with_pd)
-        paths = {"monolithic": bench.monolithic, "E/PD": bench.e_pd, "EPD": bench.epd_raw}
+        paths = {"monolithic": bench.monolithic, "E/PD": bench.e_pd,
+                 "E/PD pull": bench.e_pd_pull, "EPD": bench.epd_raw}
         if with_pd:
             paths["E/P/D"] = bench.e_p_d
         results: dict[str, list[Timed]] = {name: [] for name in paths}
@@ -220,11 +279,11 @@ def summarise(timings: list[Timed]) -> dict[str, float]:
 
 def report(figures: dict[str, dict[str, dict[str, float]]]) -> None:
     header = f"{'TTFT ms':>8} {'x mono':>7} {'decode tok/s':>13} {'x mono':>7}"
-    print(f"{'preset':7} {'path':11} {header}")
+    print(f"{'preset':7} {'path':12} {header}")
     for preset_name, paths in figures.items():
         mono = paths["monolithic"]
         for name, row in paths.items():
-            print(f"{preset_name:7} {name:11} {row['ttft_ms']:8.1f} "
+            print(f"{preset_name:7} {name:12} {row['ttft_ms']:8.1f} "
                   f"{row['ttft_ms'] / mono['ttft_ms']:7.2f} {row['decode_tok_s']:13.1f} "
                   f"{row['decode_tok_s'] / mono['decode_tok_s']:7.2f}")
     print("target: E/PD TTFT <= 1.2x monolithic on tiny at low load")

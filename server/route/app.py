@@ -30,7 +30,7 @@ class RouteConfig:
     model_id: str = ""
     media: MediaPolicy = field(default_factory=MediaPolicy)
     http_port: int | None = None
-    pull_embeddings: bool = True
+    pull_embeddings: bool = False
 
 
 @dataclass

@@ -32,12 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
                              "off)")  # fmt: skip
     parser.add_argument("--pull-embeddings", action=argparse.BooleanOptionalAction,
-                        default=env("EPD_PULL_EMBEDDINGS", "1") != "0",
+                        default=env("EPD_PULL_EMBEDDINGS", "0") == "1",
                         help="send the prompt to the prefill worker while the images are "
                              "encoded; the worker fetches each image's embeddings from its "
-                             "encoder (falls back to handing them over if that fails). "
-                             "--no-pull-embeddings: wait for the encoders, then hand the "
-                             "embeddings over (env EPD_PULL_EMBEDDINGS=0; default on)")  # fmt: skip
+                             "encoder (handed over instead if that fails). Slower on a 2-core "
+                             "CPU box, where the encoder's loop is busy with the tower; meant "
+                             "for encoders with cores or a GPU to spare (env "
+                             "EPD_PULL_EMBEDDINGS=1; default off: the route waits for the "
+                             "encoders, then hands the embeddings over)")  # fmt: skip
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)

@@ -55,7 +55,7 @@ class RouteWorker:
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
                  model_id: str, host_id: str, grids: ImageGridder,
-                 pull_embeddings: bool = True) -> None:  # fmt: skip
+                 pull_embeddings: bool = False) -> None:  # fmt: skip
         """``pull_embeddings``: engines fetch embeddings from the encoders while the route
         waits for the encoding (see ``_pulled``); False: the route hands them over after it."""
         self.pull_embeddings = pull_embeddings
