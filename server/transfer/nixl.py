@@ -6,11 +6,14 @@ memory is registered for the lease (~0.08 ms with its metadata, measured; a 1 Mi
 about as much and a 16 MiB one ~2 ms) and their stamp sits in a registered arena of slots. Memory
 of a process that dies goes with it, so NIXL payloads cannot outlive their producer.
 
-Wire layout: each payload sits behind a 64-byte lease stamp, and the reference's descriptors are
-``[stamp (64 bytes), payload]``. The consumer READs both in one transfer and checks the stamp, so
-a reference whose lease was released (and whose buffer now holds another tensor) fails with
-NOT_FOUND instead of returning someone else's data. References whose descriptors add up to exactly
-``byte_size`` (no stamp: another producer) are read as they are.
+Wire layout: each payload sits behind a 64-byte lease stamp. A pooled block's stamp and payload
+are contiguous and travel as one descriptor ``[stamp + payload]``; a lent tensor's as
+``[stamp slot (64 bytes), payload]``. The consumer READs them in one transfer and checks the
+stamp, so a reference whose lease was released (and whose buffer now holds another tensor) fails
+with NOT_FOUND instead of returning someone else's data. References whose descriptors add up to
+exactly ``byte_size`` (no stamp: another producer) are read as they are. A single stamped
+descriptor names a pooled block, whose address comes back: the consumer keeps that READ prepared
+(``nixl_prepared``) and reposts it.
 
 Release: the consumer's READ carries the notification ``epd-release:<lease id>``; the producer
 frees the lease when the agent's progress thread delivers it (within a millisecond; ``held`` and
