@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.server.common.errors import InvalidArgument, NotFound
+from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.nixl_agent import NixlAgent
 
@@ -156,3 +156,47 @@ def test_a_consumer_closing_releases_remote_reads(
     producer, consumer, remote, local = pair
     read(consumer, producer, local, remote, 8)
     assert consumer.drop_prepared() == 2 and consumer.num_prepared == 1  # the local list stays
+
+
+def failing_transfer(error_name: str) -> object:
+    """A stand-in for ``nixl_agent.transfer`` that raises NIXL's exception of that name."""
+    error = type(error_name, (Exception,), {})
+
+    def transfer(handle: object, notif_msg: bytes = b"") -> str:
+        raise error("injected")
+
+    return transfer
+
+
+def test_a_failed_post_raises_typed_errors_and_releases_the_agents_reads(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    read(consumer, producer, local, remote, 8)
+    nixl = consumer._agent
+    monkeypatch.setattr(nixl, "transfer", failing_transfer("nixlNotFoundError"))
+    with pytest.raises(NotFound) as not_found:
+        read(consumer, producer, local, remote, 8)
+    assert not_found.value.reason == "NIXL_REGION_NOT_FOUND"
+    assert consumer.num_prepared == 1  # the local list alone
+    monkeypatch.setattr(nixl, "transfer", failing_transfer("nixlRemoteDisconnectError"))
+    with pytest.raises(Unavailable) as unavailable:
+        read(consumer, producer, local, remote, 8)
+    assert unavailable.value.reason == "NIXL_TRANSFER_FAILED"
+    assert consumer.num_prepared == 1
+    monkeypatch.undo()
+    with pytest.raises(NotFound):  # the peer was forgotten: its metadata must come again
+        read(consumer, producer, local, remote, 8)
+    consumer.connect(producer.name, producer.metadata(remote.address))
+    remote.fill(b"back")
+    assert read(consumer, producer, local, remote, 4) == b"back"
+
+
+def test_a_failed_post_of_a_one_off_read_is_typed_too(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    monkeypatch.setattr(consumer._agent, "transfer", failing_transfer("nixlRemoteDisconnectError"))
+    with pytest.raises(Unavailable) as unavailable:
+        consumer.read([(local.address, 8, 0)], [(remote.address, 8, 0)], producer.name)
+    assert unavailable.value.reason == "NIXL_TRANSFER_FAILED"
