@@ -27,6 +27,7 @@ class EncoderPulls:
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.background = BackgroundCalls()
+        self.num_fetched = 0
 
     async def fetch(self, endpoint: str, mm_hash: str,
                     consumer_host_id: str) -> tensor_pb2.TensorRef:  # fmt: skip
@@ -43,6 +44,7 @@ class EncoderPulls:
             raise Unavailable(f"encoder {endpoint} answered nothing for {mm_hash}",
                               reason="ENCODER_NO_ANSWER")  # fmt: skip
         embeddings: tensor_pb2.TensorRef = response.embeddings
+        self.num_fetched += 1
         return embeddings
 
     def release(self, endpoint: str, lease_ids: list[str]) -> None:

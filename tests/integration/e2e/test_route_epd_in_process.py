@@ -38,6 +38,8 @@ async def deployment(tiny_model_dir):
     prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint),
                                          engine)  # fmt: skip
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
+    pulling = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny",
+                                                   pull_embeddings=True))  # fmt: skip
     async with create_channel(endpoint) as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
         for _ in range(200):
@@ -45,8 +47,12 @@ async def deployment(tiny_model_dir):
                 break
             await asyncio.sleep(0.05)
     channel = create_channel(f"127.0.0.1:{route.port}")
-    yield route_service_pb2_grpc.RouteServiceStub(channel), encoders, route
+    pulling_channel = create_channel(f"127.0.0.1:{pulling.port}")
+    yield (route_service_pb2_grpc.RouteServiceStub(channel), encoders, route,
+           (route_service_pb2_grpc.RouteServiceStub(pulling_channel), prefill))
     await channel.close()
+    await pulling_channel.close()
+    await pulling.stop()
     await route.stop()
     await prefill.stop()
     await engine.close()
@@ -67,7 +73,7 @@ def chat_request(images: list[Image.Image], text: str,
 
 
 async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir) -> None:
-    stub, encoders, _ = deployment
+    stub, encoders, _, _ = deployment
     images = [picture(1, 96, 64), picture(2, 60, 90)]
     request = chat_request(images, "describe this picture", max_tokens=12, ignore_eos=True)
     responses = [r async for r in stub.Generate(request)]
@@ -83,15 +89,34 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
     assert all(encoder.plane.held() == [] for encoder in encoders)
 
 
+async def test_embeddings_fetched_by_the_worker_give_the_reference_answer(
+        deployment, tiny_model_dir) -> None:  # fmt: skip
+    _, encoders, _, (pulling, prefill) = deployment
+    images = [picture(5, 96, 64), picture(6, 60, 90)]  # NOTE: new to the encoders: no cache hit
+    request = chat_request(images, "what is in it", max_tokens=12, ignore_eos=True)
+    tokens = [t async for r in pulling.Generate(request) for t in r.token_ids]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                             {"type": "text", "text": "what is in it"}]}]
+    expected = ReferenceEngine(tiny_model_dir).generate(messages, images, max_tokens=12,
+                                                        ignore_eos=True)  # fmt: skip
+    assert tokens == expected.token_ids
+    assert prefill.encoders.num_fetched == 2
+    for _ in range(100):  # NOTE: the worker releases what it fetched in the background
+        if all(encoder.plane.held() == [] for encoder in encoders):
+            break
+        await asyncio.sleep(0.05)
+    assert all(encoder.plane.held() == [] for encoder in encoders)
+
+
 async def test_list_models_shows_the_deployment(deployment) -> None:
-    stub, _, _ = deployment
+    stub, _, _, _ = deployment
     reply = await stub.ListModels(route_service_pb2.ListModelsRequest())
     (card,) = reply.models
     assert card.id == "tiny" and dict(card.worker_counts) == {"encode": 2, "prefill_decode": 1}
 
 
 async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
-    stub, encoders, _ = deployment
+    stub, encoders, _, _ = deployment
     request = chat_request([], "hi")
     request.messages[0].content.insert(0, route_service_pb2.ContentPart(
         image=multimodal_pb2.MediaItem(data=b"not an image")))
@@ -115,7 +140,7 @@ def openai_messages(images: list[Image.Image], text: str) -> list[dict[str, obje
 async def test_openai_client_chat_completion_equals_the_grpc_answer(deployment) -> None:
     import openai
 
-    stub, _, route = deployment
+    stub, _, route, _ = deployment
     images = [picture(1, 96, 64), picture(2, 60, 90)]
     expected = [r async for r in stub.Generate(chat_request(images, "describe this picture",
                                                             max_tokens=12))]  # fmt: skip
@@ -138,7 +163,7 @@ async def test_openai_client_chat_completion_equals_the_grpc_answer(deployment) 
 async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> None:
     import openai
 
-    _, encoders, route = deployment
+    _, encoders, route, _ = deployment
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
