@@ -123,6 +123,13 @@ class RouteWorker:
             assign_encoders(self.peers, stage, everything, [], call.deadline),
             choose_prefill(self.peers, call))  # fmt: skip
         endpoints = {everything[a.item_index]: a.endpoint for a in assignment.assignments}
+        if len(endpoints) < len(everything):  # NOTE: not every image placed: encode first
+            await encode_all(self.peers, stage, call.deadline, assignment)
+            embedded = self._embedded(call.prompt.token_ids, stage, grids)
+            async for piece in stream_tokens(self.peers, replace(call, prompt=embedded),
+                                             lambda: release_all(self.peers, stage), choice):
+                yield piece
+            return
         images = [multimodal_pb2.ImageInput(
             mm_hash=item.mm_hash, grid=grid,
             encoder=multimodal_pb2.EncoderSource(endpoint=endpoints[i]))
@@ -142,6 +149,7 @@ class RouteWorker:
                 yield first
                 async for piece in pulled:
                     yield piece
+                await asyncio.wait([encoding])  # NOTE: its leases are released after the answer
                 return
             await encoding
             embedded = self._embedded(call.prompt.token_ids, stage, grids)
@@ -150,7 +158,7 @@ class RouteWorker:
                 yield piece
         finally:
             await pulled.aclose()
-            encoding.cancel()
+            encoding.cancel()  # NOTE: a no-op once it ended; stops it when the request failed
             await asyncio.wait([encoding])
             if not encoding.cancelled():
                 encoding.exception()  # NOTE: retrieved; a failure was raised above if it mattered

@@ -115,6 +115,38 @@ async def test_a_worker_that_cannot_fetch_gets_the_embeddings_handed_over(route)
     assert peers.encoders["enc1"].released == [handed_over.prompt.images[0].embeddings.lease_id]
 
 
+async def test_an_answer_faster_than_the_encoding_waits_for_it_and_releases(route) -> None:
+    endpoint, peers, _ = route
+    encoded = asyncio.Event()
+    peers.encoders["enc0"] = FakeEncoder("enc0", hold=encoded)  # NOTE: the engine does not wait
+    asyncio.get_running_loop().call_later(0.3, encoded.set)
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
+    assert answer.text == "a red square"
+    (stream,) = peers.encoders["enc0"].streams
+    assert stream.num_yielded == 1 and not stream.is_cancelled
+    assert len(peers.encoders["enc0"].released) == 1
+
+
+async def test_images_left_unplaced_are_encoded_before_the_prompt_is_sent(route) -> None:
+    endpoint, peers, _ = route
+    assign = peers.scheduler.AssignEncoders
+
+    async def place_only_the_first(request, timeout=None):  # type: ignore[no-untyped-def]
+        reply = await assign(request, timeout)
+        del reply.assignments[1:]
+        return reply
+
+    peers.scheduler.AssignEncoders = place_only_the_first  # type: ignore[method-assign]
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        answer = await asyncio.wait_for(
+            client.generate([user("hi", images=[png(), png(30, 90)])]), 10)  # fmt: skip
+    assert answer.text == "a red square"
+    (prefill,) = peers.engines["pd0"].calls
+    assert [image.WhichOneof("source") for image in prefill[1].prompt.images] == [
+        "embeddings", "embeddings"]
+
+
 async def test_a_bad_image_fails_the_request_while_the_engine_waits_for_it(route) -> None:
     endpoint, peers, _ = route
     peers.encoders["enc0"] = FakeEncoder("enc0", InvalidArgumentError("bad", reason="BAD_IMAGE"))
