@@ -96,6 +96,26 @@ def create_channel(
     )
 
 
+class ChannelPool:
+    """Channels to peers, opened on first use (one per endpoint, same token) and closed together."""
+
+    def __init__(self, auth_token: str | None = None) -> None:
+        self._auth_token = auth_token
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, endpoint: str) -> grpc.aio.Channel:
+        """The channel to ``endpoint``, opened now if it is the first call."""
+        if endpoint not in self._channels:
+            self._channels[endpoint] = create_channel(endpoint, auth_token=self._auth_token)
+        return self._channels[endpoint]
+
+    async def close(self) -> None:
+        """Close every channel opened so far."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
 async def wait_for_health(
     endpoint: str,
     *,

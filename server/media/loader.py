@@ -51,14 +51,19 @@ class MediaLoader:
             key = "url:" + url
         else:
             key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
-        if data and _decodes_inline(data):
+        if not data:
+            return await self.cache.get_or_load(key, lambda: self._fetch_and_load(url))
+        if _decodes_inline(data):
             return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
-        return await self.cache.get_or_load(key, lambda: self._load(url, data))
+        return await self.cache.get_or_load(key, lambda: self._off_loop(data))
 
-    async def _load(self, url: str, data: bytes) -> LoadedImage:
-        raw = await fetch_url(url, self.policy) if url else data
+    async def _fetch_and_load(self, url: str) -> LoadedImage:
+        raw = await fetch_url(url, self.policy)
         if _decodes_inline(raw):
             return self._decode_and_hash(raw)
+        return await self._off_loop(raw)
+
+    async def _off_loop(self, raw: bytes) -> LoadedImage:
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
         return await asyncio.to_thread(self._decode_and_hash, raw)
 

@@ -7,7 +7,7 @@ import logging
 
 import grpc
 
-from epd.server.common.channels import create_channel
+from epd.server.common.channels import ChannelPool
 from epd.server.common.errors import Unavailable
 from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import BackgroundCalls
@@ -23,9 +23,8 @@ class EncoderPulls:
 
     def __init__(self, auth_token: str | None = None, *, timeout_s: float = 60.0) -> None:
         """``timeout_s`` bounds one fetch, including the wait for the image to arrive."""
-        self._auth_token = auth_token
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool(auth_token)
         self.background = BackgroundCalls()
         self.num_fetched = 0
 
@@ -55,9 +54,7 @@ class EncoderPulls:
     async def close(self) -> None:
         """Wait for releases in flight, then close every channel."""
         await self.background.settle()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     async def _release(self, endpoint: str, lease_ids: list[str]) -> None:
         try:
@@ -67,6 +64,4 @@ class EncoderPulls:
             logger.warning("release at %s failed (%s); leases will expire", endpoint, e.details())
 
     def _stub(self, endpoint: str) -> encode_grpc.EncodeServiceStub:
-        if endpoint not in self._channels:
-            self._channels[endpoint] = create_channel(endpoint, auth_token=self._auth_token)
-        return encode_grpc.EncodeServiceStub(self._channels[endpoint])
+        return encode_grpc.EncodeServiceStub(self._channels.get(endpoint))

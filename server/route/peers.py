@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from epd.server.common.channels import create_channel
+from epd.server.common.channels import ChannelPool
 from epd.server.common.tasks import BackgroundCalls
 from epd.v1 import (
     decode_service_pb2_grpc,
@@ -18,8 +18,7 @@ class Peers:
     """Lazily opened channels keyed by endpoint, with typed stubs."""
 
     def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
-        self._auth_token = auth_token
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool(auth_token)
         self.background = BackgroundCalls()
         self.scheduler = scheduler_service_pb2_grpc.SchedulerServiceStub(
             self._channel(scheduler_endpoint))
@@ -39,11 +38,7 @@ class Peers:
     async def close(self) -> None:
         """Wait for background calls, then close every channel."""
         await self.background.settle()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
-        if endpoint not in self._channels:
-            self._channels[endpoint] = create_channel(endpoint, auth_token=self._auth_token)
-        return self._channels[endpoint]
+        return self._channels.get(endpoint)

@@ -108,9 +108,15 @@ class RouteWorker:
         prompt, choice = await concurrently(
             self._prompt(list(call.prompt.token_ids), stage, call.plan, grids, call.deadline),
             choose_prefill(self.peers, call))  # fmt: skip
-        async for piece in stream_tokens(self.peers, replace(call, prompt=prompt),
-                                         lambda: release_all(self.peers, stage), choice):
+        async for piece in self._stream(call, prompt, stage, choice):
             yield piece
+
+    def _stream(self, call: EngineCall, prompt: generation_pb2.Prompt, stage: EncodeStage,
+                choice: scheduler_pb.ChoosePrefillResponse | None = None,
+                ) -> AsyncGenerator[Piece, None]:  # fmt: skip
+        """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
+        return stream_tokens(self.peers, replace(call, prompt=prompt),
+                             lambda: release_all(self.peers, stage), choice)
 
     async def _pulled(self, call: EngineCall, stage: EncodeStage,
                       grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
@@ -126,8 +132,7 @@ class RouteWorker:
         if len(endpoints) < len(everything):  # NOTE: not every image placed: encode first
             await encode_all(self.peers, stage, call.deadline, assignment)
             embedded = self._embedded(call.prompt.token_ids, stage, grids)
-            async for piece in stream_tokens(self.peers, replace(call, prompt=embedded),
-                                             lambda: release_all(self.peers, stage), choice):
+            async for piece in self._stream(call, embedded, stage, choice):
                 yield piece
             return
         images = [multimodal_pb2.ImageInput(
@@ -153,8 +158,7 @@ class RouteWorker:
                 return
             await encoding
             embedded = self._embedded(call.prompt.token_ids, stage, grids)
-            async for piece in stream_tokens(self.peers, replace(call, prompt=embedded),
-                                             lambda: release_all(self.peers, stage)):  # fmt: skip
+            async for piece in self._stream(call, embedded, stage):
                 yield piece
         finally:
             await pulled.aclose()
@@ -202,7 +206,7 @@ class RouteWorker:
         return self._embedded(token_ids, stage, grids)
 
     def _embedded(self, token_ids: Sequence[int], stage: EncodeStage,
-                  grids: list[multimodal_pb2.ImageGrid]) -> generation_pb2.Prompt:  # fmt: skip
+                  grids: list[Grid]) -> generation_pb2.Prompt:  # fmt: skip
         """The prompt with the encoders' embedding references (every item encoded)."""
         span = trace.get_current_span()
         span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
