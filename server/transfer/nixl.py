@@ -37,7 +37,7 @@ from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_leas
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
 from epd.server.transfer.shm import HEADER_BYTES
-from epd.server.transfer.tensors import check_ref, copy_payload, describe
+from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, shaped
 from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
@@ -84,16 +84,21 @@ class NixlProducer(TensorProducer):
         self._pool: RegisteredPool | None = None
         self._stamps: StampArena | None = None
         self._leases: LeaseTable[Block | Lent] = LeaseTable(clock)
+        self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
         self.num_lent = 0
 
     def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
+        started = self._started
+        if started is not None:
+            return started
         with self._lock:
-            if self._agent is None or self._pool is None:
-                self._agent = self._agent_factory()
-                self._pool = RegisteredPool(self._agent, self._max_idle)
-                self._agent.add_listener(self._on_notification)
-            return self._agent, self._pool
+            if self._started is None:
+                agent = self._agent = self._agent_factory()
+                self._pool = RegisteredPool(agent, self._max_idle)
+                agent.add_listener(self._on_notification)
+                self._started = (agent, self._pool)
+            return self._started
 
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
         agent, pool = self._ensure_started()
@@ -104,8 +109,7 @@ class NixlProducer(TensorProducer):
         block = pool.acquire(ref.byte_size)
         copy_payload(block.address + HEADER_BYTES, tensor)
         info = self._leases.add(block, kind=self.kind, byte_size=ref.byte_size,
-                                location=f"{agent.name}@{block.address:#x}",
-                                ttl_s=ttl_s or self.ttl_s)  # fmt: skip
+                                location=block.location, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
         block.stamp(info.lease_id)
         location = ref.nixl
         location.agent_name = agent.name
@@ -216,41 +220,55 @@ class NixlConsumer(TensorConsumer):
         self._max_idle = max_idle_bytes
         self._agent: NixlAgent | None = None
         self._pool: RegisteredPool | None = None
+        self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
 
     def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
+        started = self._started
+        if started is not None:
+            return started
         with self._lock:
-            if self._agent is None or self._pool is None:
-                self._agent = self._agent_factory()
-                self._pool = RegisteredPool(self._agent, self._max_idle)
-            return self._agent, self._pool
+            if self._started is None:
+                agent = self._agent = self._agent_factory()
+                self._pool = RegisteredPool(agent, self._max_idle)
+                self._started = (agent, self._pool)
+            return self._started
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         dtype = check_ref(ref)
         remote, is_stamped = remote_regions(ref)
         agent, pool = self._ensure_started()
-        agent.connect(ref.nixl.agent_name, ref.nixl.agent_metadata)
-        block = pool.acquire(ref.byte_size)
+        location = ref.nixl
+        agent_name, lease_id, byte_size = location.agent_name, ref.lease_id, ref.byte_size
+        agent.connect(agent_name, location.agent_metadata)
+        block = pool.acquire(byte_size)
         local = mirror(remote, block.address if is_stamped else block.address + HEADER_BYTES)
-        notification = RELEASE_PREFIX + ref.lease_id.encode() if self.release_after_read else b""
+        notification = RELEASE_PREFIX + lease_id.encode() if self.release_after_read else b""
         # NOTE: one stamped region is a pooled block of the producer's: its address comes back.
         recurring = is_stamped and len(remote) == 1
         try:
-            agent.read(local, remote, ref.nixl.agent_name, notification=notification,
-                       remote_memory_type=_MEMORY_TYPES[ref.nixl.memory_type],
+            agent.read(local, remote, agent_name, notification=notification,
+                       remote_memory_type=_MEMORY_TYPES[location.memory_type],
                        timeout_s=self.timeout_s, recurring=recurring)  # fmt: skip
-            if is_stamped and not block.is_stamped(ref.lease_id):
-                raise NotFound(f"lease {ref.lease_id} was released: its NIXL buffer no longer "
-                               "holds the payload", reason="LEASE_RELEASED")  # fmt: skip
+            if is_stamped and not block.is_stamped(lease_id):
+                raise NotFound(f"lease {lease_id} was released: its NIXL buffer no longer holds "
+                               "the payload", reason="LEASE_RELEASED")  # fmt: skip
+            # NOTE: a small payload is copied into a bytearray that torch.frombuffer wraps: no
+            # torch.empty (15-30 us as the first tensor call of a process just woken, 5 us warm).
+            small = (bytearray(memoryview(block.memory)[HEADER_BYTES:HEADER_BYTES + byte_size])
+                     if byte_size <= SMALL_COPY_BYTES else None)  # fmt: skip
         except BaseException:
             pool.give_back(block)
             raise
-        return self._lend(pool, block, ref, dtype, copy)
+        if small is None:
+            return self._lend(pool, block, ref, dtype, copy)
+        pool.give_back(block)
+        return from_bytes(small, ref, dtype)
 
     def _lend(self, pool: RegisteredPool, block: Block, ref: tensor_pb2.TensorRef,
               dtype: torch.dtype, copy: bool) -> torch.Tensor:  # fmt: skip
         shape = tuple(ref.shape)
-        if copy or ref.byte_size <= SMALL_COPY_BYTES:
+        if copy:
             payload = torch.empty(shape, dtype=dtype)
             ctypes.memmove(payload.data_ptr(), block.address + HEADER_BYTES, ref.byte_size)
             pool.give_back(block)
@@ -261,7 +279,7 @@ class NixlConsumer(TensorConsumer):
         weakref.finalize(array, pool.give_back, block)
         payload = torch.frombuffer(array, dtype=torch.uint8, offset=HEADER_BYTES,
                                    count=ref.byte_size)  # fmt: skip
-        return payload.view(dtype).reshape(shape)
+        return shaped(payload.view(dtype), shape)
 
     @property
     def num_outstanding(self) -> int:

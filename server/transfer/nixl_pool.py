@@ -23,12 +23,14 @@ BLANK_STAMP = bytes(HEADER_BYTES)
 
 @dataclass(slots=True)
 class Block:
-    """One registered buffer: a 64-byte stamp, then up to ``capacity - 64`` payload bytes."""
+    """One registered buffer: a 64-byte stamp, then up to ``capacity - 64`` payload bytes;
+    ``location`` names it in lease listings (``agent@address``)."""
 
     capacity: int
     memory: mmap.mmap
     view: torch.Tensor
     address: int
+    location: str
 
     def stamp(self, lease_id: str) -> None:
         self.memory[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
@@ -62,7 +64,8 @@ class RegisteredPool:
             self.num_created += 1
         memory = mmap.mmap(-1, capacity)
         view = torch.frombuffer(memory, dtype=torch.uint8)
-        block = Block(capacity, memory, view, view.data_ptr())
+        address = view.data_ptr()
+        block = Block(capacity, memory, view, address, f"{self._agent.name}@{address:#x}")
         self._agent.register(block.address, capacity)
         return block
 

@@ -120,12 +120,17 @@ class DataPlane:
             ttl_s: float | None = None) -> tensor_pb2.TensorRef:  # fmt: skip
         """Hand ``tensor`` over for a consumer on ``consumer_host_id``; returns the reference."""
         kind = self.choose(consumer_host_id, preferred)
-        num_bytes = tensor.numel() * tensor.element_size()
-        if kind == tensor_pb2.TRANSFER_KIND_INLINE and num_bytes > self.max_inline_bytes:
-            raise InvalidArgument(f"{num_bytes} bytes is too large to send inline (limit "
+        if kind == tensor_pb2.TRANSFER_KIND_INLINE and tensor.nbytes > self.max_inline_bytes:
+            raise InvalidArgument(f"{tensor.nbytes} bytes is too large to send inline (limit "
                                   f"{self.max_inline_bytes}); run producer and consumer on one "
                                   "host or enable nixl", reason="INLINE_TOO_LARGE")  # fmt: skip
-        return self.producers[kind].put(tensor.detach().cpu(), ttl_s=ttl_s)
+        # NOTE: detach() and cpu() only where they change something: each is a dispatched tensor
+        # call (a few us warm, several times that in a process just woken by a request).
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        if not tensor.is_cpu:
+            tensor = tensor.cpu()
+        return self.producers[kind].put(tensor, ttl_s=ttl_s)
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         """The tensor behind ``ref``: a view valid until its lease is released, or a copy."""

@@ -43,17 +43,17 @@ def copy_payload(address: int, tensor: torch.Tensor) -> None:
     NOTE: ``Tensor.copy_`` splits large copies across torch's intra-op threads; on a small,
     busy machine a thread that is not scheduled stalls the copy (64 KiB took 2-20 ms
     instead of 6 us here)."""
-    source = tensor.detach().cpu() if tensor.device.type != "cpu" else tensor
+    source = tensor if tensor.is_cpu else tensor.detach().cpu()
     source = source if source.is_contiguous() else source.contiguous()
-    num_bytes = source.numel() * source.element_size()
+    num_bytes = source.nbytes
     if num_bytes:
         ctypes.memmove(address, source.data_ptr(), num_bytes)
 
 
 def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
     """A TensorRef with dtype, shape and byte size of ``tensor`` and no location yet."""
-    return tensor_pb2.TensorRef(dtype=scalar_type(tensor.dtype), shape=list(tensor.shape),
-                                byte_size=tensor.numel() * tensor.element_size())  # fmt: skip
+    return tensor_pb2.TensorRef(dtype=scalar_type(tensor.dtype), shape=tensor.shape,
+                                byte_size=tensor.nbytes)  # fmt: skip
 
 
 def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
@@ -80,7 +80,19 @@ def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
 
 def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of ``ref``'s dtype and shape viewing ``buffer`` (writable, no copy)."""
+    shape = tuple(ref.shape)
     if ref.byte_size == 0:
-        return torch.empty(tuple(ref.shape), dtype=dtype)
+        return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(buffer, dtype=dtype, count=ref.byte_size // ITEM_SIZES[dtype])  # type: ignore[call-overload]
-    return flat.reshape(tuple(ref.shape))
+    return shaped(flat, shape)
+
+
+def shaped(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``flat`` (1-D, as many elements as ``shape`` holds) viewed as ``shape``.
+
+    NOTE: ``view(*sizes)`` parses its arguments faster than ``view(shape)`` or ``reshape``
+    (3 against 4.5 us warm here, 15-25 us less as the first tensor call of a process just woken
+    by a request); a 1-D shape needs no view at all."""
+    if len(shape) == 1:
+        return flat
+    return flat.view(*shape) if shape else flat.view(())

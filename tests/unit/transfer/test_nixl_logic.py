@@ -195,3 +195,24 @@ def test_small_payloads_come_back_as_private_copies(agent: FakeAgent) -> None:
     producer.close()
     consumer.close()
     assert agent.registered == set()
+
+
+SMALL_TENSORS = [torch.tensor(2.5), torch.arange(6.0).reshape(2, 3), torch.zeros(0, 4),
+                 torch.arange(5, dtype=torch.int32)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tensor", SMALL_TENSORS)
+def test_small_payloads_come_back_as_private_tensors_of_their_shape(agent: FakeAgent,
+                                                                    tensor: torch.Tensor) -> None:
+    producer = make_producer(agent)
+    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    ref = producer.put(tensor)
+    got = consumer.get(ref)
+    assert got.shape == tensor.shape and got.dtype == tensor.dtype and torch.equal(got, tensor)
+    assert consumer.num_outstanding == 0  # the receive block went back at once
+    got.add_(1)  # private and writable
+    agent.poll()
+    assert producer.held() == []
+    producer.close()
+    consumer.close()
+    assert agent.registered == set()

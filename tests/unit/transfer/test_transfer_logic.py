@@ -141,3 +141,29 @@ def test_two_planes_in_one_process_never_share_a_segment_name() -> None:
         assert torch.equal(plane.get(ref), torch.ones(8))
         plane.release([ref.lease_id])
         plane.close()
+
+
+def test_lease_ids_are_unique_across_threads_and_forks() -> None:
+    import os
+    import threading
+
+    from epd.server.transfer.leases import new_lease_id
+
+    drawn: list[str] = []
+    threads = [threading.Thread(target=lambda: drawn.extend(new_lease_id() for _ in range(600)))
+               for _ in range(4)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(drawn)) == len(drawn) == 2400
+    assert all(len(lease_id) == 32 and int(lease_id, 16) >= 0 for lease_id in drawn)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write_end, new_lease_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 64).decode() != new_lease_id()  # the child drew its own
+    os.close(read_end)
+    os.close(write_end)
