@@ -13,6 +13,8 @@ Paths (sequential requests = low load; every request has its own random image, s
   when Prefill returns the first token.
 Every path but monolithic first loads the image as the route does (decode, mm_hash, grid).
 All servers run in this process on loopback (each vLLM EngineCore in its own child process).
+Calls go through the clients the route uses: call sessions (one open stream per server and method)
+unless EPD_CALL_SESSIONS=0 is set, which makes every call its own RPC.
 
     .venv/bin/python scripts/bench_pd.py [--presets tiny,small] [--requests N] [--tokens N]
                                          [--no-pd] [--json]
@@ -71,6 +73,7 @@ class Bench:
 
     async def start(self, with_pd: bool) -> None:
         from epd.server.common.channels import create_channel
+        from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient
         from epd.server.decode.app import DecodeConfig, build_decode_server
         from epd.server.encode.app import EncodeConfig, build_encode_server
         from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
@@ -80,8 +83,6 @@ class Bench:
         from epd.server.media.policy import MediaPolicy
         from epd.server.prefill.app import PrefillConfig, build_prefill_server
         from epd.server.prefill.service import Mode
-        from epd.v1 import decode_service_pb2_grpc, encode_service_pb2_grpc
-        from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 
         def options(role: str | None) -> VllmOptions:
             return VllmOptions(kv_role=role, kv_cache_bytes=128 << 20, max_model_len=4096)
@@ -96,29 +97,30 @@ class Bench:
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
 
-        async def serve(app: Any, stub_class: Any) -> Any:
+        async def serve(app: Any, client_class: Any) -> Any:
             self.closers.insert(0, app.stop)
             channel = create_channel(f"127.0.0.1:{app.port}")
-            self.closers.insert(0, channel.close)
-            return stub_class(channel)
+            client = client_class(channel)
+            self.closers[:0] = [client.close, channel.close]
+            return client
 
         encoder = await build_encode_server(EncodeConfig(self.model_dir, max_batch_wait_ms=0))
         self.host_id = encoder.plane.host_id
-        self.encode = await serve(encoder, encode_service_pb2_grpc.EncodeServiceStub)
+        self.encode = await serve(encoder, EncoderClient)
         self.encoder_endpoint = f"127.0.0.1:{encoder.port}"
         self.loader = MediaLoader(MediaPolicy(), model_id=encoder.worker.model_id,
                                   processor_fingerprint=processor_fingerprint(self.model_dir))
         self.gridder = ImageGridder(self.model_dir)
         self.aggregated = await serve(await build_prefill_server(
-            PrefillConfig(self.model_dir), self.engine), prefill_grpc.PrefillServiceStub)
+            PrefillConfig(self.model_dir), self.engine), PrefillClient)
         raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
         self.epd = await serve(await build_prefill_server(raw_config, self.engine),
-                               prefill_grpc.PrefillServiceStub)  # fmt: skip
+                               PrefillClient)  # fmt: skip
         if with_pd:
             self.prefill = await serve(await build_prefill_server(PrefillConfig(
-                self.model_dir, mode=Mode.PREFILL), engines[1]), prefill_grpc.PrefillServiceStub)
+                self.model_dir, mode=Mode.PREFILL), engines[1]), PrefillClient)
             self.decode = await serve(await build_decode_server(DecodeConfig(), engines[2]),
-                                      decode_service_pb2_grpc.DecodeServiceStub)  # fmt: skip
+                                      DecodeClient)  # fmt: skip
 
     async def close(self) -> None:
         for close in self.closers:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -96,12 +96,32 @@ def create_channel(
     )
 
 
+class PeerClient(Protocol):
+    """A client over one channel that holds calls open (sessions), closed before the channel."""
+
+    async def close(self) -> None:
+        """Stop using the channel."""
+        ...
+
+
+Client = TypeVar("Client", bound=PeerClient)
+
+
 class ChannelPool:
-    """Channels to peers, opened on first use (one per endpoint, same token) and closed together."""
+    """Channels to peers, opened on first use (one per endpoint, same token) and closed together,
+    and the clients made over them (one per endpoint and kind, so their sessions are shared)."""
 
     def __init__(self, auth_token: str | None = None) -> None:
         self._auth_token = auth_token
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._clients: dict[tuple[str, type], PeerClient] = {}
+
+    def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel], Client]) -> Client:
+        """The ``kind`` client of ``endpoint``, made on first use."""
+        key = (endpoint, cast(type, kind))
+        if key not in self._clients:
+            self._clients[key] = kind(self.get(endpoint))
+        return cast(Client, self._clients[key])
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
         """The channel to ``endpoint``, opened now if it is the first call."""
@@ -110,7 +130,10 @@ class ChannelPool:
         return self._channels[endpoint]
 
     async def close(self) -> None:
-        """Close every channel opened so far."""
+        """Close every client, then every channel opened so far."""
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from epd.server.common.auth import BearerTokenInterceptor
+from epd.server.common.sessions import SessionDrain
 from epd.server.common.telemetry import traces_rpcs
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,9 @@ async def build_server(bindings: Sequence[ServiceBinding],
     )  # fmt: skip
     port = _bind(server, options)
     epd_server = EpdServer(server, port, names, health_servicer, options)
+    for binding in bindings:
+        if isinstance(sessions := getattr(binding.servicer, "sessions", None), SessionDrain):
+            epd_server.add_drain_callback(sessions.start)
     await epd_server.mark_not_serving()
     await server.start()
     logger.info("serving %s on %s:%d", ", ".join(names), options.host, port)

@@ -7,6 +7,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.decode.service import DecodeWorker
 from epd.server.prefill import convert
@@ -21,6 +22,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: DecodeWorker) -> None:
         self.worker = worker
+        self.sessions = SessionDrain()
 
     @handle_errors
     async def Decode(self, request: pb.DecodeRequest,
@@ -36,3 +38,9 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
             num_tokens += len(chunk.token_ids)
             yield pb.DecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)
+
+    async def DecodeSession(
+        self, frames: AsyncIterator[pb.DecodeSessionRequest], context: Context
+    ) -> None:
+        await serve_session(frames, context, self.Decode, pb.DecodeSessionResponse,
+                            self.sessions, final=convert.finishes)

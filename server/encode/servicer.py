@@ -7,6 +7,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.encode.service import EncodeWorker, MediaSource
 from epd.v1 import encode_service_pb2 as pb
@@ -21,6 +22,7 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: EncodeWorker) -> None:
         self.worker = worker
+        self.sessions = SessionDrain()
 
     @handle_errors
     async def Encode(self, request: pb.EncodeRequest,
@@ -51,6 +53,16 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         span.set_attribute("epd.batch_size", largest_batch)
         span.set_attribute("epd.bytes", num_bytes)
 
+    async def EncodeSession(
+        self, frames: AsyncIterator[pb.EncodeSessionRequest], context: Context
+    ) -> None:
+        await serve_session(frames, context, self.Encode, pb.EncodeSessionResponse,
+                            self.sessions, final=_all_items)
+
     @handle_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
         return pb.ReleaseResponse(num_released=self.worker.release(list(request.lease_ids)))
+
+
+def _all_items(request: pb.EncodeRequest, count: int, _: pb.EncodeResponse) -> bool:
+    return count == len(request.items)

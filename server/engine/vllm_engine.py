@@ -51,6 +51,7 @@ from epd.server.engine.vllm_inputs import (
     SideChannel,
     kv_transfer_config,
     multi_modal_data,
+    multi_modal_uuids,
     restore_ints,
     sampling_params,
 )  # fmt: skip
@@ -259,11 +260,9 @@ class VllmEngine(Engine):
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
         if images:
             prompt["multi_modal_data"] = multi_modal_data(images, self.layout)
-            if any(image.embeddings is None and image.image is None for image in images):
-                # NOTE: placeholder embeddings (decode) must not share cache entries with real
-                # ones: name them by the route's mm_hash, else uniquely per request.
-                prompt["multi_modal_uuids"] = {"image": [
-                    image.mm_hash or f"{request_id}-{i}" for i, image in enumerate(images)]}
+            uuids = multi_modal_uuids(request_id, images)
+            if any(uuid is not None for uuid in uuids):
+                prompt["multi_modal_uuids"] = {"image": uuids}
         from vllm.exceptions import VLLMClientError
 
         self._running.add(request_id)

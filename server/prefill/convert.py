@@ -49,6 +49,12 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
     return fields
 
 
+def finishes(_: Any, __: int, response: Any) -> bool:
+    """Whether a streamed token response (PrefillDecodeResponse, DecodeResponse) is its call's
+    last: it carries the finish reason (a call session's ``final``)."""
+    return bool(response.finish_reason)
+
+
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
     """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
     handle = generation_pb2.KvHandle()

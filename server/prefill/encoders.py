@@ -8,18 +8,18 @@ import logging
 import grpc
 
 from epd.server.common.channels import ChannelPool
+from epd.server.common.clients import EncoderClient
 from epd.server.common.errors import Unavailable
 from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import BackgroundCalls
 from epd.v1 import encode_service_pb2 as encode_pb
-from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2, tensor_pb2
 
 logger = logging.getLogger(__name__)
 
 
 class EncoderPulls:
-    """One channel per encoder endpoint; ``fetch`` gets a reference, ``release`` frees it."""
+    """One client per encoder endpoint; ``fetch`` gets a reference, ``release`` frees it."""
 
     def __init__(self, auth_token: str | None = None, *, timeout_s: float = 60.0) -> None:
         """``timeout_s`` bounds one fetch, including the wait for the image to arrive."""
@@ -63,5 +63,5 @@ class EncoderPulls:
         except grpc.aio.AioRpcError as e:
             logger.warning("release at %s failed (%s); leases will expire", endpoint, e.details())
 
-    def _stub(self, endpoint: str) -> encode_grpc.EncodeServiceStub:
-        return encode_grpc.EncodeServiceStub(self._channels.get(endpoint))
+    def _stub(self, endpoint: str) -> EncoderClient:
+        return self._channels.client(endpoint, EncoderClient)

@@ -7,6 +7,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.prefill import convert
 from epd.server.prefill.service import PrefillWorker
@@ -28,6 +29,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: PrefillWorker) -> None:
         self.worker = worker
+        self.sessions = SessionDrain()
 
     @handle_errors
     async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillResponse:
@@ -53,3 +55,14 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
             num_tokens += len(chunk.token_ids)
             yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)
+
+    async def PrefillSession(self, frames: AsyncIterator[pb.PrefillSessionRequest],
+                             context: Context) -> None:  # fmt: skip
+        await serve_session(frames, context, self.Prefill,
+                            pb.PrefillSessionResponse, self.sessions)
+
+    async def PrefillDecodeSession(self, frames: AsyncIterator[pb.PrefillDecodeSessionRequest],
+                                   context: Context) -> None:  # fmt: skip
+        await serve_session(frames, context, self.PrefillDecode,
+                            pb.PrefillDecodeSessionResponse, self.sessions,
+                            final=convert.finishes)

@@ -97,7 +97,7 @@ async def test_reflection_lists_services_and_resolves_methods() -> None:
     services, methods = await asyncio.to_thread(list_with_reflection_client)
     assert {"epd.v1.EncodeService", "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection"} <= services  # fmt: skip
-    assert methods == {"Encode", "Release"}
+    assert methods == {"Encode", "Release", "EncodeSession"}
     await server.drain_and_stop(0)
 
 

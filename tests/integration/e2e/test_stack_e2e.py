@@ -109,11 +109,26 @@ def read_spans(stack: Stack) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def span_tree(stack: Stack, request_id: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The spans of ``request_id``'s trace, once every server span's parent has been written
+    (a background call's client span ends after its server span), or as they are at timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = read_spans(stack)
+        (root,) = [s for s in spans if s["name"] == "/epd.v1.RouteService/Generate"
+                   and s["attributes"].get("epd.request_id") == request_id]  # fmt: skip
+        tree = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
+        ids = {s["context"]["span_id"] for s in tree}
+        if time.monotonic() > deadline or all(
+                s["parent_id"] in ids for s in tree if s["kind"] == "SpanKind.SERVER"
+                and s is not root):  # fmt: skip
+            return tree
+        time.sleep(0.2)
+
+
 def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> None:
-    spans = read_spans(stack)
-    (root,) = [s for s in spans if s["name"] == "/epd.v1.RouteService/Generate"
-               and s["attributes"].get("epd.request_id") == "e2e-two-images"]  # fmt: skip
-    tree = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
+    tree = span_tree(stack, "e2e-two-images")
+    (root,) = [s for s in tree if s["name"] == "/epd.v1.RouteService/Generate"]
     by_id = {s["context"]["span_id"]: s for s in tree}
     servers = [s for s in tree if s["kind"] == "SpanKind.SERVER" and s is not root]
     for span in servers:  # every server span hangs off a route client span under the root
