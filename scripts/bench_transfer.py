@@ -12,6 +12,7 @@ For each size, in one run on this machine:
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
   data plane exists to avoid).
 The fixed per-handoff cost is the same measurement for a 4-byte tensor (control work only).
+Every tensor is 2-D ([1, n]), as embeddings are, so each handoff shapes its result as theirs do.
 Timings of a handoff add the producer's ``put`` and the consumer's ``get``, measured where each
 runs; the pipe that stands in for the gRPC message carrying the TensorRef is not counted.
 
@@ -103,7 +104,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     for label, num_bytes in {"4B": 4, **SIZES}.items():
         reps = repeats if num_bytes <= 16 << 20 else max(5, repeats // 4)
-        src = torch.randn(max(num_bytes // 4, 1))
+        # NOTE: 2-D like embeddings ([num_tokens, hidden]): a 1-D tensor skips the reshape.
+        src = torch.randn(1, max(num_bytes // 4, 1))
         dst = torch.empty_like(src)
         payload = src.numpy().tobytes()
         cells: dict[str, Callable[[], float]] = {

@@ -51,7 +51,6 @@ from epd.server.engine.vllm_inputs import (
     SideChannel,
     kv_transfer_config,
     multi_modal_data,
-    multi_modal_uuids,
     restore_ints,
     sampling_params,
 )  # fmt: skip
@@ -260,9 +259,11 @@ class VllmEngine(Engine):
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
         if images:
             prompt["multi_modal_data"] = multi_modal_data(images, self.layout)
-            uuids = multi_modal_uuids(request_id, images)
-            if any(uuid is not None for uuid in uuids):
-                prompt["multi_modal_uuids"] = {"image": uuids}
+            if any(image.embeddings is None and image.image is None for image in images):
+                # NOTE: placeholder embeddings (decode) must not share cache entries with real
+                # ones: name them by the route's mm_hash, else uniquely per request.
+                prompt["multi_modal_uuids"] = {"image": [
+                    image.mm_hash or f"{request_id}-{i}" for i, image in enumerate(images)]}
         from vllm.exceptions import VLLMClientError
 
         self._running.add(request_id)

@@ -34,28 +34,6 @@ def multi_modal_data(images: list[EngineImage], layout: VisionLayout) -> dict[st
     return {"image": {"image_embeds": embeds, "image_grid_thw": grids}}
 
 
-def multi_modal_uuids(request_id: str, images: list[EngineImage]) -> list[str | None]:
-    """vLLM's ``multi_modal_uuids`` for a prompt's images: the ids its caches (processor, encoder
-    output, prefix blocks) know them by. None lets vLLM hash the item itself.
-
-    - Embeddings: the route's mm_hash, which names the image for this model and processor. vLLM
-      then skips hashing every embedding byte (~0.4 ms per tiny image here), and the same image
-      hits the prefix cache whichever encoder (CPU float32, GPU bfloat16) produced it.
-    - Placeholders (decode; grid only, zeros): a name no real item can have, so zeros never stand
-      in for real embeddings in a cache: ``placeholder:`` + mm_hash, else unique to the request.
-    - Pictures: None (vLLM hashes the pixels it preprocesses).
-    """
-    uuids: list[str | None] = []
-    for i, image in enumerate(images):
-        if image.embeddings is not None:
-            uuids.append(image.mm_hash or None)
-        elif image.image is None:
-            uuids.append(f"placeholder:{image.mm_hash}" if image.mm_hash else f"{request_id}-{i}")
-        else:
-            uuids.append(None)
-    return uuids
-
-
 def _embeddings_or_zeros(image: EngineImage, layout: VisionLayout) -> torch.Tensor:
     if image.embeddings is not None:
         return image.embeddings

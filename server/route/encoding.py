@@ -115,7 +115,9 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
             received += 1
             if received == len(indices):
                 # NOTE: every item is in: the stream's end comes ~0.6 ms after the last message
-                # here, and nothing in it is needed (the call completes on its own).
+                # here and nothing in it is needed; it is read in the background (which also
+                # ends the call's client span).
+                peers.background.start(_read_to_end(call))
                 break
         stage.encoder_ids.add(worker_id)
     except grpc.aio.AioRpcError as e:
@@ -131,6 +133,14 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
     # NOTE: the scheduler's bookkeeping need not hold up the answer: a report RPC costs ~1 ms.
     peers.background.start(_report(peers, assignment.assignment_id, outcomes))
     return failed
+
+
+async def _read_to_end(call: Any) -> None:
+    try:
+        async for _ in call:
+            pass
+    except grpc.aio.AioRpcError:
+        pass
 
 
 async def _report(peers: Peers, assignment_id: str,

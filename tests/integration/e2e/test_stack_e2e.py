@@ -132,6 +132,7 @@ def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> N
     by_id = {s["context"]["span_id"]: s for s in tree}
     servers = [s for s in tree if s["kind"] == "SpanKind.SERVER" and s is not root]
     for span in servers:  # every server span hangs off a route client span under the root
+        assert span["parent_id"] in by_id, f"no client span for {span['name']}"
         client = by_id[span["parent_id"]]
         assert client["resource"]["attributes"]["service.name"] == "epd-route"
         assert client["parent_id"] == root["context"]["span_id"]

@@ -9,12 +9,7 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_inputs import (
-    kv_transfer_config,
-    multi_modal_data,
-    multi_modal_uuids,
-    restore_ints,
-)
+from epd.server.engine.vllm_inputs import kv_transfer_config, multi_modal_data, restore_ints
 from epd.server.prefill import convert
 from epd.server.prefill.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
@@ -29,16 +24,6 @@ def test_embeddings_are_concatenated_with_one_grid_row_per_image() -> None:
     assert data["image_embeds"].shape == (3, 8)
     assert data["image_embeds"][2, 0] == 2.0
     assert data["image_grid_thw"].tolist() == [[1, 2, 4], [1, 2, 2]]
-
-
-def test_cache_ids_name_embeddings_by_mm_hash_and_never_share_them_with_placeholders() -> None:
-    embedded = [EngineImage("h1", (1, 2, 4), embeddings=torch.ones(2, 8)),
-                EngineImage("", (1, 2, 4), embeddings=torch.ones(2, 8))]  # fmt: skip
-    assert multi_modal_uuids("r", embedded) == ["h1", None]
-    placeholders = [EngineImage("h1", (1, 2, 4)), EngineImage("", (1, 2, 4))]
-    assert multi_modal_uuids("r", placeholders) == ["placeholder:h1", "r-1"]
-    picture = EngineImage("h1", image=Image.new("RGB", (4, 4)))
-    assert multi_modal_uuids("r", [picture]) == [None]
 
 
 def test_grid_only_images_get_zero_placeholders_and_pictures_pass_through() -> None:

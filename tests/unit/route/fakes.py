@@ -39,6 +39,7 @@ class FakeStream:
         self.linger = linger
         self.is_cancelled = False
         self.num_yielded = 0
+        self._iterator: AsyncIterator[Any] | None = None
 
     def cancel(self) -> bool:
         self.is_cancelled = True
@@ -57,7 +58,10 @@ class FakeStream:
             raise rpc_error(self.error)
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+        # NOTE: like a grpc call, iterating again goes on where the last iteration stopped.
+        if self._iterator is None:
+            self._iterator = self._iterate()
+        return self._iterator
 
 
 @dataclass
