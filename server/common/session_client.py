@@ -73,7 +73,8 @@ class SessionCall:
         except asyncio.CancelledError:
             self.cancel()
             raise
-        return self._take(frame)
+        response = self._take(frame)
+        return await self.read() if response is None else response
 
     def cancel(self) -> bool:
         """Stop the call on the server; False when it had already ended."""
@@ -90,6 +91,7 @@ class SessionCall:
         return self._done if self._per_call is None else bool(self._per_call.done())
 
     def _take(self, frame: Any) -> Any:
+        """The response in ``frame``, EOF, or None when the call moved to a per-call RPC."""
         if isinstance(frame, _Fallback):
             remaining = None if self._deadline is None else max(
                 self._deadline - asyncio.get_running_loop().time(), 0.0)
@@ -108,13 +110,10 @@ class SessionCall:
 
     async def _responses(self) -> AsyncIterator[Any]:
         while (response := await self.read()) is not grpc.aio.EOF:
-            if response is not None:
-                yield response
+            yield response
 
     async def _reply(self) -> Any:
-        response = None
-        while response is None:
-            response = await self.read()
+        response = await self.read()
         if response is grpc.aio.EOF:
             raise _status(grpc.StatusCode.INTERNAL, "the call ended without a reply")
         return response

@@ -245,6 +245,11 @@ async def test_a_server_without_sessions_is_called_per_call() -> None:
     assert not client.Encode.supported
     assert await _hashes(client.Encode(encode_request("z"))) == ["z"]
     await client.close()
+    client = EncoderClient(channel, sessions=True)  # NOTE: read() while falling back
+    first_reads = await asyncio.gather(*(client.Encode(encode_request(f"r{i}")).read()
+                                         for i in range(2)))  # fmt: skip
+    assert [response.mm_hash for response in first_reads] == ["r0", "r1"]
+    await client.close()
     await channel.close()
     await server.drain_and_stop(0)
 
