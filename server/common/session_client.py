@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from epd.server.common.sessions import STATUS_DETAILS_KEY
+from epd.server.common.status import STATUS_DETAILS_KEY
 from epd.v1 import call_pb2
 
 logger = logging.getLogger(__name__)

@@ -30,13 +30,12 @@ from typing import Any
 import grpc
 
 from epd.server.common.errors import Unavailable
-from epd.server.common.status import to_rpc_status
+from epd.server.common.status import status_details, to_rpc_status
 from epd.v1 import call_pb2
 
 logger = logging.getLogger(__name__)
 
 MAX_OPEN_CALLS = 4096
-STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 Handler = Callable[[Any, Any], Any]  # (request, context) -> response awaitable or async iterator
 Final = Callable[[Any, int, Any], bool]  # (request, responses so far, response) -> is the last
@@ -51,6 +50,11 @@ class CallAborted(grpc.aio.AbortError):
         self.message = message
         self.details = details
 
+    @classmethod
+    def of(cls, status: grpc.Status) -> CallAborted:
+        """The abort that ends a call with ``status`` (code, message, rich status)."""
+        return cls(status.code, status.details, status_details(status.trailing_metadata))
+
 
 class CallContext:
     """The servicer context of one call of a session: what handlers use of a per-call context."""
@@ -63,11 +67,11 @@ class CallContext:
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Any = ()) -> None:  # fmt: skip
         """End this call (not the session) with ``code``. Always raises."""
-        raise CallAborted(code, details, _details_of(trailing_metadata))
+        raise CallAborted(code, details, status_details(trailing_metadata))
 
     async def abort_with_status(self, status: grpc.Status) -> None:
         """End this call (not the session) with ``status``. Always raises."""
-        raise CallAborted(status.code, status.details, _details_of(status.trailing_metadata))
+        raise CallAborted.of(status)
 
     def time_remaining(self) -> float | None:
         """Seconds left before the call's deadline, None without one."""
@@ -182,9 +186,7 @@ class _Session:
             self.calls[call_id] = asyncio.create_task(self._call(call_id, frame.request,
                                                                  timeout_s))  # fmt: skip
             return
-        status = to_rpc_status(refusal)
-        end = call_pb2.CallEnd(code=status.code.value[0], message=status.details,
-                               status_details=_details_of(status.trailing_metadata))  # fmt: skip
+        end = _end_of(CallAborted.of(to_rpc_status(refusal)))
         # NOTE: in a task of its own, like a call: the reader never waits for the writer.
         self.calls[call_id] = asyncio.create_task(self._refuse(call_id, end))
 
@@ -192,9 +194,7 @@ class _Session:
         try:
             await self._write(self.response_type(call_id=call_id, end=end))
         finally:
-            if self.calls.get(call_id) is asyncio.current_task():
-                del self.calls[call_id]
-                self.wake()
+            self._forget(call_id)
 
     async def _call(self, call_id: int, request: Any, timeout_s: float | None) -> None:
         try:
@@ -202,9 +202,13 @@ class _Session:
             if end is not None:
                 await self._write(self.response_type(call_id=call_id, end=end))
         finally:
-            if self.calls.get(call_id) is asyncio.current_task():
-                del self.calls[call_id]
-                self.wake()
+            self._forget(call_id)
+
+    def _forget(self, call_id: int) -> None:
+        """Drop the current task's call (a cancelled one was dropped when cancelled)."""
+        if self.calls.get(call_id) is asyncio.current_task():
+            del self.calls[call_id]
+            self.wake()
 
     async def _run_call(self, call_id: int, request: Any,
                         timeout_s: float | None) -> call_pb2.CallEnd | None:  # fmt: skip
@@ -247,10 +251,3 @@ def _end_of(error: Exception) -> call_pb2.CallEnd:
     logger.error("unexpected error in a session call", exc_info=error)
     return call_pb2.CallEnd(code=grpc.StatusCode.INTERNAL.value[0],
                             message="internal server error; see the server log")  # fmt: skip
-
-
-def _details_of(trailing_metadata: Any) -> bytes:
-    for key, value in trailing_metadata or ():
-        if key == STATUS_DETAILS_KEY:
-            return bytes(value)
-    return b""

@@ -28,7 +28,7 @@ from epd.server.common.errors import Code, EpdError
 logger = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "epd"
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 _GRPC_CODES: dict[Code, grpc.StatusCode] = {code: grpc.StatusCode[code.value] for code in Code}
 _ERROR_CLASSES: dict[grpc.StatusCode, type[EpdError]] = {
@@ -105,18 +105,25 @@ def handle_errors(method: Method) -> Method:
     return cast(Method, unary)
 
 
+def status_details(trailing_metadata: Any) -> bytes:
+    """The serialized rich status (google.rpc.Status) in trailing metadata; empty if none."""
+    for key, value in trailing_metadata or ():
+        if key == STATUS_DETAILS_KEY:
+            return bytes(value)
+    return b""
+
+
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     """Return the ErrorInfo carried in a failed call's rich status, if any."""
     trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailers or ():
-        if key != _STATUS_DETAILS_KEY:
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                return info
+    details = status_details(trailers)
+    if not details:
+        return None
+    for detail in status_pb2.Status.FromString(details).details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
     return None
 
 
