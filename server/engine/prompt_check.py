@@ -27,16 +27,24 @@ class VisionLayout:
 
         Every image needs its grid; call ``check`` first.
         """
+        return self.expand_with_ranges(token_ids, images)[0]
+
+    def expand_with_ranges(self, token_ids: list[int], images: list[EngineImage]
+                           ) -> tuple[list[int], list[tuple[int, int]]]:  # fmt: skip
+        """``expand``'s tokens, and each image's placeholder run in them as (offset, length)."""
         expanded: list[int] = []
+        ranges: list[tuple[int, int]] = []
         remaining = iter(enumerate(images))
         previous = None
         for token in token_ids:
             if token == self.image_pad_id and previous == self.vision_start_id:
-                expanded.extend([token] * self._expected_rows(*next(remaining)))
+                rows = self._expected_rows(*next(remaining))
+                ranges.append((len(expanded), rows))
+                expanded.extend([token] * rows)
             else:
                 expanded.append(token)
             previous = token
-        return expanded
+        return expanded, ranges
 
     def check(self, token_ids: list[int], images: list[EngineImage], max_len: int, *,
               grids_suffice: bool = False) -> None:  # fmt: skip

@@ -1,9 +1,9 @@
 """The vLLM backend: AsyncLLM in the worker process (it runs its EngineCore in a child process).
 
-Image embeddings go in as ``multi_modal_data={"image": {"image_embeds": [N, hidden],
-"image_grid_thw": [num_images, 3]}}`` with ``enable_mm_embeds``; raw pictures as a list of
-images (the engine then runs its own vision tower). vLLM hashes what it is given for its caches;
-grid-only images (decode) are named by their ``mm_hash`` instead. Outputs stream as deltas.
+Image embeddings (and decode's grid-only images) go in as a rendered ``EngineInput`` built by
+``vllm_embeds`` (vLLM's own processing of an embeddings prompt cost ~2 ms per request), named by a
+hash of their bytes; raw pictures go in as a list of images, and vLLM runs its own processor and
+vision tower. Outputs stream as deltas.
 
 P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer in host
 memory. ``prefill`` asks for one token with ``do_remote_decode``; the connector keeps the blocks
@@ -46,11 +46,12 @@ from epd.server.engine.base import (
     Usage,
 )  # fmt: skip
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_embeds import embeddings_input
 from epd.server.engine.vllm_inputs import (
     SIDE_CHANNEL_ENV_LOCK,
     SideChannel,
     kv_transfer_config,
-    multi_modal_data,
+    picture_data,
     restore_ints,
     sampling_params,
 )  # fmt: skip
@@ -139,6 +140,8 @@ class VllmEngine(Engine):
         self._tracker = tracker or LoadTracker()
         self._running: set[str] = set()
         self._image_processor: Any = None
+        multimodal = getattr(getattr(llm, "model_config", None), "multimodal_config", None)
+        self._hash_algorithm = getattr(multimodal, "mm_hasher_algorithm", "blake3")
         self.model_dir = model_dir
         self._rpc_dir = rpc_dir
 
@@ -256,14 +259,7 @@ class VllmEngine(Engine):
         if request_id in self._running:
             raise InvalidArgument(f"request {request_id!r} is already running",
                                   reason="DUPLICATE_REQUEST_ID")  # fmt: skip
-        prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
-        if images:
-            prompt["multi_modal_data"] = multi_modal_data(images, self.layout)
-            if any(image.embeddings is None and image.image is None for image in images):
-                # NOTE: placeholder embeddings (decode) must not share cache entries with real
-                # ones: name them by the route's mm_hash, else uniquely per request.
-                prompt["multi_modal_uuids"] = {"image": [
-                    image.mm_hash or f"{request_id}-{i}" for i, image in enumerate(images)]}
+        prompt = self._prompt(request_id, prompt_token_ids, images)
         from vllm.exceptions import VLLMClientError
 
         self._running.add(request_id)
@@ -278,6 +274,26 @@ class VllmEngine(Engine):
                                   reason="ENGINE_REJECTED") from e  # fmt: skip
         finally:
             self._running.discard(request_id)
+
+    def _prompt(self, request_id: str, prompt_token_ids: list[int],
+                images: list[EngineImage]) -> dict[str, Any]:  # fmt: skip
+        """vLLM's input: raw for pictures (vLLM runs its processor), else rendered here."""
+        if len(images) > self.options.max_images_per_prompt:
+            raise InvalidArgument(f"{len(images)} images; this engine takes at most "
+                                  f"{self.options.max_images_per_prompt} per prompt",
+                                  reason="TOO_MANY_IMAGES")  # fmt: skip
+        if not images or any(image.image is not None for image in images):
+            prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
+            if images:
+                prompt["multi_modal_data"] = picture_data(images)
+            return prompt
+        engine_input = embeddings_input(request_id, prompt_token_ids, images, self.layout,
+                                        self._hash_algorithm)  # fmt: skip
+        # NOTE: what vLLM's renderer does with the items it made: its processor cache sends an
+        # item the EngineCore already holds as a name only.
+        self._llm.input_processor.inject_into_mm_cache(engine_input["mm_hashes"],
+                                                       engine_input["mm_kwargs"])  # fmt: skip
+        return engine_input
 
     def _grid(self, image: EngineImage) -> Grid:
         if image.grid is not None or image.image is None:

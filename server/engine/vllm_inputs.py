@@ -9,37 +9,18 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
-from epd.server.engine.prompt_check import VisionLayout
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
 
-def multi_modal_data(images: list[EngineImage], layout: VisionLayout) -> dict[str, Any]:
-    """``multi_modal_data`` for a prompt's images (all embeddings, all pictures, or all grids).
-
-    Grid-only images (decode after a remote prefill: their KV is pulled, never recomputed) get
-    zero embeddings of the right shape so vLLM lays out positions the same way as the prefill.
-    """
-    if all(image.image is not None for image in images):
-        return {"image": [image.image for image in images]}
-    if any(image.image is not None for image in images):
+def picture_data(images: list[EngineImage]) -> dict[str, Any]:
+    """``multi_modal_data`` for a prompt whose images are all pictures (vLLM runs the tower)."""
+    if any(image.image is None for image in images):
         raise InvalidArgument("a prompt's images must be all embeddings or all pictures",
                               reason="MIXED_IMAGE_INPUTS")  # fmt: skip
-    embeds = torch.cat([_embeddings_or_zeros(image, layout) for image in images])
-    grids = torch.tensor([image.grid for image in images], dtype=torch.int64)
-    return {"image": {"image_embeds": embeds, "image_grid_thw": grids}}
-
-
-def _embeddings_or_zeros(image: EngineImage, layout: VisionLayout) -> torch.Tensor:
-    if image.embeddings is not None:
-        return image.embeddings
-    assert image.grid is not None  # checked by VisionLayout.check
-    t, h, w = image.grid
-    return torch.zeros(t * h * w // layout.merge_size**2, layout.hidden_size)
+    return {"image": [image.image for image in images]}
 
 
 def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,

@@ -9,7 +9,7 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_inputs import kv_transfer_config, multi_modal_data, restore_ints
+from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data, restore_ints
 from epd.server.prefill import convert
 from epd.server.prefill.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
@@ -17,23 +17,12 @@ from epd.v1 import generation_pb2, multimodal_pb2
 LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
 
 
-def test_embeddings_are_concatenated_with_one_grid_row_per_image() -> None:
-    first = EngineImage("a", (1, 2, 4), embeddings=torch.ones(2, 8))
-    second = EngineImage("b", (1, 2, 2), embeddings=torch.full((1, 8), 2.0))
-    data = multi_modal_data([first, second], LAYOUT)["image"]
-    assert data["image_embeds"].shape == (3, 8)
-    assert data["image_embeds"][2, 0] == 2.0
-    assert data["image_grid_thw"].tolist() == [[1, 2, 4], [1, 2, 2]]
-
-
-def test_grid_only_images_get_zero_placeholders_and_pictures_pass_through() -> None:
-    data = multi_modal_data([EngineImage("a", (1, 4, 4))], LAYOUT)["image"]
-    assert data["image_embeds"].shape == (4, 8) and not data["image_embeds"].any()
+def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
     picture = Image.new("RGB", (4, 4))
-    assert multi_modal_data([EngineImage("p", image=picture)], LAYOUT) == {"image": [picture]}
+    assert picture_data([EngineImage("p", image=picture)]) == {"image": [picture]}
     mixed = [EngineImage("p", image=picture), EngineImage("a", (1, 2, 2), torch.ones(1, 8))]
     with pytest.raises(InvalidArgument) as caught:
-        multi_modal_data(mixed, LAYOUT)
+        picture_data(mixed)
     assert caught.value.reason == "MIXED_IMAGE_INPUTS"
 
 

@@ -1,0 +1,94 @@
+"""vLLM engine inputs for prompts whose images come as embeddings, or as grids only (decode).
+
+vLLM's renderer runs every multimodal prompt through the model's processor pipeline: parse the
+data, a passthrough "processing" of the embeddings, field configs, prompt updates that expand
+each placeholder, and a hash of the embeddings by its framed serializer. For one tiny image that
+is ~2 ms here, on a hop to the renderer's thread, in front of every prefill. What it produces for
+Qwen2-VL embeddings is simple: the prompt with each image's placeholder expanded to its rows and,
+per image, an item ``{image_embeds: flat field, image_grid_thw: batched field}``, a hash and a
+placeholder range. ``embeddings_input`` builds exactly that (a test compares it with the
+renderer's output) and vLLM takes it as a rendered ``EngineInput``, with no thread hop.
+
+Names: real embeddings are named by a hash of their bytes, dtype, shape and grid, so vLLM's
+caches (processor, encoder, prefix) share an entry only between equal embeddings whatever a
+caller claims. Placeholder embeddings (decode) carry the route's ``mm_hash``, else a name unique
+to the request, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from epd.server.engine.base import EngineImage
+from epd.server.engine.prompt_check import VisionLayout
+
+EMBEDS_HASH_PREFIX = "epd-embeds-"
+
+
+def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineImage],
+                     layout: VisionLayout, hash_algorithm: str = "blake3"
+                     ) -> dict[str, Any]:  # fmt: skip
+    """A vLLM ``MultiModalInput`` for a prompt whose images have embeddings or grids only.
+
+    Call ``layout.check`` first: every image needs a valid grid, and its embeddings (if any)
+    the rows that grid gives.
+    """
+    from vllm.inputs.engine import mm_input
+    from vllm.multimodal.inputs import (
+        MultiModalBatchedField,
+        MultiModalFieldElem,
+        MultiModalFlatField,
+        MultiModalKwargsItem,
+        MultiModalKwargsItems,
+        PlaceholderRange,
+    )  # fmt: skip
+
+    expanded, ranges = layout.expand_with_ranges(token_ids, images)
+    starts = [0]
+    for _, length in ranges:
+        starts.append(starts[-1] + length)
+    slices = [(slice(start, end),) for start, end in zip(starts, starts[1:], strict=False)]
+    embeds_field = MultiModalFlatField(slices=slices, dim=0)
+    grid_field = MultiModalBatchedField(keep_on_cpu=True)
+    items, hashes = [], []
+    for index, (image, (_, length)) in enumerate(zip(images, ranges, strict=True)):
+        assert image.grid is not None  # checked by VisionLayout.check
+        embeds = image.embeddings
+        if embeds is None:
+            embeds = torch.zeros(length, layout.hidden_size)
+            hashes.append(image.mm_hash or f"{request_id}-{index}")
+        else:
+            hashes.append(embeddings_hash(embeds, image.grid, hash_algorithm))
+        items.append(MultiModalKwargsItem({
+            "image_embeds": MultiModalFieldElem(embeds, embeds_field),
+            "image_grid_thw": MultiModalFieldElem(torch.tensor(image.grid), grid_field),
+        }))  # fmt: skip
+    placeholders = [PlaceholderRange(offset=offset, length=length) for offset, length in ranges]
+    engine_input: dict[str, Any] = mm_input(expanded, MultiModalKwargsItems({"image": items}),
+                                            {"image": hashes}, {"image": placeholders})  # type: ignore[assignment]  # fmt: skip
+    return engine_input
+
+
+def embeddings_hash(embeds: torch.Tensor, grid: tuple[int, int, int],
+                    algorithm: str = "blake3") -> str:  # fmt: skip
+    """A name for ``embeds`` at ``grid`` that only equal embeddings share.
+
+    ``algorithm``: the engine's multimodal hash (vLLM's ``mm_hasher_algorithm``: blake3, sha256
+    or sha512).
+    """
+    if algorithm == "blake3":
+        from blake3 import blake3
+
+        hasher: Any = blake3()
+    else:
+        hasher = hashlib.new(algorithm)
+    header = f"{embeds.dtype}:{list(embeds.shape)}:{list(grid)}:"
+    hasher.update(header.encode())
+    payload = embeds.detach().cpu().contiguous()
+    if payload.numel():
+        hasher.update(payload.view(-1).view(torch.uint8).numpy())
+    digest: str = hasher.hexdigest()
+    return EMBEDS_HASH_PREFIX + digest

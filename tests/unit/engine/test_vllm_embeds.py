@@ -1,0 +1,63 @@
+"""Rendering embeddings prompts for vLLM ourselves: tokens, items, names and placeholder ranges."""
+
+from __future__ import annotations
+
+import torch
+
+from epd.server.engine.base import EngineImage
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX, embeddings_hash, embeddings_input
+
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+END = 7
+PROMPT = [1, 5, 6, END, 2, 5, 6, END, 3]
+
+
+def test_each_image_gets_its_rows_its_item_and_its_placeholder_range() -> None:
+    first = EngineImage("a", (1, 2, 4), embeddings=torch.ones(2, 8))
+    second = EngineImage("b", (1, 2, 2), embeddings=torch.full((1, 8), 2.0))
+    engine_input = embeddings_input("r", PROMPT, [first, second], LAYOUT)
+    assert engine_input["type"] == "multimodal"
+    assert engine_input["prompt_token_ids"] == [1, 5, 6, 6, END, 2, 5, 6, END, 3]
+    ranges = [(p.offset, p.length) for p in engine_input["mm_placeholders"]["image"]]
+    assert ranges == [(2, 2), (7, 1)]
+    items = engine_input["mm_kwargs"]["image"]
+    assert [item["image_embeds"].data[0, 0].item() for item in items] == [1.0, 2.0]
+    assert [item["image_grid_thw"].data.tolist() for item in items] == [[1, 2, 4], [1, 2, 2]]
+    assert items[1]["image_embeds"].field.slices == [(slice(0, 2),), (slice(2, 3),)]
+    assert items[0]["image_grid_thw"].field.keep_on_cpu
+
+
+def test_embeddings_are_named_by_their_content_not_by_the_callers_mm_hash() -> None:
+    ones = torch.ones(2, 8)
+    same = embeddings_input("r", PROMPT, [EngineImage("a", (1, 2, 4), ones),
+                                          EngineImage("b", (1, 2, 4), ones.clone())], LAYOUT)
+    names = same["mm_hashes"]["image"]
+    assert names[0] == names[1] and names[0].startswith(EMBEDS_HASH_PREFIX)
+    other = torch.ones(2, 8)
+    other[1, 7] = 1.5
+    claimed = embeddings_input("r", PROMPT, [EngineImage("a", (1, 2, 4), ones),
+                                             EngineImage("a", (1, 2, 4), other)], LAYOUT)
+    assert len(set(claimed["mm_hashes"]["image"])) == 2
+
+
+def test_the_name_covers_dtype_shape_and_grid() -> None:
+    ones = torch.ones(4, 8)
+    names = {
+        embeddings_hash(ones, (1, 4, 4)),
+        embeddings_hash(ones.to(torch.bfloat16), (1, 4, 4)),
+        embeddings_hash(ones.view(2, 16), (1, 4, 4)),
+        embeddings_hash(ones, (1, 2, 8)),
+        embeddings_hash(ones, (1, 4, 4), "sha256"),
+    }
+    assert len(names) == 5
+    assert embeddings_hash(ones.t().contiguous().t(), (1, 4, 4)) == embeddings_hash(ones, (1, 4, 4))
+
+
+def test_grid_only_images_get_zero_rows_named_by_mm_hash_or_by_the_request() -> None:
+    images = [EngineImage("h", (1, 2, 4)), EngineImage("", (1, 2, 2))]
+    engine_input = embeddings_input("req", PROMPT, images, LAYOUT)
+    items = engine_input["mm_kwargs"]["image"]
+    assert [tuple(item["image_embeds"].data.shape) for item in items] == [(2, 8), (1, 8)]
+    assert not any(item["image_embeds"].data.any() for item in items)
+    assert engine_input["mm_hashes"]["image"] == ["h", "req-1"]
