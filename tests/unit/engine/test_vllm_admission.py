@@ -17,11 +17,13 @@ from typing import Any
 
 import grpc
 import pytest
+import torch
+from PIL import Image
 
 from epd.server.common.channels import create_channel
 from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.common.status import from_rpc_error
-from epd.server.engine.base import Sampling, TokenChunk
+from epd.server.engine.base import EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
@@ -53,10 +55,15 @@ class FakeLlm:
         self.aborted: list[str] = []
         self.release = asyncio.Event()
         self.is_shut_down = False
+        self.prompts: list[dict[str, Any]] = []
+        self.injected: list[dict[str, list[str]]] = []
+        self.input_processor = SimpleNamespace(
+            inject_into_mm_cache=lambda hashes, kwargs: self.injected.append(hashes))
 
     async def generate(self, prompt: dict[str, Any], params: Any,
                        request_id: str) -> AsyncIterator[SimpleNamespace]:  # fmt: skip
         self.started.append(request_id)
+        self.prompts.append(prompt)
         yield output(7, finished=False)
         await self.release.wait()
         yield output(8, finished=True)
@@ -107,9 +114,10 @@ async def running(engine: VllmEngine, *request_ids: str) -> list[Consumer]:
     return consumers
 
 
-async def first_chunk(engine: VllmEngine, request_id: str) -> TokenChunk:
+async def first_chunk(engine: VllmEngine, request_id: str, prompt: list[int] = PROMPT,
+                      images: list[EngineImage] | None = None) -> TokenChunk:  # fmt: skip
     """Start ``request_id`` and return its first chunk (raises what admission raises)."""
-    stream = engine.generate(request_id, PROMPT, [], SAMPLING)
+    stream = engine.generate(request_id, prompt, images or [], SAMPLING)
     try:
         return await anext(stream)
     finally:
@@ -191,6 +199,29 @@ async def test_a_failed_or_closed_engine_is_dead(engine, llm) -> None:
         await first_chunk(engine, "b")
     assert caught.value.reason == "ENGINE_DEAD"
     assert llm.started == []
+
+
+async def test_embeddings_go_in_rendered_and_pictures_raw(engine, llm) -> None:
+    llm.release.set()
+    grid_prompt = [1, 5, 6, 7]
+    embedded = [EngineImage("h", (1, 2, 4), embeddings=torch.ones(2, 8))]
+    await first_chunk(engine, "a", grid_prompt, embedded)
+    rendered = llm.prompts[-1]
+    assert rendered["type"] == "multimodal" and rendered["prompt_token_ids"] == [1, 5, 6, 6, 7]
+    assert llm.injected == [rendered["mm_hashes"]], "items pass through vLLM's processor cache"
+    picture = Image.new("RGB", (8, 8))
+    await first_chunk(engine, "b", grid_prompt, [EngineImage("p", image=picture)])
+    assert llm.prompts[-1] == {"prompt_token_ids": grid_prompt,
+                               "multi_modal_data": {"image": [picture]}}  # fmt: skip
+
+
+async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
+    engine = VllmEngine(llm, "tiny", LAYOUT, VllmOptions(max_images_per_prompt=2))
+    images = [EngineImage(f"h{i}", (1, 2, 2), embeddings=torch.ones(1, 8)) for i in range(3)]
+    with pytest.raises(InvalidArgument) as caught:
+        await first_chunk(engine, "a", [1, *[5, 6, 7] * 3], images)
+    assert caught.value.reason == "TOO_MANY_IMAGES"
+    assert llm.started == [] and engine.load().num_running == 0
 
 
 async def test_engine_busy_reaches_grpc_clients(llm, tmp_path: Path) -> None:
