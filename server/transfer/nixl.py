@@ -15,9 +15,11 @@ exactly ``byte_size`` (no stamp: another producer) are read as they are. A singl
 descriptor names a pooled block, whose address comes back: the consumer keeps that READ prepared
 (``nixl_prepared``) and reposts it.
 
-Release: the consumer's READ carries the notification ``epd-release:<lease id>``; the producer
-frees the lease when the agent's progress thread delivers it (within a millisecond; ``held`` and
-``reap_expired`` poll too), or earlier on ``release`` (the Release RPC). Both are idempotent.
+Release: once its READ is done, the consumer notifies the producer with ``epd-release:<lease
+id>`` (sent by the consumer agent's polling thread, so ``get`` does not wait for it); the
+producer frees the lease when its agent's polling thread delivers it (within a millisecond;
+``held`` and ``reap_expired`` poll too), or earlier on ``release`` (the Release RPC). Both are
+idempotent.
 """
 
 from __future__ import annotations
@@ -34,10 +36,18 @@ import torch
 from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
-from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
+from epd.server.transfer.nixl_agent import NixlAgent, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
+from epd.server.transfer.nixl_prepared import Regions
 from epd.server.transfer.shm import HEADER_BYTES
-from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, shaped
+from epd.server.transfer.tensors import (
+    check_layout,
+    copy_payload,
+    describe,
+    raise_no_location,
+    shaped,
+    view_bytes,
+)
 from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
@@ -206,8 +216,8 @@ class NixlProducer(TensorProducer):
 class NixlConsumer(TensorConsumer):
     """READs payloads into its own registered blocks. ``get`` returns a view of the block, which
     goes back to the pool when the last tensor viewing it is garbage collected (``copy=True``
-    and payloads up to 16 KiB return a private tensor at once). With ``release_after_read`` the
-    READ notifies the producer, which frees the payload: read each reference once."""
+    and payloads up to 16 KiB return a private tensor at once). With ``release_after_read`` a
+    done READ notifies the producer, which frees the payload: read each reference once."""
 
     kind = "nixl"
 
@@ -235,21 +245,20 @@ class NixlConsumer(TensorConsumer):
             return self._started
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
-        dtype = check_ref(ref)
-        remote, is_stamped = remote_regions(ref)
+        dtype, shape = check_layout(ref)
+        agent_name, memory_type, remote, is_stamped = remote_payload(ref)
         agent, pool = self._ensure_started()
-        location = ref.nixl
-        agent_name, lease_id, byte_size = location.agent_name, ref.lease_id, ref.byte_size
-        agent.connect(agent_name, location.agent_metadata)
+        lease_id, byte_size = ref.lease_id, ref.byte_size
+        agent.connect(agent_name, ref.nixl.agent_metadata)
         block = pool.acquire(byte_size)
         local = mirror(remote, block.address if is_stamped else block.address + HEADER_BYTES)
-        notification = RELEASE_PREFIX + lease_id.encode() if self.release_after_read else b""
         # NOTE: one stamped region is a pooled block of the producer's: its address comes back.
         recurring = is_stamped and len(remote) == 1
         try:
-            agent.read(local, remote, agent_name, notification=notification,
-                       remote_memory_type=_MEMORY_TYPES[location.memory_type],
+            agent.read(local, remote, agent_name, remote_memory_type=memory_type,
                        timeout_s=self.timeout_s, recurring=recurring)  # fmt: skip
+            if self.release_after_read:
+                agent.notify(agent_name, RELEASE_PREFIX + lease_id.encode())
             if is_stamped and not block.is_stamped(lease_id):
                 raise NotFound(f"lease {lease_id} was released: its NIXL buffer no longer holds "
                                "the payload", reason="LEASE_RELEASED")  # fmt: skip
@@ -261,24 +270,23 @@ class NixlConsumer(TensorConsumer):
             pool.give_back(block)
             raise
         if small is None:
-            return self._lend(pool, block, ref, dtype, copy)
+            return self._lend(pool, block, dtype, shape, byte_size, copy)
         pool.give_back(block)
-        return from_bytes(small, ref, dtype)
+        return view_bytes(small, dtype, shape, byte_size)
 
-    def _lend(self, pool: RegisteredPool, block: Block, ref: tensor_pb2.TensorRef,
-              dtype: torch.dtype, copy: bool) -> torch.Tensor:  # fmt: skip
-        shape = tuple(ref.shape)
+    def _lend(self, pool: RegisteredPool, block: Block, dtype: torch.dtype, shape: list[int],
+              byte_size: int, copy: bool) -> torch.Tensor:  # fmt: skip
         if copy:
-            payload = torch.empty(shape, dtype=dtype)
-            ctypes.memmove(payload.data_ptr(), block.address + HEADER_BYTES, ref.byte_size)
+            payload = torch.empty(tuple(shape), dtype=dtype)
+            ctypes.memmove(payload.data_ptr(), block.address + HEADER_BYTES, byte_size)
             pool.give_back(block)
             return payload
         # NOTE: the ctypes array is the buffer the tensor's storage keeps alive; when the last view
         # dies, the array dies and the finalizer hands the block back.
-        array = (ctypes.c_char * (HEADER_BYTES + ref.byte_size)).from_buffer(block.memory)
+        array = (ctypes.c_char * (HEADER_BYTES + byte_size)).from_buffer(block.memory)
         weakref.finalize(array, pool.give_back, block)
         payload = torch.frombuffer(array, dtype=torch.uint8, offset=HEADER_BYTES,
-                                   count=ref.byte_size)  # fmt: skip
+                                   count=byte_size)  # fmt: skip
         return shaped(payload.view(dtype), shape)
 
     @property
@@ -291,39 +299,56 @@ class NixlConsumer(TensorConsumer):
             self._pool.close()
         if self._agent is not None:
             self._agent.drop_prepared()
+            self._agent.flush_notifications()
 
 
-def mirror(remote: list[Region], start: int) -> list[Region]:
+def mirror(remote: Regions, start: int) -> Regions:
     """Local regions of the same lengths as ``remote``, laid end to end from ``start``."""
+    if len(remote) == 1:
+        return ((start, remote[0][1], 0),)
     local = []
     for _, length, _ in remote:
         local.append((start, length, 0))
         start += length
-    return local
+    return tuple(local)
 
 
-def remote_regions(ref: tensor_pb2.TensorRef) -> tuple[list[Region], bool]:
-    """The integer descriptors of ``ref.nixl`` checked against its byte size, and whether they
-    start with an epd lease stamp (they then cover exactly ``byte_size`` + 64 bytes, the first
-    region at least the stamp). Raises InvalidArgument for anything malformed."""
+def remote_payload(ref: tensor_pb2.TensorRef) -> tuple[str, str, Regions, bool]:
+    """``ref.nixl`` checked against the reference's byte size: (agent name, memory type, integer
+    descriptors, whether they start with an epd lease stamp). Stamped descriptors cover exactly
+    ``byte_size`` + 64 bytes, the first region at least the stamp. Raises InvalidArgument for
+    anything malformed (and for a reference without a location)."""
     location = ref.nixl
-    if not location.agent_name:
+    agent_name = location.agent_name
+    if not agent_name:
+        if ref.WhichOneof("location") is None:
+            raise_no_location()
         raise InvalidArgument("NIXL location has no agent name", reason="BAD_TENSOR_REF")
-    if location.memory_type not in _MEMORY_TYPES:
+    memory_type = _MEMORY_TYPES.get(location.memory_type)
+    if memory_type is None:
         raise InvalidArgument(f"unknown NIXL memory type {location.memory_type}",
                               reason="BAD_TENSOR_REF")  # fmt: skip
-    if len(location.descriptors) > MAX_DESCRIPTORS:
-        raise InvalidArgument(f"{len(location.descriptors)} NIXL descriptors (limit "
-                              f"{MAX_DESCRIPTORS})", reason="BAD_TENSOR_REF")  # fmt: skip
-    regions = [(d.address, d.length, d.device_id) for d in location.descriptors]
-    lengths = [length for _, length, _ in regions]
-    if not regions or min(lengths) == 0:
-        raise InvalidArgument("NIXL descriptors must be non-empty regions",
+    # NOTE: slicing a repeated field is much faster than iterating it (upb).
+    descriptors = location.descriptors[:]
+    if len(descriptors) > MAX_DESCRIPTORS:
+        raise InvalidArgument(f"{len(descriptors)} NIXL descriptors (limit {MAX_DESCRIPTORS})",
                               reason="BAD_TENSOR_REF")  # fmt: skip
-    total = sum(lengths)
-    if total == ref.byte_size + HEADER_BYTES and regions[0][1] >= HEADER_BYTES:
-        return regions, True
-    if total == ref.byte_size:
-        return regions, False
+    regions = tuple([(d.address, d.length, d.device_id) for d in descriptors])
+    if not regions:
+        raise _empty_region()
+    total = 0
+    for _, length, _ in regions:
+        if not length:
+            raise _empty_region()
+        total += length
+    byte_size = ref.byte_size
+    if total == byte_size + HEADER_BYTES and regions[0][1] >= HEADER_BYTES:
+        return agent_name, memory_type, regions, True
+    if total == byte_size:
+        return agent_name, memory_type, regions, False
     raise InvalidArgument(f"NIXL descriptors cover {total} bytes, the TensorRef says "
-                          f"{ref.byte_size}", reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+                          f"{byte_size}", reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+
+
+def _empty_region() -> InvalidArgument:
+    return InvalidArgument("NIXL descriptors must be non-empty regions", reason="BAD_TENSOR_REF")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import torch
 
@@ -56,38 +57,58 @@ def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
                                 byte_size=tensor.nbytes)  # fmt: skip
 
 
-def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
-    """Validate dtype, shape and byte size; return the torch dtype. Raises InvalidArgument."""
+def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
+    """Validate dtype, shape and byte size; return the torch dtype and the shape. Raises
+    InvalidArgument. (``check_ref`` without the location check.)"""
     dtype = DTYPES.get(ref.dtype)
     if dtype is None:
         raise InvalidArgument(f"TensorRef has unknown dtype {ref.dtype}", reason="BAD_TENSOR_REF")
+    # NOTE: slicing a repeated field is ~5x faster than iterating it with tuple() (upb).
+    shape = ref.shape[:]
     expected = ITEM_SIZES[dtype]
-    for dim in ref.shape:
+    for dim in shape:
         if dim < 0:
-            raise InvalidArgument(f"TensorRef has a negative dimension: {list(ref.shape)}",
+            raise InvalidArgument(f"TensorRef has a negative dimension: {shape}",
                                   reason="BAD_TENSOR_REF")  # fmt: skip
         expected *= dim
     if ref.byte_size != expected:
         raise InvalidArgument(
-            f"TensorRef byte_size {ref.byte_size} does not match shape {list(ref.shape)} of "
+            f"TensorRef byte_size {ref.byte_size} does not match shape {shape} of "
             f"{dtype} ({expected} bytes)", reason="TENSOR_SIZE_MISMATCH",
         )  # fmt: skip
+    return dtype, shape
+
+
+def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
+    """Validate dtype, shape, byte size and that there is a location; return the torch dtype.
+    Raises InvalidArgument."""
+    dtype, _ = check_layout(ref)
     if ref.WhichOneof("location") is None:
-        raise InvalidArgument("TensorRef has no location (shm, nixl or inline_data)",
-                              reason="BAD_TENSOR_REF")  # fmt: skip
+        raise_no_location()
     return dtype
+
+
+def raise_no_location() -> NoReturn:
+    raise InvalidArgument("TensorRef has no location (shm, nixl or inline_data)",
+                          reason="BAD_TENSOR_REF")  # fmt: skip
 
 
 def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of ``ref``'s dtype and shape viewing ``buffer`` (writable, no copy)."""
-    shape = tuple(ref.shape)
-    if ref.byte_size == 0:
-        return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(buffer, dtype=dtype, count=ref.byte_size // ITEM_SIZES[dtype])  # type: ignore[call-overload]
+    return view_bytes(buffer, dtype, ref.shape[:], ref.byte_size)
+
+
+def view_bytes(buffer: object, dtype: torch.dtype, shape: Sequence[int],
+               byte_size: int) -> torch.Tensor:  # fmt: skip
+    """A tensor of ``dtype`` and ``shape`` viewing the first ``byte_size`` bytes of ``buffer``
+    (writable, no copy)."""
+    if byte_size == 0:
+        return torch.empty(tuple(shape), dtype=dtype)
+    flat = torch.frombuffer(buffer, dtype=dtype, count=byte_size // ITEM_SIZES[dtype])  # type: ignore[call-overload]
     return shaped(flat, shape)
 
 
-def shaped(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def shaped(flat: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """``flat`` (1-D, as many elements as ``shape`` holds) viewed as ``shape``.
 
     NOTE: ``view(*sizes)`` parses its arguments faster than ``view(shape)`` or ``reshape``

@@ -101,6 +101,20 @@ def test_a_recurring_read_is_prepared_once_and_reposted_with_its_own_notificatio
     producer.remove_listener(inbox._on)
 
 
+def test_notify_is_sent_off_the_callers_path_and_a_dead_peer_is_only_logged(
+        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    producer, consumer, remote, local = pair
+    inbox = Inbox(producer)
+    read(consumer, producer, local, remote, 8)
+    consumer.notify("epd-test-nobody", b"lost")  # an agent it never loaded
+    consumer.notify(producer.name, b"after the read")
+    assert inbox.wait_for(1) == [b"after the read"]
+    assert consumer.flush_notifications() == 0  # the polling thread sent both
+    assert "cannot notify NIXL agent 'epd-test-nobody'" in caplog.text
+    producer.remove_listener(inbox._on)
+
+
 def test_deregistering_the_local_block_releases_what_names_it(
         pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
     producer, consumer, remote, local = pair

@@ -15,7 +15,7 @@ from epd.server.transfer.nixl import (
     NixlConsumer,
     NixlProducer,
     mirror,
-    remote_regions,
+    remote_payload,
 )
 from epd.server.transfer.nixl_pool import RegisteredPool
 from epd.server.transfer.shm import HEADER_BYTES
@@ -56,6 +56,12 @@ class FakeAgent:
             ctypes.memmove(dst, src, length)
         if notification:
             self.pending.append(notification)
+
+    def notify(self, agent_name: str, message: bytes) -> None:
+        self.pending.append(message)
+
+    def flush_notifications(self) -> int:
+        return 0
 
     def drop_prepared(self) -> int:
         self.dropped_prepared += 1
@@ -158,13 +164,15 @@ def nixl_ref(byte_size: int, lengths: list[int], **location: object) -> tensor_p
     return ref
 
 
-def test_remote_regions_accept_stamped_and_plain_layouts() -> None:
-    assert remote_regions(nixl_ref(100, [HEADER_BYTES, 100]))[1] is True
-    assert remote_regions(nixl_ref(100, [HEADER_BYTES + 100]))[1] is True  # stamp + payload
-    assert remote_regions(nixl_ref(0, [HEADER_BYTES]))[1] is True
-    assert remote_regions(nixl_ref(100, [60, 40]))[1] is False
-    assert remote_regions(nixl_ref(100, [100]))[1] is False
-    assert mirror([(1, 10, 0), (99, 5, 0)], 1000) == [(1000, 10, 0), (1010, 5, 0)]
+def test_remote_payload_accepts_stamped_and_plain_layouts() -> None:
+    assert remote_payload(nixl_ref(100, [HEADER_BYTES, 100]))[3] is True
+    assert remote_payload(nixl_ref(100, [HEADER_BYTES + 100]))[3] is True  # stamp + payload
+    assert remote_payload(nixl_ref(0, [HEADER_BYTES]))[3] is True
+    assert remote_payload(nixl_ref(100, [60, 40]))[3] is False
+    assert remote_payload(nixl_ref(100, [100], memory_type=2)) == (
+        "a", "VRAM", ((4096, 100, 0),), False)  # fmt: skip
+    assert mirror(((1, 10, 0), (99, 5, 0)), 1000) == ((1000, 10, 0), (1010, 5, 0))
+    assert mirror(((1, 10, 0),), 1000) == ((1000, 10, 0),)
 
 
 @pytest.mark.parametrize("ref, reason", [
@@ -178,11 +186,20 @@ def test_remote_regions_accept_stamped_and_plain_layouts() -> None:
     (nixl_ref(100, [100], memory_type=7), "BAD_TENSOR_REF"),
     (nixl_ref(100, [100], agent_name=""), "BAD_TENSOR_REF"),
 ])  # fmt: skip
-def test_remote_regions_refuse_malformed_descriptors(ref: tensor_pb2.TensorRef,
-                                                     reason: str) -> None:  # fmt: skip
+def test_remote_payload_refuses_malformed_descriptors(ref: tensor_pb2.TensorRef,
+                                                      reason: str) -> None:  # fmt: skip
     with pytest.raises(InvalidArgument) as caught:
-        remote_regions(ref)
+        remote_payload(ref)
     assert caught.value.reason == reason
+
+
+def test_a_reference_without_location_is_refused_as_such(agent: FakeAgent) -> None:
+    ref = nixl_ref(100, [100])
+    ref.ClearField("nixl")
+    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    with pytest.raises(InvalidArgument, match="no location") as caught:
+        consumer.get(ref)
+    assert caught.value.reason == "BAD_TENSOR_REF"
 
 
 def test_small_payloads_come_back_as_private_copies(agent: FakeAgent) -> None:
