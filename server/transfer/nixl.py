@@ -44,6 +44,7 @@ from epd.server.transfer.tensors import (
     check_layout,
     copy_payload,
     describe,
+    move,
     raise_no_location,
     shaped,
     view_bytes,
@@ -278,7 +279,7 @@ class NixlConsumer(TensorConsumer):
               byte_size: int, copy: bool) -> torch.Tensor:  # fmt: skip
         if copy:
             payload = torch.empty(tuple(shape), dtype=dtype)
-            ctypes.memmove(payload.data_ptr(), block.address + HEADER_BYTES, byte_size)
+            move(payload.data_ptr(), block.address + HEADER_BYTES, byte_size)
             pool.give_back(block)
             return payload
         # NOTE: the ctypes array is the buffer the tensor's storage keeps alive; when the last view

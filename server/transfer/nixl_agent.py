@@ -190,8 +190,8 @@ class NixlAgent:
         This agent's own name needs nothing: NIXL reads its own registrations in loopback."""
         if agent_name == self.name:
             return
-        with self._lock:
-            known = self._remote.get(agent_name)
+        # NOTE: no lock to look: dict.get and a set's `in` are atomic under the GIL.
+        known = self._remote.get(agent_name)
         if known is not None and (not metadata or metadata in known):
             return
         if not metadata:

@@ -135,7 +135,8 @@ class DataPlane:
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         """The tensor behind ``ref``: a view valid until its lease is released, or a copy."""
         location = ref.WhichOneof("location")
-        if ref.lease_expire_time_ms and ref.lease_expire_time_ms < time.time() * 1000:
+        expire_time_ms = ref.lease_expire_time_ms
+        if expire_time_ms and expire_time_ms < time.time() * 1000:
             raise NotFound(f"lease {ref.lease_id} expired", reason="LEASE_EXPIRED")
         consumer = self.consumers.get(location or "")
         if consumer is None:

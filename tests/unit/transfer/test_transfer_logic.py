@@ -9,7 +9,7 @@ from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFou
 from epd.server.transfer.leases import LeaseTable
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, parse_kind
-from epd.server.transfer.tensors import check_ref, describe
+from epd.server.transfer.tensors import GIL_HELD_COPY_MAX_BYTES, check_ref, describe, move
 from epd.v1 import tensor_pb2
 
 
@@ -167,3 +167,13 @@ def test_lease_ids_are_unique_across_threads_and_forks() -> None:
     assert os.read(read_end, 64).decode() != new_lease_id()  # the child drew its own
     os.close(read_end)
     os.close(write_end)
+
+
+@pytest.mark.parametrize("num_bytes", [1, 4096, GIL_HELD_COPY_MAX_BYTES,
+                                       GIL_HELD_COPY_MAX_BYTES + 1])  # fmt: skip
+def test_move_copies_exactly_with_and_without_the_gil(num_bytes: int) -> None:
+    source = torch.randint(0, 256, (num_bytes + 8,), dtype=torch.uint8)
+    destination = torch.zeros(num_bytes + 8, dtype=torch.uint8)
+    move(destination.data_ptr() + 4, source.data_ptr(), num_bytes)
+    assert torch.equal(destination[4:4 + num_bytes], source[:num_bytes])
+    assert destination[:4].sum() == 0 and destination[4 + num_bytes:].sum() == 0
