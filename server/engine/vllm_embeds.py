@@ -11,13 +11,15 @@ renderer's output) and vLLM takes it as a rendered ``EngineInput``, with no thre
 
 Names: real embeddings are named by a hash of their bytes, dtype, shape and grid, so vLLM's
 caches (processor, encoder, prefix) share an entry only between equal embeddings whatever a
-caller claims. Placeholder embeddings (decode) carry the route's ``mm_hash``, else a name unique
-to the request, as before.
+caller claims. Grid-only images (decode after a remote prefill: their KV is pulled, never
+recomputed) get zero embeddings of the right shape, so vLLM lays out positions as the prefill did,
+named by the route's ``mm_hash``, else uniquely per request, as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -47,9 +49,7 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
     )  # fmt: skip
 
     expanded, ranges = layout.expand_with_ranges(token_ids, images)
-    starts = [0]
-    for _, length in ranges:
-        starts.append(starts[-1] + length)
+    starts = [0, *accumulate(length for _, length in ranges)]
     slices = [(slice(start, end),) for start, end in zip(starts, starts[1:], strict=False)]
     embeds_field = MultiModalFlatField(slices=slices, dim=0)
     grid_field = MultiModalBatchedField(keep_on_cpu=True)
