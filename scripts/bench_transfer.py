@@ -7,6 +7,9 @@ For each size, in one run on this machine:
 - shm: ``put`` in this process + ``get`` (zero-copy view) in a second process;
 - nixl: ``put`` into a registered buffer here + ``get`` (one NIXL READ into the second process's
   registered buffer, viewed without a further copy) there, agents connected beforehand;
+- cma: the second process copies the tensor out of this one with one ``process_vm_readv`` call
+  into a warm buffer (no data plane at all): the kernel's cross-process copy that UCX uses for a
+  NIXL READ on one host, i.e. the ceiling of a READ posted by one thread;
 - inline: ``put`` + serialise the TensorRef, parse it + ``get`` (what a gRPC message carries,
   without the network);
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
@@ -22,8 +25,10 @@ runs; the pipe that stands in for the gRPC message carrying the TensorRef is not
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -49,9 +54,32 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], pid: int, address: int,
+              num_bytes: int) -> float:  # fmt: skip
+    """Seconds for one ``process_vm_readv`` of ``num_bytes`` at ``address`` of ``pid`` into a
+    warm buffer; NaN where the kernel refuses (ptrace restrictions)."""
+    if num_bytes not in buffers:
+        buffers[num_bytes] = ctypes.create_string_buffer(num_bytes)
+    local = _IoVec(ctypes.addressof(buffers[num_bytes]), num_bytes)
+    remote = _IoVec(address, num_bytes)
+    read_vm = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    start = time.perf_counter()
+    num_read = read_vm(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    seconds = time.perf_counter() - start
+    return seconds if num_read == num_bytes else float("nan")
+
+
 def _consumer(conn: Connection) -> None:
     plane = DataPlane(HOST)
+    buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}
     while (data := conn.recv()) is not None:
+        if isinstance(data, tuple):
+            conn.send(_cma_read(buffers, *data))
+            continue
         ref = tensor_pb2.TensorRef.FromString(data)
         start = time.perf_counter()
         plane.get(ref)
@@ -96,6 +124,11 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         plane.release([ref.lease_id])
         return put_s + get_s
 
+    def cma_read(tensor: torch.Tensor) -> float:
+        conn.send((os.getpid(), tensor.data_ptr(), tensor.nbytes))
+        seconds: float = conn.recv()
+        return seconds
+
     def inline_handoff(tensor: torch.Tensor) -> None:
         ref = plane.put(tensor, HOST, preferred=tensor_pb2.TRANSFER_KIND_INLINE)
         data = ref.SerializeToString()
@@ -113,6 +146,7 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
             "torch_copy_s": lambda d=dst, s=src: _timed(lambda: d.copy_(s)),
             "shm_s": lambda s=src: handoff(s, "shm"),
             "nixl_s": lambda s=src: handoff(s, "nixl"),
+            "cma_s": lambda s=src: cma_read(s),
             "inline_s": lambda s=src: _timed(lambda: inline_handoff(s)),
             "grpc_bytes_s": lambda p=payload: _timed(lambda: send(p)),
         }
@@ -135,7 +169,7 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
     return results
 
 
-BACKENDS = ("shm", "nixl", "inline", "grpc_bytes")
+BACKENDS = ("shm", "nixl", "cma", "inline", "grpc_bytes")
 
 
 def table(results: dict[str, dict[str, float]]) -> str:

@@ -13,13 +13,21 @@ default, which lets UCX use shared-memory transports (cma) on one host: ``peer``
 and is ~10x slower here. Set $EPD_NIXL_UCX_ERROR_HANDLING=peer where peer-failure detection
 matters more than speed. NIXL's progress thread is off (see the note in ``NixlAgent``); set
 $EPD_NIXL_PROGRESS_THREAD=1 to turn it on where cores are plentiful.
+
+READs of $EPD_NIXL_STRIPE_MIN_BYTES (default 8 MiB) or more are cut into $EPD_NIXL_READ_STRIPES
+parts (default 2; 1 turns striping off) posted at once by reader threads on UCX workers of their
+own (``nixl_stripes``). The agent runs NIXL's reader/writer thread-sync mode for that: transfers
+of several threads proceed together, registrations and peer changes exclude them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
+import functools
 import logging
+import mmap
 import os
 import socket
 import threading
@@ -32,6 +40,7 @@ from typing import Any
 
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer.nixl_prepared import PreparedReads, Region, Regions
+from epd.server.transfer.nixl_stripes import StripeReaders, split_regions
 
 logger = logging.getLogger(__name__)
 # NOTE: read when nixl is first imported; INFO lines on every agent start are noise in servers.
@@ -40,6 +49,7 @@ os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 NotificationListener = Callable[[str, bytes], None]
 _SPINS_BEFORE_SLEEP = 2000
 _MAX_METADATA_PER_PEER = 4096
+_BIND_BYTES = 128
 
 
 def is_available() -> bool:
@@ -57,18 +67,21 @@ class NixlAgent:
     def __init__(self, name: str) -> None:
         from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
-        strict = nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
+        stripes = _int_env("EPD_NIXL_READ_STRIPES", 2, minimum=1)
+        self.stripe_min_bytes = _int_env("EPD_NIXL_STRIPE_MIN_BYTES", 8 << 20, minimum=1)
         # NOTE: NIXL's progress thread polls without pause and takes a whole core; with torch's
         # intra-op threads beside it on a small machine, a 64 KiB copy took 20 ms instead of
         # 5 us. Our own thread below polls every millisecond instead (a passive producer must
         # make progress for peers to connect and for their notifications to arrive).
         progress_thread = os.environ.get("EPD_NIXL_PROGRESS_THREAD", "0") == "1"
         config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[],
-                                   sync_mode=strict)  # fmt: skip
+                                   sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)  # fmt: skip
         self.name = name
         self._agent: Any = nixl_agent(name, config)
         mode = os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", "none")
-        self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
+        # NOTE: one worker more than readers: the threads after them start again at worker 0.
+        self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode,
+                                           "num_workers": str(stripes + 1 if stripes > 1 else 1)})
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
@@ -85,6 +98,11 @@ class NixlAgent:
         self._progress_interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
         self._stop = threading.Event()
         self._progress_thread: threading.Thread | None = None
+        # NOTE: polling takes NIXL's agent lock exclusively, and a writer waiting there holds back
+        # every transfer not yet started: a poll during one stripe's copy kept the other stripes
+        # from starting until it was done. Polls and striped READs take turns on this gate.
+        self._poll_gate = threading.Lock()
+        self._readers = self._start_readers(stripes) if stripes > 1 else None
         if not progress_thread:
             self._progress_thread = threading.Thread(target=self._progress, daemon=True,
                                                      name="epd-nixl-progress")  # fmt: skip
@@ -94,11 +112,37 @@ class NixlAgent:
             atexit.register(self.stop_progress)
 
     def stop_progress(self) -> None:
-        """Stop the polling thread, then send what ``notify`` left (at exit; idempotent)."""
+        """Stop the polling thread and the readers, then send what ``notify`` left (at exit;
+        idempotent)."""
         self._stop.set()
         if self._progress_thread is not None and self._progress_thread.is_alive():
             self._progress_thread.join()
+        if self._readers is not None:
+            self._readers.stop()
+            self._readers = None
         self.flush_notifications()
+
+    @property
+    def num_read_stripes(self) -> int:
+        """Parts a READ of ``stripe_min_bytes`` or more is cut into (1: not striped)."""
+        return 1 if self._readers is None else self._readers.count
+
+    def _start_readers(self, count: int) -> StripeReaders | None:
+        """Reader threads bound to workers 1..count by a loopback READ of a scratch region each;
+        None (READs unstriped) if that fails."""
+        scratch = mmap.mmap(-1, _BIND_BYTES)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(scratch))
+        half = _BIND_BYTES // 2
+        self.register(address, _BIND_BYTES)
+        try:
+            return StripeReaders(count, lambda: self._read_once(
+                ((address, half, 0),), ((address + half, half, 0),), self.name, "DRAM", b"", 5.0))
+        except Exception as e:
+            logger.warning("NIXL READs are not striped: binding reader threads failed: %s", e)
+            return None
+        finally:
+            self.deregister(address)
+            scratch.close()
 
     def _progress(self) -> None:
         while not self._stop.wait(self._progress_interval_s):
@@ -236,14 +280,30 @@ class NixlAgent:
         ``notification`` reaches the peer when the READ completes. Blocks until done.
         ``recurring``: both sides are regions that come back (pooled blocks), so the READ is
         prepared once and reposted (see ``nixl_prepared``; ``num_prepared`` counts what is kept)."""
+        readers = self._readers
+        if (readers is not None and agent_name != self.name
+                and sum(length for _, length, _ in remote) >= self.stripe_min_bytes):  # fmt: skip
+            parts = split_regions(tuple(local), tuple(remote), readers.count)
+            with self._poll_gate:
+                readers.run_all([functools.partial(self._read_once, local_part, remote_part,
+                                                   agent_name, remote_memory_type, b"", timeout_s)
+                                 for local_part, remote_part in parts])  # fmt: skip
+            if notification:
+                self._send(agent_name, notification)
+            return
         if recurring and agent_name != self.name:
             self._read_prepared(tuple(local), tuple(remote), agent_name, remote_memory_type,
                                 notification, timeout_s)  # fmt: skip
             return
+        self._read_once(local, remote, agent_name, remote_memory_type, notification, timeout_s)
+
+    def _read_once(self, local: Sequence[Region], remote: Sequence[Region], agent_name: str,
+                   memory_type: str, notification: bytes, timeout_s: float) -> None:  # fmt: skip
+        """One READ request, built, posted, waited for and released."""
         try:
             handle = self._agent.initialize_xfer(
                 "READ", self._agent.get_xfer_descs(list(local), "DRAM"),
-                self._agent.get_xfer_descs(list(remote), remote_memory_type), agent_name,
+                self._agent.get_xfer_descs(list(remote), memory_type), agent_name,
                 notification)  # fmt: skip
         except Exception as e:
             raise _region_not_found(agent_name, e) from e
@@ -376,7 +436,8 @@ class NixlAgent:
 
     def poll(self) -> int:
         """Deliver notifications that arrived since the last poll; returns how many."""
-        notifications = self._agent.get_new_notifs()
+        with self._poll_gate:
+            notifications = self._agent.get_new_notifs()
         with self._lock:
             listeners = list(self._listeners)
         count = 0
@@ -386,6 +447,20 @@ class NixlAgent:
                 for listener in listeners:
                     listener(str(peer), bytes(message))
         return count
+
+
+def _int_env(name: str, default: int, *, minimum: int) -> int:
+    """Integer setting ``name`` from the environment; ValueError names it when malformed."""
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"${name} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"${name} must be at least {minimum}, got {value}")
+    return value
 
 
 def _region_not_found(agent_name: str, error: Exception) -> NotFound:

@@ -55,7 +55,8 @@ def consumer(conn: Connection, host_id: str) -> None:
     A reference sent with hold=True is viewed and kept open until the process dies.
     "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
     answers how many NIXL regions stay registered and how many prepared READ handles are kept;
-    "prepared" answers the latter alone."""
+    "prepared" answers the latter alone; "stripes" how many parts this process's agent cuts a
+    large READ into."""
     plane = DataPlane(host_id)
     held = []
     while (message := conn.recv()) is not None:
@@ -68,6 +69,9 @@ def consumer(conn: Connection, host_id: str) -> None:
             continue
         if message == "prepared":
             conn.send(nixl_agent.num_prepared())
+            continue
+        if message == "stripes":
+            conn.send(nixl_agent.process_agent().num_read_stripes)
             continue
         data, hold = message
         ref = tensor_pb2.TensorRef.FromString(data)

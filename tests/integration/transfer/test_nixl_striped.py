@@ -1,0 +1,78 @@
+"""Striped NIXL READs between two real processes: a consumer whose agent stripes every READ
+($EPD_NIXL_STRIPE_MIN_BYTES=1) reads payloads of every dtype and of sizes that do not fall on page
+boundaries, pooled and lent, byte for byte; a dead producer gives a typed error and the readers
+go on serving. Each test ends with the leak checks of the other NIXL tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from epd.server.transfer import nixl_agent
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
+
+pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
+
+KiB, MiB = 1 << 10, 1 << 20
+REMOTE = "remote-host"
+NIXL = tensor_pb2.TRANSFER_KIND_NIXL
+
+
+@pytest.fixture(scope="module")
+def striping_peer() -> Iterator[Peer]:
+    """A consumer on another host that cuts every READ in two; it must end with nothing
+    registered and no prepared READ kept."""
+    saved = os.environ.get("EPD_NIXL_STRIPE_MIN_BYTES")
+    os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = "1"
+    try:
+        consumer_peer = Peer(REMOTE)
+        assert consumer_peer.ask("stripes") == 2
+    finally:
+        if saved is None:
+            del os.environ["EPD_NIXL_STRIPE_MIN_BYTES"]
+        else:
+            os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = saved
+    yield consumer_peer
+    assert consumer_peer.ask("close") == (0, 0)
+    consumer_peer.stop()
+
+
+@pytest.fixture
+def plane(striping_peer: Peer) -> Iterator[DataPlane]:
+    producer_plane = DataPlane(HOST)
+    yield producer_plane
+    producer_plane.close()
+    assert nixl_agent.num_registered_regions() == 0
+    assert striping_peer.ask("outstanding") == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_bytes", [1 * KiB, 96 * KiB + 512, 1 * MiB, 3 * MiB + 12800])
+def test_striped_reads_return_every_byte(plane: DataPlane, striping_peer: Peer,
+                                         dtype: torch.dtype, num_bytes: int) -> None:  # fmt: skip
+    tensor = make_tensor(dtype, num_bytes, seed=num_bytes + 3)
+    ref = plane.put(tensor, REMOTE, preferred=NIXL)
+    assert striping_peer.read(ref) == ("ok", digest(tensor), list(tensor.shape), str(dtype))
+
+
+def test_a_striped_read_from_a_dead_producer_is_a_typed_error(
+    plane: DataPlane, striping_peer: Peer
+) -> None:
+    conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=producer, args=(child_conn, HOST, REMOTE), daemon=True)
+    process.start()
+    assert conn.poll(120)
+    data, _, pid = conn.recv()
+    os.kill(pid, signal.SIGKILL)
+    process.join(10)
+    answer = striping_peer.ask((data, False), timeout_s=60)
+    assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
+                      ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
+    tensor = make_tensor(torch.float32, 2 * MiB, seed=31)
+    assert striping_peer.read(plane.put(tensor, REMOTE, preferred=NIXL))[1] == digest(tensor)
