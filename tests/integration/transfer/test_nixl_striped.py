@@ -26,13 +26,13 @@ NIXL = tensor_pb2.TRANSFER_KIND_NIXL
 
 @pytest.fixture(scope="module")
 def striping_peer() -> Iterator[Peer]:
-    """A consumer on another host that cuts every READ in two; it must end with nothing
+    """A consumer on another host that cuts every READ in three; it must end with nothing
     registered and no prepared READ kept."""
     saved = os.environ.get("EPD_NIXL_STRIPE_MIN_BYTES")
     os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = "1"
     try:
         consumer_peer = Peer(REMOTE)
-        assert consumer_peer.ask("stripes") == 2
+        assert consumer_peer.ask("stripes") == 3
     finally:
         if saved is None:
             del os.environ["EPD_NIXL_STRIPE_MIN_BYTES"]
@@ -76,3 +76,19 @@ def test_a_striped_read_from_a_dead_producer_is_a_typed_error(
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
     tensor = make_tensor(torch.float32, 2 * MiB, seed=31)
     assert striping_peer.read(plane.put(tensor, REMOTE, preferred=NIXL))[1] == digest(tensor)
+
+
+def test_a_cut_behind_a_stale_registration_record_is_still_read(
+    plane: DataPlane, striping_peer: Peer
+) -> None:
+    """The consumer's NIXL keeps a record of every region it ever loaded, also once the producer
+    deregistered it; a part that starts behind such a record must still find its own."""
+    buffer = make_tensor(torch.float32, 24 * MiB, seed=41).reshape(-1)
+    inner = buffer[MiB : MiB + MiB // 2]  # 2 MiB lent from 4 MiB into the buffer
+    first = plane.put(inner, REMOTE, preferred=NIXL)
+    assert first.nixl.descriptors[1].address == inner.data_ptr()
+    assert striping_peer.read(first)[1] == digest(inner)
+    assert plane.release([first.lease_id]) in (0, 1)
+    whole = plane.put(buffer, REMOTE, preferred=NIXL)
+    assert whole.nixl.descriptors[1].address == buffer.data_ptr()
+    assert striping_peer.read(whole)[1] == digest(buffer)

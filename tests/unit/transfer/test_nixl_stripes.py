@@ -3,22 +3,32 @@ readers run jobs (every job waited for, errors raised after, binding one reader 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import pytest
 
 from epd.server.transfer.nixl_agent import _int_env
-from epd.server.transfer.nixl_stripes import PAGE_BYTES, StripeReaders, cpu_share, split_regions
+from epd.server.transfer.nixl_prepared import Region, Regions
+from epd.server.transfer.nixl_stripes import (
+    ANCHOR_BYTES,
+    PAGE_BYTES,
+    StripeReaders,
+    cpu_share,
+    split_regions,
+)
 
 MiB = 1 << 20
 
 
-def joined(parts: list[tuple[tuple, tuple]], side: int) -> list[tuple[int, int, int]]:
-    """The regions of one side of every part, end to end, with touching regions merged."""
+def without_anchors(parts: list[tuple[Regions, Regions]], side: int) -> list[Region]:
+    """The regions of one side of every part, anchors dropped, touching regions merged."""
     merged: list[list[int]] = []
     for part in parts:
-        for address, length, device in part[side]:
+        for index, (address, length, device) in enumerate(part[side]):
+            if index == 0 and len(part[side]) > 1 and length == ANCHOR_BYTES:
+                continue
             if merged and merged[-1][0] + merged[-1][1] == address and merged[-1][2] == device:
                 merged[-1][1] += length
             else:
@@ -30,28 +40,34 @@ def test_one_region_is_cut_in_two_halves_on_a_page_boundary() -> None:
     local, remote = ((0x10000, 16 * MiB, 0),), ((0x900000, 16 * MiB, 0),)
     parts = split_regions(local, remote, 2)
     assert parts == [(((0x10000, 8 * MiB, 0),), ((0x900000, 8 * MiB, 0),)),
-                     (((0x10000 + 8 * MiB, 8 * MiB, 0),), ((0x900000 + 8 * MiB, 8 * MiB, 0),))]
+                     (((0x10000, 8, 0), (0x10000 + 8 * MiB, 8 * MiB, 0)),
+                      ((0x900000, 8, 0), (0x900000 + 8 * MiB, 8 * MiB, 0)))]
 
 
-def test_stamp_and_payload_are_cut_across_their_boundary_and_stay_matched() -> None:
+def test_a_part_that_starts_inside_a_region_rereads_the_start_of_that_region() -> None:
     local = ((1 << 30, 64, 0), ((1 << 30) + 64, 3 * MiB + 12800, 0))
     remote = ((5 << 30, 64, 0), (7 << 30, 3 * MiB + 12800, 0))
     parts = split_regions(local, remote, 2)
     assert len(parts) == 2
     for local_part, remote_part in parts:
         assert [n for _, n, _ in local_part] == [n for _, n, _ in remote_part]
+    assert parts[1][0][0] == ((1 << 30) + 64, ANCHOR_BYTES, 0)  # the payload's first bytes again
+    assert parts[1][1][0] == (7 << 30, ANCHOR_BYTES, 0)
     first_bytes = sum(n for _, n, _ in parts[0][1])
     assert first_bytes % PAGE_BYTES == 0
-    assert abs(first_bytes - sum(n for _, n, _ in parts[1][1])) <= 2 * PAGE_BYTES
-    assert joined(parts, 0) == [((1 << 30), 64 + 3 * MiB + 12800, 0)]
-    assert joined(parts, 1) == [(5 << 30, 64, 0), (7 << 30, 3 * MiB + 12800, 0)]
+    second_bytes = sum(n for _, n, _ in parts[1][1]) - ANCHOR_BYTES
+    assert first_bytes + second_bytes == 64 + 3 * MiB + 12800
+    assert abs(first_bytes - second_bytes) <= 2 * PAGE_BYTES
+    assert without_anchors(parts, 0) == [((1 << 30), 64 + 3 * MiB + 12800, 0)]
+    assert without_anchors(parts, 1) == [(5 << 30, 64, 0), (7 << 30, 3 * MiB + 12800, 0)]
 
 
 def test_small_reads_stay_whole_and_more_readers_than_pages_leave_some_idle() -> None:
     assert split_regions(((0, 100, 0),), ((4096, 100, 0),), 2) == [(((0, 100, 0),),
                                                                     ((4096, 100, 0),))]
     parts = split_regions(((0, 3 * PAGE_BYTES, 0),), ((1 << 20, 3 * PAGE_BYTES, 0),), 8)
-    assert [sum(n for _, n, _ in remote) for _, remote in parts] == [PAGE_BYTES] * 3
+    assert [sum(n for _, n, _ in remote) for _, remote in parts] == [
+        PAGE_BYTES, PAGE_BYTES + ANCHOR_BYTES, PAGE_BYTES + ANCHOR_BYTES]
 
 
 def test_regions_of_different_lengths_are_refused() -> None:
@@ -65,7 +81,7 @@ def test_each_reader_keeps_to_its_own_share_of_the_cpus() -> None:
     assert cpu_share([3], 1, 2) == {3}
 
 
-def test_readers_bind_one_after_another_and_run_each_job_on_its_own_thread() -> None:
+def test_readers_bind_one_after_another() -> None:
     bound: list[str] = []
     inside = threading.Semaphore(1)
 
@@ -76,24 +92,60 @@ def test_readers_bind_one_after_another_and_run_each_job_on_its_own_thread() -> 
         inside.release()
 
     readers = StripeReaders(2, bind)
+    readers.stop()
+    readers.stop()
+    assert bound == ["epd-nixl-reader-0", "epd-nixl-reader-1"]
+
+
+def test_readers_take_parts_while_the_caller_reads_the_first() -> None:
+    readers = StripeReaders(2, lambda: None)
+    second_started = threading.Event()
+    ran: list[tuple[int, str]] = []
+
+    def part(index: int) -> None:
+        ran.append((index, threading.current_thread().name))
+        if index == 0:
+            assert second_started.wait(5), "no reader took a part while the caller read"
+        else:
+            second_started.set()
+
     try:
-        assert bound == ["epd-nixl-reader-0", "epd-nixl-reader-1"]
-        ran: list[str] = []
-        readers.run_all([lambda: ran.append(threading.current_thread().name)] * 4)
-        assert sorted(ran) == ["epd-nixl-reader-0"] * 2 + ["epd-nixl-reader-1"] * 2
+        readers.run_all([functools.partial(part, index) for index in range(3)])
     finally:
         readers.stop()
+    assert sorted(index for index, _ in ran) == [0, 1, 2]
+    assert ran[0] == (0, threading.current_thread().name)
+
+
+def test_the_caller_claims_what_busy_readers_leave() -> None:
+    readers = StripeReaders(1, lambda: None)
+    release = threading.Event()
+    blocked = threading.Thread(target=readers.run_all, args=([release.wait, release.wait],))
+    blocked.start()
+    try:
+        done: list[int] = []
+        caller = threading.Thread(target=readers.run_all,
+                                  args=([functools.partial(done.append, index)
+                                         for index in range(4)],))  # fmt: skip
+        caller.start()
+        caller.join(5)
+        assert done == [0, 1, 2, 3], "the caller waited for a busy reader"
+    finally:
+        release.set()
+        blocked.join()
         readers.stop()
 
 
 def test_a_failed_job_is_raised_only_once_every_job_is_done() -> None:
     readers = StripeReaders(2, lambda: None)
-    finished = threading.Event()
+    started, finished = threading.Event(), threading.Event()
 
     def fail() -> None:
+        assert started.wait(5), "no reader took the slow part"
         raise OSError("stripe failed")
 
     def slow() -> None:
+        started.set()
         time.sleep(0.05)
         finished.set()
 
@@ -112,8 +164,8 @@ def test_a_reader_that_cannot_bind_fails_the_constructor() -> None:
 
     with pytest.raises(RuntimeError, match="no loopback"):
         StripeReaders(2, bind)
-    with pytest.raises(ValueError, match="at least 2 readers"):
-        StripeReaders(1, lambda: None)
+    with pytest.raises(ValueError, match="at least 1 reader"):
+        StripeReaders(0, lambda: None)
 
 
 def test_settings_from_the_environment_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
