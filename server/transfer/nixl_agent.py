@@ -15,10 +15,9 @@ matters more than speed. NIXL's progress thread is off (see the note in ``NixlAg
 $EPD_NIXL_PROGRESS_THREAD=1 to turn it on where cores are plentiful.
 
 READs of $EPD_NIXL_STRIPE_MIN_BYTES (default 8 MiB) or more are cut into $EPD_NIXL_READ_STRIPES
-parts (default 3; 1 turns striping off) that the calling thread and reader threads on UCX workers
-of their own post at once (``nixl_stripes``). The agent runs NIXL's reader/writer thread-sync mode
-for that: transfers of several threads proceed together, registrations and peer changes exclude
-them.
+parts (default 2; 1 turns striping off) that as many reader threads, on UCX workers of their own,
+post at once (``nixl_stripes``). The agent runs NIXL's reader/writer thread-sync mode for that:
+transfers of several threads proceed together, registrations and peer changes exclude them.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ class NixlAgent:
     def __init__(self, name: str) -> None:
         from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
-        stripes = _int_env("EPD_NIXL_READ_STRIPES", 3, minimum=1)
+        stripes = _int_env("EPD_NIXL_READ_STRIPES", 2, minimum=1)
         self.stripe_min_bytes = _int_env("EPD_NIXL_STRIPE_MIN_BYTES", 8 << 20, minimum=1)
         # NOTE: NIXL's progress thread polls without pause and takes a whole core; with torch's
         # intra-op threads beside it on a small machine, a 64 KiB copy took 20 ms instead of
@@ -82,7 +81,7 @@ class NixlAgent:
         mode = os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", "none")
         # NOTE: one worker more than readers: the threads after them start again at worker 0.
         self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode,
-                                           "num_workers": str(stripes)})
+                                           "num_workers": str(stripes + 1 if stripes > 1 else 1)})
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
@@ -103,7 +102,7 @@ class NixlAgent:
         # every transfer not yet started: a poll during one stripe's copy kept the other stripes
         # from starting until it was done. Polls and striped READs take turns on this gate.
         self._poll_gate = threading.Lock()
-        self._readers = self._start_readers(stripes - 1) if stripes > 1 else None
+        self._readers = self._start_readers(stripes) if stripes > 1 else None
         if not progress_thread:
             self._progress_thread = threading.Thread(target=self._progress, daemon=True,
                                                      name="epd-nixl-progress")  # fmt: skip
@@ -126,7 +125,7 @@ class NixlAgent:
     @property
     def num_read_stripes(self) -> int:
         """Parts a READ of ``stripe_min_bytes`` or more is cut into (1: not striped)."""
-        return 1 if self._readers is None else self._readers.count + 1
+        return 1 if self._readers is None else self._readers.count
 
     def _start_readers(self, count: int) -> StripeReaders | None:
         """Reader threads bound to workers 1..count by a loopback READ of a scratch region each;
@@ -284,7 +283,7 @@ class NixlAgent:
         readers = self._readers
         if (readers is not None and agent_name != self.name
                 and sum(length for _, length, _ in remote) >= self.stripe_min_bytes):  # fmt: skip
-            parts = split_regions(tuple(local), tuple(remote), readers.count + 1)
+            parts = split_regions(tuple(local), tuple(remote), readers.count)
             with self._poll_gate:
                 readers.run_all([functools.partial(self._read_once, local_part, remote_part,
                                                    agent_name, remote_memory_type, b"", timeout_s)

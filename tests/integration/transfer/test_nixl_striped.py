@@ -26,13 +26,13 @@ NIXL = tensor_pb2.TRANSFER_KIND_NIXL
 
 @pytest.fixture(scope="module")
 def striping_peer() -> Iterator[Peer]:
-    """A consumer on another host that cuts every READ in three; it must end with nothing
+    """A consumer on another host that cuts every READ in two; it must end with nothing
     registered and no prepared READ kept."""
     saved = os.environ.get("EPD_NIXL_STRIPE_MIN_BYTES")
     os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = "1"
     try:
         consumer_peer = Peer(REMOTE)
-        assert consumer_peer.ask("stripes") == 3
+        assert consumer_peer.ask("stripes") == 2
     finally:
         if saved is None:
             del os.environ["EPD_NIXL_STRIPE_MIN_BYTES"]
