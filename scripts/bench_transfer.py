@@ -9,7 +9,8 @@ For each size, in one run on this machine:
   registered buffer, viewed without a further copy) there, agents connected beforehand;
 - cma: the second process copies the tensor out of this one with one ``process_vm_readv`` call
   into a warm buffer (no data plane at all): the kernel's cross-process copy that UCX uses for a
-  NIXL READ on one host, i.e. the ceiling of a READ posted by one thread;
+  NIXL READ on one host, i.e. the ceiling of a READ posted by one thread; cma2: two threads of
+  the second process copy a half each at once (the ceiling of a READ striped in two);
 - inline: ``put`` + serialise the TensorRef, parse it + ``get`` (what a gRPC message carries,
   without the network);
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
@@ -58,27 +59,36 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
-def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], pid: int, address: int,
-              num_bytes: int) -> float:  # fmt: skip
-    """Seconds for one ``process_vm_readv`` of ``num_bytes`` at ``address`` of ``pid`` into a
-    warm buffer; NaN where the kernel refuses (ptrace restrictions)."""
+def _read_vm(pid: int, local_address: int, address: int, num_bytes: int) -> bool:
+    """One ``process_vm_readv`` of ``num_bytes``; False where the kernel refuses (ptrace rules)."""
+    local, remote = _IoVec(local_address, num_bytes), _IoVec(address, num_bytes)
+    read_vm = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    return bool(read_vm(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) == num_bytes)
+
+
+def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], helper: futures.Executor,
+              pid: int, address: int, num_bytes: int, num_threads: int) -> float:  # fmt: skip
+    """Seconds to copy ``num_bytes`` at ``address`` of ``pid`` into a warm buffer with
+    ``process_vm_readv``, by one thread or by two reading a half each; NaN where refused."""
     if num_bytes not in buffers:
         buffers[num_bytes] = ctypes.create_string_buffer(num_bytes)
-    local = _IoVec(ctypes.addressof(buffers[num_bytes]), num_bytes)
-    remote = _IoVec(address, num_bytes)
-    read_vm = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    local = ctypes.addressof(buffers[num_bytes])
+    half = num_bytes // 2 if num_threads == 2 else 0
     start = time.perf_counter()
-    num_read = read_vm(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    other = helper.submit(_read_vm, pid, local, address, half) if half else None
+    done = _read_vm(pid, local + half, address + half, num_bytes - half)
+    done = done and (other is None or other.result())
     seconds = time.perf_counter() - start
-    return seconds if num_read == num_bytes else float("nan")
+    return seconds if done else float("nan")
 
 
 def _consumer(conn: Connection) -> None:
     plane = DataPlane(HOST)
     buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}
+    helper = futures.ThreadPoolExecutor(1)
     while (data := conn.recv()) is not None:
         if isinstance(data, tuple):
-            conn.send(_cma_read(buffers, *data))
+            conn.send(_cma_read(buffers, helper, *data))
             continue
         ref = tensor_pb2.TensorRef.FromString(data)
         start = time.perf_counter()
@@ -124,8 +134,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
         plane.release([ref.lease_id])
         return put_s + get_s
 
-    def cma_read(tensor: torch.Tensor) -> float:
-        conn.send((os.getpid(), tensor.data_ptr(), tensor.nbytes))
+    def cma_read(tensor: torch.Tensor, num_threads: int) -> float:
+        conn.send((os.getpid(), tensor.data_ptr(), tensor.nbytes, num_threads))
         seconds: float = conn.recv()
         return seconds
 
@@ -146,7 +156,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
             "torch_copy_s": lambda d=dst, s=src: _timed(lambda: d.copy_(s)),
             "shm_s": lambda s=src: handoff(s, "shm"),
             "nixl_s": lambda s=src: handoff(s, "nixl"),
-            "cma_s": lambda s=src: cma_read(s),
+            "cma_s": lambda s=src: cma_read(s, 1),
+            "cma2_s": lambda s=src: cma_read(s, 2),
             "inline_s": lambda s=src: _timed(lambda: inline_handoff(s)),
             "grpc_bytes_s": lambda p=payload: _timed(lambda: send(p)),
         }
@@ -169,7 +180,7 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
     return results
 
 
-BACKENDS = ("shm", "nixl", "cma", "inline", "grpc_bytes")
+BACKENDS = ("shm", "nixl", "cma", "cma2", "inline", "grpc_bytes")
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
