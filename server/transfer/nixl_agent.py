@@ -34,11 +34,11 @@ import threading
 import time
 import uuid
 import zlib
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.server.transfer.nixl_notifications import NotificationListener, Notifications
 from epd.server.transfer.nixl_prepared import PreparedReads, Region, Regions
 from epd.server.transfer.nixl_stripes import StripeReaders, split_regions
 
@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 # NOTE: read when nixl is first imported; INFO lines on every agent start are noise in servers.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
-NotificationListener = Callable[[str, bytes], None]
 _SPINS_BEFORE_SLEEP = 2000
 _MAX_METADATA_PER_PEER = 4096
 _BIND_BYTES = 128
@@ -69,10 +68,8 @@ class NixlAgent:
 
         stripes = _int_env("EPD_NIXL_READ_STRIPES", 2, minimum=1)
         self.stripe_min_bytes = _int_env("EPD_NIXL_STRIPE_MIN_BYTES", 8 << 20, minimum=1)
-        # NOTE: NIXL's progress thread polls without pause and takes a whole core; with torch's
-        # intra-op threads beside it on a small machine, a 64 KiB copy took 20 ms instead of
-        # 5 us. Our own thread below polls every millisecond instead (a passive producer must
-        # make progress for peers to connect and for their notifications to arrive).
+        # NOTE: NIXL's progress thread spins a whole core; ours polls every millisecond instead
+        # (``nixl_notifications``).
         progress_thread = os.environ.get("EPD_NIXL_PROGRESS_THREAD", "0") == "1"
         config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[],
                                    sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)  # fmt: skip
@@ -93,34 +90,25 @@ class NixlAgent:
         # agent: NIXL may erase an agent's record (and the pointers prepared READs hold) there.
         self._prepared_lock = threading.Lock()
         self._prepared = PreparedReads(self._agent)
-        self._listeners: list[NotificationListener] = []
-        self._outbox: deque[tuple[str, bytes]] = deque()
-        self._progress_interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
-        self._stop = threading.Event()
-        self._progress_thread: threading.Thread | None = None
-        # NOTE: polling takes NIXL's agent lock exclusively, and a writer waiting there holds back
-        # every transfer not yet started: a poll during one stripe's copy kept the other stripes
-        # from starting until it was done. Polls and striped READs take turns on this gate.
+        # NOTE: a poll during one stripe's copy kept the other stripes from starting until it
+        # was done (see ``Notifications``): polls and striped READs take turns on this gate.
         self._poll_gate = threading.Lock()
         self._readers = self._start_readers(stripes) if stripes > 1 else None
-        if not progress_thread:
-            self._progress_thread = threading.Thread(target=self._progress, daemon=True,
-                                                     name="epd-nixl-progress")  # fmt: skip
-            self._progress_thread.start()
-            # NOTE: a daemon thread inside a NIXL call while the interpreter tears down aborts
-            # the process ("terminate called without an active exception").
-            atexit.register(self.stop_progress)
+        interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
+        self._notifications = Notifications(self._agent, self._poll_gate, interval_s=interval_s,
+                                            threaded=not progress_thread)  # fmt: skip
+        # NOTE: a daemon thread inside a NIXL call while the interpreter tears down aborts the
+        # process ("terminate called without an active exception").
+        atexit.register(self.stop_progress)
 
     def stop_progress(self) -> None:
         """Stop the polling thread and the readers, then send what ``notify`` left (at exit;
         idempotent)."""
-        self._stop.set()
-        if self._progress_thread is not None and self._progress_thread.is_alive():
-            self._progress_thread.join()
+        self._notifications.stop()
         if self._readers is not None:
             self._readers.stop()
             self._readers = None
-        self.flush_notifications()
+        self._notifications.flush()
 
     @property
     def num_read_stripes(self) -> int:
@@ -143,14 +131,6 @@ class NixlAgent:
         finally:
             self.deregister(address)
             scratch.close()
-
-    def _progress(self) -> None:
-        while not self._stop.wait(self._progress_interval_s):
-            try:
-                self.flush_notifications()
-                self.poll()
-            except Exception:  # NOTE: a listener's bug must not stop progress for every peer
-                logger.exception("NIXL notification handling failed")
 
     # -- local memory ---------------------------------------------------------------------------
 
@@ -289,7 +269,7 @@ class NixlAgent:
                                                    agent_name, remote_memory_type, b"", timeout_s)
                                  for local_part, remote_part in parts])  # fmt: skip
             if notification:
-                self._send(agent_name, notification)
+                self._notifications.send(agent_name, notification)
             return
         if recurring and agent_name != self.name:
             self._read_prepared(tuple(local), tuple(remote), agent_name, remote_memory_type,
@@ -390,63 +370,27 @@ class NixlAgent:
             raise Unavailable(f"NIXL READ from {agent_name!r} failed ({state})",
                               reason="NIXL_TRANSFER_FAILED")  # fmt: skip
 
-    # -- notifications --------------------------------------------------------------------------
+    # -- notifications (``nixl_notifications``) ----------------------------------------------
 
     def notify(self, agent_name: str, message: bytes) -> None:
-        """Send ``message`` to ``agent_name`` within a polling interval (a millisecond), from the
-        polling thread: the caller does not wait for it (a notification carried by a READ costs
-        that READ ~9 us more; waking the thread at once costs the caller as much in GIL
-        handoffs). Sent at once where NIXL's own progress thread runs instead of ours, or once
-        ours has stopped. A notification that cannot be sent (the peer is gone) is logged and
-        dropped."""
-        if self._progress_thread is None or self._stop.is_set():
-            self._send(agent_name, message)
-            return
-        self._outbox.append((agent_name, message))
+        """Send ``message`` to ``agent_name`` from the polling thread (see ``Notifications``)."""
+        self._notifications.notify(agent_name, message)
 
     def flush_notifications(self) -> int:
         """Send every notification ``notify`` left; returns how many."""
-        count = 0
-        while self._outbox:
-            try:
-                agent_name, message = self._outbox.popleft()
-            except IndexError:  # NOTE: another thread took the last one meanwhile
-                break
-            self._send(agent_name, message)
-            count += 1
-        return count
-
-    def _send(self, agent_name: str, message: bytes) -> None:
-        try:
-            self._agent.send_notif(agent_name, message)
-        except Exception as e:
-            logger.warning("cannot notify NIXL agent %r (the lease expires instead): %s",
-                           agent_name, e)  # fmt: skip
+        return self._notifications.flush()
 
     def add_listener(self, listener: NotificationListener) -> None:
         """Call ``listener(peer_name, message)`` for each notification ``poll`` receives."""
-        with self._lock:
-            self._listeners.append(listener)
+        self._notifications.add_listener(listener)
 
     def remove_listener(self, listener: NotificationListener) -> None:
         """Stop calling ``listener`` (unknown: no-op)."""
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
+        self._notifications.remove_listener(listener)
 
     def poll(self) -> int:
         """Deliver notifications that arrived since the last poll; returns how many."""
-        with self._poll_gate:
-            notifications = self._agent.get_new_notifs()
-        with self._lock:
-            listeners = list(self._listeners)
-        count = 0
-        for peer, messages in notifications.items():
-            for message in messages:
-                count += 1
-                for listener in listeners:
-                    listener(str(peer), bytes(message))
-        return count
+        return self._notifications.poll()
 
 
 def _int_env(name: str, default: int, *, minimum: int) -> int:

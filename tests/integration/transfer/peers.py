@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import signal
 import threading
 from multiprocessing.connection import Connection
 
@@ -93,6 +94,20 @@ def producer(conn: Connection, host_id: str, consumer_host_id: str = "") -> None
     ref = plane.put(make_tensor(torch.float32, 1 << 20, seed=7), consumer_host_id or host_id)
     conn.send((ref.SerializeToString(), ref.shm.name, os.getpid()))
     conn.recv()
+
+
+def reference_of_a_killed_producer(host_id: str, consumer_host_id: str) -> bytes:
+    """A serialized reference to a tensor (1 MiB, lent by NIXL or in shared memory) whose
+    producer process was then killed."""
+    conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=producer, args=(child_conn, host_id, consumer_host_id),
+                            daemon=True)  # fmt: skip
+    process.start()
+    assert conn.poll(120), "producer did not answer"
+    data, _, pid = conn.recv()
+    os.kill(pid, signal.SIGKILL)
+    process.join(10)
+    return data  # type: ignore[no-any-return]
 
 
 class Peer:

@@ -6,7 +6,6 @@ go on serving. Each test ends with the leak checks of the other NIXL tests."""
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +14,13 @@ import torch
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
-from tests.integration.transfer.peers import HOST, SPAWN, Peer, digest, make_tensor, producer
+from tests.integration.transfer.peers import (
+    HOST,
+    Peer,
+    digest,
+    make_tensor,
+    reference_of_a_killed_producer,
+)
 
 pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
 
@@ -64,13 +69,7 @@ def test_striped_reads_return_every_byte(plane: DataPlane, striping_peer: Peer,
 def test_a_striped_read_from_a_dead_producer_is_a_typed_error(
     plane: DataPlane, striping_peer: Peer
 ) -> None:
-    conn, child_conn = SPAWN.Pipe()
-    process = SPAWN.Process(target=producer, args=(child_conn, HOST, REMOTE), daemon=True)
-    process.start()
-    assert conn.poll(120)
-    data, _, pid = conn.recv()
-    os.kill(pid, signal.SIGKILL)
-    process.join(10)
+    data = reference_of_a_killed_producer(HOST, REMOTE)
     answer = striping_peer.ask((data, False), timeout_s=60)
     assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip

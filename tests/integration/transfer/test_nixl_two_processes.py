@@ -17,12 +17,11 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 from tests.integration.transfer.peers import (
     HOST,
-    SPAWN,
     Peer,
     digest,
     make_tensor,
-    producer,
     put_concurrently,
+    reference_of_a_killed_producer,
 )
 
 pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
@@ -188,13 +187,7 @@ def test_consumer_killed_mid_way_leaks_nothing(new_plane: list[DataPlane]) -> No
 def test_producer_killed_gives_a_typed_error_and_leaves_nothing(new_plane: list[DataPlane],
                                                                 peer: Peer) -> None:  # fmt: skip
     shm_before = set(shm.list_segments())
-    conn, child_conn = SPAWN.Pipe()
-    process = SPAWN.Process(target=producer, args=(child_conn, HOST, REMOTE), daemon=True)
-    process.start()
-    assert conn.poll(120)
-    data, _, pid = conn.recv()
-    os.kill(pid, signal.SIGKILL)
-    process.join(10)
+    data = reference_of_a_killed_producer(HOST, REMOTE)
     answer = peer.ask((data, False), timeout_s=60)
     assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
