@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from concurrent import futures
 from multiprocessing.connection import Connection
 
 import torch
@@ -57,7 +58,8 @@ def consumer(conn: Connection, host_id: str) -> None:
     "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
     answers how many NIXL regions stay registered and how many prepared READ handles are kept;
     "prepared" answers the latter alone; "stripes" how many parts this process's agent cuts a
-    large READ into."""
+    large READ into. A list of references is read by as many threads at once; the answer is the
+    list of their answers."""
     plane = DataPlane(host_id)
     held = []
     while (message := conn.recv()) is not None:
@@ -74,17 +76,26 @@ def consumer(conn: Connection, host_id: str) -> None:
         if message == "stripes":
             conn.send(nixl_agent.process_agent().num_read_stripes)
             continue
+        if isinstance(message, list):
+            with futures.ThreadPoolExecutor(len(message)) as pool:
+                conn.send(list(pool.map(lambda data: _read(plane, data), message)))
+            continue
         data, hold = message
-        ref = tensor_pb2.TensorRef.FromString(data)
-        try:
-            tensor = plane.get(ref)
-            if hold:
-                held.append(tensor)
-            answer = ("ok", digest(tensor), list(tensor.shape), str(tensor.dtype))
-            del tensor  # NOTE: a NIXL view keeps its receive block until it is dropped.
-            conn.send(answer)
-        except EpdError as e:
-            conn.send(("error", e.reason, type(e).__name__))
+        conn.send(_read(plane, data, held if hold else None))
+
+
+def _read(plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None) -> tuple:
+    """("ok", digest, shape, dtype) of the tensor behind a serialized reference, or ("error",
+    reason, error type); the tensor is kept in ``held`` when given."""
+    try:
+        tensor = plane.get(tensor_pb2.TensorRef.FromString(data))
+    except EpdError as e:
+        return ("error", e.reason, type(e).__name__)
+    if held is not None:
+        held.append(tensor)
+    answer = ("ok", digest(tensor), list(tensor.shape), str(tensor.dtype))
+    del tensor  # NOTE: a NIXL view keeps its receive block until it is dropped.
+    return answer
 
 
 def producer(conn: Connection, host_id: str, consumer_host_id: str = "") -> None:

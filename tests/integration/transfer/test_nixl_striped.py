@@ -91,3 +91,14 @@ def test_a_cut_behind_a_stale_registration_record_is_still_read(
     whole = plane.put(buffer, REMOTE, preferred=NIXL)
     assert whole.nixl.descriptors[1].address == buffer.data_ptr()
     assert striping_peer.read(whole)[1] == digest(buffer)
+
+
+def test_striped_reads_from_many_threads_at_once(plane: DataPlane, striping_peer: Peer) -> None:
+    """Four consumer threads read at once: striped READs, small pooled READs and the polling
+    thread share the agent (NIXL's reader/writer mode, the poll gate, the readers' queues)."""
+    tensors = [make_tensor(torch.float16, size, seed=50 + i)
+               for i, size in enumerate([3 * MiB, 16 * KiB, 2 * MiB + 4096, 64 * KiB] * 2)]
+    refs = [plane.put(tensor, REMOTE, preferred=NIXL) for tensor in tensors]
+    answers = striping_peer.ask([ref.SerializeToString() for ref in refs[:4]])
+    answers += striping_peer.ask([ref.SerializeToString() for ref in refs[4:]])
+    assert [answer[1] for answer in answers] == [digest(tensor) for tensor in tensors]
