@@ -59,11 +59,15 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
+# NOTE: looked up once: a CDLL lookup inside the timed call would be counted in the cma cells.
+_PROCESS_VM_READV = ctypes.CDLL(None, use_errno=True).process_vm_readv
+
+
 def _read_vm(pid: int, local_address: int, address: int, num_bytes: int) -> bool:
     """One ``process_vm_readv`` of ``num_bytes``; False where the kernel refuses (ptrace rules)."""
     local, remote = _IoVec(local_address, num_bytes), _IoVec(address, num_bytes)
-    read_vm = ctypes.CDLL(None, use_errno=True).process_vm_readv
-    return bool(read_vm(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) == num_bytes)
+    num_read = _PROCESS_VM_READV(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return bool(num_read == num_bytes)
 
 
 def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], helper: futures.Executor,
