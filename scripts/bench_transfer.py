@@ -16,11 +16,13 @@ For each size, in one run on this machine:
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
   data plane exists to avoid).
 The fixed per-handoff cost is the same measurement for a 4-byte tensor (control work only).
+With ``--copy`` the second process asks for private copies (``get(copy=True)``, what prefill
+workers do) instead of views.
 Every tensor is 2-D ([1, n]), as embeddings are, so each handoff shapes its result as theirs do.
 Timings of a handoff add the producer's ``put`` and the consumer's ``get``, measured where each
 runs; the pipe that stands in for the gRPC message carrying the TensorRef is not counted.
 
-    .venv/bin/python scripts/bench_transfer.py [--repeats N] [--json]
+    .venv/bin/python scripts/bench_transfer.py [--repeats N] [--copy] [--json]
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], helper: futures.E
     return seconds if done else float("nan")
 
 
-def _consumer(conn: Connection) -> None:
+def _consumer(conn: Connection, copy: bool) -> None:
     plane = DataPlane(HOST)
     buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}
     helper = futures.ThreadPoolExecutor(1)
@@ -96,7 +98,7 @@ def _consumer(conn: Connection) -> None:
             continue
         ref = tensor_pb2.TensorRef.FromString(data)
         start = time.perf_counter()
-        plane.get(ref)
+        plane.get(ref, copy=copy)
         conn.send(time.perf_counter() - start)
 
 
@@ -115,10 +117,10 @@ def _grpc_server(conn: Connection) -> None:
     server.stop(0)
 
 
-def measure(repeats: int) -> dict[str, dict[str, float]]:
+def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
     plane = DataPlane(HOST, max_inline_bytes=256 << 20)
     conn, child = SPAWN.Pipe()
-    consumer = SPAWN.Process(target=_consumer, args=(child,), daemon=True)
+    consumer = SPAWN.Process(target=_consumer, args=(child, copy), daemon=True)
     consumer.start()
     grpc_conn, grpc_child = SPAWN.Pipe()
     grpc_process = SPAWN.Process(target=_grpc_server, args=(grpc_child,), daemon=True)
@@ -208,9 +210,11 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per cell")
+    parser.add_argument("--copy", action="store_true",
+                        help="the consumer asks for private copies instead of zero-copy views")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
-    results = measure(args.repeats)
+    results = measure(args.repeats, args.copy)
     print(json.dumps(results) if args.json else table(results))
     return 0
 

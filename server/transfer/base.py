@@ -61,5 +61,8 @@ class TensorConsumer(ABC):
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         """The tensor ``ref`` points to (see the module docstring for the view's lifetime)."""
 
+    def trim(self) -> None:  # noqa: B027 - optional hook
+        """Drop cached state that no longer serves (called by the data plane's reaper)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Drop cached connections or mappings."""

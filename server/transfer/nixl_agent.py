@@ -37,6 +37,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from epd.server.common.env import int_env
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer.nixl_notifications import NotificationListener, Notifications
 from epd.server.transfer.nixl_prepared import PreparedReads, Region, Regions
@@ -66,8 +67,8 @@ class NixlAgent:
     def __init__(self, name: str) -> None:
         from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
-        stripes = _int_env("EPD_NIXL_READ_STRIPES", 2, minimum=1)
-        self.stripe_min_bytes = _int_env("EPD_NIXL_STRIPE_MIN_BYTES", 8 << 20, minimum=1)
+        stripes = int_env("EPD_NIXL_READ_STRIPES", 2, minimum=1)
+        self.stripe_min_bytes = int_env("EPD_NIXL_STRIPE_MIN_BYTES", 8 << 20, minimum=1)
         # NOTE: NIXL's progress thread spins a whole core; ours polls every millisecond instead
         # (``nixl_notifications``).
         progress_thread = os.environ.get("EPD_NIXL_PROGRESS_THREAD", "0") == "1"
@@ -391,20 +392,6 @@ class NixlAgent:
     def poll(self) -> int:
         """Deliver notifications that arrived since the last poll; returns how many."""
         return self._notifications.poll()
-
-
-def _int_env(name: str, default: int, *, minimum: int) -> int:
-    """Integer setting ``name`` from the environment; ValueError names it when malformed."""
-    text = os.environ.get(name, "")
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"${name} must be an integer, got {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"${name} must be at least {minimum}, got {value}")
-    return value
 
 
 def _region_not_found(agent_name: str, error: Exception) -> NotFound:

@@ -157,8 +157,15 @@ class DataPlane:
         """Free expired leases now; returns how many."""
         return sum(producer.reap_expired() for producer in self.producers.values())
 
+    def trim(self) -> None:
+        """Let consumers drop cached state that no longer serves (shm: mappings of segments
+        their producers unlinked)."""
+        for consumer in self.consumers.values():
+            consumer.trim()
+
     def start_reaper(self, interval_s: float = 1.0) -> None:
-        """Reap expired leases every ``interval_s`` in a daemon thread until ``close``."""
+        """Reap expired leases (and trim consumers) every ``interval_s`` in a daemon thread
+        until ``close``."""
         if self._reaper is not None:
             return
 
@@ -166,6 +173,7 @@ class DataPlane:
             while not self._stop.wait(interval_s):
                 if freed := self.reap_expired():
                     logger.warning("freed %d payloads whose lease expired unreleased", freed)
+                self.trim()
 
         self._reaper = threading.Thread(target=loop, name="epd-lease-reaper", daemon=True)
         self._reaper.start()

@@ -24,12 +24,20 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from epd.server.common.env import int_env
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
-from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes
+from epd.server.transfer.shm_mappings import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_MAPPINGS,
+    Mapping,
+    MappingCache,
+)
+from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
 from epd.v1 import tensor_pb2
 
 SHM_DIR = "/dev/shm"
@@ -227,13 +235,26 @@ class ShmProducer(TensorProducer):
 
 
 class ShmConsumer(TensorConsumer):
-    """Maps segments of producers on the same host and views payloads without copying."""
+    """Maps segments of producers on the same host; views payloads without copying, or copies
+    them out at memcpy speed.
+
+    Mappings are kept for the next lease of the same segment (see ``shm_mappings``): at most
+    ``max_mapped_bytes`` (default $EPD_SHM_MAPPED_BYTES, else 1 GiB; 0 keeps none) in
+    ``max_mappings`` segments, once for views and once for copies."""
 
     kind = "shm"
 
-    def __init__(self, host_id: str, *, shm_dir: str = SHM_DIR) -> None:
+    def __init__(self, host_id: str, *, shm_dir: str = SHM_DIR,
+                 max_mapped_bytes: int | None = None,
+                 max_mappings: int = DEFAULT_MAX_MAPPINGS) -> None:  # fmt: skip
         self.host_id = host_id
         self._dir = shm_dir
+        if max_mapped_bytes is None:
+            max_mapped_bytes = int_env("EPD_SHM_MAPPED_BYTES", DEFAULT_MAX_BYTES, minimum=0)
+        self.views = MappingCache(private=True, max_bytes=max_mapped_bytes,
+                                  max_mappings=max_mappings)  # fmt: skip
+        self.copies = MappingCache(private=False, max_bytes=max_mapped_bytes,
+                                   max_mappings=max_mappings)  # fmt: skip
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         dtype = check_ref(ref)
@@ -249,14 +270,36 @@ class ShmConsumer(TensorConsumer):
         if not _NAME.match(location.name):
             raise InvalidArgument(f"{location.name!r} is not an epd segment name",
                                   reason="BAD_TENSOR_REF")  # fmt: skip
-        fd = self._open(location.name)
-        try:
-            if copy or ref.byte_size <= SMALL_COPY_BYTES:
+        if ref.byte_size <= SMALL_COPY_BYTES:
+            fd = self._open(location.name)
+            try:
                 return self._read(fd, ref, dtype)
-            buffer = self._map(fd, location, ref.lease_id)
-        finally:
-            os.close(fd)
-        return from_bytes(memoryview(buffer)[location.offset:], ref, dtype)
+            finally:
+                os.close(fd)
+        cache = self.copies if copy else self.views
+        view = cache.take(location.name, ref.lease_id) or self._map(cache, location.name,
+                                                                    ref.lease_id)  # fmt: skip
+        if location.offset + location.size > len(view):
+            raise InvalidArgument(f"segment {location.name} has {len(view)} bytes, the "
+                                  f"reference needs {location.offset + location.size}",
+                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
+        if not copy:
+            return from_bytes(view[location.offset:], ref, dtype)
+        payload = torch.empty(tuple(ref.shape), dtype=dtype)
+        move(payload.data_ptr(), _address(view) + location.offset, ref.byte_size)
+        # NOTE: a lease released during the copy may have let another payload in.
+        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
+        return payload
+
+    def trim(self) -> None:
+        """Forget kept mappings of segments their producers unlinked (they pin memory)."""
+        for cache in (self.views, self.copies):
+            cache.drop_unlinked()
+
+    def close(self) -> None:
+        for cache in (self.views, self.copies):
+            cache.clear()
 
     def _open(self, name: str) -> int:
         try:
@@ -281,24 +324,31 @@ class ShmConsumer(TensorConsumer):
         _check_stamp(header, location.name, ref.lease_id)
         return from_bytes(payload, ref, dtype)
 
-    def _map(self, fd: int, location: tensor_pb2.ShmLocation, lease_id: str) -> mmap.mmap:
-        size = os.fstat(fd).st_size
-        if location.offset + location.size > size:
-            raise InvalidArgument(f"segment {location.name} has {size} bytes, the reference "
-                                  f"needs {location.offset + location.size}",
-                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
-        # NOTE: a private (copy-on-write) mapping is writable for torch.frombuffer, yet never
-        # changes the producer's segment.
-        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    def _map(self, cache: MappingCache, name: str, lease_id: str) -> memoryview:
+        """A view of a new mapping of the whole segment (private or shared, as ``cache`` keeps
+        them), kept for later leases where ``cache`` has room."""
+        fd = self._open(name)
         try:
-            _check_stamp(buffer[:HEADER_BYTES], location.name, lease_id)
-        except NotFound:
-            buffer.close()
+            size = os.fstat(fd).st_size
+            # NOTE: a private (copy-on-write) mapping is writable for torch.frombuffer, yet never
+            # changes the producer's segment.
+            access = mmap.ACCESS_COPY if cache.private else mmap.ACCESS_READ
+            buffer = mmap.mmap(fd, size, access=access)
+        except BaseException:
+            os.close(fd)
             raise
-        return buffer
+        view = memoryview(buffer)
+        if not cache.keep(name, Mapping(fd, buffer, size, lease_id)):
+            os.close(fd)
+        return view
 
 
-def _check_stamp(header: bytes | bytearray, name: str, lease_id: str) -> None:
+def _address(view: memoryview) -> int:
+    """Address of the first byte of ``view`` (read-only views too, which ctypes refuses)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:
     """NotFound unless the segment header carries ``lease_id`` (else its lease was released)."""
     if header[:len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
         raise NotFound(f"lease {lease_id} was released: segment {name} no longer holds its "

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from epd.server.transfer.nixl_agent import _int_env
+from epd.server.common.env import int_env
 from epd.server.transfer.nixl_prepared import Region, Regions
 from epd.server.transfer.nixl_stripes import (
     ANCHOR_BYTES,
@@ -167,12 +167,12 @@ def test_a_reader_that_cannot_bind_fails_the_constructor() -> None:
 
 def test_settings_from_the_environment_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EPD_TEST_STRIPES", raising=False)
-    assert _int_env("EPD_TEST_STRIPES", 2, minimum=1) == 2
+    assert int_env("EPD_TEST_STRIPES", 2, minimum=1) == 2
     monkeypatch.setenv("EPD_TEST_STRIPES", "4")
-    assert _int_env("EPD_TEST_STRIPES", 2, minimum=1) == 4
+    assert int_env("EPD_TEST_STRIPES", 2, minimum=1) == 4
     monkeypatch.setenv("EPD_TEST_STRIPES", "two")
     with pytest.raises(ValueError, match=r"\$EPD_TEST_STRIPES must be an integer, got 'two'"):
-        _int_env("EPD_TEST_STRIPES", 2, minimum=1)
+        int_env("EPD_TEST_STRIPES", 2, minimum=1)
     monkeypatch.setenv("EPD_TEST_STRIPES", "0")
     with pytest.raises(ValueError, match="at least 1"):
-        _int_env("EPD_TEST_STRIPES", 2, minimum=1)
+        int_env("EPD_TEST_STRIPES", 2, minimum=1)
