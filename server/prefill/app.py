@@ -62,6 +62,9 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     """Serve ``engine`` (already started) and register with the scheduler (if any)."""
     options = options or ServerOptions()
     plane = DataPlane()
+    # NOTE: the reaper also forgets kept mappings of encoders' segments that their encoder
+    # unlinked (an encoder that stopped), which would pin that memory in this process.
+    plane.start_reaper()
     loader = MediaLoader(config.media, model_id=engine.model_id,
                          processor_fingerprint=processor_fingerprint(config.model_dir))
     encoders = EncoderPulls(options.auth_token)

@@ -146,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, config: PrefillConfig, options: ServerOptions) -> int:
     engine = await _start_engine(args, config)
     try:
-        app = await build_prefill_server(config, engine, options)
+        try:
+            app = await build_prefill_server(config, engine, options)
+        except ValueError as e:
+            print(f"epd prefill: {e}", file=sys.stderr)
+            return 2
         print(f"epd prefill listening on {options.host}:{app.port} ({config.mode.value}, "
               f"{args.engine})", flush=True)  # fmt: skip
         await serve(app.server)

@@ -80,3 +80,14 @@ def test_what_needs_vllm_is_a_usage_error(tiny_model_dir: Path, tmp_path: Path,
         result = epd(*args, env=without_vllm, cwd=tmp_path)
         assert result.returncode == 2, (args, result.stderr[-1000:])
         assert message in result.stderr and "Traceback" not in result.stderr, args
+
+
+def test_a_malformed_data_plane_setting_is_a_usage_error(tiny_model_dir: Path,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    env = {**os.environ, "EPD_SHM_MAPPED_BYTES": "1GiB"}
+    for service in (("prefill", "--engine", "transformers"), ("encode",)):
+        result = epd(*service, "--model", str(tiny_model_dir), "--port", "0", env=env,
+                     cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 2, (service, result.stderr[-1000:])
+        assert "$EPD_SHM_MAPPED_BYTES must be an integer" in result.stderr, service
+        assert "Traceback" not in result.stderr, service
