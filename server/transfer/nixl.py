@@ -49,6 +49,7 @@ from epd.server.transfer.tensors import (
     shaped,
     view_bytes,
 )
+from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
 RELEASE_PREFIX = b"epd-release:"
@@ -233,6 +234,7 @@ class NixlConsumer(TensorConsumer):
         self._pool: RegisteredPool | None = None
         self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
+        self.buffers = WarmBuffers()
 
     def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
         started = self._started
@@ -278,7 +280,7 @@ class NixlConsumer(TensorConsumer):
     def _lend(self, pool: RegisteredPool, block: Block, dtype: torch.dtype, shape: list[int],
               byte_size: int, copy: bool) -> torch.Tensor:  # fmt: skip
         if copy:
-            payload = torch.empty(tuple(shape), dtype=dtype)
+            payload = self.buffers.empty(dtype, shape, byte_size)
             move(payload.data_ptr(), block.address + HEADER_BYTES, byte_size)
             pool.give_back(block)
             return payload
@@ -296,6 +298,7 @@ class NixlConsumer(TensorConsumer):
         return 0 if self._pool is None else self._pool.num_outstanding
 
     def close(self) -> None:
+        self.buffers.close()
         if self._pool is not None:
             self._pool.close()
         if self._agent is not None:

@@ -38,6 +38,7 @@ from epd.server.transfer.shm_mappings import (
     MappingCache,
 )
 from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
+from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
 SHM_DIR = "/dev/shm"
@@ -236,7 +237,7 @@ class ShmProducer(TensorProducer):
 
 class ShmConsumer(TensorConsumer):
     """Maps segments of producers on the same host; views payloads without copying, or copies
-    them out at memcpy speed.
+    them out at memcpy speed (large copies into recycled buffers, see ``warm_buffers``).
 
     Mappings are kept for the next lease of the same segment (see ``shm_mappings``): at most
     ``max_mapped_bytes`` (default $EPD_SHM_MAPPED_BYTES, else 1 GiB; 0 keeps none) in
@@ -255,6 +256,7 @@ class ShmConsumer(TensorConsumer):
                                   max_mappings=max_mappings)  # fmt: skip
         self.copies = MappingCache(private=False, max_bytes=max_mapped_bytes,
                                    max_mappings=max_mappings)  # fmt: skip
+        self.buffers = WarmBuffers()
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         dtype = check_ref(ref)
@@ -286,7 +288,7 @@ class ShmConsumer(TensorConsumer):
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         if not copy:
             return from_bytes(view[location.offset:], ref, dtype)
-        payload = torch.empty(tuple(ref.shape), dtype=dtype)
+        payload = self.buffers.empty(dtype, ref.shape[:], ref.byte_size)
         move(payload.data_ptr(), _address(view) + location.offset, ref.byte_size)
         # NOTE: a lease released during the copy may have let another payload in.
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
@@ -300,6 +302,7 @@ class ShmConsumer(TensorConsumer):
     def close(self) -> None:
         for cache in (self.views, self.copies):
             cache.clear()
+        self.buffers.close()
 
     def _open(self, name: str) -> int:
         try:
