@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from epd.server.transfer.nixl_agent import NixlAgent
-from epd.server.transfer.shm import HEADER_BYTES, MAGIC, size_class
+from epd.server.transfer.shm import HEADER_BYTES, size_class, stamp_of
 
 BLANK_STAMP = bytes(HEADER_BYTES)
 
@@ -33,10 +33,10 @@ class Block:
     location: str
 
     def stamp(self, lease_id: str) -> None:
-        self.memory[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+        self.memory[:HEADER_BYTES] = stamp_of(lease_id)
 
     def is_stamped(self, lease_id: str) -> bool:
-        return self.memory[:HEADER_BYTES] == (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+        return self.memory[:HEADER_BYTES] == stamp_of(lease_id)
 
 
 class RegisteredPool:
@@ -110,8 +110,7 @@ class StampArena:
                 return None
             slot = self._free.pop()
         offset = slot * HEADER_BYTES
-        self.memory[offset:offset + HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(
-            HEADER_BYTES, b"\0")
+        self.memory[offset:offset + HEADER_BYTES] = stamp_of(lease_id)
         return self.address + offset
 
     def give_back(self, address: int) -> None:

@@ -114,7 +114,7 @@ class Segment:
     address: int
 
     def stamp(self, lease_id: str) -> None:
-        self.buffer[:HEADER_BYTES] = (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+        self.buffer[:HEADER_BYTES] = stamp_of(lease_id)
 
 
 class SegmentPool:
@@ -279,8 +279,8 @@ class ShmConsumer(TensorConsumer):
             finally:
                 os.close(fd)
         cache = self.copies if copy else self.views
-        view = cache.take(location.name, ref.lease_id) or self._map(cache, location.name,
-                                                                    ref.lease_id)  # fmt: skip
+        view = (cache.take(location.name, ref.lease_id, stamp_of(ref.lease_id))
+                or self._map(cache, location.name, ref.lease_id))  # fmt: skip
         if location.offset + location.size > len(view):
             raise InvalidArgument(f"segment {location.name} has {len(view)} bytes, the "
                                   f"reference needs {location.offset + location.size}",
@@ -349,6 +349,11 @@ class ShmConsumer(TensorConsumer):
 def _address(view: memoryview) -> int:
     """Address of the first byte of ``view`` (read-only views too, which ctypes refuses)."""
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def stamp_of(lease_id: str) -> bytes:
+    """The 64-byte header of a segment holding the payload of ``lease_id``."""
+    return (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
 
 
 def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:

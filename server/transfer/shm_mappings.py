@@ -14,8 +14,11 @@ Two kinds of cache, one per use:
   the next lease of its segment, ``madvise(MADV_DONTNEED)`` drops the pages callers wrote to (and
   with them every page-table entry), and the mapping shows the segment's bytes again. That is sound
   because the producer reuses a segment only after the lease it held was released, and a view is
-  valid only until then. A second read of the lease a private mapping last served gets a mapping
-  of its own, so two holders of one lease never see each other's writes.
+  valid only until then. The mapping is reset only once the segment's header (read from the
+  file: a caller's writes may have copied the mapping's first page) names the new lease, so a
+  stale reference never resets the views of a live one. A second read of the lease a private
+  mapping last served gets a mapping of its own, so two holders of one lease never see each
+  other's writes.
 
 A mapping of a segment that its producer unlinked would pin the segment's memory: hits check the
 link count, and ``drop_unlinked`` (at most once a second from reads, and from the data plane's
@@ -69,10 +72,12 @@ class MappingCache:
         self._lock = threading.Lock()
         self._last_sweep = time.monotonic()
 
-    def take(self, name: str, lease_id: str) -> memoryview | None:
+    def take(self, name: str, lease_id: str, header: bytes) -> memoryview | None:
         """A view of the whole kept mapping of segment ``name`` for ``lease_id``; None where none
         is kept, where the segment was unlinked (then it is forgotten) or, for a private mapping,
-        where it last served ``lease_id`` (that view may have been written to)."""
+        where it last served ``lease_id`` (that view may have been written to) or where the
+        segment does not start with ``header`` (``lease_id``'s stamp): a stale reference must
+        never reset a mapping whose views still serve a live lease."""
         self._sweep_now_and_then()
         with self._lock:
             mapping = self._mappings.get(name)
@@ -82,7 +87,7 @@ class MappingCache:
                 self._forget(name)
                 return None
             if self.private:
-                if mapping.lease_id == lease_id:
+                if mapping.lease_id == lease_id or os.pread(mapping.fd, len(header), 0) != header:
                     return None
                 mapping.buffer.madvise(mmap.MADV_DONTNEED)
             mapping.lease_id = lease_id

@@ -54,7 +54,8 @@ def put_concurrently(plane: DataPlane, tensors: list[torch.Tensor], consumer_hos
 
 def consumer(conn: Connection, host_id: str) -> None:
     """Read each reference sent on ``conn``; answer ("ok", digest, shape) or ("error", reason).
-    A reference sent with hold=True is viewed and kept open until the process dies.
+    A reference sent with hold=True is viewed and kept open until the process dies; one sent with
+    copy=True is read as a private copy.
     "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
     answers how many NIXL regions stay registered and how many prepared READ handles are kept;
     "prepared" answers the latter alone; "stripes" how many parts this process's agent cuts a
@@ -80,15 +81,16 @@ def consumer(conn: Connection, host_id: str) -> None:
             with futures.ThreadPoolExecutor(len(message)) as pool:
                 conn.send(list(pool.map(lambda data: _read(plane, data), message)))
             continue
-        data, hold = message
-        conn.send(_read(plane, data, held if hold else None))
+        data, hold, *copy = message
+        conn.send(_read(plane, data, held if hold else None, copy=bool(copy and copy[0])))
 
 
-def _read(plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None) -> tuple:
-    """("ok", digest, shape, dtype) of the tensor behind a serialized reference, or ("error",
-    reason, error type); the tensor is kept in ``held`` when given."""
+def _read(plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None, *,
+          copy: bool = False) -> tuple:  # fmt: skip
+    """("ok", digest, shape, dtype) of the tensor behind a serialized reference (a view, or a
+    private copy), or ("error", reason, error type); the tensor is kept in ``held`` when given."""
     try:
-        tensor = plane.get(tensor_pb2.TensorRef.FromString(data))
+        tensor = plane.get(tensor_pb2.TensorRef.FromString(data), copy=copy)
     except EpdError as e:
         return ("error", e.reason, type(e).__name__)
     if held is not None:
@@ -134,8 +136,8 @@ class Peer:
         assert self.conn.poll(timeout_s), "consumer did not answer"
         return self.conn.recv()  # type: ignore[no-any-return]
 
-    def read(self, ref: tensor_pb2.TensorRef, hold: bool = False) -> tuple:
-        return self.ask((ref.SerializeToString(), hold))
+    def read(self, ref: tensor_pb2.TensorRef, hold: bool = False, copy: bool = False) -> tuple:
+        return self.ask((ref.SerializeToString(), hold, copy))
 
     def stop(self) -> None:
         if self.process.is_alive():

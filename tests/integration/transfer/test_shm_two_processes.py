@@ -127,6 +127,25 @@ def test_released_lease_is_not_readable_even_after_segment_reuse(plane: DataPlan
     plane.release([second.lease_id])
 
 
+@pytest.mark.parametrize("copy", [False, True])
+def test_a_segment_serving_lease_after_lease_reads_right_in_the_consumer(
+        plane: DataPlane, peer: Peer, copy: bool) -> None:  # fmt: skip
+    """The consumer keeps its mapping of the segment from one lease to the next (views from a
+    private mapping, copies from a shared one): every lease reads its own bytes, also while the
+    consumer still holds a view of an earlier one, and a released lease is refused."""
+    previous = None
+    for seed in range(6):
+        tensor = make_tensor(torch.bfloat16, 1 * MiB, seed=100 + seed)
+        ref = plane.put(tensor, HOST)
+        assert previous is None or ref.shm.name == previous.shm.name
+        assert peer.read(ref, hold=seed == 2, copy=copy) == (
+            "ok", digest(tensor), list(tensor.shape), str(torch.bfloat16))
+        if previous is not None:
+            assert peer.read(previous, copy=copy) == ("error", "LEASE_RELEASED", "NotFound")
+        plane.release([ref.lease_id])
+        previous = ref
+
+
 def test_consumer_killed_mid_way_leaks_nothing(no_leaks: None) -> None:
     plane = DataPlane(HOST, lease_ttl_s=1.0, kinds=NO_NIXL)
     victim = Peer()

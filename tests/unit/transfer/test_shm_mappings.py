@@ -79,6 +79,20 @@ def test_two_reads_of_one_lease_never_share_writes(producer: ShmProducer,
     producer.release(ref.lease_id)
 
 
+def test_a_stale_reference_never_resets_the_view_of_a_live_lease(
+        producer: ShmProducer, consumer: ShmConsumer) -> None:
+    first = producer.put(torch.full((ELEMENTS,), 1.0))
+    consumer.get(first)
+    second = reuse(producer, first, 2.0)
+    live = consumer.get(second)
+    live.fill_(5.0)
+    with pytest.raises(NotFound) as caught:
+        consumer.get(first)
+    assert caught.value.reason == "LEASE_RELEASED"
+    assert torch.equal(live, torch.full((ELEMENTS,), 5.0)), "a live view keeps its writes"
+    producer.release(second.lease_id)
+
+
 def test_a_mapping_of_an_unlinked_segment_is_forgotten(producer: ShmProducer,
                                                        consumer: ShmConsumer) -> None:  # fmt: skip
     first = producer.put(torch.ones(ELEMENTS))
