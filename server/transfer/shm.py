@@ -287,7 +287,9 @@ class ShmConsumer(TensorConsumer):
                                   reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         if not copy:
-            return from_bytes(view[location.offset:], ref, dtype)
+            payload_view = view[location.offset:]
+            cache.lend(location.name, payload_view)
+            return from_bytes(payload_view, ref, dtype)
         payload = self.buffers.empty(dtype, ref.shape[:], ref.byte_size)
         move(payload.data_ptr(), _address(view) + location.offset, ref.byte_size)
         # NOTE: a lease released during the copy may have let another payload in.
@@ -295,9 +297,10 @@ class ShmConsumer(TensorConsumer):
         return payload
 
     def trim(self) -> None:
-        """Forget kept mappings of segments their producers unlinked (they pin memory)."""
+        """Forget kept mappings of segments their producers unlinked (they pin memory); reset
+        those whose views all died (pages callers wrote to are freed)."""
         for cache in (self.views, self.copies):
-            cache.drop_unlinked()
+            cache.trim()
 
     def close(self) -> None:
         for cache in (self.views, self.copies):

@@ -21,8 +21,9 @@ Two kinds of cache, one per use:
   other's writes.
 
 A mapping of a segment that its producer unlinked would pin the segment's memory: hits check the
-link count, and ``drop_unlinked`` (at most once a second from reads, and from the data plane's
-reaper) forgets such mappings.
+link count, and ``trim`` (at most once a second from reads, and from the data plane's reaper)
+forgets such mappings. Pages a caller wrote to are this process's own memory until the mapping
+is reset: ``trim`` also resets private mappings whose views have all died.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_MAPPINGS = 64
@@ -42,13 +44,20 @@ SWEEP_INTERVAL_S = 1.0
 
 @dataclass(slots=True)
 class Mapping:
-    """A mapping of a whole segment, with the file descriptor it was made from and the lease it
-    last served."""
+    """A mapping of a whole segment, with the file descriptor it was made from, the lease it
+    last served and weak references to the views of it handed to callers since its last reset."""
 
     fd: int
     buffer: mmap.mmap
     size: int
     lease_id: str
+    views: list[weakref.ref[memoryview]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """Drop every page of the mapping (pages callers wrote to included): it shows the
+        segment's bytes again."""
+        self.buffer.madvise(mmap.MADV_DONTNEED)
+        self.views.clear()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -89,7 +98,7 @@ class MappingCache:
             if self.private:
                 if mapping.lease_id == lease_id or os.pread(mapping.fd, len(header), 0) != header:
                     return None
-                mapping.buffer.madvise(mmap.MADV_DONTNEED)
+                mapping.reset()
             mapping.lease_id = lease_id
             self._mappings.move_to_end(name)
             # NOTE: the view is made under the lock: an export keeps an eviction from closing it.
@@ -107,14 +116,27 @@ class MappingCache:
                 self._forget(next(iter(self._mappings)))
             return True
 
-    def drop_unlinked(self) -> int:
-        """Forget mappings of segments their producer unlinked; returns how many."""
+    def lend(self, name: str, view: memoryview) -> None:
+        """Note that ``view`` (a part of a view ``take`` or ``keep`` gave) was handed to a
+        caller, so that ``trim`` resets the mapping once every such view is gone."""
+        with self._lock:
+            mapping = self._mappings.get(name)
+            if self.private and mapping is not None and view.obj is mapping.buffer:
+                mapping.views.append(weakref.ref(view))
+
+    def trim(self) -> int:
+        """Forget mappings of segments their producer unlinked (they pin its memory) and reset
+        private ones none of whose views is alive any more (pages callers wrote to are
+        private memory of this process until then); returns how many were forgotten."""
         with self._lock:
             self._last_sweep = time.monotonic()
             gone = [name for name, mapping in self._mappings.items()
                     if os.fstat(mapping.fd).st_nlink == 0]  # fmt: skip
             for name in gone:
                 self._forget(name)
+            for mapping in self._mappings.values():
+                if mapping.views and all(view() is None for view in mapping.views):
+                    mapping.reset()
             return len(gone)
 
     def clear(self) -> None:
@@ -133,7 +155,7 @@ class MappingCache:
 
     def _sweep_now_and_then(self) -> None:
         if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
-            self.drop_unlinked()
+            self.trim()
 
     def _forget(self, name: str) -> None:
         mapping = self._mappings.pop(name)

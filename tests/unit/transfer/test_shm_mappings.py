@@ -6,6 +6,7 @@ their limits."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -91,6 +92,30 @@ def test_a_stale_reference_never_resets_the_view_of_a_live_lease(
     assert caught.value.reason == "LEASE_RELEASED"
     assert torch.equal(live, torch.full((ELEMENTS,), 5.0)), "a live view keeps its writes"
     producer.release(second.lease_id)
+
+
+def anonymous_kib() -> int:
+    """This process's anonymous memory (pages written to private mappings included), in KiB."""
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:"))
+
+
+def test_trim_frees_pages_written_to_views_once_every_view_is_gone(
+        producer: ShmProducer, consumer: ShmConsumer) -> None:
+    elements = 8 << 20  # float32: 32 MiB
+    ref = producer.put(torch.ones(elements))
+    view = consumer.get(ref)
+    view.fill_(2.0)
+    written = anonymous_kib()
+    consumer.trim()
+    assert anonymous_kib() > written - (8 << 10), "a live view keeps the pages written to it"
+    assert float(view[-1]) == 2.0
+    del view
+    gc.collect()
+    consumer.trim()
+    assert anonymous_kib() < written - (24 << 10)
+    assert torch.equal(consumer.get(ref, copy=True), torch.ones(elements))
+    producer.release(ref.lease_id)
 
 
 def test_a_mapping_of_an_unlinked_segment_is_forgotten(producer: ShmProducer,
