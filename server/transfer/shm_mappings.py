@@ -23,7 +23,7 @@ Two kinds of cache, one per use:
 A mapping of a segment that its producer unlinked would pin the segment's memory: hits check the
 link count, and ``trim`` (at most once a second from reads, and from the data plane's reaper)
 forgets such mappings. Pages a caller wrote to are this process's own memory until the mapping
-is reset: ``trim`` also resets private mappings whose views have all died.
+is reset: ``trim`` also resets private mappings whose view has died.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_MAPPINGS = 64
@@ -45,19 +45,20 @@ SWEEP_INTERVAL_S = 1.0
 @dataclass(slots=True)
 class Mapping:
     """A mapping of a whole segment, with the file descriptor it was made from, the lease it
-    last served and weak references to the views of it handed to callers since its last reset."""
+    last served and a weak reference to the view of it handed to a caller since its last reset
+    (one at most: a second read of a lease gets a mapping of its own)."""
 
     fd: int
     buffer: mmap.mmap
     size: int
     lease_id: str
-    views: list[weakref.ref[memoryview]] = field(default_factory=list)
+    lent: weakref.ref[memoryview] | None = None
 
     def reset(self) -> None:
         """Drop every page of the mapping (pages callers wrote to included): it shows the
         segment's bytes again."""
         self.buffer.madvise(mmap.MADV_DONTNEED)
-        self.views.clear()
+        self.lent = None
 
     def close(self) -> None:
         os.close(self.fd)
@@ -117,17 +118,17 @@ class MappingCache:
             return True
 
     def lend(self, name: str, view: memoryview) -> None:
-        """Note that ``view`` (a part of a view ``take`` or ``keep`` gave) was handed to a
-        caller, so that ``trim`` resets the mapping once every such view is gone."""
+        """Note that ``view`` (a part of the kept mapping of ``name``) was handed to a caller, so
+        that ``trim`` resets the mapping once the view is gone."""
         with self._lock:
             mapping = self._mappings.get(name)
             if self.private and mapping is not None and view.obj is mapping.buffer:
-                mapping.views.append(weakref.ref(view))
+                mapping.lent = weakref.ref(view)
 
     def trim(self) -> int:
         """Forget mappings of segments their producer unlinked (they pin its memory) and reset
-        private ones none of whose views is alive any more (pages callers wrote to are
-        private memory of this process until then); returns how many were forgotten."""
+        private ones whose view has died (pages a caller wrote to are private memory of this
+        process until then); returns how many were forgotten."""
         with self._lock:
             self._last_sweep = time.monotonic()
             gone = [name for name, mapping in self._mappings.items()
@@ -135,7 +136,7 @@ class MappingCache:
             for name in gone:
                 self._forget(name)
             for mapping in self._mappings.values():
-                if mapping.views and all(view() is None for view in mapping.views):
+                if mapping.lent is not None and mapping.lent() is None:
                     mapping.reset()
             return len(gone)
 
