@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
+from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.shm import HEADER_BYTES, size_class, stamp_of
 
@@ -45,10 +45,7 @@ class RegisteredPool:
 
     def __init__(self, agent: NixlAgent, max_idle_bytes: int = 1 << 30) -> None:
         self._agent = agent
-        self._max_idle = max_idle_bytes
-        self._idle: dict[int, list[Block]] = defaultdict(list)
-        self._idle_bytes = 0
-        self._is_closed = False
+        self._idle: IdlePool[Block] = IdlePool(max_idle_bytes)
         self._lock = threading.Lock()
         self.num_created = 0
         self.num_outstanding = 0
@@ -58,9 +55,10 @@ class RegisteredPool:
         capacity = size_class(num_bytes)
         with self._lock:
             self.num_outstanding += 1
-            if self._idle[capacity]:
-                self._idle_bytes -= capacity
-                return self._idle[capacity].pop()
+        block = self._idle.take(capacity)
+        if block is not None:
+            return block
+        with self._lock:
             self.num_created += 1
         memory = mmap.mmap(-1, capacity)
         view = torch.frombuffer(memory, dtype=torch.uint8)
@@ -74,20 +72,12 @@ class RegisteredPool:
         block.memory[:HEADER_BYTES] = BLANK_STAMP
         with self._lock:
             self.num_outstanding -= 1
-            if not self._is_closed and self._idle_bytes + block.capacity <= self._max_idle:
-                self._idle[block.capacity].append(block)
-                self._idle_bytes += block.capacity
-                return
-        self._agent.deregister(block.address)
+        if not self._idle.offer(block.capacity, block):
+            self._agent.deregister(block.address)
 
     def close(self) -> None:
         """Deregister idle blocks; blocks still out are deregistered when they come back."""
-        with self._lock:
-            self._is_closed = True
-            idle = [block for blocks in self._idle.values() for block in blocks]
-            self._idle.clear()
-            self._idle_bytes = 0
-        for block in idle:
+        for block in self._idle.close():
             self._agent.deregister(block.address)
 
 

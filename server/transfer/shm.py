@@ -19,9 +19,7 @@ import itertools
 import mmap
 import os
 import re
-import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +28,7 @@ import torch
 from epd.server.common.env import int_env
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.shm_mappings import (
     DEFAULT_MAX_BYTES,
@@ -124,39 +123,26 @@ class SegmentPool:
     def __init__(self, shm_dir: str = SHM_DIR, max_idle_bytes: int = 1 << 30) -> None:
         self._dir = shm_dir
         self._prefix = process_prefix()
-        self._max_idle = max_idle_bytes
-        self._idle: dict[int, list[Segment]] = defaultdict(list)
-        self._idle_bytes = 0
-        self._lock = threading.Lock()
+        self._idle: IdlePool[Segment] = IdlePool(max_idle_bytes)
         self.num_created = 0
 
     def acquire(self, num_bytes: int) -> Segment:
         """A segment with room for ``num_bytes`` of payload."""
         capacity = size_class(num_bytes)
-        with self._lock:
-            if self._idle[capacity]:
-                self._idle_bytes -= capacity
-                return self._idle[capacity].pop()
-            name = f"{self._prefix}{next(_SEGMENT_NUMBERS)}"
-        return self._create(name, capacity)
+        segment = self._idle.take(capacity)
+        if segment is not None:
+            return segment
+        return self._create(f"{self._prefix}{next(_SEGMENT_NUMBERS)}", capacity)
 
     def give_back(self, segment: Segment) -> None:
         """Return ``segment`` for reuse (or unlink it if the idle budget is full)."""
         segment.buffer[:HEADER_BYTES] = bytes(HEADER_BYTES)
-        with self._lock:
-            if self._idle_bytes + segment.capacity <= self._max_idle:
-                self._idle[segment.capacity].append(segment)
-                self._idle_bytes += segment.capacity
-                return
-        self._destroy(segment)
+        if not self._idle.offer(segment.capacity, segment):
+            self._destroy(segment)
 
     def close(self) -> None:
-        """Unlink every idle segment."""
-        with self._lock:
-            idle = [segment for segments in self._idle.values() for segment in segments]
-            self._idle.clear()
-            self._idle_bytes = 0
-        for segment in idle:
+        """Unlink every idle segment (and every segment given back later)."""
+        for segment in self._idle.close():
             self._destroy(segment)
 
     def _create(self, name: str, capacity: int) -> Segment:

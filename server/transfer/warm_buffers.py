@@ -18,12 +18,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-import threading
 import weakref
-from collections import defaultdict
 
 import torch
 
+from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.tensors import shaped
 
 DEFAULT_MIN_BYTES = 32 << 20
@@ -42,11 +41,7 @@ class WarmBuffers:
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES,
                  max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES) -> None:  # fmt: skip
         self.min_bytes = min_bytes
-        self.max_idle_bytes = max_idle_bytes
-        self._idle: dict[int, list[mmap.mmap]] = defaultdict(list)
-        self._idle_bytes = 0
-        self._is_closed = False
-        self._lock = threading.Lock()
+        self._idle: IdlePool[mmap.mmap] = IdlePool(max_idle_bytes)
         self.num_created = 0
 
     def empty(self, dtype: torch.dtype, shape: list[int], byte_size: int) -> torch.Tensor:
@@ -55,15 +50,10 @@ class WarmBuffers:
         if byte_size < self.min_bytes:
             return torch.empty(tuple(shape), dtype=dtype)
         capacity = buffer_class(byte_size)
-        with self._lock:
-            idle = self._idle[capacity]
-            buffer = idle.pop() if idle else None
-            if buffer is not None:
-                self._idle_bytes -= capacity
-            else:
-                self.num_created += 1
+        buffer = self._idle.take(capacity)
         if buffer is None:
             buffer = mmap.mmap(-1, capacity)
+            self.num_created += 1
         # NOTE: the array is the object the tensor's storage keeps alive; when the last view dies,
         # the array dies and the finalizer brings the mapping back.
         array = (ctypes.c_char * byte_size).from_buffer(buffer)
@@ -74,24 +64,14 @@ class WarmBuffers:
     @property
     def idle_bytes(self) -> int:
         """Bytes of the mappings waiting for reuse."""
-        return self._idle_bytes
+        return self._idle.idle_bytes
 
     def close(self) -> None:
         """Unmap idle buffers; buffers still in use are unmapped when their tensors die."""
-        with self._lock:
-            self._is_closed = True
-            idle = [buffer for buffers in self._idle.values() for buffer in buffers]
-            self._idle.clear()
-            self._idle_bytes = 0
-        for buffer in idle:
+        for buffer in self._idle.close():
             buffer.close()
 
     def _give_back(self, buffer: mmap.mmap) -> None:
-        capacity = len(buffer)
-        with self._lock:
-            if not self._is_closed and self._idle_bytes + capacity <= self.max_idle_bytes:
-                self._idle[capacity].append(buffer)
-                self._idle_bytes += capacity
-                return
-        with contextlib.suppress(BufferError):
-            buffer.close()
+        if not self._idle.offer(len(buffer), buffer):
+            with contextlib.suppress(BufferError):
+                buffer.close()
