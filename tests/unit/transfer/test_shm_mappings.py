@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -214,3 +215,30 @@ def test_a_lease_released_during_a_copy_is_refused(monkeypatch: pytest.MonkeyPat
         consumer.get(ref, copy=True)
     assert caught.value.reason == "LEASE_RELEASED"
     producer.release(tenant[0].lease_id)
+
+
+def test_threads_reading_views_and_copies_at_once_each_read_their_own_lease(
+        producer: ShmProducer) -> None:
+    consumer = ShmConsumer(HOST, max_mappings=3)  # fewer than the segments: evictions too
+    errors: list[str] = []
+
+    def work(worker: int) -> None:
+        for round_index in range(40):
+            fill = float(worker * 1000 + round_index)
+            ref = producer.put(torch.full((ELEMENTS * (1 + round_index % 3),), fill))
+            try:
+                read = consumer.get(ref, copy=bool(round_index % 2))
+                if not bool((read == fill).all()):
+                    errors.append(f"worker {worker} round {round_index}: wrong bytes")
+                del read
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(f"worker {worker} round {round_index}: {e!r}")
+            producer.release(ref.lease_id)
+
+    threads = [threading.Thread(target=work, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    consumer.close()
+    assert errors == []
