@@ -159,7 +159,7 @@ class DataPlane:
 
     def trim(self) -> None:
         """Let consumers drop cached state that no longer serves (shm: mappings of segments
-        their producers unlinked)."""
+        their producers unlinked, pages written to views that have died)."""
         for consumer in self.consumers.values():
             consumer.trim()
 

@@ -284,7 +284,7 @@ class ShmConsumer(TensorConsumer):
 
     def trim(self) -> None:
         """Forget kept mappings of segments their producers unlinked (they pin memory); reset
-        those whose views all died (pages callers wrote to are freed)."""
+        those whose view has died (pages a caller wrote to are freed)."""
         for cache in (self.views, self.copies):
             cache.trim()
 
@@ -330,7 +330,7 @@ class ShmConsumer(TensorConsumer):
             os.close(fd)
             raise
         view = memoryview(buffer)
-        if not cache.keep(name, Mapping(fd, buffer, size, lease_id)):
+        if not cache.keep(name, Mapping(fd, buffer, lease_id)):
             os.close(fd)
         return view
 

@@ -50,9 +50,13 @@ class Mapping:
 
     fd: int
     buffer: mmap.mmap
-    size: int
     lease_id: str
     lent: weakref.ref[memoryview] | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes mapped: the whole segment."""
+        return len(self.buffer)
 
     def reset(self) -> None:
         """Drop every page of the mapping (pages callers wrote to included): it shows the

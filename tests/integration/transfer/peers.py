@@ -81,8 +81,8 @@ def consumer(conn: Connection, host_id: str) -> None:
             with futures.ThreadPoolExecutor(len(message)) as pool:
                 conn.send(list(pool.map(lambda data: _read(plane, data), message)))
             continue
-        data, hold, *copy = message
-        conn.send(_read(plane, data, held if hold else None, copy=bool(copy and copy[0])))
+        data, hold, copy = message
+        conn.send(_read(plane, data, held if hold else None, copy=copy))
 
 
 def _read(plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None, *,

@@ -5,7 +5,6 @@ go on serving. Each test ends with the leak checks of the other NIXL tests."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -33,16 +32,10 @@ NIXL = tensor_pb2.TRANSFER_KIND_NIXL
 def striping_peer() -> Iterator[Peer]:
     """A consumer on another host that cuts every READ in two; it must end with nothing
     registered and no prepared READ kept."""
-    saved = os.environ.get("EPD_NIXL_STRIPE_MIN_BYTES")
-    os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EPD_NIXL_STRIPE_MIN_BYTES", "1")
         consumer_peer = Peer(REMOTE)
         assert consumer_peer.ask("stripes") == 2
-    finally:
-        if saved is None:
-            del os.environ["EPD_NIXL_STRIPE_MIN_BYTES"]
-        else:
-            os.environ["EPD_NIXL_STRIPE_MIN_BYTES"] = saved
     yield consumer_peer
     assert consumer_peer.ask("close") == (0, 0)
     consumer_peer.stop()
@@ -70,7 +63,7 @@ def test_a_striped_read_from_a_dead_producer_is_a_typed_error(
     plane: DataPlane, striping_peer: Peer
 ) -> None:
     data = reference_of_a_killed_producer(HOST, REMOTE)
-    answer = striping_peer.ask((data, False), timeout_s=60)
+    answer = striping_peer.ask((data, False, False), timeout_s=60)
     assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
     tensor = make_tensor(torch.float32, 2 * MiB, seed=31)

@@ -188,7 +188,7 @@ def test_producer_killed_gives_a_typed_error_and_leaves_nothing(new_plane: list[
                                                                 peer: Peer) -> None:  # fmt: skip
     shm_before = set(shm.list_segments())
     data = reference_of_a_killed_producer(HOST, REMOTE)
-    answer = peer.ask((data, False), timeout_s=60)
+    answer = peer.ask((data, False, False), timeout_s=60)
     assert answer in (("error", "NIXL_PEER_UNREACHABLE", "Unavailable"),
                       ("error", "NIXL_REGION_NOT_FOUND", "NotFound")), answer  # fmt: skip
     assert set(shm.list_segments()) <= shm_before
