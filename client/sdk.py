@@ -1,7 +1,8 @@
 """Python SDK for epd's RouteService (async; ``EpdClient`` in ``sync_client`` is the blocking
-twin with the same methods).
+twin with the same methods). The message builders (``user``, ``system``, ``assistant``) are
+exported here too, so one import is enough.
 
-    from epd.client import AsyncEpdClient, user
+    from epd.client.sdk import AsyncEpdClient, user
 
     async with AsyncEpdClient("127.0.0.1:50050") as client:
         async for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
@@ -19,9 +20,21 @@ from typing import Any
 import grpc
 
 from epd.client.errors import EpdClientError
-from epd.client.messages import Chunk, Message, build_request, join, to_chunk
+from epd.client.messages import (
+    Chunk,
+    Message,
+    Picture,
+    assistant,
+    build_request,
+    join,
+    system,
+    to_chunk,
+    user,
+)
 from epd.server.common.channels import create_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
+
+__all__ = ["AsyncEpdClient", "Chunk", "Message", "Picture", "assistant", "system", "user"]
 
 Metadata = Sequence[tuple[str, str]]
 
@@ -38,8 +51,13 @@ class AsyncEpdClient:
                  tls_ca_file: str | None = None, tls_cert_file: str | None = None,
                  tls_key_file: str | None = None,
                  timeout_s: float | None = 300.0) -> None:  # fmt: skip
-        self._channel = create_channel(endpoint, auth_token=auth_token, tls_ca_file=tls_ca_file,
-                                       tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
+        self._channel = create_channel(
+            endpoint,
+            auth_token=auth_token,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
         self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
         self.timeout_s = timeout_s
 

@@ -1,6 +1,7 @@
-"""Blocking SDK client: the same calls as ``AsyncEpdClient``, for scripts and notebooks.
+"""Blocking SDK client: the same calls as ``AsyncEpdClient``, for scripts and notebooks; the
+message builders (``user``, ``system``, ``assistant``) are exported here too.
 
-    from epd.client import EpdClient, user
+    from epd.client.sync_client import EpdClient, user
 
     with EpdClient("127.0.0.1:50050") as client:
         answer = client.generate([user("What is in this picture?", image="cat.png")],
@@ -17,8 +18,20 @@ from typing import Any
 import grpc
 
 from epd.client.errors import EpdClientError
-from epd.client.messages import Chunk, Message, build_request, join, to_chunk
+from epd.client.messages import (
+    Chunk,
+    Message,
+    Picture,
+    assistant,
+    build_request,
+    join,
+    system,
+    to_chunk,
+    user,
+)
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
+
+__all__ = ["Chunk", "EpdClient", "Message", "Picture", "assistant", "system", "user"]
 
 MiB = 1 << 20
 Metadata = Sequence[tuple[str, str]]
