@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.route import openai_schema as schema
 
 BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def refusal(body: Any, limits: schema.RequestLimits | None = None) -> InvalidArgument:
+    """The error ``body`` is refused with, after checking it maps to a 400 error object."""
+    with pytest.raises(InvalidArgument) as caught:
+        schema.to_generate_request(body, "tiny", limits=limits or schema.RequestLimits())
+    status, error = schema.error_body(caught.value)
+    assert status == 400 and error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["param"] == caught.value.metadata["param"]
+    return caught.value
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {**BODY, "messages": [{"role": "user", "content": content}]}
 
 
 def test_the_x_request_id_header_names_the_request_and_the_completion() -> None:
     request = schema.to_generate_request(BODY, "tiny", "bench-7f3a-12")
     assert request.request_id == "bench-7f3a-12"
     assert schema.completion(request.request_id, "tiny", "x", 0, None)["id"] == (
-        "chatcmpl-bench-7f3a-12")
+        "chatcmpl-bench-7f3a-12"
+    )
     assert schema.chunk(request.request_id, "tiny", {}, None)["id"] == "chatcmpl-bench-7f3a-12"
 
 
@@ -33,8 +52,261 @@ def test_a_malformed_request_id_is_a_bad_request(bad: str) -> None:
 
 
 def test_vllm_extensions_reach_the_sampling_parameters() -> None:
-    body = {**BODY, "ignore_eos": True, "top_k": 5, "stop_token_ids": [7], "seed": 3,
-            "stop": "END"}  # fmt: skip
-    sampling = schema.to_generate_request(body, "tiny").sampling
+    body = {**BODY, "ignore_eos": True, "top_k": 5, "stop_token_ids": [7], "seed": 3}
+    sampling = schema.to_generate_request({**body, "stop": "END"}, "tiny").sampling
     assert (sampling.ignore_eos, sampling.top_k, list(sampling.stop_token_ids)) == (True, 5, [7])
     assert (sampling.seed, list(sampling.stop), sampling.max_tokens) == (3, ["END"], 3)
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("max_tokens", -1),
+        ("max_tokens", 0),
+        ("max_tokens", True),
+        ("max_tokens", "16"),
+        ("max_tokens", 2**32),
+        ("max_completion_tokens", 1.5),
+        ("temperature", "hot"),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", 2.5),
+        ("temperature", 10**400),
+        ("top_p", 0),
+        ("top_p", 1.01),
+        ("top_k", -2),
+        ("top_k", 2**31),
+        ("seed", 2**70),
+        ("seed", 2**64),
+        ("seed", -1),
+        ("seed", False),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", 5),
+        ("stop", "\ud800"),
+        ("stop_token_ids", 7),
+        ("stop_token_ids", [-1]),
+        ("stop_token_ids", [True]),
+        ("ignore_eos", 1),
+        ("stream", "true"),
+        ("stream_options", []),
+        ("model", 5),
+        ("model", "tiny\udfff"),
+    ],
+)
+def test_a_value_of_the_wrong_type_or_range_is_refused_naming_its_parameter(
+    param: str, value: Any
+) -> None:
+    error = refusal({**BODY, param: value})
+    assert error.reason == "BAD_REQUEST" and error.metadata["param"].startswith(param)
+
+
+def test_a_stop_token_id_beyond_uint32_names_its_index() -> None:
+    error = refusal({**BODY, "stop_token_ids": [7, 2**40]})
+    assert error.metadata["param"] == "stop_token_ids[1]"
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user", "content": "bad \ud800 text"}, "messages[0].content"),
+        ({"role": "user", "content": [{"type": "text", "text": "\udc00"}]}, "content[0].text"),
+        ({"role": "user", "content": [{"type": "text", "text": 42}]}, "content[0].text"),
+        ({"role": "user", "content": [{"type": "text"}]}, "content[0].text"),
+        ({"role": "user", "content": [{"type": "input_audio"}]}, "content[0]"),
+        ({"role": "user", "content": [7]}, "content[0]"),
+        ({"role": "user", "content": []}, "messages[0].content"),
+        ({"role": "user", "content": None}, "messages[0].content"),
+        ({"role": "user", "content": {"text": "hi"}}, "messages[0].content"),
+        ({"role": "tool", "content": "42"}, "messages[0].role"),
+        ({"role": "us\ud800er", "content": "hi"}, "messages[0].role"),
+        ({"role": ["user"], "content": "hi"}, "messages[0].role"),
+        ({"content": "hi"}, "messages[0].role"),
+        ({"role": "user", "name": 3, "content": "hi"}, "messages[0].name"),
+        ({"role": "user", "content": "hi", "name": "\ud800"}, "messages[0].name"),
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x\ud800"}}]},
+            "image_url.url",
+        ),
+        (
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]},
+            "content[0].image_url",
+        ),
+        (
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": "u", "detail": 1}}],
+            },
+            "image_url.detail",
+        ),
+    ],
+)
+def test_a_malformed_message_is_refused_naming_where(message: Any, param: str) -> None:
+    error = refusal({**BODY, "messages": [message]})
+    assert error.metadata["param"].endswith(param)
+
+
+def test_roles_and_fields_of_echoed_assistant_messages() -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "assistant", "content": "hello", "tool_calls": None, "refusal": None},
+        {"role": "user", "content": "again"},
+    ]
+    request = schema.to_generate_request({**BODY, "messages": messages}, "tiny")
+    assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
+    calls = {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}
+    error = refusal({**BODY, "messages": [*messages, calls]})
+    assert (error.reason, error.metadata["param"]) == (
+        "UNSUPPORTED_PARAMETER",
+        "messages[4].tool_calls",
+    )
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("n", 2),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"),
+        ("functions", [{"name": "f"}]),
+        ("function_call", {"name": "f"}),
+        ("response_format", {"type": "json_object"}),
+        ("logit_bias", {"50256": -100}),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -1),
+        ("min_tokens", 4),
+        ("repetition_penalty", 1.2),
+    ],
+)
+def test_an_unimplemented_parameter_is_refused_not_ignored(param: str, value: Any) -> None:
+    error = refusal({**BODY, param: value})
+    assert (error.reason, error.metadata["param"]) == ("UNSUPPORTED_PARAMETER", param)
+
+
+def test_unimplemented_parameters_at_their_no_op_values_and_harmless_ones_pass() -> None:
+    no_ops = {
+        "n": 1,
+        "logprobs": False,
+        "top_logprobs": 0,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "logit_bias": {},
+        "modalities": ["text"],
+        "user": "u1",
+        "metadata": {"k": "v"},
+        "store": False,
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "audio": None,
+    }
+    assert schema.to_generate_request({**BODY, **no_ops}, "tiny").sampling.max_tokens == 3
+
+
+def test_an_unknown_parameter_is_refused_naming_it() -> None:
+    error = refusal({**BODY, "temprature": 0.5})
+    assert (error.reason, error.metadata["param"]) == ("UNKNOWN_PARAMETER", "temprature")
+    assert "temprature" in error.message
+    assert refusal({**BODY, "\ud800": 1}).reason == "UNKNOWN_PARAMETER"
+
+
+def test_nulls_are_absent_and_defaults_are_greedy_up_to_the_context() -> None:
+    nulls = {"temperature": None, "top_p": None, "seed": None, "stop": None, "max_tokens": None}
+    body = {**BODY, **nulls}
+    sampling = schema.to_generate_request(body, "tiny").sampling
+    assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (16, 0.0, 1.0)
+    assert not sampling.HasField("seed") and not sampling.stop
+    limits = schema.RequestLimits(max_context_tokens=4096)
+    assert schema.to_generate_request(body, "tiny", limits=limits).sampling.max_tokens == 4096
+    body = {**BODY, "max_completion_tokens": 9, "top_k": -1, "temperature": 2, "top_p": 0.5}
+    sampling = schema.to_generate_request(body, "tiny", limits=limits).sampling
+    assert (sampling.max_tokens, sampling.top_k, sampling.temperature, sampling.top_p) == (
+        9,
+        0,
+        2.0,
+        0.5,
+    )
+
+
+def test_max_tokens_beyond_the_models_context_is_refused() -> None:
+    limits = schema.RequestLimits(max_context_tokens=4096)
+    assert refusal({**BODY, "max_tokens": 4097}, limits).metadata["param"] == "max_tokens"
+    error = refusal({**BODY, "max_completion_tokens": 5000}, limits)
+    assert error.metadata["param"] == "max_completion_tokens" and "4096" in error.message
+
+
+@pytest.mark.parametrize(
+    ("body", "limits"),
+    [
+        ({**BODY, "messages": [{"role": "user", "content": "x"}] * 4}, {"max_messages": 3}),
+        (user([{"type": "text", "text": "x"}] * 4), {"max_parts_per_message": 3}),
+        (user("x" * 101), {"max_prompt_chars": 100}),
+        (user([{"type": "image_url", "image_url": "http://i"}] * 3), {"max_images": 2}),
+    ],
+)
+def test_sizes_beyond_the_limits_are_refused_before_any_work(
+    body: Any, limits: dict[str, int]
+) -> None:
+    error = refusal(body, schema.RequestLimits(**limits))
+    assert error.reason == "LIMIT_EXCEEDED" and error.metadata["param"].startswith("messages")
+    assert schema.to_generate_request(body, "tiny").messages
+
+
+def test_error_body_maps_model_not_found_to_openais_404() -> None:
+    status, body = schema.error_body(NotFound("no model 'x'", reason="MODEL_NOT_FOUND"))
+    assert status == 404
+    assert body["error"] == {
+        "message": "no model 'x'",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+
+
+def test_error_body_hides_the_details_of_unexpected_errors() -> None:
+    status, body = schema.error_body(KeyError("secret path /etc/x"))
+    assert status == 500 and "secret" not in str(body)
+    assert body["error"]["type"] == "server_error"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+KEYS = [
+    "model",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "n",
+    "tools",
+    "stream_options",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS), JSON, max_size=6), st.sampled_from(KEYS))
+def test_any_body_is_refused_or_becomes_a_request_that_serializes(body: Any, key: str) -> None:
+    """Random values under known keys, over a valid body: InvalidArgument or a sendable request."""
+    try:
+        request = schema.to_generate_request({**BODY, **body}, "tiny")
+    except InvalidArgument as e:
+        assert schema.error_body(e)[0] == 400
+        return
+    assert request.SerializeToString()
