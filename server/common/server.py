@@ -4,8 +4,9 @@
 service calls ``mark_serving``, NOT_SERVING again once draining), server reflection (so
 ``grpcurl -plaintext HOST:PORT list`` works without .proto files), OpenTelemetry spans for every
 RPC but health and reflection, with the caller's trace context, when the process traces
-(``telemetry.traces_rpcs``), optional bearer-token auth and TLS / mTLS, and message-size
-limits. ``serve`` runs a built server until SIGTERM or SIGINT and then drains it.
+(``telemetry.traces_rpcs``), optional bearer-token auth and TLS / mTLS, message-size limits,
+and INVALID_ARGUMENT (reason BAD_MESSAGE) for requests that do not parse (``bad_messages``).
+``serve`` runs a built server until SIGTERM or SIGINT and then drains it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from epd.server.common.auth import BearerTokenInterceptor
+from epd.server.common.bad_messages import BadMessageInterceptor
 from epd.server.common.sessions import SessionDrain
 from epd.server.common.telemetry import traces_rpcs
 
@@ -34,10 +36,21 @@ logger = logging.getLogger(__name__)
 MiB = 1 << 20
 DrainCallback = Callable[[], Awaitable[None]]
 
-# NOTE: health and reflection are not traced: probes would flood traces, and the instrumentation
-# cannot serve health's Watch (a coroutine writing through the context, not a generator).
-_TRACED = filters.negate(filters.any_of(filters.service_prefix("grpc.health."),
-                                        filters.service_prefix("grpc.reflection.")))
+
+def _is_session(details: grpc.HandlerCallDetails) -> bool:
+    return str(details.method).endswith("Session")
+
+
+# NOTE: health, reflection and call sessions are not traced: probes would flood traces, and the
+# instrumentation cannot serve a stream handler that is a coroutine writing through the context
+# (health's Watch, every *Session); a session's calls are not per-call RPCs to trace anyway.
+_TRACED = filters.negate(
+    filters.any_of(
+        filters.service_prefix("grpc.health."),
+        filters.service_prefix("grpc.reflection."),
+        _is_session,
+    )
+)
 
 
 @dataclass(slots=True)
@@ -180,6 +193,8 @@ async def build_server(bindings: Sequence[ServiceBinding],
         interceptors.append(aio_server_interceptor(filter_=_TRACED))
     if options.auth_token:
         interceptors.insert(0, BearerTokenInterceptor(options.auth_token))
+    # NOTE: innermost, so it rewraps the handlers as registered, once per method.
+    interceptors.append(BadMessageInterceptor())
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.max_receive_message_length", options.max_message_bytes),

@@ -149,9 +149,9 @@ class _Session:
             for task in list(self.calls.values()):
                 task.cancel()
             await asyncio.gather(reader, *self.calls.values(), return_exceptions=True)
-            if not reader.cancelled() and reader.exception() is not None:
-                logger.warning("session stream from %s failed: %s", self.context.peer(),
-                               reader.exception())  # fmt: skip
+            failure = None if reader.cancelled() else reader.exception()
+            if failure is not None and not isinstance(failure, grpc.aio.AbortError):
+                logger.warning("session stream from %s failed: %s", self.context.peer(), failure)
 
     async def _write(self, frame: Any) -> None:
         async with self.write_lock:
@@ -166,6 +166,11 @@ class _Session:
                 elif kind == "cancel" and (task := self.calls.pop(frame.call_id, None)):
                     task.cancel()
                     self.wake()
+        except grpc.aio.AbortError:
+            # NOTE: a frame aborted the stream (it did not parse): no call of it can answer now.
+            for task in self.calls.values():
+                task.cancel()
+            raise
         finally:
             self.reading = False
             self.wake()

@@ -18,6 +18,7 @@ from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import from_rpc_error, handle_errors
 from epd.server.prefill import convert
 from epd.v1 import encode_service_pb2 as encode_pb
+from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
@@ -336,3 +337,15 @@ async def test_wire_frames_last_response_ends_a_call_and_duplicate_ids_are_refus
 
 async def _hashes(call: Any) -> list[str]:
     return [response.mm_hash async for response in call]
+
+
+async def test_a_traced_server_serves_sessions_untraced(spans: Any) -> None:
+    server, endpoint = await start(encode_binding(SessionEncodeService()))
+    frame = encode_pb.EncodeSessionRequest(call_id=1, request=encode_request("h0", "h1"))
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        call = encode_grpc.EncodeServiceStub(channel).EncodeSession(iter([frame]), timeout=5)
+        replies = [reply async for reply in call]
+    await server.drain_and_stop(0)
+    assert [reply.response.mm_hash for reply in replies] == ["h0", "h1"]
+    assert replies[-1].last
+    assert not [s for s in spans.get_finished_spans() if s.name.endswith("Session")]
