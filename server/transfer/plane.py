@@ -38,6 +38,8 @@ KIND_NAMES: dict[int, str] = {
 }
 KINDS_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
 ALL_KINDS = ("shm", "nixl", "inline")
+# How often the reaper unlinks shared-memory segments of dead producers on this host.
+ORPHAN_SWEEP_S = 10.0
 
 
 def default_host_id() -> str:
@@ -157,23 +159,35 @@ class DataPlane:
         """Free expired leases now; returns how many."""
         return sum(producer.reap_expired() for producer in self.producers.values())
 
+    def remove_orphans(self) -> list[str]:
+        """Unlink shared-memory segments of dead producers on this host; returns their names."""
+        shm_producer = self.producers.get(tensor_pb2.TRANSFER_KIND_SHM)
+        return shm_producer.remove_orphans() if isinstance(shm_producer, ShmProducer) else []
+
     def trim(self) -> None:
         """Let consumers drop cached state that no longer serves (shm: mappings of segments
         their producers unlinked, pages written to views that have died)."""
         for consumer in self.consumers.values():
             consumer.trim()
 
-    def start_reaper(self, interval_s: float = 1.0) -> None:
-        """Reap expired leases (and trim consumers) every ``interval_s`` in a daemon thread
-        until ``close``."""
+    def start_reaper(
+        self, interval_s: float = 1.0, orphan_interval_s: float = ORPHAN_SWEEP_S
+    ) -> None:
+        """Reap expired leases (and trim consumers) every ``interval_s``, and remove dead
+        producers' segments every ``orphan_interval_s``, in a daemon thread until ``close``."""
         if self._reaper is not None:
             return
 
         def loop() -> None:
+            next_sweep = time.monotonic() + orphan_interval_s
             while not self._stop.wait(interval_s):
                 if freed := self.reap_expired():
                     logger.warning("freed %d payloads whose lease expired unreleased", freed)
                 self.trim()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + orphan_interval_s
+                    if removed := self.remove_orphans():
+                        logger.info("removed shared memory of dead producers: %s", removed)
 
         self._reaper = threading.Thread(target=loop, name="epd-lease-reaper", daemon=True)
         self._reaper.start()

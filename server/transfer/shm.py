@@ -1,8 +1,9 @@
 """The shared-memory backend: POSIX segments in /dev/shm, pooled, read zero-copy.
 
 Segments are files under /dev/shm created 0600 with a per-process prefix
-``epd-<pid>-<process start time>-``, so a starting producer can tell leftovers of dead processes
-(or of an earlier process that had the same pid) from live ones and unlink them. Segments are
+``epd-<pid>-<process start time>-``, so producers (at start and from their reaper) and the
+launcher can tell leftovers of dead processes (or of an earlier process that had the same pid)
+from live ones and unlink them (``shm_orphans``). Segments are
 mapped with plain ``mmap`` (not ``multiprocessing.shared_memory``), so Python's resource_tracker
 never registers, warns about or unlinks them behind our back.
 
@@ -18,7 +19,6 @@ import ctypes
 import itertools
 import mmap
 import os
-import re
 import time
 from dataclasses import dataclass
 
@@ -36,64 +36,27 @@ from epd.server.transfer.shm_mappings import (
     Mapping,
     MappingCache,
 )
+from epd.server.transfer.shm_orphans import (
+    NAME,
+    SHM_DIR,
+    cleanup_orphans,
+    process_prefix,
+)
+from epd.server.transfer.shm_orphans import list_segments as list_segments
+from epd.server.transfer.shm_orphans import orphans as orphans
 from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
-SHM_DIR = "/dev/shm"
+# NOTE: list_segments and orphans are re-exported above: tests and tools call them as shm.*.
 HEADER_BYTES = 64
 MAGIC = b"EPDSHM01"
 MIN_SEGMENT_BYTES = 64 << 10
 # Payloads up to this size are read into a private copy: a read costs less than mapping.
 SMALL_COPY_BYTES = 16 << 10
-_NAME = re.compile(r"^epd-(\d+)-(\d+)-\d+$")
 # NOTE: one counter per process, not per pool: several producers in one process (tests, a
 # process serving two roles) must never pick the same segment name.
 _SEGMENT_NUMBERS = itertools.count(1)
-
-
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_prefix(pid: int | None = None) -> str:
-    """Segment name prefix of process ``pid`` (default: this one)."""
-    pid = os.getpid() if pid is None else pid
-    return f"epd-{pid}-{_start_time(pid) or 0}-"
-
-
-def list_segments(shm_dir: str = SHM_DIR) -> list[str]:
-    """Names of every epd segment in ``shm_dir`` (all processes)."""
-    return sorted(name for name in os.listdir(shm_dir) if _NAME.match(name))
-
-
-def orphans(shm_dir: str = SHM_DIR) -> list[str]:
-    """Segments whose creating process is gone (or whose pid now belongs to another process)."""
-    found = []
-    for name in list_segments(shm_dir):
-        match = _NAME.match(name)
-        assert match is not None
-        if _start_time(int(match.group(1))) != int(match.group(2)):
-            found.append(name)
-    return found
-
-
-def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments whose creating process is gone (or whose pid was reused). Returns names."""
-    removed = []
-    for name in orphans(shm_dir):
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
 
 
 def size_class(num_bytes: int) -> int:
@@ -179,6 +142,7 @@ class ShmProducer(TensorProducer):
         self.host_id = host_id
         self.producer_endpoint = producer_endpoint
         self.ttl_s = ttl_s
+        self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
         self._pool = SegmentPool(shm_dir, max_idle_bytes)
         self._leases: LeaseTable[Segment] = LeaseTable(clock)
@@ -203,6 +167,10 @@ class ShmProducer(TensorProducer):
 
     def held(self) -> list[LeaseInfo]:
         return self._leases.held()
+
+    def remove_orphans(self) -> list[str]:
+        """Unlink the segments of dead producers on this host (see ``shm_orphans``)."""
+        return cleanup_orphans(self._dir)
 
     def reap_expired(self) -> int:
         expired = self._leases.pop_expired()
@@ -255,7 +223,7 @@ class ShmConsumer(TensorConsumer):
         if location.size != ref.byte_size or location.offset < HEADER_BYTES:
             raise InvalidArgument("shm location does not match the TensorRef's byte size",
                                   reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
-        if not _NAME.match(location.name):
+        if not NAME.match(location.name):
             raise InvalidArgument(f"{location.name!r} is not an epd segment name",
                                   reason="BAD_TENSOR_REF")  # fmt: skip
         if ref.byte_size <= SMALL_COPY_BYTES:

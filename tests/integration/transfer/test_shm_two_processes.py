@@ -177,3 +177,20 @@ def test_producer_killed_leaves_orphans_that_the_next_producer_removes(no_leaks:
     assert segment_name not in shm.list_segments()
     assert segment_name in plane.producers[tensor_pb2.TRANSFER_KIND_SHM].orphans_removed  # type: ignore[attr-defined]
     plane.close()
+
+
+def test_a_live_producers_reaper_removes_a_killed_producers_segments(no_leaks: None) -> None:
+    plane = DataPlane(HOST, kinds=NO_NIXL)
+    plane.start_reaper(interval_s=0.05, orphan_interval_s=0.05)
+    conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=producer, args=(child_conn, HOST), daemon=True)
+    process.start()
+    assert conn.poll(120)
+    _, segment_name, pid = conn.recv()
+    os.kill(pid, signal.SIGKILL)  # NOTE: not joined: the segments of a zombie are orphans too
+    deadline = time.monotonic() + 10
+    while segment_name in shm.list_segments() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert segment_name not in shm.list_segments()
+    process.join(10)
+    plane.close()
