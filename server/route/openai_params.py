@@ -21,6 +21,7 @@ MAX_NAME_CHARS = 256
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_METADATA_PAIRS = 16
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 Check = Callable[[Any, str], Any]
@@ -116,6 +117,17 @@ def unsupported(check: Check, *no_ops: Any) -> Check:
     return check_no_op
 
 
+def metadata(value: Any, param: str) -> dict[str, Any]:
+    """OpenAI's metadata: at most 16 string pairs, keys up to 64 and values up to 512 chars."""
+    pairs = mapping(value, param)
+    is_valid = len(pairs) <= MAX_METADATA_PAIRS and all(
+        isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in pairs.items()
+    )
+    if not is_valid:
+        raise bad(f"{param} must be at most 16 pairs of short strings", param)
+    return pairs
+
+
 def stream_options(value: Any, param: str) -> dict[str, Any]:
     options = mapping(value, param)
     if options.get("include_usage") is not None:
@@ -143,7 +155,7 @@ PARAMS: dict[str, Check] = {
     "user": text(MAX_NAME_CHARS),
     "safety_identifier": text(MAX_NAME_CHARS),
     "prompt_cache_key": text(MAX_NAME_CHARS),
-    "metadata": mapping,
+    "metadata": metadata,
     "store": boolean,
     "service_tier": text(MAX_NAME_CHARS),
     "parallel_tool_calls": boolean,
