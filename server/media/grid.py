@@ -8,6 +8,7 @@ transformers' Qwen2-VL processor with that processor's own settings, so the numb
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 
 Grid = tuple[int, int, int]
+# NOTE: the resize rule's own bound (smart_resize refuses a longer side over 200x the shorter).
+MAX_ASPECT_RATIO = 200
 
 
 class ImageGridder:
@@ -40,17 +43,50 @@ class ImageGridder:
         """(t, h, w) for an image of ``width`` x ``height`` pixels."""
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
+        _check_shape(width, height)
         try:
             resized_height, resized_width = smart_resize(
-                height, width, self.patch_size * self.merge_size,
-                min_pixels=self.min_pixels, max_pixels=self.max_pixels,
-            )  # fmt: skip
-        except (ValueError, ZeroDivisionError) as e:
-            raise InvalidArgument(f"image of {width}x{height} pixels cannot be encoded: {e}",
-                                  reason="BAD_IMAGE_SHAPE") from e  # fmt: skip
+                height,
+                width,
+                self.patch_size * self.merge_size,
+                min_pixels=self.min_pixels,
+                max_pixels=self.max_pixels,
+            )
+        except ValueError as e:
+            raise InvalidArgument(
+                f"image of {width}x{height} pixels cannot be resized by this model's image "
+                f"processor: {e}",
+                reason="BAD_IMAGE_SHAPE",
+            ) from e
         return 1, resized_height // self.patch_size, resized_width // self.patch_size
 
     def num_tokens(self, grid: Grid) -> int:
         """Embedding rows (= placeholder tokens) the image takes after the merger."""
         t, h, w = grid
         return t * h * w // self.merge_size**2
+
+
+def _check_shape(width: int, height: int) -> None:
+    """Refuse a shape the resize rule cannot take, saying how to make it fit."""
+    if width <= 0 or height <= 0:
+        raise InvalidArgument(
+            f"image of {width}x{height} pixels is empty", reason="BAD_IMAGE_SHAPE"
+        )
+    long_side, short_side = max(width, height), min(width, height)
+    if long_side <= MAX_ASPECT_RATIO * short_side:
+        return
+    padded_short, cropped_long = (
+        math.ceil(long_side / MAX_ASPECT_RATIO),
+        short_side * MAX_ASPECT_RATIO,
+    )
+    if width >= height:
+        padded, cropped = (width, padded_short), (cropped_long, height)
+    else:
+        padded, cropped = (padded_short, height), (width, cropped_long)
+    ratio = math.ceil(long_side / short_side * 10) / 10
+    raise InvalidArgument(
+        f"image of {width}x{height} pixels has an aspect ratio of {ratio:g}:1; this model's image "
+        f"processor accepts at most {MAX_ASPECT_RATIO}:1: pad the image to at least "
+        f"{padded[0]}x{padded[1]} or crop it to at most {cropped[0]}x{cropped[1]} pixels",
+        reason="BAD_IMAGE_SHAPE",
+    )
