@@ -1,10 +1,17 @@
 """Decode untrusted image bytes into a correct RGB picture, or refuse with a clear reason.
 
-Declared dimensions are checked before any pixel is decoded; the image is then decoded fully
-(not just opened) so truncated or corrupt data fails here, not later; every decoder exception is
-bad input. No global Pillow flag is changed. EXIF orientation is applied; 16-bit, 32-bit integer
-and float images are scaled to 8 bits; palette and alpha images are composited on white; animated
-images give their first frame.
+Only the policy's formats are opened (Pillow's ``formats=``), so no other plugin parses the
+bytes. Declared dimensions, and for JPEG the number of scans, are checked before any pixel is
+decoded; the image is then decoded fully (not just opened) so truncated or corrupt data fails
+here, not later; every decoder exception is bad input, reported by what is wrong with the input,
+never by the decoder's own text. No global Pillow flag is changed. EXIF orientation is applied;
+16-bit, 32-bit integer and float images are scaled to 8 bits; palette and alpha images are
+composited on white; animated images give their first frame.
+
+NOTE: a progressive JPEG costs a pass over the whole image per scan, so a small file with
+thousands of scans takes seconds to minutes to decode. Counting scans in the bytes bounds that
+work per pixel before decoding starts; a decode cannot be stopped midway (it runs in a thread),
+so the bound is what keeps the worst case within a few times that of an honest image.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from PIL import Image, ImageOps
 from epd.server.common.errors import InvalidArgument
 from epd.server.media.policy import MediaPolicy
 
+JPEG_START_OF_SCAN = b"\xff\xda"
+
 
 def _refuse(message: str, reason: str) -> InvalidArgument:
     return InvalidArgument(message, reason=reason)
@@ -27,36 +36,95 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
     if not data:
         raise _refuse("image is empty", "EMPTY_IMAGE")
     if len(data) > policy.max_bytes:
-        raise _refuse(f"image is {len(data)} bytes, the limit is {policy.max_bytes}",
-                      "IMAGE_TOO_LARGE")  # fmt: skip
+        raise _refuse(
+            f"image is {len(data)} bytes, the limit is {policy.max_bytes}", "IMAGE_TOO_LARGE"
+        )
+    image = open_image(data, policy)
+    _check_pixels(image, policy)
+    _check_scans(image, data, policy)
     try:
-        # NOTE: no warnings.catch_warnings here: it swaps process-wide state and decoding runs in
-        # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours below
-        # is tighter and runs before any pixel is decoded.
-        image = Image.open(io.BytesIO(data))
-        width, height = image.size
-        if width * height > policy.max_pixels:
-            raise _refuse(f"image is {width}x{height} pixels, the limit is "
-                          f"{policy.max_pixels} pixels", "TOO_MANY_PIXELS")  # fmt: skip
         image.seek(0)
         image.load()
         return to_rgb(ImageOps.exif_transpose(image) or image)
-    except InvalidArgument:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise _refuse(f"image refused as a decompression bomb: {e}", "TOO_MANY_PIXELS") from e
     except Exception as e:
-        raise _refuse(f"cannot decode image: {type(e).__name__}: {e}", "BAD_IMAGE") from e
+        raise _refuse(f"the {image.format} data is truncated or corrupt", "BAD_IMAGE") from e
 
 
-def declared_pixels(data: bytes) -> int | None:
-    """Width x height as the image header declares it (nothing decoded); None if unreadable."""
+def open_image(data: bytes, policy: MediaPolicy) -> Image.Image:
+    """``data`` opened (header read, no pixel decoded) if it is in one of the policy's formats."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        # NOTE: no warnings.catch_warnings here: it swaps process-wide state and decoding runs in
+        # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours in
+        # _check_pixels is tighter and runs before any pixel is decoded.
+        return Image.open(io.BytesIO(data), formats=policy.image_formats)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise _refuse(
+            f"image has more pixels than the limit of {policy.max_pixels}", "TOO_MANY_PIXELS"
+        ) from e
+    except Exception as e:
+        raise _unreadable(data, policy) from e
+
+
+def declared_pixels(data: bytes, policy: MediaPolicy) -> int | None:
+    """Width x height as the header declares it (nothing decoded); None if unreadable."""
+    try:
+        with Image.open(io.BytesIO(data), formats=policy.image_formats) as image:
             width, height = image.size
     except Exception:
         return None
     return width * height
+
+
+def _check_pixels(image: Image.Image, policy: MediaPolicy) -> None:
+    width, height = image.size
+    if width * height > policy.max_pixels:
+        raise _refuse(
+            f"image is {width}x{height} pixels, the limit is {policy.max_pixels} pixels",
+            "TOO_MANY_PIXELS",
+        )
+
+
+def _check_scans(image: Image.Image, data: bytes, policy: MediaPolicy) -> None:
+    # NOTE: every start-of-scan marker libjpeg acts on is these two bytes (entropy-coded data
+    # stuffs a zero after each 0xFF), so counting them never undercounts; the few found in
+    # metadata (an EXIF thumbnail's own scans) overcount harmlessly. JPEG inside TIFF is bounded
+    # by libtiff itself (100 scans per strip or tile).
+    if image.format not in ("JPEG", "MPO"):
+        return
+    num_scans = data.count(JPEG_START_OF_SCAN)
+    if num_scans > policy.max_jpeg_scans:
+        raise _refuse(
+            f"the JPEG data has {num_scans} scans, the limit is {policy.max_jpeg_scans} (a "
+            "progressive JPEG has about 10): re-encode the image",
+            "IMAGE_TOO_COMPLEX",
+        )
+
+
+def _unreadable(data: bytes, policy: MediaPolicy) -> InvalidArgument:
+    """The refusal of bytes no allowed format could open, named by what they look like."""
+    supported = ", ".join(policy.image_formats)
+    detected = detect_format(data)
+    if detected is None:
+        return _refuse(
+            f"the image data is not in a supported format (supported: {supported})", "BAD_IMAGE"
+        )
+    if detected not in policy.image_formats:
+        return _refuse(
+            f"{detected} images are not accepted (supported: {supported})",
+            "UNSUPPORTED_IMAGE_FORMAT",
+        )
+    return _refuse(f"the {detected} data is truncated or corrupt", "BAD_IMAGE")
+
+
+def detect_format(data: bytes) -> str | None:
+    """The Pillow format whose signature starts ``data``, without running any plugin."""
+    Image.init()
+    prefix = data[:16]
+    for name in Image.ID:
+        accept = Image.OPEN[name][1]
+        if accept is not None and accept(prefix):
+            return name
+    return None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -26,6 +26,9 @@ from epd.server.common.errors import InvalidArgument
 from epd.server.media.policy import MediaPolicy
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# NOTE: ASCII control characters and space, for bytes.translate: str.isprintable also catches
+# the non-ASCII ones but is several times slower on a long (data:) URL.
+_CONTROL_OR_SPACE = bytes(range(0x21)) + b"\x7f"
 
 
 def _refuse(message: str, reason: str) -> InvalidArgument:
@@ -64,6 +67,7 @@ class GuardedResolver(AbstractResolver):
 
 async def fetch_url(url: str, policy: MediaPolicy) -> bytes:
     """The bytes behind ``url`` (data:, file:, http:, https:) under ``policy``."""
+    check_url(url, policy)
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme == "data":
         return decode_data_url(url, policy)
@@ -73,10 +77,13 @@ async def fetch_url(url: str, policy: MediaPolicy) -> bytes:
         try:
             return await asyncio.wait_for(_fetch_http(url, policy), policy.fetch_timeout_s)
         except TimeoutError:
-            raise _refuse(f"fetching {url} took longer than {policy.fetch_timeout_s:g}s",
-                          "FETCH_TIMEOUT") from None  # fmt: skip
-    raise _refuse(f"unsupported URL scheme {scheme or '(none)'!r}: use http(s), data or file",
-                  "UNSUPPORTED_SCHEME")  # fmt: skip
+            raise _refuse(
+                f"fetching {url} took longer than {policy.fetch_timeout_s:g}s", "FETCH_TIMEOUT"
+            ) from None
+    raise _refuse(
+        f"unsupported URL scheme {scheme or '(none)'!r}: use http(s), data or file",
+        "UNSUPPORTED_SCHEME",
+    )
 
 
 def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
@@ -87,24 +94,63 @@ def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
     if len(payload) * 3 // 4 > policy.max_bytes:
         raise _refuse(f"data URL payload exceeds {policy.max_bytes} bytes", "IMAGE_TOO_LARGE")
     if not header.endswith(";base64"):
+        if not is_clean(payload):
+            raise _bad_characters()
         return urllib.parse.unquote_to_bytes(payload)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as e:
+        if not is_clean(payload):
+            raise _bad_characters() from e
         raise _refuse(f"data URL is not valid base64: {e}", "BAD_DATA_URL") from e
+
+
+def check_url(url: str, policy: MediaPolicy) -> None:
+    """Refuse, before any I/O, a URL over the length limit or one with whitespace or control
+    characters (urllib would quietly strip them and fetch another URL). A data: URL's payload
+    is bounded by the byte limit instead and checked as it is decoded."""
+    head = url.partition(",")[0] if url[:5].lower() == "data:" else url
+    if len(head) > policy.max_url_chars:
+        what = "data URL header" if head is not url else "URL"
+        raise _refuse(
+            f"{what} is {len(head)} characters, the limit is {policy.max_url_chars}; "
+            "send a large image as bytes or a data: URL",
+            "BAD_URL",
+        )
+    if not is_clean(head):
+        raise _bad_characters()
+
+
+def is_clean(text: str) -> bool:
+    """True if ``text`` has no whitespace and no control character (ASCII or other)."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        return len(raw.translate(None, _CONTROL_OR_SPACE)) == len(raw)
+    return text.isprintable() and " " not in text
+
+
+def _bad_characters() -> InvalidArgument:
+    return _refuse(
+        "URL contains whitespace or control characters (CR, LF, TAB, NUL, ...); "
+        "percent-encode them",
+        "BAD_URL",
+    )
 
 
 def read_file_url(url: str, policy: MediaPolicy) -> bytes:
     """Contents of a ``file:`` URL, only when the policy allows local files."""
     if not policy.allow_local_files:
-        raise _refuse("file: URLs are not allowed on this server (--allow-local-files)",
-                      "LOCAL_FILES_FORBIDDEN")  # fmt: skip
+        raise _refuse(
+            "file: URLs are not allowed on this server (--allow-local-files)",
+            "LOCAL_FILES_FORBIDDEN",
+        )
     path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
     try:
         size = path.stat().st_size
         if size > policy.max_bytes:
-            raise _refuse(f"{path} is {size} bytes, the limit is {policy.max_bytes}",
-                          "IMAGE_TOO_LARGE")  # fmt: skip
+            raise _refuse(
+                f"{path} is {size} bytes, the limit is {policy.max_bytes}", "IMAGE_TOO_LARGE"
+            )
         return path.read_bytes()
     except OSError as e:
         raise _refuse(f"cannot read {path}: {e.strerror or e}", "FILE_UNREADABLE") from e
@@ -113,8 +159,7 @@ def read_file_url(url: str, policy: MediaPolicy) -> bytes:
 def _check_literal_host(url: str, policy: MediaPolicy) -> None:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _refuse(f"cannot fetch {url!r}: only http(s) URLs with a host",
-                      "UNSUPPORTED_SCHEME")  # fmt: skip
+        raise _refuse(f"cannot fetch {url!r}: only http(s) URLs with a host", "UNSUPPORTED_SCHEME")
     address = _literal_address(parts.hostname)
     if address is not None and not policy.allow_private_networks and not is_public(address):
         raise _refuse(f"{parts.hostname} is a private or reserved address", "PRIVATE_ADDRESS")
@@ -137,6 +182,7 @@ async def _fetch_http(url: str, policy: MediaPolicy) -> bytes:
     connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         for _ in range(policy.max_redirects + 1):
+            check_url(url, policy)
             _check_literal_host(url, policy)
             try:
                 async with session.get(url, allow_redirects=False) as response:
@@ -144,8 +190,9 @@ async def _fetch_http(url: str, policy: MediaPolicy) -> bytes:
                         url = urllib.parse.urljoin(url, response.headers.get("Location", ""))
                         continue
                     if response.status != 200:
-                        raise _refuse(f"fetching {url} answered HTTP {response.status}",
-                                      "FETCH_FAILED")  # fmt: skip
+                        raise _refuse(
+                            f"fetching {url} answered HTTP {response.status}", "FETCH_FAILED"
+                        )
                     return await _read_limited(response, policy.max_bytes)
             except aiohttp.ClientConnectorError as e:
                 if isinstance(e.os_error, BlockedAddressError):

@@ -31,8 +31,15 @@ class LoadedImage:
 class MediaLoader:
     """Loads items under one policy for one model; identical sources load once."""
 
-    def __init__(self, policy: MediaPolicy, *, model_id: str, processor_fingerprint: str,
-                 cache_items: int = 256, cache_bytes: int = 256 << 20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: MediaPolicy,
+        *,
+        model_id: str,
+        processor_fingerprint: str,
+        cache_items: int = 256,
+        cache_bytes: int = 256 << 20,
+    ) -> None:
         """``cache_items`` / ``cache_bytes`` (decoded RGB bytes) bound the cache of decoded
         images; 0 items disables it (concurrent loads of one source are still shared)."""
         self.policy = policy
@@ -40,26 +47,28 @@ class MediaLoader:
         self.processor_fingerprint = processor_fingerprint
         # NOTE: a byte budget, not only a count: 256 images at the pixel limit would be ~24 GiB.
         self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(
-            cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes)
+            cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes
+        )
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
         """Decode the image at ``url`` or in ``data`` (exactly one must be given)."""
         if bool(url) == bool(data):
-            raise InvalidArgument("a media item needs exactly one of url or data",
-                                  reason="BAD_MEDIA_ITEM")  # fmt: skip
+            raise InvalidArgument(
+                "a media item needs exactly one of url or data", reason="BAD_MEDIA_ITEM"
+            )
         if url and not url.startswith(("data:", "file:")):
             key = "url:" + url
         else:
             key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
         if not data:
             return await self.cache.get_or_load(key, lambda: self._fetch_and_load(url))
-        if _decodes_inline(data):
+        if self._decodes_inline(data):
             return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
         return await self.cache.get_or_load(key, lambda: self._off_loop(data))
 
     async def _fetch_and_load(self, url: str) -> LoadedImage:
         raw = await fetch_url(url, self.policy)
-        if _decodes_inline(raw):
+        if self._decodes_inline(raw):
             return self._decode_and_hash(raw)
         return await self._off_loop(raw)
 
@@ -67,16 +76,16 @@ class MediaLoader:
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
         return await asyncio.to_thread(self._decode_and_hash, raw)
 
+    def _decodes_inline(self, raw: bytes) -> bool:
+        pixels = declared_pixels(raw, self.policy)
+        return pixels is not None and pixels <= INLINE_DECODE_PIXELS
+
     def _decode_and_hash(self, raw: bytes) -> LoadedImage:
         image = decode_image(raw, self.policy)
-        digest = mm_hash(image, model_id=self.model_id,
-                         processor_fingerprint=self.processor_fingerprint)  # fmt: skip
+        digest = mm_hash(
+            image, model_id=self.model_id, processor_fingerprint=self.processor_fingerprint
+        )
         return LoadedImage(image, digest)
-
-
-def _decodes_inline(raw: bytes) -> bool:
-    pixels = declared_pixels(raw)
-    return pixels is not None and pixels <= INLINE_DECODE_PIXELS
 
 
 def _decoded_bytes(loaded: LoadedImage) -> int:

@@ -117,3 +117,58 @@ async def test_a_failed_load_is_shared_and_not_cached() -> None:
     with pytest.raises(InvalidArgument):
         await loader.load(data=b"junk")
     assert loader.cache.num_loads == 2
+
+
+@pytest.fixture
+def no_network(monkeypatch) -> list[str]:
+    """Records (instead of making) every lookup and fetch the URL code attempts."""
+    attempts: list[str] = []
+
+    async def fetch_http(url: str, policy: MediaPolicy) -> bytes:
+        attempts.append(url)
+        raise AssertionError(f"connection attempted for {url!r}")
+
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        attempts.append(str(host))
+        raise AssertionError(f"lookup attempted for {host!r}")
+
+    monkeypatch.setattr(fetch, "_fetch_http", fetch_http)
+    monkeypatch.setattr(fetch.socket, "getaddrinfo", getaddrinfo)
+    return attempts
+
+
+@pytest.mark.parametrize("char", ["\r", "\n", "\t", "\0", "\x1b", "\x7f", " ", "\x85", "\u2028"])
+@pytest.mark.parametrize("where", ["host", "path"])
+async def test_urls_with_whitespace_or_control_chars_are_refused_unfetched(
+    char: str, where: str, no_network: list[str]
+) -> None:
+    url = (
+        f"http://exa{char}mple.com/x.png" if where == "host" else f"http://example.com/x{char}.png"
+    )
+    assert await reason_of(url, OPEN) == "BAD_URL"
+    assert await reason_of(url.replace("http://example.com", "file://"), OPEN) == "BAD_URL"
+    assert no_network == []
+
+
+async def test_a_tab_in_a_url_is_not_stripped_and_fetched(server: str) -> None:
+    assert await reason_of(f"{server}/image\t.png", OPEN) == "BAD_URL"
+    assert await reason_of(f"{server}/image.png\r\n", OPEN) == "BAD_URL"
+
+
+async def test_long_urls_are_refused_unfetched(no_network: list[str]) -> None:
+    policy = MediaPolicy(allow_private_networks=True, max_url_chars=100)
+    assert await reason_of("http://example.com/" + "x" * 82, policy) == "BAD_URL"
+    assert await reason_of("http://example.com/" + "x" * 8200, OPEN) == "BAD_URL"
+    assert no_network == []
+
+
+async def test_data_urls_are_bounded_by_bytes_not_by_the_url_limit() -> None:
+    policy = MediaPolicy(max_url_chars=100, max_bytes=1 << 20)
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    assert len(url) > 100 and await fetch.fetch_url(url, policy) == PNG
+    assert await reason_of("data:image/png;x=" + "y" * 100 + ";base64,AAAA", policy) == "BAD_URL"
+    for bad in ("\n", " ", "\t"):
+        wrapped = url[:80] + bad + url[80:]
+        assert await reason_of(wrapped, policy) == "BAD_URL"
+        assert await reason_of("data:," + bad + "abc", policy) == "BAD_URL"
+    assert await reason_of("data:image/png;base64,@@@@", policy) == "BAD_DATA_URL"
