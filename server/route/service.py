@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.errors import EpdError
+from epd.server.common.errors import EpdError, NotFound
 from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
@@ -75,12 +75,12 @@ class RouteWorker:
         request_id = request.request_id or uuid.uuid4().hex
         model = request.model or self.model_id
         span.set_attribute("epd.request_id", request_id)
+        live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         messages, media = self._chat(request)
         loaded = await asyncio.gather(*(self.loader.load(url=m.url, data=m.data) for m in media))
         grids = [self._grid(image) for image in loaded]
         items = [_with_hash(m, image.mm_hash) for image, m in zip(loaded, media, strict=True)]
         token_ids = self.prompts.token_ids(messages)
-        live_roles = await self._live_roles(model, deadline)
         plan = plan_for(live_roles, len(items))
         span.set_attribute("epd.images", len(items))
         span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
@@ -193,6 +193,15 @@ class RouteWorker:
             except grpc.aio.AioRpcError as e:
                 raise from_rpc_error(e) from None
             self.roles.update(listing)
+        served = self.roles.models() | {self.model_id}
+        if model and model not in served:
+            names = ", ".join(_shortened(name) for name in sorted(served))
+            shown = _shortened(model)
+            raise NotFound(
+                f"model {shown!r} is not served here; served models: {names}",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": shown},
+            )
         return self.roles.roles(model)
 
     async def _prompt(self, token_ids: list[int], stage: EncodeStage, plan: Plan,
@@ -226,6 +235,11 @@ class RouteWorker:
         return self.prompts.block_hashes(token_ids, [
             (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
             for item, grid in zip(items, grids, strict=True)])  # fmt: skip
+
+
+def _shortened(name: str, limit: int = 64) -> str:
+    """``name`` cut to ``limit`` characters for an error: a caller's string is not echoed whole."""
+    return name if len(name) <= limit else f"{name[:limit]}..."
 
 
 def _with_hash(media: Media, mm_hash: str) -> Media:

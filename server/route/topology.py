@@ -46,11 +46,13 @@ def hands_off_kv(role: Role, live_roles: frozenset[Role]) -> bool:
 
 
 class RoleView:
-    """The set of live roles per model, refreshed from ListWorkers at most every ``ttl_s``."""
+    """The set of live roles per model, and the models of every registered worker (live or not),
+    refreshed from ListWorkers at most every ``ttl_s``."""
 
     def __init__(self, ttl_s: float = 1.0) -> None:
         self.ttl_s = ttl_s
         self._roles: dict[str, frozenset[Role]] = {}
+        self._models: frozenset[str] = frozenset()
         self._fetched_at = -float("inf")
 
     def is_stale(self, now: float | None = None) -> bool:
@@ -64,7 +66,12 @@ class RoleView:
             if worker.state == scheduler_pb.WORKER_STATE_LIVE:
                 roles.setdefault(worker.info.model, set()).add(worker.info.role)
         self._roles = {model: frozenset(found) for model, found in roles.items()}
+        self._models = frozenset(worker.info.model for worker in listing.workers)
         self._fetched_at = time.monotonic() if now is None else now
+
+    def models(self) -> frozenset[str]:
+        """Models with a registered worker, live or not."""
+        return self._models
 
     def roles(self, model: str) -> frozenset[Role]:
         """Live roles of ``model`` (empty: those of every model, for the only-model case)."""

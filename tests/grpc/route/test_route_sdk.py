@@ -194,3 +194,13 @@ async def test_client_cancellation_cancels_the_engine_stream_and_releases(route)
             await asyncio.sleep(0.02)
     assert engine.streams[-1].is_cancelled
     assert len([lease for e in peers.encoders.values() for lease in e.released]) == 1
+
+
+async def test_an_unknown_model_is_not_found_and_names_the_served_models(route) -> None:
+    endpoint, peers, _ = route
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        with pytest.raises(InvalidRequest) as caught:
+            await client.generate([user("hi", image=png())], model="x")
+    assert (caught.value.code, caught.value.reason) == ("NOT_FOUND", "MODEL_NOT_FOUND")
+    assert "model 'x' is not served here; served models: tiny" in str(caught.value)
+    assert [name for name, _ in peers.scheduler.calls] == ["ListWorkers"]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from epd.server.common.errors import InvalidArgument, Unavailable
+from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens
+from epd.server.route.service import RouteWorker
 from epd.server.route.topology import DECODE, PREFILL, PREFILL_DECODE, plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, rpc_error
 
@@ -192,3 +195,85 @@ def test_media_items_keep_their_source_when_hashed() -> None:
         assert hashed.mm_hash == "abc"
         assert hashed.WhichOneof("source") == item.WhichOneof("source")
         assert (hashed.url, hashed.data) == (item.url, item.data)
+
+
+class StubTokenizer:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, token_ids))
+
+
+class StubPrompts:
+    """A prompt builder for text-only requests: two tokens, no block hashes."""
+
+    tokenizer = StubTokenizer()
+
+    def num_chars(self, messages: Any) -> int:
+        return 2
+
+    def token_ids(self, messages: Any) -> list[int]:
+        return [1, 2]
+
+    def block_hashes(self, token_ids: list[int], images: Any) -> list[int]:
+        return []
+
+
+def text_worker(peers: FakePeers) -> RouteWorker:
+    """A route worker for the model ``tiny`` serving text-only requests over ``peers``."""
+    prompts: Any = StubPrompts()
+    unused: Any = None  # NOTE: text only: no media to load, no image grids
+    return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
+
+
+async def generate(worker: RouteWorker, model: str) -> list[Any]:
+    chat = route_pb.ChatMessage(role="user", content=[route_pb.ContentPart(text="hi")])
+    request = route_pb.GenerateRequest(model=model, messages=[chat])
+    return [chunk async for chunk in worker.generate(request, timeout_s=5)]
+
+
+async def test_an_unknown_model_is_not_found_and_names_the_served_models() -> None:
+    peers = FakePeers()
+    with pytest.raises(NotFound) as caught:
+        await generate(text_worker(peers), "x")
+    assert caught.value.reason == "MODEL_NOT_FOUND"
+    assert caught.value.message == "model 'x' is not served here; served models: tiny"
+    assert [name for name, _ in peers.scheduler.calls] == ["ListWorkers"]
+
+
+async def test_the_name_of_an_unknown_model_is_shortened_in_the_error() -> None:
+    with pytest.raises(NotFound) as caught:
+        await generate(text_worker(FakePeers()), "x" * 100_000)
+    assert len(caught.value.message) < 300
+    assert all(len(value) < 300 for value in caught.value.metadata.values())
+
+
+async def test_a_model_whose_workers_are_all_draining_is_unavailable_not_unknown() -> None:
+    peers = FakePeers(FakeScheduler(prefills=[]))  # NOTE: ChoosePrefill finds no live worker
+    list_workers = peers.scheduler.ListWorkers
+
+    async def all_draining(request: Any, timeout: float | None = None) -> Any:
+        listing = await list_workers(request, timeout)
+        for worker in listing.workers:
+            worker.info.model = "big"
+            worker.state = scheduler_pb.WORKER_STATE_DRAINING
+        return listing
+
+    peers.scheduler.ListWorkers = all_draining  # type: ignore[method-assign]
+    with pytest.raises(Unavailable) as caught:
+        await generate(text_worker(peers), "big")
+    assert caught.value.reason == "NO_WORKER"
+
+
+async def test_the_route_s_own_model_before_any_worker_registered_is_unavailable() -> None:
+    peers = FakePeers(FakeScheduler(encoders=[], prefills=[], decoders=[]))
+    worker = text_worker(peers)
+    for model in ("", "tiny"):
+        with pytest.raises(Unavailable):
+            await generate(worker, model)
+    with pytest.raises(NotFound) as caught:
+        await generate(worker, "x")
+    assert caught.value.message == "model 'x' is not served here; served models: tiny"
+
+
+async def test_a_known_model_answers() -> None:
+    chunks = await generate(text_worker(FakePeers()), "tiny")
+    assert [token for chunk in chunks for token in chunk.token_ids] == [7, 8, 9]
