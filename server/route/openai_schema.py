@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epd.server.common.errors import Code, EpdError
-from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean
+from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean, text
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 
 HTTP_STATUS = {
@@ -110,7 +110,7 @@ def _message(message: Any, param: str, limits: RequestLimits) -> route_service_p
     if not isinstance(role, str) or role not in ROLES:
         raise bad("role must be system, developer, user or assistant", f"{param}.role")
     if message.get("name") is not None:
-        _text(message["name"], f"{param}.name")
+        text(MAX_NAME_CHARS)(message["name"], f"{param}.name")
     content = _content(message.get("content"), f"{param}.content", limits)
     return route_service_pb2.ChatMessage(role=ROLES[role], content=content)
 

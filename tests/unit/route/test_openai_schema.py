@@ -128,6 +128,7 @@ def test_a_stop_token_id_beyond_uint32_names_its_index() -> None:
         ({"content": "hi"}, "messages[0].role"),
         ({"role": "user", "name": 3, "content": "hi"}, "messages[0].name"),
         ({"role": "user", "content": "hi", "name": "\ud800"}, "messages[0].name"),
+        ({"role": "user", "content": "hi", "name": "n" * 257}, "messages[0].name"),
         (
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x\ud800"}}]},
             "image_url.url",
