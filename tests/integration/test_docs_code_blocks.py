@@ -30,9 +30,10 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from PIL import Image
@@ -43,6 +44,7 @@ LANGUAGES = {"python", "bash", "text"}
 BIN = Path(sys.executable).parent
 EPD_PROGRAMS = {"epd", ".venv/bin/epd"}
 PYTHON_PROGRAMS = {"python", ".venv/bin/python"}
+T = TypeVar("T")
 SEPARATORS = {"&&", "||", "|", ";", "&"}
 
 
@@ -289,7 +291,7 @@ class RouteThread:
         self.thread.start()
         self.endpoint, self.http_url = self.call(self._start(model_dir))
 
-    def call(self, coroutine):  # type: ignore[no-untyped-def]
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
 
     async def _start(self, model_dir: Path) -> tuple[str, str]:
