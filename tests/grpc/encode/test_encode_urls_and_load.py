@@ -4,6 +4,7 @@ ending with a leak check: no lease held, no shared-memory segment left, no task 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import ipaddress
 
@@ -22,6 +23,7 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
+from tests.unit.media.images import scan_bomb
 from tests.unit.media.web import image_server
 
 
@@ -63,6 +65,9 @@ async def test_urls_timeouts_and_redirects(tiny_model_dir, monkeypatch) -> None:
             app.worker.release([response.embeddings.lease_id])
             assert await reason_of(stub, f"{server}/slow") == "FETCH_TIMEOUT"
             assert await reason_of(stub, f"{server}/huge") == "IMAGE_TOO_LARGE"
+            assert await reason_of(stub, f"{server}/image\t.png") == "BAD_URL"
+            bomb = "data:image/jpeg;base64," + base64.b64encode(scan_bomb(512, 500)).decode()
+            assert await reason_of(stub, bomb) == "IMAGE_TOO_COMPLEX"
             # NOTE: 127.0.0.1 plays a public host here; 127.0.0.2 stays private.
             trusted = ipaddress.ip_address("127.0.0.1")
             monkeypatch.setattr(fetch, "is_public", lambda address: address == trusted)
