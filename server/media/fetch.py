@@ -109,9 +109,10 @@ def check_url(url: str, policy: MediaPolicy) -> None:
     """Refuse, before any I/O, a URL over the length limit or one with whitespace or control
     characters (urllib would quietly strip them and fetch another URL). A data: URL's payload
     is bounded by the byte limit instead and checked as it is decoded."""
-    head = url.partition(",")[0] if url[:5].lower() == "data:" else url
+    comma = url.find(",") if url[:5].lower() == "data:" else -1
+    head = url[:comma] if comma >= 0 else url
     if len(head) > policy.max_url_chars:
-        what = "data URL header" if head is not url else "URL"
+        what = "data URL header" if comma >= 0 else "URL"
         raise _refuse(
             f"{what} is {len(head)} characters, the limit is {policy.max_url_chars}; "
             "send a large image as bytes or a data: URL",
