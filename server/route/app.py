@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
@@ -10,7 +10,9 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
+from epd.server.route.http_guard import HttpOptions
 from epd.server.route.openai_http import OpenAiHttp
+from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
@@ -31,6 +33,8 @@ class RouteConfig:
     media: MediaPolicy = field(default_factory=MediaPolicy)
     http_port: int | None = None
     pull_embeddings: bool = False
+    http: HttpOptions = field(default_factory=HttpOptions)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 @dataclass
@@ -55,18 +59,49 @@ async def build_route_server(config: RouteConfig,
     """Start a route for ``config.model_dir`` talking to ``config.scheduler``."""
     options = options or ServerOptions()
     model_id = config.model_id or config.model_dir.name
-    loader = MediaLoader(config.media, model_id=model_id,
-                         processor_fingerprint=processor_fingerprint(config.model_dir))
-    worker = RouteWorker(Peers(config.scheduler, options.auth_token),
-                         PromptBuilder(config.model_dir), loader, model_id=model_id,
-                         host_id=default_host_id(), grids=ImageGridder(config.model_dir),
-                         pull_embeddings=config.pull_embeddings)  # fmt: skip
+    loader = MediaLoader(
+        config.media,
+        model_id=model_id,
+        processor_fingerprint=processor_fingerprint(config.model_dir),
+    )
+    prompts = PromptBuilder(config.model_dir, max_prompt_chars=config.limits.max_prompt_chars)
+    worker = RouteWorker(
+        Peers(config.scheduler, options.auth_token),
+        prompts,
+        loader,
+        model_id=model_id,
+        host_id=default_host_id(),
+        grids=ImageGridder(config.model_dir),
+        pull_embeddings=config.pull_embeddings,
+    )
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
     http = None
     if config.http_port is not None:
-        http = OpenAiHttp(worker)
+        http = OpenAiHttp(
+            worker,
+            _secured_like(config.http, options),
+            _with_context(config.limits, prompts.max_context_tokens),
+        )
         await http.start(options.host, config.http_port)
     await server.mark_serving()
     return RouteApp(server, port, worker, http)
+
+
+def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:
+    """The HTTP port takes the gRPC port's token and TLS settings: one is never open while the
+    other is closed."""
+    return replace(
+        http,
+        auth_token=options.auth_token,
+        tls_cert_file=options.tls_cert_file,
+        tls_key_file=options.tls_key_file,
+        tls_client_ca_file=options.tls_client_ca_file,
+    )
+
+
+def _with_context(limits: RequestLimits, context_tokens: int | None) -> RequestLimits:
+    if limits.max_context_tokens is not None or context_tokens is None:
+        return limits
+    return replace(limits, max_context_tokens=context_tokens)

@@ -13,6 +13,8 @@ from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import RouteConfig, build_route_server
+from epd.server.route.http_guard import HttpOptions, MiB
+from epd.server.route.openai_schema import RequestLimits
 
 DEFAULT_PORT = 50050
 
@@ -20,12 +22,22 @@ DEFAULT_PORT = 50050
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Route flags, then media, server and telemetry flags."""
     env = os.environ.get
-    parser.add_argument("--model", type=Path, required=True,
-                        help="model directory (tokenizer, chat template, processor settings)")
-    parser.add_argument("--model-id", default="",
-                        help="model name the workers registered (default: the directory name)")
-    parser.add_argument("--scheduler", default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
-                        help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="model directory (tokenizer, chat template, processor settings)",
+    )
+    parser.add_argument(
+        "--model-id",
+        default="",
+        help="model name the workers registered (default: the directory name)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
+        help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)",
+    )
     http_port = env("EPD_HTTP_PORT")
     parser.add_argument("--http-port", type=int, default=int(http_port) if http_port else None,
                         help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
@@ -40,9 +52,101 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "for encoders with cores or a GPU to spare (env "
                              "EPD_PULL_EMBEDDINGS=1; default off: the route waits for the "
                              "encoders, then hands the embeddings over)")  # fmt: skip
+    add_http_arguments(parser)
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
+
+
+def add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    """Limits of the OpenAI HTTP port and of one request (the prompt limit holds for gRPC too).
+    Token and TLS are the server group's: --auth-token and --tls-* cover both ports."""
+    env = os.environ.get
+    http, limits = HttpOptions(), RequestLimits()
+    group = parser.add_argument_group("OpenAI HTTP port and request limits")
+    group.add_argument(
+        "--http-max-body-mb",
+        type=float,
+        default=float(env("EPD_HTTP_MAX_BODY_MB", http.max_body_bytes / MiB)),
+        help="largest request body, in MiB; larger ones get 413 (env EPD_HTTP_MAX_BODY_MB; "
+        f"default {http.max_body_bytes / MiB:g}: a few images at the media size limit)",
+    )
+    group.add_argument(
+        "--http-max-json-values",
+        type=int,
+        default=int(env("EPD_HTTP_MAX_JSON_VALUES", http.max_json_values)),
+        help="most JSON values (numbers, strings, arrays, objects) in one body, counted before "
+        f"parsing (env EPD_HTTP_MAX_JSON_VALUES; default {http.max_json_values})",
+    )
+    group.add_argument(
+        "--http-header-timeout-s",
+        type=float,
+        default=float(env("EPD_HTTP_HEADER_TIMEOUT_S", http.header_timeout_s)),
+        help="seconds from a request's first byte to the end of its headers; slower clients get "
+        f"408 and are closed (env EPD_HTTP_HEADER_TIMEOUT_S; default {http.header_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-body-timeout-s",
+        type=float,
+        default=float(env("EPD_HTTP_BODY_TIMEOUT_S", http.body_timeout_s)),
+        help="seconds a request's body may take to arrive (env EPD_HTTP_BODY_TIMEOUT_S; "
+        f"default {http.body_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-idle-timeout-s",
+        type=float,
+        default=float(env("EPD_HTTP_IDLE_TIMEOUT_S", http.idle_timeout_s)),
+        help="seconds a connection may sit without a request before it is closed "
+        f"(env EPD_HTTP_IDLE_TIMEOUT_S; default {http.idle_timeout_s:g})",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=int(env("EPD_HTTP_MAX_CONNECTIONS", http.max_connections)),
+        help="open connections the HTTP port holds; more are answered 503 and closed "
+        f"(env EPD_HTTP_MAX_CONNECTIONS; default {http.max_connections})",
+    )
+    group.add_argument(
+        "--http-request-timeout-s",
+        type=float,
+        default=float(env("EPD_HTTP_REQUEST_TIMEOUT_S", http.request_timeout_s)),
+        help="time limit of one chat completion, streaming included (env "
+        f"EPD_HTTP_REQUEST_TIMEOUT_S; default {http.request_timeout_s:g})",
+    )
+    group.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=int(env("EPD_MAX_PROMPT_CHARS", limits.max_prompt_chars)),
+        help="text characters one request's messages may hold, refused before tokenising, "
+        f"over HTTP and gRPC (env EPD_MAX_PROMPT_CHARS; default {limits.max_prompt_chars})",
+    )
+    group.add_argument(
+        "--max-images",
+        type=int,
+        default=int(env("EPD_MAX_IMAGES", limits.max_images)),
+        help=f"images one HTTP request may hold (env EPD_MAX_IMAGES; default {limits.max_images})",
+    )
+
+
+def http_options(args: argparse.Namespace) -> HttpOptions:
+    """HttpOptions from the flags of ``add_http_arguments`` (token and TLS are set later, from
+    the server options)."""
+    return HttpOptions(
+        max_body_bytes=int(args.http_max_body_mb * MiB),
+        max_json_values=args.http_max_json_values,
+        header_timeout_s=args.http_header_timeout_s,
+        body_timeout_s=args.http_body_timeout_s,
+        idle_timeout_s=args.http_idle_timeout_s,
+        max_connections=args.http_max_connections,
+        request_timeout_s=args.http_request_timeout_s,
+    )
+
+
+def request_limits(args: argparse.Namespace) -> RequestLimits:
+    """RequestLimits from the flags of ``add_http_arguments``."""
+    if args.max_prompt_chars <= 0 or args.max_images < 0:
+        raise ValueError("--max-prompt-chars must be positive and --max-images not negative")
+    return RequestLimits(max_prompt_chars=args.max_prompt_chars, max_images=args.max_images)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         options = ServerOptions.from_args(args)
         config = RouteConfig(args.model, args.scheduler, args.model_id,
                              MediaPolicy.from_args(args), args.http_port,
-                             pull_embeddings=args.pull_embeddings)  # fmt: skip
+                             pull_embeddings=args.pull_embeddings, http=http_options(args),
+                             limits=request_limits(args))  # fmt: skip
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2
@@ -62,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: RouteConfig, options: ServerOptions) -> int:
     app = await build_route_server(config, options)
-    http = f", OpenAI HTTP on http://{options.host}:{app.http.port}/v1" if app.http else ""
+    http = ""
+    if app.http:
+        http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"
     print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
     await serve(app.server)
     await app.worker.peers.close()

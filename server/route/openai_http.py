@@ -13,30 +13,57 @@ from aiohttp import web
 from epd.server.common.errors import EpdError
 from epd.server.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
+from epd.server.route.http_guard import (
+    GuardedSite,
+    HttpError,
+    HttpOptions,
+    auth_middleware,
+    read_json,
+)
 from epd.server.route.service import RouteWorker
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 logger = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 << 20
 
 
 class OpenAiHttp:
     """The HTTP front of one RouteWorker."""
 
-    def __init__(self, worker: RouteWorker, request_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        worker: RouteWorker,
+        options: HttpOptions | None = None,
+        limits: schema.RequestLimits | None = None,
+    ) -> None:
+        """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
+        chat-completions body may hold."""
         self.worker = worker
-        self.timeout_s = request_timeout_s
+        self.options = options or HttpOptions()
+        self.limits = limits or schema.RequestLimits()
         self._runner: web.AppRunner | None = None
         self.port = 0
 
+    @property
+    def scheme(self) -> str:
+        """https when the port serves TLS, else http."""
+        return "https" if self.options.tls_cert_file else "http"
+
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 picks a free port); returns the port."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[tracing_middleware])
-        app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
-                        web.get("/v1/models", self.models), web.get("/health", self.health)])
+        middlewares = [tracing_middleware]
+        if self.options.auth_token:
+            middlewares.append(auth_middleware(self.options.auth_token))
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=middlewares)
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/v1/models", self.models),
+                web.get("/health", self.health),
+            ]
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = GuardedSite(self._runner, host, port, self.options)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
@@ -54,23 +81,29 @@ class OpenAiHttp:
     async def models(self, request: web.Request) -> web.Response:
         try:
             listing = await self.worker.peers.scheduler.ListWorkers(
-                scheduler_pb.ListWorkersRequest(), timeout=5)
+                scheduler_pb.ListWorkersRequest(), timeout=5
+            )
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
         models = sorted({w.info.model for w in listing.workers} | {self.worker.model_id})
-        return web.json_response({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "epd"} for m in models]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "epd"} for m in models
+                ],
+            }
+        )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return web.json_response({"error": {"message": "the body is not valid JSON",
-                                                "type": "invalid_request_error", "param": None,
-                                                "code": "BAD_REQUEST"}}, status=400)  # fmt: skip
+            body = await read_json(request, self.options)
+        except HttpError as e:
+            return e.response()
         try:
-            generate = schema.to_generate_request(body, self.worker.model_id,
-                                                  request.headers.get("X-Request-Id"))
+            generate = schema.to_generate_request(
+                body, self.worker.model_id, request.headers.get("X-Request-Id"), self.limits
+            )
         except EpdError as e:
             return _error(e)
         if body.get("stream"):
@@ -78,7 +111,9 @@ class OpenAiHttp:
             return await self._stream(request, generate, include_usage)
         texts, finish, usage = [], 0, None
         try:
-            async for piece in self.worker.generate(generate, timeout_s=self.timeout_s):
+            async for piece in self.worker.generate(
+                generate, timeout_s=self.options.request_timeout_s
+            ):
                 texts.append(piece.text)
                 finish, usage = piece.finish_reason or finish, piece.usage or usage
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
@@ -89,16 +124,20 @@ class OpenAiHttp:
 
     async def _stream(self, request: web.Request, generate: Any,
                       include_usage: bool) -> web.StreamResponse:  # fmt: skip
-        pieces = self.worker.generate(generate, timeout_s=self.timeout_s)
+        pieces = self.worker.generate(generate, timeout_s=self.options.request_timeout_s)
         try:
             first = await anext(pieces)
         except StopAsyncIteration:
             first = None
         except Exception as e:  # noqa: BLE001 - before any byte is sent: a plain error response
             return _error(e)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache",
-                                               "X-Request-Id": generate.request_id})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": generate.request_id,
+            }
+        )
         await response.prepare(request)
         ident, model = generate.request_id, generate.model
         await _send(response, schema.chunk(ident, model, {"role": "assistant", "content": ""},
@@ -134,5 +173,3 @@ def _error(err: Exception) -> web.Response:
             logger.error("unexpected error in HTTP handler", exc_info=err)
     status, body = schema.error_body(err)
     return web.json_response(body, status=status)
-
-

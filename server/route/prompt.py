@@ -31,7 +31,9 @@ class ChatPart:
 class PromptBuilder:
     """The model's tokenizer and chat template, loaded once."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, max_prompt_chars: int | None = None) -> None:
+        """``max_prompt_chars``: text characters a chat may hold, refused before tokenising
+        (None: unbounded)."""
         from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
@@ -39,11 +41,26 @@ class PromptBuilder:
         self.image_pad_id = int(config.image_token_id)
         self.merge_size = int(config.vision_config.spatial_merge_size)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.max_prompt_chars = max_prompt_chars
+        context = getattr(config.get_text_config(), "max_position_embeddings", None)
+        self.max_context_tokens: int | None = int(context) if context else None
+
+    def num_chars(self, messages: list[tuple[str, list[ChatPart]]]) -> int:
+        """Text characters of ``messages`` (what tokenising costs grows with)."""
+        return sum(len(part.text or "") for _, parts in messages for part in parts)
 
     def token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
         """Token ids of the rendered chat with the assistant's turn opened."""
         if not messages:
             raise InvalidArgument("the chat has no messages", reason="EMPTY_CHAT")
+        num_chars = self.num_chars(messages)
+        if self.max_prompt_chars is not None and num_chars > self.max_prompt_chars:
+            raise InvalidArgument(
+                f"the messages hold {num_chars} characters of text, the limit is "
+                f"{self.max_prompt_chars}",
+                reason="PROMPT_TOO_LONG",
+                metadata={"param": "messages"},
+            )
         chat = []
         for role, parts in messages:
             if role not in ROLES:
@@ -70,7 +87,7 @@ class PromptBuilder:
             expanded.extend([-(int(mm_hash[:15] or "0", 16) + 1)] * num_tokens)
         hashes, previous = [], b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
-            block = ",".join(map(str, expanded[start:start + BLOCK_SIZE])).encode()
+            block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()
             digest = hashlib.blake2b(previous + block, digest_size=8).digest()
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
@@ -91,6 +108,6 @@ class Detokenizer:
         text = str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
         if text.endswith("\ufffd"):
             return ""
-        delta = text[len(self._emitted):] if text.startswith(self._emitted) else text
+        delta = text[len(self._emitted) :] if text.startswith(self._emitted) else text
         self._emitted = text
         return delta

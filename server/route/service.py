@@ -35,6 +35,9 @@ from epd.server.route.topology import Plan, Role, RoleView, plan_for
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
+# Chats of up to this many text characters are tokenised on the event loop (~1 ms or less).
+INLINE_TOKENIZE_CHARS = 4096
+
 Chat = list[tuple[str, list[ChatPart]]]
 Media = multimodal_pb2.MediaItem
 Grid = multimodal_pb2.ImageGrid
@@ -77,10 +80,10 @@ class RouteWorker:
         span.set_attribute("epd.request_id", request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         messages, media = self._chat(request)
+        token_ids = await self._token_ids(messages)
         loaded = await asyncio.gather(*(self.loader.load(url=m.url, data=m.data) for m in media))
         grids = [self._grid(image) for image in loaded]
         items = [_with_hash(m, image.mm_hash) for image, m in zip(loaded, media, strict=True)]
-        token_ids = self.prompts.token_ids(messages)
         plan = plan_for(live_roles, len(items))
         span.set_attribute("epd.images", len(items))
         span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
@@ -100,6 +103,12 @@ class RouteWorker:
                                      piece.finish_reason, piece.usage)
         finally:
             await asyncio.shield(release_all(self.peers, stage))
+
+    async def _token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
+        """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
+        if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
+            return self.prompts.token_ids(messages)
+        return await asyncio.to_thread(self.prompts.token_ids, messages)
 
     async def _handed_over(self, call: EngineCall, stage: EncodeStage,
                            grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip

@@ -54,3 +54,18 @@ def test_detokenizer_streams_the_whole_text(builder: PromptBuilder) -> None:
     deltas = [detokenizer.add([token]) for token in ids]
     assert "".join(deltas) == builder.tokenizer.decode(ids)
     assert all("\ufffd" not in delta for delta in deltas)
+
+
+def test_a_chat_over_the_character_limit_is_refused_before_tokenising(
+    tiny_model_dir: Path,
+) -> None:
+    limited = PromptBuilder(tiny_model_dir, max_prompt_chars=100)
+    calls = []
+    limited.tokenizer.apply_chat_template = lambda *a, **k: calls.append(a) or ""
+    chat = [("system", [ChatPart(text="x" * 60)]), ("user", [ChatPart(text="y" * 41)])]
+    with pytest.raises(InvalidArgument) as caught:
+        limited.token_ids(chat)
+    assert caught.value.reason == "PROMPT_TOO_LONG"
+    assert "101 characters" in caught.value.message and "100" in caught.value.message
+    assert calls == []
+    assert limited.max_context_tokens == 4096

@@ -1,0 +1,243 @@
+"""The OpenAI HTTP port's defences below the handlers: connection cap, header and idle timeouts,
+TLS, bearer-token auth, and a bounded JSON body.
+
+aiohttp closes a connection that sits without a request for its keep-alive timeout (our idle
+timeout) but has no header-read timeout and no connection cap: ``GuardedRequestHandler`` adds
+both, and ``GuardedSite`` listens with it. A connection over the cap is answered 503 and closed
+before anything is read; a request whose headers are not complete ``header_timeout_s`` after its
+first byte is answered 408 and closed (a slow-header client cannot hold a connection longer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+MiB = 1 << 20
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Paths open without a token, as gRPC health is (probes carry no credentials).
+OPEN_PATHS = frozenset({"/health"})
+# Bodies up to this size are parsed on the event loop (well under a millisecond).
+INLINE_PARSE_BYTES = 256 << 10
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    """Limits, timeouts and security of the OpenAI HTTP port (flags in ``epd route --help``)."""
+
+    max_body_bytes: int = 48 * MiB
+    max_json_values: int = 100_000
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 512
+    request_timeout_s: float = 600.0
+    auth_token: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max body size": self.max_body_bytes,
+            "max JSON values": self.max_json_values,
+            "header timeout": self.header_timeout_s,
+            "body timeout": self.body_timeout_s,
+            "idle timeout": self.idle_timeout_s,
+            "max connections": self.max_connections,
+            "request timeout": self.request_timeout_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"HTTP {name} must be positive, got {value}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("HTTPS needs both a certificate and a key file")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("client certificates (a client CA) need the server's own TLS pair")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context (client certificates required with a client CA), or None."""
+        if not self.tls_cert_file:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if self.tls_client_ca_file:
+            context.load_verify_locations(cafile=self.tls_client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+class HttpError(Exception):
+    """A request refused before it reached a handler's logic: status, OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def response(self) -> web.Response:
+        """The OpenAI-style error response."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return web.json_response({"error": body}, status=self.status, headers=headers)
+
+
+def auth_middleware(token: str) -> Any:
+    """A middleware refusing every path but ``OPEN_PATHS`` without ``Bearer <token>``; tokens
+    are compared in constant time and never logged."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if request.path not in OPEN_PATHS and not hmac.compare_digest(given, expected):
+            return HttpError(401, "missing or invalid bearer token (Authorization: Bearer ...)",
+                             "invalid_api_key").response()  # fmt: skip
+        return await handler(request)
+
+    return check_token
+
+
+async def read_json(request: web.Request, options: HttpOptions) -> Any:
+    """The request's JSON body, read within the body timeout and size limit, refused before
+    parsing if it holds more than ``max_json_values`` values, and parsed off the event loop when
+    large. Raises HttpError (413, 408 or 400)."""
+    length = request.content_length
+    if length is not None and length > options.max_body_bytes:
+        raise _too_large(options)
+    try:
+        body = await asyncio.wait_for(request.read(), options.body_timeout_s)
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(options) from None
+    except TimeoutError:
+        raise HttpError(
+            408, f"the body did not arrive within {options.body_timeout_s:g}s", "request_timeout"
+        ) from None
+    if len(body) <= INLINE_PARSE_BYTES:
+        return parse_json(body, options.max_json_values)
+    return await asyncio.to_thread(parse_json, body, options.max_json_values)
+
+
+def parse_json(body: bytes, max_values: int) -> Any:
+    """``body`` parsed, if it holds at most ``max_values`` values; else HttpError 400."""
+    if count_json_values(body, max_values) > max_values:
+        raise HttpError(
+            400, f"the body holds more than {max_values} JSON values", "body_too_complex", "body"
+        )
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise HttpError(400, "the body's JSON is nested too deeply", "bad_json", "body") from None
+    except ValueError:
+        raise HttpError(400, "the body is not valid JSON (UTF-8)", "bad_json", "body") from None
+
+
+def count_json_values(body: bytes, limit: int) -> int:
+    """The number of values in the JSON text ``body`` (separators and container openings outside
+    strings, plus one; more for invalid JSON), exact enough to compare with ``limit``: counted
+    at C speed over the raw bytes first, and over the bytes without strings only when the raw
+    count is over ``limit`` and the strings alone (each a value) are not."""
+    raw = _separators(body)
+    if raw <= limit:
+        return raw
+    num_strings = (body.count(b'"') - body.count(b'\\"')) // 2
+    if num_strings > limit:
+        return num_strings
+    return _separators(_JSON_STRING.sub(b"", body))
+
+
+def _separators(text: bytes) -> int:
+    return text.count(b",") + text.count(b"[") + text.count(b"{") + 1
+
+
+def _too_large(options: HttpOptions) -> HttpError:
+    limit = options.max_body_bytes / MiB
+    return HttpError(413, f"the body is larger than {limit:g} MiB", "body_too_large", "body")
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's connection protocol with a connection cap and a header-read timeout."""
+
+    def __init__(self, manager: web.Server, *, options: HttpOptions, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._options = options
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if len(self._manager.connections) > self._options.max_connections:  # type: ignore[union-attr]
+            self._answer_and_close(503, "too many connections; retry later")
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._has_request():
+            self._cancel_header_timer()
+        elif data and self._header_timer is None:
+            self._header_timer = self._loop.call_later(
+                self._options.header_timeout_s, self._on_header_timeout
+            )
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _has_request(self) -> bool:
+        return bool(self._messages) or self._request_in_progress
+
+    def _on_header_timeout(self) -> None:
+        self._header_timer = None
+        if not self._has_request():
+            self._answer_and_close(408, "request headers took too long")
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _answer_and_close(self, status: int, message: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            body = json.dumps({"error": {"message": message, "type": "server_error",
+                                         "param": None, "code": str(status)}}).encode()  # fmt: skip
+            reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
+            head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            self.transport.write(head.encode() + body)
+        self.force_close()
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site whose connections are ``GuardedRequestHandler``s."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int,
+                 options: HttpOptions) -> None:  # fmt: skip
+        super().__init__(runner, host, port, ssl_context=options.ssl_context())
+        self._options = options
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        manager = self._runner.server
+        assert manager is not None
+        options = self._options
+
+        def protocol() -> GuardedRequestHandler:
+            return GuardedRequestHandler(
+                manager, options=options, loop=loop, keepalive_timeout=options.idle_timeout_s,
+                access_log=None,
+            )  # fmt: skip
+
+        self._server = await loop.create_server(
+            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+        )  # fmt: skip
