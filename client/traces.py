@@ -16,13 +16,15 @@ def _seconds(stamp: str) -> float:
 
 
 def load_spans(path: Path) -> list[dict[str, Any]]:
-    """Every span in the file (unparseable lines skipped)."""
+    """Every span in the file and in its rotated copy ``PATH.1``, oldest first (unparseable lines
+    skipped)."""
     spans = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            spans.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for part in (path.with_name(f"{path.name}.1"), path):
+        for line in part.read_text().splitlines() if part.exists() else []:
+            try:
+                spans.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
     return spans
 
 

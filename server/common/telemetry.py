@@ -2,7 +2,8 @@
 
 Traces: one OpenTelemetry TracerProvider per process, exporting where ``--trace-exporter`` says:
 ``none`` (default), ``console``, ``otlp-grpc[=ENDPOINT]``, ``otlp-http[=ENDPOINT]`` or
-``json:PATH`` (one JSON span per line appended to PATH, shared safely by several processes).
+``json:PATH`` (one JSON span per line appended to PATH, shared safely by several processes; PATH
+and its rotated PATH.1 hold at most ``--trace-file-max-mb`` together, see ``capped_file``).
 Trace context crosses processes in gRPC metadata through the instrumentation interceptors that
 ``build_server`` and ``create_channel`` install while ``traces_rpcs()`` holds: when spans go
 somewhere. With ``none`` no interceptor is installed, because they cost ~0.3-0.6 ms per call on a
@@ -31,6 +32,10 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+from epd.server.common import capped_file
+
+DEFAULT_SPAN_FILE_MB = 64
+
 _lock = threading.Lock()
 _specs_by_provider: weakref.WeakKeyDictionary[TracerProvider, set[str]] = (
     weakref.WeakKeyDictionary()
@@ -38,20 +43,18 @@ _specs_by_provider: weakref.WeakKeyDictionary[TracerProvider, set[str]] = (
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends each finished span as one JSON object per line to a file."""
+    """Appends each finished span as one JSON object per line to a file; the file and its
+    rotated ``.1`` hold at most ``max_bytes`` together (0: no cap)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_bytes: int = DEFAULT_SPAN_FILE_MB << 20) -> None:
         self._path = path
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         lines = "".join(span.to_json(indent=None) + "\n" for span in spans)
         with self._lock:
-            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, lines.encode())
-            finally:
-                os.close(fd)
+            capped_file.append(self._path, lines.encode(), self._max_bytes)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -81,14 +84,17 @@ def traces_rpcs() -> bool:
     return isinstance(provider, TracerProvider)
 
 
-def make_exporter(spec: str) -> tuple[SpanExporter, bool] | None:
-    """Parse an exporter spec; returns (exporter, export_synchronously) or None for "none"."""
+def make_exporter(
+    spec: str, span_file_bytes: int = DEFAULT_SPAN_FILE_MB << 20
+) -> tuple[SpanExporter, bool] | None:
+    """Parse an exporter spec; returns (exporter, export_synchronously) or None for "none".
+    ``span_file_bytes`` caps a ``json:PATH`` file with its rotated copy (0: no cap)."""
     kind, _, target = spec.partition("=")
     if spec.startswith("json:"):
         path = spec.removeprefix("json:")
         if not path:
             raise ValueError("json exporter needs a path: json:PATH")
-        return JsonLinesSpanExporter(path), True
+        return JsonLinesSpanExporter(path, span_file_bytes), True
     if kind == "none":
         return None
     if kind == "console":
@@ -109,7 +115,9 @@ def make_exporter(spec: str) -> tuple[SpanExporter, bool] | None:
     )
 
 
-def add_exporter(provider: TracerProvider, spec: str) -> bool:
+def add_exporter(
+    provider: TracerProvider, spec: str, span_file_bytes: int = DEFAULT_SPAN_FILE_MB << 20
+) -> bool:
     """Make ``provider`` export to ``spec`` (see ``make_exporter``) unless it already does.
 
     Returns True when an exporter was added; "none" and a spec added before add nothing, so
@@ -119,7 +127,7 @@ def add_exporter(provider: TracerProvider, spec: str) -> bool:
         added = _specs_by_provider.setdefault(provider, set())
         if spec in added:
             return False
-        parsed = make_exporter(spec)
+        parsed = make_exporter(spec, span_file_bytes)
         added.add(spec)
         if parsed is None:
             return False
@@ -129,7 +137,11 @@ def add_exporter(provider: TracerProvider, spec: str) -> bool:
         return True
 
 
-def configure_tracing(service_name: str, exporter: str | None = None) -> TracerProvider:
+def configure_tracing(
+    service_name: str,
+    exporter: str | None = None,
+    span_file_bytes: int = DEFAULT_SPAN_FILE_MB << 20,
+) -> TracerProvider:
     """Install (once per process) and return the SDK tracer provider for ``service_name``.
 
     ``exporter`` defaults to $EPD_TRACE_EXPORTER, else "none". Idempotent: the global provider
@@ -144,7 +156,7 @@ def configure_tracing(service_name: str, exporter: str | None = None) -> TracerP
             provider = _EpdTracerProvider(
                 resource=Resource.create({"service.name": service_name}))
             trace.set_tracer_provider(provider)
-    add_exporter(provider, spec)
+    add_exporter(provider, spec, span_file_bytes)
     return provider
 
 
@@ -191,12 +203,30 @@ def configure_logging(level: str | None = None) -> None:
     root.setLevel((level or os.environ.get("EPD_LOG_LEVEL", "INFO")).upper())
 
 
+def mebibytes(text: str) -> int:
+    """A flag's size in MiB: an integer, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of MiB, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more MiB, got {value}")
+    return value
+
+
 def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --trace-exporter and --log-level to ``parser``."""
+    """Add --trace-exporter, --trace-file-max-mb and --log-level to ``parser``."""
     group = parser.add_argument_group("telemetry")
     group.add_argument("--trace-exporter", default=os.environ.get("EPD_TRACE_EXPORTER", "none"),
                        help="where spans go: none, console, otlp-grpc[=ENDPOINT], "
                             "otlp-http[=ENDPOINT] or json:PATH (env EPD_TRACE_EXPORTER)")
+    group.add_argument(
+        "--trace-file-max-mb",
+        type=mebibytes,
+        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
+        help="json:PATH keeps at most this many MiB of spans in PATH and PATH.1 (rotated when "
+        f"PATH reaches half; 0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
+    )
     group.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"),
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                        help="log level (env EPD_LOG_LEVEL; default INFO)")  # fmt: skip
@@ -205,4 +235,4 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
 def configure_from_args(service_name: str, args: argparse.Namespace) -> TracerProvider:
     """Apply the flags added by ``add_telemetry_arguments``; returns the tracer provider."""
     configure_logging(args.log_level)
-    return configure_tracing(service_name, args.trace_exporter)
+    return configure_tracing(service_name, args.trace_exporter, args.trace_file_max_mb << 20)
