@@ -2,7 +2,9 @@
 
 Each service runs as ``python -m epd <service> ...`` with its log in the run folder; dependants
 start only once what they need is healthy, and slow starters (the vLLM engine) start in parallel
-with the rest. Children get SIGTERM (drain) on exit, then SIGKILL after a grace period.
+with the rest. Children get SIGTERM (drain) on exit, then SIGKILL after a grace period. A child
+that dies is found by ``reap_dead`` (``monitor`` watches for it); the shared-memory segments of
+dead children are removed then and on stop.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.server.common.channels import wait_for_health
+from epd.server.transfer.shm_orphans import cleanup_orphans
 
 
 def free_port() -> int:
@@ -37,10 +40,22 @@ class Child:
     process: subprocess.Popen[bytes]
     log: Path
     http_port: int | None = None
+    command: list[str] = field(default_factory=list)
+    num_restarts: int = 0
+    is_reported: bool = False
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def describe_exit(self) -> str:
+        """One line: which child ended, how, and where its log is."""
+        code = self.process.returncode
+        if code is not None and code < 0:
+            how = f"was killed by {_signal_name(-code)}"
+        else:
+            how = f"exited with code {code}"
+        return f"{self.name} (pid {self.process.pid}) {how}; log {self.log}"
 
 
 @dataclass
@@ -59,22 +74,45 @@ class Deployment:
     def start(self, name: str, offset: int, *args: str) -> Child:
         """Start ``python -m epd <args> --port P`` with its output in ``run_dir/name.log``."""
         port = self.port(offset)
+        command = [sys.executable, "-m", "epd", *args, "--port", str(port)]
         log = self.run_dir / f"{name}.log"
-        with open(log, "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "epd", *args, "--port", str(port)],
-                                       stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                       start_new_session=True)  # fmt: skip
-        child = Child(name, port, process, log)
+        child = Child(name, port, self._spawn(command, log, "wb"), log, command=command)
         self.children.append(child)
         return child
+
+    def restart(self, child: Child) -> None:
+        """Start ``child``'s command again (same port), appending to its log."""
+        with open(child.log, "ab") as out:
+            out.write(f"\n--- epd up: {child.describe_exit()}; restarting it ---\n".encode())
+        child.process = self._spawn(child.command, child.log, "ab")
+        child.num_restarts += 1
+        child.is_reported = False
+
+    def _spawn(self, command: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
+        with open(log, mode) as out:
+            return subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+
+    def reap_dead(self) -> list[Child]:
+        """Children that exited since the last call: each is waited for, what is left of its
+        process group (vLLM's engine core) is killed, and dead processes' shared memory is
+        removed. Each dead child is returned once."""
+        dead = [c for c in self.children if not c.is_reported and c.process.poll() is not None]
+        for child in dead:
+            child.is_reported = True
+            _signal_group(child.process.pid, signal.SIGKILL)
+        if dead:
+            cleanup_orphans()
+        return dead
 
     async def wait_healthy(self, child: Child, timeout_s: float) -> None:
         """Wait for ``child`` to report SERVING; fail early if it exits."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if child.process.poll() is not None:
-                raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
-                                   f"last log lines:\n{tail(child.log)}")  # fmt: skip
+                child.is_reported = True
+                raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
             try:
                 await wait_for_health(child.endpoint, timeout_s=2.0)
                 return
@@ -84,7 +122,8 @@ class Deployment:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM every child's process group (dependants first), SIGKILL what is left after
-        ``grace_s``; returns once every group is empty (vLLM's engine cores included)."""
+        ``grace_s``; returns once every group is empty (vLLM's engine cores included) and the
+        shared memory of dead processes (a child killed with SIGKILL left its own) is removed."""
         for child in reversed(self.children):
             if child.process.poll() is None:
                 _signal_group(child.process.pid, signal.SIGTERM)
@@ -100,11 +139,19 @@ class Deployment:
             while _group_alive(child.process.pid) and time.monotonic() < settle:
                 time.sleep(0.05)
         self.children.clear()
+        cleanup_orphans()
 
 
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _group_alive(pgid: int) -> bool:

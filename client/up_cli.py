@@ -1,5 +1,6 @@
 """``epd up``: start a local deployment (E/P/D by default) as child processes, answer one request
-with an image, print the answer and the trace across services, stop everything (or ``--keep``)."""
+with an image, print the answer and the trace across services, stop everything (or ``--keep``).
+A child that dies is reported in one line; it fails the run, or with ``--keep`` is restarted."""
 
 from __future__ import annotations
 
@@ -13,12 +14,23 @@ import time
 from pathlib import Path
 
 from epd.client.errors import EpdClientError
-from epd.client.launcher import ENGINES, TOPOLOGIES, Deployment, Topology, start_topology
+from epd.client.launcher import (
+    ENGINES,
+    TOPOLOGIES,
+    Child,
+    Deployment,
+    Topology,
+    start_topology,
+)
 from epd.client.messages import user
+from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
+from epd.server.common.telemetry import DEFAULT_SPAN_FILE_MB, mebibytes
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
+DEFAULT_MAX_RESTARTS = 3
+SPAN_FILE = "spans.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,10 +69,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the demo request (with --keep: just start the deployment)")
     parser.add_argument("--endpoints-file", type=Path,
                         help="once ready, write the endpoints of every service there as JSON")
-    parser.add_argument("--keep", action="store_true",
-                        help="leave the deployment running after the demo (Ctrl-C stops it)")
-    parser.add_argument("--run-dir", type=Path, default=Path(".epd/run"),
-                        help="where logs and traces go (default .epd/run/TIMESTAMP)")  # fmt: skip
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the deployment running after the demo (Ctrl-C stops it). A service that "
+        "dies is reported in one line (name, pid, exit code or signal, log) and restarted, up to "
+        "--max-restarts times, then the deployment stops (exit 1). Without --keep a service "
+        "that dies stops the deployment at once (exit 1)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(".epd/run"),
+        help="logs and spans go to RUN_DIR/TIMESTAMP (default .epd/run)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        help=f"with --keep: restarts of one service before the deployment stops (default "
+        f"{DEFAULT_MAX_RESTARTS}; 0: the first death stops it)",
+    )
+    parser.add_argument(
+        "--trace-max-mb",
+        type=mebibytes,
+        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
+        help=f"every service appends its spans to RUN_DIR/TIMESTAMP/{SPAN_FILE}, rotated to "
+        f"{SPAN_FILE}.1 when it reaches half this size: the two hold at most this many MiB "
+        f"(0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
+    )
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
@@ -75,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     """Start, ask, print, stop (or keep)."""
     if args.encoders < 1 or args.max_tokens < 1:
         print("epd up: --encoders and --max-tokens must be at least 1", file=sys.stderr)
+        return 2
+    if args.max_restarts < 0:
+        print("epd up: --max-restarts must be 0 or more", file=sys.stderr)
         return 2
     try:
         args.encoder_threads = parse_counts(args.encoder_threads)
@@ -93,8 +133,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "EPD_TRACE_EXPORTER": f"json:{run_dir / 'spans.jsonl'}",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "EPD_TRACE_EXPORTER": f"json:{run_dir / SPAN_FILE}",
+        "EPD_TRACE_FILE_MAX_MB": str(args.trace_max_mb),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cap = f"at most {args.trace_max_mb} MiB with {SPAN_FILE}.1" if args.trace_max_mb else "no cap"
+    print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
     deployment = Deployment(run_dir, env, base_port=args.base_port or None)
     args.run_dir_resolved = run_dir
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
@@ -103,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping", flush=True)
         return 130
+    except ChildDied as e:
+        for line in [*str(e).splitlines(), "stopping the deployment"]:
+            print(f"epd up: {line}", file=sys.stderr, flush=True)
+        return 1
     except RuntimeError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 1
@@ -112,6 +163,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
+    route, status = await until_a_child_dies(deployment, _start_and_ask(args, deployment))
+    if status != 0 or not args.keep:
+        return status
+    chat = f"epd chat --endpoint {route.endpoint} --image PATH 'question'"
+    print(f"\nrunning; route at {route.endpoint} ({chat}); Ctrl-C stops everything", flush=True)
+
+    def rewrite_endpoints(child: Child) -> None:
+        if args.endpoints_file:
+            _write_endpoints(args.endpoints_file, deployment, route.http_port)
+
+    await watch(deployment, WatchOptions(args.max_restarts), _report, rewrite_endpoints)
+
+
+def _report(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tuple[Child, int]:
+    """Start the deployment and, unless --no-demo, ask the demo question; (route, exit status)."""
     model_id = args.model_id or args.model.resolve().name
     topology = Topology(args.topology, args.encoders, args.policy, args.split_ratio,
                         args.kv_cache_mb, encoder_threads=args.encoder_threads,
@@ -127,12 +197,8 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     if args.endpoints_file:
         _write_endpoints(args.endpoints_file, deployment, route.http_port)
     if not args.no_demo and await _demo(args, route.endpoint, model_id) != 0:
-        return 1
-    if args.keep:
-        print(f"\nrunning; route at {route.endpoint} (epd chat --endpoint {route.endpoint} "
-              "--image PATH 'question'); Ctrl-C stops everything", flush=True)
-        await asyncio.Event().wait()
-    return 0
+        return route, 1
+    return route, 0
 
 
 async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
@@ -151,7 +217,7 @@ async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
             return 1
     print(f"\n(tokens {tokens}; the tiny model has random weights, so the words are noise)\n")
     await asyncio.sleep(0.5)
-    print(summarise(deployment_dir / "spans.jsonl"), flush=True)
+    print(summarise(deployment_dir / SPAN_FILE), flush=True)
     return 0
 
 
