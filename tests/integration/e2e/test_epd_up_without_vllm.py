@@ -5,17 +5,25 @@ vLLM (decode workers, KV hand-off topologies) says so instead of failing with a 
 from __future__ import annotations
 
 import ast
+import asyncio
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from epd.client import EpdClient, user
+from epd.server.common.channels import wait_for_health
 from epd.server.engine.generate_cli import demo_image
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.transfer import shm
+from tests.integration.e2e.launcher import is_alive, running_stack, segments_of
+from tests.pictures import picture, png
 
 QUESTION = "What is in this picture?"
 
@@ -91,3 +99,31 @@ def test_a_malformed_data_plane_setting_is_a_usage_error(tiny_model_dir: Path,
         assert result.returncode == 2, (service, result.stderr[-1000:])
         assert "$EPD_SHM_MAPPED_BYTES must be an integer" in result.stderr, service
         assert "Traceback" not in result.stderr, service
+
+
+def test_a_killed_encoder_is_reported_restarted_and_leaves_no_shared_memory(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    question = [user(QUESTION, image=png(picture(1, 64, 64)))]
+    topology = ("--topology", "e-pd", "--engine", "transformers")
+    with running_stack(tiny_model_dir, tmp_path, *topology) as stack:
+        with EpdClient(stack.route, timeout_s=120) as client:
+            expected = client.generate(question, max_tokens=2, ignore_eos=True).token_ids
+        killed = stack.pids["encode0"]
+        assert segments_of([killed]), "the encoder put no tensor into shared memory"
+        os.kill(killed, signal.SIGKILL)
+        line = f"epd up: encode0 (pid {killed}) was killed by SIGKILL; log {stack.run_dir}"
+        log = tmp_path / "launcher.log"
+        deadline = time.monotonic() + 30
+        while line not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert line in log.read_text() and "restarting it (1 of 3)" in log.read_text()
+        assert segments_of([killed]) == []  # removed as soon as the launcher noticed
+        endpoints = json.loads((tmp_path / "endpoints.json").read_text())
+        restarted = endpoints["pids"]["encode0"]
+        assert restarted != killed and is_alive(restarted)
+        asyncio.run(wait_for_health(endpoints["encode0"], timeout_s=60))
+        with EpdClient(stack.route, timeout_s=120) as client:
+            assert client.generate(question, max_tokens=2, ignore_eos=True).token_ids == expected
+    assert stack.launcher.returncode == 130
+    assert segments_of([*stack.pids.values(), restarted]) == []
