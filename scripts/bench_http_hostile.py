@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import sys
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,17 +72,21 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-async def probe_health(session: aiohttp.ClientSession, url: str, worst: list[float],
-                       stop: asyncio.Event) -> None:
+def probe_health(url: str, worst: list[float], stop: threading.Event) -> None:
+    """Ask /health every 50 ms from a thread of its own (the sender's loop does not delay it)."""
+    parts = urllib.parse.urlsplit(url)
     while not stop.is_set():
         start = time.perf_counter()
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=600)
         try:
-            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=600)):
-                pass
-        except aiohttp.ClientError:
+            connection.request("GET", "/health")
+            connection.getresponse().read()
+        except OSError:
             pass
+        finally:
+            connection.close()
         worst.append(time.perf_counter() - start)
-        await asyncio.sleep(0.05)
+        stop.wait(0.05)
 
 
 async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
@@ -93,9 +100,11 @@ async def send(url: str, pid: int, name: str, body: bytes, headers: dict[str, st
     stop = asyncio.Event()
     health: list[float] = []
     rss: list[int] = [rss_bytes(pid)]
+    probe_stop = threading.Event()
+    probe = threading.Thread(target=probe_health, args=(url, health, probe_stop), daemon=True)
+    probe.start()
     async with aiohttp.ClientSession() as session:
-        tasks = [asyncio.create_task(probe_health(session, url, health, stop)),
-                 asyncio.create_task(sample_rss(pid, rss, stop))]
+        tasks = [asyncio.create_task(sample_rss(pid, rss, stop))]
         start = time.perf_counter()
         try:
             async with session.post(url + "/v1/chat/completions", data=body,
@@ -107,7 +116,9 @@ async def send(url: str, pid: int, name: str, body: bytes, headers: dict[str, st
         seconds = time.perf_counter() - start
         await asyncio.sleep(0.3)
         stop.set()
+        probe_stop.set()
         await asyncio.gather(*tasks)
+        await asyncio.to_thread(probe.join)
     return {"body": name, "mb": round(len(body) / MB, 1), "status": status,
             "seconds": round(seconds, 3), "peak_rss_mb": round(max(rss) / MB),
             "rss_after_mb": round(rss_bytes(pid) / MB),

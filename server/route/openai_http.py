@@ -4,6 +4,8 @@ gRPC, so the official ``openai`` client and OpenAI-speaking benchmarks work unch
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 from typing import Any
@@ -14,6 +16,7 @@ from epd.server.common.errors import EpdError
 from epd.server.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
 from epd.server.route.http_guard import (
+    INLINE_PARSE_BYTES,
     GuardedSite,
     HttpError,
     HttpOptions,
@@ -100,10 +103,16 @@ class OpenAiHttp:
             body = await read_json(request, self.options)
         except HttpError as e:
             return e.response()
+        convert = functools.partial(
+            schema.to_generate_request,
+            body,
+            self.worker.model_id,
+            request.headers.get("X-Request-Id"),
+            self.limits,
+        )
         try:
-            generate = schema.to_generate_request(
-                body, self.worker.model_id, request.headers.get("X-Request-Id"), self.limits
-            )
+            large = len(await request.read()) > INLINE_PARSE_BYTES
+            generate = await asyncio.to_thread(convert) if large else convert()
         except EpdError as e:
             return _error(e)
         if body.get("stream"):

@@ -87,8 +87,12 @@ def text(max_chars: int) -> Check:
 def clean(value: str, param: str) -> str:
     """``value`` if it is valid Unicode (JSON's \\ud800 escapes decode to lone surrogates, which
     protobuf refuses to serialize)."""
-    if LONE_SURROGATE.search(value):
-        raise bad(f"{param} holds a lone surrogate (invalid Unicode)", param)
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{param} holds a lone surrogate (invalid Unicode)", param) from None
     return value
 
 

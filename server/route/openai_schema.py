@@ -115,19 +115,31 @@ def _message(message: Any, param: str, limits: RequestLimits) -> route_service_p
     return route_service_pb2.ChatMessage(role=ROLES[role], content=content)
 
 
+def _num_chars(messages: list[Any]) -> int:
+    """Characters of the text in ``messages`` as sent (before any check or copy)."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = [content] if isinstance(content, str) else content
+        for part in parts if isinstance(parts, list) else ():
+            text = part.get("text") if isinstance(part, dict) else part
+            total += len(text) if isinstance(text, str) else 0
+    return total
+
+
 def _chat(messages: Any, limits: RequestLimits) -> list[route_service_pb2.ChatMessage]:
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list", "messages")
     if len(messages) > limits.max_messages:
         raise bad(f"at most {limits.max_messages} messages", "messages", "LIMIT_EXCEEDED")
-    chat = [_message(m, f"messages[{index}]", limits) for index, m in enumerate(messages)]
-    parts = [part for message in chat for part in message.content]
-    if sum(len(part.text) for part in parts) > limits.max_prompt_chars:
+    if _num_chars(messages) > limits.max_prompt_chars:
         raise bad(
             f"the messages hold more than {limits.max_prompt_chars} characters of text",
             "messages",
             "LIMIT_EXCEEDED",
         )
+    chat = [_message(m, f"messages[{index}]", limits) for index, m in enumerate(messages)]
+    parts = [part for message in chat for part in message.content]
     if sum(part.HasField("image") for part in parts) > limits.max_images:
         raise bad(f"at most {limits.max_images} images a request", "messages", "LIMIT_EXCEEDED")
     return chat
