@@ -7,7 +7,9 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from epd.server.common.status import handle_errors
+import grpc
+
+from epd.server.common.status import from_rpc_error, handle_errors
 from epd.server.route.service import RouteWorker
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
@@ -42,8 +44,12 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     @handle_errors
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: Context) -> pb.ListModelsResponse:  # fmt: skip
-        listing = await self.worker.peers.scheduler.ListWorkers(scheduler_pb.ListWorkersRequest(),
-                                                                timeout=5)  # fmt: skip
+        try:
+            listing = await self.worker.peers.scheduler.ListWorkers(
+                scheduler_pb.ListWorkersRequest(), timeout=5
+            )
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None  # NOTE: the scheduler's status, not INTERNAL
         counts: dict[str, Counter[str]] = defaultdict(Counter)
         for worker in listing.workers:
             counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1

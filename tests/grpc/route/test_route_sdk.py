@@ -23,7 +23,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
 from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, rpc_error
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]
@@ -204,3 +204,16 @@ async def test_an_unknown_model_is_not_found_and_names_the_served_models(route) 
     assert (caught.value.code, caught.value.reason) == ("NOT_FOUND", "MODEL_NOT_FOUND")
     assert "model 'x' is not served here; served models: tiny" in str(caught.value)
     assert [name for name, _ in peers.scheduler.calls] == ["ListWorkers"]
+
+
+async def test_list_models_with_the_scheduler_down_is_unavailable(route) -> None:
+    endpoint, peers, _ = route
+
+    async def scheduler_down(request, timeout=None):  # type: ignore[no-untyped-def]
+        raise rpc_error(ServerUnavailable("scheduler down", reason="SCHEDULER_DOWN"))
+
+    peers.scheduler.ListWorkers = scheduler_down  # type: ignore[method-assign]
+    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
+        with pytest.raises(Unavailable) as caught:
+            await client.list_models()
+    assert caught.value.reason == "SCHEDULER_DOWN"
