@@ -17,6 +17,7 @@ so the bound is what keeps the worst case within a few times that of an honest i
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -122,9 +123,17 @@ def detect_format(data: bytes) -> str | None:
     prefix = data[:16]
     for name in Image.ID:
         accept = Image.OPEN[name][1]
-        if accept is not None and accept(prefix):
+        if accept is not None and _accepts(accept, prefix):
             return name
     return None
+
+
+def _accepts(accept: Any, prefix: bytes) -> bool:
+    # NOTE: some plugins' signature checks index past the end of a prefix shorter than theirs.
+    try:
+        return bool(accept(prefix))
+    except Exception:
+        return False
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
