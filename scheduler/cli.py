@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl-s", type=float, default=float(env("EPD_SCHEDULER_TTL_S", 10.0)),
                         help="a worker missing heartbeats this long is evicted "
                              "(env EPD_SCHEDULER_TTL_S; default 10)")  # fmt: skip
+    parser.add_argument(
+        "--probe-after-s",
+        type=float,
+        default=float(env("EPD_SCHEDULER_PROBE_AFTER_S", 5.0)),
+        help="adaptive sends one item to an idle encoder whose service time has had no fresh "
+        "sample this long (env EPD_SCHEDULER_PROBE_AFTER_S; default 5)",
+    )
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
@@ -40,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     try:
         ratio = parse_split_ratio(args.split_ratio) if args.split_ratio else None
-        config = SchedulerConfig(Policy(args.default_policy), ratio, args.ttl_s)
+        config = SchedulerConfig(
+            Policy(args.default_policy), ratio, args.ttl_s, probe_after_s=args.probe_after_s
+        )
         options = ServerOptions.from_args(args)
         if config.ttl_s <= 0:
             raise ValueError("--ttl-s must be positive")

@@ -61,6 +61,12 @@ class SchedulerConfig:
     ttl_s: float = 10.0
     assignment_timeout_s: float = 300.0
     max_remembered_hashes: int = 100_000
+    # an encoder without a fresh service-time sample for this long is probed (adaptive)
+    probe_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.probe_after_s > 0:
+            raise ValueError(f"probe_after_s must be positive, got {self.probe_after_s}")
 
 
 class Scheduler:
@@ -85,12 +91,17 @@ class Scheduler:
         # NOTE: the mean size of the items each encoder was given of late turns the per-item
         # latency it reports into a per-unit one (an encoder fed big images is not slow).
         self._units_per_item: dict[str, Ewma] = {}
+        # NOTE: when each encoder last finished computed work (its registration until then):
+        # an idle encoder's estimate older than probe_after_s is stale and gets probed.
+        self._sampled_at: dict[str, float] = {}
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> Worker:
         """Register (or re-register) a worker."""
         with self._lock:
-            return self.registry.register(spec)
+            worker = self.registry.register(spec)
+            self._sampled_at[worker.id] = self._clock()
+            return worker
 
     def heartbeat(self, lease_id: str, load: Load | None = None,
                   stored_blocks: Sequence[int] = (), removed_blocks: Sequence[int] = ()) -> Worker:
@@ -158,7 +169,8 @@ class Scheduler:
     def service_ms(self, worker_id: str) -> float | None:
         """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
         with self._lock:
-            return self._service.get(worker_id)
+            estimate: float | None = self._service.get(worker_id)
+            return estimate
 
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
@@ -210,7 +222,12 @@ class Scheduler:
             worker.id, worker.spec.device, worker.spec.weight,
             backlog_items=worker.num_assigned_in_flight, service_ms=self._service.get(worker.id),
             backlog_ms=max(0.0, busy_ms), cached=frozenset(cached),
+            is_stale=self._is_stale(worker.id),
         )  # fmt: skip
+
+    def _is_stale(self, worker_id: str) -> bool:
+        now: float = self._clock()
+        return now - self._sampled_at.get(worker_id, now) > self.config.probe_after_s
 
     @staticmethod
     def _load_key(worker: Worker) -> tuple[float, float, str]:
@@ -270,6 +287,9 @@ class Scheduler:
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         computed = [o for o in done if not o.cache_hit]
         if computed:
+            if self._is_stale(worker.id):
+                self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale estimate
+            self._sampled_at[worker.id] = self._clock()
             self._service.add_completion(worker.id, max(o.latency_ms for o in computed),
                                          sum(pending.units[o.item_index] for o in computed),
                                          group.backlog_at_assign)  # fmt: skip
@@ -284,6 +304,7 @@ class Scheduler:
         self._prefixes.forget(worker.id)
         self._busy_until.pop(worker.id, None)
         self._units_per_item.pop(worker.id, None)
+        self._sampled_at.pop(worker.id, None)
         for homes in self._hash_homes.values():
             homes.discard(worker.id)
 

@@ -11,7 +11,10 @@
   low load, its useful share under load. Without statistics it falls back to the weights.
   Items are costed by size: an item of ``num_tokens`` vision tokens counts ``num_tokens`` over the
   running mean size of the items seen (1 when sizes are unknown), so big images go where they
-  finish first.
+  finish first. Two guards keep the estimates true: an idle encoder whose estimate is stale (no
+  fresh sample for a while, see ``EncoderView.is_stale``) is probed with one item, and encoders
+  whose completion times differ by less than ``NEAR_TIE`` of an item count as tied (ties rotate),
+  so measurement noise between identical encoders does not send all the work to one of them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
 from epd.server.common.errors import InvalidArgument
 
 CACHE_HIT_COST = 0.05
+# completion times closer than this share of the item's fastest service time are a tie
+NEAR_TIE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,8 @@ class EncoderView:
     service_ms: float | None = None
     backlog_ms: float | None = None
     cached: frozenset[str] = field(default_factory=frozenset)
+    # no fresh service-time sample for longer than the probe horizon: send it work to learn
+    is_stale: bool = False
 
     @property
     def is_accelerator(self) -> bool:
@@ -138,17 +145,31 @@ class AdaptivePolicy(EncoderPolicy):
         # NOTE: ties (e.g. idle twins) rotate instead of always going to the first encoder.
         self._turn = (self._turn + 1) % len(encoders)
         encoders = [*encoders[self._turn:], *encoders[:self._turn]]
+        probes = [e for e in encoders if e.is_stale and not e.backlog_items]
         chosen: list[str] = []
         for item in items:
-            def completion(encoder: EncoderView, item: EncodeItem = item) -> float:
-                hit = bool(item.mm_hash) and item.mm_hash in encoder.cached
-                cost = CACHE_HIT_COST if hit else self.units(item)
-                return finish[encoder.id] + service[encoder.id] * cost
-
-            best = min(encoders, key=completion)
-            finish[best.id] = completion(best)
+            work = {e.id: service[e.id] * self.cost(item, e) for e in encoders}
+            if probes and not any(item.mm_hash and item.mm_hash in e.cached for e in encoders):
+                best = probes.pop(0)
+            else:
+                best = self._earliest(encoders, finish, work)
+            finish[best.id] += work[best.id]
             chosen.append(best.id)
         return chosen
+
+    def cost(self, item: EncodeItem, encoder: EncoderView) -> float:
+        """Cost of ``item`` on ``encoder`` in mean-sized items (almost nothing if cached there)."""
+        hit = bool(item.mm_hash) and item.mm_hash in encoder.cached
+        return CACHE_HIT_COST if hit else self.units(item)
+
+    @staticmethod
+    def _earliest(
+        encoders: Sequence[EncoderView], finish: dict[str, float], work: dict[str, float]
+    ) -> EncoderView:
+        """The first encoder (in rotated order) that finishes within a near tie of the best."""
+        completion = {e.id: finish[e.id] + work[e.id] for e in encoders}
+        limit = min(completion.values()) + NEAR_TIE * min(work.values())
+        return next(e for e in encoders if completion[e.id] <= limit)
 
     def service_times(self, encoders: Sequence[EncoderView]) -> dict[str, float]:
         """Per-item service time per encoder; unknown ones from weights scaled to known ones."""

@@ -24,9 +24,10 @@ def main() -> int:
         return 0
     for scenario in chosen:
         print(f"\n{scenario.name}: {scenario.description} ({scenario.arrival_rps:g} req/s offered)")
-        print(f"  {'policy':<12} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8}  utilisation")
+        print(f"  {'policy':<12} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8}  utilisation; split")
         for row in results[scenario.name]:
             use = ", ".join(f"{name} {value:.0%}" for name, value in row.utilisation.items())
+            use += "; " + "/".join(f"{value:.0%}" for value in row.split.values())
             print(f"  {row.policy:<12} {row.throughput_rps:7.1f} {row.p50_ms:8.1f} "
                   f"{row.p99_ms:8.1f}  {use}")
     return 0

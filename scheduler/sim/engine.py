@@ -37,6 +37,8 @@ class _EncoderState:
     busy_s: float = 0.0
     cache: OrderedDict[str, None] = field(default_factory=OrderedDict)
     recent_item_ms: float = 0.0
+    is_cold: bool = True
+    is_down: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class PolicyResult:
     p99_ms: float
     completed: int
     utilisation: dict[str, float]
+    # share of the images of requests arriving after ``Scenario.split_from_s``, per encoder
+    split: dict[str, float] = field(default_factory=dict)
 
 
 class _Clock:
@@ -75,11 +79,10 @@ class Simulation:
                                                    ttl_s=1e9), self.clock)  # fmt: skip
         self.encoders: dict[str, _EncoderState] = {}
         for encoder in scenario.encoders:
-            worker = self.scheduler.register(WorkerSpec(
-                encoder.name, Role.ENCODE, f"{encoder.name}:1", "sim", encoder.device,
-                encoder.weight, encoder.max_batch))  # fmt: skip
-            self.encoders[encoder.name] = _EncoderState(encoder, worker.lease_id)
+            self.encoders[encoder.name] = _EncoderState(encoder, self._register(encoder))
         self.requests: list[_Request] = []
+        # NOTE: its own stream, so scenarios without jitter keep their arrivals' draws
+        self._noise = random.Random(f"{scenario.seed}-service")
         self._events: list[tuple[float, int, str, str]] = []
         self._sequence = 0
 
@@ -87,6 +90,9 @@ class Simulation:
         rng = random.Random(self.scenario.seed)
         self._generate_arrivals(rng)
         self._push(HEARTBEAT_S, "heartbeat", "")
+        for restart in self.scenario.restarts:
+            self._push(restart.down_s, "down", restart.name)
+            self._push(restart.up_s, "up", restart.name)
         while self._events:
             time_s, _, kind, name = heapq.heappop(self._events)
             if time_s > self.scenario.duration_s:
@@ -115,10 +121,25 @@ class Simulation:
 
     def _on_heartbeat(self, _: str) -> None:
         for state in self.encoders.values():
+            if state.is_down:
+                continue
             load = Load(queue_depth=len(state.queue), item_latency_ms=state.recent_item_ms,
                         cached_mm_hashes=frozenset(state.cache))  # fmt: skip
             self.scheduler.heartbeat(state.lease_id, load)
         self._push(self.clock.now + HEARTBEAT_S, "heartbeat", "")
+
+    def _on_down(self, name: str) -> None:
+        state = self.encoders[name]
+        state.is_down = True
+        self.scheduler.deregister(state.lease_id)
+
+    def _on_up(self, name: str) -> None:
+        # NOTE: a new process: what the old one still held finishes, but only its own reports
+        # reach the scheduler, and the newcomer starts cold with an empty cache.
+        state = self.encoders[name]
+        state.lease_id = self._register(state.model)
+        state.cache.clear()
+        state.is_cold, state.is_down, state.recent_item_ms = True, False, 0.0
 
     # ---- mechanics
     def _start(self, name: str) -> None:
@@ -129,6 +150,11 @@ class Simulation:
         misses = [(r, i) for r, i in batch if self.requests[r].hashes[i] not in state.cache]
         size = sum(self.requests[r].tokens[i] for r, i in misses) / REFERENCE_TOKENS
         duration_ms = state.model.batch_ms(size) if misses else CACHE_HIT_MS
+        if state.model.jitter:
+            duration_ms *= 1 + self._noise.uniform(-state.model.jitter, state.model.jitter)
+        if state.is_cold:
+            duration_ms += state.model.cold_start_ms
+            state.is_cold = False
         if misses:
             state.recent_item_ms = duration_ms / len(misses)
         state.busy_until = self.clock.now + duration_ms / 1000
@@ -174,6 +200,12 @@ class Simulation:
             return [sizes[0]] * num_images
         return rng.choices(sizes, weights, k=num_images)
 
+    def _register(self, encoder: SimEncoder) -> str:
+        name, device, weight = encoder.name, encoder.device, encoder.weight
+        spec = WorkerSpec(name, Role.ENCODE, f"{name}:1", "sim", device, weight, encoder.max_batch)
+        lease_id: str = self.scheduler.register(spec).lease_id
+        return lease_id
+
     def _push(self, at: float, kind: str, name: str) -> None:
         self._sequence += 1
         heapq.heappush(self._events, (at, self._sequence, kind, name))
@@ -193,7 +225,19 @@ class Simulation:
             self.policy.value, completed / window, _percentile(latencies, 0.5),
             _percentile(latencies, 0.99), completed,
             {name: min(1.0, s.busy_s / end) for name, s in self.encoders.items()},
+            self._split(),
         )  # fmt: skip
+
+    def _split(self) -> dict[str, float]:
+        split_from = self.scenario.split_from_s
+        start = self.scenario.warmup_s if split_from is None else split_from
+        counts = dict.fromkeys(self.encoders, 0)
+        for request in self.requests:
+            if start <= request.arrival < self.scenario.duration_s:
+                for name in request.encoder_of:
+                    counts[name] += 1
+        total = sum(counts.values()) or 1
+        return {name: count / total for name, count in counts.items()}
 
 
 def simulate(scenario: Scenario) -> list[PolicyResult]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import pytest
 
+from epd.scheduler.core import Scheduler, SchedulerConfig
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role
 from epd.server.common.errors import InvalidArgument, Unavailable
-from tests.unit.scheduler.factories import create_scheduler, spec
+from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
 
 def items(count: int, prefix: str = "h") -> list[EncodeItem]:
@@ -214,3 +216,51 @@ def test_reported_latency_is_read_against_the_sizes_each_encoder_was_given() -> 
     scheduler.heartbeat(lease["a"], Load(item_latency_ms=30))
     scheduler.heartbeat(lease["b"], Load(item_latency_ms=10))
     assert scheduler.service_ms("a") == pytest.approx(scheduler.service_ms("b"), rel=0.1)
+
+
+def serve_singles(
+    scheduler: Scheduler,
+    clock: FakeClock,
+    seconds: float,
+    item_ms: dict[str, float],
+    cold: Sequence[str] = (),
+) -> list[str]:
+    """Single-image requests every 20 ms, each done before the next (``item_ms`` on its encoder;
+    3 s for the first item of a ``cold`` one); every second each encoder heartbeats the per-item
+    time of its latest item. Returns the encoder chosen for each request."""
+    chosen, latest, first = [], {}, set(cold)
+    next_beat = clock.now + 1.0
+    for index in range(round(seconds / 0.02)):
+        assignment = scheduler.assign_encoders([EncodeItem(f"i{index}")], policy=Policy.ADAPTIVE)
+        (worker_id,) = assignment.worker_ids
+        latest[worker_id] = 3000.0 if worker_id in first else item_ms[worker_id]
+        first.discard(worker_id)
+        scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(0, latest[worker_id])])
+        chosen.append(worker_id)
+        clock.now += 0.02
+        if clock.now >= next_beat:
+            next_beat += 1.0
+            for worker in scheduler.list_workers():
+                scheduler.heartbeat(worker.lease_id, Load(item_latency_ms=latest.get(worker.id, 0)))
+    return chosen
+
+
+def test_adaptive_splits_encoders_measured_a_little_apart_evenly() -> None:
+    scheduler, clock = create_scheduler(spec("a"), spec("b"))
+    chosen = serve_singles(scheduler, clock, 20, {"a": 10.0, "b": 10.2})
+    assert 0.4 <= chosen.count("b") / len(chosen) <= 0.6
+
+
+def test_a_rejoined_encoder_with_a_cold_first_item_gets_its_share_back() -> None:
+    scheduler, clock = create_scheduler(spec("a"), spec("b"))
+    item_ms = {"a": 10.0, "b": 10.0}
+    serve_singles(scheduler, clock, 10, item_ms)
+    scheduler.register(spec("b"))  # restarted: a new process, its first batch slow
+    chosen = serve_singles(scheduler, clock, 30, item_ms, cold=["b"])
+    settled = chosen[len(chosen) // 3 :]  # from 10 s after the rejoin
+    assert 0.4 <= settled.count("b") / len(settled) <= 0.6
+
+
+def test_probe_horizon_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="probe_after_s"):
+        SchedulerConfig(probe_after_s=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from epd.scheduler.model import EncodeItem
@@ -84,6 +86,24 @@ def test_adaptive_without_statistics_follows_the_weights() -> None:
     assert policy.assign(items(4), [CPU, GPU]) == ["gpu", "gpu", "cpu", "gpu"]
     mixed = policy.service_times([EncoderView("gpu", "cuda", service_ms=10), CPU])
     assert mixed == {"gpu": 10, "cpu": 30}
+
+
+def test_adaptive_probes_a_stale_idle_encoder_with_one_item() -> None:
+    fast = EncoderView("gpu", "cuda", service_ms=10)
+    stale = EncoderView("cpu", "cpu", service_ms=80, is_stale=True)
+    assert AdaptivePolicy().assign(items(3), [stale, fast]) == ["cpu", "gpu", "gpu"]
+    busy = replace(stale, backlog_items=1)  # a completion is on its way: no probe needed
+    assert AdaptivePolicy().assign(items(3), [busy, fast]) == ["gpu"] * 3
+    cached = replace(fast, cached=frozenset({"h0"}))  # a cache hit is not spent on a probe
+    assert AdaptivePolicy().assign(items(1), [stale, cached]) == ["gpu"]
+
+
+def test_adaptive_treats_near_equal_completion_times_as_ties() -> None:
+    a, b = EncoderView("a", service_ms=10.0), EncoderView("b", service_ms=10.2)
+    policy = AdaptivePolicy()
+    assert sorted(policy.assign(items(1), [a, b])[0] for _ in range(4)) == ["a", "a", "b", "b"]
+    far = EncoderView("b", service_ms=13.0)  # more than a quarter of an item slower
+    assert {policy.assign(items(1), [a, far])[0] for _ in range(4)} == {"a"}
 
 
 def test_prefix_index_counts_leading_blocks_only() -> None:

@@ -45,3 +45,9 @@ def test_adaptive_sends_big_images_where_they_finish_first(results) -> None:
     rows = results["mixed-sizes"]
     assert rows["adaptive"].throughput_rps >= rows["per_request"].throughput_rps
     assert rows["adaptive"].p99_ms <= 0.5 * rows["per_request"].p99_ms
+
+
+@pytest.mark.parametrize("scenario", ["twins", "rejoin"])
+def test_adaptive_splits_identical_encoders_within_60_40(results, scenario: str) -> None:
+    split = results[scenario]["adaptive"].split
+    assert len(split) == 2 and max(split.values()) <= 0.6, split
