@@ -121,12 +121,16 @@ class Deployment:
         raise RuntimeError(f"{child.name} not healthy after {timeout_s:.0f}s; log {child.log}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM every child's process group (dependants first), SIGKILL what is left after
-        ``grace_s``; returns once every group is empty (vLLM's engine cores included) and the
-        shared memory of dead processes (a child killed with SIGKILL left its own) is removed."""
+        """SIGTERM every child (dependants first), SIGKILL what is left of its process group
+        after ``grace_s``; returns once every group is empty (vLLM's engine cores included) and
+        the shared memory of dead processes (a child killed with SIGKILL left its own) is
+        removed."""
         for child in reversed(self.children):
             if child.process.poll() is None:
-                _signal_group(child.process.pid, signal.SIGTERM)
+                # NOTE: the child alone: it stops its own processes. vLLM's EngineCore takes a
+                # second SIGTERM (from a signal to the whole group) as "exit now", mid-teardown,
+                # and Python's resource_tracker then reported its leaked semaphore/shared memory.
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):

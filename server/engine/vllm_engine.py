@@ -59,6 +59,11 @@ from epd.server.engine.vllm_stats import LoadTracker
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "epd_seed"
+# How long ``close`` lets vLLM's EngineCore stop before it is killed: longer than the EngineCore
+# itself waits for its worker process (5 s, then SIGTERM and 4 s more). vLLM's default (5 s)
+# killed an EngineCore still waiting for a slow worker, leaving its shared memory to Python's
+# resource_tracker ("leaked shared_memory objects").
+ENGINE_CORE_STOP_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +177,14 @@ class VllmEngine(Engine):
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
-        return cls(llm, model_id or model_dir.name, _layout(model_dir), options, tracker, model_dir,
-                   rpc_dir)  # fmt: skip
+        name = model_id or model_dir.name
+        engine = cls(llm, name, _layout(model_dir), options, tracker, model_dir, rpc_dir)
+        # NOTE: this frame may outlive the call: when it made the process's first vLLM import,
+        # the ModuleNotFoundError that vLLM keeps (vllm.multimodal.media.audio, torchcodec) holds
+        # the frames of that import, this one included. A local AsyncLLM here stayed alive after
+        # close, and its __del__ ran at interpreter exit and failed (TypeError in shutdown).
+        del llm
+        return engine
 
     async def generate(  # type: ignore[override]
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
@@ -325,7 +336,7 @@ class VllmEngine(Engine):
         if self._llm is None:
             return
         llm, self._llm = self._llm, None
-        llm.shutdown()
+        llm.shutdown(timeout=ENGINE_CORE_STOP_S)
         # NOTE: drop the last reference now: AsyncLLM.__del__ run at interpreter exit fails noisily.
         del llm
         gc.collect()

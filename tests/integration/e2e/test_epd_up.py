@@ -1,5 +1,6 @@
 """``epd up`` (the README's first command) across real processes: the answer equals the
-reference tokens, the trace spans every service, nothing is left running or in /dev/shm."""
+reference tokens, the trace spans every service, nothing is left running or in /dev/shm, and the
+vLLM workers stop without a traceback or a resource_tracker warning in their logs."""
 
 from __future__ import annotations
 
@@ -38,3 +39,7 @@ def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Pa
                                capture_output=True, text=True)  # fmt: skip
     assert leftovers.stdout.strip() == ""
     assert set(shm.orphans()) <= before, "processes of epd up left shared memory behind"
+    for worker in ("prefill", "decode"):
+        log = next(tmp_path.glob(f".epd/run/*/{worker}.log")).read_text()
+        for noise in ("Traceback", "TypeError", "leaked semaphore", "leaked shared_memory"):
+            assert noise not in log, f"{worker}.log: {noise}\n{log[-3000:]}"
