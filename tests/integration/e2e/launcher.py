@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -89,10 +88,3 @@ def segments_of(pids: list[int]) -> list[str]:
     """epd shm segments created by any of ``pids`` (by name prefix, whatever their start time)."""
     prefixes = tuple(f"epd-{pid}-" for pid in pids)
     return [name for name in shm.list_segments() if name.startswith(prefixes)]
-
-
-def unlink_segments(names: list[str]) -> None:
-    """Remove segments (what a restarted producer does for its dead predecessor)."""
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(shm.SHM_DIR, name))
