@@ -1,0 +1,35 @@
+"""``epd up`` flags that are checked before anything starts: a usage error, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from epd.client import up_cli
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def test_negative_restarts_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert up_cli.run(parse("--max-restarts", "-1", "--model", "nowhere")) == 2
+    assert "--max-restarts must be 0 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["-1", "64MiB"])
+def test_a_bad_span_file_cap_is_a_usage_error(size: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--trace-max-mb", size)
+    assert exit_info.value.code == 2
+
+
+def test_the_span_file_cap_is_64_mib_unless_its_variable_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert parse().trace_max_mb == 64
+    monkeypatch.setenv("EPD_TRACE_FILE_MAX_MB", "8")
+    assert parse().trace_max_mb == 8
