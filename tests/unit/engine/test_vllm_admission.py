@@ -71,8 +71,9 @@ class FakeLlm:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         self.is_shut_down = True
+        self.shutdown_timeout = timeout
 
 
 @pytest.fixture
