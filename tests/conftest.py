@@ -12,7 +12,7 @@ import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +64,20 @@ def tiny_model_dir() -> Iterator[Path]:
     from epd.server.engine.tiny_model import build_tiny_model
 
     yield build_tiny_model(_SESSION_TMP / "tiny-qwen2-vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_family_dir() -> Callable[[str], Path]:
+    """Builds (once per session) and returns the tiny checkpoint of a family by name; the
+    default family's is ``tiny_model_dir``'s build."""
+    from epd.server.engine.tiny_model import build_tiny_model, preset
+
+    built: dict[str, Path] = {}
+
+    def build(family: str) -> Path:
+        if family not in built:
+            config = preset("tiny", family=family)
+            built[family] = build_tiny_model(_SESSION_TMP / f"tiny-{family}", config)
+        return built[family]
+
+    return build

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Encoder flags, then media, server and telemetry flags."""
     env = os.environ.get
     parser.add_argument("--model", type=Path, required=True,
-                        help="model directory (a Qwen2-VL checkpoint; only visual.* is loaded)")
+                        help="model directory (a checkpoint of a supported family; only its vision "
+                             "tower is loaded)")
     parser.add_argument("--model-id", default="",
                         help="model name clients use (default: the directory name)")
     parser.add_argument("--device", default=env("EPD_ENCODER_DEVICE", "cpu"),

@@ -1,7 +1,8 @@
-"""The vision tower and projector of a Qwen2-VL model, loaded alone.
+"""The vision tower and projector of a model, loaded alone.
 
-Only the ``visual.*`` weights are read from the checkpoint (no language-model weights in memory),
-into transformers' own vision model class, on the device asked for. The output is exactly what
+Only the vision weights (the family's ``visual_prefixes``) are read from the checkpoint (no
+language-model weights in memory), into transformers' own vision model class for the model's
+family (``epd.server.models``), on the device asked for. The output is exactly what
 the prefill engine consumes: the merger's output, [num_tokens, hidden] per image, with the
 image's (t, h, w) patch grid.
 """
@@ -18,7 +19,6 @@ from PIL import Image
 
 logger = logging.getLogger(__name__)
 
-VISUAL_PREFIXES = ("model.visual.", "visual.")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -37,7 +37,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _visual_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+def _visual_state_dict(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     index = model_dir / "model.safetensors.index.json"
@@ -47,11 +47,11 @@ def _visual_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     for name in files:
         with safe_open(str(model_dir / name), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                prefix = next((p for p in VISUAL_PREFIXES if key.startswith(p)), None)
+                prefix = next((p for p in prefixes if key.startswith(p)), None)
                 if prefix is not None:
                     state[key[len(prefix):]] = f.get_tensor(key)
     if not state:
-        raise ValueError(f"no vision tower weights (visual.*) in {model_dir}")
+        raise ValueError(f"no vision tower weights ({', '.join(prefixes)}) in {model_dir}")
     return state
 
 
@@ -61,13 +61,13 @@ class VisionEncoder:
     def __init__(self, model_dir: str | Path, *, device: str = "cpu",
                  dtype: str = "float32") -> None:  # fmt: skip
         from transformers import AutoConfig, AutoImageProcessor
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
-            Qwen2VisionTransformerPretrainedModel,
-        )
+
+        from epd.server.models.registry import family_of
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
+        family = family_of(self.model_dir)
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]
         if self.device.type == "cuda" and self.dtype == torch.float32:
@@ -81,8 +81,9 @@ class VisionEncoder:
 
         # NOTE: built on the target device without random init; the checkpoint fills every weight.
         with no_init_weights(), torch.device(self.device):
-            model = Qwen2VisionTransformerPretrainedModel._from_config(vision_config)
-        model.load_state_dict(_visual_state_dict(self.model_dir), strict=True)
+            model = family.vision_tower(vision_config)
+        model.load_state_dict(_visual_state_dict(self.model_dir, family.visual_prefixes),
+                              strict=True)  # fmt: skip
         self.model = model.to(dtype=self.dtype).eval()
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
         self.merge_size = int(vision_config.spatial_merge_size)

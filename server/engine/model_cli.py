@@ -7,6 +7,7 @@ import sys
 import time
 
 from epd.server.engine.tiny_model import PRESETS, build_tiny_model, preset
+from epd.server.models.registry import FAMILIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,8 +15,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="model_action", metavar="ACTION", required=True)
     tiny = actions.add_parser(
         "tiny",
-        help="build a tiny random-weight Qwen2-VL (real architecture, local tokenizer)",
-        description="Build a random-weight Qwen2-VL deterministically: same flags, same bytes.",
+        help="build a tiny random-weight checkpoint (real architecture, local tokenizer)",
+        description="Build a random-weight checkpoint of a supported family deterministically, "
+        "laid out as the hub's: same flags, same bytes.",
+    )
+    names = [family.name for family in FAMILIES]
+    tiny.add_argument(
+        "--family",
+        choices=names,
+        default=names[0],
+        help=f"architecture family (default {names[0]}): "
+        + ", ".join(f"{family.name} = {family.title}" for family in FAMILIES),
     )
     tiny.add_argument("--out", required=True, help="output directory (replaced if it exists)")
     tiny.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
@@ -37,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             args.preset, hidden_size=hidden, num_heads=hidden // 64 if hidden else None,
             num_layers=args.num_layers, vision_depth=args.vision_depth,
             vision_embed_dim=args.vision_embed_dim, max_pixels=args.max_pixels, seed=args.seed,
+            family=args.family,
         )  # fmt: skip
     except ValueError as e:
         print(f"epd model tiny: {e}", file=sys.stderr)

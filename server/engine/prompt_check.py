@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage
@@ -16,6 +17,17 @@ class VisionLayout:
     image_pad_id: int
     merge_size: int
     hidden_size: int
+
+    @classmethod
+    def of(cls, config: Any) -> VisionLayout:
+        """The layout a model's transformers config declares (image placeholders as a start
+        token followed by the image pad, the vision merger's size, the text model's width)."""
+        return cls(
+            vision_start_id=int(config.vision_start_token_id),
+            image_pad_id=int(config.image_token_id),
+            merge_size=int(config.vision_config.spatial_merge_size),
+            hidden_size=int(config.get_text_config().hidden_size),
+        )
 
     def count_images(self, token_ids: list[int]) -> int:
         """Image placeholder groups (<|vision_start|><|image_pad|>) in ``token_ids``."""

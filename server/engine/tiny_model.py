@@ -1,9 +1,10 @@
-"""Build a tiny random-weight Qwen2-VL model offline, deterministically.
+"""Build a tiny random-weight checkpoint of a supported family offline, deterministically.
 
 No model weights can be downloaded on the machines this project is built on, so tests and the
-embedded default run on a model made here: the real Qwen2-VL architecture (vision tower with
-patch merger, M-RoPE language model), a byte-level BPE tokenizer trained on a generated corpus,
-the Qwen chat template and processor configs. Same config -> the same bytes on every run.
+embedded default run on models made here: the real architecture of the family (transformers'
+own classes, from ``epd.server.models``), a byte-level BPE tokenizer trained on a generated
+corpus, the Qwen chat template and processor configs, saved as the hub's checkpoints are. Same
+family and config -> the same bytes on every run.
 
 Random weights give near-uniform logits, and near-ties make greedy tokens flip between
 implementations (transformers vs vLLM kernels). The language model head is therefore scaled up
@@ -20,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from epd.server.models.family import TinySizes
+from epd.server.models.registry import family_named
 
 SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -71,6 +75,7 @@ class TinyModelConfig:
     init_range: float = 0.1
     lm_head_scale: float = 8.0
     seed: int = 0
+    family: str = "qwen2_vl"
 
 
 PRESETS: dict[str, TinyModelConfig] = {
@@ -88,6 +93,7 @@ def preset(name: str, **overrides: Any) -> TinyModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
     config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    family_named(config.family)
     if config.hidden_size // config.num_heads != 64:
         raise ValueError("hidden_size / num_heads must be 64 (vLLM CPU attention head size)")
     return config
@@ -149,17 +155,7 @@ def _train_tokenizer(config: TinyModelConfig) -> Any:
 
 
 def _save_processor(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
-    sizes = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, patch_size=14,
-                 temporal_patch_size=2, merge_size=2)  # fmt: skip
-    image_processor = Qwen2VLImageProcessor(**sizes)
-    processor = Qwen2VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(**sizes), chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
-    processor.save_pretrained(out)
-    image_processor.save_pretrained(out)
+    family_named(config.family).save_tiny_processor(tokenizer, _sizes(config), CHAT_TEMPLATE, out)
     tokenizer_config = out / "tokenizer_config.json"
     data = json.loads(tokenizer_config.read_text())
     data["chat_template"] = CHAT_TEMPLATE
@@ -168,38 +164,12 @@ def _save_processor(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
 
 def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    head_dim = config.hidden_size // config.num_heads
-    model_config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-            num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-            max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=config.init_range,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
-                             "mrope_section": _mrope_section(head_dim)},
-            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-        ),
-        vision_config=dict(
-            depth=config.vision_depth, embed_dim=config.vision_embed_dim,
-            hidden_size=config.hidden_size, num_heads=config.vision_num_heads, mlp_ratio=2,
-            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
-            initializer_range=config.init_range,
-        ),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-    )  # fmt: skip
     from transformers.utils import logging as hf_logging
 
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     hf_logging.disable_progress_bar()
     torch.manual_seed(config.seed)
-    model = Qwen2VLForConditionalGeneration(model_config).eval().to(torch.float32)
+    model = family_named(config.family).tiny_model(ids, len(tokenizer), _sizes(config))
     with torch.no_grad():
         model.lm_head.weight.mul_(config.lm_head_scale)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
@@ -208,9 +178,17 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def _mrope_section(head_dim: int) -> list[int]:
-    """Split head_dim/2 rotary frequencies over (time, height, width) like Qwen2-VL (16:24:24)."""
-    half = head_dim // 2
-    temporal = half // 4
-    spatial = (half - temporal) // 2
-    return [temporal, spatial, half - temporal - spatial]
+def _sizes(config: TinyModelConfig) -> TinySizes:
+    return TinySizes(
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        vision_depth=config.vision_depth,
+        vision_embed_dim=config.vision_embed_dim,
+        vision_num_heads=config.vision_num_heads,
+        min_pixels=config.min_pixels,
+        max_pixels=config.max_pixels,
+        init_range=config.init_range,
+    )

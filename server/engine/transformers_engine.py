@@ -231,13 +231,7 @@ def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:
 
 
 def _layout(model: Any, processor: Any) -> VisionLayout:
-    config = model.config
-    return VisionLayout(
-        vision_start_id=processor.tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-        image_pad_id=config.image_token_id,
-        merge_size=config.vision_config.spatial_merge_size,
-        hidden_size=config.text_config.hidden_size,
-    )  # fmt: skip
+    return VisionLayout.of(model.config)
 
 
 def _embeddings(image: EngineImage) -> torch.Tensor:

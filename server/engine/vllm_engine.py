@@ -88,16 +88,9 @@ class VllmOptions:
 
 
 def _layout(model_dir: Path) -> VisionLayout:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return VisionLayout(
-        vision_start_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
-        image_pad_id=config.image_token_id,
-        merge_size=config.vision_config.spatial_merge_size,
-        hidden_size=config.text_config.hidden_size,
-    )  # fmt: skip
+    return VisionLayout.of(AutoConfig.from_pretrained(model_dir))
 
 
 def side_channel_port(host: str, attempts: int = 64) -> int:

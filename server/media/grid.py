@@ -1,8 +1,8 @@
 """The (t, h, w) patch grid a model's own Hugging Face image processor makes of an image.
 
 The route needs each image's grid before the encoder runs (placeholder expansion, block hashes,
-encoder cost). This reads the processor of the model directory and applies the resize rule of
-transformers' Qwen2-VL processor with that processor's own settings, so the numbers are the ones
+encoder cost). This reads the processor of the model directory and applies its family's resize
+rule (``epd.server.models``) with that processor's own settings, so the numbers are the ones
 ``processor(images=...)["image_grid_thw"]`` produces, without resizing or normalising any pixel.
 """
 
@@ -17,8 +17,6 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument
 
 Grid = tuple[int, int, int]
-# NOTE: the resize rule's own bound (smart_resize refuses a longer side over 200x the shorter).
-MAX_ASPECT_RATIO = 200
 
 
 class ImageGridder:
@@ -27,6 +25,9 @@ class ImageGridder:
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoImageProcessor
 
+        from epd.server.models.registry import family_of
+
+        self.family = family_of(model_dir)
         processor: Any = AutoImageProcessor.from_pretrained(model_dir)
         # NOTE: transformers 5 keeps min/max pixels in size (shortest_edge / longest_edge); it
         # moves legacy min_pixels / max_pixels keys of preprocessor_config.json there on load.
@@ -41,16 +42,14 @@ class ImageGridder:
 
     def grid_of_size(self, width: int, height: int) -> Grid:
         """(t, h, w) for an image of ``width`` x ``height`` pixels."""
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
-        _check_shape(width, height)
+        _check_shape(width, height, self.family.max_aspect_ratio)
         try:
-            resized_height, resized_width = smart_resize(
-                height,
+            resized_height, resized_width = self.family.resized(
                 width,
+                height,
                 self.patch_size * self.merge_size,
-                min_pixels=self.min_pixels,
-                max_pixels=self.max_pixels,
+                self.min_pixels,
+                self.max_pixels,
             )
         except ValueError as e:
             raise InvalidArgument(
@@ -66,18 +65,18 @@ class ImageGridder:
         return t * h * w // self.merge_size**2
 
 
-def _check_shape(width: int, height: int) -> None:
+def _check_shape(width: int, height: int, max_aspect_ratio: int | None) -> None:
     """Refuse a shape the resize rule cannot take, saying how to make it fit."""
     if width <= 0 or height <= 0:
         raise InvalidArgument(
             f"image of {width}x{height} pixels is empty", reason="BAD_IMAGE_SHAPE"
         )
     long_side, short_side = max(width, height), min(width, height)
-    if long_side <= MAX_ASPECT_RATIO * short_side:
+    if max_aspect_ratio is None or long_side <= max_aspect_ratio * short_side:
         return
     padded_short, cropped_long = (
-        math.ceil(long_side / MAX_ASPECT_RATIO),
-        short_side * MAX_ASPECT_RATIO,
+        math.ceil(long_side / max_aspect_ratio),
+        short_side * max_aspect_ratio,
     )
     if width >= height:
         padded, cropped = (width, padded_short), (cropped_long, height)
@@ -86,7 +85,7 @@ def _check_shape(width: int, height: int) -> None:
     ratio = math.ceil(long_side / short_side * 10) / 10
     raise InvalidArgument(
         f"image of {width}x{height} pixels has an aspect ratio of {ratio:g}:1; this model's image "
-        f"processor accepts at most {MAX_ASPECT_RATIO}:1: pad the image to at least "
+        f"processor accepts at most {max_aspect_ratio}:1: pad the image to at least "
         f"{padded[0]}x{padded[1]} or crop it to at most {cropped[0]}x{cropped[1]} pixels",
         reason="BAD_IMAGE_SHAPE",
     )

@@ -74,3 +74,14 @@ def test_bad_engine_flags_and_model_dirs_are_usage_errors(tiny_model_dir: Path,
     pending = run_epd("decode", *model, "--max-pending", "0")
     assert pending.returncode == 2 and "--max-pending must be at least 1" in pending.stderr
     assert "Traceback" not in lease.stderr + pending.stderr
+
+
+def test_an_unsupported_architecture_is_refused_at_start_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["Gemma3ForConditionalGeneration"]}')
+    for command in ("encode", "prefill", "decode", "route"):
+        refused = run_epd(command, "--model", str(tmp_path))
+        assert refused.returncode == 2, (command, refused.stderr)
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1, (command, refused.stderr)
+        assert "Gemma3ForConditionalGeneration is not supported" in lines[0]
+        assert "Qwen2-VL (qwen2_vl), Qwen2.5-VL (qwen2_5_vl)" in lines[0]

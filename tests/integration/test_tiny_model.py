@@ -11,6 +11,7 @@ from PIL import Image
 
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.tiny_model import build_tiny_model, preset
+from epd.server.models.registry import FAMILIES, family_of
 
 NUM_TOKENS = 24
 # Greedy tokens must not hinge on float noise: transformers and vLLM kernels differ by ~1e-5.
@@ -34,17 +35,25 @@ def chat() -> tuple[list[dict[str, object]], list[Image.Image]]:
     return messages, [_image(1, 96, 64), _image(2, 60, 90)]
 
 
+@pytest.fixture(scope="module", params=[family.name for family in FAMILIES])
+def family_dir(request: pytest.FixtureRequest, tiny_family_dir) -> Path:
+    """The tiny checkpoint of each family in turn."""
+    return Path(tiny_family_dir(request.param))
+
+
 @pytest.fixture(scope="module")
-def hf_greedy(tiny_model_dir: Path, chat) -> tuple[str, list[int], list[float]]:
+def hf_greedy(family_dir: Path, chat) -> tuple[str, list[int], list[float]]:
     messages, images = chat
-    engine = ReferenceEngine(tiny_model_dir)
+    engine = ReferenceEngine(family_dir)
     result = engine.generate(messages, images, max_tokens=NUM_TOKENS, ignore_eos=True)
     return engine.render(messages), result.token_ids, result.top2_margins
 
 
-def test_build_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:
-    again = build_tiny_model(tmp_path / "again")
-    assert _digest(again) == _digest(tiny_model_dir)
+def test_build_is_deterministic(tmp_path: Path, family_dir: Path) -> None:
+    family = family_of(family_dir)
+    again = build_tiny_model(tmp_path / "again", preset("tiny", family=family.name))
+    assert _digest(again) == _digest(family_dir)
+    assert family.architectures[0] in (again / "config.json").read_text()
 
 
 def test_build_replaces_existing_output_and_reports_progress(tmp_path: Path) -> None:
@@ -63,6 +72,8 @@ def test_preset_rejects_unknown_name_and_bad_head_size() -> None:
         preset("huge")
     with pytest.raises(ValueError, match="must be 64"):
         preset("tiny", hidden_size=96)
+    with pytest.raises(ValueError, match="unknown model family 'llama'; supported: Qwen2-VL"):
+        preset("tiny", family="llama")
 
 
 def test_greedy_margins_are_wide(hf_greedy) -> None:
@@ -72,13 +83,13 @@ def test_greedy_margins_are_wide(hf_greedy) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_matches_transformers_token_for_token(tiny_model_dir: Path, chat, hf_greedy) -> None:
+def test_vllm_matches_transformers_token_for_token(family_dir: Path, chat, hf_greedy) -> None:
     from vllm import LLM, SamplingParams
 
     _, images = chat
     prompt, hf_tokens, _ = hf_greedy
     llm = LLM(
-        str(tiny_model_dir), dtype="float32", enforce_eager=True, max_model_len=2048,
+        str(family_dir), dtype="float32", enforce_eager=True, max_model_len=2048,
         kv_cache_memory_bytes=128 << 20, limit_mm_per_prompt={"image": 2}, seed=0,
     )  # fmt: skip
     try:

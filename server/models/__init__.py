@@ -1,0 +1,6 @@
+"""Model families: the one room that names an architecture.
+
+Each supported family is a ``ModelFamily`` (``family.py``) in a module of its own; ``registry.py``
+recognises a checkpoint directory's family from its ``config.json``. No module outside this
+package names a family (see docs/models.md for how to add one).
+"""

@@ -1,0 +1,207 @@
+"""Qwen2-VL and Qwen2.5-VL: one placeholder group per image
+(``<|vision_start|><|image_pad|><|vision_end|>``, expanded to the image's merged patches),
+transformers' ``smart_resize`` rule (sides multiples of patch x merge, pixels within the
+processor's bounds), M-RoPE positions from the image grid, and embeddings that enter vLLM as
+``image_embeds`` + ``image_grid_thw``. The two differ in the vision tower (Qwen2.5-VL: window
+attention, RMSNorm, gated MLP) and its config's field names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from epd.server.models.family import ModelFamily, TinySizes
+
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+
+
+class _QwenVl(ModelFamily):
+    """What Qwen2-VL and Qwen2.5-VL share."""
+
+    visual_prefixes = ("model.visual.", "visual.")
+    # NOTE: smart_resize's own bound: it refuses a longer side over 200x the shorter.
+    max_aspect_ratio = 200
+
+    def resized(
+        self, width: int, height: int, factor: int, min_pixels: int, max_pixels: int
+    ) -> tuple[int, int]:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+        height, width = smart_resize(
+            height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels
+        )
+        return int(height), int(width)
+
+    def save_tiny_processor(
+        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
+    ) -> None:
+        from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+        settings = dict(
+            min_pixels=sizes.min_pixels,
+            max_pixels=sizes.max_pixels,
+            patch_size=PATCH_SIZE,
+            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+            merge_size=MERGE_SIZE,
+        )
+        image_processor = Qwen2VLImageProcessor(**settings)
+        processor = self._processor_class()(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=Qwen2VLVideoProcessor(**settings),
+            chat_template=chat_template,
+        )
+        processor.save_pretrained(out)
+        image_processor.save_pretrained(out)
+
+    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
+        import torch
+
+        head_dim = sizes.hidden_size // sizes.num_heads
+        config = self._config_class()(
+            text_config=dict(
+                vocab_size=vocab_size,
+                hidden_size=sizes.hidden_size,
+                intermediate_size=sizes.intermediate_size,
+                num_hidden_layers=sizes.num_layers,
+                num_attention_heads=sizes.num_heads,
+                num_key_value_heads=sizes.num_kv_heads,
+                max_position_embeddings=sizes.max_position_embeddings,
+                rms_norm_eps=1e-6,
+                initializer_range=sizes.init_range,
+                tie_word_embeddings=False,
+                rope_parameters={
+                    "rope_type": "default",
+                    "rope_theta": 1000000.0,
+                    "mrope_section": mrope_section(head_dim),
+                },
+                bos_token_id=token_ids["<|endoftext|>"],
+                eos_token_id=token_ids["<|im_end|>"],
+                pad_token_id=token_ids["<|endoftext|>"],
+            ),
+            vision_config=self._tiny_vision_config(sizes),
+            image_token_id=token_ids["<|image_pad|>"],
+            video_token_id=token_ids["<|video_pad|>"],
+            vision_start_token_id=token_ids["<|vision_start|>"],
+            vision_end_token_id=token_ids["<|vision_end|>"],
+            tie_word_embeddings=False,
+            bos_token_id=token_ids["<|endoftext|>"],
+            eos_token_id=token_ids["<|im_end|>"],
+        )
+        return self._model_class()(config).eval().to(torch.float32)
+
+    def _processor_class(self) -> Any:
+        raise NotImplementedError
+
+    def _config_class(self) -> Any:
+        raise NotImplementedError
+
+    def _model_class(self) -> Any:
+        raise NotImplementedError
+
+    def _tiny_vision_config(self, sizes: TinySizes) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class Qwen2Vl(_QwenVl):
+    """Qwen2-VL (``Qwen2VLForConditionalGeneration``)."""
+
+    name = "qwen2_vl"
+    title = "Qwen2-VL"
+    architectures = ("Qwen2VLForConditionalGeneration",)
+
+    def vision_tower(self, vision_config: Any) -> Any:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+            Qwen2VisionTransformerPretrainedModel,
+        )
+
+        return Qwen2VisionTransformerPretrainedModel._from_config(vision_config)
+
+    def _processor_class(self) -> Any:
+        from transformers import Qwen2VLProcessor
+
+        return Qwen2VLProcessor
+
+    def _config_class(self) -> Any:
+        from transformers import Qwen2VLConfig
+
+        return Qwen2VLConfig
+
+    def _model_class(self) -> Any:
+        from transformers import Qwen2VLForConditionalGeneration
+
+        return Qwen2VLForConditionalGeneration
+
+    def _tiny_vision_config(self, sizes: TinySizes) -> dict[str, Any]:
+        return dict(
+            depth=sizes.vision_depth,
+            embed_dim=sizes.vision_embed_dim,
+            hidden_size=sizes.hidden_size,
+            num_heads=sizes.vision_num_heads,
+            mlp_ratio=2,
+            patch_size=PATCH_SIZE,
+            spatial_merge_size=MERGE_SIZE,
+            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+            in_channels=3,
+            initializer_range=sizes.init_range,
+        )
+
+
+class Qwen2_5Vl(_QwenVl):  # noqa: N801 - the model's own name
+    """Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``)."""
+
+    name = "qwen2_5_vl"
+    title = "Qwen2.5-VL"
+    architectures = ("Qwen2_5_VLForConditionalGeneration",)
+
+    def vision_tower(self, vision_config: Any) -> Any:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+            Qwen2_5_VisionTransformerPretrainedModel,
+        )
+
+        return Qwen2_5_VisionTransformerPretrainedModel._from_config(vision_config)
+
+    def _processor_class(self) -> Any:
+        from transformers import Qwen2_5_VLProcessor
+
+        return Qwen2_5_VLProcessor
+
+    def _config_class(self) -> Any:
+        from transformers import Qwen2_5_VLConfig
+
+        return Qwen2_5_VLConfig
+
+    def _model_class(self) -> Any:
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        return Qwen2_5_VLForConditionalGeneration
+
+    def _tiny_vision_config(self, sizes: TinySizes) -> dict[str, Any]:
+        # NOTE: the last block attends over the whole image, the others within windows of
+        # window_size pixels, as in the hub's checkpoints (every 8th block there).
+        return dict(
+            depth=sizes.vision_depth,
+            hidden_size=sizes.vision_embed_dim,
+            intermediate_size=2 * sizes.vision_embed_dim,
+            out_hidden_size=sizes.hidden_size,
+            num_heads=sizes.vision_num_heads,
+            patch_size=PATCH_SIZE,
+            spatial_merge_size=MERGE_SIZE,
+            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+            window_size=112,
+            fullatt_block_indexes=[sizes.vision_depth - 1],
+            tokens_per_second=2,
+            in_channels=3,
+            initializer_range=sizes.init_range,
+        )
+
+
+def mrope_section(head_dim: int) -> list[int]:
+    """Split head_dim/2 rotary frequencies over (time, height, width) like Qwen2-VL (16:24:24)."""
+    half = head_dim // 2
+    temporal = half // 4
+    spatial = (half - temporal) // 2
+    return [temporal, spatial, half - temporal - spatial]
