@@ -1,12 +1,14 @@
-"""Every supported family in E/PD on vLLM, in one process over real gRPC: text around two images
-of different sizes, answered token for token as transformers answers on the same checkpoint.
-(The default family's full topology matrix is in tests/integration/engine/test_pd_vllm.py.)"""
+"""Every supported family in E/PD on vLLM and on the transformers engine, in one process over real
+gRPC: text around two images of different sizes, answered token for token as transformers'
+generate answers on the same checkpoint. (The default family's full topology matrix is in
+tests/integration/engine/test_pd_vllm.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,20 +24,30 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 from tests.pictures import picture, png
 
-pytestmark = pytest.mark.vllm
 NUM_TOKENS = 12
+ENGINES = ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)]
 
 
-async def e_pd_answer(model_dir: Path, request: route_service_pb2.GenerateRequest) -> list[int]:
-    """Start scheduler, an encoder, a vLLM prefill+decode worker and a route; ask; stop."""
-    from epd.server.engine.vllm_engine import VllmEngine
+async def start_engine(name: str, model_dir: Path) -> Any:
+    if name == "vllm":
+        from epd.server.engine.vllm_engine import VllmEngine
 
+        return await VllmEngine.start(model_dir, model_id="m")
+    from epd.server.engine.transformers_engine import TransformersEngine
+
+    return await TransformersEngine.start(model_dir, model_id="m")
+
+
+async def e_pd_answer(
+    model_dir: Path, engine_name: str, request: route_service_pb2.GenerateRequest
+) -> list[int]:
+    """Start scheduler, an encoder, a prefill+decode worker and a route; ask; stop."""
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
     encoder = await build_encode_server(
         EncodeConfig(model_dir, model_id="m", scheduler=endpoint, worker_id="enc0")
     )
-    engine = await VllmEngine.start(model_dir, model_id="m")
+    engine = await start_engine(engine_name, model_dir)
     prefill = await build_prefill_server(PrefillConfig(model_dir, scheduler=endpoint), engine)
     route = await build_route_server(RouteConfig(model_dir, endpoint, "m"))
     try:
@@ -66,7 +78,10 @@ async def family_dir(
     yield tiny_family_dir(request.param)
 
 
-async def test_e_pd_equals_transformers_for_every_family(family_dir: Path) -> None:
+@pytest.mark.parametrize("engine_name", ENGINES)
+async def test_e_pd_equals_transformers_for_every_family(
+    family_dir: Path, engine_name: str
+) -> None:
     images = [picture(11, 96, 64), picture(12, 60, 90)]
     parts = [
         route_service_pb2.ContentPart(text="first"),
@@ -81,7 +96,7 @@ async def test_e_pd_equals_transformers_for_every_family(family_dir: Path) -> No
         messages=[route_service_pb2.ChatMessage(role="user", content=parts)],
         sampling=generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True),
     )
-    tokens = await e_pd_answer(family_dir, request)
+    tokens = await e_pd_answer(family_dir, engine_name, request)
     content = [
         {"type": "text", "text": "first"},
         {"type": "image"},
