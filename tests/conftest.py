@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,9 +38,21 @@ def _vllm_tmp_files() -> set[str]:
 _PREEXISTING_TMP = _vllm_tmp_files()
 
 
+def _is_a_live_engines(path: str) -> bool:
+    """Whether ``path`` is the socket folder of another live process's vLLM engine
+    (``vllm-rpc-<pid>-*``, made by VllmEngine.start): a session running beside this one."""
+    match = re.search(r"/vllm-rpc-(\d+)-", path)
+    if match is None or int(match[1]) == os.getpid():
+        return False
+    return os.path.exists(f"/proc/{match[1]}")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove what vLLM left in /tmp during this session, and the session's own folder."""
+    """Remove what vLLM left in /tmp during this session (not a live engine's sockets), and the
+    session's own folder."""
     for path in _vllm_tmp_files() - _PREEXISTING_TMP:
+        if _is_a_live_engines(path):
+            continue
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
