@@ -1,0 +1,109 @@
+"""The topology matrix for every family beside the default one (whose matrix, and much more, is in
+test_pd_vllm.py): P/D with KV over NIXL, E/PD, EPD (raw images into vLLM) and EP/D each answer as
+transformers does on the same checkpoint, token for token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from epd.server.decode.app import DecodeConfig, build_decode_server
+from epd.server.encode.vision import VisionEncoder
+from epd.server.engine.reference import ReferenceEngine
+from epd.server.models.registry import FAMILIES
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.prefill.service import Mode
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import decode_service_pb2 as decode_pb
+from epd.v1 import decode_service_pb2_grpc as decode_grpc
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.pictures import picture
+
+from .conftest import KV_CACHE_BYTES
+from .helpers import Stubs, embedded_prompt, expected_tokens, media_prompt, release
+
+pytestmark = pytest.mark.vllm
+NUM_TOKENS = 12
+GREEDY = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
+OTHER_FAMILIES = [family.name for family in FAMILIES[1:]]
+
+
+@pytest.fixture(scope="module", params=OTHER_FAMILIES)
+async def served(
+    request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
+) -> AsyncIterator[tuple[Stubs, DataPlane, tuple[ReferenceEngine, VisionEncoder]]]:
+    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+
+    model_dir = tiny_family_dir(request.param)
+
+    def options(role: str) -> VllmOptions:
+        return VllmOptions(kv_role=role, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=2048)
+
+    engines = await asyncio.gather(
+        VllmEngine.start(model_dir, model_id="tiny", options=options("kv_producer")),
+        VllmEngine.start(model_dir, model_id="tiny", options=options("kv_consumer")),
+    )
+    stubs = Stubs((engines[0], engines[1]))
+    stubs.prefill = await stubs.serve(
+        await build_prefill_server(PrefillConfig(model_dir, mode=Mode.PREFILL), engines[0]),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.aggregated = await stubs.serve(
+        await build_prefill_server(PrefillConfig(model_dir), engines[0]),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.encode_prefill = await stubs.serve(
+        await build_prefill_server(
+            PrefillConfig(model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True), engines[0]
+        ),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.decode = await stubs.serve(
+        await build_decode_server(DecodeConfig(), engines[1]), decode_grpc.DecodeServiceStub
+    )
+    plane = DataPlane(stubs.apps[0].worker.plane.host_id)
+    yield stubs, plane, (ReferenceEngine(model_dir), VisionEncoder(model_dir))
+    await stubs.close()
+    plane.close()
+    await asyncio.gather(engines[0].close(), engines[1].close())
+
+
+async def prefill_then_decode(stubs: Stubs, request_id: str, prompt: generation_pb2.Prompt
+                              ) -> list[int]:  # fmt: skip
+    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY))  # fmt: skip
+    responses = stubs.decode.Decode(decode_pb.DecodeRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY,
+        first_token_id=first.first_token_id, kv_handle=first.kv_handle))  # fmt: skip
+    return [first.first_token_id] + [t async for r in responses for t in r.token_ids]
+
+
+async def aggregated(stub: object, request_id: str, prompt: generation_pb2.Prompt) -> list[int]:
+    request = prefill_pb.PrefillDecodeRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY
+    )
+    return [t async for r in stub.PrefillDecode(request) for t in r.token_ids]  # type: ignore[attr-defined]
+
+
+async def test_every_topology_gives_the_reference_tokens(served) -> None:
+    stubs, plane, oracle = served
+    images, text = [picture(3, 96, 64), picture(4, 60, 90)], "compare these pictures"
+    expected = expected_tokens(oracle, images, text, NUM_TOKENS)
+    embedded = embedded_prompt(oracle, plane, images, text)
+    raw = media_prompt(oracle, images, text)
+    try:
+        assert await prefill_then_decode(stubs, "pd", embedded) == expected, "P/D"
+        assert await aggregated(stubs.aggregated, "e-pd", embedded) == expected, "E/PD"
+        assert await aggregated(stubs.encode_prefill, "epd", raw) == expected, "EPD"
+        stubs.prefill, saved = stubs.encode_prefill, stubs.prefill
+        try:
+            assert await prefill_then_decode(stubs, "ep-d", raw) == expected, "EP/D"
+        finally:
+            stubs.prefill = saved
+    finally:
+        release(plane, embedded)
