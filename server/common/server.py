@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
+from epd.server.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.server.common.auth import BearerTokenInterceptor
 from epd.server.common.bad_messages import BadMessageInterceptor
 from epd.server.common.sessions import SessionDrain
@@ -65,6 +66,7 @@ class ServerOptions:
     tls_client_ca_file: str | None = None
     auth_token: str | None = None
     drain_grace_s: float = 10.0
+    advertise_host: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -77,6 +79,16 @@ class ServerOptions:
             raise ValueError("mTLS (a client CA) needs the server's own certificate and key")
         if self.drain_grace_s < 0:
             raise ValueError("drain grace must not be negative")
+        if self.advertise_host is not None and is_wildcard(self.advertise_host):
+            raise ValueError(
+                f"--advertise-host {self.advertise_host!r} is a wildcard; give the address "
+                "peers reach this server at"
+            )
+
+    def advertised_endpoint(self, port: int) -> str:
+        """host:port a worker registers: ``advertise_host``, the bind host if it is one
+        address, else this host's primary address (see ``advertise``)."""
+        return endpoint(advertised_host(self.host, self.advertise_host), port)
 
     @property
     def address(self) -> str:
@@ -109,6 +121,10 @@ class ServerOptions:
         group.add_argument("--auth-token", default=env("EPD_AUTH_TOKEN"),
                            help="require 'authorization: Bearer TOKEN' on every RPC except "
                                 "health checks (env EPD_AUTH_TOKEN)")
+        group.add_argument("--advertise-host", default=env("EPD_ADVERTISE_HOST"),
+                           help="address workers register for peers to reach them at (env "
+                                "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
+                                "address when --host is a wildcard such as 0.0.0.0)")
         group.add_argument("--drain-grace-s", type=float,
                            default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
                            help="on SIGTERM, seconds in-flight RPCs get to finish "
@@ -121,7 +137,7 @@ class ServerOptions:
             host=args.host, port=args.port, max_message_bytes=int(args.max_message_mb * MiB),
             tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
             tls_client_ca_file=args.tls_client_ca, auth_token=args.auth_token or None,
-            drain_grace_s=args.drain_grace_s,
+            drain_grace_s=args.drain_grace_s, advertise_host=args.advertise_host or None,
         )  # fmt: skip
 
 

@@ -83,7 +83,7 @@ async def build_encode_server(config: EncodeConfig,
     binding = ServiceBinding(SERVICE_NAME, EncodeServicer(worker),
                              pb_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options)
-    endpoint = f"{options.host}:{port}"
+    endpoint = options.advertised_endpoint(port)
     plane.set_producer_endpoint(endpoint)
     worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
     info = scheduler_pb.WorkerInfo(

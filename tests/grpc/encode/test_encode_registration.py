@@ -57,3 +57,37 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
     finally:
         await encoder.stop()
     await scheduler.drain_and_stop(0)
+
+
+async def test_an_encoder_bound_to_a_wildcard_registers_a_reachable_address(tiny_model_dir) -> None:
+    from epd.server.common.advertise import primary_address
+
+    scheduler, scheduler_port = await build_scheduler_server()
+    encoder = await build_encode_server(
+        EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=f"127.0.0.1:{scheduler_port}",
+                     worker_id="enc-any", transfer_kind="inline"),
+        ServerOptions(host="0.0.0.0"),
+    )  # fmt: skip
+    try:
+        async with create_channel(f"127.0.0.1:{scheduler_port}") as channel:
+            stub = scheduler_grpc.SchedulerServiceStub(channel)
+            workers: list[scheduler_pb.WorkerStatus] = []
+            for _ in range(200):
+                workers = list((await stub.ListWorkers(scheduler_pb.ListWorkersRequest())).workers)
+                if workers:
+                    break
+                await asyncio.sleep(0.05)
+        (worker,) = workers
+        assert worker.info.endpoint == f"{primary_address()}:{encoder.port}"
+        async with create_channel(worker.info.endpoint) as channel:
+            request = pb.EncodeRequest(items=[multimodal_pb2.MediaItem(data=png_bytes())])
+            assert [r async for r in pb_grpc.EncodeServiceStub(channel).Encode(request)]
+    finally:
+        await encoder.stop()
+        await scheduler.drain_and_stop(0)
+
+
+def png_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (56, 56), (3, 4, 5)).save(buffer, format="PNG")
+    return buffer.getvalue()
