@@ -3,8 +3,9 @@
 Only the vision weights (the family's ``visual_prefixes``) are read from the checkpoint (no
 language-model weights in memory), into transformers' own vision model class for the model's
 family (``epd.server.models``), on the device asked for. The output is exactly what
-the prefill engine consumes: the merger's output, [num_tokens, hidden] per image, with the
-image's (t, h, w) patch grid.
+the prefill engine consumes (the family's ``image_embeddings``: the merger's output, and for
+Qwen3-VL its DeepStack features beside it), [num_tokens, width] per image, with the image's
+(t, h, w) patch grid.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class VisionEncoder:
         model.load_state_dict(_visual_state_dict(self.model_dir, family.visual_prefixes),
                               strict=True)  # fmt: skip
         self.model = model.to(dtype=self.dtype).eval()
+        self.family = family
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
         self.merge_size = int(vision_config.spatial_merge_size)
         self.hidden_size = int(vision_config.hidden_size)
@@ -107,8 +109,9 @@ class VisionEncoder:
     def encode(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
         """Embeddings [num_tokens, hidden] (on CPU) and grid of each image, in one tower call."""
         pixel_values, grid = self.preprocess(images)
-        output = self.model(pixel_values.to(self.device, self.dtype), grid_thw=grid.to(self.device))
-        merged = output.pooler_output if hasattr(output, "pooler_output") else output
+        merged = self.family.image_embeddings(
+            self.model, pixel_values.to(self.device, self.dtype), grid.to(self.device)
+        )
         sizes = (grid.prod(-1) // self.merge_size**2).tolist()
         chunks = torch.split(merged.to("cpu"), sizes)
         return [(chunk.contiguous(), (int(t), int(h), int(w)))

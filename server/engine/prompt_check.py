@@ -11,22 +11,29 @@ from epd.server.engine.base import EngineImage
 
 @dataclass(frozen=True, slots=True)
 class VisionLayout:
-    """Token ids and sizes of the model's image placeholders."""
+    """Token ids and sizes of the model's image placeholders.
+
+    ``embedding_width``: the width of an image's embedding rows as engines take them (the text
+    model's hidden size, or wider where the family carries more per row, e.g. DeepStack features).
+    """
 
     vision_start_id: int
     image_pad_id: int
     merge_size: int
-    hidden_size: int
+    embedding_width: int
 
     @classmethod
     def of(cls, config: Any) -> VisionLayout:
         """The layout a model's transformers config declares (image placeholders as a start
-        token followed by the image pad, the vision merger's size, the text model's width)."""
+        token followed by the image pad, the vision merger's size) and the embedding width its
+        family gives; UnsupportedModel if no family serves its architecture."""
+        from epd.server.models.registry import family_of_config
+
         return cls(
             vision_start_id=int(config.vision_start_token_id),
             image_pad_id=int(config.image_token_id),
             merge_size=int(config.vision_config.spatial_merge_size),
-            hidden_size=int(config.get_text_config().hidden_size),
+            embedding_width=family_of_config(config).embedding_width(config),
         )
 
     def count_images(self, token_ids: list[int]) -> int:
@@ -86,10 +93,10 @@ class VisionLayout:
             return 1
         expected = self._expected_rows(index, image)
         rows, width = (tuple(image.embeddings.shape) + (0, 0))[:2]
-        if image.embeddings.dim() != 2 or rows != expected or width != self.hidden_size:
+        if image.embeddings.dim() != 2 or rows != expected or width != self.embedding_width:
             raise InvalidArgument(
                 f"image {index}: embeddings {list(image.embeddings.shape)} do not match grid "
-                f"{list(image.grid or ())} (expected [{expected}, {self.hidden_size}])",
+                f"{list(image.grid or ())} (expected [{expected}, {self.embedding_width}])",
                 reason="EMBEDDING_SHAPE_MISMATCH",
             )  # fmt: skip
         return expected

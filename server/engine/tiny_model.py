@@ -3,7 +3,7 @@
 No model weights can be downloaded on the machines this project is built on, so tests and the
 embedded default run on models made here: the real architecture of the family (transformers'
 own classes, from ``epd.server.models``), a byte-level BPE tokenizer trained on a generated
-corpus, the Qwen chat template and processor configs, saved as the hub's checkpoints are. Same
+corpus, the family's chat template and processor configs, saved as the hub's checkpoints are. Same
 family and config -> the same bytes on every run.
 
 Random weights give near-uniform logits, and near-ties make greedy tokens flip between
@@ -109,9 +109,10 @@ def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         report("training tokenizer")
-        tokenizer = _train_tokenizer(config)
+        chat_template = family_named(config.family).chat_template or CHAT_TEMPLATE
+        tokenizer = _train_tokenizer(config, chat_template)
         report("saving processor")
-        _save_processor(tokenizer, config, staging)
+        _save_processor(tokenizer, config, chat_template, staging)
         report("initialising weights")
         _save_model(tokenizer, config, staging)
         (staging / "epd_tiny_model.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
@@ -127,7 +128,7 @@ def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
     return out
 
 
-def _train_tokenizer(config: TinyModelConfig) -> Any:
+def _train_tokenizer(config: TinyModelConfig, chat_template: str) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import Qwen2Tokenizer
 
@@ -148,17 +149,17 @@ def _train_tokenizer(config: TinyModelConfig) -> Any:
     bpe.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = Qwen2Tokenizer(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
-        bos_token=None, errors="replace", model_max_length=4096, chat_template=CHAT_TEMPLATE,
+        bos_token=None, errors="replace", model_max_length=4096, chat_template=chat_template,
     )  # fmt: skip
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     return tokenizer
 
 
-def _save_processor(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
-    family_named(config.family).save_tiny_processor(tokenizer, _sizes(config), CHAT_TEMPLATE, out)
+def _save_processor(tokenizer: Any, config: TinyModelConfig, template: str, out: Path) -> None:
+    family_named(config.family).save_tiny_processor(tokenizer, _sizes(config), template, out)
     tokenizer_config = out / "tokenizer_config.json"
     data = json.loads(tokenizer_config.read_text())
-    data["chat_template"] = CHAT_TEMPLATE
+    data["chat_template"] = template
     tokenizer_config.write_text(json.dumps(data, indent=2) + "\n")
 
 

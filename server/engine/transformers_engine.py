@@ -2,8 +2,9 @@
 
 It serves ``generate`` (prefill_decode and encode_prefill workers) with the model's transformers
 implementation in-process: each image's embeddings (precomputed by an encoder, or computed here by
-the model's own vision tower from a raw picture) are scattered over the prompt's image
-placeholders, M-RoPE positions come from the model's ``get_rope_index`` with the images' grids,
+the model's own vision tower from a raw picture) enter the prompt at its image placeholders as the
+model's family says (``language_model_inputs``), M-RoPE positions come from the model's
+``get_rope_index`` with the images' grids,
 and a per-request KV cache drives the decode loop (sampling and stop rules in ``sampler.py``).
 
 Model steps run on one worker thread; concurrent requests interleave token by token (no batching:
@@ -30,6 +31,7 @@ from epd.server.engine.base import Engine, EngineImage, EngineLoad, Sampling, To
 from epd.server.engine.kv_budget import KvBudget
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.sampler import StopChecker, TokenSampler
+from epd.server.models.registry import family_of_config
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,6 +68,7 @@ class TransformersEngine(Engine):
         self.model_id = model_id
         self.layout = layout
         self.options = options
+        self.family = family_of_config(model.config)
         text = model.config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         bytes_per_token = (2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
@@ -162,11 +165,11 @@ class TransformersEngine(Engine):
         ids = torch.tensor([input_ids], device=self.options.device)
         embeds = self.model.get_input_embeddings()(ids)
         delta = 0
+        image_inputs: dict[str, Any] = {}
         if images:
             is_image = ids == self.layout.image_pad_id
             features = torch.cat([_embeddings(image) for image in images])
-            embeds = embeds.masked_scatter(is_image.unsqueeze(-1),
-                                           features.to(embeds.device, embeds.dtype))  # fmt: skip
+            embeds, image_inputs = self.family.language_model_inputs(embeds, is_image, features)
             grids = torch.tensor([list(image.grid or ()) for image in images], device=ids.device)
             positions, deltas = self.model.model.get_rope_index(
                 ids, mm_token_type_ids=is_image.int(), image_grid_thw=grids)  # fmt: skip
@@ -174,7 +177,7 @@ class TransformersEngine(Engine):
         else:
             positions = torch.arange(len(input_ids), device=ids.device).expand(3, 1, -1)
         cache = DynamicCache(config=self.model.config.text_config)
-        logits = self._forward(embeds, positions, cache)
+        logits = self._forward(embeds, positions, cache, **image_inputs)
         return _Sequence(cache, logits, len(input_ids), delta)
 
     @torch.inference_mode()
@@ -186,9 +189,16 @@ class TransformersEngine(Engine):
         sequence.logits = self._forward(self.model.get_input_embeddings()(ids), positions,
                                         sequence.cache)  # fmt: skip
 
-    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        out = self.model.model.language_model(inputs_embeds=embeds, position_ids=positions,
-                                              past_key_values=cache, use_cache=True)  # fmt: skip
+    def _forward(
+        self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any, **image_inputs: Any
+    ) -> torch.Tensor:
+        out = self.model.model.language_model(
+            inputs_embeds=embeds,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **image_inputs,
+        )
         return self.model.lm_head(out.last_hidden_state[0, -1]).float()  # type: ignore[no-any-return]
 
     @torch.inference_mode()
@@ -199,11 +209,12 @@ class TransformersEngine(Engine):
     def _encode(self, image: EngineImage) -> EngineImage:
         inputs = self.processor.image_processor(images=[image.image], return_tensors="pt")
         grid = inputs["image_grid_thw"]
-        features = self.model.model.get_image_features(
-            inputs["pixel_values"].to(self.options.device, self.model.dtype),
-            grid.to(self.options.device))  # fmt: skip
+        pixel_values = inputs["pixel_values"].to(self.options.device, self.model.dtype)
+        features = self.family.image_embeddings(
+            self.model.model.visual, pixel_values, grid.to(self.options.device)
+        )
         t, h, w = (int(v) for v in grid[0])
-        return EngineImage(image.mm_hash, (t, h, w), torch.cat(list(features.pooler_output)))
+        return EngineImage(image.mm_hash, (t, h, w), features)
 
     def _decode_text(self, token_ids: list[int]) -> str:
         return str(self.processor.tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -4,7 +4,8 @@ vLLM's renderer runs every multimodal prompt through the model's processor pipel
 data, a passthrough "processing" of the embeddings, field configs, prompt updates that expand
 each placeholder, and a hash of the embeddings by its framed serializer. For one tiny image that
 is ~2 ms here, on a hop to the renderer's thread, in front of every prefill. What it produces for
-Qwen2-VL embeddings is simple: the prompt with each image's placeholder expanded to its rows and,
+the Qwen families' embeddings (rows of the layout's ``embedding_width``, whatever the family
+carries in them) is simple: the prompt with each image's placeholder expanded to its rows and,
 per image, an item ``{image_embeds: flat field, image_grid_thw: batched field}``, a hash and a
 placeholder range. ``embeddings_input`` builds exactly that (a test compares it with the
 renderer's output) and vLLM takes it as a rendered ``EngineInput``, with no thread hop.
@@ -58,7 +59,7 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
         assert image.grid is not None  # checked by VisionLayout.check
         embeds = image.embeddings
         if embeds is None:
-            embeds = torch.zeros(length, layout.hidden_size)
+            embeds = torch.zeros(length, layout.embedding_width)
             hashes.append(image.mm_hash or f"{request_id}-{index}")
         else:
             hashes.append(embeddings_hash(embeds, image.grid, hash_algorithm))

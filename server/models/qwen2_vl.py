@@ -38,6 +38,17 @@ class _QwenVl(ModelFamily):
     def save_tiny_processor(
         self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
     ) -> None:
+        image_processor, video_processor = self._tiny_processors(sizes)
+        processor = self._processor_class()(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_processor,
+            chat_template=chat_template,
+        )
+        processor.save_pretrained(out)
+        image_processor.save_pretrained(out)
+
+    def _tiny_processors(self, sizes: TinySizes) -> tuple[Any, Any]:
         from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
         settings = dict(
@@ -47,41 +58,13 @@ class _QwenVl(ModelFamily):
             temporal_patch_size=TEMPORAL_PATCH_SIZE,
             merge_size=MERGE_SIZE,
         )
-        image_processor = Qwen2VLImageProcessor(**settings)
-        processor = self._processor_class()(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=Qwen2VLVideoProcessor(**settings),
-            chat_template=chat_template,
-        )
-        processor.save_pretrained(out)
-        image_processor.save_pretrained(out)
+        return Qwen2VLImageProcessor(**settings), Qwen2VLVideoProcessor(**settings)
 
     def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
         import torch
 
-        head_dim = sizes.hidden_size // sizes.num_heads
         config = self._config_class()(
-            text_config=dict(
-                vocab_size=vocab_size,
-                hidden_size=sizes.hidden_size,
-                intermediate_size=sizes.intermediate_size,
-                num_hidden_layers=sizes.num_layers,
-                num_attention_heads=sizes.num_heads,
-                num_key_value_heads=sizes.num_kv_heads,
-                max_position_embeddings=sizes.max_position_embeddings,
-                rms_norm_eps=1e-6,
-                initializer_range=sizes.init_range,
-                tie_word_embeddings=False,
-                rope_parameters={
-                    "rope_type": "default",
-                    "rope_theta": 1000000.0,
-                    "mrope_section": mrope_section(head_dim),
-                },
-                bos_token_id=token_ids["<|endoftext|>"],
-                eos_token_id=token_ids["<|im_end|>"],
-                pad_token_id=token_ids["<|endoftext|>"],
-            ),
+            text_config=self._tiny_text_config(token_ids, vocab_size, sizes),
             vision_config=self._tiny_vision_config(sizes),
             image_token_id=token_ids["<|image_pad|>"],
             video_token_id=token_ids["<|video_pad|>"],
@@ -92,6 +75,31 @@ class _QwenVl(ModelFamily):
             eos_token_id=token_ids["<|im_end|>"],
         )
         return self._model_class()(config).eval().to(torch.float32)
+
+    def _tiny_text_config(
+        self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes
+    ) -> dict[str, Any]:
+        head_dim = sizes.hidden_size // sizes.num_heads
+        return dict(
+            vocab_size=vocab_size,
+            hidden_size=sizes.hidden_size,
+            intermediate_size=sizes.intermediate_size,
+            num_hidden_layers=sizes.num_layers,
+            num_attention_heads=sizes.num_heads,
+            num_key_value_heads=sizes.num_kv_heads,
+            max_position_embeddings=sizes.max_position_embeddings,
+            rms_norm_eps=1e-6,
+            initializer_range=sizes.init_range,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": mrope_section(head_dim),
+            },
+            bos_token_id=token_ids["<|endoftext|>"],
+            eos_token_id=token_ids["<|im_end|>"],
+            pad_token_id=token_ids["<|endoftext|>"],
+        )
 
     def _processor_class(self) -> Any:
         raise NotImplementedError

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from epd.server.models.family import ModelFamily
 from epd.server.models.qwen2_vl import Qwen2_5Vl, Qwen2Vl
+from epd.server.models.qwen3_vl import Qwen3Vl
 
-FAMILIES: tuple[ModelFamily, ...] = (Qwen2Vl(), Qwen2_5Vl())
+FAMILIES: tuple[ModelFamily, ...] = (Qwen2Vl(), Qwen2_5Vl(), Qwen3Vl())
 
 
 class UnsupportedModel(ValueError):
@@ -37,12 +39,24 @@ def family_of(model_dir: str | Path) -> ModelFamily:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{model_dir} is not a model directory ({path.name}: {e})") from e
-    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        config = {}
+    return _family_serving(config.get("architectures"), config.get("model_type"), model_dir)
+
+
+def family_of_config(config: Any) -> ModelFamily:
+    """The family of a loaded transformers ``config`` (its ``architectures``); UnsupportedModel
+    as ``family_of``."""
+    architectures = getattr(config, "architectures", None)
+    return _family_serving(architectures, getattr(config, "model_type", None), "the model")
+
+
+def _family_serving(architectures: Any, model_type: Any, where: object) -> ModelFamily:
     names = [a for a in architectures or () if isinstance(a, str)]
     for family in FAMILIES:
         if any(name in family.architectures for name in names):
             return family
-    shown = ", ".join(names) or f"none (model_type {config.get('model_type')!r})"
+    shown = ", ".join(names) or f"none (model_type {model_type!r})"
     raise UnsupportedModel(
-        f"{model_dir}: architecture {shown} is not supported; supported families: {supported()}"
+        f"{where}: architecture {shown} is not supported; supported families: {supported()}"
     )

@@ -1,40 +1,67 @@
-"""Our rendering of an embeddings prompt is what vLLM's own renderer makes of it (names aside)."""
+"""Our rendering of an embeddings prompt is what vLLM's own renderer makes of it (names aside),
+for every family; embeddings of the wrong width are refused before vLLM sees them."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
 
-from epd.server.engine.base import EngineImage
+from epd.server.common.errors import InvalidArgument
+from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.vllm_embeds import embeddings_input
+from epd.server.models.registry import FAMILIES
 
 pytestmark = pytest.mark.vllm
+GRIDS = [(1, 8, 12), (1, 4, 6)]
+
+
+@pytest.fixture(scope="module", params=[family.name for family in FAMILIES])
+async def family_engine(request: pytest.FixtureRequest, tiny_family_dir, engines) -> AsyncIterator:
+    """A vLLM engine on each family's tiny checkpoint (the default family's: the session's)."""
+    if request.param == FAMILIES[0].name:
+        yield engines[0]
+        return
+    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+
+    options = VllmOptions(kv_cache_bytes=64 << 20, max_model_len=2048)
+    engine = await VllmEngine.start(tiny_family_dir(request.param), options=options)
+    yield engine
+    await engine.close()
 
 
 def vllm_render(engine, token_ids: list[int], images: list[EngineImage]):
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
     llm = engine._llm
-    data = {"image_embeds": torch.cat([image.embeddings for image in images]),
-            "image_grid_thw": torch.tensor([image.grid for image in images])}  # fmt: skip
+    data = {
+        "image_embeds": torch.cat([image.embeddings for image in images]),
+        "image_grid_thw": torch.tensor([image.grid for image in images]),
+    }
     prompt = {"prompt_token_ids": token_ids, "multi_modal_data": {"image": data}}
     renderer = llm.renderer
-    (engine_input,) = renderer.render_cmpl([parse_model_prompt(llm.model_config, prompt)],
-                                           renderer.default_cmpl_tok_params)  # fmt: skip
+    (engine_input,) = renderer.render_cmpl(
+        [parse_model_prompt(llm.model_config, prompt)], renderer.default_cmpl_tok_params
+    )
     return engine_input
 
 
-async def test_two_images_render_as_vllm_renders_them(engines) -> None:
-    engine = engines[0]
+def two_images(engine, width: int) -> tuple[list[int], list[EngineImage]]:
     layout = engine.layout
-    grids = [(1, 8, 12), (1, 4, 6)]
-    images = [EngineImage(f"h{i}", grid, torch.randn(t * h * w // layout.merge_size**2,
-                                                     layout.hidden_size))
-              for i, (grid, (t, h, w)) in enumerate(zip(grids, grids, strict=True))]  # fmt: skip
+    images = [
+        EngineImage(f"h{i}", (t, h, w), torch.randn(t * h * w // layout.merge_size**2, width))
+        for i, (t, h, w) in enumerate(GRIDS)
+    ]
     group = [layout.vision_start_id, layout.image_pad_id, 9]
-    token_ids = [1, 2, *group, 3, *group, 4]
+    return [1, 2, *group, 3, *group, 4], images
 
-    ours = embeddings_input("r", token_ids, images, layout)
+
+async def test_two_images_render_as_vllm_renders_them(family_engine) -> None:
+    engine = family_engine
+    token_ids, images = two_images(engine, engine.layout.embedding_width)
+
+    ours = embeddings_input("r", token_ids, images, engine.layout)
     theirs = vllm_render(engine, token_ids, images)
 
     assert ours["type"] == theirs["type"] == "multimodal"
@@ -50,3 +77,29 @@ async def test_two_images_render_as_vllm_renders_them(engines) -> None:
             assert ours_elem.data.dtype == theirs_elem.data.dtype, key
             assert ours_elem.field == theirs_elem.field, key
     assert len(set(ours["mm_hashes"]["image"])) == 2
+
+
+async def test_embeddings_of_another_width_are_refused_and_the_engine_serves_on(
+    family_engine,
+) -> None:
+    """Qwen3-VL's rows carry its DeepStack levels; the main features alone (the text model's
+    width) crash vLLM's model runner, so the engine's check refuses them as INVALID_ARGUMENT."""
+    from transformers import AutoConfig
+
+    engine = family_engine
+    width = engine.layout.embedding_width
+    text_width = AutoConfig.from_pretrained(engine.model_dir).get_text_config().hidden_size
+    sampling = Sampling(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for wrong in {width - 1, width + 1, text_width} - {width}:
+        token_ids, images = two_images(engine, wrong)
+        with pytest.raises(InvalidArgument) as caught:
+            async for _ in engine.generate("narrow", token_ids, images, sampling):
+                pass
+        assert caught.value.reason == "EMBEDDING_SHAPE_MISMATCH"
+    token_ids, images = two_images(engine, width)
+    tokens = [
+        t
+        async for chunk in engine.generate("right", token_ids, images, sampling)
+        for t in chunk.token_ids
+    ]
+    assert len(tokens) == 2

@@ -1,5 +1,5 @@
 """The vision tower loaded alone gives, for every family, exactly the image features the full
-model (transformers) feeds its language model."""
+model (transformers) feeds its language model, at the width the engines check."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from epd.server.encode.vision import VisionEncoder
+from epd.server.engine.prompt_check import VisionLayout
 from epd.server.models.registry import FAMILIES
 
 
@@ -33,10 +34,12 @@ def test_the_tower_alone_equals_the_models_own_image_features(
     pixels, grid = encoder.preprocess(images)
     with torch.inference_mode():
         features = model.model.get_image_features(pixels, image_grid_thw=grid)
-    theirs = getattr(features, "pooler_output", features)
-    theirs = list(theirs) if isinstance(theirs, (list, tuple)) else [theirs]
-    expected = torch.cat(theirs)
+    # NOTE: DeepStack features (Qwen3-VL) ride beside the merger's output, on the last axis, as
+    # vLLM takes them in image_embeds.
+    levels = [features.pooler_output, *(getattr(features, "deepstack_features", None) or [])]
+    expected = torch.cat([torch.cat(list(level)) for level in levels], dim=-1)
     assert [tuple(g) for _, g in ours] == [tuple(row) for row in grid.tolist()]
     got = torch.cat([embeddings for embeddings, _ in ours])
     assert got.shape == expected.shape
+    assert got.shape[1] == VisionLayout.of(model.config).embedding_width
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)

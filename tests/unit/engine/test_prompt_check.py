@@ -1,16 +1,20 @@
-"""VisionLayout.check: placeholder counts, embedding shapes against grids, grid-only images."""
+"""VisionLayout: placeholder counts, embedding shapes against grids (at the family's width),
+grid-only images."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.server.common.errors import Code, InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.models.registry import UnsupportedModel
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 END = 7
 
 
@@ -65,3 +69,35 @@ def test_expand_repeats_each_placeholder_to_its_embedding_rows() -> None:
     expanded = LAYOUT.expand(prompt(2), images)
     assert expanded == [1, 2, 5, *[6] * 6, END, 5, 6, END, 3]
     assert LAYOUT.expand([1, 6, 5, 2], []) == [1, 6, 5, 2]
+
+
+def family_config(architecture: str) -> Any:
+    """A transformers config of ``architecture`` with tiny sizes (no weights)."""
+    from transformers import Qwen2VLConfig, Qwen3VLConfig
+
+    ids = {"vision_start_token_id": 5, "image_token_id": 6, "architectures": [architecture]}
+    if architecture.startswith("Qwen3VL"):
+        vision = {"out_hidden_size": 16, "deepstack_visual_indexes": [0, 1], "depth": 2}
+        return Qwen3VLConfig(text_config={"hidden_size": 16}, vision_config=vision, **ids)
+    return Qwen2VLConfig(text_config={"hidden_size": 16}, **ids)
+
+
+def test_embedding_width_is_the_familys() -> None:
+    assert VisionLayout.of(family_config("Qwen2VLForConditionalGeneration")).embedding_width == 16
+    # NOTE: Qwen3-VL's rows carry its two DeepStack levels beside the main features.
+    assert VisionLayout.of(family_config("Qwen3VLForConditionalGeneration")).embedding_width == 48
+    with pytest.raises(UnsupportedModel, match="LlavaForConditionalGeneration is not supported"):
+        VisionLayout.of(family_config("LlavaForConditionalGeneration"))
+
+
+def test_embeddings_without_the_deepstack_levels_are_refused() -> None:
+    """vLLM's model runner crashes on Qwen3-VL rows narrower than main + DeepStack levels; the
+    check refuses them first, as INVALID_ARGUMENT."""
+    layout = VisionLayout.of(family_config("Qwen3VLForConditionalGeneration"))
+    main_only = EngineImage("h", (1, 4, 4), embeddings=torch.zeros(4, 16))
+    with pytest.raises(InvalidArgument) as caught:
+        layout.check(prompt(1), [main_only], 100)
+    assert caught.value.reason == "EMBEDDING_SHAPE_MISMATCH"
+    assert caught.value.code == Code.INVALID_ARGUMENT
+    assert "expected [4, 48]" in str(caught.value)
+    layout.check(prompt(1), [EngineImage("h", (1, 4, 4), embeddings=torch.zeros(4, 48))], 100)

@@ -34,7 +34,7 @@ from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 PROMPT = [1, 2, 3]
 SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 

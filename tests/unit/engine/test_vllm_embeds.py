@@ -8,7 +8,7 @@ from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX, embeddings_hash, embeddings_input
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 END = 7
 PROMPT = [1, 5, 6, END, 2, 5, 6, END, 3]
 

@@ -14,7 +14,7 @@ from epd.server.prefill import convert
 from epd.server.prefill.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, hidden_size=8)
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 
 
 def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
