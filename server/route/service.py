@@ -112,11 +112,24 @@ class RouteWorker:
 
     async def _handed_over(self, call: EngineCall, stage: EncodeStage,
                            grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
-        """Encode (while the scheduler chooses the prefill worker), then hand the embeddings'
-        references to the engine."""
-        prompt, choice = await concurrently(
-            self._prompt(list(call.prompt.token_ids), stage, call.plan, grids, call.deadline),
-            choose_prefill(self.peers, call))  # fmt: skip
+        """Choose the prefill worker while the encoders are assigned, encode for that worker
+        (the embeddings' consumer: same host gets shared memory, another host NIXL), then hand
+        the embeddings' references to it."""
+        token_ids = list(call.prompt.token_ids)
+        if not (call.plan.uses_encoders and stage.items):
+            prompt, choice = await concurrently(
+                self._prompt(token_ids, stage, call.plan, grids, call.deadline),
+                choose_prefill(self.peers, call),
+            )
+        else:
+            everything = list(range(len(stage.items)))
+            assignment, choice = await concurrently(
+                assign_encoders(self.peers, stage, everything, [], call.deadline),
+                choose_prefill(self.peers, call),
+            )
+            stage.consumer_host_id = choice.worker.host_id or self.host_id
+            await encode_all(self.peers, stage, call.deadline, assignment)
+            prompt = self._embedded(token_ids, stage, grids)
         async for piece in self._stream(call, prompt, stage, choice):
             yield piece
 
@@ -137,6 +150,7 @@ class RouteWorker:
         assignment, choice = await concurrently(
             assign_encoders(self.peers, stage, everything, [], call.deadline),
             choose_prefill(self.peers, call))  # fmt: skip
+        stage.consumer_host_id = choice.worker.host_id or self.host_id
         endpoints = {everything[a.item_index]: a.endpoint for a in assignment.assignments}
         if len(endpoints) < len(everything):  # NOTE: not every image placed: encode first
             await encode_all(self.peers, stage, call.deadline, assignment)

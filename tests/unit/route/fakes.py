@@ -72,6 +72,7 @@ class FakeScheduler:
     prefills: list[tuple[str, int]] = field(default_factory=lambda: [
         ("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)])  # fmt: skip
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
+    prefill_host_id: str = ""
     calls: list[tuple[str, Any]] = field(default_factory=list)
     reports_may_finish: asyncio.Event = field(default_factory=asyncio.Event)
     prefill_chosen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -113,7 +114,7 @@ class FakeScheduler:
             raise rpc_error(Unavailable("no prefill worker", reason="NO_WORKER"))
         worker, role = live[0]
         return scheduler_pb.ChoosePrefillResponse(worker=scheduler_pb.WorkerInfo(
-            id=worker, role=role, endpoint=worker))  # type: ignore[arg-type]
+            id=worker, role=role, endpoint=worker, host_id=self.prefill_host_id))  # type: ignore[arg-type]
 
     async def ChooseDecode(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChooseDecode", request))
@@ -138,8 +139,10 @@ class FakeEncoder:
     linger: asyncio.Event | None = None
     streams: list[FakeStream] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+    requests: list[Any] = field(default_factory=list)
 
     def Encode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        self.requests.append(request)
         count = self.num_before_error if self.error else len(request.items)
         responses = [encode_pb.EncodeResponse(
             item_index=i, mm_hash=request.items[i].mm_hash,

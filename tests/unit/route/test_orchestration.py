@@ -12,7 +12,7 @@ from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens
 from epd.server.route.service import RouteWorker
-from epd.server.route.topology import DECODE, PREFILL, PREFILL_DECODE, plan_for
+from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -277,3 +277,23 @@ async def test_the_route_s_own_model_before_any_worker_registered_is_unavailable
 async def test_a_known_model_answers() -> None:
     chunks = await generate(text_worker(FakePeers()), "tiny")
     assert [token for chunk in chunks for token in chunk.token_ids] == [7, 8, 9]
+
+
+@pytest.mark.parametrize(("prefill_host", "consumer"), [("host-b", "host-b"), ("", "h")])
+async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
+    prefill_host: str, consumer: str
+) -> None:
+    # NOTE: encoders were told the route's host, so a prefill worker on another host got
+    # shared-memory references it cannot read (FOREIGN_HOST).
+    peers = FakePeers(FakeScheduler(prefill_host_id=prefill_host))
+    roles = frozenset({ENCODE, PREFILL_DECODE})
+    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
+                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
+                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    worker = text_worker(peers)
+    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
+    assert len(requests) == 2
+    assert {request.consumer_host_id for request in requests} == {consumer}
