@@ -83,7 +83,8 @@ async def test_embeddings_of_another_width_are_refused_and_the_engine_serves_on(
     family_engine,
 ) -> None:
     """Qwen3-VL's rows carry its DeepStack levels; the main features alone (the text model's
-    width) crash vLLM's model runner, so the engine's check refuses them as INVALID_ARGUMENT."""
+    width) kill vLLM's EngineCore (split_with_sizes in its DeepStack split), so the engine's check
+    refuses them as INVALID_ARGUMENT."""
     from transformers import AutoConfig
 
     engine = family_engine
