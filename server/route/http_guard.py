@@ -29,6 +29,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})
 # Bodies up to this size are parsed on the event loop (well under a millisecond).
 INLINE_PARSE_BYTES = 256 << 10
+# Seconds an answered connection keeps reading a body nobody will parse.
+LINGERING_S = 1.0
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -232,10 +234,17 @@ class GuardedSite(web.TCPSite):
         options = self._options
 
         def protocol() -> GuardedRequestHandler:
+            # NOTE: after answering a body it did not read (413, 401), aiohttp reads and drops
+            # the rest for lingering_time so the client sees the answer; its 10 s default held
+            # every refused upload's connection that long.
             return GuardedRequestHandler(
-                manager, options=options, loop=loop, keepalive_timeout=options.idle_timeout_s,
+                manager,
+                options=options,
+                loop=loop,
+                keepalive_timeout=options.idle_timeout_s,
+                lingering_time=LINGERING_S,
                 access_log=None,
-            )  # fmt: skip
+            )
 
         self._server = await loop.create_server(
             protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
