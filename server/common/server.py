@@ -29,6 +29,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from epd.server.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.server.common.auth import BearerTokenInterceptor
 from epd.server.common.bad_messages import BadMessageInterceptor
+from epd.server.common.channels import SERVER_PING_OPTIONS
 from epd.server.common.sessions import SessionDrain
 from epd.server.common.telemetry import traces_rpcs
 
@@ -214,6 +215,7 @@ async def build_server(bindings: Sequence[ServiceBinding],
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.max_receive_message_length", options.max_message_bytes),
+        *SERVER_PING_OPTIONS,
         ("grpc.so_reuseport", 0),
     ])  # fmt: skip
     for binding in bindings:

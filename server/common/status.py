@@ -127,11 +127,21 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
-def from_rpc_error(err: grpc.RpcError) -> EpdError:
-    """Map a failed call back to the EpdError subclass of its code, keeping reason and metadata."""
+def from_rpc_error(err: grpc.RpcError, peer: str = "") -> EpdError:
+    """Map a failed call back to the EpdError subclass of its code, keeping reason and metadata.
+
+    ``peer``: the endpoint called; an UNAVAILABLE without ErrorInfo from it (the connection
+    failed: the peer or the network to it is down) becomes reason PEER_UNREACHABLE naming it.
+    """
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = (err.details() if hasattr(err, "details") else None) or str(code)
     info = error_info(err)
+    if info is None and peer and code == grpc.StatusCode.UNAVAILABLE:
+        return errors.Unavailable(
+            f"{peer} is unreachable: {message}",
+            reason="PEER_UNREACHABLE",
+            metadata={"endpoint": peer},
+        )
     reason = info.reason if info is not None else code.name
     metadata = dict(info.metadata) if info is not None else {}
     error_class = _ERROR_CLASSES.get(code, errors.Internal)

@@ -116,6 +116,8 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
         async for response in stream:
             yield Piece(list(response.token_ids), response.finish_reason,
                         response.usage if response.HasField("usage") else None)
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e, endpoint) from None
     finally:
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
 
@@ -147,7 +149,7 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
             yield Piece(list(response.token_ids), response.finish_reason,
                         response.usage if response.HasField("usage") else None)
     except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e) from None
+        raise from_rpc_error(e, decoder.worker.endpoint) from None
     finally:
         stream.cancel()
 
@@ -159,7 +161,7 @@ async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.
                                       prompt=call.prompt, sampling=call.sampling),
             timeout=call.deadline.remaining())  # fmt: skip
     except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e) from None
+        raise from_rpc_error(e, endpoint) from None
     return reply
 
 

@@ -50,6 +50,8 @@ os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 _SPINS_BEFORE_SLEEP = 2000
 _MAX_METADATA_PER_PEER = 4096
 _BIND_BYTES = 128
+# Scratch regions of binding READs that did not finish (kept for the process's lifetime).
+_UNFINISHED_SCRATCH: list[mmap.mmap] = []
 
 
 def is_available() -> bool:
@@ -94,10 +96,13 @@ class NixlAgent:
         # NOTE: a poll during one stripe's copy kept the other stripes from starting until it
         # was done (see ``Notifications``): polls and striped READs take turns on this gate.
         self._poll_gate = threading.Lock()
-        self._readers = self._start_readers(stripes) if stripes > 1 else None
         interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
         self._notifications = Notifications(self._agent, self._poll_gate, interval_s=interval_s,
                                             threaded=not progress_thread)  # fmt: skip
+        # NOTE: after the polling thread: over UCX's TCP transport a READ is served by the
+        # target's worker, so the binding READ of our own memory needs our progress (it timed out,
+        # and its late reply then wrote into freed memory, without it).
+        self._readers = self._start_readers(stripes) if stripes > 1 else None
         # NOTE: a daemon thread inside a NIXL call while the interpreter tears down aborts the
         # process ("terminate called without an active exception").
         atexit.register(self.stop_progress)
@@ -124,14 +129,16 @@ class NixlAgent:
         half = _BIND_BYTES // 2
         self.register(address, _BIND_BYTES)
         try:
-            return StripeReaders(count, lambda: self._read_once(
+            readers = StripeReaders(count, lambda: self._read_once(
                 ((address, half, 0),), ((address + half, half, 0),), self.name, "DRAM", b"", 5.0))
         except Exception as e:
             logger.warning("NIXL READs are not striped: binding reader threads failed: %s", e)
+            # NOTE: a READ that timed out may still land: its memory stays registered and mapped.
+            _UNFINISHED_SCRATCH.append(scratch)
             return None
-        finally:
-            self.deregister(address)
-            scratch.close()
+        self.deregister(address)
+        scratch.close()
+        return readers
 
     # -- local memory ---------------------------------------------------------------------------
 
@@ -413,6 +420,8 @@ def process_agent() -> NixlAgent:
             host = zlib.crc32(socket.gethostname().encode())
             name = f"epd-{host:08x}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             _PROCESS_AGENT, _PROCESS_AGENT_PID = NixlAgent(name), os.getpid()
+            logger.info("NIXL agent %s created (%d read stripes)", name,
+                        _PROCESS_AGENT.num_read_stripes)
         return _PROCESS_AGENT
 
 

@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from grpc_status import rpc_status
 
+from epd.client.launcher import free_port
 from epd.server.common import errors
 from epd.server.common.channels import create_channel, wait_for_health
 from epd.server.common.server import ServerOptions, build_server
@@ -142,6 +143,26 @@ async def test_streaming_error_after_first_item_is_mapped() -> None:
     assert received == ["a"]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
+    await server.drain_and_stop(0)
+
+
+async def test_an_unreachable_peer_is_named_and_a_server_error_keeps_its_reason() -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    async with create_channel(endpoint) as channel:
+        stub = encode_grpc.EncodeServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Release(encode_pb.ReleaseRequest(), timeout=5)
+    error = from_rpc_error(caught.value, endpoint)
+    assert isinstance(error, errors.Unavailable) and error.reason == "PEER_UNREACHABLE"
+    assert endpoint in str(error) and error.metadata == {"endpoint": endpoint}
+    assert from_rpc_error(caught.value).reason == "UNAVAILABLE"  # NOTE: no peer: the code alone
+    servicer = ScriptedEncodeService()
+    servicer.release_error = errors.Unavailable("draining", reason="DRAINING")
+    server, endpoint = await start(servicer)
+    async with create_channel(endpoint) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await encode_grpc.EncodeServiceStub(channel).Release(encode_pb.ReleaseRequest())
+    assert from_rpc_error(caught.value, endpoint).reason == "DRAINING"
     await server.drain_and_stop(0)
 
 

@@ -1,0 +1,75 @@
+"""A client run inside a test host's namespace (``python -m tests.integration.e2e.netns_client``).
+
+``wait ENDPOINT...``: wait until each answers health SERVING. ``generate ROUTE SPEC``: send the
+requests of SPEC (JSON: ``requests`` [{``seeds``, ``max_tokens``}], ``timeout_s``,
+``started_file``) at once, touch ``started_file`` once each has streamed a token, print one JSON
+result per request: ``tokens`` or ``error`` {code, reason, message}, and ``elapsed_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from epd.client import AsyncEpdClient, EpdClientError, user
+from epd.server.common.channels import wait_for_health
+from tests.pictures import picture, png
+
+QUESTION = "describe this picture"
+
+
+async def _one(
+    client: AsyncEpdClient, request: dict[str, Any], timeout_s: float, started: asyncio.Event
+) -> dict[str, Any]:
+    images = [png(picture(seed, 96, 64)) for seed in request["seeds"]]
+    begin = time.monotonic()
+    tokens: list[int] = []
+    try:
+        async for chunk in client.stream(
+            [user(QUESTION, images=images)],
+            timeout_s=timeout_s,
+            max_tokens=request["max_tokens"],
+            ignore_eos=True,
+        ):
+            tokens += chunk.token_ids
+            started.set()
+    except EpdClientError as e:
+        error = {"code": e.code, "reason": e.reason, "message": e.message}
+        return {"error": error, "elapsed_s": time.monotonic() - begin}
+    return {"tokens": tokens, "elapsed_s": time.monotonic() - begin}
+
+
+async def generate(route: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    events = [asyncio.Event() for _ in spec["requests"]]
+
+    async def mark_started() -> None:
+        await asyncio.gather(*(event.wait() for event in events))
+        if spec.get("started_file"):
+            Path(spec["started_file"]).touch()
+
+    marker = asyncio.ensure_future(mark_started())
+    async with AsyncEpdClient(route) as client:
+        results = await asyncio.gather(
+            *(
+                _one(client, request, spec["timeout_s"], event)
+                for request, event in zip(spec["requests"], events, strict=True)
+            )
+        )
+    marker.cancel()
+    return list(results)
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "wait":
+        for endpoint in argv[1:]:
+            asyncio.run(wait_for_health(endpoint, timeout_s=300))
+        return
+    print(json.dumps(asyncio.run(generate(argv[1], json.loads(argv[2])))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
