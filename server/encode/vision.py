@@ -5,7 +5,7 @@ language-model weights in memory), into transformers' own vision model class for
 family (``epd.server.models``), on the device asked for. The output is exactly what
 the prefill engine consumes (the family's ``image_embeddings``: the merger's output, and for
 Qwen3-VL its DeepStack features beside it), [num_tokens, width] per image, with the image's
-(t, h, w) patch grid.
+(t, h, w) grid (LLaVA-1.5: (1, 1, num_tokens)).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _visual_state_dict(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     index = model_dir / "model.safetensors.index.json"
@@ -48,11 +48,12 @@ def _visual_state_dict(model_dir: Path, prefixes: tuple[str, ...]) -> dict[str, 
     for name in files:
         with safe_open(str(model_dir / name), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                prefix = next((p for p in prefixes if key.startswith(p)), None)
-                if prefix is not None:
-                    state[key[len(prefix):]] = f.get_tensor(key)
+                name = family.visual_weight_name(key)
+                if name is not None:
+                    state[name] = f.get_tensor(key)
     if not state:
-        raise ValueError(f"no vision tower weights ({', '.join(prefixes)}) in {model_dir}")
+        prefixes = ", ".join(family.visual_prefixes)
+        raise ValueError(f"no vision tower weights ({prefixes}) in {model_dir}")
     return state
 
 
@@ -82,13 +83,13 @@ class VisionEncoder:
 
         # NOTE: built on the target device without random init; the checkpoint fills every weight.
         with no_init_weights(), torch.device(self.device):
-            model = family.vision_tower(vision_config)
-        model.load_state_dict(_visual_state_dict(self.model_dir, family.visual_prefixes),
-                              strict=True)  # fmt: skip
+            model = family.vision_tower(config)
+        model.load_state_dict(_visual_state_dict(self.model_dir, family), strict=True)
         self.model = model.to(dtype=self.dtype).eval()
         self.family = family
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
-        self.merge_size = int(vision_config.spatial_merge_size)
+        self.config = config
+        self.merge_size = family.merge_size(config)
         self.hidden_size = int(vision_config.hidden_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         logger.info("vision tower of %s on %s (%s, %d parameters)", self.model_dir.name,
@@ -96,8 +97,8 @@ class VisionEncoder:
 
     def preprocess(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixel patches of all images, concatenated, and their grids [num_images, 3]."""
-        inputs = self.processor(images=images, return_tensors="pt")
-        return inputs["pixel_values"], inputs["image_grid_thw"]
+        pixel_values, grids = self.family.pixel_inputs(self.processor, images, self.config)
+        return pixel_values, grids
 
     def grid_of(self, image: Image.Image) -> tuple[int, int, int]:
         """The (t, h, w) patch grid the processor makes of ``image``."""

@@ -1,10 +1,11 @@
 """The engine interface: what prefill and decode workers ask of a model runner.
 
 An engine owns a model and runs requests: a prompt of token ids in which each image appears as
-one ``<|vision_start|><|image_pad|><|vision_end|>`` group (the engine expands it to the image's
-token count) plus one ``EngineImage`` per group, in order. ``generate`` streams token chunks as
-they are produced and ends with a chunk carrying the finish reason and usage. Cancelling the
-iteration (or ``abort``) stops the request and frees its KV cache.
+one placeholder of the model's family, holding the image token once (Qwen families:
+``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA-1.5: ``<image>``; the engine expands it to
+the image's token count) plus one ``EngineImage`` per placeholder, in order. ``generate`` streams
+token chunks as they are produced and ends with a chunk carrying the finish reason and usage.
+Cancelling the iteration (or ``abort``) stops the request and frees its KV cache.
 
 Who frees what: images' embeddings are the caller's tensors; the engine copies what it keeps
 before ``generate`` yields its first chunk, so callers may release the producer's lease then.

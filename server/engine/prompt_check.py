@@ -13,33 +13,55 @@ from epd.server.engine.base import EngineImage
 class VisionLayout:
     """Token ids and sizes of the model's image placeholders.
 
+    An image's placeholder is ``vision_start_id`` followed by ``image_pad_id`` (Qwen families),
+    or ``image_pad_id`` alone where ``vision_start_id`` is None (LLaVA-1.5); engines expand the
+    image token to the image's rows, t x h x w / ``merge_size`` ** 2 of its grid.
     ``embedding_width``: the width of an image's embedding rows as engines take them (the text
     model's hidden size, or wider where the family carries more per row, e.g. DeepStack features).
+    ``family``: the name of the model's family (how embeddings enter vLLM).
     """
 
-    vision_start_id: int
+    vision_start_id: int | None
     image_pad_id: int
     merge_size: int
     embedding_width: int
+    family: str = "qwen2_vl"
 
     @classmethod
     def of(cls, config: Any) -> VisionLayout:
-        """The layout a model's transformers config declares (image placeholders as a start
-        token followed by the image pad, the vision merger's size) and the embedding width its
-        family gives; UnsupportedModel if no family serves its architecture."""
+        """The layout of a model's transformers config as its family reads it (placeholder
+        tokens, merge size, embedding width); UnsupportedModel if no family serves its
+        architecture."""
         from epd.server.models.registry import family_of_config
 
+        family = family_of_config(config)
         return cls(
-            vision_start_id=int(config.vision_start_token_id),
+            vision_start_id=family.placeholder_start_id(config),
             image_pad_id=int(config.image_token_id),
-            merge_size=int(config.vision_config.spatial_merge_size),
-            embedding_width=family_of_config(config).embedding_width(config),
+            merge_size=family.merge_size(config),
+            embedding_width=family.embedding_width(config),
+            family=family.name,
         )
 
+    @property
+    def placeholder(self) -> list[int]:
+        """The tokens of one image's placeholder before expansion."""
+        start = [] if self.vision_start_id is None else [self.vision_start_id]
+        return [*start, self.image_pad_id]
+
     def count_images(self, token_ids: list[int]) -> int:
-        """Image placeholder groups (<|vision_start|><|image_pad|>) in ``token_ids``."""
-        return sum(1 for a, b in zip(token_ids, token_ids[1:], strict=False)
-                   if a == self.vision_start_id and b == self.image_pad_id)  # fmt: skip
+        """Image placeholders (``placeholder``) in ``token_ids``."""
+        previous = None
+        count = 0
+        for token in token_ids:
+            count += self._is_placeholder(token, previous)
+            previous = token
+        return count
+
+    def _is_placeholder(self, token: int, previous: int | None) -> bool:
+        return token == self.image_pad_id and (
+            self.vision_start_id is None or previous == self.vision_start_id
+        )
 
     def expand(self, token_ids: list[int], images: list[EngineImage]) -> list[int]:
         """``token_ids`` with each image's one placeholder repeated to its embedding rows.
@@ -56,7 +78,7 @@ class VisionLayout:
         remaining = iter(enumerate(images))
         previous = None
         for token in token_ids:
-            if token == self.image_pad_id and previous == self.vision_start_id:
+            if self._is_placeholder(token, previous):
                 rows = self._expected_rows(*next(remaining))
                 ranges.append((len(expanded), rows))
                 expanded.extend([token] * rows)

@@ -110,7 +110,7 @@ def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
     try:
         report("training tokenizer")
         chat_template = family_named(config.family).chat_template or CHAT_TEMPLATE
-        tokenizer = _train_tokenizer(config, chat_template)
+        tokenizer = _train_tokenizer(config, chat_template, _special_tokens(config))
         report("saving processor")
         _save_processor(tokenizer, config, chat_template, staging)
         report("initialising weights")
@@ -128,7 +128,13 @@ def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
     return out
 
 
-def _train_tokenizer(config: TinyModelConfig, chat_template: str) -> Any:
+def _special_tokens(config: TinyModelConfig) -> tuple[str, ...]:
+    return SPECIAL_TOKENS + family_named(config.family).tiny_special_tokens
+
+
+def _train_tokenizer(
+    config: TinyModelConfig, chat_template: str, special_tokens: tuple[str, ...]
+) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import Qwen2Tokenizer
 
@@ -142,16 +148,16 @@ def _train_tokenizer(config: TinyModelConfig, chat_template: str) -> Any:
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=config.vocab_size - len(SPECIAL_TOKENS), special_tokens=[],
+        vocab_size=config.vocab_size - len(special_tokens), special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )  # fmt: skip
     bpe.train_from_iterator(corpus, trainer=trainer)
-    bpe.add_special_tokens(list(SPECIAL_TOKENS))
+    bpe.add_special_tokens(list(special_tokens))
     tokenizer = Qwen2Tokenizer(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
         bos_token=None, errors="replace", model_max_length=4096, chat_template=chat_template,
     )  # fmt: skip
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens[1:])})
     return tokenizer
 
 
@@ -167,7 +173,7 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _special_tokens(config)}
     hf_logging.disable_progress_bar()
     torch.manual_seed(config.seed)
     model = family_named(config.family).tiny_model(ids, len(tokenizer), _sizes(config))
@@ -177,6 +183,7 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)
+    family_named(config.family).finish_tiny_checkpoint(out)
 
 
 def _sizes(config: TinyModelConfig) -> TinySizes:

@@ -3,9 +3,10 @@
 It serves ``generate`` (prefill_decode and encode_prefill workers) with the model's transformers
 implementation in-process: each image's embeddings (precomputed by an encoder, or computed here by
 the model's own vision tower from a raw picture) enter the prompt at its image placeholders as the
-model's family says (``language_model_inputs``), M-RoPE positions come from the model's
-``get_rope_index`` with the images' grids,
-and a per-request KV cache drives the decode loop (sampling and stop rules in ``sampler.py``).
+model's family says (``language_model_inputs``), with the positions the family gives
+(``positions``: Qwen families' M-RoPE from the model's ``get_rope_index`` with the images' grids,
+LLaVA-1.5's 1-D ones), and a per-request KV cache drives the decode loop (sampling and stop
+rules in ``sampler.py``).
 
 Model steps run on one worker thread; concurrent requests interleave token by token (no batching:
 this is the fallback, vLLM is the fast path). Admission: at most ``max_pending_requests`` requests,
@@ -164,18 +165,14 @@ class TransformersEngine(Engine):
 
         ids = torch.tensor([input_ids], device=self.options.device)
         embeds = self.model.get_input_embeddings()(ids)
-        delta = 0
+        # NOTE: without images, an image token in the text is text (no image positions).
+        is_image = (ids == self.layout.image_pad_id) & bool(images)
         image_inputs: dict[str, Any] = {}
         if images:
-            is_image = ids == self.layout.image_pad_id
             features = torch.cat([_embeddings(image) for image in images])
             embeds, image_inputs = self.family.language_model_inputs(embeds, is_image, features)
-            grids = torch.tensor([list(image.grid or ()) for image in images], device=ids.device)
-            positions, deltas = self.model.model.get_rope_index(
-                ids, mm_token_type_ids=is_image.int(), image_grid_thw=grids)  # fmt: skip
-            delta = int(deltas.flatten()[0])
-        else:
-            positions = torch.arange(len(input_ids), device=ids.device).expand(3, 1, -1)
+        grids = torch.tensor([list(image.grid or ()) for image in images], device=ids.device)
+        positions, delta = self.family.positions(self.model, ids, is_image, grids)
         cache = DynamicCache(config=self.model.config.text_config)
         logits = self._forward(embeds, positions, cache, **image_inputs)
         return _Sequence(cache, logits, len(input_ids), delta)
@@ -185,7 +182,7 @@ class TransformersEngine(Engine):
         """Append ``token_id`` to the sequence: its KV and the next token's logits."""
         length = sequence.cache.get_seq_length()
         ids = torch.tensor([[token_id]], device=self.options.device)
-        positions = torch.full((3, 1, 1), length + sequence.position_delta, device=ids.device)
+        positions = self.family.decode_positions(length + sequence.position_delta, ids.device)
         sequence.logits = self._forward(self.model.get_input_embeddings()(ids), positions,
                                         sequence.cache)  # fmt: skip
 
@@ -207,11 +204,12 @@ class TransformersEngine(Engine):
         return [image if image.embeddings is not None else self._encode(image) for image in images]
 
     def _encode(self, image: EngineImage) -> EngineImage:
-        inputs = self.processor.image_processor(images=[image.image], return_tensors="pt")
-        grid = inputs["image_grid_thw"]
-        pixel_values = inputs["pixel_values"].to(self.options.device, self.model.dtype)
+        pixel_values, grid = self.family.pixel_inputs(
+            self.processor.image_processor, [image.image], self.model.config
+        )
+        pixel_values = pixel_values.to(self.options.device, self.model.dtype)
         features = self.family.image_embeddings(
-            self.model.model.visual, pixel_values, grid.to(self.options.device)
+            self.family.model_tower(self.model), pixel_values, grid.to(self.options.device)
         )
         t, h, w = (int(v) for v in grid[0])
         return EngineImage(image.mm_hash, (t, h, w), features)

@@ -6,9 +6,11 @@ each placeholder, and a hash of the embeddings by its framed serializer. For one
 is ~2 ms here, on a hop to the renderer's thread, in front of every prefill. What it produces for
 the Qwen families' embeddings (rows of the layout's ``embedding_width``, whatever the family
 carries in them) is simple: the prompt with each image's placeholder expanded to its rows and,
-per image, an item ``{image_embeds: flat field, image_grid_thw: batched field}``, a hash and a
-placeholder range. ``embeddings_input`` builds exactly that (a test compares it with the
-renderer's output) and vLLM takes it as a rendered ``EngineInput``, with no thread hop.
+per image, an item of the family's fields (``ModelFamily.vllm_items``: Qwen families
+``{image_embeds: flat field, image_grid_thw: batched field}``, LLaVA-1.5 ``{image_embeds: batched
+field}``), a hash and a placeholder range. ``embeddings_input`` builds exactly that (a test
+compares it with the renderer's output for every family) and vLLM takes it as a rendered
+``EngineInput``, with no thread hop.
 
 Names: real embeddings are named by a hash of their bytes, dtype, shape and grid, so vLLM's
 caches (processor, encoder, prefix) share an entry only between equal embeddings whatever a
@@ -20,7 +22,6 @@ named by the route's ``mm_hash``, else uniquely per request, as before.
 from __future__ import annotations
 
 import hashlib
-from itertools import accumulate
 from typing import Any
 
 import torch
@@ -40,21 +41,12 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
     the rows that grid gives.
     """
     from vllm.inputs.engine import mm_input
-    from vllm.multimodal.inputs import (
-        MultiModalBatchedField,
-        MultiModalFieldElem,
-        MultiModalFlatField,
-        MultiModalKwargsItem,
-        MultiModalKwargsItems,
-        PlaceholderRange,
-    )  # fmt: skip
+    from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
+
+    from epd.server.models.registry import family_named
 
     expanded, ranges = layout.expand_with_ranges(token_ids, images)
-    starts = [0, *accumulate(length for _, length in ranges)]
-    slices = [(slice(start, end),) for start, end in zip(starts, starts[1:], strict=False)]
-    embeds_field = MultiModalFlatField(slices=slices, dim=0)
-    grid_field = MultiModalBatchedField(keep_on_cpu=True)
-    items, hashes = [], []
+    embeddings, grids, hashes = [], [], []
     for index, (image, (_, length)) in enumerate(zip(images, ranges, strict=True)):
         assert image.grid is not None  # checked by VisionLayout.check
         embeds = image.embeddings
@@ -63,10 +55,10 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
             hashes.append(image.mm_hash or f"{request_id}-{index}")
         else:
             hashes.append(embeddings_hash(embeds, image.grid, hash_algorithm))
-        items.append(MultiModalKwargsItem({
-            "image_embeds": MultiModalFieldElem(embeds, embeds_field),
-            "image_grid_thw": MultiModalFieldElem(torch.tensor(image.grid), grid_field),
-        }))  # fmt: skip
+        embeddings.append(embeds)
+        grids.append(image.grid)
+    fields = family_named(layout.family).vllm_items(embeddings, grids)
+    items = [MultiModalKwargsItem(item) for item in fields]
     placeholders = [PlaceholderRange(offset=offset, length=length) for offset, length in ranges]
     engine_input: dict[str, Any] = mm_input(expanded, MultiModalKwargsItems({"image": items}),
                                             {"image": hashes}, {"image": placeholders})  # type: ignore[assignment]  # fmt: skip

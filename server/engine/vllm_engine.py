@@ -137,7 +137,7 @@ class VllmEngine(Engine):
         self.options = options
         self._tracker = tracker or LoadTracker()
         self._running: set[str] = set()
-        self._image_processor: Any = None
+        self._gridder: Any = None
         multimodal = getattr(getattr(llm, "model_config", None), "multimodal_config", None)
         self._hash_algorithm = getattr(multimodal, "mm_hasher_algorithm", "blake3")
         self.model_dir = model_dir
@@ -302,13 +302,12 @@ class VllmEngine(Engine):
     def _grid(self, image: EngineImage) -> Grid:
         if image.grid is not None or image.image is None:
             return image.grid or (0, 0, 0)
-        if self._image_processor is None:
-            from transformers import AutoImageProcessor
+        if self._gridder is None:
+            from epd.server.media.grid import ImageGridder
 
-            self._image_processor = AutoImageProcessor.from_pretrained(self.model_dir)
-        grid = self._image_processor(images=[image.image], return_tensors="pt")["image_grid_thw"]
-        t, h, w = (int(v) for v in grid[0])
-        return t, h, w
+            self._gridder = ImageGridder(self.model_dir)
+        grid: Grid = self._gridder.grid(image.image)
+        return grid
 
     def _require_role(self, role: str, call: str) -> None:
         if self.options.kv_role not in (role, "kv_both"):

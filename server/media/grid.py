@@ -1,9 +1,10 @@
-"""The (t, h, w) patch grid a model's own Hugging Face image processor makes of an image.
+"""The (t, h, w) grid a model's own Hugging Face image processor makes of an image.
 
 The route needs each image's grid before the encoder runs (placeholder expansion, block hashes,
-encoder cost). This reads the processor of the model directory and applies its family's resize
-rule (``epd.server.models``) with that processor's own settings, so the numbers are the ones
-``processor(images=...)["image_grid_thw"]`` produces, without resizing or normalising any pixel.
+encoder cost). This reads the processor of the model directory and applies its family's rule
+(``epd.server.models``, ``image_grid``) with that processor's own settings, so the numbers are the
+ones the processor produces (Qwen families: its ``image_grid_thw``; LLaVA-1.5: (1, 1, rows)),
+without resizing or normalising any pixel.
 """
 
 from __future__ import annotations
@@ -23,18 +24,14 @@ class ImageGridder:
     """Grids and token counts for one model's image processor (cheap: no pixel work)."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        from transformers import AutoImageProcessor
+        from transformers import AutoConfig, AutoImageProcessor
 
         from epd.server.models.registry import family_of
 
         self.family = family_of(model_dir)
-        processor: Any = AutoImageProcessor.from_pretrained(model_dir)
-        # NOTE: transformers 5 keeps min/max pixels in size (shortest_edge / longest_edge); it
-        # moves legacy min_pixels / max_pixels keys of preprocessor_config.json there on load.
-        self.patch_size = int(processor.patch_size)
-        self.merge_size = int(processor.merge_size)
-        self.min_pixels = int(processor.size["shortest_edge"])
-        self.max_pixels = int(processor.size["longest_edge"])
+        self.config: Any = AutoConfig.from_pretrained(model_dir)
+        self.processor: Any = AutoImageProcessor.from_pretrained(model_dir)
+        self.merge_size = self.family.merge_size(self.config)
 
     def grid(self, image: Image.Image) -> Grid:
         """(t, h, w) in patches for ``image`` (t is 1 for a still image)."""
@@ -44,20 +41,13 @@ class ImageGridder:
         """(t, h, w) for an image of ``width`` x ``height`` pixels."""
         _check_shape(width, height, self.family.max_aspect_ratio)
         try:
-            resized_height, resized_width = self.family.resized(
-                width,
-                height,
-                self.patch_size * self.merge_size,
-                self.min_pixels,
-                self.max_pixels,
-            )
+            return self.family.image_grid(width, height, self.config, self.processor)
         except ValueError as e:
             raise InvalidArgument(
                 f"image of {width}x{height} pixels cannot be resized by this model's image "
                 f"processor: {e}",
                 reason="BAD_IMAGE_SHAPE",
             ) from e
-        return 1, resized_height // self.patch_size, resized_width // self.patch_size
 
     def num_tokens(self, grid: Grid) -> int:
         """Embedding rows (= placeholder tokens) the image takes after the merger."""

@@ -3,9 +3,15 @@
 A family covers checkpoints of one architecture (``config.json`` ``architectures``). Services
 ask it for what differs between families: the vision tower to load alone and the checkpoint
 prefixes of its weights, what running it gives (the embeddings handed to the language model, and
-their width), how those embeddings enter the language model in the transformers engine, the resize
-rule that turns an image's size into its patch grid (no pixel work), and, for ``epd model tiny``,
-how to build a random-weight checkpoint laid out like the hub's.
+their width), the prompt's placeholder scheme (an optional start token, then one image token per
+image that engines expand to the image's rows), how those embeddings enter vLLM and the language
+model in the transformers engine (with which positions), the rule that turns an image's size into
+its grid (no pixel work), and, for ``epd model tiny``, how to build a random-weight checkpoint
+laid out like the hub's.
+
+Grids are (t, h, w) in patches, and an image takes t x h x w / ``merge_size`` ** 2 rows.
+Families without a patch grid (LLaVA-1.5: a fixed number of rows per image, 1-D positions) say
+(1, 1, rows) with a merge size of 1, so grids travel in the same proto field for every family.
 """
 
 from __future__ import annotations
@@ -51,12 +57,40 @@ class ModelFamily(ABC):
     max_aspect_ratio: int | None = None
     #: the chat template of a tiny checkpoint (None: the builder's Qwen2-VL template)
     chat_template: str | None = None
+    #: special tokens a tiny checkpoint's tokenizer needs beside the builder's (Qwen's) ones
+    tiny_special_tokens: tuple[str, ...] = ()
 
     @abstractmethod
-    def vision_tower(self, vision_config: Any) -> Any:
-        """The vision tower + projector module for ``vision_config`` (a ``torch.nn.Module``
-        built with transformers' own class; weights are loaded by the caller). Its output, per
-        batch, is exactly what the language model consumes."""
+    def vision_tower(self, config: Any) -> Any:
+        """The vision tower + projector module for a model's transformers ``config`` (a
+        ``torch.nn.Module`` built with transformers' own classes; weights are loaded by the
+        caller, named as ``visual_weight_name`` gives). ``image_embeddings`` runs it."""
+
+    def visual_weight_name(self, key: str) -> str | None:
+        """The name in ``vision_tower``'s module of checkpoint weight ``key``, None if it is no
+        vision weight (default: ``key`` less the first of ``visual_prefixes`` it starts with)."""
+        prefix = next((p for p in self.visual_prefixes if key.startswith(p)), None)
+        return None if prefix is None else key[len(prefix) :]
+
+    def model_tower(self, model: Any) -> Any:
+        """The vision tower + projector inside a loaded transformers ``model``, for
+        ``image_embeddings`` (default: ``model.model.visual``)."""
+        return model.model.visual
+
+    def placeholder_start_id(self, config: Any) -> int | None:
+        """The token that opens each image's placeholder (the image token follows it), None if
+        the image token stands alone."""
+        return None
+
+    def merge_size(self, config: Any) -> int:
+        """Grid cells per embedding row along each side (rows = t x h x w / merge_size**2)."""
+        return 1
+
+    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+        """``processor`` (the checkpoint's image processor) on ``images``: the pixel values the
+        tower takes and the grids [num_images, 3] (default: the processor's ``image_grid_thw``)."""
+        inputs = processor(images=images, return_tensors="pt")
+        return inputs["pixel_values"], inputs["image_grid_thw"]
 
     def embedding_width(self, config: Any) -> int:
         """Width of an image's embedding rows as encoders hand them over and engines take them,
@@ -80,18 +114,46 @@ class ModelFamily(ABC):
         rows = embeddings.to(inputs_embeds.device, inputs_embeds.dtype)
         return inputs_embeds.masked_scatter(is_image.unsqueeze(-1), rows), {}
 
+    def positions(self, model: Any, ids: Any, is_image: Any, grids: Any) -> tuple[Any, int]:
+        """The transformers engine's prefill position ids for ``ids`` [1, length] (images at
+        ``is_image``, their grids [num_images, 3]) and the offset of later positions from the
+        cache length (default: 1-D positions 0..length-1, offset 0)."""
+        import torch
+
+        return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0), 0
+
+    def decode_positions(self, position: int, device: Any) -> Any:
+        """Position ids of one decoded token at ``position`` (default: 1-D, [1, 1])."""
+        import torch
+
+        return torch.full((1, 1), position, device=device)
+
     @abstractmethod
-    def resized(
-        self, width: int, height: int, factor: int, min_pixels: int, max_pixels: int
-    ) -> tuple[int, int]:
-        """(height, width) the family's image processor resizes a ``width`` x ``height`` image
-        to; ValueError if it cannot take it."""
+    def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
+        """The grid ``processor`` (the checkpoint's image processor; ``config`` its model
+        config) gives a ``width`` x ``height`` image, from the size alone; ValueError if it
+        cannot take it."""
+
+    @abstractmethod
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        """vLLM's multimodal kwargs items (``MultiModalFieldElem`` per field), one per image,
+        exactly as vLLM's renderer makes them of ``vllm_data`` (a test compares them)."""
+
+    @abstractmethod
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        """vLLM's public ``multi_modal_data["image"]`` for images given as embeddings (Qwen
+        families: a dict of ``image_embeds`` and ``image_grid_thw``; LLaVA: a tensor)."""
 
     @abstractmethod
     def save_tiny_processor(
         self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
     ) -> None:
         """Write the processor configs of a tiny checkpoint to ``out``."""
+
+    def finish_tiny_checkpoint(self, out: Path) -> None:
+        """Rework the saved tiny checkpoint in ``out`` into the hub's layout (default: as
+        transformers saved it)."""
+        return None
 
     @abstractmethod
     def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:

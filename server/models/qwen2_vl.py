@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import ModelFamily, TinySizes
+from epd.server.models.family import Grid, ModelFamily, TinySizes
 
 PATCH_SIZE = 14
 MERGE_SIZE = 2
@@ -25,9 +25,74 @@ class _QwenVl(ModelFamily):
     # NOTE: smart_resize's own bound: it refuses a longer side over 200x the shorter.
     max_aspect_ratio = 200
 
+    def vision_tower(self, config: Any) -> Any:
+        return self._vision_tower_class()._from_config(config.vision_config)
+
+    def placeholder_start_id(self, config: Any) -> int | None:
+        return int(config.vision_start_token_id)
+
+    def merge_size(self, config: Any) -> int:
+        return int(config.vision_config.spatial_merge_size)
+
+    def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
+        # NOTE: transformers 5 keeps min/max pixels in size (shortest_edge / longest_edge); it
+        # moves legacy min_pixels / max_pixels keys of preprocessor_config.json there on load.
+        patch_size = int(processor.patch_size)
+        resized_height, resized_width = self.resized(
+            width,
+            height,
+            patch_size * int(processor.merge_size),
+            int(processor.size["shortest_edge"]),
+            int(processor.size["longest_edge"]),
+        )
+        return 1, resized_height // patch_size, resized_width // patch_size
+
+    def positions(self, model: Any, ids: Any, is_image: Any, grids: Any) -> tuple[Any, int]:
+        import torch
+
+        if not bool(is_image.any()):
+            return torch.arange(ids.shape[1], device=ids.device).expand(3, 1, -1), 0
+        positions, deltas = model.model.get_rope_index(
+            ids, mm_token_type_ids=is_image.int(), image_grid_thw=grids
+        )
+        return positions, int(deltas.flatten()[0])
+
+    def decode_positions(self, position: int, device: Any) -> Any:
+        import torch
+
+        return torch.full((3, 1, 1), position, device=device)
+
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        from itertools import accumulate
+
+        import torch
+        from vllm.multimodal.inputs import (
+            MultiModalBatchedField,
+            MultiModalFieldElem,
+            MultiModalFlatField,
+        )
+
+        starts = [0, *accumulate(len(embeds) for embeds in embeddings)]
+        slices = [(slice(start, end),) for start, end in zip(starts, starts[1:], strict=False)]
+        embeds_field = MultiModalFlatField(slices=slices, dim=0)
+        grid_field = MultiModalBatchedField(keep_on_cpu=True)
+        return [
+            {
+                "image_embeds": MultiModalFieldElem(embeds, embeds_field),
+                "image_grid_thw": MultiModalFieldElem(torch.tensor(grid), grid_field),
+            }
+            for embeds, grid in zip(embeddings, grids, strict=True)
+        ]
+
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        import torch
+
+        return {"image_embeds": torch.cat(embeddings), "image_grid_thw": torch.tensor(grids)}
+
     def resized(
         self, width: int, height: int, factor: int, min_pixels: int, max_pixels: int
     ) -> tuple[int, int]:
+        """(height, width) ``smart_resize`` makes of a ``width`` x ``height`` image."""
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
         height, width = smart_resize(
@@ -101,6 +166,9 @@ class _QwenVl(ModelFamily):
             pad_token_id=token_ids["<|endoftext|>"],
         )
 
+    def _vision_tower_class(self) -> Any:
+        raise NotImplementedError
+
     def _processor_class(self) -> Any:
         raise NotImplementedError
 
@@ -121,12 +189,12 @@ class Qwen2Vl(_QwenVl):
     title = "Qwen2-VL"
     architectures = ("Qwen2VLForConditionalGeneration",)
 
-    def vision_tower(self, vision_config: Any) -> Any:
+    def _vision_tower_class(self) -> Any:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import (
             Qwen2VisionTransformerPretrainedModel,
         )
 
-        return Qwen2VisionTransformerPretrainedModel._from_config(vision_config)
+        return Qwen2VisionTransformerPretrainedModel
 
     def _processor_class(self) -> Any:
         from transformers import Qwen2VLProcessor
@@ -165,12 +233,12 @@ class Qwen2_5Vl(_QwenVl):  # noqa: N801 - the model's own name
     title = "Qwen2.5-VL"
     architectures = ("Qwen2_5_VLForConditionalGeneration",)
 
-    def vision_tower(self, vision_config: Any) -> Any:
+    def _vision_tower_class(self) -> Any:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
             Qwen2_5_VisionTransformerPretrainedModel,
         )
 
-        return Qwen2_5_VisionTransformerPretrainedModel._from_config(vision_config)
+        return Qwen2_5_VisionTransformerPretrainedModel
 
     def _processor_class(self) -> Any:
         from transformers import Qwen2_5_VLProcessor

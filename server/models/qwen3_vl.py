@@ -40,10 +40,10 @@ class Qwen3Vl(_QwenVl):
     architectures = ("Qwen3VLForConditionalGeneration",)
     chat_template = CHAT_TEMPLATE
 
-    def vision_tower(self, vision_config: Any) -> Any:
+    def _vision_tower_class(self) -> Any:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-        return Qwen3VLVisionModel._from_config(vision_config)
+        return Qwen3VLVisionModel
 
     def embedding_width(self, config: Any) -> int:
         vision = config.vision_config

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import ModelFamily
+from epd.server.models.llava import Llava
 from epd.server.models.qwen2_vl import Qwen2_5Vl, Qwen2Vl
 from epd.server.models.qwen3_vl import Qwen3Vl
 
-FAMILIES: tuple[ModelFamily, ...] = (Qwen2Vl(), Qwen2_5Vl(), Qwen3Vl())
+FAMILIES: tuple[ModelFamily, ...] = (Qwen2Vl(), Qwen2_5Vl(), Qwen3Vl(), Llava())
 
 
 class UnsupportedModel(ValueError):

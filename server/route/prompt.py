@@ -1,10 +1,11 @@
 """Chat rendering, tokenisation, multimodal block hashes and incremental detokenisation.
 
-The prompt keeps one ``<|vision_start|><|image_pad|><|vision_end|>`` group per image (the engine
-expands it). For KV-aware routing the route hashes the prompt as the engine will hold it: each
-image's single pad token becomes that image's token count of a pad value derived from its mm_hash
-(as Dynamo and SGLang do), so prompts share a block hash only if they share every token and image
-before it. Hashes chain block to block; only full blocks count.
+The prompt keeps one placeholder per image as the chat template emits it (Qwen families:
+``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA-1.5: ``<image>``), holding the model's image
+token once; the engine expands it. For KV-aware routing the route hashes the prompt as the engine
+will hold it: each image's single image token becomes that image's token count of a pad value
+derived from its mm_hash (as Dynamo and SGLang do), so prompts share a block hash only if they
+share every token and image before it. Hashes chain block to block; only full blocks count.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class PromptBuilder:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.image_pad_id = int(config.image_token_id)
-        self.merge_size = int(config.vision_config.spatial_merge_size)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_prompt_chars = max_prompt_chars
         context = getattr(config.get_text_config(), "max_position_embeddings", None)

@@ -11,10 +11,11 @@ import torch
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.vllm_embeds import embeddings_input
-from epd.server.models.registry import FAMILIES
+from epd.server.media.grid import ImageGridder
+from epd.server.models.registry import FAMILIES, family_named
 
 pytestmark = pytest.mark.vllm
-GRIDS = [(1, 8, 12), (1, 4, 6)]
+SIZES = [(336, 224), (168, 112)]
 
 
 @pytest.fixture(scope="module", params=[family.name for family in FAMILIES])
@@ -35,10 +36,10 @@ def vllm_render(engine, token_ids: list[int], images: list[EngineImage]):
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
     llm = engine._llm
-    data = {
-        "image_embeds": torch.cat([image.embeddings for image in images]),
-        "image_grid_thw": torch.tensor([image.grid for image in images]),
-    }
+    family = family_named(engine.layout.family)
+    data = family.vllm_data(
+        [image.embeddings for image in images], [image.grid for image in images]
+    )
     prompt = {"prompt_token_ids": token_ids, "multi_modal_data": {"image": data}}
     renderer = llm.renderer
     (engine_input,) = renderer.render_cmpl(
@@ -49,11 +50,13 @@ def vllm_render(engine, token_ids: list[int], images: list[EngineImage]):
 
 def two_images(engine, width: int) -> tuple[list[int], list[EngineImage]]:
     layout = engine.layout
+    gridder = ImageGridder(engine.model_dir)
+    grids = [gridder.grid_of_size(width, height) for width, height in SIZES]
     images = [
         EngineImage(f"h{i}", (t, h, w), torch.randn(t * h * w // layout.merge_size**2, width))
-        for i, (t, h, w) in enumerate(GRIDS)
+        for i, (t, h, w) in enumerate(grids)
     ]
-    group = [layout.vision_start_id, layout.image_pad_id, 9]
+    group = [*layout.placeholder, 9]
     return [1, 2, *group, 3, *group, 4], images
 
 

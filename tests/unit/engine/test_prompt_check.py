@@ -86,8 +86,19 @@ def test_embedding_width_is_the_familys() -> None:
     assert VisionLayout.of(family_config("Qwen2VLForConditionalGeneration")).embedding_width == 16
     # NOTE: Qwen3-VL's rows carry its two DeepStack levels beside the main features.
     assert VisionLayout.of(family_config("Qwen3VLForConditionalGeneration")).embedding_width == 48
-    with pytest.raises(UnsupportedModel, match="LlavaForConditionalGeneration is not supported"):
-        VisionLayout.of(family_config("LlavaForConditionalGeneration"))
+    with pytest.raises(UnsupportedModel, match="Gemma3ForConditionalGeneration is not supported"):
+        VisionLayout.of(family_config("Gemma3ForConditionalGeneration"))
+
+
+def test_an_image_token_alone_is_a_placeholder_where_the_family_has_no_start_token() -> None:
+    """LLaVA-1.5: each image token is one image, expanded to its (1, 1, rows) grid's rows."""
+    layout = VisionLayout(vision_start_id=None, image_pad_id=6, merge_size=1, embedding_width=8)
+    images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
+    token_ids = [1, 6, 2, 6, 3]
+    assert layout.placeholder == [6]
+    assert layout.count_images(token_ids) == 2
+    assert layout.expand(token_ids, images) == [1, 6, 6, 6, 2, 6, 6, 3]
+    layout.check(token_ids, images, max_len=64, grids_suffice=True)
 
 
 def test_embeddings_without_the_deepstack_levels_are_refused() -> None:

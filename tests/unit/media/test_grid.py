@@ -52,7 +52,7 @@ def test_legacy_pixel_limits_are_honoured(tiny_model_dir, tmp_path) -> None:
     settings.update(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(settings))
     gridder = ImageGridder(tmp_path)
-    assert gridder.max_pixels == 28 * 28 * 16
+    assert gridder.processor.size["longest_edge"] == 28 * 28 * 16
     sizes = [(2000, 1500), (10, 10)]
     assert [gridder.grid_of_size(*size) for size in sizes] == processor_grids(tmp_path, sizes)
 

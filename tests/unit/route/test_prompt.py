@@ -69,3 +69,20 @@ def test_a_chat_over_the_character_limit_is_refused_before_tokenising(
     assert "101 characters" in caught.value.message and "100" in caught.value.message
     assert calls == []
     assert limited.max_context_tokens == 4096
+
+
+def test_llava_prompts_hold_one_image_token_per_image_and_hash_images_apart(
+    tiny_family_dir,
+) -> None:
+    """LLaVA-1.5's template emits ``<image>`` alone per image (its images first); each is one
+    image's placeholder, expanded to its rows for the block hashes."""
+    llava = PromptBuilder(tiny_family_dir("llava"))
+    parts = [ChatPart(text="compare"), ChatPart(image_index=0), ChatPart(image_index=1)]
+    ids = llava.token_ids([("user", parts)])
+    assert ids.count(llava.image_pad_id) == 2
+    assert llava.tokenizer.decode(ids).count("<image>") == 2
+    rows = 64
+    same = llava.block_hashes(ids, [("aa11", rows), ("bb22", rows)])
+    assert len(same) == (len(ids) - 2 + 2 * rows) // BLOCK_SIZE
+    swapped = llava.block_hashes(ids, [("bb22", rows), ("aa11", rows)])
+    assert swapped != same
