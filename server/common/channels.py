@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -63,9 +64,10 @@ def metadata_interceptors(pairs: Sequence[tuple[str, str]]) -> list[grpc.aio.Cli
 
 # NOTE: a peer whose host drops off the network sends nothing, not even a reset: without pings a
 # call to it waits for its deadline. With them, calls in flight fail UNAVAILABLE within about
-# KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS (servers accept pings this often: SERVER_PING_OPTIONS).
-KEEPALIVE_TIME_MS = 5_000
-KEEPALIVE_TIMEOUT_MS = 5_000
+# twice $EPD_GRPC_KEEPALIVE_S (a ping every that many seconds, answered within as many; servers
+# accept pings that often: SERVER_PING_OPTIONS).
+KEEPALIVE_TIME_MS = int(float(os.environ.get("EPD_GRPC_KEEPALIVE_S", "5")) * 1000)
+KEEPALIVE_TIMEOUT_MS = KEEPALIVE_TIME_MS
 KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),

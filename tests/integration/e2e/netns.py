@@ -69,6 +69,8 @@ class Host:
             **os.environ,
             **UCX_ENV,
             "EPD_HOST_ID": self.host_id,
+            # NOTE: a link that goes down is found within ~2 s (default 5 s, so ~10 s)
+            "EPD_GRPC_KEEPALIVE_S": "1",
             "UCX_NET_DEVICES": self.device,
         }
 

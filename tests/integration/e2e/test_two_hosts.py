@@ -31,6 +31,9 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
 ]
+# NOTE: requests of this many tokens still run (~400 tokens/s here) when the keepalive (a ping
+# every $EPD_GRPC_KEEPALIVE_S, as long to answer) has found the link down.
+MAX_TOKENS = 3000
 PORTS = {"scheduler": 50301, "route": 50300, "encode": 50304, "prefill": 50302, "decode": 50303}
 
 
@@ -129,7 +132,14 @@ def deployment(
         try:
             running.start(a, "scheduler")
             running.wait(a, "scheduler")
-            engine = [*model, *registry, "--kv-cache-mb", "64", "--kv-host", b.address]
+            engine = [
+                *model,
+                *registry,
+                "--kv-cache-mb",
+                "64",
+                "--kv-host",
+                b.address,
+            ]
             running.start(b, "prefill", *engine, "--mode", "prefill", "--engine", "vllm")
             running.start(b, "decode", *engine)
             running.start(a, "encode", *model, *registry, "--device", "cpu")
@@ -184,7 +194,7 @@ def test_link_down_mid_run_ends_requests_unavailable_before_their_deadline(
     started = deployment.log_dir / "started"
     timeout_s = 60.0
     spec = {
-        "requests": [{"seeds": [3 + i], "max_tokens": 2000} for i in range(2)],
+        "requests": [{"seeds": [3 + i], "max_tokens": MAX_TOKENS} for i in range(2)],
         "timeout_s": timeout_s,
         "started_file": str(started),
     }
@@ -202,4 +212,10 @@ def test_link_down_mid_run_ends_requests_unavailable_before_their_deadline(
         assert result.get("error", {}).get("code") == "UNAVAILABLE", result
         assert result["error"]["reason"] == "PEER_UNREACHABLE", result
         assert deployment.b.address in result["error"]["message"], result
+    # NOTE: nothing hangs: once the link is back, the same workers answer again
+    deadline = time.monotonic() + 40
+    spec = {"requests": [{"seeds": [1], "max_tokens": 4}], "timeout_s": 20}
+    while "error" in (result := results_of(deployment.generate(spec, 20), 40)[0]):
+        assert time.monotonic() < deadline, result
+        time.sleep(1)
         assert result["elapsed_s"] < timeout_s - 5, result
