@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MediaItem(_message.Message):
-    __slots__ = ("mm_hash", "url", "data")
+    __slots__ = ("mm_hash", "url", "data", "pixels")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PIXELS_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     url: str
     data: bytes
-    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    pixels: _tensor_pb2.TensorRef
+    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ...) -> None: ...
 
 class ImageGrid(_message.Message):
     __slots__ = ("t", "h", "w")

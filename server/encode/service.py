@@ -9,38 +9,48 @@ failed or cancelled request holds nothing.
 An item given by mm_hash alone may wait (``await_s``) for the image to arrive: a prefill worker
 asks for the embeddings of an image the route is sending at the same time, and gets them as soon
 as that encoding ends, without the route in between.
+
+An item may carry its decoded pixels (a data-plane reference held by the route): read on this
+host, they replace fetching and decoding the source, once they hash to the item's mm_hash; on any
+failure to read them, or a mismatch, the source is loaded as if they were absent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.server.common.errors import EpdError, InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.media.grid import ImageGridder
-from epd.server.media.loader import MediaLoader
+from epd.server.media.hashing import mm_hash
+from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
+from epd.server.media.pixels import image_of
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
 MAX_ITEMS_PER_REQUEST = 64
 MAX_AWAIT_S = 60.0
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class MediaSource:
-    """One item as requested: optional known hash, and a URL or bytes."""
+    """One item as requested: optional known hash, a URL or bytes, optional decoded pixels."""
 
     mm_hash: str = ""
     url: str = ""
     data: bytes = b""
+    pixels: tensor_pb2.TensorRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +161,15 @@ class EncodeWorker:
             return _Computed(hit, item.mm_hash, True, 0.0)
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash, await_s)
-        loaded = await self.loader.load(url=item.url, data=item.data)
+        loaded = await self._from_pixels(item)
+        if loaded is None:
+            loaded = await self.loader.load(url=item.url, data=item.data)
         if item.mm_hash and item.mm_hash != loaded.mm_hash:
             raise InvalidArgument(
                 f"mm_hash {item.mm_hash} does not match the image ({loaded.mm_hash}); the caller "
-                "hashes with another model id or processor", reason="MM_HASH_MISMATCH")
+                "hashes with another model id or processor",
+                reason="MM_HASH_MISMATCH",
+            )
         if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
             return _Computed(hit, loaded.mm_hash, True, 0.0)
         if self.gridder is not None:
@@ -164,6 +178,41 @@ class EncodeWorker:
         encoded = await self._encode_once(loaded.mm_hash, loaded.image)
         return _Computed(encoded.entry, loaded.mm_hash, False, time.monotonic() - start,
                          encoded.batch_size)  # fmt: skip
+
+    async def _from_pixels(self, item: MediaSource) -> LoadedImage | None:
+        """The image of ``item.pixels`` if readable here and hashing to ``item.mm_hash``."""
+        if item.pixels is None or not item.mm_hash:
+            return None
+        try:
+            pixels = self.plane.get(item.pixels).numpy()
+            # NOTE: building the image copies the pixels, then the hash walks them: off the loop
+            # for all but small images, as the loader does for decoding.
+            if pixels.size <= 3 * INLINE_DECODE_PIXELS:
+                loaded = self._hashed(pixels)
+            else:
+                loaded = await asyncio.to_thread(self._hashed, pixels)
+        except EpdError as e:
+            logger.debug("pixels of %s unreadable here (%s): loading the source", item.mm_hash, e)
+            return None
+        if loaded.mm_hash != item.mm_hash:
+            logger.warning(
+                "pixels hash to %s, not to the item's mm_hash %s: loading the source",
+                loaded.mm_hash,
+                item.mm_hash,
+            )
+            return None
+        return loaded
+
+    def _hashed(self, pixels: np.ndarray) -> LoadedImage:
+        image = image_of(pixels, self.loader.policy)
+        return LoadedImage(
+            image,
+            mm_hash(
+                image,
+                model_id=self.loader.model_id,
+                processor_fingerprint=self.loader.processor_fingerprint,
+            ),
+        )
 
     async def _computed_elsewhere(self, mm_hash: str, await_s: float) -> _Computed:
         """The embeddings of ``mm_hash`` from the cache or an encoding in flight, waiting up to

@@ -31,7 +31,12 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         span.set_attribute("epd.request_id", request.request_id)
         span.set_attribute("epd.encoder_id", self.worker.worker_id)
         span.set_attribute("epd.items", len(request.items))
-        sources = [MediaSource(item.mm_hash, item.url, item.data) for item in request.items]
+        sources = [
+            MediaSource(
+                item.mm_hash, item.url, item.data, item.pixels if item.HasField("pixels") else None
+            )
+            for item in request.items
+        ]
         hits = num_bytes = largest_batch = 0
         async for result in self.worker.encode(
             sources, model=request.model, consumer_host_id=request.consumer_host_id,
@@ -56,8 +61,9 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
     async def EncodeSession(
         self, frames: AsyncIterator[pb.EncodeSessionRequest], context: Context
     ) -> None:
-        await serve_session(frames, context, self.Encode, pb.EncodeSessionResponse,
-                            self.sessions, final=_all_items)
+        await serve_session(
+            frames, context, self.Encode, pb.EncodeSessionResponse, self.sessions, final=_all_items
+        )
 
     @handle_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:

@@ -17,7 +17,7 @@ from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
-from epd.server.transfer.plane import default_host_id
+from epd.server.transfer.plane import DataPlane
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "epd.v1.RouteService"
@@ -52,6 +52,8 @@ class RouteApp:
             await self.http.stop()
         await self.server.drain_and_stop(grace)
         await self.worker.peers.close()
+        if self.worker.plane is not None:
+            self.worker.plane.close()
 
 
 async def build_route_server(config: RouteConfig,
@@ -64,15 +66,19 @@ async def build_route_server(config: RouteConfig,
         model_id=model_id,
         processor_fingerprint=processor_fingerprint(config.model_dir),
     )
+    # NOTE: shared memory only: the pixels are for encoders on this host; others load the source.
+    plane = DataPlane(kinds=("shm",))
+    plane.start_reaper()
     prompts = PromptBuilder(config.model_dir, max_prompt_chars=config.limits.max_prompt_chars)
     worker = RouteWorker(
         Peers(config.scheduler, options.auth_token),
         prompts,
         loader,
         model_id=model_id,
-        host_id=default_host_id(),
+        host_id=plane.host_id,
         grids=ImageGridder(config.model_dir),
         pull_embeddings=config.pull_embeddings,
+        plane=plane,
     )
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip

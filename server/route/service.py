@@ -6,12 +6,15 @@ images encoded (scheduler assignment, concurrent encoders, retries elsewhere) or
 an encode_prefill worker while the scheduler chooses the prefill worker (KV-aware, from the hashes
 of the expanded prompt), stream the engine's tokens as text deltas (``hops``). Every embedding
 lease is released at its encoder once the prompt has been prefilled, or when the request ends,
-whatever happened.
+whatever happened. With a data plane, the route also hands each image's decoded pixels to the
+encoders (shared memory on its host: an encoder there skips fetching and decoding), and frees
+them when the request ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
@@ -19,24 +22,28 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
+import torch
 from opentelemetry import trace
 
 from epd.server.common.errors import EpdError, NotFound
 from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
-from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
+from epd.server.media.pixels import pixels_of
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
 from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_tokens
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
-from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, tensor_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Chats of up to this many text characters are tokenised on the event loop (~1 ms or less).
 INLINE_TOKENIZE_CHARS = 4096
+logger = logging.getLogger(__name__)
 
 Chat = list[tuple[str, list[ChatPart]]]
 Media = multimodal_pb2.MediaItem
@@ -58,9 +65,13 @@ class RouteWorker:
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
                  model_id: str, host_id: str, grids: ImageGridder,
-                 pull_embeddings: bool = False) -> None:  # fmt: skip
+                 pull_embeddings: bool = False,
+                 plane: DataPlane | None = None) -> None:  # fmt: skip
         """``pull_embeddings``: engines fetch embeddings from the encoders while the route
-        waits for the encoding (see ``_pulled``); False: the route hands them over after it."""
+        waits for the encoding (see ``_pulled``); False: the route hands them over after it.
+        ``plane``: where the decoded pixels of images go for the encoders (None: encoders
+        load each image from its source again)."""
+        self.plane = plane
         self.pull_embeddings = pull_embeddings
         self.peers = peers
         self.prompts = prompts
@@ -87,22 +98,67 @@ class RouteWorker:
         plan = plan_for(live_roles, len(items))
         span.set_attribute("epd.images", len(items))
         span.set_attribute("epd.encoder_policy", int(request.encoder_policy))
-        stage = EncodeStage(request_id, model, items, request.encoder_policy, self.host_id,
-                            [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids])
+        stage = EncodeStage(
+            request_id,
+            model,
+            items,
+            request.encoder_policy,
+            self.host_id,
+            [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids],
+        )
         call = EngineCall(request_id, model, generation_pb2.Prompt(token_ids=token_ids),
                           request.sampling, self._block_hashes(token_ids, items, grids), plan,
                           live_roles, deadline)  # fmt: skip
+        pixel_leases: list[str] = []
         try:
+            if plan.uses_encoders:
+                await self._attach_pixels(items, loaded, pixel_leases)
             pieces = (self._pulled(call, stage, grids)
                       if plan.uses_encoders and self.pull_embeddings
                       else self._handed_over(call, stage, grids))  # fmt: skip
             detokenizer = Detokenizer(self.prompts.tokenizer)
             async with aclosing(pieces):
                 async for piece in pieces:
-                    yield RouteChunk(detokenizer.add(piece.token_ids), piece.token_ids,
-                                     piece.finish_reason, piece.usage)
+                    yield RouteChunk(
+                        detokenizer.add(piece.token_ids),
+                        piece.token_ids,
+                        piece.finish_reason,
+                        piece.usage,
+                    )
         finally:
+            if pixel_leases and self.plane is not None:
+                self.plane.release(pixel_leases)
             await asyncio.shield(release_all(self.peers, stage))
+
+    async def _attach_pixels(
+        self, items: list[Media], loaded: Sequence[LoadedImage], leases: list[str]
+    ) -> None:
+        """Put the pixels of each of ``loaded`` into the data plane and name them in its item;
+        each lease goes into ``leases`` as soon as it exists (the caller releases them). Best
+        effort: an image whose pixels cannot be put is sent by its source alone."""
+        if self.plane is None or not items:
+            return
+        images = [image.image for image in loaded]
+        if sum(image.width * image.height for image in images) <= INLINE_DECODE_PIXELS:
+            arrays = [pixels_of(image) for image in images]
+        else:
+            arrays = await asyncio.to_thread(lambda: [pixels_of(image) for image in images])
+        for item, pixels in zip(items, arrays, strict=True):
+            if pixels is None:
+                continue
+            try:
+                ref = self.plane.put(
+                    torch.from_numpy(pixels),
+                    self.plane.host_id,
+                    preferred=tensor_pb2.TRANSFER_KIND_SHM,
+                )
+            except (EpdError, OSError) as e:
+                logger.debug(
+                    "pixels of %s not shared (%s): encoders load the source", item.mm_hash, e
+                )
+                continue
+            leases.append(ref.lease_id)
+            item.pixels.CopyFrom(ref)
 
     async def _token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
         """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
@@ -137,8 +193,9 @@ class RouteWorker:
                 choice: scheduler_pb.ChoosePrefillResponse | None = None,
                 ) -> AsyncGenerator[Piece, None]:  # fmt: skip
         """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
-        return stream_tokens(self.peers, replace(call, prompt=prompt),
-                             lambda: release_all(self.peers, stage), choice)
+        return stream_tokens(
+            self.peers, replace(call, prompt=prompt), lambda: release_all(self.peers, stage), choice
+        )
 
     async def _pulled(self, call: EngineCall, stage: EncodeStage,
                       grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
@@ -212,7 +269,8 @@ class RouteWorker:
         if self.roles.is_stale():
             try:
                 listing = await self.peers.scheduler.ListWorkers(
-                    scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining())
+                    scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining()
+                )
             except grpc.aio.AioRpcError as e:
                 raise from_rpc_error(e) from None
             self.roles.update(listing)
@@ -243,8 +301,9 @@ class RouteWorker:
         span = trace.get_current_span()
         span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
         span.set_attribute("epd.cache_hits", sum(r.cache_hit for r in stage.results.values()))
-        span.set_attribute("epd.embedding_bytes",
-                           sum(r.embeddings.byte_size for r in stage.results.values()))
+        span.set_attribute(
+            "epd.embedding_bytes", sum(r.embeddings.byte_size for r in stage.results.values())
+        )
         images = []
         for index, grid in enumerate(grids):
             result = stage.results[index]

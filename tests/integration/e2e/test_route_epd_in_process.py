@@ -87,6 +87,14 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
     assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert responses[-1].usage.completion_tokens == 12
     assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert_pixels_shared_and_released(deployment)
+
+
+def assert_pixels_shared_and_released(deployment) -> None:
+    """The encoders read the route's pixels (they decoded nothing), which it no longer holds."""
+    _, encoders, route, (_, _) = deployment
+    assert all(len(encoder.worker.loader.cache) == 0 for encoder in encoders)
+    assert route.worker.plane.held() == []
 
 
 async def test_embeddings_fetched_by_the_worker_give_the_reference_answer(
@@ -106,6 +114,7 @@ async def test_embeddings_fetched_by_the_worker_give_the_reference_answer(
             break
         await asyncio.sleep(0.05)
     assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert_pixels_shared_and_released(deployment)
 
 
 async def test_list_models_shows_the_deployment(deployment) -> None:
@@ -116,7 +125,7 @@ async def test_list_models_shows_the_deployment(deployment) -> None:
 
 
 async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
-    stub, encoders, _, _ = deployment
+    stub, encoders, route, _ = deployment
     request = chat_request([], "hi")
     request.messages[0].content.insert(0, route_service_pb2.ContentPart(
         image=multimodal_pb2.MediaItem(data=b"not an image")))
@@ -125,6 +134,7 @@ async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
     assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert route.worker.plane.held() == []
 
 
 def data_url(image: Image.Image) -> str:
