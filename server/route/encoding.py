@@ -40,6 +40,8 @@ class EncodeStage:
     num_tokens: list[int] = field(default_factory=list)
     results: dict[int, encode_pb.EncodeResponse] = field(default_factory=dict)
     encoder_ids: set[str] = field(default_factory=set)
+    # leases of the items' decoded pixels in the route's data plane (released once encoded)
+    pixel_leases: list[str] = field(default_factory=list)
 
     @property
     def leases(self) -> dict[str, list[str]]:

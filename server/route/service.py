@@ -109,10 +109,9 @@ class RouteWorker:
         call = EngineCall(request_id, model, generation_pb2.Prompt(token_ids=token_ids),
                           request.sampling, self._block_hashes(token_ids, items, grids), plan,
                           live_roles, deadline)  # fmt: skip
-        pixel_leases: list[str] = []
         try:
             if plan.uses_encoders:
-                await self._attach_pixels(items, loaded, pixel_leases)
+                await self._attach_pixels(items, loaded, stage.pixel_leases)
             pieces = (self._pulled(call, stage, grids)
                       if plan.uses_encoders and self.pull_embeddings
                       else self._handed_over(call, stage, grids))  # fmt: skip
@@ -126,9 +125,14 @@ class RouteWorker:
                         piece.usage,
                     )
         finally:
-            if pixel_leases and self.plane is not None:
-                self.plane.release(pixel_leases)
+            self._release_pixels(stage)
             await asyncio.shield(release_all(self.peers, stage))
+
+    def _release_pixels(self, stage: EncodeStage) -> None:
+        """Release the stage's pixel leases (once every image is encoded, or at the end)."""
+        leases, stage.pixel_leases = stage.pixel_leases, []
+        if leases and self.plane is not None:
+            self.plane.release(leases)
 
     async def _attach_pixels(
         self, items: list[Media], loaded: Sequence[LoadedImage], leases: list[str]
@@ -185,6 +189,7 @@ class RouteWorker:
             )
             stage.consumer_host_id = choice.worker.host_id or self.host_id
             await encode_all(self.peers, stage, call.deadline, assignment)
+            self._release_pixels(stage)
             prompt = self._embedded(token_ids, stage, grids)
         async for piece in self._stream(call, prompt, stage, choice):
             yield piece
@@ -211,6 +216,7 @@ class RouteWorker:
         endpoints = {everything[a.item_index]: a.endpoint for a in assignment.assignments}
         if len(endpoints) < len(everything):  # NOTE: not every image placed: encode first
             await encode_all(self.peers, stage, call.deadline, assignment)
+            self._release_pixels(stage)
             embedded = self._embedded(call.prompt.token_ids, stage, grids)
             async for piece in self._stream(call, embedded, stage, choice):
                 yield piece
@@ -220,6 +226,7 @@ class RouteWorker:
             encoder=multimodal_pb2.EncoderSource(endpoint=endpoints[i]))
             for i, (item, grid) in enumerate(zip(stage.items, grids, strict=True))]  # fmt: skip
         encoding = asyncio.ensure_future(encode_all(self.peers, stage, call.deadline, assignment))
+        encoding.add_done_callback(lambda _: self._release_pixels(stage))
 
         async def release_once_encoded() -> None:
             await asyncio.wait([encoding])

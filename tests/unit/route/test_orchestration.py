@@ -297,3 +297,34 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
     assert len(requests) == 2
     assert {request.consumer_host_id for request in requests} == {consumer}
+
+
+class RecordingPlane:
+    """A data plane stand-in that records releases."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    def release(self, lease_ids: list[str]) -> None:
+        self.released.extend(lease_ids)
+
+
+async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer() -> None:
+    peers = FakePeers()
+    roles = frozenset({ENCODE, PREFILL_DECODE})
+    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
+                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
+                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    worker = text_worker(peers)
+    plane = RecordingPlane()
+    worker.plane = plane  # type: ignore[assignment]
+    stage = stage_of(2)
+    stage.pixel_leases = ["pixels-0", "pixels-1"]
+    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    pieces = worker._handed_over(call, stage, grids)
+    first = await anext(pieces)
+    assert first.token_ids == [7]
+    assert plane.released == ["pixels-0", "pixels-1"] and stage.pixel_leases == []
+    await pieces.aclose()
+    worker._release_pixels(stage)
+    assert plane.released == ["pixels-0", "pixels-1"]
