@@ -173,4 +173,6 @@ async def _serve(config: RouteConfig, options: ServerOptions) -> int:
     print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
     await serve(app.server)
     await app.worker.peers.close()
+    if app.worker.plane is not None:
+        app.worker.plane.close()  # NOTE: unlinks the segments of the images' pixels
     return 0
