@@ -37,23 +37,6 @@ CORPUS_WORDS = (
     "are", "helpful", "answer", "question", "small", "large", "hello", "world",
 )
 
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 Progress = Callable[[str], None]
 
 
@@ -109,7 +92,7 @@ def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         report("training tokenizer")
-        chat_template = family_named(config.family).chat_template or CHAT_TEMPLATE
+        chat_template = family_named(config.family).chat_template
         tokenizer = _train_tokenizer(config, chat_template, _special_tokens(config))
         report("saving processor")
         _save_processor(tokenizer, config, chat_template, staging)

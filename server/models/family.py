@@ -55,8 +55,8 @@ class ModelFamily(ABC):
     visual_prefixes: tuple[str, ...]
     #: the longest side over the shortest the resize rule takes (None: any)
     max_aspect_ratio: int | None = None
-    #: the chat template of a tiny checkpoint (None: the builder's Qwen2-VL template)
-    chat_template: str | None = None
+    #: the chat template of a tiny checkpoint (the hub's for the family)
+    chat_template: str
     #: special tokens a tiny checkpoint's tokenizer needs beside the builder's (Qwen's) ones
     tiny_special_tokens: tuple[str, ...] = ()
 

@@ -13,6 +13,31 @@ from typing import Any
 
 from epd.server.models.family import Grid, ModelFamily, TinySizes
 
+# NOTE: Qwen2-VL's and Qwen2.5-VL's templates open with a default system turn; Qwen3-VL's do not.
+DEFAULT_SYSTEM_TURN = (
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+)
+
+
+def qwen_chat_template(system_turn: str) -> str:
+    """The Qwen chat template (one placeholder group per image), opening each chat with
+    ``system_turn`` (empty: none)."""
+    return (
+        "{% set image_count = namespace(value=0) %}"
+        "{% for message in messages %}" + system_turn + "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+        "{% else %}{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+        "{% set image_count.value = image_count.value + 1 %}"
+        "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+        "<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+        "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
@@ -22,6 +47,7 @@ class _QwenVl(ModelFamily):
     """What Qwen2-VL and Qwen2.5-VL share."""
 
     visual_prefixes = ("model.visual.", "visual.")
+    chat_template = qwen_chat_template(DEFAULT_SYSTEM_TURN)
     # NOTE: smart_resize's own bound: it refuses a longer side over 200x the shorter.
     max_aspect_ratio = 200
 

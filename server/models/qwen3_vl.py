@@ -11,25 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from epd.server.models.family import TinySizes
-from epd.server.models.qwen2_vl import MERGE_SIZE, TEMPORAL_PATCH_SIZE, _QwenVl
+from epd.server.models.qwen2_vl import (
+    MERGE_SIZE,
+    TEMPORAL_PATCH_SIZE,
+    _QwenVl,
+    qwen_chat_template,
+)
 
 PATCH_SIZE = 16
 
-# NOTE: as the hub's Qwen3-VL template: no default system turn (Qwen2-VL's template adds one).
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# NOTE: as the hub's Qwen3-VL template: no default system turn.
+CHAT_TEMPLATE = qwen_chat_template(system_turn="")
 
 
 class Qwen3Vl(_QwenVl):
