@@ -42,6 +42,33 @@ class TinySizes:
     max_position_embeddings: int = 4096
 
 
+def tiny_text_config(
+    token_ids: dict[str, int],
+    vocab_size: int,
+    sizes: TinySizes,
+    rope_parameters: dict[str, Any],
+) -> dict[str, Any]:
+    """The language model's config of a tiny checkpoint: ``sizes``, untied head, the builder's
+    special tokens (``<|endoftext|>`` pads and begins, ``<|im_end|>`` ends) and the family's
+    rotary settings."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=sizes.hidden_size,
+        intermediate_size=sizes.intermediate_size,
+        num_hidden_layers=sizes.num_layers,
+        num_attention_heads=sizes.num_heads,
+        num_key_value_heads=sizes.num_kv_heads,
+        max_position_embeddings=sizes.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        initializer_range=sizes.init_range,
+        tie_word_embeddings=False,
+        rope_parameters=rope_parameters,
+        bos_token_id=token_ids["<|endoftext|>"],
+        eos_token_id=token_ids["<|im_end|>"],
+        pad_token_id=token_ids["<|endoftext|>"],
+    )
+
+
 class ModelFamily(ABC):
     """One architecture family; instances are stateless and shared."""
 

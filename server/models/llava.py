@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import Grid, ModelFamily, TinySizes
+from epd.server.models.family import Grid, ModelFamily, TinySizes, tiny_text_config
 
 PATCH_SIZE = 14
 IMAGE_TOKEN = "<image>"
@@ -189,22 +189,7 @@ def _hub_name(key: str) -> str:
 
 
 def _tiny_text_config(token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-    return dict(
-        model_type="llama",
-        vocab_size=vocab_size,
-        hidden_size=sizes.hidden_size,
-        intermediate_size=sizes.intermediate_size,
-        num_hidden_layers=sizes.num_layers,
-        num_attention_heads=sizes.num_heads,
-        num_key_value_heads=sizes.num_kv_heads,
-        max_position_embeddings=sizes.max_position_embeddings,
-        rms_norm_eps=1e-6,
-        initializer_range=sizes.init_range,
-        tie_word_embeddings=False,
-        # NOTE: the hub's Vicuna takes theta 10000; at tiny sizes its greedy margins are narrow
-        # (0.006 on the tiny-model test's prompt), Qwen's 1e6 gives 0.27.
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=token_ids["<|endoftext|>"],
-        eos_token_id=token_ids["<|im_end|>"],
-        pad_token_id=token_ids["<|endoftext|>"],
-    )
+    # NOTE: the hub's Vicuna takes theta 10000; at tiny sizes its greedy margins are narrow
+    # (0.006 on the tiny-model test's prompt), Qwen's 1e6 gives 0.27.
+    rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    return {"model_type": "llama", **tiny_text_config(token_ids, vocab_size, sizes, rope)}

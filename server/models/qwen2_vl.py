@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import Grid, ModelFamily, TinySizes
+from epd.server.models.family import Grid, ModelFamily, TinySizes, tiny_text_config
 
 # NOTE: Qwen2-VL's and Qwen2.5-VL's templates open with a default system turn; Qwen3-VL's do not.
 DEFAULT_SYSTEM_TURN = (
@@ -171,26 +171,12 @@ class _QwenVl(ModelFamily):
         self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes
     ) -> dict[str, Any]:
         head_dim = sizes.hidden_size // sizes.num_heads
-        return dict(
-            vocab_size=vocab_size,
-            hidden_size=sizes.hidden_size,
-            intermediate_size=sizes.intermediate_size,
-            num_hidden_layers=sizes.num_layers,
-            num_attention_heads=sizes.num_heads,
-            num_key_value_heads=sizes.num_kv_heads,
-            max_position_embeddings=sizes.max_position_embeddings,
-            rms_norm_eps=1e-6,
-            initializer_range=sizes.init_range,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 1000000.0,
-                "mrope_section": mrope_section(head_dim),
-            },
-            bos_token_id=token_ids["<|endoftext|>"],
-            eos_token_id=token_ids["<|im_end|>"],
-            pad_token_id=token_ids["<|endoftext|>"],
-        )
+        rope = {
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "mrope_section": mrope_section(head_dim),
+        }
+        return tiny_text_config(token_ids, vocab_size, sizes, rope)
 
     def _vision_tower_class(self) -> Any:
         raise NotImplementedError
