@@ -25,10 +25,14 @@ def image_of(pixels: np.ndarray, policy: MediaPolicy) -> Image.Image:
     """The RGB image of ``pixels`` (copied into Pillow's own storage, so ``pixels`` may go as
     soon as this returns); raises InvalidArgument for another layout or too many pixels."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
-        raise InvalidArgument(f"pixels must be uint8 [height, width, 3], not {pixels.dtype} "
-                              f"{list(pixels.shape)}", reason="BAD_PIXELS")  # fmt: skip
+        raise InvalidArgument(
+            f"pixels must be uint8 [height, width, 3], not {pixels.dtype} {list(pixels.shape)}",
+            reason="BAD_PIXELS",
+        )
     height, width = pixels.shape[:2]
     if not height or not width or height * width > policy.max_pixels:
-        raise InvalidArgument(f"pixels of {width}x{height} are empty or over the limit of "
-                              f"{policy.max_pixels}", reason="BAD_PIXELS")  # fmt: skip
+        raise InvalidArgument(
+            f"pixels of {width}x{height} are empty or over the limit of {policy.max_pixels}",
+            reason="BAD_PIXELS",
+        )
     return Image.fromarray(np.ascontiguousarray(pixels))

@@ -104,8 +104,11 @@ def auth_middleware(token: str) -> Any:
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if request.path not in OPEN_PATHS and not hmac.compare_digest(given, expected):
-            return HttpError(401, "missing or invalid bearer token (Authorization: Bearer ...)",
-                             "invalid_api_key").response()  # fmt: skip
+            return HttpError(
+                401,
+                "missing or invalid bearer token (Authorization: Bearer ...)",
+                "invalid_api_key",
+            ).response()
         return await handler(request)
 
     return check_token
@@ -209,11 +212,21 @@ class GuardedRequestHandler(RequestHandler):
 
     def _answer_and_close(self, status: int, message: str) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            body = json.dumps({"error": {"message": message, "type": "server_error",
-                                         "param": None, "code": str(status)}}).encode()  # fmt: skip
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": message,
+                        "type": "server_error",
+                        "param": None,
+                        "code": str(status),
+                    }
+                }
+            ).encode()
             reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
-            head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            head = (
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
             self.transport.write(head.encode() + body)
         self.force_close()
 
@@ -221,8 +234,7 @@ class GuardedRequestHandler(RequestHandler):
 class GuardedSite(web.TCPSite):
     """A TCP site whose connections are ``GuardedRequestHandler``s."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int,
-                 options: HttpOptions) -> None:  # fmt: skip
+    def __init__(self, runner: web.AppRunner, host: str, port: int, options: HttpOptions) -> None:
         super().__init__(runner, host, port, ssl_context=options.ssl_context())
         self._options = options
 
@@ -247,6 +259,11 @@ class GuardedSite(web.TCPSite):
             )
 
         self._server = await loop.create_server(
-            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
-        )  # fmt: skip
+            protocol,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )

@@ -78,8 +78,9 @@ BASH = [b for b in BLOCKS if b.language == "bash"]
 
 def by_place(blocks: list[Block]) -> pytest.MarkDecorator:
     """Parametrize by block, named by place; blocks naming vLLM are marked ``vllm`` (slow)."""
-    params = [pytest.param(b, id=b.where, marks=[pytest.mark.vllm] * ("vllm" in b.code))
-              for b in blocks]  # fmt: skip
+    params = [
+        pytest.param(b, id=b.where, marks=[pytest.mark.vllm] * ("vllm" in b.code)) for b in blocks
+    ]
     return pytest.mark.parametrize("block", params)
 
 
@@ -201,16 +202,20 @@ def flags(args: list[str]) -> list[str]:
 @functools.cache
 def help_text(command: tuple[str, ...]) -> str:
     """``command --help``, which must succeed (so a missing subcommand fails here)."""
-    done = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    done = subprocess.run(
+        [*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, f"{' '.join(command)} --help: {done.stderr[-2000:]}"
     return done.stdout
 
 
 def missing_flags(command: tuple[str, ...], args: list[str]) -> list[str]:
     text = help_text(command)
-    return [f"{' '.join(command)}: no flag {flag}" for flag in flags(args)
-            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)]  # fmt: skip
+    return [
+        f"{' '.join(command)}: no flag {flag}"
+        for flag in flags(args)
+        if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)
+    ]
 
 
 def command_problems(argv: list[str]) -> list[str]:
@@ -251,17 +256,22 @@ def test_bash_blocks_name_programs_subcommands_and_flags_that_exist(block: Block
     assert problems == [], block.where
 
 
-@pytest.mark.parametrize("code, problem", [
-    ("scripts/nope.sh", "not an executable file"),
-    (".venv/bin/epd up --no-such-flag", "no flag --no-such-flag"),
-    (".venv/bin/epd model tiny --out DIR --presets small", "no flag --presets"),
-    (".venv/bin/python scripts/bench_e2e.py --sistems epd", "no flag --sistems"),
-    (".venv/bin/python -m epd.no_such_module", "no module epd.no_such_module"),
-    (".venv/bin/python -c 'from epd.client.sdk import nothing'", "cannot import name"),
-    (".venv/bin/python -c 'import argparse; argparse.ArgumentParser().parse_args()' --x 1",
-     "no flag --x"),
-    ("make all", "not a program"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "code, problem",
+    [
+        ("scripts/nope.sh", "not an executable file"),
+        (".venv/bin/epd up --no-such-flag", "no flag --no-such-flag"),
+        (".venv/bin/epd model tiny --out DIR --presets small", "no flag --presets"),
+        (".venv/bin/python scripts/bench_e2e.py --sistems epd", "no flag --sistems"),
+        (".venv/bin/python -m epd.no_such_module", "no module epd.no_such_module"),
+        (".venv/bin/python -c 'from epd.client.sdk import nothing'", "cannot import name"),
+        (
+            ".venv/bin/python -c 'import argparse; argparse.ArgumentParser().parse_args()' --x 1",
+            "no flag --x",
+        ),
+        ("make all", "not a program"),
+    ],
+)
 def test_broken_commands_are_caught(code: str, problem: str) -> None:
     problems = [p for argv in shell_commands(code) for p in command_problems(argv)]
     assert len(problems) == 1 and problem in problems[0]
@@ -312,8 +322,14 @@ class RouteThread:
         words = prompts.tokenizer(" a red square", add_special_tokens=False)["input_ids"]
         peers.engines["pd0"] = FakeEngine(tokens=list(words))
         loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-        worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
-                             grids=ImageGridder(model_dir))  # fmt: skip
+        worker = RouteWorker(
+            peers,
+            prompts,
+            loader,
+            model_id="tiny",
+            host_id="h",  # type: ignore[arg-type]
+            grids=ImageGridder(model_dir),
+        )
         binding = ServiceBinding(
             SERVICE_NAME,
             RouteServicer(worker),
@@ -352,12 +368,16 @@ def with_placeholders_filled(code: str, route: RouteThread) -> str:
 
 
 @by_place(PYTHON)
-def test_python_blocks_run(block: Block, route: RouteThread,
-                                           tmp_path: Path) -> None:  # fmt: skip
+def test_python_blocks_run(block: Block, route: RouteThread, tmp_path: Path) -> None:
     for name in set(re.findall(r"[\"']([\w-]+\.(?:png|jpg))[\"']", block.code)):
         (tmp_path / name).write_bytes(png_bytes())
     environment = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1"}
-    done = subprocess.run([sys.executable, "-c", with_placeholders_filled(block.code, route)],
-                          cwd=tmp_path, env=environment, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", with_placeholders_filled(block.code, route)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, f"{block.where}:\n{done.stderr[-3000:]}"

@@ -73,13 +73,24 @@ async def served(
     await asyncio.gather(engines[0].close(), engines[1].close())
 
 
-async def prefill_then_decode(stubs: Stubs, request_id: str, prompt: generation_pb2.Prompt
-                              ) -> list[int]:  # fmt: skip
-    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(
-        request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY))  # fmt: skip
-    responses = stubs.decode.Decode(decode_pb.DecodeRequest(
-        request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY,
-        first_token_id=first.first_token_id, kv_handle=first.kv_handle))  # fmt: skip
+async def prefill_then_decode(
+    stubs: Stubs, request_id: str, prompt: generation_pb2.Prompt
+) -> list[int]:
+    first = await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(
+            request_id=request_id, model="tiny", prompt=prompt, sampling=GREEDY
+        )
+    )
+    responses = stubs.decode.Decode(
+        decode_pb.DecodeRequest(
+            request_id=request_id,
+            model="tiny",
+            prompt=prompt,
+            sampling=GREEDY,
+            first_token_id=first.first_token_id,
+            kv_handle=first.kv_handle,
+        )
+    )
     return [first.first_token_id] + [t async for r in responses for t in r.token_ids]
 
 
