@@ -6,6 +6,11 @@ Paths (sequential requests = low load; every request has its own random image, s
 - E/PD: as the route does by default: Encode over gRPC to the encode service (embeddings in
   shared memory), then PrefillDecode with the embeddings' references to a prefill_decode worker
   on a plain vLLM engine (the same engine as monolithic);
+- E/PD vLLM input: E/PD, but the worker's engine hands the embeddings to vLLM as its public
+  input (``multi_modal_data={"image": family.vllm_data(...)}``, named by the same embeddings
+  hash through ``multi_modal_uuids``) and vLLM's renderer expands and itemises them, instead of
+  the family's hand-rendered items (``vllm_embeds.embeddings_input``): what the hand-rendered
+  path saves, on the same engine;
 - E/PD pull: as the route with --pull-embeddings: Encode and, at the same time, PrefillDecode
   naming the image's encoder; the worker fetches the embeddings there itself;
 - EPD: the raw image over gRPC to an encode_prefill worker (same engine);
@@ -217,6 +222,15 @@ class Bench:
         await self.release(prompt)
         return result
 
+    async def e_pd_vllm_input(self, data: bytes, request_id: str) -> Timed:
+        engine = self.engine
+        rendered = engine._prompt
+        engine._prompt = lambda rid, ids, images: public_input(engine, ids, images)
+        try:
+            return await self.e_pd(data, request_id)
+        finally:
+            engine._prompt = rendered
+
     async def epd_raw(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import generation_pb2, multimodal_pb2
         from epd.v1 import prefill_service_pb2 as pb
@@ -247,6 +261,21 @@ class Bench:
         return first_at - start, wait_s + decode_s, count + 1
 
 
+def public_input(engine: Any, token_ids: list[int], images: list[Any]) -> dict[str, Any]:
+    """vLLM's public input for a prompt whose images come as embeddings (the engine checked
+    them before), named as the hand-rendered path names them."""
+    from epd.server.engine.vllm_embeds import embeddings_hash
+    from epd.server.models.registry import family_named
+
+    embeddings = [image.embeddings for image in images]
+    grids = [image.grid for image in images]
+    data = family_named(engine.layout.family).vllm_data(embeddings, grids)
+    algorithm = engine._hash_algorithm
+    names = [embeddings_hash(e, g, algorithm) for e, g in zip(embeddings, grids, strict=True)]
+    return {"prompt_token_ids": list(token_ids), "multi_modal_data": {"image": data},
+            "multi_modal_uuids": {"image": names}}
+
+
 async def measure(preset_name: str, num_requests: int, num_tokens: int,
                   with_pd: bool) -> dict[str, dict[str, float]]:  # fmt: skip
     from epd.server.engine.tiny_model import build_tiny_model, preset
@@ -256,7 +285,8 @@ async def measure(preset_name: str, num_requests: int, num_tokens: int,
         bench = Bench(model_dir, num_tokens)
         await bench.start(with_pd)
         paths = {"monolithic": bench.monolithic, "E/PD": bench.e_pd,
-                 "E/PD pull": bench.e_pd_pull, "EPD": bench.epd_raw}
+                 "E/PD vLLM input": bench.e_pd_vllm_input, "E/PD pull": bench.e_pd_pull,
+                 "EPD": bench.epd_raw}
         if with_pd:
             paths["E/P/D"] = bench.e_p_d
         results: dict[str, list[Timed]] = {name: [] for name in paths}
@@ -281,11 +311,11 @@ def summarise(timings: list[Timed]) -> dict[str, float]:
 
 def report(figures: dict[str, dict[str, dict[str, float]]]) -> None:
     header = f"{'TTFT ms':>8} {'x mono':>7} {'decode tok/s':>13} {'x mono':>7}"
-    print(f"{'preset':7} {'path':12} {header}")
+    print(f"{'preset':7} {'path':15} {header}")
     for preset_name, paths in figures.items():
         mono = paths["monolithic"]
         for name, row in paths.items():
-            print(f"{preset_name:7} {name:12} {row['ttft_ms']:8.1f} "
+            print(f"{preset_name:7} {name:15} {row['ttft_ms']:8.1f} "
                   f"{row['ttft_ms'] / mono['ttft_ms']:7.2f} {row['decode_tok_s']:13.1f} "
                   f"{row['decode_tok_s'] / mono['decode_tok_s']:7.2f}")
     print("target: E/PD TTFT <= 1.2x monolithic on tiny at low load")
