@@ -17,10 +17,19 @@ from PIL import Image
 HASH_VERSION = b"epd-mm-v1"
 
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
 def processor_fingerprint(model_dir: str | Path) -> str:
-    """A short hash of the model's preprocessor settings (preprocessor_config.json)."""
-    path = Path(model_dir) / "preprocessor_config.json"
-    settings = json.loads(path.read_text()) if path.exists() else {}
+    """A short hash of the model's processor settings: ``preprocessor_config.json`` (the image
+    processor, as checkpoints saved before transformers 5 keep it) and ``processor_config.json``
+    (the processor's own settings, and the image processor nested in it, which transformers 5
+    reads first), whichever exist."""
+    settings: dict[str, object] = {}
+    for name in PROCESSOR_FILES:
+        path = Path(model_dir) / name
+        if path.exists():
+            settings[name] = json.loads(path.read_text())
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.blake2b(canonical, digest_size=8).hexdigest()
 
