@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.metrics import register_scheduler_metrics
 from epd.scheduler.servicer import SchedulerServicer
+from epd.server.common.metrics import new_registry
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -14,8 +16,13 @@ async def build_scheduler_server(
     options: ServerOptions | None = None, config: SchedulerConfig | None = None,
 ) -> tuple[EpdServer, int]:  # fmt: skip
     """A started scheduler server (SERVING at once: it has nothing to warm up)."""
-    servicer = SchedulerServicer(Scheduler(config))
+    scheduler = Scheduler(config)
+    servicer = SchedulerServicer(scheduler)
     binding = ServiceBinding(SERVICE_NAME, servicer, pb_grpc.add_SchedulerServiceServicer_to_server)
-    server, port = await build_server([binding], options)
+    registry = None
+    if options is not None and options.exports_metrics:
+        registry = new_registry()
+        register_scheduler_metrics(scheduler, registry)
+    server, port = await build_server([binding], options, registry)
     await server.mark_serving()
     return server, port

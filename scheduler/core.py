@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,8 +81,10 @@ class Scheduler:
         self._clock = clock
         # NOTE: per_image follows the workers' own weights (Dynamo's default); the split ratio
         # is per_request's knob and adaptive's prior before it has measured anything.
-        self._policies = {p: make_policy(p, None if p is Policy.PER_IMAGE else
-                                         self.config.split_ratio) for p in Policy}
+        self._policies = {
+            p: make_policy(p, None if p is Policy.PER_IMAGE else self.config.split_ratio)
+            for p in Policy
+        }
         self._service = ServiceTimes()
         self._pending: dict[str, _Pending] = {}
         self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
@@ -94,6 +96,8 @@ class Scheduler:
         # NOTE: when each encoder last finished computed work (its registration until then):
         # an idle encoder's estimate older than probe_after_s is stale and gets probed.
         self._sampled_at: dict[str, float] = {}
+        # items placed so far, by (policy, encoder id)
+        self.num_assigned: Counter[tuple[Policy, str]] = Counter()
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> Worker:
@@ -103,8 +107,13 @@ class Scheduler:
             self._sampled_at[worker.id] = self._clock()
             return worker
 
-    def heartbeat(self, lease_id: str, load: Load | None = None,
-                  stored_blocks: Sequence[int] = (), removed_blocks: Sequence[int] = ()) -> Worker:
+    def heartbeat(
+        self,
+        lease_id: str,
+        load: Load | None = None,
+        stored_blocks: Sequence[int] = (),
+        removed_blocks: Sequence[int] = (),
+    ) -> Worker:
         """Renew a lease, record load, cache contents and KV events."""
         with self._lock:
             worker = self.registry.heartbeat(lease_id, load)
@@ -129,8 +138,14 @@ class Scheduler:
                     and (not model or w.spec.model == model)]  # fmt: skip
 
     # ---- encoders
-    def assign_encoders(self, items: Sequence[EncodeItem], *, model: str = "",
-                        policy: Policy | None = None, exclude: Sequence[str] = ()) -> Assignment:
+    def assign_encoders(
+        self,
+        items: Sequence[EncodeItem],
+        *,
+        model: str = "",
+        policy: Policy | None = None,
+        exclude: Sequence[str] = (),
+    ) -> Assignment:
         """Place each item on a live encoder of ``model``; Unavailable when there is none."""
         if not items:
             raise InvalidArgument("no items to assign", reason="NO_ITEMS")
@@ -172,6 +187,13 @@ class Scheduler:
             estimate: float | None = self._service.get(worker_id)
             return estimate
 
+    def encoder_views(self) -> list[EncoderView]:
+        """What the adaptive policy knows of every registered encoder now (learned service
+        time, backlog), by id; for metrics and inspection."""
+        with self._lock:
+            encoders = [w for w in self.registry.all() if w.spec.role is Role.ENCODE]
+            return [self._view(worker) for worker in encoders]
+
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
         return self._policies[policy]
@@ -209,8 +231,11 @@ class Scheduler:
             return model
         models = self.registry.models()
         if len(models) > 1:
-            raise InvalidArgument(f"name the model: several are served ({', '.join(models)})",
-                                  reason="MODEL_REQUIRED", metadata={"models": ",".join(models)})
+            raise InvalidArgument(
+                f"name the model: several are served ({', '.join(models)})",
+                reason="MODEL_REQUIRED",
+                metadata={"models": ",".join(models)},
+            )
         return models[0] if models else ""
 
     def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
@@ -262,9 +287,11 @@ class Scheduler:
                 groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
             groups[worker_id].item_indices.append(index)
             self._units_per_item.setdefault(worker_id, Ewma()).add(
-                self._adaptive.units(items[index]))
+                self._adaptive.units(items[index])
+            )
         for group in groups.values():
             group.worker.num_assigned_in_flight += len(group.item_indices)
+            self.num_assigned[policy, group.worker.id] += len(group.item_indices)
         assignment_id = uuid.uuid4().hex
         self._pending[assignment_id] = _Pending(
             list(groups.values()), [item.mm_hash for item in items],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from epd.scheduler.model import Load, Role, Worker, WorkerSpec
@@ -56,6 +57,8 @@ class Registry:
         self._by_id: dict[str, Worker] = {}
         self._by_lease: dict[str, str] = {}
         self._lock = lock or threading.RLock()
+        self.num_registered: Counter[Role] = Counter()  # registrations accepted, by role
+        self.num_evicted = 0  # workers removed for missing heartbeats
 
     def register(self, spec: WorkerSpec) -> Worker:
         """Add ``spec`` (or replace its earlier entry: same endpoint, or an expired one)."""
@@ -73,6 +76,7 @@ class Registry:
             worker = Worker(spec, uuid.uuid4().hex, self._clock())
             self._by_id[spec.id] = worker
             self._by_lease[worker.lease_id] = spec.id
+            self.num_registered[spec.role] += 1
             return worker
 
     def heartbeat(self, lease_id: str, load: Load | None = None) -> Worker:
@@ -111,6 +115,7 @@ class Registry:
             expired = [w for w in self._by_id.values() if w.last_heartbeat < deadline]
             for worker in expired:
                 self._remove(worker)
+            self.num_evicted += len(expired)
             return expired
 
     def live(self, roles: Iterable[Role], model: str = "",
@@ -119,9 +124,17 @@ class Registry:
         wanted, excluded = set(roles), set(exclude)
         with self._lock:
             self.evict_expired()
-            return sorted((w for w in self._by_id.values()
-                           if w.spec.role in wanted and w.id not in excluded and not w.draining
-                           and (not model or w.spec.model == model)), key=lambda w: w.id)
+            return sorted(
+                (
+                    w
+                    for w in self._by_id.values()
+                    if w.spec.role in wanted
+                    and w.id not in excluded
+                    and not w.draining
+                    and (not model or w.spec.model == model)
+                ),
+                key=lambda w: w.id,
+            )
 
     def all(self) -> list[Worker]:
         """Every registered worker, by id."""

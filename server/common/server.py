@@ -5,7 +5,8 @@ service calls ``mark_serving``, NOT_SERVING again once draining), server reflect
 ``grpcurl -plaintext HOST:PORT list`` works without .proto files), OpenTelemetry spans for every
 RPC but health and reflection, with the caller's trace context, when the process traces
 (``telemetry.traces_rpcs``), optional bearer-token auth and TLS / mTLS, message-size limits,
-and INVALID_ARGUMENT (reason BAD_MESSAGE) for requests that do not parse (``bad_messages``).
+INVALID_ARGUMENT (reason BAD_MESSAGE) for requests that do not parse (``bad_messages``), and
+Prometheus metrics of the service's registry on ``--metrics-port`` (``metrics``).
 ``serve`` runs a built server until SIGTERM or SIGINT and then drains it.
 """
 
@@ -25,11 +26,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
+from prometheus_client import CollectorRegistry
 
 from epd.server.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.server.common.auth import BearerTokenInterceptor
 from epd.server.common.bad_messages import BadMessageInterceptor
 from epd.server.common.channels import SERVER_PING_OPTIONS
+from epd.server.common.metrics import MetricsServer, start_metrics_server
 from epd.server.common.sessions import SessionDrain
 from epd.server.common.telemetry import traces_rpcs
 
@@ -68,10 +71,13 @@ class ServerOptions:
     auth_token: str | None = None
     drain_grace_s: float = 10.0
     advertise_host: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         if self.max_message_bytes <= 0:
             raise ValueError("max message size must be positive")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -92,6 +98,11 @@ class ServerOptions:
         return endpoint(advertised_host(self.host, self.advertise_host), port)
 
     @property
+    def exports_metrics(self) -> bool:
+        """Whether this server serves Prometheus metrics (``metrics_port`` is set)."""
+        return self.metrics_port is not None
+
+    @property
     def address(self) -> str:
         """The address to bind, host:port (IPv6 hosts bracketed)."""
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
@@ -102,34 +113,66 @@ class ServerOptions:
         """Add the server flags to ``parser``; each falls back to an EPD_* environment variable."""
         env = os.environ.get
         group = parser.add_argument_group("server")
-        group.add_argument("--host", default=env("EPD_HOST", "127.0.0.1"),
-                           help="address to listen on (env EPD_HOST; default 127.0.0.1; "
-                                "0.0.0.0 or :: for all interfaces)")
-        group.add_argument("--port", type=int, default=int(env("EPD_PORT", default_port)),
-                           help=f"port to listen on, 0 picks a free one (env EPD_PORT; "
-                                f"default {default_port})")
-        group.add_argument("--max-message-mb", type=float,
-                           default=float(env("EPD_MAX_MESSAGE_MB", 64)),
-                           help="largest gRPC message sent or received, in MiB "
-                                "(env EPD_MAX_MESSAGE_MB; default 64)")
-        group.add_argument("--tls-cert", default=env("EPD_TLS_CERT"),
-                           help="PEM certificate chain; serves TLS when set (env EPD_TLS_CERT)")
-        group.add_argument("--tls-key", default=env("EPD_TLS_KEY"),
-                           help="PEM private key for --tls-cert (env EPD_TLS_KEY)")
-        group.add_argument("--tls-client-ca", default=env("EPD_TLS_CLIENT_CA"),
-                           help="PEM CA bundle; requires and verifies client certificates "
-                                "(mTLS) when set (env EPD_TLS_CLIENT_CA)")
-        group.add_argument("--auth-token", default=env("EPD_AUTH_TOKEN"),
-                           help="require 'authorization: Bearer TOKEN' on every RPC except "
-                                "health checks (env EPD_AUTH_TOKEN)")
-        group.add_argument("--advertise-host", default=env("EPD_ADVERTISE_HOST"),
-                           help="address workers register for peers to reach them at (env "
-                                "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
-                                "address when --host is a wildcard such as 0.0.0.0)")
+        group.add_argument(
+            "--host",
+            default=env("EPD_HOST", "127.0.0.1"),
+            help="address to listen on (env EPD_HOST; default 127.0.0.1; "
+            "0.0.0.0 or :: for all interfaces)",
+        )
+        group.add_argument(
+            "--port",
+            type=int,
+            default=int(env("EPD_PORT", default_port)),
+            help=f"port to listen on, 0 picks a free one (env EPD_PORT; default {default_port})",
+        )
+        group.add_argument(
+            "--max-message-mb",
+            type=float,
+            default=float(env("EPD_MAX_MESSAGE_MB", 64)),
+            help="largest gRPC message sent or received, in MiB "
+            "(env EPD_MAX_MESSAGE_MB; default 64)",
+        )
+        group.add_argument(
+            "--tls-cert",
+            default=env("EPD_TLS_CERT"),
+            help="PEM certificate chain; serves TLS when set (env EPD_TLS_CERT)",
+        )
+        group.add_argument(
+            "--tls-key",
+            default=env("EPD_TLS_KEY"),
+            help="PEM private key for --tls-cert (env EPD_TLS_KEY)",
+        )
+        group.add_argument(
+            "--tls-client-ca",
+            default=env("EPD_TLS_CLIENT_CA"),
+            help="PEM CA bundle; requires and verifies client certificates "
+            "(mTLS) when set (env EPD_TLS_CLIENT_CA)",
+        )
+        group.add_argument(
+            "--auth-token",
+            default=env("EPD_AUTH_TOKEN"),
+            help="require 'authorization: Bearer TOKEN' on every RPC except "
+            "health checks (env EPD_AUTH_TOKEN)",
+        )
+        group.add_argument(
+            "--advertise-host",
+            default=env("EPD_ADVERTISE_HOST"),
+            help="address workers register for peers to reach them at (env "
+            "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
+            "address when --host is a wildcard such as 0.0.0.0)",
+        )
         group.add_argument("--drain-grace-s", type=float,
                            default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
                            help="on SIGTERM, seconds in-flight RPCs get to finish "
                                 "(env EPD_DRAIN_GRACE_S; default 10)")  # fmt: skip
+        metrics_port = env("EPD_METRICS_PORT")
+        group.add_argument(
+            "--metrics-port",
+            type=int,
+            default=int(metrics_port) if metrics_port else None,
+            help="serve Prometheus metrics (text format, any path, e.g. /metrics) on this port "
+            "of --host, 0 = a free one (env EPD_METRICS_PORT; default: off)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerOptions:
@@ -139,6 +182,7 @@ class ServerOptions:
             tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
             tls_client_ca_file=args.tls_client_ca, auth_token=args.auth_token or None,
             drain_grace_s=args.drain_grace_s, advertise_host=args.advertise_host or None,
+            metrics_port=args.metrics_port,
         )  # fmt: skip
 
 
@@ -162,6 +206,7 @@ class EpdServer:
     options: ServerOptions
     _drain_callbacks: list[DrainCallback] = field(default_factory=list)
     _drain_task: asyncio.Task[None] | None = None
+    metrics: MetricsServer | None = None
 
     async def mark_serving(self) -> None:
         """Report SERVING for every service (call once warm, e.g. after the model loaded)."""
@@ -195,15 +240,21 @@ class EpdServer:
             except Exception:
                 logger.exception("drain callback failed")
         await self.grpc_server.stop(self.options.drain_grace_s if grace is None else grace)
+        if self.metrics is not None:
+            self.metrics.close()
 
     async def _set_all(self, status: int) -> None:
         for name in ["", *self.service_names]:
             await self.health_servicer.set(name, status)
 
 
-async def build_server(bindings: Sequence[ServiceBinding],
-                       options: ServerOptions | None = None) -> tuple[EpdServer, int]:  # fmt: skip
-    """Create, bind and start a server for ``bindings``; returns it and the bound port."""
+async def build_server(
+    bindings: Sequence[ServiceBinding],
+    options: ServerOptions | None = None,
+    registry: CollectorRegistry | None = None,
+) -> tuple[EpdServer, int]:
+    """Create, bind and start a server for ``bindings``; returns it and the bound port.
+    With ``options.metrics_port`` set, ``registry`` is served there until the server drains."""
     options = options or ServerOptions()
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if traces_rpcs():
@@ -234,6 +285,15 @@ async def build_server(bindings: Sequence[ServiceBinding],
             epd_server.add_drain_callback(sessions.start)
     await epd_server.mark_not_serving()
     await server.start()
+    if registry is not None and options.metrics_port is not None:
+        try:
+            epd_server.metrics = start_metrics_server(
+                registry, options.host, options.metrics_port,
+                certfile=options.tls_cert_file, keyfile=options.tls_key_file,
+            )  # fmt: skip
+        except OSError:
+            await server.stop(0)
+            raise
     logger.info("serving %s on %s:%d", ", ".join(names), options.host, port)
     return epd_server, port
 

@@ -6,11 +6,13 @@ import logging
 from dataclasses import dataclass
 
 from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.metrics import new_registry
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.decode.service import DecodeWorker
 from epd.server.decode.servicer import DecodeServicer
 from epd.server.engine.base import Engine
 from epd.server.prefill.app import register_and_serve
+from epd.server.prefill.metrics import register_engine_metrics
 from epd.server.transfer.plane import default_host_id
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -50,7 +52,11 @@ async def build_decode_server(config: DecodeConfig, engine: Engine,
     worker = DecodeWorker(engine)
     binding = ServiceBinding(SERVICE_NAME, DecodeServicer(worker),
                              pb_grpc.add_DecodeServiceServicer_to_server)  # fmt: skip
-    server, port = await build_server([binding], options)
+    registry = None
+    if options.exports_metrics:
+        registry = new_registry()
+        register_engine_metrics(registry)
+    server, port = await build_server([binding], options, registry)
     host_id = default_host_id()
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"decode-{host_id}-{port}", role=scheduler_pb.WORKER_ROLE_DECODE,

@@ -7,16 +7,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.metrics import new_registry
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.metrics import EncodeMetrics
 from epd.server.encode.service import EncodeWorker
 from epd.server.encode.servicer import EncodeServicer
 from epd.server.encode.vision import VisionEncoder
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
+from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -73,8 +77,11 @@ async def build_encode_server(config: EncodeConfig,
     batcher = DynamicBatcher(encoder.encode, max_items=config.max_batch_size,
                              max_wait_s=config.max_batch_wait_ms / 1000,
                              inline_below_s=config.max_inline_ms / 1000)  # fmt: skip
-    loader = MediaLoader(config.media, model_id=model_id,
-                         processor_fingerprint=processor_fingerprint(config.model_dir))
+    loader = MediaLoader(
+        config.media,
+        model_id=model_id,
+        processor_fingerprint=processor_fingerprint(config.model_dir),
+    )
     plane = DataPlane(lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind)
     plane.start_reaper()
     cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
@@ -82,7 +89,13 @@ async def build_encode_server(config: EncodeConfig,
                           model_id=model_id, gridder=ImageGridder(config.model_dir))  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, EncodeServicer(worker),
                              pb_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
-    server, port = await build_server([binding], options)
+    registry = None
+    if options.exports_metrics:
+        registry = new_registry()
+        EncodeMetrics(worker, registry)
+        register_media_metrics(loader, registry)
+        register_plane_metrics(plane, registry)
+    server, port = await build_server([binding], options, registry)
     endpoint = options.advertised_endpoint(port)
     plane.set_producer_endpoint(endpoint)
     worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
@@ -94,8 +107,11 @@ async def build_encode_server(config: EncodeConfig,
 
     def load() -> scheduler_pb.WorkerLoad:
         return scheduler_pb.WorkerLoad(
-            queue_depth=batcher.queue_depth, num_in_flight=worker.num_in_flight,
-            item_latency_ms=batcher.stats.item_latency_ms, cached_mm_hashes=cache.hashes(256))
+            queue_depth=batcher.queue_depth,
+            num_in_flight=worker.num_in_flight,
+            item_latency_ms=batcher.stats.item_latency_ms,
+            cached_mm_hashes=cache.hashes(256),
+        )
 
     registration = WorkerRegistration(config.scheduler, info, load,
                                       interval_s=config.heartbeat_interval_s,

@@ -19,6 +19,8 @@ from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+# Called after each batch that succeeded with its number of items and its duration in seconds.
+BatchObserver = Callable[[int, float], None]
 
 
 @dataclass(slots=True)
@@ -35,7 +37,9 @@ class DynamicBatcher(Generic[Item, Result]):
     """Batches calls of ``run(items) -> results`` (same order, same length)."""
 
     def __init__(self, run: Callable[[list[Item]], list[Result]], *, max_items: int = 8,
-                 max_wait_s: float = 0.0, inline_below_s: float = 0.0) -> None:  # fmt: skip
+                 max_wait_s: float = 0.0, inline_below_s: float = 0.0,
+                 on_batch: BatchObserver | None = None) -> None:  # fmt: skip
+        """``on_batch`` sees every batch that succeeded (metrics); it runs on the event loop."""
         if max_items < 1 or max_wait_s < 0 or inline_below_s < 0:
             raise ValueError("max_items must be >= 1, max_wait_s and inline_below_s >= 0")
         self._run = run
@@ -48,6 +52,7 @@ class DynamicBatcher(Generic[Item, Result]):
         self._worker: asyncio.Task[None] | None = None
         self.stats = BatchStats()
         self.num_running = 0
+        self.on_batch = on_batch
 
     @property
     def queue_depth(self) -> int:
@@ -125,6 +130,8 @@ class DynamicBatcher(Generic[Item, Result]):
         self.stats.num_batches += 1
         self.stats.num_items += len(batch)
         self.stats.item_latency_ms = elapsed_ms / len(batch)
+        if self.on_batch is not None:
+            self.on_batch(len(batch), elapsed_ms / 1000)
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result((result, len(batch)))

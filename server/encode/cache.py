@@ -35,6 +35,7 @@ class EmbeddingCache:
         self._lock = threading.Lock()
         self.num_hits = 0
         self.num_misses = 0
+        self.num_evictions = 0
 
     def get(self, mm_hash: str) -> CachedEmbedding | None:
         """The entry of ``mm_hash`` (counted as a hit or miss)."""
@@ -59,6 +60,7 @@ class EmbeddingCache:
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.num_bytes
+                self.num_evictions += 1
 
     def hashes(self, limit: int = 1024) -> list[str]:
         """Up to ``limit`` most recently used hashes (for heartbeats)."""

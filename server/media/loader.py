@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.server.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import declared_pixels, decode_image
 from epd.server.media.fetch import fetch_url
@@ -49,9 +50,18 @@ class MediaLoader:
         self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(
             cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes
         )
+        self.num_refused: Counter[str] = Counter()  # by error reason, for metrics
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
-        """Decode the image at ``url`` or in ``data`` (exactly one must be given)."""
+        """Decode the image at ``url`` or in ``data`` (exactly one must be given). A refusal
+        (an EpdError: bad URL, too large, not an image...) is counted by its reason."""
+        try:
+            return await self._load(url, data)
+        except EpdError as e:
+            self.num_refused[e.reason] += 1
+            raise
+
+    async def _load(self, url: str, data: bytes) -> LoadedImage:
         if bool(url) == bool(data):
             raise InvalidArgument(
                 "a media item needs exactly one of url or data", reason="BAD_MEDIA_ITEM"

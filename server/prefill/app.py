@@ -7,14 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.common.metrics import new_registry
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.engine.base import Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
+from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.encoders import EncoderPulls
+from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.service import Mode, PrefillWorker
 from epd.server.prefill.servicer import PrefillServicer
+from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -65,14 +69,23 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     # NOTE: the reaper also forgets kept mappings of encoders' segments that their encoder
     # unlinked (an encoder that stopped), which would pin that memory in this process.
     plane.start_reaper()
-    loader = MediaLoader(config.media, model_id=engine.model_id,
-                         processor_fingerprint=processor_fingerprint(config.model_dir))
+    loader = MediaLoader(
+        config.media,
+        model_id=engine.model_id,
+        processor_fingerprint=processor_fingerprint(config.model_dir),
+    )
     encoders = EncoderPulls(options.auth_token)
+    registry = new_registry() if options.exports_metrics else None
+    metrics = None
+    if registry is not None:
+        metrics = PrefillMetrics(registry)
+        register_plane_metrics(plane, registry)
+        register_media_metrics(loader, registry)
     worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv,
-                           encoders=encoders)  # fmt: skip
+                           encoders=encoders, metrics=metrics)  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
                              pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
-    server, port = await build_server([binding], options)
+    server, port = await build_server([binding], options, registry)
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
         role=ROLES[config.mode], endpoint=options.advertised_endpoint(port), device="cpu",

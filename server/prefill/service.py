@@ -10,12 +10,14 @@ Modes (chosen at start-up):
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import AsyncIterator
 
 from epd.server.common.errors import FailedPrecondition
-from epd.server.engine.base import Engine, PrefillResult, Sampling, TokenChunk
+from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
 from epd.server.prefill.images import EmbeddingFetcher, ImageResolver, check_request
+from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 
@@ -33,9 +35,12 @@ class PrefillWorker:
 
     def __init__(self, engine: Engine, plane: DataPlane, mode: Mode,
                  loader: MediaLoader | None = None, *, hands_off_kv: bool = False,
-                 encoders: EmbeddingFetcher | None = None) -> None:  # fmt: skip
+                 encoders: EmbeddingFetcher | None = None,
+                 metrics: PrefillMetrics | None = None) -> None:  # fmt: skip
         """``hands_off_kv``: the engine is a KV producer (always so in prefill mode);
-        ``encoders``: where images named by their encoder are fetched (None refuses them)."""
+        ``encoders``: where images named by their encoder are fetched (None refuses them);
+        ``metrics``: where image hand-off times go (None: nowhere)."""
+        self.metrics = metrics
         self.engine = engine
         self.plane = plane
         self.mode = mode
@@ -47,10 +52,13 @@ class PrefillWorker:
                        sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
         """Stream the whole generation of ``prompt`` (prefill_decode, encode_prefill)."""
         if self.mode is Mode.PREFILL:
-            raise FailedPrecondition("this worker runs in prefill mode: call Prefill and hand "
-                                     "the KV handle to a decode worker", reason="WRONG_MODE")
+            raise FailedPrecondition(
+                "this worker runs in prefill mode: call Prefill and hand "
+                "the KV handle to a decode worker",
+                reason="WRONG_MODE",
+            )
         check_request(request_id, model, self.engine.model_id)
-        images = await self.images.resolve(prompt.images)
+        images = await self._images(prompt)
         async for chunk in self.engine.generate(request_id, list(prompt.token_ids), images,
                                                 sampling):  # fmt: skip
             yield chunk
@@ -61,7 +69,18 @@ class PrefillWorker:
         if not self.hands_off_kv:
             raise FailedPrecondition(
                 f"this worker runs in {self.mode.value} mode without KV hand-off and serves "
-                "PrefillDecode; Prefill needs a worker in prefill mode", reason="WRONG_MODE")
+                "PrefillDecode; Prefill needs a worker in prefill mode",
+                reason="WRONG_MODE",
+            )
         check_request(request_id, model, self.engine.model_id)
-        images = await self.images.resolve(prompt.images)
+        images = await self._images(prompt)
         return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
+
+    async def _images(self, prompt: generation_pb2.Prompt) -> list[EngineImage]:
+        """The engine's inputs for the prompt's images, timed when there are any."""
+        if self.metrics is None or not prompt.images:
+            return await self.images.resolve(prompt.images)
+        start = time.monotonic()
+        images = await self.images.resolve(prompt.images)
+        self.metrics.embedding_handoff.observe(time.monotonic() - start)
+        return images

@@ -5,18 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from epd.server.common.metrics import new_registry
 from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
+from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.http_guard import HttpOptions
+from epd.server.route.metrics import RouteMetrics
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
+from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 
@@ -70,6 +74,12 @@ async def build_route_server(config: RouteConfig,
     plane = DataPlane(kinds=("shm",))
     plane.start_reaper()
     prompts = PromptBuilder(config.model_dir, max_prompt_chars=config.limits.max_prompt_chars)
+    registry = new_registry() if options.exports_metrics else None
+    metrics = None
+    if registry is not None:
+        metrics = RouteMetrics(registry)
+        register_media_metrics(loader, registry)
+        register_plane_metrics(plane, registry)
     worker = RouteWorker(
         Peers(config.scheduler, options.auth_token),
         prompts,
@@ -79,10 +89,11 @@ async def build_route_server(config: RouteConfig,
         grids=ImageGridder(config.model_dir),
         pull_embeddings=config.pull_embeddings,
         plane=plane,
+        metrics=metrics,
     )
     binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
                              pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
-    server, port = await build_server([binding], options)
+    server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:
         http = OpenAiHttp(

@@ -42,6 +42,8 @@ class EncodeStage:
     encoder_ids: set[str] = field(default_factory=set)
     # leases of the items' decoded pixels in the route's data plane (released once encoded)
     pixel_leases: list[str] = field(default_factory=list)
+    # images sent to another encoder after theirs failed
+    num_retried: int = 0
 
     @property
     def leases(self) -> dict[str, list[str]]:
@@ -49,8 +51,7 @@ class EncodeStage:
         by_endpoint: dict[str, list[str]] = defaultdict(list)
         for result in self.results.values():
             if result.embeddings.lease_id:
-                by_endpoint[result.embeddings.producer_endpoint].append(
-                    result.embeddings.lease_id)
+                by_endpoint[result.embeddings.producer_endpoint].append(result.embeddings.lease_id)
         return by_endpoint
 
 
@@ -79,8 +80,13 @@ async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline,
         missing = [i for i in range(len(stage.items)) if i not in stage.results]
         if not missing:
             return
-        assignment = (first if first is not None and not attempt
-                      else await assign_encoders(peers, stage, missing, excluded, deadline))
+        if attempt:
+            stage.num_retried += len(missing)
+        assignment = (
+            first
+            if first is not None and not attempt
+            else await assign_encoders(peers, stage, missing, excluded, deadline)
+        )
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for placed in assignment.assignments:
             groups[(placed.worker_id, placed.endpoint)].append(missing[placed.item_index])
@@ -148,8 +154,12 @@ async def _read_to_end(call: Any) -> None:
 async def _report(peers: Peers, assignment_id: str,
                   outcomes: list[scheduler_pb.ItemOutcome]) -> None:  # fmt: skip
     try:
-        await peers.scheduler.CompleteEncoding(scheduler_pb.CompleteEncodingRequest(
-            assignment_id=assignment_id, outcomes=outcomes, partial=True), timeout=5)
+        await peers.scheduler.CompleteEncoding(
+            scheduler_pb.CompleteEncodingRequest(
+                assignment_id=assignment_id, outcomes=outcomes, partial=True
+            ),
+            timeout=5,
+        )
     except grpc.aio.AioRpcError as e:
         logger.warning("could not report encoding outcome: %s", e.details())
 

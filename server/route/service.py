@@ -34,6 +34,7 @@ from epd.server.media.pixels import pixels_of
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
 from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_tokens
+from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
@@ -66,11 +67,14 @@ class RouteWorker:
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
                  model_id: str, host_id: str, grids: ImageGridder,
                  pull_embeddings: bool = False,
-                 plane: DataPlane | None = None) -> None:  # fmt: skip
+                 plane: DataPlane | None = None,
+                 metrics: RouteMetrics | None = None) -> None:  # fmt: skip
         """``pull_embeddings``: engines fetch embeddings from the encoders while the route
         waits for the encoding (see ``_pulled``); False: the route hands them over after it.
         ``plane``: where the decoded pixels of images go for the encoders (None: encoders
-        load each image from its source again)."""
+        load each image from its source again). ``metrics``: where requests are counted and
+        timed (None: nowhere)."""
+        self.metrics = metrics
         self.plane = plane
         self.pull_embeddings = pull_embeddings
         self.peers = peers
@@ -84,6 +88,25 @@ class RouteWorker:
     async def generate(self, request: route_service_pb2.GenerateRequest,
                        timeout_s: float | None = None) -> AsyncIterator[RouteChunk]:  # fmt: skip
         """Stream the answer to ``request``."""
+        if self.metrics is None:
+            async for chunk in self._answer(request, timeout_s):
+                yield chunk
+            return
+        observation = self.metrics.observe(_num_images(request))
+        try:
+            async for chunk in self._answer(request, timeout_s):
+                usage = chunk.usage
+                observation.add(
+                    len(chunk.token_ids), usage.prompt_tokens if usage is not None else 0
+                )
+                yield chunk
+        except BaseException as e:
+            observation.end(e)
+            raise
+        observation.end(None)
+
+    async def _answer(self, request: route_service_pb2.GenerateRequest,
+                      timeout_s: float | None) -> AsyncIterator[RouteChunk]:  # fmt: skip
         deadline = Deadline(timeout_s)
         span = trace.get_current_span()
         request_id = request.request_id or uuid.uuid4().hex
@@ -126,6 +149,8 @@ class RouteWorker:
                     )
         finally:
             self._release_pixels(stage)
+            if self.metrics is not None and stage.num_retried:
+                self.metrics.encode_retries.inc(stage.num_retried)
             await asyncio.shield(release_all(self.peers, stage))
 
     def _release_pixels(self, stage: EncodeStage) -> None:
@@ -324,6 +349,10 @@ class RouteWorker:
         return self.prompts.block_hashes(token_ids, [
             (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
             for item, grid in zip(items, grids, strict=True)])  # fmt: skip
+
+
+def _num_images(request: route_service_pb2.GenerateRequest) -> int:
+    return sum(part.WhichOneof("part") == "image" for m in request.messages for part in m.content)
 
 
 def _shortened(name: str, limit: int = 64) -> str:

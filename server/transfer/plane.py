@@ -22,6 +22,7 @@ import torch
 
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.counts import TransferCounts
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
 from epd.server.transfer.leases import LeaseInfo
 from epd.server.transfer.nixl import NixlConsumer, NixlProducer
@@ -82,15 +83,18 @@ class DataPlane:
         self.consumers: dict[str, TensorConsumer] = {}
         if "shm" in kinds:
             self.producers[tensor_pb2.TRANSFER_KIND_SHM] = ShmProducer(
-                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s)
+                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s
+            )
             self.consumers["shm"] = ShmConsumer(self.host_id)
         if "nixl" in kinds and is_nixl_available():
             self.producers[tensor_pb2.TRANSFER_KIND_NIXL] = NixlProducer(
-                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s)
+                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s
+            )
             self.consumers["nixl"] = NixlConsumer()
         if "inline" in kinds:
             self.producers[tensor_pb2.TRANSFER_KIND_INLINE] = InlineProducer()
             self.consumers["inline_data"] = InlineConsumer()
+        self.counts = TransferCounts()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -106,8 +110,10 @@ class DataPlane:
         if not kind:
             kind = self._automatic_kind(consumer_host_id)
         if kind not in self.producers:
-            raise FailedPrecondition(f"transfer kind {KIND_NAMES.get(int(kind), kind)} is not "
-                                     "available in this process", reason="TRANSFER_UNAVAILABLE")
+            raise FailedPrecondition(
+                f"transfer kind {KIND_NAMES.get(int(kind), kind)} is not available in this process",
+                reason="TRANSFER_UNAVAILABLE",
+            )
         return kind
 
     def _automatic_kind(self, consumer_host_id: str) -> int:
@@ -132,7 +138,9 @@ class DataPlane:
             tensor = tensor.detach()
         if not tensor.is_cpu:
             tensor = tensor.cpu()
-        return self.producers[kind].put(tensor, ttl_s=ttl_s)
+        ref = self.producers[kind].put(tensor, ttl_s=ttl_s)
+        self.counts.add_put(KIND_NAMES[kind], ref.byte_size)
+        return ref
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         """The tensor behind ``ref``: a view valid until its lease is released, or a copy."""
@@ -144,7 +152,9 @@ class DataPlane:
         if consumer is None:
             raise InvalidArgument(f"this process cannot read {location or 'a missing'} location",
                                   reason="BAD_TENSOR_REF")  # fmt: skip
-        return consumer.get(ref, copy=copy)
+        tensor = consumer.get(ref, copy=copy)
+        self.counts.add_read(consumer.kind, ref.byte_size)
+        return tensor
 
     def release(self, lease_ids: Iterable[str]) -> int:
         """Free the given leases (unknown ones are ignored); returns how many were held."""
@@ -157,7 +167,17 @@ class DataPlane:
 
     def reap_expired(self) -> int:
         """Free expired leases now; returns how many."""
-        return sum(producer.reap_expired() for producer in self.producers.values())
+        num_freed = 0
+        for producer in self.producers.values():
+            num_expired = producer.reap_expired()
+            self.counts.add_expired(producer.kind, num_expired)
+            num_freed += num_expired
+        return num_freed
+
+    def num_shm_segments(self) -> int:
+        """Shared-memory segments this plane's producer has now (leased or pooled)."""
+        shm_producer = self.producers.get(tensor_pb2.TRANSFER_KIND_SHM)
+        return shm_producer.num_segments if isinstance(shm_producer, ShmProducer) else 0
 
     def remove_orphans(self) -> list[str]:
         """Unlink shared-memory segments of dead producers on this host; returns their names."""

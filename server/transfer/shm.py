@@ -19,6 +19,7 @@ import ctypes
 import itertools
 import mmap
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -87,7 +88,9 @@ class SegmentPool:
         self._dir = shm_dir
         self._prefix = process_prefix()
         self._idle: IdlePool[Segment] = IdlePool(max_idle_bytes)
+        self._lock = threading.Lock()
         self.num_created = 0
+        self.num_live = 0  # created and not yet unlinked: leased, idle, or being filled
 
     def acquire(self, num_bytes: int) -> Segment:
         """A segment with room for ``num_bytes`` of payload."""
@@ -119,13 +122,17 @@ class SegmentPool:
             raise
         finally:
             os.close(fd)
-        self.num_created += 1
+        with self._lock:
+            self.num_created += 1
+            self.num_live += 1
         # NOTE: the ctypes object is dropped at once, so the mapping stays closable.
         return Segment(name, capacity, buffer, ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
 
     def _destroy(self, segment: Segment) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self._dir, segment.name))
+        with self._lock:
+            self.num_live -= 1
         # NOTE: BufferError means a local view still exists; the mapping goes when it is collected.
         with contextlib.suppress(BufferError):
             segment.buffer.close()
@@ -188,6 +195,11 @@ class ShmProducer(TensorProducer):
         """Segments created so far (the pool reuses; tests check it stays small)."""
         return self._pool.num_created
 
+    @property
+    def num_segments(self) -> int:
+        """Segments this producer has now (leased or idle in its pool)."""
+        return self._pool.num_live
+
 
 class ShmConsumer(TensorConsumer):
     """Maps segments of producers on the same host; views payloads without copying, or copies
@@ -241,7 +253,7 @@ class ShmConsumer(TensorConsumer):
                                   reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         if not copy:
-            payload_view = view[location.offset:]
+            payload_view = view[location.offset :]
             cache.lend(location.name, payload_view)
             return from_bytes(payload_view, ref, dtype)
         payload = self.buffers.empty(dtype, ref.shape[:], ref.byte_size)
@@ -265,8 +277,10 @@ class ShmConsumer(TensorConsumer):
         try:
             return os.open(os.path.join(self._dir, name), os.O_RDONLY)
         except FileNotFoundError:
-            raise NotFound(f"shared-memory segment {name} is gone (released, expired or its "
-                           "producer died)", reason="SEGMENT_NOT_FOUND") from None
+            raise NotFound(
+                f"shared-memory segment {name} is gone (released, expired or its producer died)",
+                reason="SEGMENT_NOT_FOUND",
+            ) from None
 
     def _read(self, fd: int, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
         """A private copy read with ``preadv`` (no mapping to set up and tear down)."""
@@ -315,6 +329,6 @@ def stamp_of(lease_id: str) -> bytes:
 
 def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:
     """NotFound unless the segment header carries ``lease_id`` (else its lease was released)."""
-    if header[:len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
+    if header[: len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
         raise NotFound(f"lease {lease_id} was released: segment {name} no longer holds its "
                        "payload", reason="LEASE_RELEASED")  # fmt: skip

@@ -1,0 +1,28 @@
+"""Prometheus metrics of a prefill or decode worker: its own embedding hand-off times, and the
+engine's metrics as vLLM exports them (KV hand-off bytes included: ``vllm:nixl_*``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from epd.server.common.metrics import LATENCY_BUCKETS_S
+from epd.server.engine.vllm_metrics import VllmMetrics
+
+
+class PrefillMetrics:
+    """The worker's own metrics in ``registry``, plus vLLM's re-exported there."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.embedding_handoff = Histogram(
+            "epd_prefill_embedding_handoff_seconds",
+            "Seconds to take in one request's image inputs before the engine runs: read the "
+            "embeddings from the data plane, fetch them from their encoder, or load raw images",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        register_engine_metrics(registry)
+
+
+def register_engine_metrics(registry: CollectorRegistry) -> None:
+    """Re-export the engine's own metrics (vLLM's) from ``registry``."""
+    registry.register(VllmMetrics())
