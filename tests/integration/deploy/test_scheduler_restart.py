@@ -1,0 +1,119 @@
+"""The scheduler holds soft state only: killed and started again (as Kubernetes replaces its
+pod), it is told of every worker again by the workers themselves, which kept serving meanwhile.
+Real processes: `epd scheduler` and an `epd encode` on the tiny model."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epd.v1 import scheduler_service_pb2 as pb
+from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.integration
+# A worker retries a lost scheduler with backoff up to 5 s (scheduler/worker_client.py), and a
+# heartbeat the new scheduler answers NOT_FOUND registers it again at once. NOTE: the worker's
+# channel also backs off its reconnects (gRPC's default: 1 s growing 1.6x per failed attempt,
+# up to 120 s), so after a long outage the first attempt after the return comes later: measured
+# 3-4 s after outages of 2-15 s, 14-19 s after 30 s, 19 s after 60 s (docs/deploy.md).
+REREGISTER_AFTER_OUTAGE_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        command = [sys.executable, "-m", "epd", *args]
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def is_serving(endpoint: str) -> bool:
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=2
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def listed_workers(scheduler: str) -> list[pb.WorkerInfo]:
+    with grpc.insecure_channel(scheduler) as channel:
+        try:
+            reply = pb_grpc.SchedulerServiceStub(channel).ListWorkers(
+                pb.ListWorkersRequest(), timeout=2
+            )
+        except grpc.RpcError:
+            return []
+        return [w.info for w in reply.workers]
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds until ``condition()`` holds; AssertionError naming ``what`` after ``timeout_s``."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"{what} within {timeout_s} s"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    running: list[subprocess.Popen[bytes]] = []
+    yield running
+    for process in running:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in running:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("outage_s", [2.0, 30.0])
+def test_workers_register_again_with_a_restarted_scheduler(
+    outage_s: float, tiny_model_dir: Path, tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    port = free_port()
+    scheduler = f"127.0.0.1:{port}"
+    log = tmp_path / "processes.log"
+    processes.append(start(log, "scheduler", "--port", str(port)))
+    model = ["--model", str(tiny_model_dir), "--model-id", "tiny"]
+    encoder = ["--device", "cpu", "--threads", "1", "--port", "0", "--scheduler", scheduler]
+    processes.append(start(log, "encode", *model, *encoder))
+    wait_for(lambda: len(listed_workers(scheduler)) == 1, 180, f"encoder listed\n{log.read_text()}")
+    [before] = listed_workers(scheduler)
+
+    processes[0].kill()  # NOTE: as a node failure would: no drain, no goodbye
+    processes[0].wait()
+    time.sleep(outage_s)
+    assert is_serving(before.endpoint), "the encoder stopped serving without its scheduler"
+
+    processes[0] = start(log, "scheduler", "--port", str(port))
+    wait_for(lambda: is_serving(scheduler), 60, "the new scheduler serving")
+    took_s = wait_for(
+        lambda: len(listed_workers(scheduler)) == 1,
+        outage_s + REREGISTER_AFTER_OUTAGE_S,
+        "encoder registered again",
+    )
+    [after] = listed_workers(scheduler)
+    assert (after.id, after.endpoint) == (before.id, before.endpoint)
+    print(f"after a {outage_s:.0f} s outage the encoder registered again in {took_s:.1f} s")
