@@ -41,12 +41,20 @@ class Child:
     log: Path
     http_port: int | None = None
     command: list[str] = field(default_factory=list)
+    metrics_port: int | None = None
     num_restarts: int = 0
     is_reported: bool = False
 
     @property
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this service (None: metrics off)."""
+        return (
+            None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
+        )
 
     def describe_exit(self) -> str:
         """One line: which child ended, how, and where its log is."""
@@ -66,17 +74,29 @@ class Deployment:
     env: dict[str, str]
     children: list[Child] = field(default_factory=list)
     base_port: int | None = None
+    metrics: bool = False  # each service serves Prometheus metrics on a port of its own
 
     def port(self, offset: int) -> int:
         """Port for the service at ``offset`` (base port + offset, or a free one)."""
         return self.base_port + offset if self.base_port else free_port()
 
     def start(self, name: str, offset: int, *args: str) -> Child:
-        """Start ``python -m epd <args> --port P`` with its output in ``run_dir/name.log``."""
+        """Start ``python -m epd <args> --port P`` with its output in ``run_dir/name.log``;
+        with ``metrics``, also ``--metrics-port`` (base port + 20 + offset, or a free one)."""
         port = self.port(offset)
         command = [sys.executable, "-m", "epd", *args, "--port", str(port)]
+        metrics_port = self.port(20 + offset) if self.metrics else None
+        if metrics_port is not None:
+            command += ["--metrics-port", str(metrics_port)]
         log = self.run_dir / f"{name}.log"
-        child = Child(name, port, self._spawn(command, log, "wb"), log, command=command)
+        child = Child(
+            name,
+            port,
+            self._spawn(command, log, "wb"),
+            log,
+            command=command,
+            metrics_port=metrics_port,
+        )
         self.children.append(child)
         return child
 

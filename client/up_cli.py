@@ -35,40 +35,82 @@ SPAN_FILE = "spans.jsonl"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epd up``."""
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
-                        help=f"model directory (default {DEFAULT_MODEL}; the tiny model is "
-                             "built there if absent)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_MODEL,
+        help=f"model directory (default {DEFAULT_MODEL}; the tiny model is built there if absent)",
+    )
     parser.add_argument("--model-id", default="", help="model name (default: directory name)")
-    parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="epd",
-                        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items())
-                        + " (default epd)")
-    parser.add_argument("--encoders", type=int, default=1,
-                        help="number of encoders for epd and e-pd (default 1)")
-    parser.add_argument("--policy", choices=["per_image", "per_request", "adaptive"],
-                        default="adaptive", help="encoder assignment policy (default adaptive)")
-    parser.add_argument("--split-ratio", default="",
-                        help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)")
-    parser.add_argument("--encoder-threads", default="",
-                        help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
-                             "encoder of dual-encoder the slower one (default: torch's default)")
-    parser.add_argument("--engine", choices=ENGINES, default="auto",
-                        help="prefill worker's engine: vllm, transformers (no vLLM needed; "
-                             "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
-                             "(default auto)")
-    parser.add_argument("--kv-cache-mb", type=int, default=128,
-                        help="KV cache per engine in MiB (default 128)")
-    parser.add_argument("--base-port", type=int, default=0,
-                        help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
-                             "encoders BASE+4.., OpenAI HTTP BASE+10 (default 0: free ports)")
-    parser.add_argument("--question", default="What is in this picture?",
-                        help="the question of the demo request")
-    parser.add_argument("--image", type=Path, help="image of the demo request (default: a "
-                                                   "generated picture)")
+    parser.add_argument(
+        "--topology",
+        choices=sorted(TOPOLOGIES),
+        default="epd",
+        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items()) + " (default epd)",
+    )
+    parser.add_argument(
+        "--encoders", type=int, default=1, help="number of encoders for epd and e-pd (default 1)"
+    )
+    parser.add_argument(
+        "--policy",
+        choices=["per_image", "per_request", "adaptive"],
+        default="adaptive",
+        help="encoder assignment policy (default adaptive)",
+    )
+    parser.add_argument(
+        "--split-ratio",
+        default="",
+        help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)",
+    )
+    parser.add_argument(
+        "--encoder-threads",
+        default="",
+        help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
+        "encoder of dual-encoder the slower one (default: torch's default)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="prefill worker's engine: vllm, transformers (no vLLM needed; "
+        "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
+        "(default auto)",
+    )
+    parser.add_argument(
+        "--kv-cache-mb", type=int, default=128, help="KV cache per engine in MiB (default 128)"
+    )
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=0,
+        help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
+        "encoders BASE+4.., OpenAI HTTP BASE+10 (default 0: free ports)",
+    )
+    parser.add_argument(
+        "--question", default="What is in this picture?", help="the question of the demo request"
+    )
+    parser.add_argument(
+        "--image", type=Path, help="image of the demo request (default: a generated picture)"
+    )
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
-    parser.add_argument("--no-demo", action="store_true",
-                        help="skip the demo request (with --keep: just start the deployment)")
-    parser.add_argument("--endpoints-file", type=Path,
-                        help="once ready, write the endpoints of every service there as JSON")
+    parser.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="skip the demo request (with --keep: just start the deployment)",
+    )
+    parser.add_argument(
+        "--endpoints-file",
+        type=Path,
+        help="once ready, write the endpoints of every service there as JSON "
+        "(its 'metrics' maps each service to its Prometheus URL)",
+    )
+    parser.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every service serves Prometheus metrics on a free port (BASE+20+its "
+        "offset with --base-port); the URLs are printed (default on)",
+    )
     parser.add_argument(
         "--keep",
         action="store_true",
@@ -118,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         args.encoder_threads = parse_counts(args.encoder_threads)
-        Topology(args.topology, args.encoders, encoder_threads=args.encoder_threads,
-                 engine=args.engine)
+        Topology(
+            args.topology, args.encoders, encoder_threads=args.encoder_threads, engine=args.engine
+        )
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
@@ -142,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     }
     cap = f"at most {args.trace_max_mb} MiB with {SPAN_FILE}.1" if args.trace_max_mb else "no cap"
     print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
-    deployment = Deployment(run_dir, env, base_port=args.base_port or None)
+    deployment = Deployment(run_dir, env, base_port=args.base_port or None, metrics=args.metrics)
     args.run_dir_resolved = run_dir
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
@@ -194,6 +237,9 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
     for child in deployment.children:
         print(f"  {child.name:<10} {child.endpoint}  (log {child.log.name})")
     print(f"  {'openai':<10} http://127.0.0.1:{route.http_port}/v1 (chat/completions, models)")
+    for child in deployment.children:
+        if child.metrics_url:
+            print(f"  {child.name:<10} metrics {child.metrics_url}")
     if args.endpoints_file:
         _write_endpoints(args.endpoints_file, deployment, route.http_port)
     if not args.no_demo and await _demo(args, route.endpoint, model_id) != 0:
@@ -226,6 +272,7 @@ def _write_endpoints(path: Path, deployment: Deployment, http_port: int | None) 
     endpoints["http"] = f"http://127.0.0.1:{http_port}/v1" if http_port else None
     endpoints["pids"] = {c.name: c.process.pid for c in deployment.children}
     endpoints["run_dir"] = str(deployment.run_dir)
+    endpoints["metrics"] = {c.name: c.metrics_url for c in deployment.children if c.metrics_url}
     path.write_text(json.dumps(endpoints, indent=1))
 
 
