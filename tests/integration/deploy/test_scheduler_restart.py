@@ -23,8 +23,8 @@ pytestmark = pytest.mark.integration
 # A worker retries a lost scheduler with backoff up to 5 s (scheduler/worker_client.py), and a
 # heartbeat the new scheduler answers NOT_FOUND registers it again at once. NOTE: the worker's
 # channel also backs off its reconnects (gRPC's default: 1 s growing 1.6x per failed attempt,
-# up to 120 s), so after a long outage the first attempt after the return comes later: measured
-# 3-4 s after outages of 2-15 s, 14-19 s after 30 s, 19 s after 60 s (docs/deploy.md).
+# up to 120 s), so after a long outage the first attempt after the return comes later (figures
+# in docs/deploy.md).
 REREGISTER_AFTER_OUTAGE_S = 15.0
 
 
