@@ -112,6 +112,7 @@ def test_every_container_parses_with_the_real_cli(
         assert options.port == ports["grpc"], name
         assert options.host == "0.0.0.0", name
         assert options.advertised_endpoint(options.port) == f"{POD['status.podIP']}:{options.port}"
+        assert options.metrics_port == ports.get("metrics"), name
         if hasattr(args, "kv_port"):
             assert (args.kv_host, args.kv_port) == (POD["status.podIP"], ports["kv"]), name
         if hasattr(args, "http_port"):

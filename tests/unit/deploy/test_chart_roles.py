@@ -133,5 +133,17 @@ def test_pods_roll_when_the_config_changes() -> None:
     assert before != after
 
 
+def test_metrics_ports_are_declared_and_annotated_only_when_enabled() -> None:
+    for enabled in (True, False):
+        objects = render(sets=(f"metrics.enabled={str(enabled).lower()}",))
+        for name, deployment in by_component(objects, "Deployment").items():
+            container = only_container(deployment)
+            annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+            has_port = any(p["name"] == "metrics" for p in container["ports"])
+            assert has_port == enabled, name
+            assert ("EPD_METRICS_PORT" in environment(objects, container)) == enabled, name
+            assert (annotations.get("prometheus.io/scrape") == "true") == enabled, name
+
+
 def test_examples_are_all_rendered_here() -> None:
     assert set(EXAMPLES) == {GPU_VALUES, NODE_SHM_VALUES}

@@ -100,6 +100,10 @@ spec:
         {{- include "epd.labels" . | nindent 8 }}
       annotations:
         checksum/config: {{ include (print $root.Template.BasePath "/configmap.yaml") $root | sha256sum }}
+        {{- if $root.Values.metrics.enabled }}
+        prometheus.io/scrape: "true"
+        prometheus.io/port: {{ $root.Values.metrics.port | quote }}
+        {{- end }}
         {{- with $v.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -159,6 +163,9 @@ spec:
             - {name: grpc, containerPort: {{ .port }}, protocol: TCP}
             {{- range .extraPorts }}
             - {name: {{ .name }}, containerPort: {{ .port }}, protocol: TCP}
+            {{- end }}
+            {{- if $root.Values.metrics.enabled }}
+            - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
             {{- end }}
           startupProbe:
             grpc: {port: {{ .port }}}
