@@ -32,11 +32,12 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import pixels_of
 from epd.server.route.deadline import Deadline
+from epd.server.route.detokenize import Detokenizer
 from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
 from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_tokens
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
-from epd.server.route.prompt import ChatPart, Detokenizer, PromptBuilder
+from epd.server.route.prompt import ChatPart, PromptBuilder
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, tensor_pb2

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer, models
 
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.route.deadline import Deadline
@@ -198,8 +199,9 @@ def test_media_items_keep_their_source_when_hashed() -> None:
 
 
 class StubTokenizer:
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(map(str, token_ids))
+    """Token i is the word ``str(i)``."""
+
+    backend_tokenizer = Tokenizer(models.WordLevel({str(i): i for i in range(1024)}, "0"))
 
 
 class StubPrompts:
