@@ -5,7 +5,9 @@ model on this machine in the same run, all driven through the OpenAI chat API wi
 Systems (``--systems``, comma separated): ``epd`` (E/P/D), ``e-pd`` (E/PD), ``ep-d``, ``epd1``,
 ``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive; with
 ``--encoder-threads 2,1`` the second one is deliberately slower) and ``vllm``
-(``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine). Every request
+(``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine). An epd system
+named with ``+metrics`` (e.g. ``e-pd+metrics``) runs with every service's Prometheus metrics on,
+each scraped every second while it serves; without it, metrics are off. Every request
 carries ``--images`` random pictures of its own (no cache hits) as data URLs, at each
 ``--concurrency`` level and each ``--rates`` request rate (Poisson arrivals; 0 = as fast as the
 concurrency lets). Where vllm ran at the same level, each row also shows its TTFT p50 and
@@ -140,7 +142,9 @@ async def serving(system: str, model_dir: Path, run_dir: Path,
     """Start ``system``; yield its OpenAI base URL; stop it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    deployment = Deployment(run_dir, env)
+    system, metrics, _ = system.partition("+metrics")
+    deployment = Deployment(run_dir, env, metrics=bool(metrics))
+    scraper: asyncio.Task[None] | None = None
     try:
         if system == "vllm":
             yield await start_vllm(deployment, model_dir)
@@ -151,9 +155,25 @@ async def serving(system: str, model_dir: Path, run_dir: Path,
                                 split_ratio=args.split_ratio if dual else "",
                                 encoder_threads=args.encoder_threads if dual else ())  # fmt: skip
             route = await start_topology(deployment, model_dir, "tiny", topology)
+            urls = [c.metrics_url for c in deployment.children if c.metrics_url]
+            scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
             yield f"http://127.0.0.1:{route.http_port}/v1"
     finally:
+        if scraper is not None:
+            scraper.cancel()
         deployment.stop()
+
+
+async def scrape_every_second(urls: list[str]) -> None:
+    """Read every service's metrics once a second, as a Prometheus with a 1 s interval would."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        while True:
+            for url in urls:
+                async with session.get(url) as response:
+                    await response.read()
+            await asyncio.sleep(1.0)
 
 
 async def start_vllm(deployment: Deployment, model_dir: Path) -> str:
@@ -265,19 +285,27 @@ if __name__ == "__main__":
                         help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default "
                              "epd,e-pd,vllm)")  # fmt: skip
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
-    parser.add_argument("--rates", default="0",
-                        help="request rates in requests/s, comma separated (default 0: unpaced)")
+    parser.add_argument(
+        "--rates",
+        default="0",
+        help="request rates in requests/s, comma separated (default 0: unpaced)",
+    )
     parser.add_argument("--requests", type=int, default=16, help="requests per level")
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--images", type=int, default=1, help="images per request (default 1)")
-    parser.add_argument("--encoder-threads", default="",
-                        help="dual-encoder: CPU threads of each encoder, e.g. 2,1 makes the "
-                             "second slower (default: torch's default)")
-    parser.add_argument("--split-ratio", default="",
-                        help="dual-encoder: per_request shares FAST:SLOW, e.g. 2:1")
+    parser.add_argument(
+        "--encoder-threads",
+        default="",
+        help="dual-encoder: CPU threads of each encoder, e.g. 2,1 makes the "
+        "second slower (default: torch's default)",
+    )
+    parser.add_argument(
+        "--split-ratio", default="", help="dual-encoder: per_request shares FAST:SLOW, e.g. 2:1"
+    )
     parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object of the figures instead of tables")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object of the figures instead of tables"
+    )
     parsed = parser.parse_args()
     parsed.encoder_threads = tuple(parse_list(parsed.encoder_threads, int))
     sys.exit(asyncio.run(main(parsed)))
