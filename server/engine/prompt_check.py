@@ -19,6 +19,8 @@ class VisionLayout:
     ``embedding_width``: the width of an image's embedding rows as engines take them (the text
     model's hidden size, or wider where the family carries more per row, e.g. DeepStack features).
     ``family``: the name of the model's family (how embeddings enter vLLM).
+    ``image_start_ids`` / ``image_end_ids``: tokens the expansion puts before and after an image's
+    rows (InternVL: ``<img>`` and ``</img>``; none for the others).
     """
 
     vision_start_id: int | None
@@ -26,22 +28,33 @@ class VisionLayout:
     merge_size: int
     embedding_width: int
     family: str = "qwen2_vl"
+    image_start_ids: tuple[int, ...] = ()
+    image_end_ids: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, config: Any) -> VisionLayout:
-        """The layout of a model's transformers config as its family reads it (placeholder
-        tokens, merge size, embedding width); UnsupportedModel if no family serves its
-        architecture."""
+    def of(cls, config: Any, tokenizer: Any = None) -> VisionLayout:
+        """The layout of a model's transformers config (and its ``tokenizer``, which families
+        whose rows sit between delimiter tokens need) as its family reads it (placeholder
+        tokens, merge size, embedding width, delimiters); UnsupportedModel if no family serves
+        its architecture, ValueError if the family needs the tokenizer and has none."""
         from epd.server.models.registry import family_of_config
 
         family = family_of_config(config)
+        start_ids, end_ids = family.image_delimiters(config, tokenizer)
         return cls(
             vision_start_id=family.placeholder_start_id(config),
             image_pad_id=int(config.image_token_id),
             merge_size=family.merge_size(config),
             embedding_width=family.embedding_width(config),
             family=family.name,
+            image_start_ids=tuple(start_ids),
+            image_end_ids=tuple(end_ids),
         )
+
+    @property
+    def num_delimiters(self) -> int:
+        """Tokens the expansion adds around each image's rows."""
+        return len(self.image_start_ids) + len(self.image_end_ids)
 
     @property
     def placeholder(self) -> list[int]:
@@ -72,7 +85,8 @@ class VisionLayout:
 
     def expand_with_ranges(self, token_ids: list[int], images: list[EngineImage]
                            ) -> tuple[list[int], list[tuple[int, int]]]:  # fmt: skip
-        """``expand``'s tokens, and each image's placeholder run in them as (offset, length)."""
+        """``expand``'s tokens, and each image's placeholder run in them as (offset, length),
+        delimiters included."""
         expanded: list[int] = []
         ranges: list[tuple[int, int]] = []
         remaining = iter(enumerate(images))
@@ -80,8 +94,8 @@ class VisionLayout:
         for token in token_ids:
             if self._is_placeholder(token, previous):
                 rows = self._expected_rows(*next(remaining))
-                ranges.append((len(expanded), rows))
-                expanded.extend([token] * rows)
+                ranges.append((len(expanded), rows + self.num_delimiters))
+                expanded.extend([*self.image_start_ids, *[token] * rows, *self.image_end_ids])
             else:
                 expanded.append(token)
             previous = token
@@ -106,9 +120,10 @@ class VisionLayout:
                                   f"is {max_len - 1}", reason="PROMPT_TOO_LONG")  # fmt: skip
 
     def _check_image(self, index: int, image: EngineImage, grids_suffice: bool) -> int:
+        """The tokens image ``index``'s placeholder expands to (1 for a picture: vLLM expands)."""
         if image.embeddings is None:
             if grids_suffice and image.image is None:
-                return self._expected_rows(index, image)
+                return self._expected_rows(index, image) + self.num_delimiters
             if image.image is None:
                 raise InvalidArgument(f"image {index} has neither embeddings nor a picture",
                                       reason="MISSING_IMAGE_DATA")  # fmt: skip
@@ -121,7 +136,7 @@ class VisionLayout:
                 f"{list(image.grid or ())} (expected [{expected}, {self.embedding_width}])",
                 reason="EMBEDDING_SHAPE_MISMATCH",
             )  # fmt: skip
-        return expected
+        return expected + self.num_delimiters
 
     def _expected_rows(self, index: int, image: EngineImage) -> int:
         grid = image.grid

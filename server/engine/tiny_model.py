@@ -139,9 +139,15 @@ def _train_tokenizer(
     tokenizer = Qwen2Tokenizer(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
         bos_token=None, errors="replace", model_max_length=4096, chat_template=chat_template,
+        **_named_tokens(config),
     )  # fmt: skip
     tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens[1:])})
     return tokenizer
+
+
+def _named_tokens(config: TinyModelConfig) -> dict[str, Any]:
+    named = dict(family_named(config.family).tiny_named_tokens)
+    return {"model_specific_special_tokens": named} if named else {}
 
 
 def _save_processor(tokenizer: Any, config: TinyModelConfig, template: str, out: Path) -> None:

@@ -51,7 +51,7 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
         assert image.grid is not None  # checked by VisionLayout.check
         embeds = image.embeddings
         if embeds is None:
-            embeds = torch.zeros(length, layout.embedding_width)
+            embeds = torch.zeros(length - layout.num_delimiters, layout.embedding_width)
             hashes.append(image.mm_hash or f"{request_id}-{index}")
         else:
             hashes.append(embeddings_hash(embeds, image.grid, hash_algorithm))
@@ -59,10 +59,23 @@ def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineI
         grids.append(image.grid)
     fields = family_named(layout.family).vllm_items(embeddings, grids)
     items = [MultiModalKwargsItem(item) for item in fields]
-    placeholders = [PlaceholderRange(offset=offset, length=length) for offset, length in ranges]
+    placeholders = [
+        PlaceholderRange(offset=offset, length=length, is_embed=_rows_mask(layout, length))
+        for offset, length in ranges
+    ]
     engine_input: dict[str, Any] = mm_input(expanded, MultiModalKwargsItems({"image": items}),
                                             {"image": hashes}, {"image": placeholders})  # type: ignore[assignment]  # fmt: skip
     return engine_input
+
+
+def _rows_mask(layout: VisionLayout, length: int) -> torch.Tensor | None:
+    """Which tokens of a placeholder run of ``length`` take embedding rows (vLLM's
+    ``is_embed``): None where the run is rows alone, else all but the delimiters."""
+    if not layout.num_delimiters:
+        return None
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[len(layout.image_start_ids) : length - len(layout.image_end_ids)] = True
+    return mask
 
 
 def embeddings_hash(embeds: torch.Tensor, grid: tuple[int, int, int],

@@ -86,6 +86,11 @@ class ModelFamily(ABC):
     chat_template: str
     #: special tokens a tiny checkpoint's tokenizer needs beside the builder's (Qwen's) ones
     tiny_special_tokens: tuple[str, ...] = ()
+    #: keys ``vllm_items`` adds beside those vLLM's renderer makes (vLLM's model ignores them)
+    vllm_extra_keys: tuple[str, ...] = ()
+    #: named special tokens of a tiny checkpoint's tokenizer, (attribute, token) pairs its
+    #: processor reads (InternVL: ``context_image_token`` is ``<IMG_CONTEXT>``)
+    tiny_named_tokens: tuple[tuple[str, str], ...] = ()
 
     @abstractmethod
     def vision_tower(self, config: Any) -> Any:
@@ -108,6 +113,14 @@ class ModelFamily(ABC):
         """The token that opens each image's placeholder (the image token follows it), None if
         the image token stands alone."""
         return None
+
+    def image_delimiters(
+        self, config: Any, tokenizer: Any
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The tokens engines put before and after an image's rows when they expand its
+        placeholder (InternVL: ``<img>`` and ``</img>`` around the ``<IMG_CONTEXT>`` rows), read
+        from ``config`` or the checkpoint's ``tokenizer`` (default: none)."""
+        return (), ()
 
     def merge_size(self, config: Any) -> int:
         """Grid cells per embedding row along each side (rows = t x h x w / merge_size**2)."""
@@ -164,7 +177,8 @@ class ModelFamily(ABC):
     @abstractmethod
     def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
         """vLLM's multimodal kwargs items (``MultiModalFieldElem`` per field), one per image,
-        exactly as vLLM's renderer makes them of ``vllm_data`` (a test compares them)."""
+        exactly as vLLM's renderer makes them of ``vllm_data`` (a test compares them), and
+        ``vllm_extra_keys``."""
 
     @abstractmethod
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:

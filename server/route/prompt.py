@@ -37,9 +37,13 @@ class PromptBuilder:
         (None: unbounded)."""
         from transformers import AutoConfig, AutoTokenizer
 
+        from epd.server.models.registry import family_of_config
+
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.image_pad_id = int(config.image_token_id)
+        start_ids, end_ids = family_of_config(config).image_delimiters(config, self.tokenizer)
+        self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_prompt_chars = max_prompt_chars
         context = getattr(config.get_text_config(), "max_position_embeddings", None)
@@ -75,8 +79,9 @@ class PromptBuilder:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def block_hashes(self, token_ids: list[int], images: list[tuple[str, int]]) -> list[int]:
-        """Chained hashes of the full blocks of the expanded prompt; ``images`` holds
-        (mm_hash, number of image tokens) per image, in prompt order."""
+        """Chained hashes of the full blocks of the expanded prompt (each image's rows between
+        the family's delimiters, if any); ``images`` holds (mm_hash, number of image tokens) per
+        image, in prompt order."""
         expanded: list[int] = []
         pending = iter(images)
         for token in token_ids:
@@ -84,7 +89,8 @@ class PromptBuilder:
                 expanded.append(token)
                 continue
             mm_hash, num_tokens = next(pending, ("", 1))
-            expanded.extend([-(int(mm_hash[:15] or "0", 16) + 1)] * num_tokens)
+            pad = -(int(mm_hash[:15] or "0", 16) + 1)
+            expanded.extend([*self.image_start_ids, *[pad] * num_tokens, *self.image_end_ids])
         hashes, previous = [], b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()

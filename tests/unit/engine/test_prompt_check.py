@@ -49,8 +49,10 @@ def test_bad_prompts_and_images_are_named() -> None:
     assert reason_of(prompt(1), [embedded((1, 4, 4), rows=3)]) == "EMBEDDING_SHAPE_MISMATCH"
     wide = EngineImage("h", (1, 2, 2), embeddings=torch.zeros(1, 9))
     assert reason_of(prompt(1), [wide]) == "EMBEDDING_SHAPE_MISMATCH"
-    assert reason_of(prompt(1), [EngineImage("h", (1, 0, 2), embeddings=torch.zeros(0, 8))]) \
+    assert (
+        reason_of(prompt(1), [EngineImage("h", (1, 0, 2), embeddings=torch.zeros(0, 8))])
         == "BAD_GRID"
+    )
     assert reason_of(prompt(1), [EngineImage("h")]) == "MISSING_IMAGE_DATA"
     assert reason_of(prompt(1), [embedded((1, 20, 20))], max_len=100) == "PROMPT_TOO_LONG"
 
@@ -112,3 +114,26 @@ def test_embeddings_without_the_deepstack_levels_are_refused() -> None:
     assert caught.value.code == Code.INVALID_ARGUMENT
     assert "expected [4, 48]" in str(caught.value)
     layout.check(prompt(1), [EngineImage("h", (1, 4, 4), embeddings=torch.zeros(4, 48))], 100)
+
+
+def test_delimiters_wrap_each_images_rows_and_count_toward_the_limit() -> None:
+    """InternVL: ``<IMG_CONTEXT>`` alone per image, expanded to ``<img>``, the rows, ``</img>``."""
+    layout = VisionLayout(
+        None,
+        6,
+        merge_size=1,
+        embedding_width=8,
+        family="internvl",
+        image_start_ids=(10,),
+        image_end_ids=(11,),
+    )
+    images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
+    token_ids = [1, 6, 2, 6, 3]
+    assert layout.count_images(token_ids) == 2
+    expanded, ranges = layout.expand_with_ranges(token_ids, images)
+    assert expanded == [1, 10, 6, 6, 6, 11, 2, 10, 6, 6, 11, 3]
+    assert ranges == [(1, 5), (7, 4)]
+    layout.check(token_ids, images, max_len=13, grids_suffice=True)
+    with pytest.raises(InvalidArgument) as caught:
+        layout.check(token_ids, images, max_len=12, grids_suffice=True)
+    assert caught.value.reason == "PROMPT_TOO_LONG"

@@ -30,14 +30,19 @@ def test_each_image_gets_its_rows_its_item_and_its_placeholder_range() -> None:
 
 def test_embeddings_are_named_by_their_content_not_by_the_callers_mm_hash() -> None:
     ones = torch.ones(2, 8)
-    same = embeddings_input("r", PROMPT, [EngineImage("a", (1, 2, 4), ones),
-                                          EngineImage("b", (1, 2, 4), ones.clone())], LAYOUT)
+    same = embeddings_input(
+        "r",
+        PROMPT,
+        [EngineImage("a", (1, 2, 4), ones), EngineImage("b", (1, 2, 4), ones.clone())],
+        LAYOUT,
+    )
     names = same["mm_hashes"]["image"]
     assert names[0] == names[1] and names[0].startswith(EMBEDS_HASH_PREFIX)
     other = torch.ones(2, 8)
     other[1, 7] = 1.5
-    claimed = embeddings_input("r", PROMPT, [EngineImage("a", (1, 2, 4), ones),
-                                             EngineImage("a", (1, 2, 4), other)], LAYOUT)
+    claimed = embeddings_input(
+        "r", PROMPT, [EngineImage("a", (1, 2, 4), ones), EngineImage("a", (1, 2, 4), other)], LAYOUT
+    )
     assert len(set(claimed["mm_hashes"]["image"])) == 2
 
 
@@ -61,3 +66,29 @@ def test_grid_only_images_get_zero_rows_named_by_mm_hash_or_by_the_request() -> 
     assert [tuple(item["image_embeds"].data.shape) for item in items] == [(2, 8), (1, 8)]
     assert not any(item["image_embeds"].data.any() for item in items)
     assert engine_input["mm_hashes"]["image"] == ["h", "req-1"]
+
+
+def test_delimiters_stay_out_of_the_rows_vllm_fills() -> None:
+    """InternVL: each placeholder range covers ``<img>`` ... ``</img>``, with the rows marked
+    ``is_embed`` (as vLLM's prompt update marks them); grid-only images get zero rows only."""
+    layout = VisionLayout(
+        None,
+        6,
+        merge_size=1,
+        embedding_width=8,
+        family="internvl",
+        image_start_ids=(10,),
+        image_end_ids=(11,),
+    )
+    images = [EngineImage("a", (1, 1, 2), torch.ones(2, 8)), EngineImage("b", (1, 1, 3))]
+    engine_input = embeddings_input("r", [1, 6, 2, 6], images, layout)
+    assert engine_input["prompt_token_ids"] == [1, 10, 6, 6, 11, 2, 10, 6, 6, 6, 11]
+    placeholders = engine_input["mm_placeholders"]["image"]
+    assert [(p.offset, p.length) for p in placeholders] == [(1, 4), (6, 5)]
+    assert [p.is_embed.tolist() for p in placeholders] == [
+        [False, True, True, False],
+        [False, True, True, True, False],
+    ]
+    assert [p.get_num_embeds() for p in placeholders] == [2, 3]
+    items = engine_input["mm_kwargs"]["image"]
+    assert [tuple(item["image_embeds"].data.shape) for item in items] == [(2, 8), (3, 8)]

@@ -1,0 +1,245 @@
+"""InternVL in transformers format (``InternVLForConditionalGeneration``, the hub's ``-hf``
+checkpoints such as InternVL3-1B-hf): an InternViT tower whose last hidden states less the CLS
+row are pixel-shuffled (``downsample_ratio`` 0.5: 2 x 2 patches per row) and go through
+``multi_modal_projector``, as transformers' ``InternVLModel.get_image_features``.
+
+An image becomes tiles of the tower's square: the processor picks the tile grid whose aspect
+ratio is closest to the image's (between ``min_patches`` and ``max_patches`` tiles) and adds a
+thumbnail of the whole image when there is more than one tile. Every tile gives the same rows,
+(side / patch) ** 2 x ratio ** 2 (256 on the hub's 448-pixel tower), so an image's rows come from
+its size alone; its grid travels as (1, 1, rows) with a merge size of 1, positions are 1-D.
+
+The chat template emits ``<IMG_CONTEXT>`` once per image; engines expand it to ``<img>``, the
+image's rows of ``<IMG_CONTEXT>``, ``</img>`` (the processor's ``replace_image_token``, vLLM's
+prompt update), so the family names those delimiters (``image_delimiters``). Embeddings enter vLLM
+(``InternS1ForConditionalGeneration`` serves the architecture) as ``image_embeds``, one [rows,
+hidden] tensor per image (a batched field). Hub checkpoints name the weights as transformers 5
+saves them (``model.vision_tower.*``, ``model.multi_modal_projector.*``,
+``model.language_model.*``, ``lm_head.*``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from epd.server.models.family import Grid, ModelFamily, TinySizes, tiny_text_config
+
+PATCH_SIZE = 14
+CONTEXT_TOKEN = "<IMG_CONTEXT>"
+START_TOKEN = "<img>"
+END_TOKEN = "</img>"
+VIDEO_TOKEN = "<video>"
+HUB_EXTRA_TOKENS = ("<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
+# NOTE: a tiny tile is 112 pixels (16 rows) and an image takes at most 4 tiles + the thumbnail;
+# the hub's tile is 448 pixels (256 rows), at most 12 tiles.
+TINY_TILE_SIZE = 112
+TINY_MAX_TILES = 4
+# NOTE: vLLM 0.32 batches the image_embeds of consecutive items and its InternVL schema
+# (InternS1ImageEmbeddingInputs) refuses a batch whose images differ in rows, which kills its
+# EngineCore ("data contains inconsistent shapes"), whether the renderer or we made the items. A
+# shared field holding the rows keeps such items in separate batches (vLLM batches items only
+# where shared fields are equal); the model ignores the key.
+ROWS_KEY = "image_num_rows"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# NOTE: the hub's InternVL -hf template: per message, its parts in order; an image is one
+# <IMG_CONTEXT> and a newline.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{'<|im_end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class InternVl(ModelFamily):
+    """InternVL, transformers format (``InternVLForConditionalGeneration``)."""
+
+    name = "internvl"
+    title = "InternVL"
+    architectures = ("InternVLForConditionalGeneration",)
+    visual_prefixes = (
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+        "vision_tower.",
+        "multi_modal_projector.",
+    )
+    chat_template = CHAT_TEMPLATE
+    # NOTE: the hub's added tokens; vLLM's prompt update needs <video> to be one token too.
+    tiny_special_tokens = (START_TOKEN, END_TOKEN, CONTEXT_TOKEN, VIDEO_TOKEN, *HUB_EXTRA_TOKENS)
+    vllm_extra_keys = (ROWS_KEY,)
+    tiny_named_tokens = (
+        ("start_image_token", START_TOKEN),
+        ("end_image_token", END_TOKEN),
+        ("context_image_token", CONTEXT_TOKEN),
+        ("video_token", VIDEO_TOKEN),
+    )
+
+    def vision_tower(self, config: Any) -> Any:
+        from torch import nn
+        from transformers import InternVLVisionModel
+        from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
+
+        tower = nn.ModuleDict(
+            {
+                "vision_tower": InternVLVisionModel._from_config(config.vision_config),
+                "multi_modal_projector": InternVLMultiModalProjector(config),
+            }
+        )
+        tower.config = config
+        return tower
+
+    def visual_weight_name(self, key: str) -> str | None:
+        name = key.removeprefix("model.")
+        is_visual = name.startswith(("vision_tower.", "multi_modal_projector."))
+        return name if is_visual else None
+
+    def model_tower(self, model: Any) -> Any:
+        return model.model
+
+    def image_delimiters(
+        self, config: Any, tokenizer: Any
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if tokenizer is None:
+            raise ValueError("InternVL's image delimiters (<img>, </img>) need its tokenizer")
+        start, end = tokenizer.convert_tokens_to_ids([START_TOKEN, END_TOKEN])
+        if tokenizer.unk_token_id in (start, end) or None in (start, end):
+            raise ValueError(f"the tokenizer has no {START_TOKEN} or {END_TOKEN} token")
+        return (int(start),), (int(end),)
+
+    def image_embeddings(self, tower: Any, pixel_values: Any, grid: Any) -> Any:
+        """As transformers' ``InternVLModel.get_image_features``: the tower's hidden states at
+        ``vision_feature_layer``, less CLS for 'default', pixel-shuffled by
+        ``downsample_ratio``, through the projector; [tiles x rows per tile, hidden]."""
+        config = tower.config
+        layer = config.vision_feature_layer
+        output = tower.vision_tower(pixel_values=pixel_values, output_hidden_states=layer != -1)
+        features = output.last_hidden_state if layer == -1 else output.hidden_states[layer]
+        if config.vision_feature_select_strategy == "default":
+            features = features[:, 1:]
+        num_tiles, num_patches, _ = features.shape
+        side = int(num_patches**0.5)
+        features = pixel_shuffle(
+            features.reshape(num_tiles, side, side, -1), config.downsample_ratio
+        )
+        features = features.reshape(num_tiles, -1, features.shape[-1])
+        return tower.multi_modal_projector(features).flatten(0, 1)
+
+    def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
+        num_tiles = processor.get_number_of_image_patches(height, width, _images_kwargs())
+        return 1, 1, int(num_tiles) * rows_per_tile(config)
+
+    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+        import torch
+
+        inputs = processor(images=images, return_tensors="pt", **_images_kwargs())
+        rows = rows_per_tile(config)
+        grids = [(1, 1, int(num_tiles) * rows) for num_tiles in inputs["num_patches"]]
+        return inputs["pixel_values"], torch.tensor(grids)
+
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        import torch
+        from vllm.multimodal.inputs import (
+            MultiModalBatchedField,
+            MultiModalFieldElem,
+            MultiModalSharedField,
+        )
+
+        field, rows_field = MultiModalBatchedField(), MultiModalSharedField(batch_size=1)
+        return [
+            {
+                "image_embeds": MultiModalFieldElem(embeds, field),
+                ROWS_KEY: MultiModalFieldElem(torch.tensor([len(embeds)]), rows_field),
+            }
+            for embeds in embeddings
+        ]
+
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as embeddings (images of
+        # different tile counts have different rows).
+        return list(embeddings)
+
+    def save_tiny_processor(
+        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
+    ) -> None:
+        from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+
+        size = {"height": TINY_TILE_SIZE, "width": TINY_TILE_SIZE}
+        normalise = dict(image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
+        image_processor = GotOcr2ImageProcessor(
+            size=size, min_patches=1, max_patches=TINY_MAX_TILES, **normalise
+        )
+        processor = InternVLProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(size=size, **normalise),
+            image_seq_length=_tiny_rows_per_tile(),
+            chat_template=chat_template,
+        )
+        processor.save_pretrained(out)
+        image_processor.save_pretrained(out)
+
+    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
+        import torch
+        from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+        rope = {"rope_type": "default", "rope_theta": 1000000.0}
+        text_config = {
+            "model_type": "qwen2",
+            **tiny_text_config(token_ids, vocab_size, sizes, rope),
+        }
+        config = InternVLConfig(
+            text_config=text_config,
+            vision_config=dict(
+                hidden_size=sizes.vision_embed_dim,
+                intermediate_size=2 * sizes.vision_embed_dim,
+                num_hidden_layers=sizes.vision_depth,
+                num_attention_heads=sizes.vision_num_heads,
+                image_size=TINY_TILE_SIZE,
+                patch_size=PATCH_SIZE,
+                initializer_range=sizes.init_range,
+            ),
+            image_token_id=token_ids[CONTEXT_TOKEN],
+            image_seq_length=_tiny_rows_per_tile(),
+            downsample_ratio=0.5,
+            tie_word_embeddings=False,
+        )
+        return InternVLForConditionalGeneration(config).eval().to(torch.float32)
+
+
+def rows_per_tile(config: Any) -> int:
+    """Embedding rows of one tile: the tower's patches, pixel-shuffled by ``downsample_ratio``."""
+    height, width = config.vision_config.image_size
+    patch_height, patch_width = config.vision_config.patch_size
+    return int((height // patch_height) * (width // patch_width) * config.downsample_ratio**2)
+
+
+def pixel_shuffle(features: Any, ratio: float) -> Any:
+    """transformers' ``InternVLModel.pixel_shuffle``: [n, w, h, c] to [n, w x ratio, h x ratio,
+    c / ratio**2]."""
+    n, width, height, channels = features.shape
+    features = features.reshape(n, width, int(height * ratio), int(channels / ratio))
+    features = features.permute(0, 2, 1, 3).contiguous()
+    features = features.reshape(
+        n, int(height * ratio), int(width * ratio), int(channels / ratio**2)
+    )
+    return features.permute(0, 2, 1, 3).contiguous()
+
+
+def _images_kwargs() -> dict[str, Any]:
+    # NOTE: InternVLProcessor's own defaults (crop_to_patches=True) win over the image
+    # processor's saved settings (the hub's says False); the processor, transformers generate
+    # and vLLM tile with them, so the tower's pixels and the route's counts do too.
+    from transformers.models.internvl.processing_internvl import InternVLProcessorKwargs
+
+    return dict(InternVLProcessorKwargs._defaults.get("images_kwargs", {}))
+
+
+def _tiny_rows_per_tile() -> int:
+    return (TINY_TILE_SIZE // PATCH_SIZE) ** 2 // 4
