@@ -76,6 +76,10 @@ SERVER_PING_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+# NOTE: gRPC backs off reconnects to a peer that went away by 1.6x per failed attempt up to
+# 120 s, so a worker whose scheduler was down for a minute would register again up to two
+# minutes after it came back; capped, within about this (plus 20 % jitter).
+MAX_RECONNECT_BACKOFF_MS = 5000
 
 
 def create_channel(
@@ -101,6 +105,7 @@ def create_channel(
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         *KEEPALIVE_OPTIONS,
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
     if not (tls_ca_file or tls_cert_file):
         return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
