@@ -211,16 +211,21 @@ ENGINES = ("auto", "vllm", "transformers")
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings."""
+    """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings.
+
+    ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
+    memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
+    """
 
     name: str = "epd"
     num_encoders: int = 1
     policy: str = "adaptive"
     split_ratio: str = ""
-    kv_cache_mb: int = 128
+    kv_cache_mb: int | None = 128
     http: bool = True
     encoder_threads: tuple[int, ...] = ()
     engine: str = "auto"
+    engine_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:
@@ -258,6 +263,16 @@ class Topology:
         """Whether a decode worker is started."""
         return self.name in ("epd", "ep-d")
 
+    @property
+    def num_engines(self) -> int:
+        """Engine workers started (they share the machine's accelerator)."""
+        return 2 if self.has_decode else 1
+
+    def engine_args(self) -> list[str]:
+        """The engine settings every engine worker gets."""
+        size = [] if self.kv_cache_mb is None else ["--kv-cache-mb", str(self.kv_cache_mb)]
+        return [*size, *self.engine_flags]
+
 
 async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
                          topology: Topology) -> Child:  # fmt: skip
@@ -271,7 +286,7 @@ async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
     scheduler = deployment.start("scheduler", 1, "scheduler", *policy)
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
-    engine = [*model, *registry, "--kv-cache-mb", str(topology.kv_cache_mb)]
+    engine = [*model, *registry, *topology.engine_args()]
     workers = [deployment.start("prefill", 2, "prefill", *engine, "--worker-id", "prefill0",
                                 *PREFILL_MODES[topology.name],
                                 "--engine", topology.engine)]  # fmt: skip

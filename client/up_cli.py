@@ -26,7 +26,9 @@ from epd.client.messages import user
 from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
+from epd.client.up_engine import add_engine_arguments, engine_settings
 from epd.server.common.telemetry import DEFAULT_SPAN_FILE_MB, mebibytes
+from epd.server.engine.device import resolve_device
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
 DEFAULT_MAX_RESTARTS = 3
@@ -76,9 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
         "(default auto)",
     )
-    parser.add_argument(
-        "--kv-cache-mb", type=int, default=128, help="KV cache per engine in MiB (default 128)"
-    )
+    add_engine_arguments(parser)
     parser.add_argument(
         "--base-port",
         type=int,
@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         Topology(
             args.topology, args.encoders, encoder_threads=args.encoder_threads, engine=args.engine
         )
+        args.device = resolve_device(args.device)
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
@@ -226,9 +227,18 @@ def _report(line: str) -> None:
 async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tuple[Child, int]:
     """Start the deployment and, unless --no-demo, ask the demo question; (route, exit status)."""
     model_id = args.model_id or args.model.resolve().name
-    topology = Topology(args.topology, args.encoders, args.policy, args.split_ratio,
-                        args.kv_cache_mb, encoder_threads=args.encoder_threads,
-                        engine=args.engine)  # fmt: skip
+    num_engines = Topology(args.topology).num_engines
+    kv_cache_mb, engine_flags = engine_settings(args, args.device, num_engines)
+    topology = Topology(
+        args.topology,
+        args.encoders,
+        args.policy,
+        args.split_ratio,
+        kv_cache_mb,
+        encoder_threads=args.encoder_threads,
+        engine=args.engine,
+        engine_flags=engine_flags,
+    )
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
     print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)
     start = time.monotonic()

@@ -60,7 +60,7 @@ async def build_decode_server(config: DecodeConfig, engine: Engine,
     host_id = default_host_id()
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"decode-{host_id}-{port}", role=scheduler_pb.WORKER_ROLE_DECODE,
-        endpoint=options.advertised_endpoint(port), device="cpu", weight=config.weight,
+        endpoint=options.advertised_endpoint(port), device=engine.device, weight=config.weight,
         capacity=config.capacity, host_id=host_id, model=engine.model_id,
     )  # fmt: skip
     registration = await register_and_serve(server, info, engine, config.scheduler, options)

@@ -9,12 +9,13 @@ import sys
 from epd.server.common.server import ServerOptions, serve
 from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.prefill.cli import (
+from epd.server.engine.device import resolve_device
+from epd.server.engine.engine_cli import (
     add_engine_arguments,
     check_engine_arguments,
     engine_options,
-    vllm_installed,
-)  # fmt: skip
+)
+from epd.server.prefill.cli import vllm_installed
 
 DEFAULT_PORT = 50081
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("vLLM is not installed; decode workers pull KV caches with vLLM's "
                              "NixlConnector (scripts/install.sh installs it)")  # fmt: skip
         options = ServerOptions.from_args(args)
+        args.device = resolve_device(args.device)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)
         return 2
@@ -45,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace, config: DecodeConfig, options: ServerOptions) -> int:
     from epd.server.engine.vllm_engine import VllmEngine
 
-    engine = await VllmEngine.start(args.model, model_id=args.model_id,
-                                    options=engine_options(args, "kv_consumer"))  # fmt: skip
+    engine_settings = engine_options(args, "kv_consumer", args.device)
+    try:
+        engine = await VllmEngine.start(args.model, model_id=args.model_id, options=engine_settings)
+    except ValueError as e:
+        print(f"epd decode: {e}", file=sys.stderr)
+        return 2
     try:
         app = await build_decode_server(config, engine, options)
         print(f"epd decode listening on {options.host}:{app.port}", flush=True)

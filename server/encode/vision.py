@@ -24,17 +24,21 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda, else xpu, else cpu; other names are checked to be usable."""
+    """``auto`` -> cuda, else xpu, else cpu; other names are checked to be usable. An accelerator
+    comes with its index (``cuda`` -> ``cuda:0``, the current device): the name registered."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
-        xpu = getattr(torch, "xpu", None)
-        return torch.device("xpu" if xpu is not None and xpu.is_available() else "cpu")
+            name = "cuda"
+        else:
+            xpu = getattr(torch, "xpu", None)
+            name = "xpu" if xpu is not None and xpu.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name} asked for, but CUDA is not available here")
     if device.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
         raise ValueError(f"device {name} asked for, but XPU is not available here")
+    if device.index is None and device.type in ("cuda", "xpu"):
+        return torch.device(device.type, getattr(torch, device.type).current_device())
     return device
 
 

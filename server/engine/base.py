@@ -104,6 +104,8 @@ class Engine(ABC):
     """A model runner. Methods are called from one asyncio event loop."""
 
     model_id: str
+    device: str = "cpu"
+    """Where the model runs, as torch names it (``cpu``, ``cuda:0``): what the worker registers."""
 
     @abstractmethod
     def generate(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],

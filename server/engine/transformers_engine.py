@@ -69,6 +69,7 @@ class TransformersEngine(Engine):
         self.model_id = model_id
         self.layout = layout
         self.options = options
+        self.device = str(next(model.parameters()).device)
         self.family = family_of_config(model.config)
         text = model.config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

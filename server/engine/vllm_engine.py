@@ -46,11 +46,11 @@ from epd.server.engine.base import (
     Usage,
 )  # fmt: skip
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_input
 from epd.server.engine.vllm_inputs import (
     SIDE_CHANNEL_ENV_LOCK,
     SideChannel,
-    kv_transfer_config,
     picture_data,
     restore_ints,
     sampling_params,
@@ -68,17 +68,27 @@ ENGINE_CORE_STOP_S = 15.0
 
 @dataclass(frozen=True, slots=True)
 class VllmOptions:
-    """How to start the engine (sizes chosen for CPU machines by default).
+    """How to start the engine (CPU settings by default; ``epd.server.engine.device`` has the
+    defaults of each device).
 
+    ``device``: ``cpu`` or ``cuda:N``, the one vLLM's build runs on (``start`` checks), as
+    registered with the scheduler; KV-transfer engines keep their KV buffer there.
+    ``kv_cache_bytes``: None sizes the cache from ``gpu_memory_utilization`` (GPU only).
+    ``max_num_seqs`` / ``max_num_batched_tokens``: None are vLLM's defaults for the device.
     ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
     (serves ``decode``) or ``kv_both``. ``side_channel``: where the NIXL handshake listens
     (port 0: a free port). ``kv_lease_s``: how long a producer keeps KV blocks that no decode
     worker reads (a cancelled request's), the same on both sides.
     """
 
+    device: str = "cpu"
     dtype: str = "float32"
     max_model_len: int = 4096
-    kv_cache_bytes: int = 256 << 20
+    kv_cache_bytes: int | None = 256 << 20
+    gpu_memory_utilization: float = 0.92
+    tensor_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     max_images_per_prompt: int = 8
     max_pending_requests: int = 64
     enforce_eager: bool = True
@@ -135,6 +145,7 @@ class VllmEngine(Engine):
         self.model_id = model_id
         self.layout = layout
         self.options = options
+        self.device = options.device
         self._tracker = tracker or LoadTracker()
         self._running: set[str] = set()
         self._gridder: Any = None
@@ -147,21 +158,15 @@ class VllmEngine(Engine):
     async def start(cls, model_dir: str | Path, *, model_id: str = "",
                     options: VllmOptions | None = None) -> VllmEngine:  # fmt: skip
         """Start the engine (tens of seconds on CPU: vLLM spawns and warms its EngineCore)."""
-        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
 
         options = options or VllmOptions()
+        check_platform(options.device, current_platform.device_type)
         model_dir = Path(model_dir)
         if options.kv_role and not options.side_channel.port:
             host = options.side_channel.host
             options = replace(options, side_channel=SideChannel(host, side_channel_port(host)))
-        args = AsyncEngineArgs(
-            model=str(model_dir), dtype=options.dtype, enforce_eager=options.enforce_eager,
-            max_model_len=options.max_model_len, kv_cache_memory_bytes=options.kv_cache_bytes,
-            enable_mm_embeds=True, limit_mm_per_prompt={"image": options.max_images_per_prompt},
-            served_model_name=model_id or model_dir.name, disable_log_stats=False,
-            kv_transfer_config=kv_transfer_config(options.kv_role, lease_s=options.kv_lease_s)
-            if options.kv_role else None,
-        )  # fmt: skip
+        args = engine_args(model_dir, model_id, options)
         tracker = LoadTracker()
         rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
         try:

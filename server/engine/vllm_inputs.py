@@ -13,6 +13,7 @@ from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_BUFFER_DEVICES = ("cpu", "cuda")
 
 
 def picture_data(images: list[EngineImage]) -> dict[str, Any]:
@@ -48,11 +49,16 @@ def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
 MIN_KV_LEASE_S = 6
 
 
-def kv_transfer_config(role: str, engine_id: str = "", lease_s: int = 30) -> Any:
-    """NixlConnector config for ``role`` with the KV buffer in host memory (works on CPU).
+def kv_transfer_config(
+    role: str, engine_id: str = "", lease_s: int = 30, buffer_device: str = "cpu"
+) -> Any:
+    """NixlConnector config for ``role`` with the KV buffer on ``buffer_device`` (``cpu``: host
+    memory, ``cuda``: GPU memory, NIXL registers it as VRAM).
 
     ``lease_s``: how long a producer keeps blocks no consumer has read (a consumer that is
     reading renews it every ``lease_s / 6``); prefill and decode workers must agree on it.
+    On CPU the connector's NIXL agent runs without its busy-polling progress thread
+    (``nixl_cpu``); on CUDA it is vLLM's own.
     """
     from vllm.config import KVTransferConfig
 
@@ -61,10 +67,14 @@ def kv_transfer_config(role: str, engine_id: str = "", lease_s: int = 30) -> Any
     if lease_s < MIN_KV_LEASE_S:
         raise ValueError(f"the KV lease must be at least {MIN_KV_LEASE_S} s (consumers renew it "
                          f"every lease/6 s), got {lease_s}")  # fmt: skip
-    # NOTE: the module swaps in a NIXL agent without a busy-polling progress thread.
+    if buffer_device not in KV_BUFFER_DEVICES:
+        raise ValueError(
+            f"KV buffer device must be one of {KV_BUFFER_DEVICES}, not {buffer_device!r}"
+        )
+    module = "epd.server.engine.nixl_cpu" if buffer_device == "cpu" else None
     return KVTransferConfig(kv_connector="NixlConnector", kv_role=role,  # type: ignore[arg-type]
-                            kv_buffer_device="cpu", engine_id=engine_id or None,
-                            kv_connector_module_path="epd.server.engine.nixl_cpu",
+                            kv_buffer_device=buffer_device, engine_id=engine_id or None,
+                            kv_connector_module_path=module,
                             kv_connector_extra_config={"kv_lease_duration": lease_s})  # fmt: skip
 
 

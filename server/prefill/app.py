@@ -88,7 +88,7 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     server, port = await build_server([binding], options, registry)
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
-        role=ROLES[config.mode], endpoint=options.advertised_endpoint(port), device="cpu",
+        role=ROLES[config.mode], endpoint=options.advertised_endpoint(port), device=engine.device,
         weight=config.weight, capacity=config.capacity, host_id=plane.host_id,
         model=engine.model_id,
     )  # fmt: skip

@@ -157,10 +157,8 @@ def test_workers_register_with_the_scheduler_service(monkeypatch: pytest.MonkeyP
 
 
 def test_an_unknown_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ParserError, match="--gpu-memory-utilization"):
-        parser_for("prefill", {}, monkeypatch).parse_args(
-            ["--model", "/m", "--gpu-memory-utilization", "0.9"]
-        )
+    with pytest.raises(ParserError, match="--gpu-count"):
+        parser_for("prefill", {}, monkeypatch).parse_args(["--model", "/m", "--gpu-count", "1"])
 
 
 def test_process_wide_variables_are_found_in_the_source() -> None:

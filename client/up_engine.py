@@ -1,0 +1,80 @@
+"""``epd up``'s engine settings: the flags it takes and passes on to its prefill and decode workers.
+
+Flags left unset are not passed: each worker then applies its device's default (``epd prefill
+--help``), and ``EPD_*`` variables reach the workers through the environment. Two settings
+depend on the deployment: the KV cache of each engine (``UP_KV_CACHE_MB`` on CPU) and, when
+several engines share one GPU, each engine's share of its memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
+
+UP_KV_CACHE_MB = 128
+SHARED_GPU_MEMORY = 0.9
+PASSED_ON = (
+    "dtype",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine flags of ``epd up`` (passed to the prefill and decode workers)."""
+    add = parser.add_argument
+    add(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default="auto",
+        help="where the engines run: cuda, cpu or auto: cuda where usable (default auto); "
+        "encoders keep their own devices (--topology)",
+    )
+    add("--dtype", choices=DTYPE_CHOICES, help="engine dtype (default: bfloat16 on CUDA, float32)")
+    add(
+        "--kv-cache-mb",
+        type=int,
+        help=f"KV cache per engine in MiB (default {UP_KV_CACHE_MB} on CPU; on CUDA sized from "
+        "each engine's share of the GPU's memory)",
+    )
+    add(
+        "--gpu-memory-utilization",
+        type=float,
+        help="share of the GPU's memory of each engine (default: vLLM's 0.92 for one engine, "
+        f"{SHARED_GPU_MEMORY} split evenly when prefill and decode workers share the GPU)",
+    )
+    add("--tensor-parallel-size", type=int, help="GPUs per engine (default 1)")
+    add("--max-model-len", type=int, help="longest prompt + output in tokens (default 4096)")
+    add("--max-num-seqs", type=int, help="sequences per engine step (default: vLLM's)")
+    add("--max-num-batched-tokens", type=int, help="tokens per engine step (default: vLLM's)")
+    add(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        help="eager engines, or compiled with --no-enforce-eager (default: eager on CPU, "
+        "compiled on CUDA)",
+    )
+
+
+def engine_settings(
+    args: argparse.Namespace, device: str, num_engines: int
+) -> tuple[int | None, tuple[str, ...]]:
+    """(KV cache MiB or None, other flags) for engines on ``device`` (``cpu`` or ``cuda:N``),
+    ``num_engines`` of them on this machine."""
+    kind = device_type(device)
+    flags = ["--device", kind]
+    if kind != CPU and args.gpu_memory_utilization is None and num_engines > 1:
+        flags += ["--gpu-memory-utilization", f"{SHARED_GPU_MEMORY / num_engines:.2f}"]
+    for name in PASSED_ON:
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    if args.enforce_eager is not None:
+        flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
+    kv_cache_mb = args.kv_cache_mb
+    if kv_cache_mb is None and kind == CPU:
+        kv_cache_mb = UP_KV_CACHE_MB
+    return kv_cache_mb, tuple(flags)

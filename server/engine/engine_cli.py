@@ -1,0 +1,211 @@
+"""Engine flags shared by ``epd prefill`` and ``epd decode``, and the options built from them.
+
+Device-dependent flags default to None here; ``engine_options`` fills them from the defaults of
+the device ``--device`` resolves to (``epd.server.engine.device``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epd.server.common.model_dir import require_model_dir
+from epd.server.engine.device import (
+    DEFAULTS,
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    defaults_for,
+)
+from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
+
+if TYPE_CHECKING:
+    from epd.server.engine.transformers_engine import TransformersOptions
+    from epd.server.engine.vllm_engine import VllmOptions
+
+MiB = 1 << 20
+GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default
+TRANSFORMERS_KV_CACHE_MB = 256  # its admission budget where the device leaves the size to vLLM
+
+
+def _optional_int(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
+def _optional_bool(value: str | None) -> bool | None:
+    if not value:
+        return None
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {value!r}")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags, each with an ``EPD_*`` environment fallback."""
+    env = os.environ.get
+    cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
+    add = parser.add_argument
+    add("--model", type=Path, required=True, help="model directory")
+    add("--model-id", default="", help="model name clients use (default: the directory name)")
+    add(
+        "--worker-id",
+        default=env("EPD_WORKER_ID", ""),
+        help="id in the scheduler's registry (env EPD_WORKER_ID)",
+    )
+    add("--weight", type=float, default=1.0, help="share of work (default 1)")
+    add(
+        "--scheduler",
+        default=env("EPD_SCHEDULER"),
+        help="scheduler host:port to register with (env EPD_SCHEDULER)",
+    )
+    add(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default=env("EPD_DEVICE", "auto"),
+        help="where the engine runs: cuda (the current CUDA device, registered as cuda:N), cpu, "
+        "or auto: cuda where usable, else cpu (env EPD_DEVICE, default auto); vLLM runs on "
+        "the device its build is for (scripts/install.sh --target)",
+    )
+    add(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default=env("EPD_DTYPE", "auto"),
+        help=f"model dtype; auto: {cuda.dtype} on CUDA, {cpu.dtype} on CPU (env EPD_DTYPE, "
+        "default auto)",
+    )
+    add(
+        "--max-model-len",
+        type=int,
+        default=int(env("EPD_MAX_MODEL_LEN", "4096")),
+        help="longest prompt + output in tokens (env EPD_MAX_MODEL_LEN, default 4096)",
+    )
+    add(
+        "--kv-cache-mb",
+        type=int,
+        default=_optional_int(env("EPD_KV_CACHE_MB")),
+        help=f"KV cache size in MiB (env EPD_KV_CACHE_MB; default {cpu.kv_cache_mb} on CPU, "
+        "where vLLM's automatic sizing fails on small machines; on CUDA vLLM sizes it from "
+        "--gpu-memory-utilization)",
+    )
+    add(
+        "--gpu-memory-utilization",
+        type=float,
+        default=float(env("EPD_GPU_MEMORY_UTILIZATION", str(GPU_MEMORY_UTILIZATION))),
+        help="share of the GPU's memory this vLLM engine may use, weights and KV cache "
+        "together; engines sharing a GPU need shares that add up to less than 1 (env "
+        f"EPD_GPU_MEMORY_UTILIZATION, default {GPU_MEMORY_UTILIZATION}; CUDA only)",
+    )
+    add(
+        "--tensor-parallel-size",
+        type=int,
+        default=int(env("EPD_TENSOR_PARALLEL_SIZE", "1")),
+        help="GPUs the model is split across (env EPD_TENSOR_PARALLEL_SIZE, default 1)",
+    )
+    add(
+        "--max-num-seqs",
+        type=int,
+        default=_optional_int(env("EPD_MAX_NUM_SEQS")),
+        help="sequences vLLM runs in one step (env EPD_MAX_NUM_SEQS; default vLLM's for the "
+        "device)",
+    )
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=_optional_int(env("EPD_MAX_NUM_BATCHED_TOKENS")),
+        help="tokens vLLM computes in one step, prompt chunks included (env "
+        "EPD_MAX_NUM_BATCHED_TOKENS; default vLLM's for the device)",
+    )
+    add(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=_optional_bool(env("EPD_ENFORCE_EAGER")),
+        help="run the model eagerly (--no-enforce-eager: compile it and capture CUDA graphs); "
+        f"env EPD_ENFORCE_EAGER; default {'eager' if cpu.enforce_eager else 'compiled'} "
+        f"on CPU, {'eager' if cuda.enforce_eager else 'compiled'} on CUDA",
+    )
+    add(
+        "--max-pending",
+        type=int,
+        default=64,
+        help="requests admitted at once; more get RESOURCE_EXHAUSTED (default 64)",
+    )
+    add(
+        "--kv-host",
+        default=env("EPD_KV_HOST", "127.0.0.1"),
+        help="address of this worker's NIXL KV handshake listener, reachable by its peers "
+        "(env EPD_KV_HOST, default 127.0.0.1)",
+    )
+    add(
+        "--kv-port",
+        type=int,
+        default=int(env("EPD_KV_PORT", "0")),
+        help="port of the NIXL handshake listener (env EPD_KV_PORT; default 0: a free port)",
+    )
+    add(
+        "--kv-lease-s",
+        type=int,
+        default=int(env("EPD_KV_LEASE_S", "30")),
+        help="seconds a prefill worker keeps KV blocks no decode worker has read (a request "
+        "cancelled between prefill and decode); the same on prefill and decode workers, "
+        "at least 6 (env EPD_KV_LEASE_S, default 30)",
+    )
+
+
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the first engine flag with a value no engine accepts."""
+    require_model_dir(args.model)
+    if args.kv_lease_s < MIN_KV_LEASE_S:
+        raise ValueError(
+            f"--kv-lease-s must be at least {MIN_KV_LEASE_S} (decode workers renew "
+            f"the lease every lease/6 s), got {args.kv_lease_s}"
+        )
+    for flag in ("max_model_len", "max_pending", "tensor_parallel_size"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
+    for flag in ("kv_cache_mb", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+
+
+def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -> VllmOptions:
+    """VllmOptions from the engine flags, on ``device`` (``resolve_device(args.device)``)."""
+    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_inputs import SideChannel
+
+    defaults = defaults_for(device)
+    kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb
+    return VllmOptions(
+        device=device,
+        dtype=defaults.dtype if args.dtype == "auto" else args.dtype,
+        max_model_len=args.max_model_len,
+        kv_cache_bytes=kv_cache_mb * MiB if kv_cache_mb else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=defaults.enforce_eager if args.enforce_eager is None else args.enforce_eager,
+        max_pending_requests=args.max_pending,
+        kv_role=kv_role,
+        side_channel=SideChannel(args.kv_host, args.kv_port),
+        kv_lease_s=args.kv_lease_s,
+    )
+
+
+def transformers_options(args: argparse.Namespace, device: str) -> TransformersOptions:
+    """TransformersOptions from the engine flags, on ``device``."""
+    from epd.server.engine.transformers_engine import TransformersOptions
+
+    defaults = defaults_for(device)
+    kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb or TRANSFORMERS_KV_CACHE_MB
+    return TransformersOptions(
+        device=device,
+        dtype=defaults.dtype if args.dtype == "auto" else args.dtype,
+        max_model_len=args.max_model_len,
+        kv_cache_bytes=kv_cache_mb * MiB,
+        max_pending_requests=args.max_pending,
+    )

@@ -1,0 +1,60 @@
+"""Prefill and decode workers register the device their engine runs on (they said "cpu" always)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+from epd.scheduler.app import build_scheduler_server
+from epd.server.common.channels import create_channel
+from epd.server.common.server import ServerOptions
+from epd.server.decode.app import DecodeConfig, build_decode_server
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.prefill.service import Mode
+from epd.v1 import scheduler_service_pb2 as pb
+from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
+
+LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
+
+
+def engine(device: str, kv_role: str) -> VllmEngine:
+    """A VllmEngine around a stand-in AsyncLLM that is never called."""
+    llm = SimpleNamespace(errored=False, shutdown=lambda timeout=None: None)
+    return VllmEngine(llm, "tiny", LAYOUT, VllmOptions(device=device, kv_role=kv_role))
+
+
+async def registered_devices(endpoint: str, num_workers: int) -> dict[str, str]:
+    async with create_channel(endpoint) as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        for _ in range(200):
+            reply = await stub.ListWorkers(pb.ListWorkersRequest(), wait_for_ready=True, timeout=10)
+            if len(reply.workers) == num_workers:
+                return {worker.info.id: worker.info.device for worker in reply.workers}
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{num_workers} workers never registered")
+
+
+async def test_workers_register_their_engines_device(tiny_model_dir: Path) -> None:
+    scheduler, port = await build_scheduler_server(ServerOptions(port=0))
+    endpoint = f"127.0.0.1:{port}"
+    prefill = await build_prefill_server(
+        PrefillConfig(tiny_model_dir, Mode.PREFILL, "p-gpu", scheduler=endpoint, hands_off_kv=True),
+        engine("cuda:0", "kv_producer"),
+    )
+    decode = await build_decode_server(
+        DecodeConfig("d-gpu", scheduler=endpoint), engine("cuda:1", "kv_consumer")
+    )
+    cpu = await build_prefill_server(
+        PrefillConfig(tiny_model_dir, worker_id="pd-cpu", scheduler=endpoint),
+        engine("cpu", "kv_both"),
+    )
+    try:
+        devices = await registered_devices(endpoint, 3)
+        assert devices == {"p-gpu": "cuda:0", "d-gpu": "cuda:1", "pd-cpu": "cpu"}
+    finally:
+        for app in (prefill, decode, cpu):
+            await app.stop()
+        await scheduler.drain_and_stop(0)

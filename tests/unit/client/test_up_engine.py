@@ -1,0 +1,104 @@
+"""``epd up`` passes its engine settings on to the prefill and decode workers it starts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from epd.client import up_cli
+from epd.client.launcher import Topology
+from epd.client.up_engine import engine_settings
+from epd.server.engine.engine_cli import engine_options
+from epd.server.prefill import cli as prefill_cli
+
+
+def parse_up(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def worker_options(flags: tuple[str, ...], kv_cache_mb: int | None, device: str) -> object:
+    """The VllmOptions a prefill worker started with ``flags`` builds on ``device``."""
+    parser = argparse.ArgumentParser(prog="epd prefill")
+    prefill_cli.add_arguments(parser)
+    size = [] if kv_cache_mb is None else ["--kv-cache-mb", str(kv_cache_mb)]
+    return engine_options(parser.parse_args(["--model", "/m", *size, *flags]), None, device)
+
+
+@pytest.fixture(autouse=True)
+def no_engine_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EPD_DEVICE", "EPD_DTYPE", "EPD_KV_CACHE_MB", "EPD_GPU_MEMORY_UTILIZATION"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_on_cpu_engines_get_todays_cache_and_their_own_defaults() -> None:
+    kv_cache_mb, flags = engine_settings(parse_up(), "cpu", num_engines=2)
+    assert (kv_cache_mb, flags) == (128, ("--device", "cpu"))
+    options = worker_options(flags, kv_cache_mb, "cpu")
+    assert options.kv_cache_bytes == 128 << 20 and options.dtype == "float32"
+
+
+def test_engines_sharing_a_gpu_split_its_memory() -> None:
+    kv_cache_mb, flags = engine_settings(parse_up(), "cuda:0", num_engines=2)
+    assert kv_cache_mb is None
+    assert flags == ("--device", "cuda", "--gpu-memory-utilization", "0.45")
+    options = worker_options(flags, kv_cache_mb, "cuda:0")
+    assert options.gpu_memory_utilization == 0.45 and options.kv_cache_bytes is None
+    assert options.dtype == "bfloat16" and options.enforce_eager is False
+    assert engine_settings(parse_up(), "cuda:0", num_engines=1) == (None, ("--device", "cuda"))
+
+
+def test_given_settings_reach_every_engine() -> None:
+    args = parse_up(
+        "--dtype",
+        "float16",
+        "--kv-cache-mb",
+        "64",
+        "--gpu-memory-utilization",
+        "0.3",
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "1024",
+        "--no-enforce-eager",
+    )
+    kv_cache_mb, flags = engine_settings(args, "cuda:0", num_engines=2)
+    options = worker_options(flags, kv_cache_mb, "cuda:0")
+    assert kv_cache_mb == 64 and options.kv_cache_bytes == 64 << 20
+    assert (options.dtype, options.gpu_memory_utilization, options.tensor_parallel_size) == (
+        "float16",
+        0.3,
+        2,
+    )
+    assert (options.max_model_len, options.max_num_seqs, options.max_num_batched_tokens) == (
+        2048,
+        8,
+        1024,
+    )
+    assert options.enforce_eager is False
+    eager = engine_settings(parse_up("--enforce-eager"), "cpu", 1)[1]
+    assert eager == ("--device", "cpu", "--enforce-eager")
+
+
+def test_topologies_pass_the_settings_to_their_engines() -> None:
+    topology = Topology("epd", kv_cache_mb=None, engine_flags=("--device", "cuda"))
+    assert topology.num_engines == 2 and topology.engine_args() == ["--device", "cuda"]
+    assert Topology("e-pd").num_engines == 1
+    assert Topology("e-pd", kv_cache_mb=64).engine_args() == ["--kv-cache-mb", "64"]
+
+
+def test_cuda_asked_where_there_is_none_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert up_cli.run(parse_up("--device", "cuda")) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
