@@ -241,7 +241,7 @@ def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:
 
 
 def _layout(model: Any, processor: Any) -> VisionLayout:
-    return VisionLayout.of(model.config)
+    return VisionLayout.of(model.config, processor.tokenizer)
 
 
 def _embeddings(image: EngineImage) -> torch.Tensor:

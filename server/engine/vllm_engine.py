@@ -98,9 +98,10 @@ class VllmOptions:
 
 
 def _layout(model_dir: Path) -> VisionLayout:
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
-    return VisionLayout.of(AutoConfig.from_pretrained(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return VisionLayout.of(AutoConfig.from_pretrained(model_dir), tokenizer)
 
 
 def side_channel_port(host: str, attempts: int = 64) -> int:
