@@ -69,6 +69,33 @@ def tiny_text_config(
     )
 
 
+#: the key of an image's row count in ``separately_batched_items``
+ROWS_KEY = "image_num_rows"
+
+
+def separately_batched_items(embeddings: list[Any]) -> list[dict[str, Any]]:
+    """vLLM items of one ``image_embeds`` [rows, hidden] per image (a batched field), as vLLM's
+    renderer makes them, and the image's row count as a shared field (``ROWS_KEY``, which vLLM's
+    model ignores). vLLM batches consecutive items only where their shared fields are equal, so
+    images of different row counts are never batched: the embeddings schemas of vLLM 0.32's
+    LLaVA-OneVision and InternVL refuse such a batch, and the EngineCore dies."""
+    import torch
+    from vllm.multimodal.inputs import (
+        MultiModalBatchedField,
+        MultiModalFieldElem,
+        MultiModalSharedField,
+    )
+
+    batched, shared = MultiModalBatchedField(), MultiModalSharedField(batch_size=1)
+    return [
+        {
+            "image_embeds": MultiModalFieldElem(embeds, batched),
+            ROWS_KEY: MultiModalFieldElem(torch.tensor([embeds.shape[0]]), shared),
+        }
+        for embeds in embeddings
+    ]
+
+
 class ModelFamily(ABC):
     """One architecture family; instances are stateless and shared."""
 
@@ -128,7 +155,10 @@ class ModelFamily(ABC):
 
     def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
         """``processor`` (the checkpoint's image processor) on ``images``: the pixel values the
-        tower takes and the grids [num_images, 3] (default: the processor's ``image_grid_thw``)."""
+        tower takes and the grids [num_images, 3] (default: the processor's ``image_grid_thw``).
+        Callers only move the pixel values (``.to(device, dtype)``) and hand them to
+        ``image_embeddings``: a family whose tower needs more than pixels gives a ``BatchFeature``
+        (LLaVA-OneVision: its pixel values and image sizes)."""
         inputs = processor(images=images, return_tensors="pt")
         return inputs["pixel_values"], inputs["image_grid_thw"]
 

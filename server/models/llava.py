@@ -171,15 +171,21 @@ class Llava(ModelFamily):
         return LlavaForConditionalGeneration(config).eval().to(torch.float32)
 
     def finish_tiny_checkpoint(self, out: Path) -> None:
-        """Name the tower's weights as the hub does (``vision_tower.vision_model.*``)."""
-        from safetensors import safe_open
-        from safetensors.torch import save_file
+        name_tower_as_hub(out)
 
-        path = out / "model.safetensors"
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata()
-            state = {_hub_name(key): f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-        save_file(state, str(path), metadata=metadata)
+
+def name_tower_as_hub(out: Path) -> None:
+    """Name the tower's weights of the checkpoint in ``out`` as the hub does
+    (``vision_tower.vision_model.*``; transformers 5.19 saves CLIP and SigLIP towers without
+    ``vision_model.``)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = out / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+        state = {_hub_name(key): f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
+    save_file(state, str(path), metadata=metadata)
 
 
 def _hub_name(key: str) -> str:

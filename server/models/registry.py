@@ -8,10 +8,17 @@ from typing import Any
 
 from epd.server.models.family import ModelFamily
 from epd.server.models.llava import Llava
+from epd.server.models.llava_onevision import LlavaOnevision
 from epd.server.models.qwen2_vl import Qwen2_5Vl, Qwen2Vl
 from epd.server.models.qwen3_vl import Qwen3Vl
 
-FAMILIES: tuple[ModelFamily, ...] = (Qwen2Vl(), Qwen2_5Vl(), Qwen3Vl(), Llava())
+FAMILIES: tuple[ModelFamily, ...] = (
+    Qwen2Vl(),
+    Qwen2_5Vl(),
+    Qwen3Vl(),
+    Llava(),
+    LlavaOnevision(),
+)
 
 
 class UnsupportedModel(ValueError):

@@ -3,7 +3,7 @@ model (transformers) feeds its language model, at the width the engines check.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +32,10 @@ def test_the_tower_alone_equals_the_models_own_image_features(
     ours = encoder.encode(images)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     pixels, grid = encoder.preprocess(images)
+    # NOTE: LLaVA-OneVision's pixel inputs carry the image sizes its tiles are packed by.
+    inputs = dict(pixels) if isinstance(pixels, Mapping) else {"pixel_values": pixels}
     with torch.inference_mode():
-        features = model.model.get_image_features(pixels, image_grid_thw=grid)
+        features = model.model.get_image_features(**inputs, image_grid_thw=grid)
     # NOTE: DeepStack features (Qwen3-VL) ride beside the merger's output, on the last axis, as
     # vLLM takes them in image_embeds.
     levels = [features.pooler_output, *(getattr(features, "deepstack_features", None) or [])]

@@ -1,0 +1,263 @@
+"""LLaVA-OneVision: a SigLIP vision tower read at ``vision_feature_layer`` (-1, all patches:
+``vision_feature_select_strategy`` 'full'), ``multi_modal_projector``, and anyres tiling. The
+image processor resizes the whole image to the tower's square (the base tile) and, for the pinpoint
+resolution (``image_grid_pinpoints``) that fits the image best, cuts the resized and padded image
+into tiles of that square. An image's rows, as the language model takes them, are the base tile's
+patches, then the tiles' patches as one grid with the padding cut off (bilinearly shrunk when it
+holds over 1.1 x the rows of ``vision_aspect_ratio``'s tiles, 'anyres_max_9': 9), each grid row
+closed by the ``image_newline`` row. The chat template emits ``<image>`` once per image and
+engines expand it to those rows; positions are 1-D.
+
+No patch grid travels: the number of rows follows from the image's size alone (transformers'
+``LlavaOnevisionProcessor._get_number_of_features``, vLLM's ``get_num_image_tokens``), so the grid
+is (1, 1, rows) with a merge size of 1, as for LLaVA-1.5. Packing the tiles needs the image's size
+beside its pixels: ``pixel_inputs`` hands the processor's ``BatchFeature`` of ``pixel_values``
+[images, tiles, 3, side, side] (tiles padded to the batch's most) and ``image_sizes`` [images, 2]
+(height, width) to ``image_embeddings``, which gives the packed rows, what vLLM takes as
+``image_embeds`` (one [rows, hidden] tensor per image, a batched field).
+
+Every image is tiled, however many a prompt holds, as vLLM 0.32 tiles them and as transformers'
+processor does given one flat list of images (given a list per text, it shows the images of a
+text that holds several untiled: the base tile and one newline row). vLLM 0.32's embeddings
+schema refuses a batch of images of different row counts, so ``vllm_items`` keeps them apart
+(``family.separately_batched_items``).
+
+Hub checkpoints name the tower's weights ``vision_tower.vision_model.*``, the projector's
+``multi_modal_projector.*``, the newline row ``image_newline`` and the language model's
+``language_model.*``; transformers 5.19 saves the tower without ``vision_model.``, so the tiny
+builder renames its weights to the hub's names.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from epd.server.models.family import (
+    ROWS_KEY,
+    Grid,
+    ModelFamily,
+    TinySizes,
+    separately_batched_items,
+    tiny_text_config,
+)
+from epd.server.models.llava import name_tower_as_hub
+
+PATCH_SIZE = 14
+IMAGE_TOKEN = "<image>"
+VIDEO_TOKEN = "<video>"
+# NOTE: a tiny tile is 56 pixels (16 rows), the hub's 384 (729); pinpoints are 1..6 tiles a side,
+# as the hub's, so large images take the shrinking branch (over 9 tiles' rows).
+TINY_TILE = 56
+TINY_PINPOINTS = [[TINY_TILE * i, TINY_TILE * j] for i in range(1, 7) for j in range(1, 7)]
+# NOTE: the hub's (transformers' conversion script's) template: per message, its images first.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}"
+    "{# Render all video then #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>\n' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] }}{% endfor %}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
+    "{{'<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class LlavaOnevision(ModelFamily):
+    """LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``, SigLIP tower, anyres)."""
+
+    name = "llava_onevision"
+    title = "LLaVA-OneVision"
+    architectures = ("LlavaOnevisionForConditionalGeneration",)
+    visual_prefixes = (
+        "vision_tower.",
+        "multi_modal_projector.",
+        "image_newline",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+        "model.image_newline",
+    )
+    chat_template = CHAT_TEMPLATE
+    tiny_special_tokens = (IMAGE_TOKEN, VIDEO_TOKEN)
+    vllm_extra_keys = (ROWS_KEY,)
+
+    def vision_tower(self, config: Any) -> Any:
+        import torch
+        from torch import nn
+        from transformers import AutoModel
+        from transformers.models.llava_onevision.modeling_llava_onevision import (
+            LlavaOnevisionMultiModalProjector,
+        )
+
+        tower = nn.Module()
+        tower.vision_tower = AutoModel.from_config(config.vision_config)
+        tower.multi_modal_projector = LlavaOnevisionMultiModalProjector(config)
+        tower.image_newline = nn.Parameter(torch.empty(config.text_config.hidden_size))
+        tower.config = config
+        return tower
+
+    def visual_weight_name(self, key: str) -> str | None:
+        name = key.removeprefix("model.")
+        if name.startswith("vision_tower."):
+            return "vision_tower." + name.removeprefix("vision_tower.").removeprefix(
+                "vision_model."
+            )
+        if name.startswith("multi_modal_projector.") or name == "image_newline":
+            return name
+        return None
+
+    def model_tower(self, model: Any) -> Any:
+        return model.model
+
+    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+        import torch
+        from transformers import BatchFeature
+
+        inputs = processor(images=images, return_tensors="pt")
+        pixels = BatchFeature({key: inputs[key] for key in ("pixel_values", "image_sizes")})
+        grids = [self.image_grid(image.width, image.height, config, processor) for image in images]
+        return pixels, torch.tensor(grids)
+
+    def image_embeddings(self, tower: Any, pixel_values: Any, grid: Any) -> Any:
+        """As transformers' ``LlavaOnevisionModel.get_image_features`` (every image tiled):
+        ``pixel_values`` is ``pixel_inputs``' ``BatchFeature`` (pixels and image sizes); the
+        tower's hidden states at ``vision_feature_layer`` (each of a list, concatenated) through
+        the projector, packed per image with its newline rows; [rows of all images, hidden]."""
+        import torch
+        from transformers.models.llava_onevision.modeling_llava_onevision import (
+            LlavaOnevisionModel,
+            image_size_to_num_patches,
+        )
+
+        config = tower.config
+        pixels, image_sizes = pixel_values["pixel_values"], pixel_values["image_sizes"]
+        num_tiles = [
+            image_size_to_num_patches(
+                size, config.image_grid_pinpoints, config.vision_config.image_size
+            )
+            for size in image_sizes
+        ]
+        tiles = torch.cat([image[:count] for image, count in zip(pixels, num_tiles, strict=True)])
+        layers = config.vision_feature_layer
+        layers = [layers] if isinstance(layers, int) else list(layers)
+        hidden = tower.vision_tower(tiles, output_hidden_states=True).hidden_states
+        chosen = torch.cat([hidden[layer] for layer in layers], dim=-1)
+        if config.vision_feature_select_strategy == "default":
+            chosen = chosen[:, 1:]
+        features = torch.split(tower.multi_modal_projector(chosen), num_tiles)
+        packed, _ = LlavaOnevisionModel.pack_image_features(
+            tower,
+            features,
+            image_sizes,
+            image_newline=tower.image_newline,
+            vision_aspect_ratio=config.vision_aspect_ratio,
+        )
+        return torch.cat(packed)
+
+    def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
+        return 1, 1, num_image_rows(width, height, config, processor.image_grid_pinpoints)
+
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        return separately_batched_items(embeddings)
+
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        # NOTE: vLLM's parser takes embeddings as the image data itself; images of different
+        # sizes have different row counts, so one [rows, hidden] tensor per image.
+        return list(embeddings)
+
+    def save_tiny_processor(
+        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
+    ) -> None:
+        from transformers import (
+            LlavaOnevisionImageProcessor,
+            LlavaOnevisionProcessor,
+            LlavaOnevisionVideoProcessor,
+        )
+
+        image_processor = LlavaOnevisionImageProcessor(
+            size={"height": TINY_TILE, "width": TINY_TILE},
+            image_grid_pinpoints=TINY_PINPOINTS,
+            image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5],
+        )
+        video_processor = LlavaOnevisionVideoProcessor(
+            size={"height": TINY_TILE, "width": TINY_TILE},
+            image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5],
+        )
+        processor = LlavaOnevisionProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_processor,
+            num_image_tokens=(TINY_TILE // PATCH_SIZE) ** 2,
+            vision_feature_select_strategy="full",
+            vision_aspect_ratio="anyres_max_9",
+            chat_template=chat_template,
+        )
+        processor.save_pretrained(out)
+        image_processor.save_pretrained(out)
+
+    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
+        import torch
+        from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+        rope = {"rope_type": "default", "rope_theta": 1000000.0}
+        config = LlavaOnevisionConfig(
+            text_config={
+                "model_type": "qwen2",
+                **tiny_text_config(token_ids, vocab_size, sizes, rope),
+            },
+            vision_config=dict(
+                model_type="siglip_vision_model",
+                hidden_size=sizes.vision_embed_dim,
+                intermediate_size=2 * sizes.vision_embed_dim,
+                num_hidden_layers=sizes.vision_depth,
+                num_attention_heads=sizes.vision_num_heads,
+                image_size=TINY_TILE,
+                patch_size=PATCH_SIZE,
+                vision_use_head=False,
+                initializer_range=sizes.init_range,
+            ),
+            image_token_index=token_ids[IMAGE_TOKEN],
+            video_token_index=token_ids[VIDEO_TOKEN],
+            image_grid_pinpoints=TINY_PINPOINTS,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+            vision_aspect_ratio="anyres_max_9",
+            tie_word_embeddings=False,
+        )
+        return LlavaOnevisionForConditionalGeneration(config).eval().to(torch.float32)
+
+    def finish_tiny_checkpoint(self, out: Path) -> None:
+        name_tower_as_hub(out)
+
+
+def num_image_rows(width: int, height: int, config: Any, pinpoints: list[list[int]]) -> int:
+    """Rows of a ``width`` x ``height`` image: the base tile's, then the unpadded tiles' (shrunk
+    past the aspect ratio's bound) with a newline row each, as transformers' processor and vLLM
+    count them."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    tile = int(config.vision_config.image_size)
+    side = tile // int(config.vision_config.patch_size)
+    best_height, best_width = (int(v) for v in select_best_resolution([height, width], pinpoints))
+    rows_high, rows_wide = side * (best_height // tile), side * (best_width // tile)
+    if width / height > rows_wide / rows_high:
+        kept = int(round(height * (rows_wide / width), 7))
+        rows_high -= 2 * ((rows_high - kept) // 2)
+    else:
+        kept = int(round(width * (rows_high / height), 7))
+        rows_wide -= 2 * ((rows_wide - kept) // 2)
+    max_tiles = int(str(config.vision_aspect_ratio).removeprefix("anyres_max_"))
+    ratio = math.sqrt(rows_high * rows_wide / (max_tiles * side**2))
+    if ratio > 1.1:
+        rows_high, rows_wide = int(rows_high // ratio), int(rows_wide // ratio)
+    rows = side * side + rows_high * rows_wide + rows_high
+    return rows - int(config.vision_feature_select_strategy == "default")
