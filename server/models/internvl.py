@@ -13,9 +13,11 @@ The chat template emits ``<IMG_CONTEXT>`` once per image; engines expand it to `
 image's rows of ``<IMG_CONTEXT>``, ``</img>`` (the processor's ``replace_image_token``, vLLM's
 prompt update), so the family names those delimiters (``image_delimiters``). Embeddings enter vLLM
 (``InternS1ForConditionalGeneration`` serves the architecture) as ``image_embeds``, one [rows,
-hidden] tensor per image (a batched field). Hub checkpoints name the weights as transformers 5
-saves them (``model.vision_tower.*``, ``model.multi_modal_projector.*``,
-``model.language_model.*``, ``lm_head.*``).
+hidden] tensor per image (a batched field), with the rows as a shared field so that vLLM never
+batches images of different rows, which its schema refuses
+(``family.separately_batched_items``). Hub checkpoints name the weights as transformers 5 saves
+them (``model.vision_tower.*``, ``model.multi_modal_projector.*``, ``model.language_model.*``,
+``lm_head.*``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import Grid, ModelFamily, TinySizes, tiny_text_config
+from epd.server.models.family import (
+    ROWS_KEY,
+    Grid,
+    ModelFamily,
+    TinySizes,
+    separately_batched_items,
+    tiny_text_config,
+)
 
 PATCH_SIZE = 14
 CONTEXT_TOKEN = "<IMG_CONTEXT>"
@@ -35,12 +44,6 @@ HUB_EXTRA_TOKENS = ("<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
 # the hub's tile is 448 pixels (256 rows), at most 12 tiles.
 TINY_TILE_SIZE = 112
 TINY_MAX_TILES = 4
-# NOTE: vLLM 0.32 batches the image_embeds of consecutive items and its InternVL schema
-# (InternS1ImageEmbeddingInputs) refuses a batch whose images differ in rows, which kills its
-# EngineCore ("data contains inconsistent shapes"), whether the renderer or we made the items. A
-# shared field holding the rows keeps such items in separate batches (vLLM batches items only
-# where shared fields are equal); the model ignores the key.
-ROWS_KEY = "image_num_rows"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -144,21 +147,7 @@ class InternVl(ModelFamily):
         return inputs["pixel_values"], torch.tensor(grids)
 
     def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        import torch
-        from vllm.multimodal.inputs import (
-            MultiModalBatchedField,
-            MultiModalFieldElem,
-            MultiModalSharedField,
-        )
-
-        field, rows_field = MultiModalBatchedField(), MultiModalSharedField(batch_size=1)
-        return [
-            {
-                "image_embeds": MultiModalFieldElem(embeds, field),
-                ROWS_KEY: MultiModalFieldElem(torch.tensor([len(embeds)]), rows_field),
-            }
-            for embeds in embeddings
-        ]
+        return separately_batched_items(embeddings)
 
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
         # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as embeddings (images of

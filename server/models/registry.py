@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import ModelFamily
+from epd.server.models.internvl import InternVl
 from epd.server.models.llava import Llava
 from epd.server.models.llava_onevision import LlavaOnevision
 from epd.server.models.qwen2_vl import Qwen2_5Vl, Qwen2Vl
@@ -18,6 +19,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     Qwen3Vl(),
     Llava(),
     LlavaOnevision(),
+    InternVl(),
 )
 
 

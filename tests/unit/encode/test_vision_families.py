@@ -20,7 +20,7 @@ from epd.server.models.registry import FAMILIES
 def test_the_tower_alone_equals_the_models_own_image_features(
     tiny_family_dir: Callable[[str], Path], family: str
 ) -> None:
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     model_dir = tiny_family_dir(family)
     rng = np.random.default_rng(0)
@@ -43,5 +43,6 @@ def test_the_tower_alone_equals_the_models_own_image_features(
     assert [tuple(g) for _, g in ours] == [tuple(row) for row in grid.tolist()]
     got = torch.cat([embeddings for embeddings, _ in ours])
     assert got.shape == expected.shape
-    assert got.shape[1] == VisionLayout.of(model.config).embedding_width
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert got.shape[1] == VisionLayout.of(model.config, tokenizer).embedding_width
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)

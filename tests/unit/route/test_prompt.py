@@ -48,8 +48,7 @@ def test_block_hashes_share_prefixes_and_tell_images_apart(builder: PromptBuilde
 
 
 def test_detokenizer_streams_the_whole_text(builder: PromptBuilder) -> None:
-    ids = builder.tokenizer("héllo wörld, ünïcode ✓ 🙂 done", add_special_tokens=False)[
-        "input_ids"]
+    ids = builder.tokenizer("héllo wörld, ünïcode ✓ 🙂 done", add_special_tokens=False)["input_ids"]
     detokenizer = Detokenizer(builder.tokenizer)
     deltas = [detokenizer.add([token]) for token in ids]
     assert "".join(deltas) == builder.tokenizer.decode(ids)
@@ -86,3 +85,22 @@ def test_llava_prompts_hold_one_image_token_per_image_and_hash_images_apart(
     assert len(same) == (len(ids) - 2 + 2 * rows) // BLOCK_SIZE
     swapped = llava.block_hashes(ids, [("bb22", rows), ("aa11", rows)])
     assert swapped != same
+
+
+def test_internvl_prompts_hash_each_image_between_its_delimiters(tiny_family_dir) -> None:
+    """InternVL's template emits ``<IMG_CONTEXT>`` alone per image; engines expand it to
+    ``<img>``, the rows, ``</img>``, so the block hashes count the two delimiters too."""
+    internvl = PromptBuilder(tiny_family_dir("internvl"))
+    parts = [ChatPart(image_index=0), ChatPart(text="compare"), ChatPart(image_index=1)]
+    ids = internvl.token_ids([("user", parts)])
+    assert ids.count(internvl.image_pad_id) == 2
+    assert internvl.tokenizer.decode(ids).count("<IMG_CONTEXT>\n") == 2
+    start, end = internvl.tokenizer.convert_tokens_to_ids(["<img>", "</img>"])
+    assert (internvl.image_start_ids, internvl.image_end_ids) == ([start], [end])
+    rows = [80, 48]
+    same = internvl.block_hashes(ids, [("aa11", rows[0]), ("bb22", rows[1])])
+    # NOTE: 15 text tokens + 128 rows fill 8 blocks; with the 4 delimiters, 9.
+    assert len(ids) - 2 + sum(rows) == 143
+    assert len(same) == (143 + 2 * 2) // BLOCK_SIZE == 9
+    assert internvl.block_hashes(ids, [("aa11", rows[0]), ("cc33", rows[1])]) != same
+    assert same[0] != internvl.block_hashes(ids, [("bb22", rows[0]), ("bb22", rows[1])])[0]
