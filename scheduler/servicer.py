@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
+
+import grpc
 
 from epd.scheduler import convert
 from epd.scheduler.core import Scheduler
@@ -10,7 +12,7 @@ from epd.server.common.status import handle_errors
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
-Context = Any
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
@@ -77,8 +79,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     @handle_errors
     async def ChooseDecode(self, request: pb.ChooseDecodeRequest,
                            context: Context) -> pb.ChooseDecodeResponse:  # fmt: skip
-        worker = self.scheduler.choose_decode(model=request.model,
-                                              exclude=list(request.exclude_worker_ids))
+        worker = self.scheduler.choose_decode(
+            model=request.model, exclude=list(request.exclude_worker_ids)
+        )
         return pb.ChooseDecodeResponse(worker=convert.spec_to_proto(worker.spec))
 
     @handle_errors

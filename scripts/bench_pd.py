@@ -18,8 +18,7 @@ Paths (sequential requests = low load; every request has its own random image, s
   when Prefill returns the first token.
 Every path but monolithic first loads the image as the route does (decode, mm_hash, grid).
 All servers run in this process on loopback (each vLLM EngineCore in its own child process).
-Calls go through the clients the route uses: call sessions (one open stream per server and method)
-unless EPD_CALL_SESSIONS=0 is set, which makes every call its own RPC.
+Calls go through the clients the route uses: a plain RPC per call on one channel per server.
 
     .venv/bin/python scripts/bench_pd.py [--presets tiny,small] [--requests N] [--tokens N]
                                          [--no-pd] [--json]
@@ -106,24 +105,32 @@ class Bench:
             self.closers.insert(0, app.stop)
             channel = create_channel(f"127.0.0.1:{app.port}")
             client = client_class(channel)
-            self.closers[:0] = [client.close, channel.close]
+            self.closers.insert(0, channel.close)
             return client
 
         encoder = await build_encode_server(EncodeConfig(self.model_dir, max_batch_wait_ms=0))
         self.host_id = encoder.plane.host_id
         self.encode = await serve(encoder, EncoderClient)
         self.encoder_endpoint = f"127.0.0.1:{encoder.port}"
-        self.loader = MediaLoader(MediaPolicy(), model_id=encoder.worker.model_id,
-                                  processor_fingerprint=processor_fingerprint(self.model_dir))
+        self.loader = MediaLoader(
+            MediaPolicy(),
+            model_id=encoder.worker.model_id,
+            processor_fingerprint=processor_fingerprint(self.model_dir),
+        )
         self.gridder = ImageGridder(self.model_dir)
-        self.aggregated = await serve(await build_prefill_server(
-            PrefillConfig(self.model_dir), self.engine), PrefillClient)
+        self.aggregated = await serve(
+            await build_prefill_server(PrefillConfig(self.model_dir), self.engine), PrefillClient
+        )
         raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
         self.epd = await serve(await build_prefill_server(raw_config, self.engine),
                                PrefillClient)  # fmt: skip
         if with_pd:
-            self.prefill = await serve(await build_prefill_server(PrefillConfig(
-                self.model_dir, mode=Mode.PREFILL), engines[1]), PrefillClient)
+            self.prefill = await serve(
+                await build_prefill_server(
+                    PrefillConfig(self.model_dir, mode=Mode.PREFILL), engines[1]
+                ),
+                PrefillClient,
+            )
             self.decode = await serve(await build_decode_server(DecodeConfig(), engines[2]),
                                       DecodeClient)  # fmt: skip
 
@@ -132,8 +139,10 @@ class Bench:
             await close()
 
     def prompt_ids(self) -> list[int]:
-        text = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>describe the "
-                "picture<|im_end|>\n<|im_start|>assistant\n")
+        text = (
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>describe the "
+            "picture<|im_end|>\n<|im_start|>assistant\n"
+        )
         return list(self.tokenizer.encode(text))
 
     def sampling(self) -> Any:
@@ -146,8 +155,12 @@ class Bench:
 
         start = time.perf_counter()
         image = EngineImage("", image=Image.open(io.BytesIO(data)).convert("RGB"))
-        chunks = self.engine.generate(request_id, self.prompt_ids(), [image],
-                                      Sampling(max_tokens=self.num_tokens, ignore_eos=True))
+        chunks = self.engine.generate(
+            request_id,
+            self.prompt_ids(),
+            [image],
+            Sampling(max_tokens=self.num_tokens, ignore_eos=True),
+        )
         return await timed((t async for c in chunks for t in c.token_ids), start)
 
     async def loaded(self, data: bytes) -> Any:
@@ -162,8 +175,9 @@ class Bench:
     def encode_call(self, item: Any) -> Any:
         from epd.v1 import encode_service_pb2
 
-        return self.encode.Encode(encode_service_pb2.EncodeRequest(
-            items=[item], consumer_host_id=self.host_id))
+        return self.encode.Encode(
+            encode_service_pb2.EncodeRequest(items=[item], consumer_host_id=self.host_id)
+        )
 
     async def encoded(self, data: bytes) -> Any:
         """Encode, then a prompt with the embeddings' reference (the route's default way; the
@@ -190,23 +204,28 @@ class Bench:
     async def release(self, prompt: Any) -> None:
         from epd.v1 import encode_service_pb2
 
-        await self.encode.Release(encode_service_pb2.ReleaseRequest(
-            lease_ids=[image.embeddings.lease_id for image in prompt.images]))
+        await self.encode.Release(
+            encode_service_pb2.ReleaseRequest(
+                lease_ids=[image.embeddings.lease_id for image in prompt.images]
+            )
+        )
 
     async def release_encoded(self, encoding: Any) -> None:
         from epd.v1 import encode_service_pb2
 
         result = await encoding
-        await self.encode.Release(encode_service_pb2.ReleaseRequest(
-            lease_ids=[result.embeddings.lease_id]))
+        await self.encode.Release(
+            encode_service_pb2.ReleaseRequest(lease_ids=[result.embeddings.lease_id])
+        )
 
     async def e_pd_pull(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import prefill_service_pb2 as pb
 
         start = time.perf_counter()
         prompt, encoding = await self.named(data)
-        call = self.aggregated.PrefillDecode(pb.PrefillDecodeRequest(
-            request_id=request_id, prompt=prompt, sampling=self.sampling()))
+        call = self.aggregated.PrefillDecode(
+            pb.PrefillDecodeRequest(request_id=request_id, prompt=prompt, sampling=self.sampling())
+        )
         result = await timed((t async for r in call for t in r.token_ids), start)
         await self.release_encoded(encoding)
         return result
@@ -216,8 +235,9 @@ class Bench:
 
         start = time.perf_counter()
         prompt = await self.encoded(data)
-        call = self.aggregated.PrefillDecode(pb.PrefillDecodeRequest(
-            request_id=request_id, prompt=prompt, sampling=self.sampling()))
+        call = self.aggregated.PrefillDecode(
+            pb.PrefillDecodeRequest(request_id=request_id, prompt=prompt, sampling=self.sampling())
+        )
         result = await timed((t async for r in call for t in r.token_ids), start)
         await self.release(prompt)
         return result
@@ -238,9 +258,13 @@ class Bench:
         start = time.perf_counter()
         item, grid = await self.loaded(data)
         image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=grid, media=item)
-        call = self.epd.PrefillDecode(pb.PrefillDecodeRequest(
-            request_id=request_id, sampling=self.sampling(),
-            prompt=generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])))
+        call = self.epd.PrefillDecode(
+            pb.PrefillDecodeRequest(
+                request_id=request_id,
+                sampling=self.sampling(),
+                prompt=generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image]),
+            )
+        )
         return await timed((t async for r in call for t in r.token_ids), start)
 
     async def e_p_d(self, data: bytes, request_id: str) -> Timed:
@@ -249,13 +273,20 @@ class Bench:
 
         start = time.perf_counter()
         prompt = await self.encoded(data)
-        first = await self.prefill.Prefill(pb.PrefillRequest(
-            request_id=request_id, prompt=prompt, sampling=self.sampling()))
+        first = await self.prefill.Prefill(
+            pb.PrefillRequest(request_id=request_id, prompt=prompt, sampling=self.sampling())
+        )
         first_at = time.perf_counter()
         await self.release(prompt)
-        call = self.decode.Decode(decode_pb.DecodeRequest(
-            request_id=request_id, prompt=prompt, sampling=self.sampling(),
-            first_token_id=first.first_token_id, kv_handle=first.kv_handle))
+        call = self.decode.Decode(
+            decode_pb.DecodeRequest(
+                request_id=request_id,
+                prompt=prompt,
+                sampling=self.sampling(),
+                first_token_id=first.first_token_id,
+                kv_handle=first.kv_handle,
+            )
+        )
         wait_s, decode_s, count = await timed((t async for r in call for t in r.token_ids),
                                               first_at)  # fmt: skip
         return first_at - start, wait_s + decode_s, count + 1
@@ -272,8 +303,11 @@ def public_input(engine: Any, token_ids: list[int], images: list[Any]) -> dict[s
     data = family_named(engine.layout.family).vllm_data(embeddings, grids)
     algorithm = engine._hash_algorithm
     names = [embeddings_hash(e, g, algorithm) for e, g in zip(embeddings, grids, strict=True)]
-    return {"prompt_token_ids": list(token_ids), "multi_modal_data": {"image": data},
-            "multi_modal_uuids": {"image": names}}
+    return {
+        "prompt_token_ids": list(token_ids),
+        "multi_modal_data": {"image": data},
+        "multi_modal_uuids": {"image": names},
+    }
 
 
 async def measure(preset_name: str, num_requests: int, num_tokens: int,
@@ -284,9 +318,13 @@ async def measure(preset_name: str, num_requests: int, num_tokens: int,
         model_dir = build_tiny_model(Path(folder) / preset_name, preset(preset_name))
         bench = Bench(model_dir, num_tokens)
         await bench.start(with_pd)
-        paths = {"monolithic": bench.monolithic, "E/PD": bench.e_pd,
-                 "E/PD vLLM input": bench.e_pd_vllm_input, "E/PD pull": bench.e_pd_pull,
-                 "EPD": bench.epd_raw}
+        paths = {
+            "monolithic": bench.monolithic,
+            "E/PD": bench.e_pd,
+            "E/PD vLLM input": bench.e_pd_vllm_input,
+            "E/PD pull": bench.e_pd_pull,
+            "EPD": bench.epd_raw,
+        }
         if with_pd:
             paths["E/P/D"] = bench.e_p_d
         results: dict[str, list[Timed]] = {name: [] for name in paths}
@@ -315,9 +353,11 @@ def report(figures: dict[str, dict[str, dict[str, float]]]) -> None:
     for preset_name, paths in figures.items():
         mono = paths["monolithic"]
         for name, row in paths.items():
-            print(f"{preset_name:7} {name:15} {row['ttft_ms']:8.1f} "
-                  f"{row['ttft_ms'] / mono['ttft_ms']:7.2f} {row['decode_tok_s']:13.1f} "
-                  f"{row['decode_tok_s'] / mono['decode_tok_s']:7.2f}")
+            print(
+                f"{preset_name:7} {name:15} {row['ttft_ms']:8.1f} "
+                f"{row['ttft_ms'] / mono['ttft_ms']:7.2f} {row['decode_tok_s']:13.1f} "
+                f"{row['decode_tok_s'] / mono['decode_tok_s']:7.2f}"
+            )
     print("target: E/PD TTFT <= 1.2x monolithic on tiny at low load")
 
 

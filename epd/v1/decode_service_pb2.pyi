@@ -1,4 +1,3 @@
-from epd.v1 import call_pb2 as _call_pb2
 from epd.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -33,27 +32,3 @@ class DecodeResponse(_message.Message):
     finish_reason: _generation_pb2.FinishReason
     usage: _generation_pb2.Usage
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ...) -> None: ...
-
-class DecodeSessionRequest(_message.Message):
-    __slots__ = ("call_id", "timeout_ms", "request", "cancel")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    CANCEL_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    timeout_ms: int
-    request: DecodeRequest
-    cancel: _call_pb2.CallCancel
-    def __init__(self, call_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., request: _Optional[_Union[DecodeRequest, _Mapping]] = ..., cancel: _Optional[_Union[_call_pb2.CallCancel, _Mapping]] = ...) -> None: ...
-
-class DecodeSessionResponse(_message.Message):
-    __slots__ = ("call_id", "response", "end", "last")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    END_FIELD_NUMBER: _ClassVar[int]
-    LAST_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    response: DecodeResponse
-    end: _call_pb2.CallEnd
-    last: bool
-    def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[DecodeResponse, _Mapping]] = ..., end: _Optional[_Union[_call_pb2.CallEnd, _Mapping]] = ..., last: _Optional[bool] = ...) -> None: ...

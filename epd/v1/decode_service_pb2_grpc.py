@@ -42,11 +42,6 @@ class DecodeServiceStub:
                 request_serializer=epd_dot_v1_dot_decode__service__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_decode__service__pb2.DecodeResponse.FromString,
                 _registered_method=True)
-        self.DecodeSession = channel.stream_stream(
-                '/epd.v1.DecodeService/DecodeSession',
-                request_serializer=epd_dot_v1_dot_decode__service__pb2.DecodeSessionRequest.SerializeToString,
-                response_deserializer=epd_dot_v1_dot_decode__service__pb2.DecodeSessionResponse.FromString,
-                _registered_method=True)
 
 
 class DecodeServiceServicer:
@@ -63,14 +58,6 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DecodeSession(self, request_iterator, context):
-        """DecodeSession carries many Decode calls over one long-lived stream (see
-        EncodeService.EncodeSession for the framing). Cancelling a call aborts its engine request.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_DecodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,11 +65,6 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=epd_dot_v1_dot_decode__service__pb2.DecodeRequest.FromString,
                     response_serializer=epd_dot_v1_dot_decode__service__pb2.DecodeResponse.SerializeToString,
-            ),
-            'DecodeSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.DecodeSession,
-                    request_deserializer=epd_dot_v1_dot_decode__service__pb2.DecodeSessionRequest.FromString,
-                    response_serializer=epd_dot_v1_dot_decode__service__pb2.DecodeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -115,33 +97,6 @@ class DecodeService:
             '/epd.v1.DecodeService/Decode',
             epd_dot_v1_dot_decode__service__pb2.DecodeRequest.SerializeToString,
             epd_dot_v1_dot_decode__service__pb2.DecodeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DecodeSession(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/epd.v1.DecodeService/DecodeSession',
-            epd_dot_v1_dot_decode__service__pb2.DecodeSessionRequest.SerializeToString,
-            epd_dot_v1_dot_decode__service__pb2.DecodeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,30 +22,25 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from epd.v1 import call_pb2 as epd_dot_v1_dot_call__pb2
 from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
 from epd.v1 import tensor_pb2 as epd_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/encode_service.proto\x12\x06\x65pd.v1\x1a\x11\x65pd/v1/call.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x13\x65pd/v1/tensor.proto\"\xad\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12 \n\x05items\x18\x03 \x03(\x0b\x32\x11.epd.v1.MediaItem\x12+\n\rtransfer_kind\x18\x04 \x01(\x0e\x32\x14.epd.v1.TransferKind\x12\x18\n\x10\x63onsumer_host_id\x18\x05 \x01(\t\x12\x10\n\x08\x61wait_ms\x18\x06 \x01(\r\"\xbc\x01\n\x0e\x45ncodeResponse\x12\x12\n\nitem_index\x18\x01 \x01(\r\x12\x0f\n\x07mm_hash\x18\x02 \x01(\t\x12%\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12\x1f\n\x04grid\x18\x04 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x12\n\nencoder_id\x18\x06 \x01(\t\x12\x16\n\x0e\x65ncode_seconds\x18\x07 \x01(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"\'\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r\"\x94\x01\n\x14\x45ncodeSessionRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12(\n\x07request\x18\x03 \x01(\x0b\x32\x15.epd.v1.EncodeRequestH\x00\x12$\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x12.epd.v1.CallCancelH\x00\x42\x07\n\x05\x66rame\"\x8b\x01\n\x15\x45ncodeSessionResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x16.epd.v1.EncodeResponseH\x00\x12\x1e\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0f.epd.v1.CallEndH\x00\x12\x0c\n\x04last\x18\x04 \x01(\x08\x42\x07\n\x05\x66rame2\xd8\x01\n\rEncodeService\x12\x39\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponse0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponse\x12P\n\rEncodeSession\x12\x1c.epd.v1.EncodeSessionRequest\x1a\x1d.epd.v1.EncodeSessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/encode_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\x1a\x13\x65pd/v1/tensor.proto\"\xad\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12 \n\x05items\x18\x03 \x03(\x0b\x32\x11.epd.v1.MediaItem\x12+\n\rtransfer_kind\x18\x04 \x01(\x0e\x32\x14.epd.v1.TransferKind\x12\x18\n\x10\x63onsumer_host_id\x18\x05 \x01(\t\x12\x10\n\x08\x61wait_ms\x18\x06 \x01(\r\"\xbc\x01\n\x0e\x45ncodeResponse\x12\x12\n\nitem_index\x18\x01 \x01(\r\x12\x0f\n\x07mm_hash\x18\x02 \x01(\t\x12%\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12\x1f\n\x04grid\x18\x04 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x12\n\nencoder_id\x18\x06 \x01(\t\x12\x16\n\x0e\x65ncode_seconds\x18\x07 \x01(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"\'\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r2\x86\x01\n\rEncodeService\x12\x39\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponse0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.encode_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODEREQUEST']._serialized_start=105
-  _globals['_ENCODEREQUEST']._serialized_end=278
-  _globals['_ENCODERESPONSE']._serialized_start=281
-  _globals['_ENCODERESPONSE']._serialized_end=469
-  _globals['_RELEASEREQUEST']._serialized_start=471
-  _globals['_RELEASEREQUEST']._serialized_end=506
-  _globals['_RELEASERESPONSE']._serialized_start=508
-  _globals['_RELEASERESPONSE']._serialized_end=547
-  _globals['_ENCODESESSIONREQUEST']._serialized_start=550
-  _globals['_ENCODESESSIONREQUEST']._serialized_end=698
-  _globals['_ENCODESESSIONRESPONSE']._serialized_start=701
-  _globals['_ENCODESESSIONRESPONSE']._serialized_end=840
-  _globals['_ENCODESERVICE']._serialized_start=843
-  _globals['_ENCODESERVICE']._serialized_end=1059
+  _globals['_ENCODEREQUEST']._serialized_start=86
+  _globals['_ENCODEREQUEST']._serialized_end=259
+  _globals['_ENCODERESPONSE']._serialized_start=262
+  _globals['_ENCODERESPONSE']._serialized_end=450
+  _globals['_RELEASEREQUEST']._serialized_start=452
+  _globals['_RELEASEREQUEST']._serialized_end=487
+  _globals['_RELEASERESPONSE']._serialized_start=489
+  _globals['_RELEASERESPONSE']._serialized_end=528
+  _globals['_ENCODESERVICE']._serialized_start=531
+  _globals['_ENCODESERVICE']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

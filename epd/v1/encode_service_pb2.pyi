@@ -1,4 +1,3 @@
-from epd.v1 import call_pb2 as _call_pb2
 from epd.v1 import multimodal_pb2 as _multimodal_pb2
 from epd.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
@@ -54,27 +53,3 @@ class ReleaseResponse(_message.Message):
     NUM_RELEASED_FIELD_NUMBER: _ClassVar[int]
     num_released: int
     def __init__(self, num_released: _Optional[int] = ...) -> None: ...
-
-class EncodeSessionRequest(_message.Message):
-    __slots__ = ("call_id", "timeout_ms", "request", "cancel")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    CANCEL_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    timeout_ms: int
-    request: EncodeRequest
-    cancel: _call_pb2.CallCancel
-    def __init__(self, call_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., request: _Optional[_Union[EncodeRequest, _Mapping]] = ..., cancel: _Optional[_Union[_call_pb2.CallCancel, _Mapping]] = ...) -> None: ...
-
-class EncodeSessionResponse(_message.Message):
-    __slots__ = ("call_id", "response", "end", "last")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    END_FIELD_NUMBER: _ClassVar[int]
-    LAST_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    response: EncodeResponse
-    end: _call_pb2.CallEnd
-    last: bool
-    def __init__(self, call_id: _Optional[int] = ..., response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., end: _Optional[_Union[_call_pb2.CallEnd, _Mapping]] = ..., last: _Optional[bool] = ...) -> None: ...

@@ -48,11 +48,6 @@ class EncodeServiceStub:
                 request_serializer=epd_dot_v1_dot_encode__service__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_encode__service__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
-        self.EncodeSession = channel.stream_stream(
-                '/epd.v1.EncodeService/EncodeSession',
-                request_serializer=epd_dot_v1_dot_encode__service__pb2.EncodeSessionRequest.SerializeToString,
-                response_deserializer=epd_dot_v1_dot_encode__service__pb2.EncodeSessionResponse.FromString,
-                _registered_method=True)
 
 
 class EncodeServiceServicer:
@@ -80,18 +75,6 @@ class EncodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def EncodeSession(self, request_iterator, context):
-        """EncodeSession carries many Encode calls over one long-lived stream, which is what callers
-        that encode often (the route, prefill workers fetching embeddings) use: a message on an open
-        stream costs about a third of a new call. Each call is named by the caller's call_id; its
-        responses, then its CallEnd, come back with that id, interleaved with other calls' frames.
-        Every call behaves exactly as Encode (same errors, same leases). While the server drains,
-        new calls end with UNAVAILABLE (reason DRAINING) and the stream closes once idle.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_EncodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -104,11 +87,6 @@ def add_EncodeServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=epd_dot_v1_dot_encode__service__pb2.ReleaseRequest.FromString,
                     response_serializer=epd_dot_v1_dot_encode__service__pb2.ReleaseResponse.SerializeToString,
-            ),
-            'EncodeSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.EncodeSession,
-                    request_deserializer=epd_dot_v1_dot_encode__service__pb2.EncodeSessionRequest.FromString,
-                    response_serializer=epd_dot_v1_dot_encode__service__pb2.EncodeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -169,33 +147,6 @@ class EncodeService:
             '/epd.v1.EncodeService/Release',
             epd_dot_v1_dot_encode__service__pb2.ReleaseRequest.SerializeToString,
             epd_dot_v1_dot_encode__service__pb2.ReleaseResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def EncodeSession(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/epd.v1.EncodeService/EncodeSession',
-            epd_dot_v1_dot_encode__service__pb2.EncodeSessionRequest.SerializeToString,
-            epd_dot_v1_dot_encode__service__pb2.EncodeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

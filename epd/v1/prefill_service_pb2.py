@@ -22,33 +22,24 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from epd.v1 import call_pb2 as epd_dot_v1_dot_call__pb2
 from epd.v1 import generation_pb2 as epd_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65pd/v1/prefill_service.proto\x12\x06\x65pd.v1\x1a\x11\x65pd/v1/call.proto\x1a\x17\x65pd/v1/generation.proto\"}\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\x99\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12#\n\tkv_handle\x18\x03 \x01(\x0b\x32\x10.epd.v1.KvHandle\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.epd.v1.Usage\"\x83\x01\n\x14PrefillDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"u\n\x15PrefillDecodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage\"\x96\x01\n\x15PrefillSessionRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12)\n\x07request\x18\x03 \x01(\x0b\x32\x16.epd.v1.PrefillRequestH\x00\x12$\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x12.epd.v1.CallCancelH\x00\x42\x07\n\x05\x66rame\"\x8d\x01\n\x16PrefillSessionResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x08response\x18\x02 \x01(\x0b\x32\x17.epd.v1.PrefillResponseH\x00\x12\x1e\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0f.epd.v1.CallEndH\x00\x12\x0c\n\x04last\x18\x04 \x01(\x08\x42\x07\n\x05\x66rame\"\xa2\x01\n\x1bPrefillDecodeSessionRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12/\n\x07request\x18\x03 \x01(\x0b\x32\x1c.epd.v1.PrefillDecodeRequestH\x00\x12$\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x12.epd.v1.CallCancelH\x00\x42\x07\n\x05\x66rame\"\x99\x01\n\x1cPrefillDecodeSessionResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.epd.v1.PrefillDecodeResponseH\x00\x12\x1e\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0f.epd.v1.CallEndH\x00\x12\x0c\n\x04last\x18\x04 \x01(\x08\x42\x07\n\x05\x66rame2\xd8\x02\n\x0ePrefillService\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponse\x12N\n\rPrefillDecode\x12\x1c.epd.v1.PrefillDecodeRequest\x1a\x1d.epd.v1.PrefillDecodeResponse0\x01\x12S\n\x0ePrefillSession\x12\x1d.epd.v1.PrefillSessionRequest\x1a\x1e.epd.v1.PrefillSessionResponse(\x01\x30\x01\x12\x65\n\x14PrefillDecodeSession\x12#.epd.v1.PrefillDecodeSessionRequest\x1a$.epd.v1.PrefillDecodeSessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65pd/v1/prefill_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\"}\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\x99\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12#\n\tkv_handle\x18\x03 \x01(\x0b\x32\x10.epd.v1.KvHandle\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.epd.v1.Usage\"\x83\x01\n\x14PrefillDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"u\n\x15PrefillDecodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage2\x9c\x01\n\x0ePrefillService\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponse\x12N\n\rPrefillDecode\x12\x1c.epd.v1.PrefillDecodeRequest\x1a\x1d.epd.v1.PrefillDecodeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.prefill_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREFILLREQUEST']._serialized_start=84
-  _globals['_PREFILLREQUEST']._serialized_end=209
-  _globals['_PREFILLRESPONSE']._serialized_start=212
-  _globals['_PREFILLRESPONSE']._serialized_end=365
-  _globals['_PREFILLDECODEREQUEST']._serialized_start=368
-  _globals['_PREFILLDECODEREQUEST']._serialized_end=499
-  _globals['_PREFILLDECODERESPONSE']._serialized_start=501
-  _globals['_PREFILLDECODERESPONSE']._serialized_end=618
-  _globals['_PREFILLSESSIONREQUEST']._serialized_start=621
-  _globals['_PREFILLSESSIONREQUEST']._serialized_end=771
-  _globals['_PREFILLSESSIONRESPONSE']._serialized_start=774
-  _globals['_PREFILLSESSIONRESPONSE']._serialized_end=915
-  _globals['_PREFILLDECODESESSIONREQUEST']._serialized_start=918
-  _globals['_PREFILLDECODESESSIONREQUEST']._serialized_end=1080
-  _globals['_PREFILLDECODESESSIONRESPONSE']._serialized_start=1083
-  _globals['_PREFILLDECODESESSIONRESPONSE']._serialized_end=1236
-  _globals['_PREFILLSERVICE']._serialized_start=1239
-  _globals['_PREFILLSERVICE']._serialized_end=1583
+  _globals['_PREFILLREQUEST']._serialized_start=65
+  _globals['_PREFILLREQUEST']._serialized_end=190
+  _globals['_PREFILLRESPONSE']._serialized_start=193
+  _globals['_PREFILLRESPONSE']._serialized_end=346
+  _globals['_PREFILLDECODEREQUEST']._serialized_start=349
+  _globals['_PREFILLDECODEREQUEST']._serialized_end=480
+  _globals['_PREFILLDECODERESPONSE']._serialized_start=482
+  _globals['_PREFILLDECODERESPONSE']._serialized_end=599
+  _globals['_PREFILLSERVICE']._serialized_start=602
+  _globals['_PREFILLSERVICE']._serialized_end=758
 # @@protoc_insertion_point(module_scope)

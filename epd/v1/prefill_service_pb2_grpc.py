@@ -49,16 +49,6 @@ class PrefillServiceStub:
                 request_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.FromString,
                 _registered_method=True)
-        self.PrefillSession = channel.stream_stream(
-                '/epd.v1.PrefillService/PrefillSession',
-                request_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillSessionRequest.SerializeToString,
-                response_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillSessionResponse.FromString,
-                _registered_method=True)
-        self.PrefillDecodeSession = channel.stream_stream(
-                '/epd.v1.PrefillService/PrefillDecodeSession',
-                request_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionRequest.SerializeToString,
-                response_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionResponse.FromString,
-                _registered_method=True)
 
 
 class PrefillServiceServicer:
@@ -87,23 +77,6 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PrefillSession(self, request_iterator, context):
-        """PrefillSession carries many Prefill calls over one long-lived stream (see
-        EncodeService.EncodeSession for the framing). A call's PrefillResponse is its last frame;
-        a failed call ends with a CallEnd instead.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PrefillDecodeSession(self, request_iterator, context):
-        """PrefillDecodeSession carries many PrefillDecode calls over one long-lived stream (see
-        EncodeService.EncodeSession for the framing). Cancelling a call aborts its engine request.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_PrefillServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,16 +89,6 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.PrefillDecode,
                     request_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.FromString,
                     response_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.SerializeToString,
-            ),
-            'PrefillSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.PrefillSession,
-                    request_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillSessionRequest.FromString,
-                    response_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillSessionResponse.SerializeToString,
-            ),
-            'PrefillDecodeSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.PrefillDecodeSession,
-                    request_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionRequest.FromString,
-                    response_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,60 +150,6 @@ class PrefillService:
             '/epd.v1.PrefillService/PrefillDecode',
             epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.SerializeToString,
             epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PrefillSession(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/epd.v1.PrefillService/PrefillSession',
-            epd_dot_v1_dot_prefill__service__pb2.PrefillSessionRequest.SerializeToString,
-            epd_dot_v1_dot_prefill__service__pb2.PrefillSessionResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PrefillDecodeSession(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/epd.v1.PrefillService/PrefillDecodeSession',
-            epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionRequest.SerializeToString,
-            epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

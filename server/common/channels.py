@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -119,25 +119,17 @@ def create_channel(
     )
 
 
-class PeerClient(Protocol):
-    """A client over one channel that holds calls open (sessions), closed before the channel."""
-
-    async def close(self) -> None:
-        """Stop using the channel."""
-        ...
-
-
-Client = TypeVar("Client", bound=PeerClient)
+Client = TypeVar("Client")
 
 
 class ChannelPool:
     """Channels to peers, opened on first use (one per endpoint, same token) and closed together,
-    and the clients made over them (one per endpoint and kind, so their sessions are shared)."""
+    and the clients made over them (one per endpoint and kind)."""
 
     def __init__(self, auth_token: str | None = None) -> None:
         self._auth_token = auth_token
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._clients: dict[tuple[str, type], PeerClient] = {}
+        self._clients: dict[tuple[str, type], object] = {}
 
     def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel], Client]) -> Client:
         """The ``kind`` client of ``endpoint``, made on first use."""
@@ -153,9 +145,7 @@ class ChannelPool:
         return self._channels[endpoint]
 
     async def close(self) -> None:
-        """Close every client, then every channel opened so far."""
-        for client in self._clients.values():
-            await client.close()
+        """Close every channel opened so far (calls still on them end CANCELLED)."""
         self._clients.clear()
         for channel in self._channels.values():
             await channel.close()
@@ -198,8 +188,11 @@ async def wait_for_health(
             except grpc.aio.AioRpcError as e:
                 last = f"{e.code().name}: {e.details()}"
             if time.monotonic() >= deadline:
-                raise Unavailable(f"{endpoint} not healthy after {timeout_s:g}s (last: {last})",
-                                  reason="NOT_HEALTHY", metadata={"endpoint": endpoint})
+                raise Unavailable(
+                    f"{endpoint} not healthy after {timeout_s:g}s (last: {last})",
+                    reason="NOT_HEALTHY",
+                    metadata={"endpoint": endpoint},
+                )
             await asyncio.sleep(interval_s)
     finally:
         if own_channel:

@@ -33,7 +33,6 @@ from epd.server.common.auth import BearerTokenInterceptor
 from epd.server.common.bad_messages import BadMessageInterceptor
 from epd.server.common.channels import SERVER_PING_OPTIONS
 from epd.server.common.metrics import MetricsServer, start_metrics_server
-from epd.server.common.sessions import SessionDrain
 from epd.server.common.telemetry import traces_rpcs
 
 logger = logging.getLogger(__name__)
@@ -42,18 +41,13 @@ MiB = 1 << 20
 DrainCallback = Callable[[], Awaitable[None]]
 
 
-def _is_session(details: grpc.HandlerCallDetails) -> bool:
-    return str(details.method).endswith("Session")
-
-
-# NOTE: health, reflection and call sessions are not traced: probes would flood traces, and the
+# NOTE: health and reflection are not traced: probes would flood traces, and the
 # instrumentation cannot serve a stream handler that is a coroutine writing through the context
-# (health's Watch, every *Session); a session's calls are not per-call RPCs to trace anyway.
+# (health's Watch).
 _TRACED = filters.negate(
     filters.any_of(
         filters.service_prefix("grpc.health."),
         filters.service_prefix("grpc.reflection."),
-        _is_session,
     )
 )
 
@@ -280,9 +274,6 @@ async def build_server(
     )  # fmt: skip
     port = _bind(server, options)
     epd_server = EpdServer(server, port, names, health_servicer, options)
-    for binding in bindings:
-        if isinstance(sessions := getattr(binding.servicer, "sessions", None), SessionDrain):
-            epd_server.add_drain_callback(sessions.start)
     await epd_server.mark_not_serving()
     await server.start()
     if registry is not None and options.metrics_port is not None:

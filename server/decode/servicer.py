@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
+import grpc
 from opentelemetry import trace
 
-from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.decode.service import DecodeWorker
 from epd.server.prefill import convert
 from epd.v1 import decode_service_pb2 as pb
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
 
-Context = Any
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
@@ -22,7 +22,6 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: DecodeWorker) -> None:
         self.worker = worker
-        self.sessions = SessionDrain()
 
     @handle_errors
     async def Decode(self, request: pb.DecodeRequest,
@@ -38,9 +37,3 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
             num_tokens += len(chunk.token_ids)
             yield pb.DecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)
-
-    async def DecodeSession(
-        self, frames: AsyncIterator[pb.DecodeSessionRequest], context: Context
-    ) -> None:
-        await serve_session(frames, context, self.Decode, pb.DecodeSessionResponse,
-                            self.sessions, final=convert.finishes)

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
+import grpc
 from opentelemetry import trace
 
-from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.encode.service import EncodeWorker, MediaSource
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
 
-Context = Any
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
@@ -22,7 +22,6 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: EncodeWorker) -> None:
         self.worker = worker
-        self.sessions = SessionDrain()
 
     @handle_errors
     async def Encode(self, request: pb.EncodeRequest,
@@ -58,17 +57,6 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         span.set_attribute("epd.batch_size", largest_batch)
         span.set_attribute("epd.bytes", num_bytes)
 
-    async def EncodeSession(
-        self, frames: AsyncIterator[pb.EncodeSessionRequest], context: Context
-    ) -> None:
-        await serve_session(
-            frames, context, self.Encode, pb.EncodeSessionResponse, self.sessions, final=_all_items
-        )
-
     @handle_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
         return pb.ReleaseResponse(num_released=self.worker.release(list(request.lease_ids)))
-
-
-def _all_items(request: pb.EncodeRequest, count: int, _: pb.EncodeResponse) -> bool:
-    return count == len(request.items)

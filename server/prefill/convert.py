@@ -42,17 +42,13 @@ def usage_to_proto(usage: Usage) -> generation_pb2.Usage:
 
 def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
     """Fields of a streamed token response (PrefillDecodeResponse, DecodeResponse) for ``chunk``."""
-    fields: dict[str, Any] = {"token_ids": chunk.token_ids,
-                              "finish_reason": finish_reason_to_proto(chunk.finish_reason)}
+    fields: dict[str, Any] = {
+        "token_ids": chunk.token_ids,
+        "finish_reason": finish_reason_to_proto(chunk.finish_reason),
+    }
     if chunk.usage is not None:
         fields["usage"] = usage_to_proto(chunk.usage)
     return fields
-
-
-def finishes(_: Any, __: int, response: Any) -> bool:
-    """Whether a streamed token response (PrefillDecodeResponse, DecodeResponse) is its call's
-    last: it carries the finish reason (a call session's ``final``)."""
-    return bool(response.finish_reason)
 
 
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
@@ -68,4 +64,3 @@ def kv_params_from_proto(handle: generation_pb2.KvHandle) -> dict[str, Any]:
     """The KV transfer parameters in ``handle`` (numbers come back as floats; engines fix them)."""
     params: dict[str, Any] = json_format.MessageToDict(handle.params)
     return params
-

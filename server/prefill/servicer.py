@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
+import grpc
 from opentelemetry import trace
 
-from epd.server.common.sessions import SessionDrain, serve_session
 from epd.server.common.status import handle_errors
 from epd.server.prefill import convert
 from epd.server.prefill.service import PrefillWorker
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 
-Context = Any
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 def _annotate(request_id: str, num_images: int) -> Any:
@@ -29,7 +29,6 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
 
     def __init__(self, worker: PrefillWorker) -> None:
         self.worker = worker
-        self.sessions = SessionDrain()
 
     @handle_errors
     async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillResponse:
@@ -55,14 +54,3 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
             num_tokens += len(chunk.token_ids)
             yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)
-
-    async def PrefillSession(self, frames: AsyncIterator[pb.PrefillSessionRequest],
-                             context: Context) -> None:  # fmt: skip
-        await serve_session(frames, context, self.Prefill,
-                            pb.PrefillSessionResponse, self.sessions)
-
-    async def PrefillDecodeSession(self, frames: AsyncIterator[pb.PrefillDecodeSessionRequest],
-                                   context: Context) -> None:  # fmt: skip
-        await serve_session(frames, context, self.PrefillDecode,
-                            pb.PrefillDecodeSessionResponse, self.sessions,
-                            final=convert.finishes)

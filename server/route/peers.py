@@ -11,13 +11,14 @@ from epd.v1 import scheduler_service_pb2_grpc
 
 
 class Peers:
-    """Lazily opened channels keyed by endpoint, with their clients (sessions shared)."""
+    """Lazily opened channels keyed by endpoint, with their clients."""
 
     def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
         self._channels = ChannelPool(auth_token)
         self.background = BackgroundCalls()
         self.scheduler = scheduler_service_pb2_grpc.SchedulerServiceStub(
-            self._channel(scheduler_endpoint))
+            self._channel(scheduler_endpoint)
+        )
 
     def encoder(self, endpoint: str) -> EncoderClient:
         """Client of the encoder at ``endpoint``."""

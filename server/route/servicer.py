@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -15,7 +15,7 @@ from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
-Context = Any
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 ROLE_NAMES = {value: name.removeprefix("WORKER_ROLE_").lower()
               for name, value in scheduler_pb.WorkerRole.items()}  # fmt: skip
 
@@ -34,9 +34,12 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
             request.request_id = uuid.uuid4().hex
         request_id = request.request_id
         async for chunk in self.worker.generate(request, timeout_s=remaining):
-            response = pb.GenerateResponse(request_id=request_id, text=chunk.text,
-                                           token_ids=chunk.token_ids,
-                                           finish_reason=chunk.finish_reason)  # type: ignore[arg-type]
+            response = pb.GenerateResponse(
+                request_id=request_id,
+                text=chunk.text,
+                token_ids=chunk.token_ids,
+                finish_reason=chunk.finish_reason,  # type: ignore[arg-type]
+            )
             if chunk.usage is not None:
                 response.usage.CopyFrom(chunk.usage)
             yield response
@@ -53,5 +56,9 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
         counts: dict[str, Counter[str]] = defaultdict(Counter)
         for worker in listing.workers:
             counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1
-        return pb.ListModelsResponse(models=[pb.ModelCard(id=model, worker_counts=dict(roles))
-                                             for model, roles in sorted(counts.items())])
+        return pb.ListModelsResponse(
+            models=[
+                pb.ModelCard(id=model, worker_counts=dict(roles))
+                for model, roles in sorted(counts.items())
+            ]
+        )

@@ -4,35 +4,24 @@ log line, no traceback."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2
 
 from epd.server.common.server import ServerOptions, build_server
-from epd.server.common.sessions import serve_session
 from epd.server.common.status import error_info
-from epd.v1 import encode_service_pb2 as encode_pb
-from epd.v1 import multimodal_pb2
 from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding
 
 TOKEN = "s3cret"
 GARBAGE = b"\xff\xff\xff\xff\x0f"  # NOTE: field 0 with a truncated varint: never parses
 # ReleaseRequest.lease_ids (field 1, length-delimited) holding two bytes that are not UTF-8.
 BAD_UTF8 = b"\x0a\x02\xc3\x28"
-# EncodeSessionRequest.request (field 3) whose EncodeRequest.model (field 2) is not UTF-8.
-BAD_UTF8_FRAME = b"\x08\x01\x1a\x04\x12\x02\xc3\x28"
+# ServerReflectionRequest.host (field 1) holding two bytes that are not UTF-8.
+BAD_UTF8_FRAME = b"\x0a\x02\xc3\x28"
 BAD_PAYLOADS = {"garbage": GARBAGE, "bad-utf8": BAD_UTF8}
-
-
-class SessionEncodeService(ScriptedEncodeService):
-    """The scripted encoder with its session RPC (a bidirectional stream)."""
-
-    async def EncodeSession(self, frames: AsyncIterator[Any], context: Any) -> None:
-        await serve_session(frames, context, self.Encode, encode_pb.EncodeSessionResponse)
 
 
 @pytest.fixture(params=["plain", "auth", "traced"])
@@ -41,7 +30,7 @@ async def endpoint(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     if request.param == "traced":
         request.getfixturevalue("spans")
     options = ServerOptions(auth_token=TOKEN if request.param == "auth" else None)
-    server, port = await build_server([encode_binding(SessionEncodeService())], options)
+    server, port = await build_server([encode_binding(ScriptedEncodeService())], options)
     await server.mark_serving()
     yield f"127.0.0.1:{port}"
     await server.drain_and_stop(0)
@@ -102,35 +91,14 @@ async def test_a_server_streaming_call_that_does_not_parse_is_invalid_argument(
 async def test_a_stream_frame_that_does_not_parse_is_invalid_argument(
     endpoint: str, payload: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    good = encode_pb.EncodeSessionRequest(call_id=1, request=encode_pb.EncodeRequest(items=[]))
+    good = reflection_pb2.ServerReflectionRequest(list_services="")
     error = await call_raw(
         endpoint,
-        "/epd.v1.EncodeService/EncodeSession",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
         [good.SerializeToString(), payload],
         streaming=(True, True),
     )
     assert_bad_message(error, caplog)
-
-
-async def test_a_bad_frame_cancels_the_calls_in_flight_on_its_stream(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    servicer = SessionEncodeService()
-    servicer.item_delay_s = 30
-    server, port = await build_server([encode_binding(servicer)])
-    slow = encode_pb.EncodeSessionRequest(
-        call_id=1, request=encode_pb.EncodeRequest(items=[multimodal_pb2.MediaItem(mm_hash="h")])
-    )
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.stream_stream("/epd.v1.EncodeService/EncodeSession")(timeout=5)
-        await call.write(slow.SerializeToString())
-        await asyncio.sleep(0.1)  # NOTE: the slow call is under way
-        await call.write(GARBAGE)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await call.read()
-    await server.drain_and_stop(5)
-    assert servicer.encode_exits == ["CancelledError"]
-    assert_bad_message(caught.value, caplog)
 
 
 async def test_health_checks_that_do_not_parse_are_invalid_argument(

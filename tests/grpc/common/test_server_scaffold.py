@@ -42,7 +42,8 @@ async def start(servicer: ScriptedEncodeService, **options):
 async def health_status(endpoint: str, service: str = "") -> int:
     async with grpc.aio.insecure_channel(endpoint) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service))
+            health_pb2.HealthCheckRequest(service=service)
+        )
         return int(reply.status)
 
 
@@ -68,7 +69,8 @@ async def test_health_watch_streams_status_changes_on_a_traced_server(spans) -> 
     server, endpoint = await start(ScriptedEncodeService())
     async with grpc.aio.insecure_channel(endpoint) as channel:
         call = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service="epd.v1.EncodeService"))
+            health_pb2.HealthCheckRequest(service="epd.v1.EncodeService")
+        )
         seen = [(await call.read()).status]
         await server.mark_serving()
         seen.append((await call.read()).status)
@@ -98,7 +100,7 @@ async def test_reflection_lists_services_and_resolves_methods() -> None:
     services, methods = await asyncio.to_thread(list_with_reflection_client)
     assert {"epd.v1.EncodeService", "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection"} <= services  # fmt: skip
-    assert methods == {"Encode", "Release", "EncodeSession"}
+    assert methods == {"Encode", "Release"}
     await server.drain_and_stop(0)
 
 
@@ -202,7 +204,8 @@ async def test_drain_lets_in_flight_stream_finish_and_refuses_new_calls() -> Non
     async with create_channel(endpoint) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await encode_grpc.EncodeServiceStub(channel).Release(
-                encode_pb.ReleaseRequest(), timeout=1.0)
+                encode_pb.ReleaseRequest(), timeout=1.0
+            )
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -225,16 +228,20 @@ async def test_bearer_token_required_except_for_health() -> None:
 
 async def test_tls_server_accepts_a_channel_that_trusts_its_certificate(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
-    server, port = await build_server([encode_binding(ScriptedEncodeService())],
-                                      ServerOptions(tls_cert_file=cert, tls_key_file=key))
+    server, port = await build_server(
+        [encode_binding(ScriptedEncodeService())],
+        ServerOptions(tls_cert_file=cert, tls_key_file=key),
+    )
     async with create_channel(f"localhost:{port}", tls_ca_file=cert) as channel:
         reply = await encode_grpc.EncodeServiceStub(channel).Release(
-            encode_pb.ReleaseRequest(lease_ids=["a", "b"]))
+            encode_pb.ReleaseRequest(lease_ids=["a", "b"])
+        )
     assert reply.num_released == 2
     async with grpc.aio.insecure_channel(f"localhost:{port}") as plain:
         with pytest.raises(grpc.aio.AioRpcError):
-            await encode_grpc.EncodeServiceStub(plain).Release(encode_pb.ReleaseRequest(),
-                                                               timeout=2.0)
+            await encode_grpc.EncodeServiceStub(plain).Release(
+                encode_pb.ReleaseRequest(), timeout=2.0
+            )
     await server.drain_and_stop(0)
 
 
