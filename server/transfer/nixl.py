@@ -2,8 +2,8 @@
 
 Buffers are anonymous page-aligned mappings, registered once and pooled by power-of-two size
 class, on both sides. Tensors of 1 MiB or more are not copied on the producer side: their own
-memory is registered for the lease (~0.08 ms with its metadata, measured; a 1 MiB copy costs
-about as much and a 16 MiB one ~2 ms) and their stamp sits in a registered arena of slots. Memory
+memory is registered for the lease (registering costs about as much as copying a MiB) and their
+stamp sits in a registered arena of slots. Memory
 of a process that dies goes with it, so NIXL payloads cannot outlive their producer.
 
 Wire layout: each payload sits behind a 64-byte lease stamp. A pooled block's stamp and payload
@@ -11,15 +11,12 @@ are contiguous and travel as one descriptor ``[stamp + payload]``; a lent tensor
 ``[stamp slot (64 bytes), payload]``. The consumer READs them in one transfer and checks the
 stamp, so a reference whose lease was released (and whose buffer now holds another tensor) fails
 with NOT_FOUND instead of returning someone else's data. References whose descriptors add up to
-exactly ``byte_size`` (no stamp: another producer) are read as they are. A single stamped
-descriptor names a pooled block, whose address comes back: the consumer keeps that READ prepared
-(``nixl_prepared``) and reposts it.
+exactly ``byte_size`` (no stamp: another producer) are read as they are.
 
 Release: once its READ is done, the consumer notifies the producer with ``epd-release:<lease
-id>`` (sent by the consumer agent's polling thread, so ``get`` does not wait for it); the
-producer frees the lease when its agent's polling thread delivers it (within a millisecond;
-``held`` and ``reap_expired`` poll too), or earlier on ``release`` (the Release RPC). Both are
-idempotent.
+id>``; the producer frees the lease when its agent's polling thread delivers it (within a polling
+interval; ``held`` and ``reap_expired`` poll too), or earlier on ``release`` (the Release RPC).
+Both are idempotent.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ import torch
 from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
-from epd.server.transfer.nixl_agent import NixlAgent, process_agent
+from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
-from epd.server.transfer.nixl_prepared import Regions
 from epd.server.transfer.shm import HEADER_BYTES
 from epd.server.transfer.tensors import (
     check_layout,
@@ -57,9 +53,13 @@ MAX_DESCRIPTORS = 64
 # Payloads up to this size are returned as private copies: a copy costs less than the view's
 # bookkeeping (a ctypes buffer and a finalizer) and gives the receive block back at once.
 SMALL_COPY_BYTES = 16 << 10
-_MEMORY_TYPES = {tensor_pb2.NIXL_MEMORY_TYPE_UNSPECIFIED: "DRAM",
-                 tensor_pb2.NIXL_MEMORY_TYPE_DRAM: "DRAM", tensor_pb2.NIXL_MEMORY_TYPE_VRAM: "VRAM"}
+_MEMORY_TYPES = {
+    tensor_pb2.NIXL_MEMORY_TYPE_UNSPECIFIED: "DRAM",
+    tensor_pb2.NIXL_MEMORY_TYPE_DRAM: "DRAM",
+    tensor_pb2.NIXL_MEMORY_TYPE_VRAM: "VRAM",
+}
 AgentFactory = Callable[[], NixlAgent]
+Regions = tuple[Region, ...]
 
 
 @dataclass(slots=True)
@@ -75,17 +75,24 @@ class NixlProducer(TensorProducer):
     expiry. The agent is created on the first ``put``.
 
     Tensors of ``zero_copy_min_bytes`` or more (contiguous, host memory) are lent, not copied:
-    their memory is registered in place for the lease (registration costs ~0.1 ms, less than
+    their memory is registered in place for the lease (registration costs about as much as
     copying a MiB) and the producer keeps a reference to them, so the caller must not modify
     them in place until the lease ends. Smaller ones are copied into pooled registered blocks.
     """
 
     kind = "nixl"
 
-    def __init__(self, host_id: str, *, producer_endpoint: str = "", ttl_s: float = 60.0,
-                 clock: Clock = time.time, agent_factory: AgentFactory = process_agent,
-                 max_idle_bytes: int = 1 << 30,
-                 zero_copy_min_bytes: int = 1 << 20) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host_id: str,
+        *,
+        producer_endpoint: str = "",
+        ttl_s: float = 60.0,
+        clock: Clock = time.time,
+        agent_factory: AgentFactory = process_agent,
+        max_idle_bytes: int = 1 << 30,
+        zero_copy_min_bytes: int = 1 << 20,
+    ) -> None:
         self.host_id = host_id
         self.producer_endpoint = producer_endpoint
         self.ttl_s = ttl_s
@@ -120,8 +127,13 @@ class NixlProducer(TensorProducer):
             return lent
         block = pool.acquire(ref.byte_size)
         copy_payload(block.address + HEADER_BYTES, tensor)
-        info = self._leases.add(block, kind=self.kind, byte_size=ref.byte_size,
-                                location=block.location, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
+        info = self._leases.add(
+            block,
+            kind=self.kind,
+            byte_size=ref.byte_size,
+            location=block.location,
+            ttl_s=ttl_s or self.ttl_s,
+        )
         block.stamp(info.lease_id)
         location = ref.nixl
         location.agent_name = agent.name
@@ -130,11 +142,15 @@ class NixlProducer(TensorProducer):
         location.descriptors.add(address=block.address, length=HEADER_BYTES + ref.byte_size)
         return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
-    def _lend(self, agent: NixlAgent, tensor: torch.Tensor, byte_size: int,
-              ttl_s: float | None) -> tensor_pb2.TensorRef | None:  # fmt: skip
+    def _lend(
+        self, agent: NixlAgent, tensor: torch.Tensor, byte_size: int, ttl_s: float | None
+    ) -> tensor_pb2.TensorRef | None:
         """Register ``tensor`` in place under a lease, or None (then it is copied)."""
-        if (byte_size < max(1, self.zero_copy_min_bytes) or tensor.device.type != "cpu"
-                or not tensor.is_contiguous()):  # fmt: skip
+        if (
+            byte_size < max(1, self.zero_copy_min_bytes)
+            or tensor.device.type != "cpu"
+            or not tensor.is_contiguous()
+        ):
             return None
         with self._lock:
             if self._stamps is None:
@@ -144,9 +160,13 @@ class NixlProducer(TensorProducer):
         if not agent.share(address, byte_size):
             return None
         lent = Lent(tensor, 0)
-        info = self._leases.add(lent, kind=self.kind, byte_size=byte_size,
-                                location=f"{agent.name}@{address:#x}",
-                                ttl_s=ttl_s or self.ttl_s)  # fmt: skip
+        info = self._leases.add(
+            lent,
+            kind=self.kind,
+            byte_size=byte_size,
+            location=f"{agent.name}@{address:#x}",
+            ttl_s=ttl_s or self.ttl_s,
+        )
         stamp = stamps.take(info.lease_id)
         if stamp is None:
             self._leases.pop(info.lease_id)
@@ -212,7 +232,7 @@ class NixlProducer(TensorProducer):
 
     def _on_notification(self, peer: str, message: bytes) -> None:
         if message.startswith(RELEASE_PREFIX):
-            self.release(message[len(RELEASE_PREFIX):].decode(errors="replace"))
+            self.release(message[len(RELEASE_PREFIX) :].decode(errors="replace"))
 
 
 class NixlConsumer(TensorConsumer):
@@ -223,9 +243,14 @@ class NixlConsumer(TensorConsumer):
 
     kind = "nixl"
 
-    def __init__(self, *, agent_factory: AgentFactory = process_agent,
-                 release_after_read: bool = True, timeout_s: float = 30.0,
-                 max_idle_bytes: int = 1 << 30) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        agent_factory: AgentFactory = process_agent,
+        release_after_read: bool = True,
+        timeout_s: float = 30.0,
+        max_idle_bytes: int = 1 << 30,
+    ) -> None:
         self.release_after_read = release_after_read
         self.timeout_s = timeout_s
         self._agent_factory = agent_factory
@@ -255,20 +280,24 @@ class NixlConsumer(TensorConsumer):
         agent.connect(agent_name, ref.nixl.agent_metadata)
         block = pool.acquire(byte_size)
         local = mirror(remote, block.address if is_stamped else block.address + HEADER_BYTES)
-        # NOTE: one stamped region is a pooled block of the producer's: its address comes back.
-        recurring = is_stamped and len(remote) == 1
         try:
-            agent.read(local, remote, agent_name, remote_memory_type=memory_type,
-                       timeout_s=self.timeout_s, recurring=recurring)  # fmt: skip
+            agent.read(
+                local, remote, agent_name, remote_memory_type=memory_type, timeout_s=self.timeout_s
+            )
             if self.release_after_read:
                 agent.notify(agent_name, RELEASE_PREFIX + lease_id.encode())
             if is_stamped and not block.is_stamped(lease_id):
-                raise NotFound(f"lease {lease_id} was released: its NIXL buffer no longer holds "
-                               "the payload", reason="LEASE_RELEASED")  # fmt: skip
+                raise NotFound(
+                    f"lease {lease_id} was released: its NIXL buffer no longer holds the payload",
+                    reason="LEASE_RELEASED",
+                )
             # NOTE: a small payload is copied into a bytearray that torch.frombuffer wraps: no
-            # torch.empty (15-30 us as the first tensor call of a process just woken, 5 us warm).
-            small = (bytearray(memoryview(block.memory)[HEADER_BYTES:HEADER_BYTES + byte_size])
-                     if byte_size <= SMALL_COPY_BYTES else None)  # fmt: skip
+            # torch.empty, which costs more as the first tensor call of a process just woken.
+            small = (
+                bytearray(memoryview(block.memory)[HEADER_BYTES : HEADER_BYTES + byte_size])
+                if byte_size <= SMALL_COPY_BYTES
+                else None
+            )
         except BaseException:
             pool.give_back(block)
             raise
@@ -277,8 +306,15 @@ class NixlConsumer(TensorConsumer):
         pool.give_back(block)
         return view_bytes(small, dtype, shape, byte_size)
 
-    def _lend(self, pool: RegisteredPool, block: Block, dtype: torch.dtype, shape: list[int],
-              byte_size: int, copy: bool) -> torch.Tensor:  # fmt: skip
+    def _lend(
+        self,
+        pool: RegisteredPool,
+        block: Block,
+        dtype: torch.dtype,
+        shape: list[int],
+        byte_size: int,
+        copy: bool,
+    ) -> torch.Tensor:
         if copy:
             payload = self.buffers.empty(dtype, shape, byte_size)
             move(payload.data_ptr(), block.address + HEADER_BYTES, byte_size)
@@ -288,8 +324,7 @@ class NixlConsumer(TensorConsumer):
         # dies, the array dies and the finalizer hands the block back.
         array = (ctypes.c_char * (HEADER_BYTES + byte_size)).from_buffer(block.memory)
         weakref.finalize(array, pool.give_back, block)
-        payload = torch.frombuffer(array, dtype=torch.uint8, offset=HEADER_BYTES,
-                                   count=byte_size)  # fmt: skip
+        payload = torch.frombuffer(array, dtype=torch.uint8, offset=HEADER_BYTES, count=byte_size)
         return shaped(payload.view(dtype), shape)
 
     @property
@@ -301,9 +336,6 @@ class NixlConsumer(TensorConsumer):
         self.buffers.close()
         if self._pool is not None:
             self._pool.close()
-        if self._agent is not None:
-            self._agent.drop_prepared()
-            self._agent.flush_notifications()
 
 
 def mirror(remote: Regions, start: int) -> Regions:
@@ -330,13 +362,16 @@ def remote_payload(ref: tensor_pb2.TensorRef) -> tuple[str, str, Regions, bool]:
         raise InvalidArgument("NIXL location has no agent name", reason="BAD_TENSOR_REF")
     memory_type = _MEMORY_TYPES.get(location.memory_type)
     if memory_type is None:
-        raise InvalidArgument(f"unknown NIXL memory type {location.memory_type}",
-                              reason="BAD_TENSOR_REF")  # fmt: skip
+        raise InvalidArgument(
+            f"unknown NIXL memory type {location.memory_type}", reason="BAD_TENSOR_REF"
+        )
     # NOTE: slicing a repeated field is much faster than iterating it (upb).
     descriptors = location.descriptors[:]
     if len(descriptors) > MAX_DESCRIPTORS:
-        raise InvalidArgument(f"{len(descriptors)} NIXL descriptors (limit {MAX_DESCRIPTORS})",
-                              reason="BAD_TENSOR_REF")  # fmt: skip
+        raise InvalidArgument(
+            f"{len(descriptors)} NIXL descriptors (limit {MAX_DESCRIPTORS})",
+            reason="BAD_TENSOR_REF",
+        )
     regions = tuple([(d.address, d.length, d.device_id) for d in descriptors])
     if not regions:
         raise _empty_region()
@@ -350,8 +385,10 @@ def remote_payload(ref: tensor_pb2.TensorRef) -> tuple[str, str, Regions, bool]:
         return agent_name, memory_type, regions, True
     if total == byte_size:
         return agent_name, memory_type, regions, False
-    raise InvalidArgument(f"NIXL descriptors cover {total} bytes, the TensorRef says "
-                          f"{byte_size}", reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+    raise InvalidArgument(
+        f"NIXL descriptors cover {total} bytes, the TensorRef says {byte_size}",
+        reason="TENSOR_SIZE_MISMATCH",
+    )
 
 
 def _empty_region() -> InvalidArgument:

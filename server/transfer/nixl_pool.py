@@ -100,12 +100,12 @@ class StampArena:
                 return None
             slot = self._free.pop()
         offset = slot * HEADER_BYTES
-        self.memory[offset:offset + HEADER_BYTES] = stamp_of(lease_id)
+        self.memory[offset : offset + HEADER_BYTES] = stamp_of(lease_id)
         return self.address + offset
 
     def give_back(self, address: int) -> None:
         offset = address - self.address
-        self.memory[offset:offset + HEADER_BYTES] = BLANK_STAMP
+        self.memory[offset : offset + HEADER_BYTES] = BLANK_STAMP
         with self._lock:
             self._free.append(offset // HEADER_BYTES)
 

@@ -20,8 +20,7 @@ from pathlib import Path
 SUBNET = "10.99.0"
 # NOTE: NIXL's agents speak UCX over TCP on the veth alone (no shared memory, no cross-memory
 # attach: those would work between the namespaces and hide a cross-host bug); `self` carries an
-# agent's READs from itself (without it, the encoder's loopback READ that binds its reader
-# threads never finishes).
+# agent's READs of its own memory (a consumer in its producer's process).
 UCX_ENV = {"UCX_TLS": "tcp,self", "NIXL_LOG_LEVEL": "WARN"}
 
 

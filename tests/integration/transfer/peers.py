@@ -34,8 +34,9 @@ def make_tensor(dtype: torch.dtype, num_bytes: int, seed: int) -> torch.Tensor:
     return torch.randn(numel, generator=generator).to(dtype).reshape(-1, 16)
 
 
-def put_concurrently(plane: DataPlane, tensors: list[torch.Tensor], consumer_host_id: str,
-                     num_threads: int = 4) -> list[tensor_pb2.TensorRef]:  # fmt: skip
+def put_concurrently(
+    plane: DataPlane, tensors: list[torch.Tensor], consumer_host_id: str, num_threads: int = 4
+) -> list[tensor_pb2.TensorRef]:
     """Put every tensor from ``num_threads`` threads at once; the references in tensor order."""
     refs: list[tensor_pb2.TensorRef | None] = [None] * len(tensors)
 
@@ -57,10 +58,8 @@ def consumer(conn: Connection, host_id: str) -> None:
     A reference sent with hold=True is viewed and kept open until the process dies; one sent with
     copy=True is read as a private copy.
     "outstanding" answers how many NIXL receive blocks are in use; "close" closes the plane and
-    answers how many NIXL regions stay registered and how many prepared READ handles are kept;
-    "prepared" answers the latter alone; "stripes" how many parts this process's agent cuts a
-    large READ into. A list of references is read by as many threads at once; the answer is the
-    list of their answers."""
+    answers how many NIXL regions stay registered. A list of references is read by as many
+    threads at once; the answer is the list of their answers."""
     plane = DataPlane(host_id)
     held = []
     while (message := conn.recv()) is not None:
@@ -69,13 +68,7 @@ def consumer(conn: Connection, host_id: str) -> None:
             continue
         if message == "close":
             plane.close()
-            conn.send((nixl_agent.num_registered_regions(), nixl_agent.num_prepared()))
-            continue
-        if message == "prepared":
-            conn.send(nixl_agent.num_prepared())
-            continue
-        if message == "stripes":
-            conn.send(nixl_agent.process_agent().num_read_stripes)
+            conn.send(nixl_agent.num_registered_regions())
             continue
         if isinstance(message, list):
             with futures.ThreadPoolExecutor(len(message)) as pool:
@@ -85,8 +78,9 @@ def consumer(conn: Connection, host_id: str) -> None:
         conn.send(_read(plane, data, held if hold else None, copy=copy))
 
 
-def _read(plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None, *,
-          copy: bool = False) -> tuple:  # fmt: skip
+def _read(
+    plane: DataPlane, data: bytes, held: list[torch.Tensor] | None = None, *, copy: bool = False
+) -> tuple:
     """("ok", digest, shape, dtype) of the tensor behind a serialized reference (a view, or a
     private copy), or ("error", reason, error type); the tensor is kept in ``held`` when given."""
     try:
@@ -113,8 +107,9 @@ def reference_of_a_killed_producer(host_id: str, consumer_host_id: str) -> bytes
     """A serialized reference to a tensor (1 MiB, lent by NIXL or in shared memory) whose
     producer process was then killed."""
     conn, child_conn = SPAWN.Pipe()
-    process = SPAWN.Process(target=producer, args=(child_conn, host_id, consumer_host_id),
-                            daemon=True)  # fmt: skip
+    process = SPAWN.Process(
+        target=producer, args=(child_conn, host_id, consumer_host_id), daemon=True
+    )
     process.start()
     assert conn.poll(120), "producer did not answer"
     data, _, pid = conn.recv()

@@ -4,6 +4,7 @@ notification or expiry, descriptor validation. No real NIXL agent is created her
 from __future__ import annotations
 
 import gc
+from typing import cast
 
 import pytest
 import torch
@@ -12,11 +13,13 @@ from epd.server.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.nixl import (
     RELEASE_PREFIX,
     SMALL_COPY_BYTES,
+    AgentFactory,
     NixlConsumer,
     NixlProducer,
     mirror,
     remote_payload,
 )
+from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.nixl_pool import RegisteredPool
 from epd.server.transfer.shm import HEADER_BYTES
 from epd.v1 import tensor_pb2
@@ -31,8 +34,6 @@ class FakeAgent:
         self.registered: set[int] = set()
         self.listeners: list = []
         self.pending: list[bytes] = []
-        self.recurring_reads = 0
-        self.dropped_prepared = 0
 
     def register(self, address: int, length: int) -> None:
         self.registered.add(address)
@@ -47,25 +48,14 @@ class FakeAgent:
     def connect(self, agent_name: str, metadata: bytes) -> None:
         pass
 
-    def read(self, local, remote, agent_name, *, remote_memory_type="DRAM", notification=b"",
-             timeout_s=30.0, recurring=False) -> None:  # fmt: skip
+    def read(self, local, remote, agent_name, *, remote_memory_type="DRAM", timeout_s=30.0) -> None:
         import ctypes
 
-        self.recurring_reads += recurring
         for (dst, length, _), (src, _, _) in zip(local, remote, strict=True):
             ctypes.memmove(dst, src, length)
-        if notification:
-            self.pending.append(notification)
 
     def notify(self, agent_name: str, message: bytes) -> None:
         self.pending.append(message)
-
-    def flush_notifications(self) -> int:
-        return 0
-
-    def drop_prepared(self) -> int:
-        self.dropped_prepared += 1
-        return 0
 
     def add_listener(self, listener) -> None:
         self.listeners.append(listener)
@@ -95,8 +85,14 @@ def agent() -> FakeAgent:
 
 
 def make_producer(agent: FakeAgent, clock: FakeClock | None = None) -> NixlProducer:
-    return NixlProducer("host-a", ttl_s=10.0, clock=clock or FakeClock(),
-                        agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    return NixlProducer(
+        "host-a", ttl_s=10.0, clock=clock or FakeClock(), agent_factory=factory(agent)
+    )
+
+
+def factory(agent: FakeAgent) -> AgentFactory:
+    """``agent`` as the agent factory of a producer or consumer."""
+    return lambda: cast(NixlAgent, agent)
 
 
 def test_pool_reuses_blocks_and_deregisters_on_close(agent: FakeAgent) -> None:
@@ -115,7 +111,7 @@ def test_pool_reuses_blocks_and_deregisters_on_close(agent: FakeAgent) -> None:
 
 def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) -> None:
     producer = make_producer(agent)
-    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    consumer = NixlConsumer(agent_factory=factory(agent))
     tensor = torch.randn(128, 128).to(torch.bfloat16)  # above SMALL_COPY_BYTES: a view
     ref = producer.put(tensor)
     # one descriptor: the stamp and the payload behind it, fetched by one READ
@@ -132,16 +128,15 @@ def test_notification_releases_and_release_stays_idempotent(agent: FakeAgent) ->
     del reshaped
     gc.collect()
     assert consumer.num_outstanding == 0
-    assert agent.recurring_reads == 1  # a pooled block: its descriptor lists are worth keeping
     producer.close()
     consumer.close()
-    assert agent.registered == set() and agent.dropped_prepared == 1
+    assert agent.registered == set()
 
 
 def test_copy_returns_the_block_at_once_and_expiry_is_reaped(agent: FakeAgent) -> None:
     clock = FakeClock()
     producer = make_producer(agent, clock)
-    consumer = NixlConsumer(agent_factory=lambda: agent, release_after_read=False)  # type: ignore[arg-type,return-value]
+    consumer = NixlConsumer(agent_factory=factory(agent), release_after_read=False)
     ref = producer.put(torch.arange(10, dtype=torch.int64))
     assert torch.equal(consumer.get(ref, copy=True), torch.arange(10))
     assert consumer.num_outstanding == 0 and len(producer.held()) == 1
@@ -156,8 +151,9 @@ def test_copy_returns_the_block_at_once_and_expiry_is_reaped(agent: FakeAgent) -
 
 
 def nixl_ref(byte_size: int, lengths: list[int], **location: object) -> tensor_pb2.TensorRef:
-    ref = tensor_pb2.TensorRef(dtype=tensor_pb2.SCALAR_TYPE_UINT8, shape=[byte_size],
-                               byte_size=byte_size)  # fmt: skip
+    ref = tensor_pb2.TensorRef(
+        dtype=tensor_pb2.SCALAR_TYPE_UINT8, shape=[byte_size], byte_size=byte_size
+    )
     ref.nixl.CopyFrom(tensor_pb2.NixlLocation(**{"agent_name": "a", **location}))  # type: ignore[arg-type]
     for i, length in enumerate(lengths):
         ref.nixl.descriptors.add(address=4096 * (i + 1), length=length)
@@ -170,24 +166,32 @@ def test_remote_payload_accepts_stamped_and_plain_layouts() -> None:
     assert remote_payload(nixl_ref(0, [HEADER_BYTES]))[3] is True
     assert remote_payload(nixl_ref(100, [60, 40]))[3] is False
     assert remote_payload(nixl_ref(100, [100], memory_type=2)) == (
-        "a", "VRAM", ((4096, 100, 0),), False)  # fmt: skip
+        "a",
+        "VRAM",
+        ((4096, 100, 0),),
+        False,
+    )
     assert mirror(((1, 10, 0), (99, 5, 0)), 1000) == ((1000, 10, 0), (1010, 5, 0))
     assert mirror(((1, 10, 0),), 1000) == ((1000, 10, 0),)
 
 
-@pytest.mark.parametrize("ref, reason", [
-    (nixl_ref(100, [HEADER_BYTES, 99]), "TENSOR_SIZE_MISMATCH"),
-    (nixl_ref(100, [HEADER_BYTES + 99]), "TENSOR_SIZE_MISMATCH"),
-    (nixl_ref(100, [HEADER_BYTES + 101]), "TENSOR_SIZE_MISMATCH"),
-    (nixl_ref(100, [HEADER_BYTES - 1, 101]), "TENSOR_SIZE_MISMATCH"),  # a cut stamp
-    (nixl_ref(100, []), "BAD_TENSOR_REF"),
-    (nixl_ref(100, [100, 0]), "BAD_TENSOR_REF"),
-    (nixl_ref(100, [1] * 100), "BAD_TENSOR_REF"),
-    (nixl_ref(100, [100], memory_type=7), "BAD_TENSOR_REF"),
-    (nixl_ref(100, [100], agent_name=""), "BAD_TENSOR_REF"),
-])  # fmt: skip
-def test_remote_payload_refuses_malformed_descriptors(ref: tensor_pb2.TensorRef,
-                                                      reason: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "ref, reason",
+    [
+        (nixl_ref(100, [HEADER_BYTES, 99]), "TENSOR_SIZE_MISMATCH"),
+        (nixl_ref(100, [HEADER_BYTES + 99]), "TENSOR_SIZE_MISMATCH"),
+        (nixl_ref(100, [HEADER_BYTES + 101]), "TENSOR_SIZE_MISMATCH"),
+        (nixl_ref(100, [HEADER_BYTES - 1, 101]), "TENSOR_SIZE_MISMATCH"),  # a cut stamp
+        (nixl_ref(100, []), "BAD_TENSOR_REF"),
+        (nixl_ref(100, [100, 0]), "BAD_TENSOR_REF"),
+        (nixl_ref(100, [1] * 100), "BAD_TENSOR_REF"),
+        (nixl_ref(100, [100], memory_type=7), "BAD_TENSOR_REF"),
+        (nixl_ref(100, [100], agent_name=""), "BAD_TENSOR_REF"),
+    ],
+)
+def test_remote_payload_refuses_malformed_descriptors(
+    ref: tensor_pb2.TensorRef, reason: str
+) -> None:
     with pytest.raises(InvalidArgument) as caught:
         remote_payload(ref)
     assert caught.value.reason == reason
@@ -196,7 +200,7 @@ def test_remote_payload_refuses_malformed_descriptors(ref: tensor_pb2.TensorRef,
 def test_a_reference_without_location_is_refused_as_such(agent: FakeAgent) -> None:
     ref = nixl_ref(100, [100])
     ref.ClearField("nixl")
-    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    consumer = NixlConsumer(agent_factory=factory(agent))
     with pytest.raises(InvalidArgument, match="no location") as caught:
         consumer.get(ref)
     assert caught.value.reason == "BAD_TENSOR_REF"
@@ -204,7 +208,7 @@ def test_a_reference_without_location_is_refused_as_such(agent: FakeAgent) -> No
 
 def test_small_payloads_come_back_as_private_copies(agent: FakeAgent) -> None:
     producer = make_producer(agent)
-    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    consumer = NixlConsumer(agent_factory=factory(agent))
     tensor = torch.randn(64, 32).to(torch.bfloat16)
     assert tensor.numel() * 2 <= SMALL_COPY_BYTES
     received = consumer.get(producer.put(tensor))
@@ -214,15 +218,20 @@ def test_small_payloads_come_back_as_private_copies(agent: FakeAgent) -> None:
     assert agent.registered == set()
 
 
-SMALL_TENSORS = [torch.tensor(2.5), torch.arange(6.0).reshape(2, 3), torch.zeros(0, 4),
-                 torch.arange(5, dtype=torch.int32)]  # fmt: skip
+SMALL_TENSORS = [
+    torch.tensor(2.5),
+    torch.arange(6.0).reshape(2, 3),
+    torch.zeros(0, 4),
+    torch.arange(5, dtype=torch.int32),
+]
 
 
 @pytest.mark.parametrize("tensor", SMALL_TENSORS)
-def test_small_payloads_come_back_as_private_tensors_of_their_shape(agent: FakeAgent,
-                                                                    tensor: torch.Tensor) -> None:
+def test_small_payloads_come_back_as_private_tensors_of_their_shape(
+    agent: FakeAgent, tensor: torch.Tensor
+) -> None:
     producer = make_producer(agent)
-    consumer = NixlConsumer(agent_factory=lambda: agent)  # type: ignore[arg-type,return-value]
+    consumer = NixlConsumer(agent_factory=factory(agent))
     ref = producer.put(tensor)
     got = consumer.get(ref)
     assert got.shape == tensor.shape and got.dtype == tensor.dtype and torch.equal(got, tensor)

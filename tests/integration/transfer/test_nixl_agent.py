@@ -1,5 +1,5 @@
-"""Prepared (kept and reposted) NIXL READs between two real agents in this process: reuse, the
-notification of each READ, and every event that must release what is kept."""
+"""NIXL READs and notifications between two real agents in this process: registrations, peers
+(new metadata, bad metadata, forgotten peers), typed errors of failed READs, notifications."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Buffer:
         self.address = torch.frombuffer(self.memory, dtype=torch.uint8).data_ptr()
 
     def fill(self, data: bytes) -> None:
-        self.memory[:len(data)] = data
+        self.memory[: len(data)] = data
 
 
 class Inbox:
@@ -59,10 +59,11 @@ def agents() -> Iterator[tuple[NixlAgent, NixlAgent]]:
 
 
 @pytest.fixture
-def pair(agents: tuple[NixlAgent, NixlAgent]) -> Iterator[tuple[NixlAgent, NixlAgent, Buffer,
-                                                                Buffer]]:  # fmt: skip
+def pair(
+    agents: tuple[NixlAgent, NixlAgent],
+) -> Iterator[tuple[NixlAgent, NixlAgent, Buffer, Buffer]]:
     """A registered remote buffer of the producer, known to the consumer, and a registered local
-    one of the consumer; afterwards the consumer holds no prepared READ and no registration."""
+    one of the consumer; afterwards the consumer holds no registration."""
     producer, consumer = agents
     remote, local = Buffer(), Buffer()
     producer.register(remote.address, SIZE)
@@ -72,69 +73,61 @@ def pair(agents: tuple[NixlAgent, NixlAgent]) -> Iterator[tuple[NixlAgent, NixlA
     consumer.deregister(local.address)
     consumer.forget(producer.name)
     producer.deregister(remote.address)
-    assert consumer.num_prepared == 0 and consumer.num_registered_regions == 0
+    assert consumer.num_registered_regions == 0
 
 
-def read(consumer: NixlAgent, producer: NixlAgent, local: Buffer, remote: Buffer, length: int,
-         notification: bytes = b"") -> bytes:  # fmt: skip
-    consumer.read([(local.address, length, 0)], [(remote.address, length, 0)], producer.name,
-                  notification=notification, recurring=True)  # fmt: skip
+def read(
+    consumer: NixlAgent, producer: NixlAgent, local: Buffer, remote: Buffer, length: int
+) -> bytes:
+    consumer.read([(local.address, length, 0)], [(remote.address, length, 0)], producer.name)
     return bytes(local.memory[:length])
 
 
-def test_a_recurring_read_is_prepared_once_and_reposted_with_its_own_notification(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+def test_reads_see_the_remote_bytes_of_the_moment(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+) -> None:
     producer, consumer, remote, local = pair
-    inbox = Inbox(producer)
     remote.fill(b"first")
-    assert read(consumer, producer, local, remote, 5, b"n1") == b"first"
-    assert consumer.num_prepared == 3  # two descriptor lists and one READ request
+    assert read(consumer, producer, local, remote, 5) == b"first"
     remote.fill(b"again")
-    assert read(consumer, producer, local, remote, 5, b"n2") == b"again"
-    assert consumer.num_prepared == 3
-    assert inbox.wait_for(2) == [b"n1", b"n2"]
-    remote.fill(b"quiet")
-    assert read(consumer, producer, local, remote, 5) == b"quiet"  # no notification: not n2 again
-    assert consumer.num_prepared == 4  # a request of its own
-    time.sleep(0.05)
-    assert inbox.wait_for(3, timeout_s=0.05) == [b"n1", b"n2"]
-    producer.remove_listener(inbox._on)
+    assert read(consumer, producer, local, remote, 5) == b"again"
 
 
-def test_notify_is_sent_off_the_callers_path_and_a_dead_peer_is_only_logged(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
-        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_notifications_reach_the_listeners_and_a_dead_peer_is_only_logged(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer], caplog: pytest.LogCaptureFixture
+) -> None:
     producer, consumer, remote, local = pair
     inbox = Inbox(producer)
     read(consumer, producer, local, remote, 8)
     consumer.notify("epd-test-nobody", b"lost")  # an agent it never loaded
     consumer.notify(producer.name, b"after the read")
     assert inbox.wait_for(1) == [b"after the read"]
-    assert consumer.flush_notifications() == 0  # the polling thread sent both
     assert "cannot notify NIXL agent 'epd-test-nobody'" in caplog.text
+    time.sleep(0.05)
+    assert inbox.wait_for(2, timeout_s=0.05) == [b"after the read"]
     producer.remove_listener(inbox._on)
 
 
-def test_deregistering_the_local_block_releases_what_names_it(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+def test_a_local_region_registered_again_reads_fine(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+) -> None:
     producer, consumer, remote, local = pair
     read(consumer, producer, local, remote, 8)
     consumer.deregister(local.address)
-    assert consumer.num_prepared == 1  # the remote list alone
-    consumer.register(local.address, SIZE)  # a new registration of the same memory reads fine
+    consumer.register(local.address, SIZE)
     remote.fill(b"reborn")
     assert read(consumer, producer, local, remote, 6) == b"reborn"
 
 
-def test_new_metadata_of_the_same_agent_keeps_prepared_reads(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+def test_new_metadata_of_the_same_agent_keeps_its_regions_readable(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+) -> None:
     producer, consumer, remote, local = pair
     read(consumer, producer, local, remote, 8)
     other = Buffer()
     producer.register(other.address, SIZE)
     try:
         consumer.connect(producer.name, producer.metadata_of([other.address, remote.address]))
-        assert consumer.num_prepared == 3
         remote.fill(b"kept")
         assert read(consumer, producer, local, remote, 4) == b"kept"
         other.fill(b"other")
@@ -143,33 +136,26 @@ def test_new_metadata_of_the_same_agent_keeps_prepared_reads(
         producer.deregister(other.address)
 
 
-def test_unknown_region_bad_metadata_and_forget_release_the_agents_reads(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
+def test_unknown_region_bad_metadata_and_a_forgotten_peer(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
+) -> None:
     producer, consumer, remote, local = pair
     read(consumer, producer, local, remote, 8)
     with pytest.raises(NotFound) as caught:
-        consumer.read([(local.address, 8, 0)], [(4096, 8, 0)], producer.name, recurring=True)
+        consumer.read([(local.address, 8, 0)], [(4096, 8, 0)], producer.name)
     assert caught.value.reason == "NIXL_REGION_NOT_FOUND"
-    assert consumer.num_prepared == 1  # the local list alone
     remote.fill(b"after")
     assert read(consumer, producer, local, remote, 5) == b"after"
-    assert consumer.num_prepared == 4  # local lists of 8 and 5 bytes, remote list, request
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument) as bad:
         consumer.connect(producer.name, b"not metadata")
-    assert consumer.num_prepared == 2  # the local lists
+    assert bad.value.reason == "NIXL_BAD_METADATA"
     consumer.connect(producer.name, producer.metadata(remote.address))  # loaded again
     assert read(consumer, producer, local, remote, 5) == b"after"
     consumer.forget(producer.name)
-    assert consumer.num_prepared == 2
+    with pytest.raises(NotFound):  # forgotten: its metadata must come again
+        read(consumer, producer, local, remote, 5)
     consumer.connect(producer.name, producer.metadata(remote.address))
     assert read(consumer, producer, local, remote, 5) == b"after"
-
-
-def test_a_consumer_closing_releases_remote_reads(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer]) -> None:  # fmt: skip
-    producer, consumer, remote, local = pair
-    read(consumer, producer, local, remote, 8)
-    assert consumer.drop_prepared() == 2 and consumer.num_prepared == 1  # the local list stays
 
 
 def failing_transfer(error_name: str) -> object:
@@ -182,9 +168,9 @@ def failing_transfer(error_name: str) -> object:
     return transfer
 
 
-def test_a_failed_post_raises_typed_errors_and_releases_the_agents_reads(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_failed_post_raises_typed_errors_and_forgets_a_failed_peer(
+    pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     producer, consumer, remote, local = pair
     read(consumer, producer, local, remote, 8)
     nixl = consumer._agent
@@ -192,25 +178,13 @@ def test_a_failed_post_raises_typed_errors_and_releases_the_agents_reads(
     with pytest.raises(NotFound) as not_found:
         read(consumer, producer, local, remote, 8)
     assert not_found.value.reason == "NIXL_REGION_NOT_FOUND"
-    assert consumer.num_prepared == 1  # the local list alone
     monkeypatch.setattr(nixl, "transfer", failing_transfer("nixlRemoteDisconnectError"))
     with pytest.raises(Unavailable) as unavailable:
         read(consumer, producer, local, remote, 8)
     assert unavailable.value.reason == "NIXL_TRANSFER_FAILED"
-    assert consumer.num_prepared == 1
     monkeypatch.undo()
     with pytest.raises(NotFound):  # the peer was forgotten: its metadata must come again
         read(consumer, producer, local, remote, 8)
     consumer.connect(producer.name, producer.metadata(remote.address))
     remote.fill(b"back")
     assert read(consumer, producer, local, remote, 4) == b"back"
-
-
-def test_a_failed_post_of_a_one_off_read_is_typed_too(
-        pair: tuple[NixlAgent, NixlAgent, Buffer, Buffer],
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    producer, consumer, remote, local = pair
-    monkeypatch.setattr(consumer._agent, "transfer", failing_transfer("nixlRemoteDisconnectError"))
-    with pytest.raises(Unavailable) as unavailable:
-        consumer.read([(local.address, 8, 0)], [(remote.address, 8, 0)], producer.name)
-    assert unavailable.value.reason == "NIXL_TRANSFER_FAILED"
