@@ -1,22 +1,20 @@
-"""vLLM engine inputs for prompts whose images come as embeddings, or as grids only (decode).
+"""vLLM engine prompts for images that come as embeddings, or as grids only (decode).
 
-vLLM's renderer runs every multimodal prompt through the model's processor pipeline: parse the
-data, a passthrough "processing" of the embeddings, field configs, prompt updates that expand
-each placeholder, and a hash of the embeddings by its framed serializer. For one tiny image that
-is ~2 ms here, on a hop to the renderer's thread, in front of every prefill. What it produces for
-the Qwen families' embeddings (rows of the layout's ``embedding_width``, whatever the family
-carries in them) is simple: the prompt with each image's placeholder expanded to its rows and,
-per image, an item of the family's fields (``ModelFamily.vllm_items``: Qwen families
-``{image_embeds: flat field, image_grid_thw: batched field}``, LLaVA-1.5 ``{image_embeds: batched
-field}``), a hash and a placeholder range. ``embeddings_input`` builds exactly that (a test
-compares it with the renderer's output for every family) and vLLM takes it as a rendered
-``EngineInput``, with no thread hop.
+Embeddings enter vLLM as its public input: ``multi_modal_data={"image": family.vllm_data(...)}``
+with the prompt's one placeholder per image, named through ``multi_modal_uuids``, and vLLM's
+renderer expands each placeholder to its rows and makes the family's items. Rendering them here
+instead (``vllm_embeds`` kept a copy of the renderer's output per family and injected it into the
+processor cache) saved 0.0-1.0 ms of a 16-17 ms E/PD TTFT on the tiny model and nothing on the
+small one, within the run-to-run noise (``scripts/bench_pd.py``, docs/engine.md), so it is gone;
+it stays only for a family whose items vLLM's renderer makes wrongly (``ModelFamily.vllm_items``
+not None: LLaVA-OneVision and InternVL, whose embeddings of different row counts vLLM 0.32 batches
+together and dies on), built as the renderer builds them (a test compares them).
 
 Names: real embeddings are named by a hash of their bytes, dtype, shape and grid, so vLLM's
 caches (processor, encoder, prefix) share an entry only between equal embeddings whatever a
 caller claims. Grid-only images (decode after a remote prefill: their KV is pulled, never
 recomputed) get zero embeddings of the right shape, so vLLM lays out positions as the prefill did,
-named by the route's ``mm_hash``, else uniquely per request, as before.
+named by the route's ``mm_hash``, else uniquely per request.
 """
 
 from __future__ import annotations
@@ -32,39 +30,53 @@ from epd.server.engine.prompt_check import VisionLayout
 EMBEDS_HASH_PREFIX = "epd-embeds-"
 
 
-def embeddings_input(request_id: str, token_ids: list[int], images: list[EngineImage],
-                     layout: VisionLayout, hash_algorithm: str = "blake3"
-                     ) -> dict[str, Any]:  # fmt: skip
-    """A vLLM ``MultiModalInput`` for a prompt whose images have embeddings or grids only.
+def embeddings_prompt(request_id: str, token_ids: list[int], images: list[EngineImage],
+                      layout: VisionLayout, hash_algorithm: str = "blake3"
+                      ) -> dict[str, Any]:  # fmt: skip
+    """vLLM's prompt for ``token_ids`` whose images have embeddings or grids only: the public
+    input for vLLM's renderer, or (``"type": "multimodal"``) an input rendered already, for a
+    family whose ``vllm_items`` are not None.
 
     Call ``layout.check`` first: every image needs a valid grid, and its embeddings (if any)
     the rows that grid gives.
     """
-    from vllm.inputs.engine import mm_input
-    from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
-
     from epd.server.models.registry import family_named
 
-    expanded, ranges = layout.expand_with_ranges(token_ids, images)
-    embeddings, grids, hashes = [], [], []
-    for index, (image, (_, length)) in enumerate(zip(images, ranges, strict=True)):
+    embeddings, grids, names = [], [], []
+    for index, image in enumerate(images):
         assert image.grid is not None  # checked by VisionLayout.check
         embeds = image.embeddings
         if embeds is None:
-            embeds = torch.zeros(length - layout.num_delimiters, layout.embedding_width)
-            hashes.append(image.mm_hash or f"{request_id}-{index}")
+            t, h, w = image.grid
+            embeds = torch.zeros(t * h * w // layout.merge_size**2, layout.embedding_width)
+            names.append(image.mm_hash or f"{request_id}-{index}")
         else:
-            hashes.append(embeddings_hash(embeds, image.grid, hash_algorithm))
+            names.append(embeddings_hash(embeds, image.grid, hash_algorithm))
         embeddings.append(embeds)
         grids.append(image.grid)
-    fields = family_named(layout.family).vllm_items(embeddings, grids)
-    items = [MultiModalKwargsItem(item) for item in fields]
+    family = family_named(layout.family)
+    items = family.vllm_items(embeddings, grids)
+    if items is not None:
+        return _rendered(token_ids, images, layout, items, names)
+    return {"prompt_token_ids": list(token_ids),
+            "multi_modal_data": {"image": family.vllm_data(embeddings, grids)},
+            "multi_modal_uuids": {"image": names}}  # fmt: skip
+
+
+def _rendered(token_ids: list[int], images: list[EngineImage], layout: VisionLayout,
+              items: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:  # fmt: skip
+    """The ``MultiModalInput`` vLLM's renderer would make of ``items``."""
+    from vllm.inputs.engine import mm_input
+    from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
+
+    expanded, ranges = layout.expand_with_ranges(token_ids, images)
+    kwargs = MultiModalKwargsItems({"image": [MultiModalKwargsItem(item) for item in items]})
     placeholders = [
         PlaceholderRange(offset=offset, length=length, is_embed=_rows_mask(layout, length))
         for offset, length in ranges
     ]
-    engine_input: dict[str, Any] = mm_input(expanded, MultiModalKwargsItems({"image": items}),
-                                            {"image": hashes}, {"image": placeholders})  # type: ignore[assignment]  # fmt: skip
+    engine_input: dict[str, Any] = mm_input(expanded, kwargs, {"image": names},
+                                            {"image": placeholders})  # type: ignore[assignment]  # fmt: skip
     return engine_input
 
 

@@ -47,7 +47,7 @@ from epd.server.engine.base import (
 )  # fmt: skip
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_args import check_platform, engine_args
-from epd.server.engine.vllm_embeds import embeddings_input
+from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
     SIDE_CHANNEL_ENV_LOCK,
     SideChannel,
@@ -269,11 +269,15 @@ class VllmEngine(Engine):
         if request_id in self._running:
             raise InvalidArgument(f"request {request_id!r} is already running",
                                   reason="DUPLICATE_REQUEST_ID")  # fmt: skip
-        prompt = self._prompt(request_id, prompt_token_ids, images)
+        if len(images) > self.options.max_images_per_prompt:
+            raise InvalidArgument(f"{len(images)} images; this engine takes at most "
+                                  f"{self.options.max_images_per_prompt} per prompt",
+                                  reason="TOO_MANY_IMAGES")  # fmt: skip
         from vllm.exceptions import VLLMClientError
 
         self._running.add(request_id)
         try:
+            prompt = await self._render(request_id, prompt_token_ids, images)
             async for output in self._llm.generate(prompt, params, request_id):
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
@@ -285,25 +289,30 @@ class VllmEngine(Engine):
         finally:
             self._running.discard(request_id)
 
-    def _prompt(self, request_id: str, prompt_token_ids: list[int],
-                images: list[EngineImage]) -> dict[str, Any]:  # fmt: skip
-        """vLLM's input: raw for pictures (vLLM runs its processor), else rendered here."""
-        if len(images) > self.options.max_images_per_prompt:
-            raise InvalidArgument(f"{len(images)} images; this engine takes at most "
-                                  f"{self.options.max_images_per_prompt} per prompt",
-                                  reason="TOO_MANY_IMAGES")  # fmt: skip
-        if not images or any(image.image is not None for image in images):
-            prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
-            if images:
-                prompt["multi_modal_data"] = picture_data(images)
+    async def _render(self, request_id: str, prompt_token_ids: list[int],
+                      images: list[EngineImage]) -> dict[str, Any]:  # fmt: skip
+        """vLLM's rendered input (``Renderer.render_cmpl``): pictures raw (vLLM runs its
+        processor), embeddings and grids as ``embeddings_prompt`` gives them."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        assert self._llm is not None
+        prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
+        if images and any(image.image is not None for image in images):
+            prompt["multi_modal_data"] = picture_data(images)
+        elif images:
+            prompt = embeddings_prompt(request_id, prompt_token_ids, images, self.layout,
+                                       self._hash_algorithm)  # fmt: skip
+        if prompt.get("type") == "multimodal":
+            # NOTE: what vLLM's renderer does with the items it made: its processor cache sends
+            # an item the EngineCore already holds as a name only.
+            self._llm.input_processor.inject_into_mm_cache(prompt["mm_hashes"],
+                                                           prompt["mm_kwargs"])  # fmt: skip
             return prompt
-        engine_input = embeddings_input(request_id, prompt_token_ids, images, self.layout,
-                                        self._hash_algorithm)  # fmt: skip
-        # NOTE: what vLLM's renderer does with the items it made: its processor cache sends an
-        # item the EngineCore already holds as a name only.
-        self._llm.input_processor.inject_into_mm_cache(engine_input["mm_hashes"],
-                                                       engine_input["mm_kwargs"])  # fmt: skip
-        return engine_input
+        renderer = self._llm.renderer
+        parsed = parse_model_prompt(self._llm.model_config, prompt)
+        (engine_input,) = await renderer.render_cmpl_async([parsed])
+        rendered: dict[str, Any] = engine_input
+        return rendered
 
     def _grid(self, image: EngineImage) -> Grid:
         if image.grid is not None or image.image is None:

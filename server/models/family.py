@@ -204,11 +204,12 @@ class ModelFamily(ABC):
         config) gives a ``width`` x ``height`` image, from the size alone; ValueError if it
         cannot take it."""
 
-    @abstractmethod
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        """vLLM's multimodal kwargs items (``MultiModalFieldElem`` per field), one per image,
-        exactly as vLLM's renderer makes them of ``vllm_data`` (a test compares them), and
-        ``vllm_extra_keys``."""
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]] | None:
+        """None (default): vLLM's renderer makes the engine's items of ``vllm_data``. A family
+        whose items the renderer makes wrongly gives them itself: one per image
+        (``MultiModalFieldElem`` per field), as the renderer makes them of ``vllm_data`` (a test
+        compares them), and ``vllm_extra_keys``."""
+        return None
 
     @abstractmethod
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:

@@ -112,12 +112,6 @@ class Llava(ModelFamily):
         grids = [self.image_grid(image.width, image.height, config, processor) for image in images]
         return pixel_values, torch.tensor(grids)
 
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFieldElem
-
-        field = MultiModalBatchedField()
-        return [{"image_embeds": MultiModalFieldElem(embeds, field)} for embeds in embeddings]
-
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
         import torch
 

@@ -88,28 +88,6 @@ class _QwenVl(ModelFamily):
 
         return torch.full((3, 1, 1), position, device=device)
 
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        from itertools import accumulate
-
-        import torch
-        from vllm.multimodal.inputs import (
-            MultiModalBatchedField,
-            MultiModalFieldElem,
-            MultiModalFlatField,
-        )
-
-        starts = [0, *accumulate(len(embeds) for embeds in embeddings)]
-        slices = [(slice(start, end),) for start, end in zip(starts, starts[1:], strict=False)]
-        embeds_field = MultiModalFlatField(slices=slices, dim=0)
-        grid_field = MultiModalBatchedField(keep_on_cpu=True)
-        return [
-            {
-                "image_embeds": MultiModalFieldElem(embeds, embeds_field),
-                "image_grid_thw": MultiModalFieldElem(torch.tensor(grid), grid_field),
-            }
-            for embeds, grid in zip(embeddings, grids, strict=True)
-        ]
-
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
         import torch
 

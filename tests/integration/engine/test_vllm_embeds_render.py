@@ -10,7 +10,6 @@ import torch
 
 from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
-from epd.server.engine.vllm_embeds import embeddings_input
 from epd.server.media.grid import ImageGridder
 from epd.server.models.registry import FAMILIES, family_named
 
@@ -61,15 +60,20 @@ def two_images(engine, width: int) -> tuple[list[int], list[EngineImage]]:
 
 
 async def test_two_images_render_as_vllm_renders_them(family_engine) -> None:
+    """What the engine hands vLLM is what vLLM's renderer makes of the family's public input
+    (items of its own included, but for their extra keys), and its placeholders expand as the
+    family's layout says (the route's block hashes and the engines' checks count on that)."""
     engine = family_engine
     token_ids, images = two_images(engine, engine.layout.embedding_width)
 
-    ours = embeddings_input("r", token_ids, images, engine.layout)
+    ours = await engine._render("r", token_ids, images)
     theirs = vllm_render(engine, token_ids, images)
 
     assert ours["type"] == theirs["type"] == "multimodal"
-    assert ours["prompt_token_ids"] == theirs["prompt_token_ids"]
+    expanded, ranges = engine.layout.expand_with_ranges(token_ids, images)
+    assert ours["prompt_token_ids"] == theirs["prompt_token_ids"] == expanded
     assert ours["mm_placeholders"] == theirs["mm_placeholders"]
+    assert [(p.offset, p.length) for p in ours["mm_placeholders"]["image"]] == ranges
     our_items, their_items = ours["mm_kwargs"]["image"], theirs["mm_kwargs"]["image"]
     assert len(our_items) == len(their_items) == 2
     extra_keys = set(family_named(engine.layout.family).vllm_extra_keys)

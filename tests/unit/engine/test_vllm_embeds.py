@@ -1,4 +1,6 @@
-"""Rendering embeddings prompts for vLLM ourselves: tokens, items, names and placeholder ranges."""
+"""vLLM prompts for images given as embeddings: vLLM's public input named by content, and the
+hand-rendered input of a family whose items vLLM's renderer makes wrongly (tokens, items,
+names and placeholder ranges)."""
 
 from __future__ import annotations
 
@@ -6,44 +8,41 @@ import torch
 
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX, embeddings_hash, embeddings_input
+from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX, embeddings_hash, embeddings_prompt
 
 LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 END = 7
 PROMPT = [1, 5, 6, END, 2, 5, 6, END, 3]
 
 
-def test_each_image_gets_its_rows_its_item_and_its_placeholder_range() -> None:
+def test_embeddings_go_to_vllm_as_its_public_input_with_the_prompt_unexpanded() -> None:
     first = EngineImage("a", (1, 2, 4), embeddings=torch.ones(2, 8))
     second = EngineImage("b", (1, 2, 2), embeddings=torch.full((1, 8), 2.0))
-    engine_input = embeddings_input("r", PROMPT, [first, second], LAYOUT)
-    assert engine_input["type"] == "multimodal"
-    assert engine_input["prompt_token_ids"] == [1, 5, 6, 6, END, 2, 5, 6, END, 3]
-    ranges = [(p.offset, p.length) for p in engine_input["mm_placeholders"]["image"]]
-    assert ranges == [(2, 2), (7, 1)]
-    items = engine_input["mm_kwargs"]["image"]
-    assert [item["image_embeds"].data[0, 0].item() for item in items] == [1.0, 2.0]
-    assert [item["image_grid_thw"].data.tolist() for item in items] == [[1, 2, 4], [1, 2, 2]]
-    assert items[1]["image_embeds"].field.slices == [(slice(0, 2),), (slice(2, 3),)]
-    assert items[0]["image_grid_thw"].field.keep_on_cpu
+    prompt = embeddings_prompt("r", PROMPT, [first, second], LAYOUT)
+    assert "type" not in prompt
+    assert prompt["prompt_token_ids"] == PROMPT
+    data = prompt["multi_modal_data"]["image"]
+    assert data["image_embeds"][:, 0].tolist() == [1.0, 1.0, 2.0]
+    assert data["image_grid_thw"].tolist() == [[1, 2, 4], [1, 2, 2]]
+    assert len(prompt["multi_modal_uuids"]["image"]) == 2
 
 
 def test_embeddings_are_named_by_their_content_not_by_the_callers_mm_hash() -> None:
     ones = torch.ones(2, 8)
-    same = embeddings_input(
+    same = embeddings_prompt(
         "r",
         PROMPT,
         [EngineImage("a", (1, 2, 4), ones), EngineImage("b", (1, 2, 4), ones.clone())],
         LAYOUT,
     )
-    names = same["mm_hashes"]["image"]
+    names = same["multi_modal_uuids"]["image"]
     assert names[0] == names[1] and names[0].startswith(EMBEDS_HASH_PREFIX)
     other = torch.ones(2, 8)
     other[1, 7] = 1.5
-    claimed = embeddings_input(
+    claimed = embeddings_prompt(
         "r", PROMPT, [EngineImage("a", (1, 2, 4), ones), EngineImage("a", (1, 2, 4), other)], LAYOUT
     )
-    assert len(set(claimed["mm_hashes"]["image"])) == 2
+    assert len(set(claimed["multi_modal_uuids"]["image"])) == 2
 
 
 def test_the_name_covers_dtype_shape_and_grid() -> None:
@@ -61,16 +60,16 @@ def test_the_name_covers_dtype_shape_and_grid() -> None:
 
 def test_grid_only_images_get_zero_rows_named_by_mm_hash_or_by_the_request() -> None:
     images = [EngineImage("h", (1, 2, 4)), EngineImage("", (1, 2, 2))]
-    engine_input = embeddings_input("req", PROMPT, images, LAYOUT)
-    items = engine_input["mm_kwargs"]["image"]
-    assert [tuple(item["image_embeds"].data.shape) for item in items] == [(2, 8), (1, 8)]
-    assert not any(item["image_embeds"].data.any() for item in items)
-    assert engine_input["mm_hashes"]["image"] == ["h", "req-1"]
+    prompt = embeddings_prompt("req", PROMPT, images, LAYOUT)
+    embeds = prompt["multi_modal_data"]["image"]["image_embeds"]
+    assert tuple(embeds.shape) == (3, 8) and not embeds.any()
+    assert prompt["multi_modal_uuids"]["image"] == ["h", "req-1"]
 
 
-def test_delimiters_stay_out_of_the_rows_vllm_fills() -> None:
-    """InternVL: each placeholder range covers ``<img>`` ... ``</img>``, with the rows marked
-    ``is_embed`` (as vLLM's prompt update marks them); grid-only images get zero rows only."""
+def test_a_family_with_items_of_its_own_gets_them_rendered_delimiters_outside_the_rows() -> None:
+    """InternVL (items of its own: vLLM 0.32 batches its embeddings wrongly): each placeholder
+    range covers ``<img>`` ... ``</img>``, with the rows marked ``is_embed`` (as vLLM's prompt
+    update marks them); grid-only images get zero rows only."""
     layout = VisionLayout(
         None,
         6,
@@ -81,7 +80,8 @@ def test_delimiters_stay_out_of_the_rows_vllm_fills() -> None:
         image_end_ids=(11,),
     )
     images = [EngineImage("a", (1, 1, 2), torch.ones(2, 8)), EngineImage("b", (1, 1, 3))]
-    engine_input = embeddings_input("r", [1, 6, 2, 6], images, layout)
+    engine_input = embeddings_prompt("r", [1, 6, 2, 6], images, layout)
+    assert engine_input["type"] == "multimodal"
     assert engine_input["prompt_token_ids"] == [1, 10, 6, 6, 11, 2, 10, 6, 6, 6, 11]
     placeholders = engine_input["mm_placeholders"]["image"]
     assert [(p.offset, p.length) for p in placeholders] == [(1, 4), (6, 5)]
