@@ -11,8 +11,6 @@ Paths (sequential requests = low load; every request has its own random image, s
   hash through ``multi_modal_uuids``) and vLLM's renderer expands and itemises them, instead of
   the family's hand-rendered items (``vllm_embeds.embeddings_input``): what the hand-rendered
   path saves, on the same engine;
-- E/PD pull: as the route with --pull-embeddings: Encode and, at the same time, PrefillDecode
-  naming the image's encoder; the worker fetches the embeddings there itself;
 - EPD: the raw image over gRPC to an encode_prefill worker (same engine);
 - E/P/D: Encode -> Prefill (KV producer) -> Decode (KV consumer; KV pulled over NIXL). TTFT is
   when Prefill returns the first token.
@@ -111,7 +109,6 @@ class Bench:
         encoder = await build_encode_server(EncodeConfig(self.model_dir, max_batch_wait_ms=0))
         self.host_id = encoder.plane.host_id
         self.encode = await serve(encoder, EncoderClient)
-        self.encoder_endpoint = f"127.0.0.1:{encoder.port}"
         self.loader = MediaLoader(
             MediaPolicy(),
             model_id=encoder.worker.model_id,
@@ -190,17 +187,6 @@ class Bench:
                                           embeddings=result.embeddings)  # fmt: skip
         return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])
 
-    async def named(self, data: bytes) -> tuple[Any, Any]:
-        """A prompt naming the image's encoder, and the Encode call started beside it."""
-        from epd.v1 import generation_pb2, multimodal_pb2
-
-        item, grid = await self.loaded(data)
-        encoding = asyncio.ensure_future(self.encode_call(item).read())
-        image = multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=grid,
-                                          encoder=multimodal_pb2.EncoderSource(
-                                              endpoint=self.encoder_endpoint))  # fmt: skip
-        return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image]), encoding
-
     async def release(self, prompt: Any) -> None:
         from epd.v1 import encode_service_pb2
 
@@ -209,26 +195,6 @@ class Bench:
                 lease_ids=[image.embeddings.lease_id for image in prompt.images]
             )
         )
-
-    async def release_encoded(self, encoding: Any) -> None:
-        from epd.v1 import encode_service_pb2
-
-        result = await encoding
-        await self.encode.Release(
-            encode_service_pb2.ReleaseRequest(lease_ids=[result.embeddings.lease_id])
-        )
-
-    async def e_pd_pull(self, data: bytes, request_id: str) -> Timed:
-        from epd.v1 import prefill_service_pb2 as pb
-
-        start = time.perf_counter()
-        prompt, encoding = await self.named(data)
-        call = self.aggregated.PrefillDecode(
-            pb.PrefillDecodeRequest(request_id=request_id, prompt=prompt, sampling=self.sampling())
-        )
-        result = await timed((t async for r in call for t in r.token_ids), start)
-        await self.release_encoded(encoding)
-        return result
 
     async def e_pd(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import prefill_service_pb2 as pb
@@ -322,7 +288,6 @@ async def measure(preset_name: str, num_requests: int, num_tokens: int,
             "monolithic": bench.monolithic,
             "E/PD": bench.e_pd,
             "E/PD vLLM input": bench.e_pd_vllm_input,
-            "E/PD pull": bench.e_pd_pull,
             "EPD": bench.epd_raw,
         }
         if with_pd:

@@ -9,8 +9,6 @@
 #   --model-id NAME        model name the workers registered (default: the directory name)
 #   --scheduler HOST:PORT  (EPD_SCHEDULER, default 127.0.0.1:50051)
 #   --http-port N          (EPD_HTTP_PORT; 0 = a free port; default: no HTTP)
-#   --[no-]pull-embeddings prefill workers fetch embeddings from the encoders while they encode
-#                          (EPD_PULL_EMBEDDINGS=1; default off: hand them over after encoding)
 #   --host/--port          (EPD_HOST/EPD_PORT, default 127.0.0.1:50050), --auth-token, --tls-*,
 #   --media-max-mb, --media-max-pixels, --allow-private-networks, --allow-local-files (image rules)
 #   --trace-exporter none|console|otlp-grpc[=EP]|otlp-http[=EP]|json:PATH (EPD_TRACE_EXPORTER)

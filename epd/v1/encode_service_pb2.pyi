@@ -9,20 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "model", "items", "transfer_kind", "consumer_host_id", "await_ms")
+    __slots__ = ("request_id", "model", "items", "transfer_kind", "consumer_host_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_KIND_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_HOST_ID_FIELD_NUMBER: _ClassVar[int]
-    AWAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_multimodal_pb2.MediaItem]
     transfer_kind: _tensor_pb2.TransferKind
     consumer_host_id: str
-    await_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_multimodal_pb2.MediaItem, _Mapping]]] = ..., transfer_kind: _Optional[_Union[_tensor_pb2.TransferKind, str]] = ..., consumer_host_id: _Optional[str] = ..., await_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_multimodal_pb2.MediaItem, _Mapping]]] = ..., transfer_kind: _Optional[_Union[_tensor_pb2.TransferKind, str]] = ..., consumer_host_id: _Optional[str] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("item_index", "mm_hash", "embeddings", "grid", "cache_hit", "encoder_id", "encode_seconds")

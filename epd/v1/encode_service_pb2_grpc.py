@@ -27,9 +27,9 @@ if _version_not_supported:
 
 class EncodeServiceStub:
     """EncodeService turns images into embeddings with the model's vision tower and projector.
-    Called by the route (or a prefill worker) once per request with that request's images assigned
-    to this encoder. Encoding is idempotent by mm_hash, so a failed call may be retried on any
-    encoder of the same model. Embeddings stay in this process; only TensorRefs travel.
+    Called by the route once per request with that request's images assigned to this encoder.
+    Encoding is idempotent by mm_hash, so a failed call may be retried on any encoder of the same
+    model. Embeddings stay in this process; only TensorRefs travel.
     """
 
     def __init__(self, channel):
@@ -52,9 +52,9 @@ class EncodeServiceStub:
 
 class EncodeServiceServicer:
     """EncodeService turns images into embeddings with the model's vision tower and projector.
-    Called by the route (or a prefill worker) once per request with that request's images assigned
-    to this encoder. Encoding is idempotent by mm_hash, so a failed call may be retried on any
-    encoder of the same model. Embeddings stay in this process; only TensorRefs travel.
+    Called by the route once per request with that request's images assigned to this encoder.
+    Encoding is idempotent by mm_hash, so a failed call may be retried on any encoder of the same
+    model. Embeddings stay in this process; only TensorRefs travel.
     """
 
     def Encode(self, request, context):
@@ -98,9 +98,9 @@ def add_EncodeServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EncodeService:
     """EncodeService turns images into embeddings with the model's vision tower and projector.
-    Called by the route (or a prefill worker) once per request with that request's images assigned
-    to this encoder. Encoding is idempotent by mm_hash, so a failed call may be retried on any
-    encoder of the same model. Embeddings stay in this process; only TensorRefs travel.
+    Called by the route once per request with that request's images assigned to this encoder.
+    Encoding is idempotent by mm_hash, so a failed call may be retried on any encoder of the same
+    model. Embeddings stay in this process; only TensorRefs travel.
     """
 
     @staticmethod

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import tensor_pb2 as epd_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"h\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRefB\x08\n\x06source\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xbf\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12(\n\x07\x65ncoder\x18\x05 \x01(\x0b\x32\x15.epd.v1.EncoderSourceH\x00\x42\x08\n\x06source\"!\n\rEncoderSource\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"h\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRefB\x08\n\x06source\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xa4\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x08\n\x06sourceJ\x04\x08\x05\x10\x06R\x07\x65ncoderb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,7 +37,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IMAGEGRID']._serialized_start=162
   _globals['_IMAGEGRID']._serialized_end=206
   _globals['_IMAGEINPUT']._serialized_start=209
-  _globals['_IMAGEINPUT']._serialized_end=400
-  _globals['_ENCODERSOURCE']._serialized_start=402
-  _globals['_ENCODERSOURCE']._serialized_end=435
+  _globals['_IMAGEINPUT']._serialized_end=373
 # @@protoc_insertion_point(module_scope)

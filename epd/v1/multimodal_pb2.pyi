@@ -29,21 +29,13 @@ class ImageGrid(_message.Message):
     def __init__(self, t: _Optional[int] = ..., h: _Optional[int] = ..., w: _Optional[int] = ...) -> None: ...
 
 class ImageInput(_message.Message):
-    __slots__ = ("mm_hash", "grid", "embeddings", "media", "encoder")
+    __slots__ = ("mm_hash", "grid", "embeddings", "media")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
-    ENCODER_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     grid: ImageGrid
     embeddings: _tensor_pb2.TensorRef
     media: MediaItem
-    encoder: EncoderSource
-    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., embeddings: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ..., encoder: _Optional[_Union[EncoderSource, _Mapping]] = ...) -> None: ...
-
-class EncoderSource(_message.Message):
-    __slots__ = ("endpoint",)
-    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
-    endpoint: str
-    def __init__(self, endpoint: _Optional[str] = ...) -> None: ...
+    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., embeddings: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ...) -> None: ...

@@ -6,9 +6,8 @@ requests for the same image share one encoding). Results stream back as each is 
 hits first. A payload is put into the data plane only when its item is about to be returned, so a
 failed or cancelled request holds nothing.
 
-An item given by mm_hash alone may wait (``await_s``) for the image to arrive: a prefill worker
-asks for the embeddings of an image the route is sending at the same time, and gets them as soon
-as that encoding ends, without the route in between.
+An item given by mm_hash alone is answered from the cache or from an encoding of that image in
+flight, else refused (MM_HASH_NOT_CACHED).
 
 An item may carry its decoded pixels (a data-plane reference held by the route): read on this
 host, they replace fetching and decoding the source, once they hash to the item's mm_hash; on any
@@ -39,7 +38,6 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
 MAX_ITEMS_PER_REQUEST = 64
-MAX_AWAIT_S = 60.0
 logger = logging.getLogger(__name__)
 
 
@@ -98,27 +96,23 @@ class EncodeWorker:
         self.worker_id = worker_id
         self.model_id = model_id
         self._encoding: dict[str, asyncio.Task[_Encoded]] = {}
-        self._arrivals: dict[str, asyncio.Event] = {}
-        self._num_awaiting: dict[str, int] = {}
         self.num_in_flight = 0
 
     async def encode(self, items: list[MediaSource], *, model: str = "",
-                     consumer_host_id: str = "", transfer_kind: int = 0,
-                     await_s: float = 0.0) -> AsyncIterator[EncodedItem]:  # fmt: skip
-        """Encode ``items``; yields one result per item, in completion order. Items given by
-        mm_hash alone wait up to ``await_s`` (at most MAX_AWAIT_S) for their image to arrive."""
+                     consumer_host_id: str = "",
+                     transfer_kind: int = 0) -> AsyncIterator[EncodedItem]:  # fmt: skip
+        """Encode ``items``; yields one result per item, in completion order."""
         self._validate(items, model)
-        await_s = min(max(await_s, 0.0), MAX_AWAIT_S)
         if len(items) == 1:
             # NOTE: one item needs no task of its own: each costs a turn of the event loop.
             self.num_in_flight += 1
             try:
-                computed = await self._compute(items[0], await_s)
+                computed = await self._compute(items[0])
             finally:
                 self.num_in_flight -= 1
             yield self._hand_over(0, computed, consumer_host_id, transfer_kind)
             return
-        tasks = [asyncio.ensure_future(self._compute_indexed(i, item, await_s))
+        tasks = [asyncio.ensure_future(self._compute_indexed(i, item))
                  for i, item in enumerate(items)]  # fmt: skip
         for task in tasks:
             task.add_done_callback(_retrieve_exception)
@@ -152,15 +146,14 @@ class EncodeWorker:
             raise InvalidArgument(f"this encoder serves {self.model_id!r}, not {model!r}",
                                   reason="WRONG_MODEL")  # fmt: skip
 
-    async def _compute_indexed(self, index: int, item: MediaSource,
-                               await_s: float) -> tuple[int, _Computed]:  # fmt: skip
-        return index, await self._compute(item, await_s)
+    async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
+        return index, await self._compute(item)
 
-    async def _compute(self, item: MediaSource, await_s: float = 0.0) -> _Computed:
+    async def _compute(self, item: MediaSource) -> _Computed:
         if item.mm_hash and (hit := self.cache.get(item.mm_hash)) is not None:
             return _Computed(hit, item.mm_hash, True, 0.0)
         if item.mm_hash and not (item.url or item.data):
-            return await self._computed_elsewhere(item.mm_hash, await_s)
+            return await self._computed_elsewhere(item.mm_hash)
         loaded = await self._from_pixels(item)
         if loaded is None:
             loaded = await self.loader.load(url=item.url, data=item.data)
@@ -214,44 +207,20 @@ class EncodeWorker:
             ),
         )
 
-    async def _computed_elsewhere(self, mm_hash: str, await_s: float) -> _Computed:
-        """The embeddings of ``mm_hash`` from the cache or an encoding in flight, waiting up to
-        ``await_s`` for a request that brings the image."""
-        deadline = time.monotonic() + await_s
-        while True:
-            if (hit := self.cache.get(mm_hash)) is not None:
-                return _Computed(hit, mm_hash, True, 0.0)
-            if (task := self._encoding.get(mm_hash)) is not None:
-                start = time.monotonic()
-                encoded = await asyncio.shield(task)
-                return _Computed(encoded.entry, mm_hash, False, time.monotonic() - start,
-                                 encoded.batch_size)  # fmt: skip
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise InvalidArgument(f"mm_hash {mm_hash} is not cached on this encoder; send "
-                                      "the image (url or data) with it",
-                                      reason="MM_HASH_NOT_CACHED")  # fmt: skip
-            await self._arrival(mm_hash, remaining)
-
-    async def _arrival(self, mm_hash: str, timeout_s: float) -> None:
-        """Return when an encoding of ``mm_hash`` starts, or after ``timeout_s``."""
-        arrival = self._arrivals.setdefault(mm_hash, asyncio.Event())
-        self._num_awaiting[mm_hash] = self._num_awaiting.get(mm_hash, 0) + 1
-        try:
-            await asyncio.wait_for(arrival.wait(), timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            self._num_awaiting[mm_hash] -= 1
-            if not self._num_awaiting[mm_hash]:
-                del self._num_awaiting[mm_hash]
-                if self._arrivals.get(mm_hash) is arrival:
-                    del self._arrivals[mm_hash]
-
-    @property
-    def num_awaiting(self) -> int:
-        """Requests waiting for an image to arrive."""
-        return sum(self._num_awaiting.values())
+    async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
+        """The embeddings of ``mm_hash`` from the cache or an encoding in flight."""
+        if (hit := self.cache.get(mm_hash)) is not None:
+            return _Computed(hit, mm_hash, True, 0.0)
+        if (task := self._encoding.get(mm_hash)) is None:
+            raise InvalidArgument(
+                f"mm_hash {mm_hash} is not cached on this encoder; send the "
+                "image (url or data) with it",
+                reason="MM_HASH_NOT_CACHED",
+            )
+        start = time.monotonic()
+        encoded = await asyncio.shield(task)
+        return _Computed(encoded.entry, mm_hash, False, time.monotonic() - start,
+                         encoded.batch_size)  # fmt: skip
 
     async def _encode_once(self, mm_hash: str, image: Image.Image) -> _Encoded:
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
@@ -261,8 +230,6 @@ class EncodeWorker:
             task = asyncio.ensure_future(self._encode_and_cache(mm_hash, image))
             task.add_done_callback(_retrieve_exception)
             self._encoding[mm_hash] = task
-            if (arrival := self._arrivals.pop(mm_hash, None)) is not None:
-                arrival.set()
         return await asyncio.shield(task)
 
     async def _encode_and_cache(self, mm_hash: str, image: Image.Image) -> _Encoded:

@@ -39,7 +39,7 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         hits = num_bytes = largest_batch = 0
         async for result in self.worker.encode(
             sources, model=request.model, consumer_host_id=request.consumer_host_id,
-            transfer_kind=request.transfer_kind, await_s=request.await_ms / 1000,
+            transfer_kind=request.transfer_kind,
         ):  # fmt: skip
             hits += result.cache_hit
             num_bytes += result.embeddings.byte_size

@@ -14,7 +14,6 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
-from epd.server.prefill.encoders import EncoderPulls
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.service import Mode, PrefillWorker
 from epd.server.prefill.servicer import PrefillServicer
@@ -52,12 +51,10 @@ class PrefillApp:
     port: int
     worker: PrefillWorker
     registration: WorkerRegistration
-    encoders: EncoderPulls
 
     async def stop(self, grace: float | None = 0) -> None:
         """Drain and stop the server (the engine is the caller's to close)."""
         await self.server.drain_and_stop(grace)
-        await self.encoders.close()
         self.worker.plane.close()
 
 
@@ -74,7 +71,6 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
         model_id=engine.model_id,
         processor_fingerprint=processor_fingerprint(config.model_dir),
     )
-    encoders = EncoderPulls(options.auth_token)
     registry = new_registry() if options.exports_metrics else None
     metrics = None
     if registry is not None:
@@ -82,7 +78,7 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
         register_plane_metrics(plane, registry)
         register_media_metrics(loader, registry)
     worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv,
-                           encoders=encoders, metrics=metrics)  # fmt: skip
+                           metrics=metrics)  # fmt: skip
     binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
                              pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
     server, port = await build_server([binding], options, registry)
@@ -95,7 +91,7 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
     logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
                 engine.model_id, info.endpoint)  # fmt: skip
-    return PrefillApp(server, port, worker, registration, encoders)
+    return PrefillApp(server, port, worker, registration)
 
 
 async def register_and_serve(server: EpdServer, info: scheduler_pb.WorkerInfo, engine: Engine,

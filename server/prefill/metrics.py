@@ -16,7 +16,7 @@ class PrefillMetrics:
         self.embedding_handoff = Histogram(
             "epd_prefill_embedding_handoff_seconds",
             "Seconds to take in one request's image inputs before the engine runs: read the "
-            "embeddings from the data plane, fetch them from their encoder, or load raw images",
+            "embeddings from the data plane or load raw images",
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from epd.server.common.errors import FailedPrecondition
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
-from epd.server.prefill.images import EmbeddingFetcher, ImageResolver, check_request
+from epd.server.prefill.images import ImageResolver, check_request
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
@@ -35,18 +35,15 @@ class PrefillWorker:
 
     def __init__(self, engine: Engine, plane: DataPlane, mode: Mode,
                  loader: MediaLoader | None = None, *, hands_off_kv: bool = False,
-                 encoders: EmbeddingFetcher | None = None,
                  metrics: PrefillMetrics | None = None) -> None:  # fmt: skip
         """``hands_off_kv``: the engine is a KV producer (always so in prefill mode);
-        ``encoders``: where images named by their encoder are fetched (None refuses them);
         ``metrics``: where image hand-off times go (None: nowhere)."""
         self.metrics = metrics
         self.engine = engine
         self.plane = plane
         self.mode = mode
         self.hands_off_kv = hands_off_kv or mode is Mode.PREFILL
-        self.images = ImageResolver(plane, loader if mode is Mode.ENCODE_PREFILL else None,
-                                    encoders)  # fmt: skip
+        self.images = ImageResolver(plane, loader if mode is Mode.ENCODE_PREFILL else None)
 
     async def generate(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
                        sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip

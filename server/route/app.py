@@ -36,7 +36,6 @@ class RouteConfig:
     model_id: str = ""
     media: MediaPolicy = field(default_factory=MediaPolicy)
     http_port: int | None = None
-    pull_embeddings: bool = False
     http: HttpOptions = field(default_factory=HttpOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
 
@@ -87,7 +86,6 @@ async def build_route_server(config: RouteConfig,
         model_id=model_id,
         host_id=plane.host_id,
         grids=ImageGridder(config.model_dir),
-        pull_embeddings=config.pull_embeddings,
         plane=plane,
         metrics=metrics,
     )

@@ -43,15 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
                              "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
                              "off)")  # fmt: skip
-    parser.add_argument("--pull-embeddings", action=argparse.BooleanOptionalAction,
-                        default=env("EPD_PULL_EMBEDDINGS", "0") == "1",
-                        help="send the prompt to the prefill worker while the images are "
-                             "encoded; the worker fetches each image's embeddings from its "
-                             "encoder (handed over instead if that fails). Slower on a 2-core "
-                             "CPU box, where the encoder's loop is busy with the tower; meant "
-                             "for encoders with cores or a GPU to spare (env "
-                             "EPD_PULL_EMBEDDINGS=1; default off: the route waits for the "
-                             "encoders, then hands the embeddings over)")  # fmt: skip
     add_http_arguments(parser)
     MediaPolicy.add_arguments(parser)
     ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
@@ -156,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         options = ServerOptions.from_args(args)
         config = RouteConfig(args.model, args.scheduler, args.model_id,
                              MediaPolicy.from_args(args), args.http_port,
-                             pull_embeddings=args.pull_embeddings, http=http_options(args),
+                             http=http_options(args),
                              limits=request_limits(args))  # fmt: skip
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)

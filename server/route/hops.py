@@ -29,6 +29,8 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 logger = logging.getLogger(__name__)
 MAX_PREFILL_ATTEMPTS = 3
 OnPrefilled = Callable[[], Awaitable[None]]
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
     """Tokens from the engine since the previous piece; the last has finish reason and usage."""
@@ -68,19 +70,21 @@ async def choose_prefill(
 
 
 async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
-                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None, *,
-                        max_attempts: int = MAX_PREFILL_ATTEMPTS,
+                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
                         ) -> AsyncGenerator[Piece, None]:  # fmt: skip
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
-    ``first_choice``: the prefill worker already chosen for the first attempt, if any;
-    ``max_attempts``: prefill workers tried before the first token."""
+    ``first_choice``: the prefill worker already chosen for the first attempt, if any; up to
+    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token."""
     excluded: list[str] = []
-    for attempt in range(max_attempts):
+    for attempt in range(MAX_PREFILL_ATTEMPTS):
         started, worker = False, None
         try:
-            choice = first_choice if first_choice and not attempt else (
-                await choose_prefill(peers, call, excluded))
+            choice = (
+                first_choice
+                if first_choice and not attempt
+                else (await choose_prefill(peers, call, excluded))
+            )
             worker = choice.worker
             span = trace.get_current_span()
             span.set_attribute("epd.prefill_id", worker.id)
@@ -99,8 +103,12 @@ async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefille
             error: EpdError = from_rpc_error(e)
         except EpdError as e:
             error = e
-        if (started or worker is None or not isinstance(error, Unavailable)
-                or attempt + 1 == max_attempts):
+        if (
+            started
+            or worker is None
+            or not isinstance(error, Unavailable)
+            or attempt + 1 == MAX_PREFILL_ATTEMPTS
+        ):
             raise error
         logger.warning("request %s: prefill on %s failed before the first token (%s); retrying "
                        "elsewhere", call.request_id, worker.id, error)  # fmt: skip
@@ -114,8 +122,11 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
         sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
     try:
         async for response in stream:
-            yield Piece(list(response.token_ids), response.finish_reason,
-                        response.usage if response.HasField("usage") else None)
+            yield Piece(
+                list(response.token_ids),
+                response.finish_reason,
+                response.usage if response.HasField("usage") else None,
+            )
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e, endpoint) from None
     finally:
@@ -146,8 +157,11 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
         timeout=call.deadline.remaining())  # fmt: skip
     try:
         async for response in stream:
-            yield Piece(list(response.token_ids), response.finish_reason,
-                        response.usage if response.HasField("usage") else None)
+            yield Piece(
+                list(response.token_ids),
+                response.finish_reason,
+                response.usage if response.HasField("usage") else None,
+            )
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e, decoder.worker.endpoint) from None
     finally:
@@ -169,7 +183,8 @@ async def _choose_decode(peers: Peers, call: EngineCall) -> scheduler_pb.ChooseD
     try:
         choice: scheduler_pb.ChooseDecodeResponse = await peers.scheduler.ChooseDecode(
             scheduler_pb.ChooseDecodeRequest(request_id=call.request_id, model=call.model),
-            timeout=call.deadline.remaining())
+            timeout=call.deadline.remaining(),
+        )
     except grpc.aio.AioRpcError as e:
         raise from_rpc_error(e) from None
     return choice

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any
 
 import grpc
 import torch
@@ -67,17 +66,13 @@ class RouteWorker:
 
     def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
                  model_id: str, host_id: str, grids: ImageGridder,
-                 pull_embeddings: bool = False,
                  plane: DataPlane | None = None,
                  metrics: RouteMetrics | None = None) -> None:  # fmt: skip
-        """``pull_embeddings``: engines fetch embeddings from the encoders while the route
-        waits for the encoding (see ``_pulled``); False: the route hands them over after it.
-        ``plane``: where the decoded pixels of images go for the encoders (None: encoders
+        """``plane``: where the decoded pixels of images go for the encoders (None: encoders
         load each image from its source again). ``metrics``: where requests are counted and
         timed (None: nowhere)."""
         self.metrics = metrics
         self.plane = plane
-        self.pull_embeddings = pull_embeddings
         self.peers = peers
         self.prompts = prompts
         self.loader = loader
@@ -136,9 +131,7 @@ class RouteWorker:
         try:
             if plan.uses_encoders:
                 await self._attach_pixels(items, loaded, stage.pixel_leases)
-            pieces = (self._pulled(call, stage, grids)
-                      if plan.uses_encoders and self.pull_embeddings
-                      else self._handed_over(call, stage, grids))  # fmt: skip
+            pieces = self._handed_over(call, stage, grids)
             detokenizer = Detokenizer(self.prompts.tokenizer)
             async with aclosing(pieces):
                 async for piece in pieces:
@@ -228,58 +221,6 @@ class RouteWorker:
             self.peers, replace(call, prompt=prompt), lambda: release_all(self.peers, stage), choice
         )
 
-    async def _pulled(self, call: EngineCall, stage: EncodeStage,
-                      grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
-        """Send the prompt while the images are encoded: the engine's worker fetches each
-        image's embeddings from its encoder, by mm_hash, as soon as they exist, so the route is
-        no longer between encoder and engine. If that fails before the first token (e.g. the
-        encoder died and the images were encoded elsewhere), hand the embeddings over instead."""
-        everything = list(range(len(stage.items)))
-        assignment, choice = await concurrently(
-            assign_encoders(self.peers, stage, everything, [], call.deadline),
-            choose_prefill(self.peers, call))  # fmt: skip
-        stage.consumer_host_id = choice.worker.host_id or self.host_id
-        endpoints = {everything[a.item_index]: a.endpoint for a in assignment.assignments}
-        if len(endpoints) < len(everything):  # NOTE: not every image placed: encode first
-            await encode_all(self.peers, stage, call.deadline, assignment)
-            self._release_pixels(stage)
-            embedded = self._embedded(call.prompt.token_ids, stage, grids)
-            async for piece in self._stream(call, embedded, stage, choice):
-                yield piece
-            return
-        images = [multimodal_pb2.ImageInput(
-            mm_hash=item.mm_hash, grid=grid,
-            encoder=multimodal_pb2.EncoderSource(endpoint=endpoints[i]))
-            for i, (item, grid) in enumerate(zip(stage.items, grids, strict=True))]  # fmt: skip
-        encoding = asyncio.ensure_future(encode_all(self.peers, stage, call.deadline, assignment))
-        encoding.add_done_callback(lambda _: self._release_pixels(stage))
-
-        async def release_once_encoded() -> None:
-            await asyncio.wait([encoding])
-            await release_all(self.peers, stage)
-
-        prompt = generation_pb2.Prompt(token_ids=call.prompt.token_ids, images=images)
-        pulled = stream_tokens(self.peers, replace(call, prompt=prompt), release_once_encoded,
-                               choice, max_attempts=1)  # fmt: skip
-        try:
-            first = await _first_piece(pulled, encoding)
-            if first is not None:
-                yield first
-                async for piece in pulled:
-                    yield piece
-                await asyncio.wait([encoding])  # NOTE: its leases are released after the answer
-                return
-            await encoding
-            embedded = self._embedded(call.prompt.token_ids, stage, grids)
-            async for piece in self._stream(call, embedded, stage):
-                yield piece
-        finally:
-            await pulled.aclose()
-            encoding.cancel()  # NOTE: a no-op once it ended; stops it when the request failed
-            await asyncio.wait([encoding])
-            if not encoding.cancelled():
-                encoding.exception()  # NOTE: retrieved; a failure was raised above if it mattered
-
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:
         messages: Chat = []
         media: list[Media] = []
@@ -368,23 +309,3 @@ def _with_hash(media: Media, mm_hash: str) -> Media:
     item.CopyFrom(media)
     item.mm_hash = mm_hash
     return item
-
-
-async def _first_piece(pieces: AsyncIterator[Piece],
-                       encoding: asyncio.Future[None]) -> Piece | None:  # fmt: skip
-    """The first piece of ``pieces``, or None if they fail before it or ``encoding`` fails
-    first (the engine would wait for images that never come)."""
-    first = asyncio.ensure_future(anext(pieces))
-    try:
-        while not first.done():
-            waited: set[asyncio.Future[Any]] = {first} if encoding.done() else {first, encoding}
-            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-            if encoding.done() and not encoding.cancelled() and encoding.exception() is not None:
-                return None  # NOTE: the caller awaits the encoding and raises its error
-        return first.result()
-    except (EpdError, StopAsyncIteration):
-        return None
-    finally:
-        if not first.done():
-            first.cancel()
-            await asyncio.wait([first])

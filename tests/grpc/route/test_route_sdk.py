@@ -36,28 +36,28 @@ def png(width: int = 64, height: int = 48) -> bytes:
 
 
 @pytest.fixture
-async def route(tiny_model_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[Route]:
-    """A route over fakes; ``indirect`` parametrisation sets ``pull_embeddings`` (default on)."""
+async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
+    """A route over fakes."""
     prompts = PromptBuilder(tiny_model_dir)
     peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
     worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
-                         grids=ImageGridder(tiny_model_dir),
-                         pull_embeddings=getattr(request, "param", True))  # fmt: skip
-    binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
-                             route_service_pb2_grpc.add_RouteServiceServicer_to_server)
+                         grids=ImageGridder(tiny_model_dir))  # fmt: skip
+    binding = ServiceBinding(
+        SERVICE_NAME,
+        RouteServicer(worker),
+        route_service_pb2_grpc.add_RouteServiceServicer_to_server,
+    )
     server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))
     await server.mark_serving()
     yield f"127.0.0.1:{port}", peers, prompts
     await server.drain_and_stop(0)
 
 
-@pytest.mark.parametrize("route", [True, False], indirect=True, ids=["pulled", "handed-over"])
-async def test_async_stream_delivers_text_tokens_and_usage(route, request) -> None:
+async def test_async_stream_delivers_text_tokens_and_usage(route) -> None:
     endpoint, peers, prompts = route
-    pulled = request.node.callspec.params["route"]
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         chunks = [c async for c in client.stream([user("what?", images=[png(), png(30, 90)])],
                                                  max_tokens=5, request_id="r1")]  # fmt: skip
@@ -67,7 +67,7 @@ async def test_async_stream_delivers_text_tokens_and_usage(route, request) -> No
     images = prefill[1].prompt.images
     assert len(images) == 2 and all(image.mm_hash and image.HasField("grid") for image in images)
     sources = {image.WhichOneof("source") for image in images}
-    assert sources == ({"encoder"} if pulled else {"embeddings"})
+    assert sources == {"embeddings"}
     assert list(prefill[1].prompt.token_ids).count(prompts.image_pad_id) == 2
     released = [lease for e in peers.encoders.values() for lease in e.released]
     assert len(released) == 2
@@ -102,32 +102,6 @@ async def test_the_prefill_worker_is_chosen_while_the_images_are_encoded(route) 
     assert names.index("ChoosePrefill") < names.index("CompleteEncoding")
 
 
-async def test_a_worker_that_cannot_fetch_gets_the_embeddings_handed_over(route) -> None:
-    endpoint, peers, _ = route
-    peers.encoders["enc0"] = FakeEncoder("enc0", ServerUnavailable("gone"))
-    peers.engines["pd0"].unreachable_encoders = {"enc0"}
-    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
-        answer = await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
-    assert answer.text == "a red square"
-    pulled, handed_over = (call for _, call in peers.engines["pd0"].calls)
-    assert pulled.prompt.images[0].encoder.endpoint == "enc0"
-    assert handed_over.prompt.images[0].embeddings.producer_endpoint == "enc1"
-    assert peers.encoders["enc1"].released == [handed_over.prompt.images[0].embeddings.lease_id]
-
-
-async def test_an_answer_faster_than_the_encoding_waits_for_it_and_releases(route) -> None:
-    endpoint, peers, _ = route
-    encoded = asyncio.Event()
-    peers.encoders["enc0"] = FakeEncoder("enc0", hold=encoded)  # NOTE: the engine does not wait
-    asyncio.get_running_loop().call_later(0.3, encoded.set)
-    async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
-        answer = await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
-    assert answer.text == "a red square"
-    (stream,) = peers.encoders["enc0"].streams
-    assert stream.num_yielded == 1 and not stream.is_cancelled
-    assert len(peers.encoders["enc0"].released) == 1
-
-
 async def test_images_left_unplaced_are_encoded_before_the_prompt_is_sent(route) -> None:
     endpoint, peers, _ = route
     assign = peers.scheduler.AssignEncoders
@@ -144,19 +118,19 @@ async def test_images_left_unplaced_are_encoded_before_the_prompt_is_sent(route)
     assert answer.text == "a red square"
     (prefill,) = peers.engines["pd0"].calls
     assert [image.WhichOneof("source") for image in prefill[1].prompt.images] == [
-        "embeddings", "embeddings"]
+        "embeddings",
+        "embeddings",
+    ]
 
 
-async def test_a_bad_image_fails_the_request_while_the_engine_waits_for_it(route) -> None:
+async def test_a_bad_image_fails_the_request_before_the_engine_is_called(route) -> None:
     endpoint, peers, _ = route
     peers.encoders["enc0"] = FakeEncoder("enc0", InvalidArgumentError("bad", reason="BAD_IMAGE"))
-    peers.engines["pd0"].hold = asyncio.Event()  # NOTE: the engine would wait for ever
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         with pytest.raises(InvalidRequest) as caught:
             await asyncio.wait_for(client.generate([user("hi", image=png())]), 10)
     assert caught.value.reason == "BAD_IMAGE"
-    (stream,) = peers.engines["pd0"].streams
-    assert stream.is_cancelled
+    assert peers.engines["pd0"].calls == []
 
 
 async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:

@@ -38,8 +38,6 @@ async def deployment(tiny_model_dir):
     prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint),
                                          engine)  # fmt: skip
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
-    pulling = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny",
-                                                   pull_embeddings=True))  # fmt: skip
     async with create_channel(endpoint) as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
         for _ in range(200):
@@ -47,12 +45,8 @@ async def deployment(tiny_model_dir):
                 break
             await asyncio.sleep(0.05)
     channel = create_channel(f"127.0.0.1:{route.port}")
-    pulling_channel = create_channel(f"127.0.0.1:{pulling.port}")
-    yield (route_service_pb2_grpc.RouteServiceStub(channel), encoders, route,
-           (route_service_pb2_grpc.RouteServiceStub(pulling_channel), prefill))
+    yield route_service_pb2_grpc.RouteServiceStub(channel), encoders, route, prefill
     await channel.close()
-    await pulling_channel.close()
-    await pulling.stop()
     await route.stop()
     await prefill.stop()
     await engine.close()
@@ -67,9 +61,11 @@ def chat_request(images: list[Image.Image], text: str,
                for image in images]  # fmt: skip
     content.append(route_service_pb2.ContentPart(text=text))
     return route_service_pb2.GenerateRequest(
-        request_id="req-1", model="tiny",
+        request_id="req-1",
+        model="tiny",
         messages=[route_service_pb2.ChatMessage(role="user", content=content)],
-        sampling=generation_pb2.SamplingParams(**sampling))
+        sampling=generation_pb2.SamplingParams(**sampling),
+    )
 
 
 async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir) -> None:
@@ -79,8 +75,16 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
     responses = [r async for r in stub.Generate(request)]
     tokens = [t for r in responses for t in r.token_ids]
     reference = ReferenceEngine(tiny_model_dir)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                             {"type": "text", "text": "describe this picture"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "image"},
+                {"type": "text", "text": "describe this picture"},
+            ],
+        }
+    ]
     expected = reference.generate(messages, images, max_tokens=12, ignore_eos=True)
     assert tokens == expected.token_ids
     assert "".join(r.text for r in responses) == expected.text
@@ -92,29 +96,9 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
 
 def assert_pixels_shared_and_released(deployment) -> None:
     """The encoders read the route's pixels (they decoded nothing), which it no longer holds."""
-    _, encoders, route, (_, _) = deployment
+    _, encoders, route, _ = deployment
     assert all(len(encoder.worker.loader.cache) == 0 for encoder in encoders)
     assert route.worker.plane.held() == []
-
-
-async def test_embeddings_fetched_by_the_worker_give_the_reference_answer(
-        deployment, tiny_model_dir) -> None:  # fmt: skip
-    _, encoders, _, (pulling, prefill) = deployment
-    images = [picture(5, 96, 64), picture(6, 60, 90)]  # NOTE: new to the encoders: no cache hit
-    request = chat_request(images, "what is in it", max_tokens=12, ignore_eos=True)
-    tokens = [t async for r in pulling.Generate(request) for t in r.token_ids]
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                             {"type": "text", "text": "what is in it"}]}]
-    expected = ReferenceEngine(tiny_model_dir).generate(messages, images, max_tokens=12,
-                                                        ignore_eos=True)  # fmt: skip
-    assert tokens == expected.token_ids
-    assert prefill.encoders.num_fetched == 2
-    for _ in range(100):  # NOTE: the worker releases what it fetched in the background
-        if all(encoder.plane.held() == [] for encoder in encoders):
-            break
-        await asyncio.sleep(0.05)
-    assert all(encoder.plane.held() == [] for encoder in encoders)
-    assert_pixels_shared_and_released(deployment)
 
 
 async def test_list_models_shows_the_deployment(deployment) -> None:
@@ -127,8 +111,9 @@ async def test_list_models_shows_the_deployment(deployment) -> None:
 async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
     stub, encoders, route, _ = deployment
     request = chat_request([], "hi")
-    request.messages[0].content.insert(0, route_service_pb2.ContentPart(
-        image=multimodal_pb2.MediaItem(data=b"not an image")))
+    request.messages[0].content.insert(
+        0, route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=b"not an image"))
+    )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         _ = [r async for r in stub.Generate(request)]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -156,12 +141,17 @@ async def test_openai_client_chat_completion_equals_the_grpc_answer(deployment) 
                                                             max_tokens=12))]  # fmt: skip
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
     reply = await client.chat.completions.create(
-        model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12)
+        model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12
+    )
     assert reply.choices[0].message.content == "".join(r.text for r in expected)
     assert reply.usage.completion_tokens == expected[-1].usage.completion_tokens
     stream = await client.chat.completions.create(
-        model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12,
-        stream=True, stream_options={"include_usage": True})
+        model="tiny",
+        messages=openai_messages(images, "describe this picture"),
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content
@@ -178,9 +168,15 @@ async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> Non
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
     assert caught.value.body["code"] == "BAD_REQUEST"
-    bad_image = [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}},
-        {"type": "text", "text": "hi"}]}]
+    bad_image = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}},
+                {"type": "text", "text": "hi"},
+            ],
+        }
+    ]
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model="tiny", messages=bad_image, max_tokens=4)
     assert caught.value.body["code"] == "PRIVATE_ADDRESS"

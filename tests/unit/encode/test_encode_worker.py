@@ -42,7 +42,8 @@ class FakeTower:
 async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
     tower = FakeTower()
     batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]] = DynamicBatcher(
-        tower, max_items=8, max_wait_s=0.5)  # NOTE: generous, so a loaded box still batches
+        tower, max_items=8, max_wait_s=0.5
+    )  # NOTE: generous, so a loaded box still batches
     plane = DataPlane("host-a", kinds=("inline",))
     loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
     worker = EncodeWorker(batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w",
@@ -97,22 +98,9 @@ async def test_two_bad_items_fail_the_request_once(parts) -> None:
     assert item.embeddings.byte_size == 4
 
 
-async def pull(worker: EncodeWorker, mm_hash: str, await_s: float) -> list[EncodedItem]:
+async def by_hash(worker: EncodeWorker, mm_hash: str) -> list[EncodedItem]:
     return [item async for item in worker.encode([MediaSource(mm_hash=mm_hash)],
-                                                 consumer_host_id="host-a", await_s=await_s)]
-
-
-async def test_a_hash_only_item_waits_for_its_image_to_arrive(parts) -> None:
-    worker, tower = parts
-    data = encode(noise(seed=4))
-    loaded = await worker.loader.load(data=data)
-    waiting = asyncio.ensure_future(pull(worker, loaded.mm_hash, 5.0))
-    await asyncio.sleep(0.05)
-    assert not waiting.done() and worker.num_awaiting == 1
-    (sent,) = await collect(worker, MediaSource(mm_hash=loaded.mm_hash, data=data))
-    (pulled,) = await asyncio.wait_for(waiting, 5)
-    assert pulled.mm_hash == sent.mm_hash and pulled.embeddings == sent.embeddings
-    assert tower.calls == [1] and worker.num_awaiting == 0
+                                                 consumer_host_id="host-a")]  # fmt: skip
 
 
 async def test_a_hash_only_item_shares_an_encoding_in_flight(parts) -> None:
@@ -122,7 +110,7 @@ async def test_a_hash_only_item_shares_an_encoding_in_flight(parts) -> None:
     sending = asyncio.ensure_future(collect(worker, MediaSource(data=data)))
     await asyncio.sleep(0.05)
     mm_hash = (await worker.loader.load(data=data)).mm_hash
-    pulling = asyncio.ensure_future(pull(worker, mm_hash, 0.0))
+    pulling = asyncio.ensure_future(by_hash(worker, mm_hash))
     await asyncio.sleep(0.05)
     tower.gate.set()
     (sent,), (pulled,) = await asyncio.wait_for(asyncio.gather(sending, pulling), 5)
@@ -130,11 +118,8 @@ async def test_a_hash_only_item_shares_an_encoding_in_flight(parts) -> None:
     assert tower.calls == [1]
 
 
-async def test_a_hash_that_never_arrives_times_out_and_leaves_no_waiter(parts) -> None:
-    worker, _ = parts
-    start = asyncio.get_running_loop().time()
+async def test_a_hash_only_item_neither_cached_nor_in_flight_is_refused(parts) -> None:
+    worker, tower = parts
     with pytest.raises(InvalidArgument) as caught:
-        await pull(worker, "e" * 32, 0.1)
-    assert caught.value.reason == "MM_HASH_NOT_CACHED"
-    assert asyncio.get_running_loop().time() - start >= 0.1
-    assert worker.num_awaiting == 0 and not worker._arrivals
+        await by_hash(worker, "e" * 32)
+    assert caught.value.reason == "MM_HASH_NOT_CACHED" and tower.calls == []

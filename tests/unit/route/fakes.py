@@ -21,8 +21,12 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 def rpc_error(error: EpdError) -> grpc.aio.AioRpcError:
     """The AioRpcError a server answering ``error`` produces, rich status included."""
     status = to_rpc_status(error)
-    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
-                                grpc.aio.Metadata(*status.trailing_metadata), status.details)
+    return grpc.aio.AioRpcError(
+        status.code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*status.trailing_metadata),
+        status.details,
+    )
 
 
 class FakeStream:
@@ -113,14 +117,18 @@ class FakeScheduler:
         if not live:
             raise rpc_error(Unavailable("no prefill worker", reason="NO_WORKER"))
         worker, role = live[0]
-        return scheduler_pb.ChoosePrefillResponse(worker=scheduler_pb.WorkerInfo(
-            id=worker, role=role, endpoint=worker, host_id=self.prefill_host_id))  # type: ignore[arg-type]
+        return scheduler_pb.ChoosePrefillResponse(
+            worker=scheduler_pb.WorkerInfo(
+                id=worker, role=role, endpoint=worker, host_id=self.prefill_host_id
+            )
+        )  # type: ignore[arg-type]
 
     async def ChooseDecode(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChooseDecode", request))
         self.decode_chosen.set()
-        return scheduler_pb.ChooseDecodeResponse(worker=scheduler_pb.WorkerInfo(
-            id=self.decoders[0], endpoint=self.decoders[0]))
+        return scheduler_pb.ChooseDecodeResponse(
+            worker=scheduler_pb.WorkerInfo(id=self.decoders[0], endpoint=self.decoders[0])
+        )
 
 
 def embeddings(endpoint: str, lease: str) -> tensor_pb2.TensorRef:
@@ -159,14 +167,12 @@ class FakeEncoder:
 @dataclass
 class FakeEngine:
     """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set;
-    Prefill and PrefillDecode answer once ``hold`` is set, if given; a prompt naming one of
-    ``unreachable_encoders`` fails PrefillDecode (UNAVAILABLE) as a worker that cannot fetch."""
+    Prefill and PrefillDecode answer once ``hold`` is set, if given."""
 
     tokens: list[int] = field(default_factory=lambda: [7, 8, 9])
     error: EpdError | None = None
     num_before_error: int = 0
     hold: asyncio.Event | None = None
-    unreachable_encoders: set[str] = field(default_factory=set)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
@@ -181,10 +187,6 @@ class FakeEngine:
 
     def PrefillDecode(self, request: Any, timeout: float | None = None) -> FakeStream:
         self.calls.append(("PrefillDecode", request))
-        sources = {image.encoder.endpoint for image in request.prompt.images}
-        if sources & self.unreachable_encoders:
-            self.streams.append(FakeStream([], Unavailable("encoder unreachable")))
-            return self.streams[-1]
         stream = self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
         stream.hold = self.hold
         return stream
