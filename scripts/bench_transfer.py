@@ -9,8 +9,7 @@ For each size, in one run on this machine:
   registered buffer, viewed without a further copy) there, agents connected beforehand;
 - cma: the second process copies the tensor out of this one with one ``process_vm_readv`` call
   into a warm buffer (no data plane at all): the kernel's cross-process copy that UCX uses for a
-  NIXL READ on one host, i.e. the ceiling of a READ posted by one thread; cma2: two threads of
-  the second process copy a half each at once (the ceiling of a READ striped in two);
+  NIXL READ on one host, i.e. the ceiling of a same-host READ;
 - inline: ``put`` + serialise the TensorRef, parse it + ``get`` (what a gRPC message carries,
   without the network);
 - grpc-bytes: a real unary gRPC call carrying the payload to a second process (the baseline the
@@ -72,18 +71,16 @@ def _read_vm(pid: int, local_address: int, address: int, num_bytes: int) -> bool
     return bool(num_read == num_bytes)
 
 
-def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], helper: futures.Executor,
-              pid: int, address: int, num_bytes: int, num_threads: int) -> float:  # fmt: skip
-    """Seconds to copy ``num_bytes`` at ``address`` of ``pid`` into a warm buffer with
-    ``process_vm_readv``, by one thread or by two reading a half each; NaN where refused."""
+def _cma_read(
+    buffers: dict[int, ctypes.Array[ctypes.c_char]], pid: int, address: int, num_bytes: int
+) -> float:
+    """Seconds to copy ``num_bytes`` at ``address`` of ``pid`` into a warm buffer with one
+    ``process_vm_readv``; NaN where refused."""
     if num_bytes not in buffers:
         buffers[num_bytes] = ctypes.create_string_buffer(num_bytes)
     local = ctypes.addressof(buffers[num_bytes])
-    half = num_bytes // 2 if num_threads == 2 else 0
     start = time.perf_counter()
-    other = helper.submit(_read_vm, pid, local, address, half) if half else None
-    done = _read_vm(pid, local + half, address + half, num_bytes - half)
-    done = done and (other is None or other.result())
+    done = _read_vm(pid, local, address, num_bytes)
     seconds = time.perf_counter() - start
     return seconds if done else float("nan")
 
@@ -91,10 +88,9 @@ def _cma_read(buffers: dict[int, ctypes.Array[ctypes.c_char]], helper: futures.E
 def _consumer(conn: Connection, copy: bool) -> None:
     plane = DataPlane(HOST)
     buffers: dict[int, ctypes.Array[ctypes.c_char]] = {}
-    helper = futures.ThreadPoolExecutor(1)
     while (data := conn.recv()) is not None:
         if isinstance(data, tuple):
-            conn.send(_cma_read(buffers, helper, *data))
+            conn.send(_cma_read(buffers, *data))
             continue
         ref = tensor_pb2.TensorRef.FromString(data)
         start = time.perf_counter()
@@ -105,8 +101,9 @@ def _consumer(conn: Connection, copy: bool) -> None:
 def _grpc_server(conn: Connection) -> None:
     import grpc
 
-    server = grpc.server(futures.ThreadPoolExecutor(2), options=[
-        ("grpc.max_receive_message_length", 256 << 20)])  # fmt: skip
+    server = grpc.server(
+        futures.ThreadPoolExecutor(2), options=[("grpc.max_receive_message_length", 256 << 20)]
+    )
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
     generic = grpc.method_handlers_generic_handler("bench", {"Send": handler})
     server.add_generic_rpc_handlers([generic])
@@ -127,8 +124,9 @@ def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
     grpc_process.start()
     import grpc
 
-    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_conn.recv()}", options=[
-        ("grpc.max_send_message_length", 256 << 20)])  # fmt: skip
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{grpc_conn.recv()}", options=[("grpc.max_send_message_length", 256 << 20)]
+    )
     send = channel.unary_unary("/bench/Send")
 
     def handoff(tensor: torch.Tensor, kind: str) -> float:
@@ -140,8 +138,8 @@ def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
         plane.release([ref.lease_id])
         return put_s + get_s
 
-    def cma_read(tensor: torch.Tensor, num_threads: int) -> float:
-        conn.send((os.getpid(), tensor.data_ptr(), tensor.nbytes, num_threads))
+    def cma_read(tensor: torch.Tensor) -> float:
+        conn.send((os.getpid(), tensor.data_ptr(), tensor.nbytes))
         seconds: float = conn.recv()
         return seconds
 
@@ -162,8 +160,7 @@ def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
             "torch_copy_s": lambda d=dst, s=src: _timed(lambda: d.copy_(s)),
             "shm_s": lambda s=src: handoff(s, "shm"),
             "nixl_s": lambda s=src: handoff(s, "nixl"),
-            "cma_s": lambda s=src: cma_read(s, 1),
-            "cma2_s": lambda s=src: cma_read(s, 2),
+            "cma_s": lambda s=src: cma_read(s),
             "inline_s": lambda s=src: _timed(lambda: inline_handoff(s)),
             "grpc_bytes_s": lambda p=payload: _timed(lambda: send(p)),
         }
@@ -175,8 +172,10 @@ def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
                 seconds = sample()
                 if round_index:
                     samples[name].append(seconds)
-        results[label] = {"bytes": num_bytes,
-                          **{name: statistics.median(values) for name, values in samples.items()}}
+        results[label] = {
+            "bytes": num_bytes,
+            **{name: statistics.median(values) for name, values in samples.items()},
+        }
     conn.send(None)
     grpc_conn.send(None)
     consumer.join(10)
@@ -186,7 +185,7 @@ def measure(repeats: int, copy: bool = False) -> dict[str, dict[str, float]]:
     return results
 
 
-BACKENDS = ("shm", "nixl", "cma", "cma2", "inline", "grpc_bytes")
+BACKENDS = ("shm", "nixl", "cma", "inline", "grpc_bytes")
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
@@ -200,8 +199,11 @@ def table(results: dict[str, dict[str, float]]) -> str:
     for label, row in results.items():
         if label == "4B":
             continue
-        cells = [f"{row['bytes'] / row[name + '_s'] / 1e9:15.2f} "
-                 f"{row['memcpy_s'] / row[name + '_s']:8.2f}" for name in BACKENDS]  # fmt: skip
+        cells = [
+            f"{row['bytes'] / row[name + '_s'] / 1e9:15.2f} "
+            f"{row['memcpy_s'] / row[name + '_s']:8.2f}"
+            for name in BACKENDS
+        ]
         memcpy, torch_copy = (row["bytes"] / row[key] / 1e9 for key in ("memcpy_s", "torch_copy_s"))
         lines.append(f"{label:>7} | {memcpy:11.2f} {torch_copy:11.2f} | " + " | ".join(cells))
     return "\n".join(lines)
@@ -210,8 +212,11 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per cell")
-    parser.add_argument("--copy", action="store_true",
-                        help="the consumer asks for private copies instead of zero-copy views")
+    parser.add_argument(
+        "--copy",
+        action="store_true",
+        help="the consumer asks for private copies instead of zero-copy views",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     results = measure(args.repeats, args.copy)

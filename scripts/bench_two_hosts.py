@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SIZES = [4, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+SIZES = [4, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 PORT = 50399
 
 
