@@ -19,7 +19,7 @@ class LeaseInfo(NamedTuple):
     """One payload still held by a producer.
 
     NOTE: a NamedTuple, not a frozen dataclass: one is made per ``put``, and a frozen dataclass
-    costs 2-4 us more to build (its ``__init__`` goes through ``object.__setattr__``)."""
+    costs more to build (its ``__init__`` goes through ``object.__setattr__``)."""
 
     lease_id: str
     kind: str
@@ -36,14 +36,14 @@ os.register_at_fork(after_in_child=_ids.clear)
 
 def new_lease_id() -> str:
     """128 random bits as 32 hex digits (like ``uuid4().hex``, from ``os.urandom``), drawn
-    ``_IDS_PER_DRAW`` at a time: a ``getrandom`` call per id cost ~3 us in a process just woken
-    by a request. Thread-safe: ``list.pop`` and ``list.extend`` are atomic under the GIL."""
+    ``_IDS_PER_DRAW`` at a time (one ``getrandom`` call per id is slow in a process just woken by
+    a request). Thread-safe: ``list.pop`` and ``list.extend`` are atomic under the GIL."""
     while True:
         try:
             return _ids.pop()
         except IndexError:
             digits = os.urandom(16 * _IDS_PER_DRAW).hex()
-            _ids.extend(digits[i:i + 32] for i in range(0, len(digits), 32))
+            _ids.extend(digits[i : i + 32] for i in range(0, len(digits), 32))
 
 
 @dataclass(slots=True)
@@ -60,8 +60,9 @@ class LeaseTable(Generic[Payload]):
         self._entries: dict[str, _Entry[Payload]] = {}
         self._lock = threading.Lock()
 
-    def add(self, payload: Payload, *, kind: str, byte_size: int, location: str,
-            ttl_s: float) -> LeaseInfo:  # fmt: skip
+    def add(
+        self, payload: Payload, *, kind: str, byte_size: int, location: str, ttl_s: float
+    ) -> LeaseInfo:
         """Hold ``payload`` under a new lease that expires ``ttl_s`` from now."""
         info = LeaseInfo(new_lease_id(), kind, byte_size, location, self._clock() + ttl_s)
         with self._lock:
@@ -99,8 +100,9 @@ class LeaseTable(Generic[Payload]):
             return len(self._entries)
 
 
-def attach_lease(ref: tensor_pb2.TensorRef, info: LeaseInfo, host_id: str,
-                 producer_endpoint: str) -> tensor_pb2.TensorRef:  # fmt: skip
+def attach_lease(
+    ref: tensor_pb2.TensorRef, info: LeaseInfo, host_id: str, producer_endpoint: str
+) -> tensor_pb2.TensorRef:
     """Fill the holder-facing fields of ``ref`` (host, lease, expiry, where to release)."""
     ref.host_id = host_id
     ref.lease_id = info.lease_id

@@ -1,7 +1,7 @@
 """The one NIXL agent of a process: registrations, remote agents, READs and notifications.
 
-Creating an agent costs ~0.5 s and connecting to a peer tens of milliseconds, so a process makes
-one agent, lazily, on first use (``process_agent``) and keeps it until it exits; producers and
+Creating an agent and connecting to a peer are slow (docs/transfer.md), so a process makes one
+agent, lazily, on first use (``process_agent``) and keeps it until it exits; producers and
 consumers of every DataPlane in the process share it. A reference carries the producer's partial
 metadata for the regions it points into (connection info + those registrations, ~450 bytes
 whatever the pool size); a consumer loads each distinct metadata blob once (the first costs the

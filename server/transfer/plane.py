@@ -6,7 +6,7 @@ on another known host and NIXL is enabled here, else inline (also for an empty, 
 consumer host id: such a consumer may not have NIXL). ``get`` dispatches on the reference's
 location. A background reaper frees payloads whose lease expired (and NIXL payloads whose
 consumer notified that it has read them), so a consumer that dies never leaks producer memory.
-NIXL costs nothing until first used: the process's agent is created then (~0.5 s).
+NIXL costs nothing until first used: the process's agent is created then.
 """
 
 from __future__ import annotations

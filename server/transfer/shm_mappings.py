@@ -1,10 +1,9 @@
 """A consumer's mappings of producers' shared-memory segments, kept from one read to the next.
 
 Producers reuse pooled segments, so a consumer reads the same few segments again and again.
-Mapping one afresh for every read costs the open, fstat, mmap and munmap (0.2-0.3 ms per 16 MiB
-handoff in a consumer woken by the handoff) and, above all, the page-table entries of every page
-the reader touches: copying 16 MiB out of a fresh mapping took 2.3 ms here, out of a kept one
-0.67 ms, the speed of memcpy.
+Mapping one afresh for every read costs the open, fstat, mmap and munmap and, above all, the
+page-table entries of every page the reader touches: copying out of a fresh mapping is several
+times slower than out of a kept one, which copies at memcpy speed (docs/transfer.md).
 
 Two kinds of cache, one per use:
 - shared (read-only ``MAP_SHARED``) mappings, which the consumer copies out of (``copy=True``):

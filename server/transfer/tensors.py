@@ -21,21 +21,25 @@ DTYPES: dict[int, torch.dtype] = {
 }
 SCALAR_TYPES: dict[torch.dtype, Any] = {dtype: scalar for scalar, dtype in DTYPES.items()}
 ITEM_SIZES: dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in SCALAR_TYPES}
-# NOTE: ctypes.memmove lets go of the GIL around the copy; taking it back cost ~7 us per call in a
-# process with other threads (NIXL's polling thread, gRPC's), more than copying 16 KiB. Copies up
-# to this size go through a memmove prototype that keeps the GIL (PYFUNCTYPE) instead.
+# NOTE: ctypes.memmove lets go of the GIL around the copy; taking it back in a process with other
+# threads (NIXL's polling thread, gRPC's) costs more than copying 16 KiB. Copies up to this size
+# go through a memmove prototype that keeps the GIL (PYFUNCTYPE) instead.
 GIL_HELD_COPY_MAX_BYTES = 64 << 10
 _MEMMOVE_ADDRESS = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
 assert _MEMMOVE_ADDRESS, "ctypes.memmove has no address"
-_memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_size_t)(_MEMMOVE_ADDRESS)  # fmt: skip
+_memmove_holding_gil = ctypes.PYFUNCTYPE(
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)(_MEMMOVE_ADDRESS)
 
 
 def scalar_type(dtype: torch.dtype) -> Any:
     """The proto ScalarType of ``dtype``; InvalidArgument for dtypes the plane cannot carry."""
     if dtype not in SCALAR_TYPES:
-        raise InvalidArgument(f"dtype {dtype} cannot be transferred; use one of "
-                              f"{sorted(str(d) for d in SCALAR_TYPES)}", reason="UNSUPPORTED_DTYPE")
+        raise InvalidArgument(
+            f"dtype {dtype} cannot be transferred; use one of "
+            f"{sorted(str(d) for d in SCALAR_TYPES)}",
+            reason="UNSUPPORTED_DTYPE",
+        )
     return SCALAR_TYPES[dtype]
 
 
@@ -50,8 +54,7 @@ def copy_payload(address: int, tensor: torch.Tensor) -> None:
     the caller guarantees room for them.
 
     NOTE: ``Tensor.copy_`` splits large copies across torch's intra-op threads; on a small,
-    busy machine a thread that is not scheduled stalls the copy (64 KiB took 2-20 ms
-    instead of 6 us here)."""
+    busy machine a thread that is not scheduled stalls the copy (docs/transfer.md)."""
     source = tensor if tensor.is_cpu else tensor.detach().cpu()
     source = source if source.is_contiguous() else source.contiguous()
     num_bytes = source.nbytes
@@ -70,8 +73,9 @@ def move(destination: int, source: int, num_bytes: int) -> None:
 
 def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
     """A TensorRef with dtype, shape and byte size of ``tensor`` and no location yet."""
-    return tensor_pb2.TensorRef(dtype=scalar_type(tensor.dtype), shape=tensor.shape,
-                                byte_size=tensor.nbytes)  # fmt: skip
+    return tensor_pb2.TensorRef(
+        dtype=scalar_type(tensor.dtype), shape=tensor.shape, byte_size=tensor.nbytes
+    )
 
 
 def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
@@ -80,19 +84,21 @@ def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
     dtype = DTYPES.get(ref.dtype)
     if dtype is None:
         raise InvalidArgument(f"TensorRef has unknown dtype {ref.dtype}", reason="BAD_TENSOR_REF")
-    # NOTE: slicing a repeated field is ~5x faster than iterating it with tuple() (upb).
+    # NOTE: slicing a repeated field is much faster than iterating it with tuple() (upb).
     shape = ref.shape[:]
     expected = ITEM_SIZES[dtype]
     for dim in shape:
         if dim < 0:
-            raise InvalidArgument(f"TensorRef has a negative dimension: {shape}",
-                                  reason="BAD_TENSOR_REF")  # fmt: skip
+            raise InvalidArgument(
+                f"TensorRef has a negative dimension: {shape}", reason="BAD_TENSOR_REF"
+            )
         expected *= dim
     if ref.byte_size != expected:
         raise InvalidArgument(
             f"TensorRef byte_size {ref.byte_size} does not match shape {shape} of "
-            f"{dtype} ({expected} bytes)", reason="TENSOR_SIZE_MISMATCH",
-        )  # fmt: skip
+            f"{dtype} ({expected} bytes)",
+            reason="TENSOR_SIZE_MISMATCH",
+        )
     return dtype, shape
 
 
@@ -106,8 +112,9 @@ def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
 
 
 def raise_no_location() -> NoReturn:
-    raise InvalidArgument("TensorRef has no location (shm, nixl or inline_data)",
-                          reason="BAD_TENSOR_REF")  # fmt: skip
+    raise InvalidArgument(
+        "TensorRef has no location (shm, nixl or inline_data)", reason="BAD_TENSOR_REF"
+    )
 
 
 def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
@@ -115,8 +122,9 @@ def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) ->
     return view_bytes(buffer, dtype, ref.shape[:], ref.byte_size)
 
 
-def view_bytes(buffer: object, dtype: torch.dtype, shape: Sequence[int],
-               byte_size: int) -> torch.Tensor:  # fmt: skip
+def view_bytes(
+    buffer: object, dtype: torch.dtype, shape: Sequence[int], byte_size: int
+) -> torch.Tensor:
     """A tensor of ``dtype`` and ``shape`` viewing the first ``byte_size`` bytes of ``buffer``
     (writable, no copy)."""
     if byte_size == 0:
@@ -128,9 +136,9 @@ def view_bytes(buffer: object, dtype: torch.dtype, shape: Sequence[int],
 def shaped(flat: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """``flat`` (1-D, as many elements as ``shape`` holds) viewed as ``shape``.
 
-    NOTE: ``view(*sizes)`` parses its arguments faster than ``view(shape)`` or ``reshape``
-    (3 against 4.5 us warm here, 15-25 us less as the first tensor call of a process just woken
-    by a request); a 1-D shape needs no view at all."""
+    NOTE: ``view(*sizes)`` parses its arguments faster than ``view(shape)`` or ``reshape``,
+    above all as the first tensor call of a process just woken by a request; a 1-D shape needs
+    no view at all."""
     if len(shape) == 1:
         return flat
     return flat.view(*shape) if shape else flat.view(())

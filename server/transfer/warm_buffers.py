@@ -2,10 +2,9 @@
 
 A consumer's ``get(copy=True)`` hands the caller a tensor of its own. Allocated afresh, a large
 one costs more than the copy into it: glibc serves allocations over 32 MiB with a new ``mmap``
-every time, and each of its pages faults and is zeroed on first touch (~1.4 us per 4 KiB page on
-this VM: a 128 MiB copy took 53 ms against 7 ms for the memcpy itself). Smaller allocations come
-warm out of glibc's heap after the first has been freed, so only copies over ``min_bytes`` take a
-buffer from here.
+every time, and each of its pages faults and is zeroed on first touch, which costs several times
+the memcpy itself (docs/transfer.md). Smaller allocations come warm out of glibc's heap after the
+first has been freed, so only copies over ``min_bytes`` take a buffer from here.
 
 A buffer is an anonymous mapping of a size class (multiples of an eighth of a power of two, so at
 most 12.5% of it is slack). The tensor's storage is a ctypes array over the mapping; when the
