@@ -47,6 +47,14 @@ def _is_a_live_engines(path: str) -> bool:
     return os.path.exists(f"/proc/{match[1]}")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-families",
+        action="store_true",
+        help="run the per-family real-process tests for every model family (CI runs a slice)",
+    )
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove what vLLM left in /tmp during this session (not a live engine's sockets), and the
     session's own folder."""

@@ -14,9 +14,14 @@ import pytest
 
 from epd.server.engine.generate_cli import demo_image
 from epd.server.engine.reference import ReferenceEngine
+from epd.server.models.registry import FAMILIES
 from epd.server.transfer import shm
 
 pytestmark = pytest.mark.vllm
+# NOTE: every family's `epd up` takes 1-2 min here; CI runs the family least like Qwen2-VL
+# (placeholder delimiters, tiles, a hand-rendered vLLM input), `--all-families` runs them all.
+CI_FAMILIES = ("internvl",)
+QUESTION = "What is in this picture?"
 
 
 def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -43,3 +48,29 @@ def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Pa
         log = next(tmp_path.glob(f".epd/run/*/{worker}.log")).read_text()
         for noise in ("Traceback", "TypeError", "leaked semaphore", "leaked shared_memory"):
             assert noise not in log, f"{worker}.log: {noise}\n{log[-3000:]}"
+
+
+@pytest.mark.parametrize("family", [family.name for family in FAMILIES[1:]])
+def test_epd_up_serves_each_family_with_the_reference_tokens(
+    family: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``epd model tiny --family F`` then ``epd up --model DIR``: the answer equals
+    transformers' generate on the same checkpoint (and so monolithic vLLM's: test_tiny_model)."""
+    if family not in CI_FAMILIES and not request.config.getoption("--all-families"):
+        pytest.skip(f"{family}: CI runs {', '.join(CI_FAMILIES)}; --all-families runs every one")
+    model_dir = tmp_path / "model"
+    built = subprocess.run(
+        [sys.executable, "-m", "epd", "model", "tiny", "--family", family, "--out", str(model_dir)],
+        capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    result = subprocess.run(
+        [sys.executable, "-m", "epd", "up", "--model", str(model_dir), "--model-id", "tiny",
+         "--max-tokens", "8", "--question", QUESTION],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
+    assert match, result.stdout
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": QUESTION}]}]  # fmt: skip
+    expected = ReferenceEngine(model_dir).generate(messages, [demo_image()], max_tokens=8)
+    assert ast.literal_eval(match.group(1)) == expected.token_ids
