@@ -101,8 +101,9 @@ class Bench:
 
         async def serve(app: Any, client_class: Any) -> Any:
             self.closers.insert(0, app.stop)
-            channel = create_channel(f"127.0.0.1:{app.port}")
-            client = client_class(channel)
+            endpoint = f"127.0.0.1:{app.port}"
+            channel = create_channel(endpoint)
+            client = client_class(channel, endpoint)
             self.closers.insert(0, channel.close)
             return client
 
@@ -182,7 +183,7 @@ class Bench:
         from epd.v1 import generation_pb2, multimodal_pb2
 
         item, grid = await self.loaded(data)
-        result = await self.encode_call(item).read()
+        result = await anext(self.encode_call(item))
         image = multimodal_pb2.ImageInput(mm_hash=result.mm_hash, grid=result.grid,
                                           embeddings=result.embeddings)  # fmt: skip
         return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])

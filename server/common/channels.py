@@ -131,11 +131,11 @@ class ChannelPool:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._clients: dict[tuple[str, type], object] = {}
 
-    def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel], Client]) -> Client:
-        """The ``kind`` client of ``endpoint``, made on first use."""
+    def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel, str], Client]) -> Client:
+        """The ``kind`` client of ``endpoint``, made as ``kind(channel, endpoint)`` at first."""
         key = (endpoint, cast(type, kind))
         if key not in self._clients:
-            self._clients[key] = kind(self.get(endpoint))
+            self._clients[key] = kind(self.get(endpoint), endpoint)
         return cast(Client, self._clients[key])
 
     def get(self, endpoint: str) -> grpc.aio.Channel:

@@ -5,7 +5,8 @@ with its canonical code and one ``google.rpc.ErrorInfo`` (reason, domain ``epd``
 rich status; any other exception is logged with its traceback and reported as INTERNAL with a
 generic message, so no internals leak to callers.
 
-Clients: ``from_rpc_error`` turns a failed call back into the matching ``EpdError`` subclass.
+Clients: ``from_rpc_error`` turns a failed call back into the matching ``EpdError`` subclass;
+the route's clients (``clients``) apply it to every call, so its logic sees domain errors only.
 """
 
 from __future__ import annotations

@@ -14,10 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
-from epd.server.common.errors import Unavailable
-from epd.server.common.status import from_rpc_error
+from epd.server.common.errors import Cancelled, EpdError, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.v1 import encode_service_pb2 as encode_pb
@@ -59,16 +56,18 @@ async def assign_encoders(peers: Peers, stage: EncodeStage, missing: list[int],
                           excluded: list[str],
                           deadline: Deadline) -> scheduler_pb.AssignEncodersResponse:  # fmt: skip
     """The scheduler's encoders for the items ``missing`` (indices into ``stage.items``)."""
-    try:
-        assignment: scheduler_pb.AssignEncodersResponse = await peers.scheduler.AssignEncoders(
-            scheduler_pb.AssignEncodersRequest(
-                request_id=stage.request_id, model=stage.model, policy=stage.policy,
-                items=[scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash,
-                                               num_tokens=_num_tokens(stage, i)) for i in missing],
-                exclude_worker_ids=excluded), timeout=deadline.remaining())  # fmt: skip
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e) from None
-    return assignment
+    items = [
+        scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash, num_tokens=_num_tokens(stage, i))
+        for i in missing
+    ]
+    request = scheduler_pb.AssignEncodersRequest(
+        request_id=stage.request_id,
+        model=stage.model,
+        policy=stage.policy,
+        items=items,
+        exclude_worker_ids=excluded,
+    )
+    return await peers.scheduler.AssignEncoders(request, timeout=deadline.remaining())
 
 
 async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline,
@@ -128,10 +127,9 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
                 peers.background.start(_read_to_end(call))
                 break
         stage.encoder_ids.add(worker_id)
-    except grpc.aio.AioRpcError as e:
-        error = from_rpc_error(e)
-        if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-            raise error from None
+    except EpdError as error:
+        if not isinstance(error, (Unavailable, Cancelled)):
+            raise
         failed = worker_id
         outcomes.extend(scheduler_pb.ItemOutcome(item_index=missing.index(i), failed=True)
                         for i in indices if i not in stage.results)  # fmt: skip
@@ -147,7 +145,7 @@ async def _read_to_end(call: Any) -> None:
     try:
         async for _ in call:
             pass
-    except grpc.aio.AioRpcError:
+    except EpdError:
         pass
 
 
@@ -160,8 +158,8 @@ async def _report(peers: Peers, assignment_id: str,
             ),
             timeout=5,
         )
-    except grpc.aio.AioRpcError as e:
-        logger.warning("could not report encoding outcome: %s", e.details())
+    except EpdError as e:
+        logger.warning("could not report encoding outcome: %s", e)
 
 
 async def release_all(peers: Peers, stage: EncodeStage) -> None:
@@ -170,8 +168,8 @@ async def release_all(peers: Peers, stage: EncodeStage) -> None:
         try:
             await peers.encoder(endpoint).Release(encode_pb.ReleaseRequest(lease_ids=lease_ids),
                                                   timeout=5)  # fmt: skip
-        except grpc.aio.AioRpcError as e:
-            logger.warning("release at %s failed (%s); leases will expire", endpoint, e.details())
+        except EpdError as e:
+            logger.warning("release at %s failed (%s); leases will expire", endpoint, e)
     stage.results.clear()
 
 

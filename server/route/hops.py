@@ -12,11 +12,9 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import grpc
 from opentelemetry import trace
 
 from epd.server.common.errors import EpdError, Unavailable
-from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import concurrently
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
@@ -58,15 +56,14 @@ async def choose_prefill(
     peers: Peers, call: EngineCall, excluded: Sequence[str] = ()
 ) -> scheduler_pb.ChoosePrefillResponse:
     """The scheduler's prefill worker for ``call`` (its prompt is not needed yet)."""
-    try:
-        choice: scheduler_pb.ChoosePrefillResponse = await peers.scheduler.ChoosePrefill(
-            scheduler_pb.ChoosePrefillRequest(
-                request_id=call.request_id, model=call.model, block_hashes=call.block_hashes,
-                exclude_worker_ids=excluded, roles=call.plan.prefill_roles),
-            timeout=call.deadline.remaining())  # fmt: skip
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e) from None
-    return choice
+    request = scheduler_pb.ChoosePrefillRequest(
+        request_id=call.request_id,
+        model=call.model,
+        block_hashes=call.block_hashes,
+        exclude_worker_ids=excluded,
+        roles=call.plan.prefill_roles,
+    )
+    return await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
 
 
 async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
@@ -99,8 +96,6 @@ async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefille
                     peers.background.start(on_prefilled())
                 yield piece
             return
-        except grpc.aio.AioRpcError as e:
-            error: EpdError = from_rpc_error(e)
         except EpdError as e:
             error = e
         if (
@@ -127,8 +122,6 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
                 response.finish_reason,
                 response.usage if response.HasField("usage") else None,
             )
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e, endpoint) from None
     finally:
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
 
@@ -162,29 +155,17 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
                 response.finish_reason,
                 response.usage if response.HasField("usage") else None,
             )
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e, decoder.worker.endpoint) from None
     finally:
         stream.cancel()
 
 
 async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.PrefillResponse:
-    try:
-        reply: prefill_pb.PrefillResponse = await peers.prefill(endpoint).Prefill(
-            prefill_pb.PrefillRequest(request_id=call.request_id, model=call.model,
-                                      prompt=call.prompt, sampling=call.sampling),
-            timeout=call.deadline.remaining())  # fmt: skip
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e, endpoint) from None
-    return reply
+    request = prefill_pb.PrefillRequest(
+        request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling
+    )
+    return await peers.prefill(endpoint).Prefill(request, timeout=call.deadline.remaining())
 
 
 async def _choose_decode(peers: Peers, call: EngineCall) -> scheduler_pb.ChooseDecodeResponse:
-    try:
-        choice: scheduler_pb.ChooseDecodeResponse = await peers.scheduler.ChooseDecode(
-            scheduler_pb.ChooseDecodeRequest(request_id=call.request_id, model=call.model),
-            timeout=call.deadline.remaining(),
-        )
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e) from None
-    return choice
+    request = scheduler_pb.ChooseDecodeRequest(request_id=call.request_id, model=call.model)
+    return await peers.scheduler.ChooseDecode(request, timeout=call.deadline.remaining())

@@ -24,7 +24,6 @@ from epd.server.route.http_guard import (
     read_json,
 )
 from epd.server.route.service import RouteWorker
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +82,10 @@ class OpenAiHttp:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            listing = await self.worker.peers.scheduler.ListWorkers(
-                scheduler_pb.ListWorkersRequest(), timeout=5
-            )
+            served = await self.worker.list_models()
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
-        models = sorted({w.info.model for w in listing.workers} | {self.worker.model_id})
+        models = sorted(set(served) | {self.worker.model_id})
         return web.json_response(
             {
                 "object": "list",
@@ -174,11 +171,6 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
 
 def _error(err: Exception) -> web.Response:
     if not isinstance(err, EpdError):
-        from epd.server.common.status import from_rpc_error
-
-        if hasattr(err, "code") and callable(err.code):
-            err = from_rpc_error(err)  # type: ignore[arg-type]
-        else:
-            logger.error("unexpected error in HTTP handler", exc_info=err)
+        logger.error("unexpected error in HTTP handler", exc_info=err)
     status, body = schema.error_body(err)
     return web.json_response(body, status=status)

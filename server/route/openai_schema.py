@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from epd.server.common.errors import Code, EpdError
 from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean, text
+from epd.server.route.request_ids import ensure_request_id
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 
 HTTP_STATUS = {
@@ -178,12 +178,14 @@ def to_generate_request(
         raise bad("the body must be a JSON object", "body")
     values = check_params(body)
     chat = _chat(body.get("messages"), limits)
-    return route_service_pb2.GenerateRequest(
-        request_id=request_id or uuid.uuid4().hex,
+    request = route_service_pb2.GenerateRequest(
+        request_id=request_id or "",
         model=values.get("model") or default_model,
         messages=chat,
         sampling=_sampling(values, limits),
     )
+    ensure_request_id(request)
+    return request
 
 
 def error_body(err: Exception) -> tuple[int, dict[str, Any]]:

@@ -1,13 +1,11 @@
-"""Channels and clients of the other services, one per endpoint, reused across requests."""
+"""Clients of the other services, one per endpoint over one channel, reused across requests.
+They raise domain errors (``clients``): the route's logic never sees a gRPC error."""
 
 from __future__ import annotations
 
-import grpc
-
 from epd.server.common.channels import ChannelPool
-from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient
+from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient, SchedulerClient
 from epd.server.common.tasks import BackgroundCalls
-from epd.v1 import scheduler_service_pb2_grpc
 
 
 class Peers:
@@ -16,9 +14,7 @@ class Peers:
     def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
         self._channels = ChannelPool(auth_token)
         self.background = BackgroundCalls()
-        self.scheduler = scheduler_service_pb2_grpc.SchedulerServiceStub(
-            self._channel(scheduler_endpoint)
-        )
+        self.scheduler = SchedulerClient(self._channels.get(scheduler_endpoint))
 
     def encoder(self, endpoint: str) -> EncoderClient:
         """Client of the encoder at ``endpoint``."""
@@ -36,6 +32,3 @@ class Peers:
         """Wait for background calls, then close every channel."""
         await self.background.settle()
         await self._channels.close()
-
-    def _channel(self, endpoint: str) -> grpc.aio.Channel:
-        return self._channels.get(endpoint)

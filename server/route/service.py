@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 
-import grpc
 import torch
 from opentelemetry import trace
 
 from epd.server.common.errors import EpdError, NotFound
-from epd.server.common.status import from_rpc_error
 from epd.server.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
@@ -37,6 +35,7 @@ from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_toke
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, PromptBuilder
+from epd.server.route.request_ids import ensure_request_id
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, tensor_pb2
@@ -44,6 +43,9 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Chats of up to this many text characters are tokenised on the event loop (~1 ms or less).
 INLINE_TOKENIZE_CHARS = 4096
+LIST_MODELS_TIMEOUT_S = 5.0
+ROLE_NAMES = {value: name.removeprefix("WORKER_ROLE_").lower()
+              for name, value in scheduler_pb.WorkerRole.items()}  # fmt: skip
 logger = logging.getLogger(__name__)
 
 Chat = list[tuple[str, list[ChatPart]]]
@@ -101,11 +103,22 @@ class RouteWorker:
             raise
         observation.end(None)
 
+    async def list_models(self) -> dict[str, dict[str, int]]:
+        """The models the scheduler's workers serve, each with its worker count by role name
+        (``ROLE_NAMES``), sorted by model."""
+        listing = await self.peers.scheduler.ListWorkers(
+            scheduler_pb.ListWorkersRequest(), timeout=LIST_MODELS_TIMEOUT_S
+        )
+        counts: dict[str, Counter[str]] = defaultdict(Counter)
+        for worker in listing.workers:
+            counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1
+        return {model: dict(roles) for model, roles in sorted(counts.items())}
+
     async def _answer(self, request: route_service_pb2.GenerateRequest,
                       timeout_s: float | None) -> AsyncIterator[RouteChunk]:  # fmt: skip
         deadline = Deadline(timeout_s)
         span = trace.get_current_span()
-        request_id = request.request_id or uuid.uuid4().hex
+        request_id = ensure_request_id(request)
         model = request.model or self.model_id
         span.set_attribute("epd.request_id", request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
@@ -241,12 +254,9 @@ class RouteWorker:
 
     async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:
         if self.roles.is_stale():
-            try:
-                listing = await self.peers.scheduler.ListWorkers(
-                    scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining()
-                )
-            except grpc.aio.AioRpcError as e:
-                raise from_rpc_error(e) from None
+            listing = await self.peers.scheduler.ListWorkers(
+                scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining()
+            )
             self.roles.update(listing)
         served = self.roles.models() | {self.model_id}
         if model and model not in served:

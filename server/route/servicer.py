@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
-from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
 
-from epd.server.common.status import from_rpc_error, handle_errors
+from epd.server.common.status import handle_errors
+from epd.server.route.request_ids import ensure_request_id
 from epd.server.route.service import RouteWorker
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-ROLE_NAMES = {value: name.removeprefix("WORKER_ROLE_").lower()
-              for name, value in scheduler_pb.WorkerRole.items()}  # fmt: skip
 
 
 class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
@@ -27,13 +23,11 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
         self.worker = worker
 
     @handle_errors
-    async def Generate(self, request: pb.GenerateRequest,
-                       context: Context) -> AsyncIterator[pb.GenerateResponse]:  # fmt: skip
-        remaining = context.time_remaining()
-        if not request.request_id:
-            request.request_id = uuid.uuid4().hex
-        request_id = request.request_id
-        async for chunk in self.worker.generate(request, timeout_s=remaining):
+    async def Generate(
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        request_id = ensure_request_id(request)
+        async for chunk in self.worker.generate(request, timeout_s=context.time_remaining()):
             response = pb.GenerateResponse(
                 request_id=request_id,
                 text=chunk.text,
@@ -45,20 +39,9 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
             yield response
 
     @handle_errors
-    async def ListModels(self, request: pb.ListModelsRequest,
-                         context: Context) -> pb.ListModelsResponse:  # fmt: skip
-        try:
-            listing = await self.worker.peers.scheduler.ListWorkers(
-                scheduler_pb.ListWorkersRequest(), timeout=5
-            )
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None  # NOTE: the scheduler's status, not INTERNAL
-        counts: dict[str, Counter[str]] = defaultdict(Counter)
-        for worker in listing.workers:
-            counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1
-        return pb.ListModelsResponse(
-            models=[
-                pb.ModelCard(id=model, worker_counts=dict(roles))
-                for model, roles in sorted(counts.items())
-            ]
-        )
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: Context
+    ) -> pb.ListModelsResponse:
+        models = await self.worker.list_models()
+        cards = [pb.ModelCard(id=model, worker_counts=roles) for model, roles in models.items()]
+        return pb.ListModelsResponse(models=cards)

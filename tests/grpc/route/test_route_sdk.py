@@ -23,7 +23,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
 from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, rpc_error
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]
@@ -184,7 +184,7 @@ async def test_list_models_with_the_scheduler_down_is_unavailable(route) -> None
     endpoint, peers, _ = route
 
     async def scheduler_down(request, timeout=None):  # type: ignore[no-untyped-def]
-        raise rpc_error(ServerUnavailable("scheduler down", reason="SCHEDULER_DOWN"))
+        raise ServerUnavailable("scheduler down", reason="SCHEDULER_DOWN")
 
     peers.scheduler.ListWorkers = scheduler_down  # type: ignore[method-assign]
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:

@@ -1,4 +1,5 @@
-"""In-memory stand-ins for the stubs the route calls, recording every call (no servers)."""
+"""In-memory stand-ins for the clients the route calls, recording every call (no servers); like
+the real clients they fail with domain errors."""
 
 from __future__ import annotations
 
@@ -7,26 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from epd.server.common.errors import EpdError, Unavailable
-from epd.server.common.status import to_rpc_status
 from epd.server.common.tasks import BackgroundCalls
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-
-
-def rpc_error(error: EpdError) -> grpc.aio.AioRpcError:
-    """The AioRpcError a server answering ``error`` produces, rich status included."""
-    status = to_rpc_status(error)
-    return grpc.aio.AioRpcError(
-        status.code,
-        grpc.aio.Metadata(),
-        grpc.aio.Metadata(*status.trailing_metadata),
-        status.details,
-    )
 
 
 class FakeStream:
@@ -59,7 +46,7 @@ class FakeStream:
         if self.linger is not None:
             await self.linger.wait()
         if self.error is not None:
-            raise rpc_error(self.error)
+            raise self.error
 
     def __aiter__(self) -> AsyncIterator[Any]:
         # NOTE: like a grpc call, iterating again goes on where the last iteration stopped.
@@ -89,7 +76,7 @@ class FakeScheduler:
         self.calls.append(("AssignEncoders", request))
         live = [e for e in self.encoders if e not in request.exclude_worker_ids]
         if not live:
-            raise rpc_error(Unavailable("no encoder", reason="NO_ENCODER"))
+            raise Unavailable("no encoder", reason="NO_ENCODER")
         return scheduler_pb.AssignEncodersResponse(assignment_id=f"a{len(self.calls)}",
                                                    assignments=[
             scheduler_pb.EncoderAssignment(item_index=i, worker_id=live[i % len(live)],
@@ -115,7 +102,7 @@ class FakeScheduler:
         live = [(w, r) for w, r in self.prefills
                 if w not in request.exclude_worker_ids and r in request.roles]  # fmt: skip
         if not live:
-            raise rpc_error(Unavailable("no prefill worker", reason="NO_WORKER"))
+            raise Unavailable("no prefill worker", reason="NO_WORKER")
         worker, role = live[0]
         return scheduler_pb.ChoosePrefillResponse(
             worker=scheduler_pb.WorkerInfo(
@@ -200,7 +187,7 @@ class FakeEngine:
                 self.calls.append(("Prefill cancelled", request))
                 raise
         if self.error is not None:
-            raise rpc_error(self.error)
+            raise self.error
         return prefill_pb.PrefillResponse(first_token_id=self.tokens[0])
 
     def Decode(self, request: Any, timeout: float | None = None) -> FakeStream:

@@ -17,7 +17,7 @@ from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, p
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, rpc_error
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
 
 def stage_of(num_images: int) -> EncodeStage:
@@ -26,9 +26,16 @@ def stage_of(num_images: int) -> EncodeStage:
 
 
 def engine_call(live_roles: frozenset[int]) -> EngineCall:
-    return EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
-                      generation_pb2.SamplingParams(), [], plan_for(live_roles, 0),
-                      live_roles, Deadline(30))  # type: ignore[arg-type]
+    return EngineCall(
+        "req",
+        "tiny",
+        generation_pb2.Prompt(token_ids=[1, 2]),
+        generation_pb2.SamplingParams(),
+        [],
+        plan_for(live_roles, 0),
+        live_roles,
+        Deadline(30),
+    )  # type: ignore[arg-type]
 
 
 async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there() -> None:
@@ -96,8 +103,10 @@ async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> 
     async def on_prefilled() -> None:
         released.append(True)
 
-    pieces = [p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})),
-                                             on_prefilled)]  # type: ignore[arg-type]
+    pieces = [
+        p
+        async for p in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})), on_prefilled)
+    ]  # type: ignore[arg-type]
     assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
     assert pieces[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
@@ -126,12 +135,13 @@ async def test_the_first_token_does_not_wait_for_the_release(roles: frozenset[in
 
 
 async def test_failure_after_the_first_token_ends_the_stream() -> None:
-    peers = FakePeers(FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)]),
-                      engines={"pd0": FakeEngine(error=Unavailable("down"), num_before_error=1)})
+    peers = FakePeers(
+        FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)]),
+        engines={"pd0": FakeEngine(error=Unavailable("down"), num_before_error=1)},
+    )
     received = []
     with pytest.raises(Unavailable):
-        async for piece in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})),
-                                         _nothing):  # type: ignore[arg-type]
+        async for piece in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})), _nothing):  # type: ignore[arg-type]
             received.extend(piece.token_ids)
     assert received == [7]
     assert "pd1" not in peers.engines
@@ -140,14 +150,18 @@ async def test_failure_after_the_first_token_ends_the_stream() -> None:
 async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
     scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
     peers = FakePeers(scheduler, engines={"p0": FakeEngine(), "dec0": FakeEngine()})
-    pieces = [p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})),
-                                             _nothing)]  # type: ignore[arg-type]
+    pieces = [
+        p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)
+    ]  # type: ignore[arg-type]
     assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
     assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill"]
     (decode,) = peers.engines["dec0"].calls
     assert decode[0] == "Decode" and decode[1].first_token_id == 7
     assert list(scheduler.calls[0][1].roles) == [
-        scheduler_pb.WORKER_ROLE_PREFILL_DECODE, PREFILL, scheduler_pb.WORKER_ROLE_ENCODE_PREFILL]
+        scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
+        PREFILL,
+        scheduler_pb.WORKER_ROLE_ENCODE_PREFILL,
+    ]
 
 
 async def test_the_decode_worker_is_chosen_while_the_prompt_is_prefilled() -> None:
@@ -173,12 +187,13 @@ async def test_no_decode_worker_cancels_the_prefill() -> None:
     peers = FakePeers(scheduler, engines={"p0": FakeEngine(hold=never), "dec0": FakeEngine()})
 
     async def no_decoder(request: object, timeout: float | None = None) -> None:
-        raise rpc_error(Unavailable("no decode worker", reason="NO_DECODE_WORKER"))
+        raise Unavailable("no decode worker", reason="NO_DECODE_WORKER")
 
     scheduler.ChooseDecode = no_decoder  # type: ignore[method-assign]
     with pytest.raises(Unavailable):
-        await asyncio.wait_for(anext(stream_tokens(
-            peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)), 5)  # type: ignore[arg-type]
+        await asyncio.wait_for(
+            anext(stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)), 5
+        )  # type: ignore[arg-type]
     assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill", "Prefill cancelled"]
     assert not peers.engines["dec0"].calls
 
