@@ -1,5 +1,8 @@
-"""Fixtures shared by every test tier.
+"""Fixtures shared by every test tier, and the tiers themselves.
 
+- Tiers by folder: ``tests/unit`` (logic), ``tests/grpc`` (in-process servers on port 0) and
+  ``tests/integration`` (real processes, vLLM engines, network namespaces), whose every test is
+  marked ``integration`` here, so ``pytest -m "not integration"`` runs the first two alone.
 - ``tiny_model_dir``: the tiny Qwen2-VL built once per session (or taken from EPD_TEST_MODEL_DIR).
 - vLLM runs in-process where it can (VLLM_ENABLE_V1_MULTIPROCESSING=0), with its cache in a
   temporary folder, and the files it leaves in /tmp are removed at the end of the session.
@@ -28,6 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
 _VLLM_TMP_PATTERNS = ("/tmp/vllm_dist_*", "/tmp/vllm-*", "/tmp/*.ipc")
 
 
@@ -53,6 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the per-family real-process tests for every model family (CI runs a slice)",
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # NOTE: before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under ``tests/integration`` ``integration``."""
+    for item in items:
+        if item.path.is_relative_to(_INTEGRATION_DIR):
+            item.add_marker(pytest.mark.integration)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from epd.client import EpdClient, user
 from epd.client.launcher import free_port
 from epd.client.up_cli import SPAN_FILE
@@ -19,7 +17,6 @@ from epd.server.common.channels import wait_for_health
 from tests.integration.e2e.launcher import running_stack
 from tests.pictures import picture, png
 
-pytestmark = pytest.mark.integration
 QUESTION = "What is in this picture?"
 
 

@@ -22,7 +22,6 @@ from tests.integration.e2e.prometheus import (
 )
 from tests.pictures import picture, png
 
-pytestmark = pytest.mark.integration
 DASHBOARD = Path(__file__).parents[3] / "deploy" / "grafana" / "epd.json"
 NUM_REQUESTS = 3
 

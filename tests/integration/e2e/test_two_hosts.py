@@ -28,7 +28,6 @@ from tests.pictures import picture
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.integration,
     pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
 ]
 # NOTE: requests of this many tokens still run (~400 tokens/s here) when the keepalive (a ping

@@ -1,11 +1,9 @@
-"""The span file stays within its cap: one rotated copy, whole records, the newest kept, also with
-several processes writing at once."""
+"""The span file stays within its cap: one rotated copy, whole records, the newest kept (several
+processes writing at once: tests/integration/common/test_capped_file_processes.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -51,31 +49,6 @@ def test_no_cap_grows_one_file(tmp_path: Path) -> None:
         capped_file.append(str(path), record(number), 0)
     assert numbers(path) == list(range(20))
     assert not Path(capped_file.rotated_path(str(path))).exists()
-
-
-_WRITER = """
-import json, sys
-from epd.server.common import capped_file
-path, writer = sys.argv[1], int(sys.argv[2])
-for number in range(400):
-    line = json.dumps({"n": writer * 1000 + number, "pad": "x" * 200}) + "\\n"
-    capped_file.append(path, line.encode(), 32 * 1024)
-"""
-
-
-def test_several_processes_rotate_one_file_within_the_cap(tmp_path: Path) -> None:
-    path = tmp_path / "spans.jsonl"
-    writers = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(w)]) for w in range(4)
-    ]
-    assert [writer.wait(120) for writer in writers] == [0] * 4
-    rotated = Path(capped_file.rotated_path(str(path)))
-    assert path.stat().st_size + rotated.stat().st_size <= 32 * KiB
-    kept = numbers(rotated, path)  # NOTE: fails on a torn or interleaved line
-    for writer in range(4):
-        mine = [n for n in kept if n // 1000 == writer]
-        assert mine == sorted(mine)
-    assert max(kept) % 1000 == 399
 
 
 def test_the_json_exporter_keeps_its_file_within_the_cap(tmp_path: Path) -> None:
