@@ -1,8 +1,9 @@
 """The ``epd`` command line: one console script, one subcommand per job.
 
-Each subcommand lives in its own module that defines ``add_arguments(parser)`` and
-``run(args) -> int``; modules are imported only when their subcommand runs, so ``epd --help``
-stays instant and a service never imports what another one needs (torch, vLLM).
+Each subcommand lives in its own module that defines ``add_arguments(parser)`` (which reads the
+flags' EPD_* environment fallbacks, ValueError when one is malformed) and ``run(args) -> int``;
+modules are imported only when their subcommand runs, so ``epd --help`` stays instant and a
+service never imports what another one needs (torch, vLLM).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "route": ("epd.server.route.cli", "run the route: the public Generate / ListModels entry"),
     "up": ("epd.client.up_cli", "start a local deployment, answer one request with an image"),
     "chat": ("epd.client.chat_cli", "ask a running deployment about images"),
-    "generate": ("epd.server.engine.generate_cli", "answer one question about images in-process "
-                 "with the reference engine"),
+    "generate": (
+        "epd.server.engine.generate_cli",
+        "answer one question about images in-process with the reference engine",
+    ),
 }
 
 
@@ -40,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         module_name, summary = COMMANDS[args[0]]
         module = importlib.import_module(module_name)
         sub = subparsers.add_parser(args[0], help=summary, description=summary)
-        module.add_arguments(sub)
+        try:
+            module.add_arguments(sub)
+        except ValueError as e:  # NOTE: a malformed EPD_* fallback, read while adding flags
+            print(f"epd {args[0]}: {e}", file=sys.stderr)
+            return 2
         parsed = parser.parse_args(args)
         return int(module.run(parsed))
     for name, (_, summary) in COMMANDS.items():

@@ -13,7 +13,8 @@ from epd.scheduler.model import Policy
 from epd.scheduler.policies.encoders import parse_split_ratio
 from epd.server.common.errors import InvalidArgument
 from epd.server.common.server import ServerOptions, serve
-from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 
 DEFAULT_PORT = 50051
 logger = logging.getLogger(__name__)
@@ -22,13 +23,19 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Scheduler flags, then the shared server and telemetry flags."""
     env = os.environ.get
-    parser.add_argument("--default-policy", choices=[p.value for p in Policy],
-                        default=env("EPD_SCHEDULER_POLICY", Policy.ADAPTIVE.value),
-                        help="encoder assignment policy when a request names none "
-                             "(env EPD_SCHEDULER_POLICY; default adaptive)")
-    parser.add_argument("--split-ratio", default=env("EPD_SPLIT_RATIO"),
-                        help="ACCELERATOR:CPU shares for per_request (and adaptive's prior), "
-                             "e.g. 8:1 (env EPD_SPLIT_RATIO; default: the workers' weights)")
+    parser.add_argument(
+        "--default-policy",
+        choices=[p.value for p in Policy],
+        default=env("EPD_SCHEDULER_POLICY", Policy.ADAPTIVE.value),
+        help="encoder assignment policy when a request names none "
+        "(env EPD_SCHEDULER_POLICY; default adaptive)",
+    )
+    parser.add_argument(
+        "--split-ratio",
+        default=env("EPD_SPLIT_RATIO"),
+        help="ACCELERATOR:CPU shares for per_request (and adaptive's prior), "
+        "e.g. 8:1 (env EPD_SPLIT_RATIO; default: the workers' weights)",
+    )
     parser.add_argument("--ttl-s", type=float, default=float(env("EPD_SCHEDULER_TTL_S", 10.0)),
                         help="a worker missing heartbeats this long is evicted "
                              "(env EPD_SCHEDULER_TTL_S; default 10)")  # fmt: skip
@@ -39,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="adaptive sends one item to an idle encoder whose service time has had no fresh "
         "sample this long (env EPD_SCHEDULER_PROBE_AFTER_S; default 5)",
     )
-    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
 
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         config = SchedulerConfig(
             Policy(args.default_policy), ratio, args.ttl_s, probe_after_s=args.probe_after_s
         )
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
         if config.ttl_s <= 0:
             raise ValueError("--ttl-s must be positive")
     except (InvalidArgument, ValueError) as e:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
-from epd.server.common.channels import create_channel
+from epd.server.common.channels import DEFAULT_KEEPALIVE_S, create_channel
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -41,12 +41,14 @@ class WorkerRegistration:
 
     def __init__(self, scheduler_endpoint: str | None, info: pb.WorkerInfo, load_fn: LoadFn, *,
                  interval_s: float | None = None, auth_token: str | None = None,
+                 keepalive_s: float = DEFAULT_KEEPALIVE_S,
                  retry_initial_s: float = 0.2, retry_max_s: float = 5.0) -> None:  # fmt: skip
         self.scheduler_endpoint = scheduler_endpoint
         self.info = info
         self._load_fn = load_fn
         self._interval_s = interval_s
         self._auth_token = auth_token
+        self._keepalive_s = keepalive_s
         self._retry = (retry_initial_s, retry_max_s)
         self._lease_id: str | None = None
         self._ttl_s = 10.0
@@ -63,7 +65,9 @@ class WorkerRegistration:
         """Start registering and heartbeating in the background (returns at once)."""
         if self.scheduler_endpoint is None or self._task is not None:
             return
-        self._channel = create_channel(self.scheduler_endpoint, auth_token=self._auth_token)
+        self._channel = create_channel(
+            self.scheduler_endpoint, auth_token=self._auth_token, keepalive_s=self._keepalive_s
+        )
         self._task = asyncio.create_task(self._run(pb_grpc.SchedulerServiceStub(self._channel)))
 
     async def stop(self, deregister: bool = True) -> None:
@@ -97,8 +101,14 @@ class WorkerRegistration:
                     self._lease_id = None
                     continue
                 level = logging.ERROR if e.code() in CONFIG_ERRORS else logging.WARNING
-                logger.log(level, "scheduler %s: %s %s; retrying in %.1fs",
-                           self.scheduler_endpoint, e.code().name, e.details(), backoff)
+                logger.log(
+                    level,
+                    "scheduler %s: %s %s; retrying in %.1fs",
+                    self.scheduler_endpoint,
+                    e.code().name,
+                    e.details(),
+                    backoff,
+                )
             except Exception:  # NOTE: never let the loop die: the worker must stay registered
                 logger.exception("registration with %s failed; retrying in %.1fs",
                                  self.scheduler_endpoint, backoff)  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,18 +63,26 @@ def metadata_interceptors(pairs: Sequence[tuple[str, str]]) -> list[grpc.aio.Cli
 
 # NOTE: a peer whose host drops off the network sends nothing, not even a reset: without pings a
 # call to it waits for its deadline. With them, calls in flight fail UNAVAILABLE within about
-# twice $EPD_GRPC_KEEPALIVE_S (a ping every that many seconds, answered within as many; servers
-# accept pings that often: SERVER_PING_OPTIONS).
-KEEPALIVE_TIME_MS = int(float(os.environ.get("EPD_GRPC_KEEPALIVE_S", "5")) * 1000)
-KEEPALIVE_TIMEOUT_MS = KEEPALIVE_TIME_MS
-KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-]
-SERVER_PING_OPTIONS = [
-    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
-    ("grpc.http2.max_ping_strikes", 0),
-]
+# twice ``keepalive_s`` (a ping every that many seconds, answered within as many; servers
+# accept pings that often: ``server_ping_options``).
+DEFAULT_KEEPALIVE_S = 5.0
+
+
+def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """Channel options: a ping every ``keepalive_s``, the connection dropped if unanswered as
+    long."""
+    keepalive_ms = int(keepalive_s * 1000)
+    return [("grpc.keepalive_time_ms", keepalive_ms), ("grpc.keepalive_timeout_ms", keepalive_ms)]
+
+
+def server_ping_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """Server options accepting the pings of channels made with the same ``keepalive_s``."""
+    return [
+        ("grpc.http2.min_ping_interval_without_data_ms", int(keepalive_s * 1000) // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
 # NOTE: gRPC backs off reconnects to a peer that went away by 1.6x per failed attempt up to
 # 120 s, so a worker whose scheduler was down for a minute would register again up to two
 # minutes after it came back; capped, within about this (plus 20 % jitter).
@@ -90,8 +97,9 @@ def create_channel(
     tls_key_file: str | None = None,
     auth_token: str | None = None,
     max_message_bytes: int = 64 * MiB,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
 ) -> grpc.aio.Channel:
-    """Open an aio channel to ``endpoint`` (host:port).
+    """Open an aio channel to ``endpoint`` (host:port), pinging it every ``keepalive_s``.
 
     Every call carries the current trace context (W3C, via the OpenTelemetry interceptors) when
     the process traces (``telemetry.traces_rpcs``) and,
@@ -104,7 +112,7 @@ def create_channel(
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        *KEEPALIVE_OPTIONS,
+        *keepalive_options(keepalive_s),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
     if not (tls_ca_file or tls_cert_file):
@@ -123,11 +131,14 @@ Client = TypeVar("Client")
 
 
 class ChannelPool:
-    """Channels to peers, opened on first use (one per endpoint, same token) and closed together,
-    and the clients made over them (one per endpoint and kind)."""
+    """Channels to peers, opened on first use (one per endpoint, same token and keepalive) and
+    closed together, and the clients made over them (one per endpoint and kind)."""
 
-    def __init__(self, auth_token: str | None = None) -> None:
+    def __init__(
+        self, auth_token: str | None = None, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
         self._auth_token = auth_token
+        self._keepalive_s = keepalive_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._clients: dict[tuple[str, type], object] = {}
 
@@ -141,7 +152,9 @@ class ChannelPool:
     def get(self, endpoint: str) -> grpc.aio.Channel:
         """The channel to ``endpoint``, opened now if it is the first call."""
         if endpoint not in self._channels:
-            self._channels[endpoint] = create_channel(endpoint, auth_token=self._auth_token)
+            self._channels[endpoint] = create_channel(
+                endpoint, auth_token=self._auth_token, keepalive_s=self._keepalive_s
+            )
         return self._channels[endpoint]
 
     async def close(self) -> None:

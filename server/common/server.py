@@ -12,10 +12,8 @@ Prometheus metrics of the service's registry on ``--metrics-port`` (``metrics``)
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from epd.server.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.server.common.auth import BearerTokenInterceptor
 from epd.server.common.bad_messages import BadMessageInterceptor
-from epd.server.common.channels import SERVER_PING_OPTIONS
+from epd.server.common.channels import DEFAULT_KEEPALIVE_S, server_ping_options
 from epd.server.common.metrics import MetricsServer, start_metrics_server
 from epd.server.common.telemetry import traces_rpcs
 
@@ -66,6 +64,7 @@ class ServerOptions:
     drain_grace_s: float = 10.0
     advertise_host: str | None = None
     metrics_port: int | None = None
+    keepalive_s: float = DEFAULT_KEEPALIVE_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -80,6 +79,8 @@ class ServerOptions:
             raise ValueError("mTLS (a client CA) needs the server's own certificate and key")
         if self.drain_grace_s < 0:
             raise ValueError("drain grace must not be negative")
+        if self.keepalive_s <= 0:
+            raise ValueError(f"gRPC keepalive must be positive, got {self.keepalive_s}")
         if self.advertise_host is not None and is_wildcard(self.advertise_host):
             raise ValueError(
                 f"--advertise-host {self.advertise_host!r} is a wildcard; give the address "
@@ -101,83 +102,6 @@ class ServerOptions:
         """The address to bind, host:port (IPv6 hosts bracketed)."""
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
         return f"{host}:{self.port}"
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, default_port: int = 0) -> None:
-        """Add the server flags to ``parser``; each falls back to an EPD_* environment variable."""
-        env = os.environ.get
-        group = parser.add_argument_group("server")
-        group.add_argument(
-            "--host",
-            default=env("EPD_HOST", "127.0.0.1"),
-            help="address to listen on (env EPD_HOST; default 127.0.0.1; "
-            "0.0.0.0 or :: for all interfaces)",
-        )
-        group.add_argument(
-            "--port",
-            type=int,
-            default=int(env("EPD_PORT", default_port)),
-            help=f"port to listen on, 0 picks a free one (env EPD_PORT; default {default_port})",
-        )
-        group.add_argument(
-            "--max-message-mb",
-            type=float,
-            default=float(env("EPD_MAX_MESSAGE_MB", 64)),
-            help="largest gRPC message sent or received, in MiB "
-            "(env EPD_MAX_MESSAGE_MB; default 64)",
-        )
-        group.add_argument(
-            "--tls-cert",
-            default=env("EPD_TLS_CERT"),
-            help="PEM certificate chain; serves TLS when set (env EPD_TLS_CERT)",
-        )
-        group.add_argument(
-            "--tls-key",
-            default=env("EPD_TLS_KEY"),
-            help="PEM private key for --tls-cert (env EPD_TLS_KEY)",
-        )
-        group.add_argument(
-            "--tls-client-ca",
-            default=env("EPD_TLS_CLIENT_CA"),
-            help="PEM CA bundle; requires and verifies client certificates "
-            "(mTLS) when set (env EPD_TLS_CLIENT_CA)",
-        )
-        group.add_argument(
-            "--auth-token",
-            default=env("EPD_AUTH_TOKEN"),
-            help="require 'authorization: Bearer TOKEN' on every RPC except "
-            "health checks (env EPD_AUTH_TOKEN)",
-        )
-        group.add_argument(
-            "--advertise-host",
-            default=env("EPD_ADVERTISE_HOST"),
-            help="address workers register for peers to reach them at (env "
-            "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
-            "address when --host is a wildcard such as 0.0.0.0)",
-        )
-        group.add_argument("--drain-grace-s", type=float,
-                           default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
-                           help="on SIGTERM, seconds in-flight RPCs get to finish "
-                                "(env EPD_DRAIN_GRACE_S; default 10)")  # fmt: skip
-        metrics_port = env("EPD_METRICS_PORT")
-        group.add_argument(
-            "--metrics-port",
-            type=int,
-            default=int(metrics_port) if metrics_port else None,
-            help="serve Prometheus metrics (text format, any path, e.g. /metrics) on this port "
-            "of --host, 0 = a free one (env EPD_METRICS_PORT; default: off)",
-        )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServerOptions:
-        """Build options from flags added by ``add_arguments``."""
-        return cls(
-            host=args.host, port=args.port, max_message_bytes=int(args.max_message_mb * MiB),
-            tls_cert_file=args.tls_cert, tls_key_file=args.tls_key,
-            tls_client_ca_file=args.tls_client_ca, auth_token=args.auth_token or None,
-            drain_grace_s=args.drain_grace_s, advertise_host=args.advertise_host or None,
-            metrics_port=args.metrics_port,
-        )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -260,7 +184,7 @@ async def build_server(
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.max_receive_message_length", options.max_message_bytes),
-        *SERVER_PING_OPTIONS,
+        *server_ping_options(options.keepalive_s),
         ("grpc.so_reuseport", 0),
     ])  # fmt: skip
     for binding in bindings:

@@ -14,9 +14,7 @@ Logs: one line per record with the current trace and span ids, so logs and trace
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -144,17 +142,16 @@ def configure_tracing(
 ) -> TracerProvider:
     """Install (once per process) and return the SDK tracer provider for ``service_name``.
 
-    ``exporter`` defaults to $EPD_TRACE_EXPORTER, else "none". Idempotent: the global provider
-    is set only once (the first ``service_name`` names the resource), and calling again with
-    another exporter adds it to that provider, with the same one adds nothing.
+    ``exporter`` defaults to "none". Idempotent: the global provider is set only once (the first
+    ``service_name`` names the resource), and calling again with another exporter adds it to
+    that provider, with the same one adds nothing.
     """
-    spec = exporter or os.environ.get("EPD_TRACE_EXPORTER", "none")
+    spec = exporter or "none"
     make_exporter(spec)  # NOTE: a bad spec fails here, before the global provider is touched
     with _lock:
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
-            provider = _EpdTracerProvider(
-                resource=Resource.create({"service.name": service_name}))
+            provider = _EpdTracerProvider(resource=Resource.create({"service.name": service_name}))
             trace.set_tracer_provider(provider)
     add_exporter(provider, spec, span_file_bytes)
     return provider
@@ -191,7 +188,7 @@ class SingleLineFormatter(logging.Formatter):
 
 
 def configure_logging(level: str | None = None) -> None:
-    """Log one line per record to stderr with trace ids; level from arg, $EPD_LOG_LEVEL or INFO.
+    """Log one line per record to stderr with trace ids, at ``level`` (default INFO).
 
     Replaces the root logger's handlers, so calling it twice does not duplicate lines.
     """
@@ -200,39 +197,4 @@ def configure_logging(level: str | None = None) -> None:
     handler.setFormatter(SingleLineFormatter())
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel((level or os.environ.get("EPD_LOG_LEVEL", "INFO")).upper())
-
-
-def mebibytes(text: str) -> int:
-    """A flag's size in MiB: an integer, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of MiB, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more MiB, got {value}")
-    return value
-
-
-def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --trace-exporter, --trace-file-max-mb and --log-level to ``parser``."""
-    group = parser.add_argument_group("telemetry")
-    group.add_argument("--trace-exporter", default=os.environ.get("EPD_TRACE_EXPORTER", "none"),
-                       help="where spans go: none, console, otlp-grpc[=ENDPOINT], "
-                            "otlp-http[=ENDPOINT] or json:PATH (env EPD_TRACE_EXPORTER)")
-    group.add_argument(
-        "--trace-file-max-mb",
-        type=mebibytes,
-        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
-        help="json:PATH keeps at most this many MiB of spans in PATH and PATH.1 (rotated when "
-        f"PATH reaches half; 0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
-    )
-    group.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"),
-                       choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-                       help="log level (env EPD_LOG_LEVEL; default INFO)")  # fmt: skip
-
-
-def configure_from_args(service_name: str, args: argparse.Namespace) -> TracerProvider:
-    """Apply the flags added by ``add_telemetry_arguments``; returns the tracer provider."""
-    configure_logging(args.log_level)
-    return configure_tracing(service_name, args.trace_exporter, args.trace_file_max_mb << 20)
+    root.setLevel((level or "INFO").upper())

@@ -29,6 +29,7 @@ class DecodeConfig:
     weight: float = 1.0
     capacity: int = 8
     scheduler: str | None = None
+    host_id: str = ""  # empty: plane.default_host_id()
 
 
 @dataclass
@@ -57,7 +58,7 @@ async def build_decode_server(config: DecodeConfig, engine: Engine,
         registry = new_registry()
         register_engine_metrics(registry)
     server, port = await build_server([binding], options, registry)
-    host_id = default_host_id()
+    host_id = config.host_id or default_host_id()
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"decode-{host_id}-{port}", role=scheduler_pb.WORKER_ROLE_DECODE,
         endpoint=options.advertised_endpoint(port), device=engine.device, weight=config.weight,

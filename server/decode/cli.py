@@ -7,7 +7,8 @@ import asyncio
 import sys
 
 from epd.server.common.server import ServerOptions, serve
-from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.device import resolve_device
 from epd.server.engine.engine_cli import (
@@ -16,14 +17,16 @@ from epd.server.engine.engine_cli import (
     engine_options,
 )
 from epd.server.prefill.cli import vllm_installed
+from epd.server.transfer.transfer_cli import add_transfer_arguments
 
 DEFAULT_PORT = 50081
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine, server and telemetry flags."""
+    """Engine, host id, server and telemetry flags."""
     add_engine_arguments(parser)
-    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_transfer_arguments(parser, shm=False, nixl=False)
+    add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
 
@@ -34,12 +37,14 @@ def run(args: argparse.Namespace) -> int:
         if not vllm_installed():
             raise ValueError("vLLM is not installed; decode workers pull KV caches with vLLM's "
                              "NixlConnector (scripts/install.sh installs it)")  # fmt: skip
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
         args.device = resolve_device(args.device)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)
         return 2
-    config = DecodeConfig(args.worker_id, args.weight, args.max_pending, args.scheduler)
+    config = DecodeConfig(
+        args.worker_id, args.weight, args.max_pending, args.scheduler, host_id=args.host_id
+    )
     configure_from_args("epd-decode", args)
     return asyncio.run(_serve(args, config, options))
 

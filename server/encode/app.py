@@ -21,6 +21,7 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.metrics import register_plane_metrics
+from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -48,6 +49,7 @@ class EncodeConfig:
     lease_ttl_s: float = 60.0
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
     max_inline_ms: float = 10.0
+    transfer: TransferOptions = field(default_factory=TransferOptions)
 
 
 @dataclass
@@ -82,7 +84,9 @@ async def build_encode_server(config: EncodeConfig,
         model_id=model_id,
         processor_fingerprint=processor_fingerprint(config.model_dir),
     )
-    plane = DataPlane(lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind)
+    plane = DataPlane.from_options(
+        config.transfer, lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind
+    )
     plane.start_reaper()
     cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
     worker = EncodeWorker(batcher, loader, plane, cache, worker_id=config.worker_id,
@@ -115,7 +119,8 @@ async def build_encode_server(config: EncodeConfig,
 
     registration = WorkerRegistration(config.scheduler, info, load,
                                       interval_s=config.heartbeat_interval_s,
-                                      auth_token=options.auth_token)  # fmt: skip
+                                      auth_token=options.auth_token,
+                                      keepalive_s=options.keepalive_s)  # fmt: skip
     server.add_drain_callback(registration.stop)
     await registration.start()
     await server.mark_serving()

@@ -10,63 +10,107 @@ from pathlib import Path
 
 from epd.server.common.model_dir import require_model_dir
 from epd.server.common.server import ServerOptions, serve
-from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import EncodeConfig, build_encode_server
-from epd.server.media.policy import MediaPolicy
+from epd.server.media.media_cli import add_media_arguments, media_policy
+from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50061
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Encoder flags, then media, server and telemetry flags."""
+    """Encoder flags, then media, data-plane, server and telemetry flags."""
     env = os.environ.get
-    parser.add_argument("--model", type=Path, required=True,
-                        help="model directory (a checkpoint of a supported family; only its vision "
-                             "tower is loaded)")
-    parser.add_argument("--model-id", default="",
-                        help="model name clients use (default: the directory name)")
-    parser.add_argument("--device", default=env("EPD_ENCODER_DEVICE", "cpu"),
-                        help="cpu, cuda, cuda:N, xpu or auto (env EPD_ENCODER_DEVICE; "
-                             "default cpu)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                        help="vision tower dtype (default float32)")
-    parser.add_argument("--threads", type=int, default=int(env("EPD_ENCODER_THREADS", "0")),
-                        help="CPU threads of the vision tower (env EPD_ENCODER_THREADS; default "
-                             "0: torch's default, one per core); give CPU encoders that share a "
-                             "machine with engines fewer")
-    parser.add_argument("--worker-id", default=env("EPD_WORKER_ID", ""),
-                        help="id in the scheduler's registry (env EPD_WORKER_ID; default "
-                             "encode-HOST-PORT)")
-    parser.add_argument("--weight", type=float, default=1.0,
-                        help="share of work under weighted policies (default 1)")
-    parser.add_argument("--scheduler", default=env("EPD_SCHEDULER"),
-                        help="scheduler host:port to register with (env EPD_SCHEDULER; "
-                             "default: none, serve direct calls only)")
-    parser.add_argument("--max-batch-size", type=int, default=8,
-                        help="images per vision-tower call at most (default 8)")
-    parser.add_argument("--max-batch-wait-ms", type=float,
-                        default=float(env("EPD_MAX_BATCH_WAIT_MS", "0")),
-                        help="how long the first image of a batch waits for others (env "
-                             "EPD_MAX_BATCH_WAIT_MS; default 0: a batch takes the images already "
-                             "queued, which under load are those that arrived while the tower "
-                             "ran)")
-    parser.add_argument("--max-inline-ms", type=float,
-                        default=float(env("EPD_MAX_INLINE_MS", "10")),
-                        help="batches expected to finish within this many ms run on the event "
-                             "loop instead of a worker thread, whose hand-off costs more than "
-                             "that on small CPU machines (env EPD_MAX_INLINE_MS; default 10; "
-                             "0: always a thread)")
-    parser.add_argument("--cache-mb", type=float, default=256.0,
-                        help="encoder cache budget in MiB, 0 disables (default 256)")
-    parser.add_argument("--transfer", choices=["auto", "shm", "nixl", "inline"],
-                        default=env("EPD_TRANSFER_KIND", "auto"),
-                        help="data-plane backend for results, unless a request asks for one (env "
-                             "EPD_TRANSFER_KIND; default auto: shm on the same host, nixl to "
-                             "another host when nixl is installed, else inline)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="model directory (a checkpoint of a supported family; only its vision "
+        "tower is loaded)",
+    )
+    parser.add_argument(
+        "--model-id", default="", help="model name clients use (default: the directory name)"
+    )
+    parser.add_argument(
+        "--device",
+        default=env("EPD_ENCODER_DEVICE", "cpu"),
+        help="cpu, cuda, cuda:N, xpu or auto (env EPD_ENCODER_DEVICE; default cpu)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float16", "bfloat16"],
+        help="vision tower dtype (default float32)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(env("EPD_ENCODER_THREADS", "0")),
+        help="CPU threads of the vision tower (env EPD_ENCODER_THREADS; default "
+        "0: torch's default, one per core); give CPU encoders that share a "
+        "machine with engines fewer",
+    )
+    parser.add_argument(
+        "--worker-id",
+        default=env("EPD_WORKER_ID", ""),
+        help="id in the scheduler's registry (env EPD_WORKER_ID; default encode-HOST-PORT)",
+    )
+    parser.add_argument(
+        "--weight",
+        type=float,
+        default=1.0,
+        help="share of work under weighted policies (default 1)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        default=env("EPD_SCHEDULER"),
+        help="scheduler host:port to register with (env EPD_SCHEDULER; "
+        "default: none, serve direct calls only)",
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=8,
+        help="images per vision-tower call at most (default 8)",
+    )
+    parser.add_argument(
+        "--max-batch-wait-ms",
+        type=float,
+        default=float(env("EPD_MAX_BATCH_WAIT_MS", "0")),
+        help="how long the first image of a batch waits for others (env "
+        "EPD_MAX_BATCH_WAIT_MS; default 0: a batch takes the images already "
+        "queued, which under load are those that arrived while the tower "
+        "ran)",
+    )
+    parser.add_argument(
+        "--max-inline-ms",
+        type=float,
+        default=float(env("EPD_MAX_INLINE_MS", "10")),
+        help="batches expected to finish within this many ms run on the event "
+        "loop instead of a worker thread, whose hand-off costs more than "
+        "that on small CPU machines (env EPD_MAX_INLINE_MS; default 10; "
+        "0: always a thread)",
+    )
+    parser.add_argument(
+        "--cache-mb",
+        type=float,
+        default=256.0,
+        help="encoder cache budget in MiB, 0 disables (default 256)",
+    )
+    parser.add_argument(
+        "--transfer",
+        choices=["auto", "shm", "nixl", "inline"],
+        default=env("EPD_TRANSFER_KIND", "auto"),
+        help="data-plane backend for results, unless a request asks for one (env "
+        "EPD_TRANSFER_KIND; default auto: shm on the same host, nixl to "
+        "another host when nixl is installed, else inline)",
+    )
     parser.add_argument("--lease-ttl-s", type=float, default=60.0,
                         help="seconds an unreleased result is kept (default 60)")  # fmt: skip
-    MediaPolicy.add_arguments(parser)
-    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_media_arguments(parser)
+    add_transfer_arguments(parser)
+    add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
 
@@ -76,18 +120,19 @@ def run(args: argparse.Namespace) -> int:
         require_model_dir(args.model)
         if (args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0
                 or args.max_inline_ms < 0):  # fmt: skip
-            raise ValueError("batch size must be >= 1; wait, inline time and cache must not "
-                             "be negative")
+            raise ValueError(
+                "batch size must be >= 1; wait, inline time and cache must not be negative"
+            )
         if args.threads < 0:
             raise ValueError("--threads must be 0 (torch's default) or more")
         config = EncodeConfig(
             args.model, args.model_id, args.device, args.dtype, args.worker_id, args.weight,
             args.max_batch_size, args.max_batch_wait_ms, args.cache_mb,
-            MediaPolicy.from_args(args), args.scheduler,
+            media_policy(args), args.scheduler,
             None if args.transfer == "auto" else args.transfer, args.lease_ttl_s,
-            max_inline_ms=args.max_inline_ms,
+            max_inline_ms=args.max_inline_ms, transfer=transfer_options(args),
         )  # fmt: skip
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
     except ValueError as e:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.service import Mode, PrefillWorker
 from epd.server.prefill.servicer import PrefillServicer
 from epd.server.transfer.metrics import register_plane_metrics
+from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -41,6 +42,7 @@ class PrefillConfig:
     scheduler: str | None = None
     media: MediaPolicy = field(default_factory=MediaPolicy)
     hands_off_kv: bool = False
+    transfer: TransferOptions = field(default_factory=TransferOptions)
 
 
 @dataclass
@@ -62,7 +64,7 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
                                options: ServerOptions | None = None) -> PrefillApp:  # fmt: skip
     """Serve ``engine`` (already started) and register with the scheduler (if any)."""
     options = options or ServerOptions()
-    plane = DataPlane()
+    plane = DataPlane.from_options(config.transfer)
     # NOTE: the reaper also forgets kept mappings of encoders' segments that their encoder
     # unlinked (an encoder that stopped), which would pin that memory in this process.
     plane.start_reaper()
@@ -105,7 +107,9 @@ async def register_and_serve(server: EpdServer, info: scheduler_pb.WorkerInfo, e
                                        num_in_flight=engine_load.num_running,
                                        kv_usage=engine_load.kv_usage)  # fmt: skip
 
-    registration = WorkerRegistration(scheduler, info, load, auth_token=options.auth_token)
+    registration = WorkerRegistration(
+        scheduler, info, load, auth_token=options.auth_token, keepalive_s=options.keepalive_s
+    )
     server.add_drain_callback(registration.stop)
     await registration.start()
     await server.mark_serving()

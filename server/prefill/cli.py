@@ -10,7 +10,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from epd.server.common.server import ServerOptions, serve
-from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
+from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.engine.device import resolve_device
 from epd.server.engine.engine_cli import (
     add_engine_arguments,
@@ -18,9 +19,10 @@ from epd.server.engine.engine_cli import (
     engine_options,
     transformers_options,
 )
-from epd.server.media.policy import MediaPolicy
+from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
+from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
@@ -50,7 +52,7 @@ def resolve_engine(name: str, hands_off_kv: bool) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Prefill flags, then engine, media, server and telemetry flags."""
+    """Prefill flags, then engine, media, data-plane, server and telemetry flags."""
     parser.add_argument(
         "--mode",
         choices=[m.value for m in Mode],
@@ -73,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default auto)",
     )
     add_engine_arguments(parser)
-    MediaPolicy.add_arguments(parser)
-    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_media_arguments(parser)
+    add_transfer_arguments(parser)
+    add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
 
@@ -82,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
     """Start the engine, serve until SIGTERM/SIGINT, stop the engine."""
     try:
         check_engine_arguments(args)
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
         mode = Mode(args.mode)
         config = PrefillConfig(args.model, mode, args.worker_id, args.weight, args.max_pending,
-                               args.scheduler, MediaPolicy.from_args(args),
-                               hands_off_kv=args.kv_transfer or mode is Mode.PREFILL)  # fmt: skip
+                               args.scheduler, media_policy(args),
+                               hands_off_kv=args.kv_transfer or mode is Mode.PREFILL,
+                               transfer=transfer_options(args))  # fmt: skip
         args.engine = resolve_engine(args.engine, config.hands_off_kv)
         args.device = resolve_device(args.device)
     except ValueError as e:

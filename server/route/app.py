@@ -21,6 +21,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
 from epd.server.transfer.metrics import register_plane_metrics
+from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 
@@ -38,6 +39,7 @@ class RouteConfig:
     http_port: int | None = None
     http: HttpOptions = field(default_factory=HttpOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    transfer: TransferOptions = field(default_factory=TransferOptions)
 
 
 @dataclass
@@ -70,7 +72,7 @@ async def build_route_server(config: RouteConfig,
         processor_fingerprint=processor_fingerprint(config.model_dir),
     )
     # NOTE: shared memory only: the pixels are for encoders on this host; others load the source.
-    plane = DataPlane(kinds=("shm",))
+    plane = DataPlane.from_options(config.transfer, kinds=("shm",))
     plane.start_reaper()
     prompts = PromptBuilder(config.model_dir, max_prompt_chars=config.limits.max_prompt_chars)
     registry = new_registry() if options.exports_metrics else None
@@ -80,7 +82,7 @@ async def build_route_server(config: RouteConfig,
         register_media_metrics(loader, registry)
         register_plane_metrics(plane, registry)
     worker = RouteWorker(
-        Peers(config.scheduler, options.auth_token),
+        Peers(config.scheduler, options.auth_token, keepalive_s=options.keepalive_s),
         prompts,
         loader,
         model_id=model_id,

@@ -10,17 +10,19 @@ from pathlib import Path
 
 from epd.server.common.model_dir import require_model_dir
 from epd.server.common.server import ServerOptions, serve
-from epd.server.common.telemetry import add_telemetry_arguments, configure_from_args
-from epd.server.media.policy import MediaPolicy
+from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.openai_schema import RequestLimits
+from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50050
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Route flags, then media, server and telemetry flags."""
+    """Route flags, then media, host id, server and telemetry flags."""
     env = os.environ.get
     parser.add_argument(
         "--model",
@@ -44,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
                              "off)")  # fmt: skip
     add_http_arguments(parser)
-    MediaPolicy.add_arguments(parser)
-    ServerOptions.add_arguments(parser, default_port=DEFAULT_PORT)
+    add_media_arguments(parser)
+    add_transfer_arguments(parser, shm=False, nixl=False)
+    add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
 
@@ -144,11 +147,11 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     try:
         require_model_dir(args.model)
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
         config = RouteConfig(args.model, args.scheduler, args.model_id,
-                             MediaPolicy.from_args(args), args.http_port,
-                             http=http_options(args),
-                             limits=request_limits(args))  # fmt: skip
+                             media_policy(args), args.http_port,
+                             http=http_options(args), limits=request_limits(args),
+                             transfer=transfer_options(args))  # fmt: skip
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@ They raise domain errors (``clients``): the route's logic never sees a gRPC erro
 
 from __future__ import annotations
 
-from epd.server.common.channels import ChannelPool
+from epd.server.common.channels import DEFAULT_KEEPALIVE_S, ChannelPool
 from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient, SchedulerClient
 from epd.server.common.tasks import BackgroundCalls
 
@@ -11,8 +11,14 @@ from epd.server.common.tasks import BackgroundCalls
 class Peers:
     """Lazily opened channels keyed by endpoint, with their clients."""
 
-    def __init__(self, scheduler_endpoint: str, auth_token: str | None = None) -> None:
-        self._channels = ChannelPool(auth_token)
+    def __init__(
+        self,
+        scheduler_endpoint: str,
+        auth_token: str | None = None,
+        *,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    ) -> None:
+        self._channels = ChannelPool(auth_token, keepalive_s=keepalive_s)
         self.background = BackgroundCalls()
         self.scheduler = SchedulerClient(self._channels.get(scheduler_endpoint))
 

@@ -10,14 +10,14 @@ connection, later ones a few microseconds) and remembers it per remote agent nam
 Descriptors cross the wire as integers ``(address, length, device_id)``; this module never calls
 ``deserialize_descs`` (it unpickles). The UCX backend runs with error handling mode ``none`` by
 default, which lets UCX pick shared-memory transports between processes of one host; ``peer``
-($EPD_NIXL_UCX_ERROR_HANDLING=peer) trades that for peer-failure detection.
+(``NixlOptions.ucx_error_handling``) trades that for peer-failure detection.
 
 Progress: a passive agent must make progress for peers to connect, for their notifications to
 arrive and, over transports without one-sided READs (UCX TCP), for the READs it serves. NIXL's
 own progress thread does that without pause and takes a whole core; by default it is off and a
-thread of ours polls every $EPD_NIXL_POLL_INTERVAL_S instead (``nixl_notifications``), started
-with the agent, before anything can wait on it. $EPD_NIXL_PROGRESS_THREAD=1 turns NIXL's on and
-ours off, where cores are plentiful.
+thread of ours polls every ``NixlOptions.poll_interval_s`` instead (``nixl_notifications``),
+started with the agent, before anything can wait on it. ``NixlOptions.progress_thread`` turns
+NIXL's on and ours off, where cores are plentiful.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from typing import Any
 
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer.nixl_notifications import NotificationListener, Notifications
+from epd.server.transfer.options import NixlOptions
 
 logger = logging.getLogger(__name__)
-# NOTE: read when nixl is first imported; INFO lines on every agent start are noise in servers.
+# NOTE: sets (does not read) the nixl library's own variable, read when nixl is first imported:
+# INFO lines on every agent start are noise in servers.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
 Region = tuple[int, int, int]  # (address, length, device id)
@@ -58,19 +60,18 @@ def is_available() -> bool:
 class NixlAgent:
     """Thread-safe wrapper over one ``nixl_agent`` with the UCX backend (host or device memory)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, options: NixlOptions | None = None) -> None:
         from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
-        progress_thread = os.environ.get("EPD_NIXL_PROGRESS_THREAD", "0") == "1"
+        options = options or NixlOptions()
         config = nixl_agent_config(
-            enable_prog_thread=progress_thread,
+            enable_prog_thread=options.progress_thread,
             backends=[],
             sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
         )
         self.name = name
         self._agent: Any = nixl_agent(name, config)
-        mode = os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", "none")
-        self._agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
+        self._agent.create_backend("UCX", {"ucx_error_handling_mode": options.ucx_error_handling})
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
@@ -78,9 +79,8 @@ class NixlAgent:
         self._share_lock = threading.Lock()
         self._metadata: dict[int, bytes] = {}
         self._remote: dict[str, set[bytes]] = {}
-        interval_s = float(os.environ.get("EPD_NIXL_POLL_INTERVAL_S", "0.001"))
         self._notifications = Notifications(
-            self._agent, interval_s=interval_s, threaded=not progress_thread
+            self._agent, interval_s=options.poll_interval_s, threaded=not options.progress_thread
         )
         # NOTE: a daemon thread inside a NIXL call while the interpreter tears down aborts the
         # process ("terminate called without an active exception").
@@ -309,14 +309,15 @@ _PROCESS_AGENT_PID = 0
 _PROCESS_LOCK = threading.Lock()
 
 
-def process_agent() -> NixlAgent:
-    """This process's agent, created on first call (named ``epd-<host hash>-<pid>-<random>``)."""
+def process_agent(options: NixlOptions | None = None) -> NixlAgent:
+    """This process's agent, created on first call (named ``epd-<host hash>-<pid>-<random>``)
+    with that call's ``options``; later calls return it whatever options they give."""
     global _PROCESS_AGENT, _PROCESS_AGENT_PID
     with _PROCESS_LOCK:
         if _PROCESS_AGENT is None or os.getpid() != _PROCESS_AGENT_PID:
             host = zlib.crc32(socket.gethostname().encode())
             name = f"epd-{host:08x}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            _PROCESS_AGENT, _PROCESS_AGENT_PID = NixlAgent(name), os.getpid()
+            _PROCESS_AGENT, _PROCESS_AGENT_PID = NixlAgent(name, options), os.getpid()
             logger.info("NIXL agent %s created", name)
         return _PROCESS_AGENT
 

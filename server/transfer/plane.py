@@ -1,6 +1,6 @@
 """One data plane per process: picks the backend for each handoff and frees what is not released.
 
-Choice for ``put``: an explicit preference (argument, or $EPD_TRANSFER_KIND for the whole process)
+Choice for ``put``: an explicit preference (argument, or ``forced_kind`` for the whole process)
 wins; otherwise shared memory when the consumer's host id equals ours, NIXL when the consumer is
 on another known host and NIXL is enabled here, else inline (also for an empty, i.e. unknown,
 consumer host id: such a consumer may not have NIXL). ``get`` dispatches on the reference's
@@ -11,12 +11,13 @@ NIXL costs nothing until first used: the process's agent is created then.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import socket
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -27,7 +28,10 @@ from epd.server.transfer.inline import InlineConsumer, InlineProducer
 from epd.server.transfer.leases import LeaseInfo
 from epd.server.transfer.nixl import NixlConsumer, NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
+from epd.server.transfer.nixl_agent import process_agent
+from epd.server.transfer.options import NixlOptions, TransferOptions
 from epd.server.transfer.shm import ShmConsumer, ShmProducer
+from epd.server.transfer.shm_mappings import DEFAULT_MAX_BYTES
 from epd.v1 import tensor_pb2
 
 logger = logging.getLogger(__name__)
@@ -44,9 +48,8 @@ ORPHAN_SWEEP_S = 10.0
 
 
 def default_host_id() -> str:
-    """$EPD_HOST_ID, else hostname plus boot id: equal exactly for processes sharing /dev/shm."""
-    if os.environ.get("EPD_HOST_ID"):
-        return os.environ["EPD_HOST_ID"]
+    """Hostname plus boot id: equal exactly for processes sharing /dev/shm (unless a container
+    gives each its own; then ``--host-id`` tells them apart)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()[:8]
@@ -70,33 +73,52 @@ class DataPlane:
     def __init__(self, host_id: str | None = None, *, producer_endpoint: str = "",
                  lease_ttl_s: float = 60.0, max_inline_bytes: int = 8 << 20,
                  forced_kind: str | None = None,
-                 kinds: tuple[str, ...] = ALL_KINDS) -> None:  # fmt: skip
+                 kinds: tuple[str, ...] = ALL_KINDS,
+                 max_mapped_bytes: int = DEFAULT_MAX_BYTES,
+                 nixl: NixlOptions | None = None) -> None:  # fmt: skip
         """``kinds`` lists the backends this process offers (nixl is dropped when the package is
-        missing); ``forced_kind`` (default $EPD_TRANSFER_KIND) overrides the automatic choice."""
+        missing); ``forced_kind`` overrides the automatic choice; ``max_mapped_bytes`` bounds
+        what the shm consumer keeps mapped; ``nixl`` configures the process's NIXL agent if
+        this plane is the first to create it."""
         unknown = set(kinds) - set(ALL_KINDS)
         if unknown:
             raise ValueError(f"unknown transfer kinds {sorted(unknown)}: use {ALL_KINDS}")
         self.host_id = host_id or default_host_id()
         self.max_inline_bytes = max_inline_bytes
-        self.forced_kind = parse_kind(forced_kind or os.environ.get("EPD_TRANSFER_KIND", ""))
+        self.forced_kind = parse_kind(forced_kind or "")
         self.producers: dict[int, TensorProducer] = {}
         self.consumers: dict[str, TensorConsumer] = {}
         if "shm" in kinds:
             self.producers[tensor_pb2.TRANSFER_KIND_SHM] = ShmProducer(
                 self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s
             )
-            self.consumers["shm"] = ShmConsumer(self.host_id)
+            self.consumers["shm"] = ShmConsumer(self.host_id, max_mapped_bytes=max_mapped_bytes)
         if "nixl" in kinds and is_nixl_available():
+            agent = functools.partial(process_agent, nixl or NixlOptions())
             self.producers[tensor_pb2.TRANSFER_KIND_NIXL] = NixlProducer(
-                self.host_id, producer_endpoint=producer_endpoint, ttl_s=lease_ttl_s
+                self.host_id,
+                producer_endpoint=producer_endpoint,
+                ttl_s=lease_ttl_s,
+                agent_factory=agent,
             )
-            self.consumers["nixl"] = NixlConsumer()
+            self.consumers["nixl"] = NixlConsumer(agent_factory=agent)
         if "inline" in kinds:
             self.producers[tensor_pb2.TRANSFER_KIND_INLINE] = InlineProducer()
             self.consumers["inline_data"] = InlineConsumer()
         self.counts = TransferCounts()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
+
+    @classmethod
+    def from_options(cls, options: TransferOptions, **settings: Any) -> DataPlane:
+        """A plane with the process's ``options`` and the role's own ``settings`` (keyword
+        arguments of the constructor: kinds, leases, forced kind)."""
+        return cls(
+            options.host_id or None,
+            max_mapped_bytes=options.shm_mapped_bytes,
+            nixl=options.nixl,
+            **settings,
+        )
 
     def set_producer_endpoint(self, endpoint: str) -> None:
         """Where consumers release leases (known once the server has bound its port)."""

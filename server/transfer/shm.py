@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from epd.server.common.env import int_env
 from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.idle_pool import IdlePool
@@ -206,18 +205,16 @@ class ShmConsumer(TensorConsumer):
     them out at memcpy speed (large copies into recycled buffers, see ``warm_buffers``).
 
     Mappings are kept for the next lease of the same segment (see ``shm_mappings``): at most
-    ``max_mapped_bytes`` (default $EPD_SHM_MAPPED_BYTES, else 1 GiB; 0 keeps none) in
-    ``max_mappings`` segments, once for views and once for copies."""
+    ``max_mapped_bytes`` (default 1 GiB; 0 keeps none) in ``max_mappings`` segments, once for
+    views and once for copies."""
 
     kind = "shm"
 
     def __init__(self, host_id: str, *, shm_dir: str = SHM_DIR,
-                 max_mapped_bytes: int | None = None,
+                 max_mapped_bytes: int = DEFAULT_MAX_BYTES,
                  max_mappings: int = DEFAULT_MAX_MAPPINGS) -> None:  # fmt: skip
         self.host_id = host_id
         self._dir = shm_dir
-        if max_mapped_bytes is None:
-            max_mapped_bytes = int_env("EPD_SHM_MAPPED_BYTES", DEFAULT_MAX_BYTES, minimum=0)
         self.views = MappingCache(private=True, max_bytes=max_mapped_bytes,
                                   max_mappings=max_mappings)  # fmt: skip
         self.copies = MappingCache(private=False, max_bytes=max_mapped_bytes,

@@ -14,6 +14,7 @@ import torch
 from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.nixl_agent import NixlAgent
+from epd.server.transfer.options import NixlOptions
 
 pytestmark = pytest.mark.skipif(not nixl_agent.is_available(), reason="nixl is not installed")
 
@@ -188,3 +189,28 @@ def test_a_failed_post_raises_typed_errors_and_forgets_a_failed_peer(
     consumer.connect(producer.name, producer.metadata(remote.address))
     remote.fill(b"back")
     assert read(consumer, producer, local, remote, 4) == b"back"
+
+
+def test_agents_take_their_options_nixls_progress_thread_and_peer_error_handling() -> None:
+    options = NixlOptions(ucx_error_handling="peer", progress_thread=True)
+    producer = NixlAgent("epd-test-options-producer", options)
+    consumer = NixlAgent("epd-test-options-consumer", options)
+    remote, local = Buffer(), Buffer()
+    try:
+        assert producer._notifications._thread is None  # NIXL's thread makes progress, not ours
+        producer.register(remote.address, SIZE)
+        consumer.register(local.address, SIZE)
+        consumer.connect(producer.name, producer.metadata(remote.address))
+        remote.fill(b"options")
+        assert read(consumer, producer, local, remote, 7) == b"options"
+        inbox = Inbox(producer)
+        consumer.notify(producer.name, b"polled by the caller")
+        deadline = time.monotonic() + 5
+        while not producer.poll() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert inbox.wait_for(1, timeout_s=0) == [b"polled by the caller"]
+    finally:
+        consumer.deregister(local.address)
+        producer.deregister(remote.address)
+        producer.stop_progress()
+        consumer.stop_progress()

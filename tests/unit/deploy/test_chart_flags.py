@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from epd.cli import COMMANDS
-from epd.server.common.server import ServerOptions
+from epd.server.common.server_cli import server_options
 from tests.integration.e2e.netns import UCX_ENV, Host
 from tests.unit.deploy.chart import (
     EXAMPLES,
@@ -107,7 +107,7 @@ def test_every_container_parses_with_the_real_cli(
         assert container["command"][0] == "epd", name
         [command] = container["command"][1:]
         args = parser_for(command, env, monkeypatch).parse_args(container["args"])
-        options = ServerOptions.from_args(args)
+        options = server_options(args)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert options.port == ports["grpc"], name
         assert options.host == "0.0.0.0", name
@@ -161,6 +161,11 @@ def test_an_unknown_flag_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         parser_for("prefill", {}, monkeypatch).parse_args(["--model", "/m", "--gpu-count", "1"])
 
 
-def test_process_wide_variables_are_found_in_the_source() -> None:
-    assert {"EPD_HOST_ID", "EPD_GRPC_KEEPALIVE_S"} <= process_wide_variables()
-    assert "EPD_KV_HOST" not in process_wide_variables()  # a flag's fallback: prefill and decode
+def test_every_variable_in_the_source_is_a_flags_fallback() -> None:
+    """No library code reads a variable of its own: each EPD_* name is a flag's fallback shown
+    in an `epd` command's --help (EPD_HOST_ID and EPD_GRPC_KEEPALIVE_S were read inside
+    libraries); those not a service's are the client's (epd chat)."""
+    assert process_wide_variables() <= help_variables("chat")
+    services = ("scheduler", "route", "encode", "prefill", "decode")
+    assert all("EPD_HOST_ID" in help_variables(c) for c in services if c != "scheduler")
+    assert all("EPD_GRPC_KEEPALIVE_S" in help_variables(c) for c in services)

@@ -6,13 +6,14 @@ import argparse
 
 import pytest
 
+from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.media.policy import MediaPolicy
 
 
 def parse(argv: list[str]) -> MediaPolicy:
     parser = argparse.ArgumentParser()
-    MediaPolicy.add_arguments(parser)
-    return MediaPolicy.from_args(parser.parse_args(argv))
+    add_media_arguments(parser)
+    return media_policy(parser.parse_args(argv))
 
 
 def test_defaults_match_the_dataclass() -> None:
@@ -21,7 +22,7 @@ def test_defaults_match_the_dataclass() -> None:
 
 def test_new_limits_have_flags_and_env_fallbacks(monkeypatch) -> None:
     parser = argparse.ArgumentParser()
-    MediaPolicy.add_arguments(parser)
+    add_media_arguments(parser)
     help_text = parser.format_help()
     for flag in ("--media-max-url-chars", "--media-image-formats", "--media-max-jpeg-scans"):
         assert flag in help_text

@@ -161,17 +161,12 @@ def test_the_cache_keeps_to_its_limits(producer: ShmProducer) -> None:
         producer.release(ref.lease_id)
 
 
-def test_the_environment_sets_the_cache_size(monkeypatch: pytest.MonkeyPatch,
-                                             producer: ShmProducer) -> None:  # fmt: skip
-    monkeypatch.setenv("EPD_SHM_MAPPED_BYTES", "0")
-    consumer = ShmConsumer(HOST)
+def test_a_zero_budget_keeps_no_mapping(producer: ShmProducer) -> None:
+    consumer = ShmConsumer(HOST, max_mapped_bytes=0)
     ref = producer.put(torch.ones(ELEMENTS))
     assert torch.equal(consumer.get(ref), torch.ones(ELEMENTS))
     assert len(consumer.views) == 0
     producer.release(ref.lease_id)
-    monkeypatch.setenv("EPD_SHM_MAPPED_BYTES", "1GiB")
-    with pytest.raises(ValueError, match="EPD_SHM_MAPPED_BYTES"):
-        ShmConsumer(HOST)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -63,9 +63,8 @@ def test_choice_without_nixl_falls_back_to_inline() -> None:
         DataPlane("host-a", kinds=("shm", "pigeon"))
 
 
-def test_environment_forces_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EPD_TRANSFER_KIND", "inline")
-    forced = DataPlane("host-a")
+def test_a_forced_kind_wins_over_the_automatic_choice() -> None:
+    forced = DataPlane("host-a", forced_kind="inline")
     assert forced.choose("host-a", 0) == tensor_pb2.TRANSFER_KIND_INLINE
     forced.close()
     with pytest.raises(ValueError, match="unknown transfer kind"):

@@ -1,0 +1,103 @@
+"""Server flags shared by every service's command line, and the ``ServerOptions`` they give."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from epd.server.common.channels import DEFAULT_KEEPALIVE_S
+from epd.server.common.env import float_env
+from epd.server.common.server import MiB, ServerOptions
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0) -> None:
+    """Add the server flags to ``parser``; each falls back to an EPD_* environment variable.
+    ValueError naming the variable when $EPD_GRPC_KEEPALIVE_S is malformed."""
+    env = os.environ.get
+    group = parser.add_argument_group("server")
+    group.add_argument(
+        "--host",
+        default=env("EPD_HOST", "127.0.0.1"),
+        help="address to listen on (env EPD_HOST; default 127.0.0.1; "
+        "0.0.0.0 or :: for all interfaces)",
+    )
+    group.add_argument(
+        "--port",
+        type=int,
+        default=int(env("EPD_PORT", default_port)),
+        help=f"port to listen on, 0 picks a free one (env EPD_PORT; default {default_port})",
+    )
+    group.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=float(env("EPD_MAX_MESSAGE_MB", 64)),
+        help="largest gRPC message sent or received, in MiB (env EPD_MAX_MESSAGE_MB; default 64)",
+    )
+    group.add_argument(
+        "--tls-cert",
+        default=env("EPD_TLS_CERT"),
+        help="PEM certificate chain; serves TLS when set (env EPD_TLS_CERT)",
+    )
+    group.add_argument(
+        "--tls-key",
+        default=env("EPD_TLS_KEY"),
+        help="PEM private key for --tls-cert (env EPD_TLS_KEY)",
+    )
+    group.add_argument(
+        "--tls-client-ca",
+        default=env("EPD_TLS_CLIENT_CA"),
+        help="PEM CA bundle; requires and verifies client certificates "
+        "(mTLS) when set (env EPD_TLS_CLIENT_CA)",
+    )
+    group.add_argument(
+        "--auth-token",
+        default=env("EPD_AUTH_TOKEN"),
+        help="require 'authorization: Bearer TOKEN' on every RPC except "
+        "health checks (env EPD_AUTH_TOKEN)",
+    )
+    group.add_argument(
+        "--advertise-host",
+        default=env("EPD_ADVERTISE_HOST"),
+        help="address workers register for peers to reach them at (env "
+        "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
+        "address when --host is a wildcard such as 0.0.0.0)",
+    )
+    group.add_argument(
+        "--drain-grace-s",
+        type=float,
+        default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
+        help="on SIGTERM, seconds in-flight RPCs get to finish (env EPD_DRAIN_GRACE_S; default 10)",
+    )
+    group.add_argument(
+        "--grpc-keepalive-s",
+        type=float,
+        default=float_env("EPD_GRPC_KEEPALIVE_S", DEFAULT_KEEPALIVE_S),
+        help="seconds between pings on this process's channels, and as long for an answer: a "
+        "peer that went silent fails calls within about twice this; servers accept pings that "
+        f"often (env EPD_GRPC_KEEPALIVE_S; default {DEFAULT_KEEPALIVE_S:g})",
+    )
+    metrics_port = env("EPD_METRICS_PORT")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(metrics_port) if metrics_port else None,
+        help="serve Prometheus metrics (text format, any path, e.g. /metrics) on this port "
+        "of --host, 0 = a free one (env EPD_METRICS_PORT; default: off)",
+    )
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """Options from flags added by ``add_server_arguments``; ValueError when inconsistent."""
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        max_message_bytes=int(args.max_message_mb * MiB),
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        tls_client_ca_file=args.tls_client_ca,
+        auth_token=args.auth_token or None,
+        drain_grace_s=args.drain_grace_s,
+        advertise_host=args.advertise_host or None,
+        metrics_port=args.metrics_port,
+        keepalive_s=args.grpc_keepalive_s,
+    )

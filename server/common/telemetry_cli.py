@@ -1,0 +1,52 @@
+"""Telemetry flags shared by every service's command line, and applying them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from epd.server.common.telemetry import DEFAULT_SPAN_FILE_MB, configure_logging, configure_tracing
+
+
+def mebibytes(text: str) -> int:
+    """A flag's size in MiB: an integer, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of MiB, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more MiB, got {value}")
+    return value
+
+
+def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --trace-exporter, --trace-file-max-mb and --log-level to ``parser``."""
+    group = parser.add_argument_group("telemetry")
+    group.add_argument(
+        "--trace-exporter",
+        default=os.environ.get("EPD_TRACE_EXPORTER", "none"),
+        help="where spans go: none, console, otlp-grpc[=ENDPOINT], otlp-http[=ENDPOINT] or "
+        "json:PATH (env EPD_TRACE_EXPORTER; default none)",
+    )
+    group.add_argument(
+        "--trace-file-max-mb",
+        type=mebibytes,
+        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
+        help="json:PATH keeps at most this many MiB of spans in PATH and PATH.1 (rotated when "
+        f"PATH reaches half; 0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
+    )
+    group.add_argument(
+        "--log-level",
+        default=os.environ.get("EPD_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log level (env EPD_LOG_LEVEL; default INFO)",
+    )
+
+
+def configure_from_args(service_name: str, args: argparse.Namespace) -> TracerProvider:
+    """Apply the flags added by ``add_telemetry_arguments``; returns the tracer provider."""
+    configure_logging(args.log_level)
+    return configure_tracing(service_name, args.trace_exporter, args.trace_file_max_mb << 20)
