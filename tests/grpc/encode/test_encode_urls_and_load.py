@@ -23,8 +23,8 @@ from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
+from tests.grpc.media.web import image_server
 from tests.unit.media.images import scan_bomb
-from tests.unit.media.web import image_server
 
 
 def png(seed: int) -> bytes:
