@@ -1,9 +1,10 @@
 """VllmEngine's admission and abort rules, on a fake AsyncLLM (no engine is started).
 
-At most ``max_pending_requests`` requests run at once (more: RESOURCE_EXHAUSTED ``ENGINE_BUSY``,
-also over gRPC); a request that ends, is cancelled or whose stream is closed early frees its
-slot, and the cancelled ones are aborted in the engine; a request id already running is
-``DUPLICATE_REQUEST_ID``; a failed or closed engine is UNAVAILABLE ``ENGINE_DEAD``.
+At most ``max_pending_requests`` requests run at once (more: RESOURCE_EXHAUSTED ``ENGINE_BUSY``;
+over gRPC: tests/grpc/prefill/test_engine_busy.py); a request that ends, is cancelled or whose
+stream is closed early frees its slot, and the cancelled ones are aborted in the engine; a request
+id already running is ``DUPLICATE_REQUEST_ID``; a failed or closed engine is UNAVAILABLE
+``ENGINE_DEAD``.
 """
 
 from __future__ import annotations
@@ -11,25 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import grpc
 import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.channels import create_channel
 from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from epd.server.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
-from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.v1 import generation_pb2
-from epd.v1 import prefill_service_pb2 as prefill_pb
-from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")
@@ -58,7 +51,8 @@ class FakeLlm:
         self.prompts: list[dict[str, Any]] = []
         self.injected: list[dict[str, list[str]]] = []
         self.input_processor = SimpleNamespace(
-            inject_into_mm_cache=lambda hashes, kwargs: self.injected.append(hashes))
+            inject_into_mm_cache=lambda hashes, kwargs: self.injected.append(hashes)
+        )
 
     async def generate(self, prompt: dict[str, Any], params: Any,
                        request_id: str) -> AsyncIterator[SimpleNamespace]:  # fmt: skip
@@ -223,36 +217,3 @@ async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
         await first_chunk(engine, "a", [1, *[5, 6, 7] * 3], images)
     assert caught.value.reason == "TOO_MANY_IMAGES"
     assert llm.started == [] and engine.load().num_running == 0
-
-
-async def test_engine_busy_reaches_grpc_clients(llm, tmp_path: Path) -> None:
-    engine = VllmEngine(llm, "tiny", LAYOUT, VllmOptions(max_pending_requests=1))
-    app = await build_prefill_server(PrefillConfig(tmp_path), engine)
-    sampling = generation_pb2.SamplingParams(max_tokens=4, ignore_eos=True)
-
-    def request(request_id: str) -> prefill_pb.PrefillDecodeRequest:
-        return prefill_pb.PrefillDecodeRequest(
-            request_id=request_id, model="tiny", sampling=sampling,
-            prompt=generation_pb2.Prompt(token_ids=PROMPT))  # fmt: skip
-
-    try:
-        async with create_channel(f"127.0.0.1:{app.port}") as channel:
-            stub = prefill_grpc.PrefillServiceStub(channel)
-            holding = stub.PrefillDecode(request("a"))
-            assert list((await holding.read()).token_ids) == [7]
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                _ = [r async for r in stub.PrefillDecode(request("b"))]
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert from_rpc_error(caught.value).reason == "ENGINE_BUSY"
-            holding.cancel()
-            await wait_for_abort(llm, "a")
-    finally:
-        await app.stop()
-
-
-async def wait_for_abort(llm: FakeLlm, request_id: str) -> None:
-    for _ in range(100):
-        if request_id in llm.aborted:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{request_id} was not aborted after its call was cancelled")
