@@ -11,8 +11,8 @@
 #   --worker-id ID --weight W   identity and share in the scheduler (EPD_WORKER_ID)
 #   --max-batch-size N --max-batch-wait-ms MS --max-inline-ms MS   dynamic batching across requests
 #   --cache-mb MB               encoder cache by mm_hash (0 disables)
-#   --transfer auto|shm|nixl|inline  data plane for results (EPD_TRANSFER_KIND; EPD_HOST_ID
-#                               overrides the host id that decides shm vs nixl/inline)
+#   --transfer auto|shm|nixl|inline  data plane for results (EPD_TRANSFER_KIND); --host-id ID
+#                               (EPD_HOST_ID) overrides the host id that decides shm vs nixl/inline
 #   --media-max-mb, --media-max-pixels, --media-fetch-timeout-s,
 #   --allow-local-files (EPD_ALLOW_LOCAL_FILES=1), --allow-private-networks (EPD_ALLOW_PRIVATE_NETWORKS=1)
 #   --host/--port (EPD_HOST/EPD_PORT, default 127.0.0.1:50061), --auth-token, --tls-*,

@@ -17,6 +17,7 @@
 #          (EPD_GPU_MEMORY_UTILIZATION))  --tensor-parallel-size N (EPD_TENSOR_PARALLEL_SIZE)
 #   --max-num-seqs N (EPD_MAX_NUM_SEQS)  --max-num-batched-tokens N (EPD_MAX_NUM_BATCHED_TOKENS)
 #          --max-pending N
+#   --host-id ID (EPD_HOST_ID), --shm-mapped-bytes, --nixl-*: data plane (--help)
 #   --host/--port (EPD_HOST/EPD_PORT, default 127.0.0.1:50071), --auth-token, --tls-*,
 #   --trace-exporter (EPD_TRACE_EXPORTER), --log-level (EPD_LOG_LEVEL), media flags (--help)
 # Health is NOT_SERVING until the engine is warm; SIGTERM drains, then stops the engine.
