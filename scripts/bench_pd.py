@@ -6,11 +6,6 @@ Paths (sequential requests = low load; every request has its own random image, s
 - E/PD: as the route does by default: Encode over gRPC to the encode service (embeddings in
   shared memory), then PrefillDecode with the embeddings' references to a prefill_decode worker
   on a plain vLLM engine (the same engine as monolithic);
-- E/PD vLLM input: E/PD, but the worker's engine hands the embeddings to vLLM as its public
-  input (``multi_modal_data={"image": family.vllm_data(...)}``, named by the same embeddings
-  hash through ``multi_modal_uuids``) and vLLM's renderer expands and itemises them, instead of
-  the family's hand-rendered items (``vllm_embeds.embeddings_input``): what the hand-rendered
-  path saves, on the same engine;
 - EPD: the raw image over gRPC to an encode_prefill worker (same engine);
 - E/P/D: Encode -> Prefill (KV producer) -> Decode (KV consumer; KV pulled over NIXL). TTFT is
   when Prefill returns the first token.
@@ -209,15 +204,6 @@ class Bench:
         await self.release(prompt)
         return result
 
-    async def e_pd_vllm_input(self, data: bytes, request_id: str) -> Timed:
-        engine = self.engine
-        rendered = engine._prompt
-        engine._prompt = lambda rid, ids, images: public_input(engine, ids, images)
-        try:
-            return await self.e_pd(data, request_id)
-        finally:
-            engine._prompt = rendered
-
     async def epd_raw(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import generation_pb2, multimodal_pb2
         from epd.v1 import prefill_service_pb2 as pb
@@ -259,24 +245,6 @@ class Bench:
         return first_at - start, wait_s + decode_s, count + 1
 
 
-def public_input(engine: Any, token_ids: list[int], images: list[Any]) -> dict[str, Any]:
-    """vLLM's public input for a prompt whose images come as embeddings (the engine checked
-    them before), named as the hand-rendered path names them."""
-    from epd.server.engine.vllm_embeds import embeddings_hash
-    from epd.server.models.registry import family_named
-
-    embeddings = [image.embeddings for image in images]
-    grids = [image.grid for image in images]
-    data = family_named(engine.layout.family).vllm_data(embeddings, grids)
-    algorithm = engine._hash_algorithm
-    names = [embeddings_hash(e, g, algorithm) for e, g in zip(embeddings, grids, strict=True)]
-    return {
-        "prompt_token_ids": list(token_ids),
-        "multi_modal_data": {"image": data},
-        "multi_modal_uuids": {"image": names},
-    }
-
-
 async def measure(preset_name: str, num_requests: int, num_tokens: int,
                   with_pd: bool) -> dict[str, dict[str, float]]:  # fmt: skip
     from epd.server.engine.tiny_model import build_tiny_model, preset
@@ -288,7 +256,6 @@ async def measure(preset_name: str, num_requests: int, num_tokens: int,
         paths = {
             "monolithic": bench.monolithic,
             "E/PD": bench.e_pd,
-            "E/PD vLLM input": bench.e_pd_vllm_input,
             "EPD": bench.epd_raw,
         }
         if with_pd:
