@@ -1,4 +1,4 @@
-"""Chat rendering, tokenisation, multimodal block hashes and incremental detokenisation.
+"""Chat rendering, tokenisation and multimodal block hashes (streaming text: detokenize.py).
 
 The prompt keeps one placeholder per image as the chat template emits it (Qwen families:
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA-1.5: ``<image>``), holding the model's image
@@ -98,22 +98,3 @@ class PromptBuilder:
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
         return hashes
-
-
-class Detokenizer:
-    """Turns a growing list of token ids into text deltas, holding back incomplete characters."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._emitted = ""
-
-    def add(self, token_ids: list[int]) -> str:
-        """The new text after appending ``token_ids``."""
-        self._ids.extend(token_ids)
-        text = str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
-        if text.endswith("\ufffd"):
-            return ""
-        delta = text[len(self._emitted) :] if text.startswith(self._emitted) else text
-        self._emitted = text
-        return delta

@@ -1,4 +1,4 @@
-"""Chat rendering, image grids, multimodal block hashes and incremental detokenisation."""
+"""Chat rendering, image grids and multimodal block hashes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from epd.server.common.errors import InvalidArgument
-from epd.server.route.prompt import BLOCK_SIZE, ChatPart, Detokenizer, PromptBuilder
+from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +45,6 @@ def test_block_hashes_share_prefixes_and_tell_images_apart(builder: PromptBuilde
     assert longer[: len(same)] == same  # chained: a longer prompt extends the same chain
     changed_text = builder.block_hashes([9] + prompt[1:], [("aa11", 24)])
     assert all(a != b for a, b in zip(changed_text, same, strict=True))
-
-
-def test_detokenizer_streams_the_whole_text(builder: PromptBuilder) -> None:
-    ids = builder.tokenizer("héllo wörld, ünïcode ✓ 🙂 done", add_special_tokens=False)["input_ids"]
-    detokenizer = Detokenizer(builder.tokenizer)
-    deltas = [detokenizer.add([token]) for token in ids]
-    assert "".join(deltas) == builder.tokenizer.decode(ids)
-    assert all("\ufffd" not in delta for delta in deltas)
 
 
 def test_a_chat_over_the_character_limit_is_refused_before_tokenising(
