@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 
@@ -27,6 +27,8 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 logger = logging.getLogger(__name__)
 MAX_PREFILL_ATTEMPTS = 3
 OnPrefilled = Callable[[], Awaitable[None]]
+# the prompt for a chosen prefill worker (embeddings the worker can read from its host)
+PromptFor = Callable[[scheduler_pb.WorkerInfo], Awaitable[generation_pb2.Prompt]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +70,14 @@ async def choose_prefill(
 
 async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
                         first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
+                        prompt_for: PromptFor | None = None,
                         ) -> AsyncGenerator[Piece, None]:  # fmt: skip
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
     ``first_choice``: the prefill worker already chosen for the first attempt, if any; up to
-    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token."""
+    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token. ``prompt_for``: the
+    prompt for each chosen worker (a retry on another host needs its embeddings there), else
+    ``call.prompt``."""
     excluded: list[str] = []
     for attempt in range(MAX_PREFILL_ATTEMPTS):
         started, worker = False, None
@@ -83,6 +88,8 @@ async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefille
                 else (await choose_prefill(peers, call, excluded))
             )
             worker = choice.worker
+            if prompt_for is not None:
+                call = replace(call, prompt=await prompt_for(worker))
             span = trace.get_current_span()
             span.set_attribute("epd.prefill_id", worker.id)
             span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from opentelemetry import trace
@@ -31,7 +32,7 @@ from epd.server.media.pixels import pixels_of
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import Detokenizer
 from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
-from epd.server.route.hops import EngineCall, Piece, choose_prefill, stream_tokens
+from epd.server.route.hops import EngineCall, Piece, PromptFor, choose_prefill, stream_tokens
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, PromptBuilder
@@ -223,16 +224,37 @@ class RouteWorker:
             await encode_all(self.peers, stage, call.deadline, assignment)
             self._release_pixels(stage)
             prompt = self._embedded(token_ids, stage, grids)
+
+            async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
+                host_id = worker.host_id or self.host_id
+                if host_id != stage.consumer_host_id:
+                    await self._encode_again_for(host_id, stage, call.deadline)
+                return self._embedded(token_ids, stage, grids)
+
+            async for piece in self._stream(call, prompt, stage, choice, prompt_for):
+                yield piece
+            return
         async for piece in self._stream(call, prompt, stage, choice):
             yield piece
 
+    async def _encode_again_for(self, host_id: str, stage: EncodeStage,
+                                deadline: Deadline) -> None:  # fmt: skip
+        """A retry moved the prefill to another host, where the embeddings' references (shared
+        memory on the old one) cannot be read: release them and encode again for ``host_id``
+        (the encoders' caches answer by mm_hash)."""
+        logger.info("request %s: prefill moved to host %s; encoding its images again for it",
+                    stage.request_id, host_id)  # fmt: skip
+        await release_all(self.peers, stage)
+        stage.consumer_host_id = host_id
+        await encode_all(self.peers, stage, deadline)
+
     def _stream(self, call: EngineCall, prompt: generation_pb2.Prompt, stage: EncodeStage,
                 choice: scheduler_pb.ChoosePrefillResponse | None = None,
+                prompt_for: PromptFor | None = None,
                 ) -> AsyncGenerator[Piece, None]:  # fmt: skip
         """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
-        return stream_tokens(
-            self.peers, replace(call, prompt=prompt), lambda: release_all(self.peers, stage), choice
-        )
+        release = partial(release_all, self.peers, stage)
+        return stream_tokens(self.peers, replace(call, prompt=prompt), release, choice, prompt_for)
 
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:
         messages: Chat = []

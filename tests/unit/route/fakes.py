@@ -64,6 +64,8 @@ class FakeScheduler:
         ("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)])  # fmt: skip
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
     prefill_host_id: str = ""
+    # host ids of particular prefill workers (the others: prefill_host_id)
+    prefill_hosts: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     reports_may_finish: asyncio.Event = field(default_factory=asyncio.Event)
     prefill_chosen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -106,7 +108,10 @@ class FakeScheduler:
         worker, role = live[0]
         return scheduler_pb.ChoosePrefillResponse(
             worker=scheduler_pb.WorkerInfo(
-                id=worker, role=role, endpoint=worker, host_id=self.prefill_host_id
+                id=worker,
+                role=role,
+                endpoint=worker,
+                host_id=self.prefill_hosts.get(worker, self.prefill_host_id),
             )
         )  # type: ignore[arg-type]
 

@@ -316,6 +316,47 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     assert {request.consumer_host_id for request in requests} == {consumer}
 
 
+async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() -> None:
+    """The first prefill worker (host a) fails before its first token; the retry goes to host b,
+    where the references encoded for host a (shared memory there) cannot be read: the images
+    are encoded again for host b and the first leases released, and the request answers."""
+    scheduler = FakeScheduler(
+        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)],
+        prefill_hosts={"pd0": "host-a", "pd1": "host-b"},
+    )
+    peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
+    roles = frozenset({ENCODE, PREFILL_DECODE})
+    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
+                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
+                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    worker = text_worker(peers)
+    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
+    await peers.background.settle()
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
+    assert sorted(r.consumer_host_id for r in requests) == ["host-a", "host-a", "host-b", "host-b"]
+    released = sorted(lease for e in peers.encoders.values() for lease in e.released)
+    assert len(released) == 4  # the host-a leases at the retry, the host-b ones once prefilled
+    [served] = peers.engines["pd1"].calls
+    assert len(served[1].prompt.images) == 2
+
+
+async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
+    scheduler = FakeScheduler(
+        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)], prefill_host_id="host-a"
+    )
+    peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
+    roles = frozenset({ENCODE, PREFILL_DECODE})
+    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
+                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
+                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    pieces = [piece async for piece in text_worker(peers)._handed_over(call, stage_of(2), grids)]
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    assert len([r for e in peers.encoders.values() for r in e.requests]) == 2
+
+
 class RecordingPlane:
     """A data plane stand-in that records releases."""
 
