@@ -93,7 +93,7 @@ class TransformersEngine(Engine):
         return cls(model, processor, model_id or model_dir.name, _layout(model, processor),
                    options)  # fmt: skip
 
-    async def generate(  # type: ignore[override]
+    async def generate(
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:

@@ -185,7 +185,7 @@ class VllmEngine(Engine):
         del llm
         return engine
 
-    async def generate(  # type: ignore[override]
+    async def generate(
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
@@ -228,7 +228,7 @@ class VllmEngine(Engine):
                 handle[SEED_KEY] = seed
         return PrefillResult(int(completion.token_ids[0]), reason, handle, usage)
 
-    async def decode(  # type: ignore[override]
+    async def decode(
         self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
         sampling: Sampling, first_token_id: int, kv_transfer_params: dict[str, Any],
     ) -> AsyncIterator[TokenChunk]:
