@@ -11,19 +11,46 @@ from PIL import Image
 
 from epd.client import EpdClientError, InvalidRequest, Unavailable, build_request, system, user
 from epd.client.messages import join, to_chunk
-from epd.server.common.errors import InvalidArgument
+from epd.server.common.errors import EpdError, InvalidArgument
+from epd.server.common.status import to_rpc_status
 from epd.v1 import generation_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import rpc_error
+
+
+def rpc_error(error: EpdError) -> grpc.aio.AioRpcError:
+    """The AioRpcError a server answering ``error`` produces, rich status included."""
+    status = to_rpc_status(error)
+    return grpc.aio.AioRpcError(
+        status.code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*status.trailing_metadata),
+        status.details,
+    )
 
 
 def test_images_of_every_kind_become_media_items(tmp_path: Path) -> None:
     picture = Image.new("RGB", (8, 8))
     path = tmp_path / "p.png"
     picture.save(path)
-    request = build_request([system("be brief"), user("what?", images=[
-        path, str(path), b"\x89PNG raw", picture, "https://example.com/a.png",
-        "data:image/png;base64,AAAA"])], max_tokens=3, seed=5, encoder_policy="per_request")
+    request = build_request(
+        [
+            system("be brief"),
+            user(
+                "what?",
+                images=[
+                    path,
+                    str(path),
+                    b"\x89PNG raw",
+                    picture,
+                    "https://example.com/a.png",
+                    "data:image/png;base64,AAAA",
+                ],
+            ),
+        ],
+        max_tokens=3,
+        seed=5,
+        encoder_policy="per_request",
+    )
     parts = request.messages[1].content
     assert [p.WhichOneof("part") for p in parts] == ["image"] * 6 + ["text"]
     assert parts[0].image.data == path.read_bytes() == parts[1].image.data
