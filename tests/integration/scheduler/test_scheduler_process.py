@@ -31,17 +31,19 @@ def start(*flags: str) -> tuple[subprocess.Popen[str], int]:
 
 def test_scheduler_process_serves_reflects_and_drains() -> None:
     process, port = start("--split-ratio", "8:1")
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                              timeout=10)  # fmt: skip
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-            services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
-            assert "epd.v1.SchedulerService" in services
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
-    finally:
-        process.kill()
+    with process:  # NOTE: closes its pipes
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=10
+                )
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+                assert "epd.v1.SchedulerService" in services
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+        finally:
+            process.kill()
 
 
 def test_bad_flags_fail_with_a_message_not_a_traceback() -> None:
