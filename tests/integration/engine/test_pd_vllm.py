@@ -11,22 +11,15 @@ import pytest
 
 from epd.server.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.encode.app import EncodeConfig, build_encode_server
-from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import processor_fingerprint
-from epd.server.media.loader import MediaLoader
-from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
-from epd.v1 import encode_service_pb2 as encode_pb
-from epd.v1 import encode_service_pb2_grpc as encode_grpc
-from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
-from tests.pictures import picture, png
+from tests.pictures import picture
 
 from .helpers import Stubs, embedded_prompt, expected_tokens, media_prompt, release
 
@@ -48,8 +41,6 @@ async def stubs(tiny_model_dir, engines):
         stubs.producer), prefill_grpc.PrefillServiceStub)  # fmt: skip
     stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), stubs.consumer),
                                      decode_grpc.DecodeServiceStub)  # fmt: skip
-    stubs.encoder_app = await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny"))
-    stubs.encode = await stubs.serve(stubs.encoder_app, encode_grpc.EncodeServiceStub)
     stubs.plane = DataPlane(stubs.apps[0].worker.plane.host_id)
     yield stubs
     await stubs.close()
@@ -89,36 +80,6 @@ async def test_every_topology_gives_the_reference_tokens(stubs, oracle) -> None:
     assert last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert last.usage.completion_tokens == NUM_TOKENS and last.usage.prompt_tokens > 20
     release(stubs.plane, embedded)
-
-
-async def test_workers_fetch_embeddings_from_an_encoder_while_it_encodes(
-        stubs, oracle, tiny_model_dir) -> None:  # fmt: skip
-    images, text = [picture(3, 96, 64), picture(4, 60, 90)], "what do you see"
-    expected = expected_tokens(oracle, images, text, NUM_TOKENS)
-    loader = MediaLoader(MediaPolicy(), model_id="tiny",
-                         processor_fingerprint=processor_fingerprint(tiny_model_dir))
-    items = [multimodal_pb2.MediaItem(mm_hash=(await loader.load(data=png(image))).mm_hash,
-                                      data=png(image)) for image in images]  # fmt: skip
-    endpoint = f"127.0.0.1:{stubs.encoder_app.port}"
-    grids = [ImageGridder(tiny_model_dir).grid(image) for image in images]
-    named = generation_pb2.Prompt(token_ids=media_prompt(oracle, images, text).token_ids, images=[
-        multimodal_pb2.ImageInput(mm_hash=item.mm_hash, grid=multimodal_pb2.ImageGrid(
-            t=t, h=h, w=w), encoder=multimodal_pb2.EncoderSource(endpoint=endpoint))
-        for item, (t, h, w) in zip(items, grids, strict=True)])  # fmt: skip
-
-    async def encode_beside() -> list[str]:
-        await asyncio.sleep(0.2)  # NOTE: the workers ask first and wait for the images
-        request = encode_pb.EncodeRequest(items=items, consumer_host_id=stubs.plane.host_id)
-        return [r.embeddings.lease_id async for r in stubs.encode.Encode(request)]
-
-    tokens, leases = await asyncio.gather(aggregated(stubs.aggregated, "pull-e-pd", named),
-                                          encode_beside())  # fmt: skip
-    assert tokens == expected, "E/PD with embeddings fetched by the worker"
-    await stubs.encode.Release(encode_pb.ReleaseRequest(lease_ids=leases))
-    pd, _ = await prefill_then_decode(stubs, stubs.prefill, "pull-p-d", named)
-    assert pd == expected, "E/P/D with embeddings fetched by the prefill worker (cache hits)"
-    await asyncio.sleep(0.5)  # NOTE: the workers release what they fetched in the background
-    assert stubs.encoder_app.worker.plane.held() == []
 
 
 async def test_concurrent_pd_requests_each_get_their_own_answer(stubs, oracle) -> None:
