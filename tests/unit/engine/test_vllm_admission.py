@@ -22,6 +22,7 @@ from PIL import Image
 from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
@@ -53,6 +54,14 @@ class FakeLlm:
         self.input_processor = SimpleNamespace(
             inject_into_mm_cache=lambda hashes, kwargs: self.injected.append(hashes)
         )
+        self.model_config = SimpleNamespace(is_encoder_decoder=False)
+        self.rendered: list[dict[str, Any]] = []
+        self.renderer = SimpleNamespace(render_cmpl_async=self._render)
+
+    async def _render(self, prompts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """vLLM's renderer: what it was given, marked rendered."""
+        self.rendered.extend(prompts)
+        return [{**prompt, "type": "rendered"} for prompt in prompts]
 
     async def generate(self, prompt: dict[str, Any], params: Any,
                        request_id: str) -> AsyncIterator[SimpleNamespace]:  # fmt: skip
@@ -196,18 +205,32 @@ async def test_a_failed_or_closed_engine_is_dead(engine, llm) -> None:
     assert llm.started == []
 
 
-async def test_embeddings_go_in_rendered_and_pictures_raw(engine, llm) -> None:
+async def test_embeddings_and_pictures_go_through_vllms_renderer(engine, llm) -> None:
     llm.release.set()
     grid_prompt = [1, 5, 6, 7]
     embedded = [EngineImage("h", (1, 2, 4), embeddings=torch.ones(2, 8))]
     await first_chunk(engine, "a", grid_prompt, embedded)
-    rendered = llm.prompts[-1]
-    assert rendered["type"] == "multimodal" and rendered["prompt_token_ids"] == [1, 5, 6, 6, 7]
-    assert llm.injected == [rendered["mm_hashes"]], "items pass through vLLM's processor cache"
+    public = llm.rendered[-1]
+    assert public["prompt_token_ids"] == grid_prompt, "vLLM's renderer expands the placeholder"
+    assert public["multi_modal_data"]["image"]["image_grid_thw"].tolist() == [[1, 2, 4]]
+    assert public["multi_modal_uuids"]["image"][0].startswith(EMBEDS_HASH_PREFIX)
+    assert llm.prompts[-1] == {**public, "type": "rendered"} and llm.injected == []
     picture = Image.new("RGB", (8, 8))
     await first_chunk(engine, "b", grid_prompt, [EngineImage("p", image=picture)])
-    assert llm.prompts[-1] == {"prompt_token_ids": grid_prompt,
-                               "multi_modal_data": {"image": [picture]}}  # fmt: skip
+    assert llm.rendered[-1] == {"prompt_token_ids": grid_prompt,
+                                "multi_modal_data": {"image": [picture]}}  # fmt: skip
+
+
+async def test_a_family_with_items_of_its_own_skips_the_renderer(llm) -> None:
+    """LLaVA-OneVision gives its items itself (vLLM 0.32 batches its embeddings wrongly): the
+    engine takes them rendered, through vLLM's processor cache."""
+    layout = VisionLayout(None, 6, merge_size=1, embedding_width=8, family="llava_onevision")
+    engine = VllmEngine(llm, "tiny", layout, VllmOptions())
+    llm.release.set()
+    await first_chunk(engine, "a", [1, 6, 7], [EngineImage("h", (1, 1, 2), torch.ones(2, 8))])
+    rendered = llm.prompts[-1]
+    assert rendered["type"] == "multimodal" and rendered["prompt_token_ids"] == [1, 6, 6, 7]
+    assert llm.injected == [rendered["mm_hashes"]] and llm.rendered == []
 
 
 async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
