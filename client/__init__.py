@@ -1,10 +1,10 @@
 """epd's Python SDK: ``EpdClient`` (blocking) and ``AsyncEpdClient`` for the RouteService.
 
-    from epd.client import EpdClient, user
+from epd.client import EpdClient, user
 
-    with EpdClient("127.0.0.1:50050") as client:
-        for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
-            print(chunk.text, end="", flush=True)
+with EpdClient("127.0.0.1:50050") as client:
+    for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
+        print(chunk.text, end="", flush=True)
 """
 
 from epd.client.errors import (
@@ -19,6 +19,20 @@ from epd.client.messages import Chunk, Message, Picture, assistant, build_reques
 from epd.client.sdk import AsyncEpdClient
 from epd.client.sync_client import EpdClient
 
-__all__ = ["AsyncEpdClient", "Cancelled", "Chunk", "DeadlineExceeded", "EpdClient",
-           "EpdClientError", "InvalidRequest", "Message", "Picture", "Unauthenticated",
-           "Unavailable", "assistant", "build_request", "system", "user"]  # fmt: skip
+__all__ = [
+    "AsyncEpdClient",
+    "Cancelled",
+    "Chunk",
+    "DeadlineExceeded",
+    "EpdClient",
+    "EpdClientError",
+    "InvalidRequest",
+    "Message",
+    "Picture",
+    "Unauthenticated",
+    "Unavailable",
+    "assistant",
+    "build_request",
+    "system",
+    "user",
+]

@@ -16,23 +16,40 @@ from epd.client.sdk import AsyncEpdClient
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epd chat``."""
     parser.add_argument("question", help="the question")
-    parser.add_argument("--image", action="append", default=[],
-                        help="image path or URL; repeat for several")
-    parser.add_argument("--endpoint", default=os.environ.get("EPD_ROUTE", "127.0.0.1:50050"),
-                        help="route host:port (env EPD_ROUTE; default 127.0.0.1:50050)")
+    parser.add_argument(
+        "--image", action="append", default=[], help="image path or URL; repeat for several"
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=os.environ.get("EPD_ROUTE", "127.0.0.1:50050"),
+        help="route host:port (env EPD_ROUTE; default 127.0.0.1:50050)",
+    )
     parser.add_argument("--model", default="", help="model id (default: the only one)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default random)")
-    parser.add_argument("--policy", choices=["per_image", "per_request", "adaptive"], default="",
-                        help="encoder assignment policy (default: the deployment's)")
+    parser.add_argument(
+        "--policy",
+        choices=["per_image", "per_request", "adaptive"],
+        default="",
+        help="encoder assignment policy (default: the deployment's)",
+    )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline (default 300)")
-    parser.add_argument("--auth-token", default=os.environ.get("EPD_AUTH_TOKEN"),
-                        help="bearer token (env EPD_AUTH_TOKEN)")
-    parser.add_argument("--tls-ca-file", default=os.environ.get("EPD_TLS_CA"),
-                        help="PEM CA of the route's certificate; turns TLS on (env EPD_TLS_CA)")
-    parser.add_argument("--show-usage", action="store_true",
-                        help="print finish reason and token counts after the answer")  # fmt: skip
+    parser.add_argument(
+        "--auth-token",
+        default=os.environ.get("EPD_AUTH_TOKEN"),
+        help="bearer token (env EPD_AUTH_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls-ca-file",
+        default=os.environ.get("EPD_TLS_CA"),
+        help="PEM CA of the route's certificate; turns TLS on (env EPD_TLS_CA)",
+    )
+    parser.add_argument(
+        "--show-usage",
+        action="store_true",
+        help="print finish reason and token counts after the answer",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,13 +63,21 @@ def run(args: argparse.Namespace) -> int:
 
 async def _chat(args: argparse.Namespace) -> int:
     last = None
-    async with AsyncEpdClient(args.endpoint, auth_token=args.auth_token,
-                              tls_ca_file=args.tls_ca_file, timeout_s=args.timeout_s) as client:
+    async with AsyncEpdClient(
+        args.endpoint,
+        auth_token=args.auth_token,
+        tls_ca_file=args.tls_ca_file,
+        timeout_s=args.timeout_s,
+    ) as client:
         try:
-            async for chunk in client.stream([user(args.question, images=args.image)],
-                                             model=args.model, max_tokens=args.max_tokens,
-                                             temperature=args.temperature, seed=args.seed,
-                                             encoder_policy=args.policy):  # fmt: skip
+            async for chunk in client.stream(
+                [user(args.question, images=args.image)],
+                model=args.model,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                seed=args.seed,
+                encoder_policy=args.policy,
+            ):
                 print(chunk.text, end="", flush=True)
                 last = chunk
         except EpdClientError as e:

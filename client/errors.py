@@ -1,11 +1,11 @@
 """The one exception family the SDK raises: ``EpdClientError`` and a subclass per status code.
 
-    try:
-        answer = client.generate([user("hi", image="cat.png")])
-    except InvalidRequest as e:      # bad input: fix the request
-        print(e.reason, e.message)   # e.g. BAD_IMAGE "the image could not be decoded: ..."
-    except Unavailable:              # retry later
-        ...
+try:
+    answer = client.generate([user("hi", image="cat.png")])
+except InvalidRequest as e:      # bad input: fix the request
+    print(e.reason, e.message)   # e.g. BAD_IMAGE "the image could not be decoded: ..."
+except Unavailable:              # retry later
+    ...
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ class EpdClientError(Exception):
     the server's ErrorInfo reason in UPPER_SNAKE (e.g. ``"BAD_IMAGE"``; the code name when the
     server sent none), ``metadata`` the ErrorInfo details."""
 
-    def __init__(self, message: str, *, code: str, reason: str,
-                 metadata: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, message: str, *, code: str, reason: str, metadata: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -39,9 +40,12 @@ class EpdClientError(Exception):
         details = err.details() if hasattr(err, "details") else None
         info = error_info(err)
         error_class = _CLASSES.get(code, EpdClientError)
-        return error_class(details or code.name, code=code.name,
-                           reason=info.reason if info else code.name,
-                           metadata=dict(info.metadata) if info else {})  # fmt: skip
+        return error_class(
+            details or code.name,
+            code=code.name,
+            reason=info.reason if info else code.name,
+            metadata=dict(info.metadata) if info else {},
+        )
 
 
 class InvalidRequest(EpdClientError):

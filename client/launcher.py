@@ -202,10 +202,13 @@ TOPOLOGIES = {
     "epd1": "EPD: one worker that encodes, prefills and decodes",
     "dual-encoder": "E/PD with two encoders: one on the accelerator (auto), one on CPU",
 }
-PREFILL_MODES = {"epd": ["--mode", "prefill"], "e-pd": ["--mode", "prefill_decode"],
-                 "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
-                 "epd1": ["--mode", "encode_prefill"],
-                 "dual-encoder": ["--mode", "prefill_decode"]}  # fmt: skip
+PREFILL_MODES = {
+    "epd": ["--mode", "prefill"],
+    "e-pd": ["--mode", "prefill_decode"],
+    "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
+    "epd1": ["--mode", "encode_prefill"],
+    "dual-encoder": ["--mode", "prefill_decode"],
+}
 ENGINES = ("auto", "vllm", "transformers")
 
 
@@ -233,14 +236,18 @@ class Topology:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
         if self.engine == "transformers" and self.has_decode:
-            raise ValueError(f"the transformers engine does not hand KV to decode workers; "
-                             f"topology {self.name} needs vllm (or use e-pd, epd1, "
-                             "dual-encoder)")  # fmt: skip
+            raise ValueError(
+                f"the transformers engine does not hand KV to decode workers; "
+                f"topology {self.name} needs vllm (or use e-pd, epd1, "
+                "dual-encoder)"
+            )
         if any(t < 0 for t in self.encoder_threads):
             raise ValueError("encoder threads must be 0 (torch's default) or more")
         if len(self.encoder_threads) > len(self.encoder_devices):
-            raise ValueError(f"{len(self.encoder_threads)} encoder thread counts for "
-                             f"{len(self.encoder_devices)} encoders")  # fmt: skip
+            raise ValueError(
+                f"{len(self.encoder_threads)} encoder thread counts for "
+                f"{len(self.encoder_devices)} encoders"
+            )
 
     def encoder_args(self, index: int) -> list[str]:
         """Extra flags of encoder ``index``: its device and, when given, its thread count."""
@@ -274,8 +281,9 @@ class Topology:
         return [*size, *self.engine_flags]
 
 
-async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
-                         topology: Topology) -> Child:  # fmt: skip
+async def start_topology(
+    deployment: Deployment, model_dir: Path, model_id: str, topology: Topology
+) -> Child:
     """Start the scheduler, then the workers of ``topology`` in parallel (engines take ~35 s),
     then the route once they are healthy; ports: route BASE, scheduler +1, prefill +2,
     decode +3, encoders +4.., OpenAI HTTP +10. Returns the route."""
@@ -287,17 +295,37 @@ async def start_topology(deployment: Deployment, model_dir: Path, model_id: str,
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
     engine = [*model, *registry, *topology.engine_args()]
-    workers = [deployment.start("prefill", 2, "prefill", *engine, "--worker-id", "prefill0",
-                                *PREFILL_MODES[topology.name],
-                                "--engine", topology.engine)]  # fmt: skip
+    workers = [
+        deployment.start(
+            "prefill",
+            2,
+            "prefill",
+            *engine,
+            "--worker-id",
+            "prefill0",
+            *PREFILL_MODES[topology.name],
+            "--engine",
+            topology.engine,
+        )
+    ]
     if topology.has_decode:
         workers.append(deployment.start("decode", 3, "decode", *engine, "--worker-id", "decode0"))
     for i in range(len(topology.encoder_devices)):
-        workers.append(deployment.start(f"encode{i}", 4 + i, "encode", *model, *registry,
-                                        "--worker-id", f"encode{i}",
-                                        *topology.encoder_args(i)))  # fmt: skip
-    await asyncio.gather(*(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400)
-                           for w in workers))  # fmt: skip
+        workers.append(
+            deployment.start(
+                f"encode{i}",
+                4 + i,
+                "encode",
+                *model,
+                *registry,
+                "--worker-id",
+                f"encode{i}",
+                *topology.encoder_args(i),
+            )
+        )
+    await asyncio.gather(
+        *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
+    )
     http = ["--http-port", str(deployment.port(10))] if topology.http else []
     route = deployment.start("route", 0, "route", *model, *registry, *http)
     route.http_port = int(http[1]) if http else None

@@ -13,10 +13,12 @@ from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 ImageLike = str | Path | bytes | Image.Image
-POLICIES = {"": scheduler_pb.ENCODER_POLICY_UNSPECIFIED,
-            "per_image": scheduler_pb.ENCODER_POLICY_PER_IMAGE,
-            "per_request": scheduler_pb.ENCODER_POLICY_PER_REQUEST,
-            "adaptive": scheduler_pb.ENCODER_POLICY_ADAPTIVE}  # fmt: skip
+POLICIES = {
+    "": scheduler_pb.ENCODER_POLICY_UNSPECIFIED,
+    "per_image": scheduler_pb.ENCODER_POLICY_PER_IMAGE,
+    "per_request": scheduler_pb.ENCODER_POLICY_PER_REQUEST,
+    "adaptive": scheduler_pb.ENCODER_POLICY_ADAPTIVE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +37,7 @@ class Message:
     parts: tuple[str | Picture, ...]
 
 
-def user(text: str, *, image: ImageLike | None = None,
-         images: Sequence[ImageLike] = ()) -> Message:  # fmt: skip
+def user(text: str, *, image: ImageLike | None = None, images: Sequence[ImageLike] = ()) -> Message:
     """A user turn: its images first (as chat templates expect), then the text."""
     pictures = ([image] if image is not None else []) + list(images)
     return Message("user", (*(Picture(p) for p in pictures), text))
@@ -79,12 +80,21 @@ def media_item(source: ImageLike) -> multimodal_pb2.MediaItem:
     return multimodal_pb2.MediaItem(data=Path(text).read_bytes())
 
 
-def build_request(messages: Sequence[Message], *, model: str = "", max_tokens: int = 64,
-                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                  seed: int | None = None, stop: Sequence[str] = (),
-                  stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-                  encoder_policy: str = "",
-                  request_id: str = "") -> route_service_pb2.GenerateRequest:  # fmt: skip
+def build_request(
+    messages: Sequence[Message],
+    *,
+    model: str = "",
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    encoder_policy: str = "",
+    request_id: str = "",
+) -> route_service_pb2.GenerateRequest:
     """The GenerateRequest for ``messages`` and these options.
 
     ``model`` empty: the deployment's only model. ``temperature`` 0: greedy. ``seed``: fixed
@@ -95,19 +105,31 @@ def build_request(messages: Sequence[Message], *, model: str = "", max_tokens: i
         raise ValueError(f"encoder_policy must be one of {sorted(POLICIES)}")
     chat = []
     for message in messages:
-        content = [route_service_pb2.ContentPart(image=media_item(part.source))
-                   if isinstance(part, Picture) else route_service_pb2.ContentPart(text=str(part))
-                   for part in message.parts]  # fmt: skip
+        content = [
+            route_service_pb2.ContentPart(image=media_item(part.source))
+            if isinstance(part, Picture)
+            else route_service_pb2.ContentPart(text=str(part))
+            for part in message.parts
+        ]
         chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
-    sampling = generation_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                             top_p=top_p, top_k=top_k, stop=list(stop),
-                                             stop_token_ids=list(stop_token_ids),
-                                             ignore_eos=ignore_eos)  # fmt: skip
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
+        ignore_eos=ignore_eos,
+    )
     if seed is not None:
         sampling.seed = seed
-    return route_service_pb2.GenerateRequest(request_id=request_id, model=model, messages=chat,
-                                             sampling=sampling,
-                                             encoder_policy=POLICIES[encoder_policy])  # fmt: skip
+    return route_service_pb2.GenerateRequest(
+        request_id=request_id,
+        model=model,
+        messages=chat,
+        sampling=sampling,
+        encoder_policy=POLICIES[encoder_policy],
+    )
 
 
 def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
@@ -118,14 +140,21 @@ def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
         reason = reason.removeprefix("FINISH_REASON_").lower()
     usage = {}
     if response.HasField("usage"):
-        usage = {"prompt_tokens": response.usage.prompt_tokens,
-                 "completion_tokens": response.usage.completion_tokens,
-                 "cached_prompt_tokens": response.usage.cached_prompt_tokens}  # fmt: skip
+        usage = {
+            "prompt_tokens": response.usage.prompt_tokens,
+            "completion_tokens": response.usage.completion_tokens,
+            "cached_prompt_tokens": response.usage.cached_prompt_tokens,
+        }
     return Chunk(response.text, list(response.token_ids), reason, usage, response.request_id)
 
 
 def join(chunks: Sequence[Chunk]) -> Chunk:
     """The whole answer as one chunk."""
     last = chunks[-1] if chunks else Chunk("", [])
-    return Chunk("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
-                 last.finish_reason, last.usage, last.request_id)  # fmt: skip
+    return Chunk(
+        "".join(c.text for c in chunks),
+        [t for c in chunks for t in c.token_ids],
+        last.finish_reason,
+        last.usage,
+        last.request_id,
+    )

@@ -47,10 +47,16 @@ class AsyncEpdClient:
     deadline of each call (None: none), overridable per call.
     """
 
-    def __init__(self, endpoint: str, *, auth_token: str | None = None,
-                 tls_ca_file: str | None = None, tls_cert_file: str | None = None,
-                 tls_key_file: str | None = None,
-                 timeout_s: float | None = 300.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        auth_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        timeout_s: float | None = 300.0,
+    ) -> None:
         self._channel = create_channel(
             endpoint,
             auth_token=auth_token,
@@ -71,8 +77,14 @@ class AsyncEpdClient:
         """Close the channel (cancels calls in flight)."""
         await self._channel.close()
 
-    async def stream(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
-                     metadata: Metadata = (), **options: Any) -> AsyncIterator[Chunk]:  # fmt: skip
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        timeout_s: float | None = -1.0,
+        metadata: Metadata = (),
+        **options: Any,
+    ) -> AsyncIterator[Chunk]:
         """Stream the answer to ``messages``.
 
         ``options`` are the keywords of ``build_request`` (model, max_tokens, temperature, top_p,
@@ -81,8 +93,9 @@ class AsyncEpdClient:
         metadata pairs. Breaking out of the loop cancels the request on every service.
         """
         request = build_request(messages, **options)
-        call = self._stub.Generate(request, timeout=self._timeout(timeout_s),
-                                   metadata=tuple(metadata) or None)  # fmt: skip
+        call = self._stub.Generate(
+            request, timeout=self._timeout(timeout_s), metadata=tuple(metadata) or None
+        )
         try:
             async for response in call:
                 yield to_chunk(response)
@@ -91,18 +104,32 @@ class AsyncEpdClient:
         finally:
             call.cancel()
 
-    async def generate(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
-                       metadata: Metadata = (), **options: Any) -> Chunk:  # fmt: skip
+    async def generate(
+        self,
+        messages: Sequence[Message],
+        *,
+        timeout_s: float | None = -1.0,
+        metadata: Metadata = (),
+        **options: Any,
+    ) -> Chunk:
         """The whole answer as one chunk (arguments as in ``stream``)."""
-        return join([chunk async for chunk in self.stream(
-            messages, timeout_s=timeout_s, metadata=metadata, **options)])  # fmt: skip
+        return join(
+            [
+                chunk
+                async for chunk in self.stream(
+                    messages, timeout_s=timeout_s, metadata=metadata, **options
+                )
+            ]
+        )
 
     async def list_models(self, *, metadata: Metadata = ()) -> list[str]:
         """Ids of the models the deployment serves (empty before any worker registered)."""
         try:
-            reply = await self._stub.ListModels(route_service_pb2.ListModelsRequest(),
-                                                timeout=self._timeout(-1.0),
-                                                metadata=tuple(metadata) or None)  # fmt: skip
+            reply = await self._stub.ListModels(
+                route_service_pb2.ListModelsRequest(),
+                timeout=self._timeout(-1.0),
+                metadata=tuple(metadata) or None,
+            )
         except grpc.aio.AioRpcError as e:
             raise EpdClientError.from_rpc_error(e) from None
         return [model.id for model in reply.models]

@@ -44,16 +44,26 @@ class EpdClient:
     ``tls_cert_file`` + ``tls_key_file`` (mTLS), ``timeout_s`` (default deadline per call).
     """
 
-    def __init__(self, endpoint: str, *, auth_token: str | None = None,
-                 tls_ca_file: str | None = None, tls_cert_file: str | None = None,
-                 tls_key_file: str | None = None,
-                 timeout_s: float | None = 300.0) -> None:  # fmt: skip
-        options = [("grpc.max_send_message_length", 64 * MiB),
-                   ("grpc.max_receive_message_length", 64 * MiB)]  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        auth_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        timeout_s: float | None = 300.0,
+    ) -> None:
+        options = [
+            ("grpc.max_send_message_length", 64 * MiB),
+            ("grpc.max_receive_message_length", 64 * MiB),
+        ]
         if tls_ca_file or tls_cert_file:
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(tls_ca_file), private_key=_read(tls_key_file),
-                certificate_chain=_read(tls_cert_file))  # fmt: skip
+                root_certificates=_read(tls_ca_file),
+                private_key=_read(tls_key_file),
+                certificate_chain=_read(tls_cert_file),
+            )
             self._channel = grpc.secure_channel(endpoint, credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(endpoint, options=options)
@@ -71,13 +81,21 @@ class EpdClient:
         """Close the channel."""
         self._channel.close()
 
-    def stream(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
-               metadata: Metadata = (), **options: Any) -> Iterator[Chunk]:  # fmt: skip
+    def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        timeout_s: float | None = -1.0,
+        metadata: Metadata = (),
+        **options: Any,
+    ) -> Iterator[Chunk]:
         """Yield the answer to ``messages`` chunk by chunk (arguments as in
         ``AsyncEpdClient.stream``); closing the iterator early cancels the request."""
-        call = self._stub.Generate(build_request(messages, **options),
-                                   timeout=self._timeout(timeout_s),
-                                   metadata=self._auth + tuple(metadata))  # fmt: skip
+        call = self._stub.Generate(
+            build_request(messages, **options),
+            timeout=self._timeout(timeout_s),
+            metadata=self._auth + tuple(metadata),
+        )
         try:
             for response in call:
                 yield to_chunk(response)
@@ -86,18 +104,25 @@ class EpdClient:
         finally:
             call.cancel()
 
-    def generate(self, messages: Sequence[Message], *, timeout_s: float | None = -1.0,
-                 metadata: Metadata = (), **options: Any) -> Chunk:  # fmt: skip
+    def generate(
+        self,
+        messages: Sequence[Message],
+        *,
+        timeout_s: float | None = -1.0,
+        metadata: Metadata = (),
+        **options: Any,
+    ) -> Chunk:
         """The whole answer as one chunk."""
-        return join(list(self.stream(messages, timeout_s=timeout_s, metadata=metadata,
-                                     **options)))  # fmt: skip
+        return join(list(self.stream(messages, timeout_s=timeout_s, metadata=metadata, **options)))
 
     def list_models(self, *, metadata: Metadata = ()) -> list[str]:
         """Ids of the models the deployment serves."""
         try:
-            reply = self._stub.ListModels(route_service_pb2.ListModelsRequest(),
-                                          timeout=self._timeout(-1.0),
-                                          metadata=self._auth + tuple(metadata))  # fmt: skip
+            reply = self._stub.ListModels(
+                route_service_pb2.ListModelsRequest(),
+                timeout=self._timeout(-1.0),
+                metadata=self._auth + tuple(metadata),
+            )
         except grpc.RpcError as e:
             raise EpdClientError.from_rpc_error(e) from None
         return [model.id for model in reply.models]

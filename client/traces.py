@@ -35,8 +35,9 @@ def summarise(path: Path) -> str:
     if not roots:
         return "no trace recorded"
     trace_id = roots[-1]["context"]["trace_id"]
-    in_trace = [s for s in spans if s["context"]["trace_id"] == trace_id
-                and s["kind"] == "SpanKind.SERVER"]  # fmt: skip
+    in_trace = [
+        s for s in spans if s["context"]["trace_id"] == trace_id and s["kind"] == "SpanKind.SERVER"
+    ]
     lines = [f"trace {trace_id}: {len(in_trace)} server spans"]
     by_service: dict[str, list[str]] = defaultdict(list)
     for span in sorted(in_trace, key=lambda s: s["start_time"]):
@@ -44,8 +45,9 @@ def summarise(path: Path) -> str:
         duration_ms = (_seconds(span["end_time"]) - _seconds(span["start_time"])) * 1000
         attributes = {k: v for k, v in span.get("attributes", {}).items() if k.startswith("epd.")}
         detail = " ".join(f"{k.removeprefix('epd.')}={v}" for k, v in attributes.items())
-        by_service[service].append(f"    {span['name'].rsplit('/', 1)[-1]:<16} "
-                                   f"{duration_ms:8.1f} ms  {detail}")  # fmt: skip
+        by_service[service].append(
+            f"    {span['name'].rsplit('/', 1)[-1]:<16} {duration_ms:8.1f} ms  {detail}"
+        )
     for service, entries in by_service.items():
         lines.append(f"  {service}")
         lines.extend(entries)

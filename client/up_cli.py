@@ -265,8 +265,9 @@ async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
     async with AsyncEpdClient(endpoint) as client:
         try:
             tokens: list[int] = []
-            async for chunk in client.stream([user(args.question, image=image)], model=model_id,
-                                             max_tokens=args.max_tokens):  # fmt: skip
+            async for chunk in client.stream(
+                [user(args.question, image=image)], model=model_id, max_tokens=args.max_tokens
+            ):
                 print(chunk.text, end="", flush=True)
                 tokens.extend(chunk.token_ids)
         except EpdClientError as e:

@@ -13,8 +13,9 @@ SERVICE_NAME = "epd.v1.SchedulerService"
 
 
 async def build_scheduler_server(
-    options: ServerOptions | None = None, config: SchedulerConfig | None = None,
-) -> tuple[EpdServer, int]:  # fmt: skip
+    options: ServerOptions | None = None,
+    config: SchedulerConfig | None = None,
+) -> tuple[EpdServer, int]:
     """A started scheduler server (SERVING at once: it has nothing to warm up)."""
     scheduler = Scheduler(config)
     servicer = SchedulerServicer(scheduler)

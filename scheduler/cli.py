@@ -36,9 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ACCELERATOR:CPU shares for per_request (and adaptive's prior), "
         "e.g. 8:1 (env EPD_SPLIT_RATIO; default: the workers' weights)",
     )
-    parser.add_argument("--ttl-s", type=float, default=float(env("EPD_SCHEDULER_TTL_S", 10.0)),
-                        help="a worker missing heartbeats this long is evicted "
-                             "(env EPD_SCHEDULER_TTL_S; default 10)")  # fmt: skip
+    parser.add_argument(
+        "--ttl-s",
+        type=float,
+        default=float(env("EPD_SCHEDULER_TTL_S", 10.0)),
+        help="a worker missing heartbeats this long is evicted "
+        "(env EPD_SCHEDULER_TTL_S; default 10)",
+    )
     parser.add_argument(
         "--probe-after-s",
         type=float,

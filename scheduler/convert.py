@@ -25,8 +25,10 @@ POLICY_VALUES = {policy: value for value, policy in POLICIES.items()}
 def role_from_proto(value: int) -> Role:
     """The Role of a WorkerRole value; InvalidArgument for UNSPECIFIED or unknown values."""
     if value not in ROLES:
-        raise InvalidArgument("worker role must be set (encode, prefill, decode, "
-                              "prefill_decode or encode_prefill)", reason="BAD_ROLE")  # fmt: skip
+        raise InvalidArgument(
+            "worker role must be set (encode, prefill, decode, prefill_decode or encode_prefill)",
+            reason="BAD_ROLE",
+        )
     return ROLES[value]
 
 
@@ -41,29 +43,52 @@ def policy_from_proto(value: int) -> Policy | None:
 
 def spec_from_proto(info: pb.WorkerInfo) -> WorkerSpec:
     """The registration in ``info`` (validated later by the registry)."""
-    return WorkerSpec(info.id, role_from_proto(info.role), info.endpoint, info.model,
-                      info.device or "cpu", info.weight, info.capacity or 1,
-                      info.host_id)  # fmt: skip
+    return WorkerSpec(
+        info.id,
+        role_from_proto(info.role),
+        info.endpoint,
+        info.model,
+        info.device or "cpu",
+        info.weight,
+        info.capacity or 1,
+        info.host_id,
+    )
 
 
 def spec_to_proto(spec: WorkerSpec) -> pb.WorkerInfo:
     """``spec`` as a WorkerInfo message."""
-    return pb.WorkerInfo(id=spec.id, role=ROLE_VALUES[spec.role], endpoint=spec.endpoint,  # type: ignore[arg-type]
-                         device=spec.device, weight=spec.weight, capacity=spec.capacity,
-                         host_id=spec.host_id, model=spec.model)  # fmt: skip
+    return pb.WorkerInfo(
+        id=spec.id,
+        role=ROLE_VALUES[spec.role],  # type: ignore[arg-type]
+        endpoint=spec.endpoint,
+        device=spec.device,
+        weight=spec.weight,
+        capacity=spec.capacity,
+        host_id=spec.host_id,
+        model=spec.model,
+    )
 
 
 def load_from_proto(load: pb.WorkerLoad) -> Load:
     """The load reported in a heartbeat."""
-    return Load(load.queue_depth, load.num_in_flight, load.item_latency_ms, load.kv_usage,
-                frozenset(load.cached_mm_hashes))  # fmt: skip
+    return Load(
+        load.queue_depth,
+        load.num_in_flight,
+        load.item_latency_ms,
+        load.kv_usage,
+        frozenset(load.cached_mm_hashes),
+    )
 
 
 def load_to_proto(load: Load) -> pb.WorkerLoad:
     """``load`` as a WorkerLoad message (without KV events)."""
-    return pb.WorkerLoad(queue_depth=load.queue_depth, num_in_flight=load.num_in_flight,
-                         item_latency_ms=load.item_latency_ms, kv_usage=load.kv_usage,
-                         cached_mm_hashes=sorted(load.cached_mm_hashes))  # fmt: skip
+    return pb.WorkerLoad(
+        queue_depth=load.queue_depth,
+        num_in_flight=load.num_in_flight,
+        item_latency_ms=load.item_latency_ms,
+        kv_usage=load.kv_usage,
+        cached_mm_hashes=sorted(load.cached_mm_hashes),
+    )
 
 
 def items_from_proto(items: list[pb.EncodeItem]) -> list[EncodeItem]:
@@ -79,6 +104,10 @@ def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
 def status_to_proto(worker: Worker, heartbeat_age_s: float) -> pb.WorkerStatus:
     """One ListWorkers entry."""
     state = pb.WORKER_STATE_DRAINING if worker.draining else pb.WORKER_STATE_LIVE
-    return pb.WorkerStatus(info=spec_to_proto(worker.spec), load=load_to_proto(worker.load),
-                           state=state, heartbeat_age_ms=int(heartbeat_age_s * 1000),
-                           num_assigned_in_flight=worker.num_assigned_in_flight)  # fmt: skip
+    return pb.WorkerStatus(
+        info=spec_to_proto(worker.spec),
+        load=load_to_proto(worker.load),
+        state=state,
+        heartbeat_age_ms=int(heartbeat_age_s * 1000),
+        num_assigned_in_flight=worker.num_assigned_in_flight,
+    )

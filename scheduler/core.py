@@ -72,12 +72,12 @@ class SchedulerConfig:
 class Scheduler:
     """Registry plus every placement decision."""
 
-    def __init__(self, config: SchedulerConfig | None = None,
-                 clock: Clock = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, config: SchedulerConfig | None = None, clock: Clock = time.monotonic
+    ) -> None:
         self.config = config or SchedulerConfig()
         self._lock = threading.RLock()
-        self.registry = Registry(self.config.ttl_s, clock, on_remove=self._forget,
-                                 lock=self._lock)  # fmt: skip
+        self.registry = Registry(self.config.ttl_s, clock, on_remove=self._forget, lock=self._lock)
         self._clock = clock
         # NOTE: per_image follows the workers' own weights (Dynamo's default); the split ratio
         # is per_request's knob and adaptive's prior before it has measured anything.
@@ -134,8 +134,11 @@ class Scheduler:
         """Registered workers (draining ones included) of ``role`` and ``model`` (None / "" =
         any), by id."""
         with self._lock:
-            return [w for w in self.registry.all() if (role is None or w.spec.role == role)
-                    and (not model or w.spec.model == model)]  # fmt: skip
+            return [
+                w
+                for w in self.registry.all()
+                if (role is None or w.spec.role == role) and (not model or w.spec.model == model)
+            ]
 
     # ---- encoders
     def assign_encoders(
@@ -153,8 +156,11 @@ class Scheduler:
             self._expire_assignments()
             workers = self.registry.live([Role.ENCODE], self._model(model), exclude)
             if not workers:
-                raise Unavailable(f"no live encoder for model {model or '(any)'}",
-                                  reason="NO_ENCODER", metadata={"model": model})  # fmt: skip
+                raise Unavailable(
+                    f"no live encoder for model {model or '(any)'}",
+                    reason="NO_ENCODER",
+                    metadata={"model": model},
+                )
             chosen_policy = policy or self.config.default_policy
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
             views = [self._view(w, hashes) for w in workers]
@@ -163,8 +169,9 @@ class Scheduler:
             self._advance_busy(ids, items, views)
             return self._record(ids, items, workers, chosen_policy)
 
-    def complete_encoding(self, assignment_id: str, outcomes: Sequence[ItemOutcome], *,
-                          final: bool = True) -> None:  # fmt: skip
+    def complete_encoding(
+        self, assignment_id: str, outcomes: Sequence[ItemOutcome], *, final: bool = True
+    ) -> None:
         """Report outcomes of an assignment: each encoder's group whose items all have an
         outcome is closed (in-flight released, service time and cache homes learned). With
         ``final`` the whole assignment closes, groups without outcomes included; otherwise the
@@ -199,18 +206,27 @@ class Scheduler:
         return self._policies[policy]
 
     # ---- prefill / decode
-    def choose_prefill(self, block_hashes: Sequence[int] = (), *, model: str = "",
-                       exclude: Sequence[str] = (),
-                       roles: Sequence[Role] = PREFILL_ROLES) -> tuple[Worker, int]:  # fmt: skip
+    def choose_prefill(
+        self,
+        block_hashes: Sequence[int] = (),
+        *,
+        model: str = "",
+        exclude: Sequence[str] = (),
+        roles: Sequence[Role] = PREFILL_ROLES,
+    ) -> tuple[Worker, int]:
         """The worker with the longest cached prefix (ties and misses by load); records the
         prompt's blocks there. Returns (worker, number of cached leading blocks)."""
         with self._lock:
             workers = self.registry.live(roles or PREFILL_ROLES, self._model(model), exclude)
             if not workers:
-                raise Unavailable(f"no live prefill worker for model {model or '(any)'}",
-                                  reason="NO_PREFILL_WORKER")  # fmt: skip
-            best = min(workers, key=lambda w: (-self._prefixes.overlap(w.id, block_hashes),
-                                               self._load_key(w)))  # fmt: skip
+                raise Unavailable(
+                    f"no live prefill worker for model {model or '(any)'}",
+                    reason="NO_PREFILL_WORKER",
+                )
+            best = min(
+                workers,
+                key=lambda w: (-self._prefixes.overlap(w.id, block_hashes), self._load_key(w)),
+            )
             overlap = self._prefixes.overlap(best.id, block_hashes)
             self._prefixes.store(best.id, block_hashes)
             return best, overlap
@@ -220,8 +236,9 @@ class Scheduler:
         with self._lock:
             workers = self.registry.live([Role.DECODE], self._model(model), exclude)
             if not workers:
-                raise Unavailable(f"no live decode worker for model {model or '(any)'}",
-                                  reason="NO_DECODE_WORKER")  # fmt: skip
+                raise Unavailable(
+                    f"no live decode worker for model {model or '(any)'}", reason="NO_DECODE_WORKER"
+                )
             return min(workers, key=self._load_key)
 
     # ---- internals
@@ -240,15 +257,22 @@ class Scheduler:
 
     def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
         """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
-        cached = {h for h in mm_hashes if h in worker.load.cached_mm_hashes
-                  or worker.id in self._hash_homes.get(h, ())}  # fmt: skip
+        cached = {
+            h
+            for h in mm_hashes
+            if h in worker.load.cached_mm_hashes or worker.id in self._hash_homes.get(h, ())
+        }
         busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
         return EncoderView(
-            worker.id, worker.spec.device, worker.spec.weight,
-            backlog_items=worker.num_assigned_in_flight, service_ms=self._service.get(worker.id),
-            backlog_ms=max(0.0, busy_ms), cached=frozenset(cached),
+            worker.id,
+            worker.spec.device,
+            worker.spec.weight,
+            backlog_items=worker.num_assigned_in_flight,
+            service_ms=self._service.get(worker.id),
+            backlog_ms=max(0.0, busy_ms),
+            cached=frozenset(cached),
             is_stale=self._is_stale(worker.id),
-        )  # fmt: skip
+        )
 
     def _is_stale(self, worker_id: str) -> bool:
         now: float = self._clock()
@@ -260,8 +284,9 @@ class Scheduler:
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
 
-    def _advance_busy(self, ids: list[str], items: Sequence[EncodeItem],
-                      views: list[EncoderView]) -> None:  # fmt: skip
+    def _advance_busy(
+        self, ids: list[str], items: Sequence[EncodeItem], views: list[EncoderView]
+    ) -> None:
         """Push each chosen encoder's expected busy-until time by the work just given to it."""
         adaptive = self._adaptive
         service_ms = adaptive.service_times(views)
@@ -277,8 +302,9 @@ class Scheduler:
         assert isinstance(adaptive, AdaptivePolicy)
         return adaptive
 
-    def _record(self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker],
-                policy: Policy) -> Assignment:  # fmt: skip
+    def _record(
+        self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker], policy: Policy
+    ) -> Assignment:
         by_id = {w.id: w for w in workers}
         groups: dict[str, _Group] = {}
         for index, worker_id in enumerate(ids):
@@ -294,32 +320,40 @@ class Scheduler:
             self.num_assigned[policy, group.worker.id] += len(group.item_indices)
         assignment_id = uuid.uuid4().hex
         self._pending[assignment_id] = _Pending(
-            list(groups.values()), [item.mm_hash for item in items],
-            [self._adaptive.units(item) for item in items], self._clock())  # fmt: skip
-        return Assignment(assignment_id, policy, tuple(ids),
-                          tuple(by_id[i].spec.endpoint for i in ids))  # fmt: skip
+            list(groups.values()),
+            [item.mm_hash for item in items],
+            [self._adaptive.units(item) for item in items],
+            self._clock(),
+        )
+        return Assignment(
+            assignment_id, policy, tuple(ids), tuple(by_id[i].spec.endpoint for i in ids)
+        )
 
-    def _finish_group(self, group: _Group, outcomes: dict[int, ItemOutcome],
-                      pending: _Pending) -> None:  # fmt: skip
+    def _finish_group(
+        self, group: _Group, outcomes: dict[int, ItemOutcome], pending: _Pending
+    ) -> None:
         # NOTE: the group holds the Worker object it was given to, so a worker that left and
         # registered again is not charged for its predecessor's work.
         worker = group.worker
-        worker.num_assigned_in_flight = max(0, worker.num_assigned_in_flight
-                                            - len(group.item_indices))  # fmt: skip
+        worker.num_assigned_in_flight = max(
+            0, worker.num_assigned_in_flight - len(group.item_indices)
+        )
         if self.registry.get(worker.id) is not worker:
             return
         if worker.num_assigned_in_flight == 0:
-            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0),
-                                              self._clock())  # fmt: skip
+            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0), self._clock())
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         computed = [o for o in done if not o.cache_hit]
         if computed:
             if self._is_stale(worker.id):
                 self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale estimate
             self._sampled_at[worker.id] = self._clock()
-            self._service.add_completion(worker.id, max(o.latency_ms for o in computed),
-                                         sum(pending.units[o.item_index] for o in computed),
-                                         group.backlog_at_assign)  # fmt: skip
+            self._service.add_completion(
+                worker.id,
+                max(o.latency_ms for o in computed),
+                sum(pending.units[o.item_index] for o in computed),
+                group.backlog_at_assign,
+            )
         for outcome in done:
             if mm_hash := pending.mm_hashes[outcome.item_index]:
                 self._remember_home(mm_hash, worker.id)

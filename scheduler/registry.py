@@ -33,8 +33,7 @@ def validate_spec(spec: WorkerSpec) -> None:
     if not spec.weight > 0:
         raise InvalidArgument(f"weight must be > 0, got {spec.weight}", reason="BAD_WEIGHT")
     if spec.capacity < 1:
-        raise InvalidArgument(f"capacity must be >= 1, got {spec.capacity}",
-                              reason="BAD_CAPACITY")  # fmt: skip
+        raise InvalidArgument(f"capacity must be >= 1, got {spec.capacity}", reason="BAD_CAPACITY")
 
 
 class Registry:
@@ -46,9 +45,14 @@ class Registry:
     never take a second lock in the other order.
     """
 
-    def __init__(self, ttl_s: float = 10.0, clock: Clock = time.monotonic, *,
-                 on_remove: OnRemove | None = None,
-                 lock: threading.RLock | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ttl_s: float = 10.0,
+        clock: Clock = time.monotonic,
+        *,
+        on_remove: OnRemove | None = None,
+        lock: threading.RLock | None = None,
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.ttl_s = ttl_s
@@ -69,8 +73,9 @@ class Registry:
             if old is not None and old.spec.endpoint != spec.endpoint and not old.draining:
                 raise AlreadyExists(
                     f"worker id {spec.id!r} is held by a live worker at {old.spec.endpoint}",
-                    reason="DUPLICATE_WORKER_ID", metadata={"endpoint": old.spec.endpoint},
-                )  # fmt: skip
+                    reason="DUPLICATE_WORKER_ID",
+                    metadata={"endpoint": old.spec.endpoint},
+                )
             if old is not None:
                 self._remove(old)
             worker = Worker(spec, uuid.uuid4().hex, self._clock())
@@ -118,8 +123,9 @@ class Registry:
             self.num_evicted += len(expired)
             return expired
 
-    def live(self, roles: Iterable[Role], model: str = "",
-             exclude: Iterable[str] = ()) -> list[Worker]:  # fmt: skip
+    def live(
+        self, roles: Iterable[Role], model: str = "", exclude: Iterable[str] = ()
+    ) -> list[Worker]:
         """Live workers of ``roles`` serving ``model`` ("" = any), by id, minus ``exclude``."""
         wanted, excluded = set(roles), set(exclude)
         with self._lock:

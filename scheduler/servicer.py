@@ -22,73 +22,98 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         self.scheduler = scheduler
 
     @handle_errors
-    async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
-                             context: Context) -> pb.RegisterWorkerResponse:  # fmt: skip
+    async def RegisterWorker(
+        self, request: pb.RegisterWorkerRequest, context: Context
+    ) -> pb.RegisterWorkerResponse:
         worker = self.scheduler.register(convert.spec_from_proto(request.worker))
         return pb.RegisterWorkerResponse(lease_id=worker.lease_id, ttl_ms=self._ttl_ms)
 
     @handle_errors
-    async def Heartbeat(self, request: pb.HeartbeatRequest,
-                        context: Context) -> pb.HeartbeatResponse:  # fmt: skip
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
         load = convert.load_from_proto(request.load) if request.HasField("load") else None
-        self.scheduler.heartbeat(request.lease_id, load, list(request.load.stored_block_hashes),
-                                 list(request.load.removed_block_hashes))  # fmt: skip
+        self.scheduler.heartbeat(
+            request.lease_id,
+            load,
+            list(request.load.stored_block_hashes),
+            list(request.load.removed_block_hashes),
+        )
         return pb.HeartbeatResponse(ttl_ms=self._ttl_ms)
 
     @handle_errors
-    async def Deregister(self, request: pb.DeregisterRequest,
-                         context: Context) -> pb.DeregisterResponse:  # fmt: skip
+    async def Deregister(
+        self, request: pb.DeregisterRequest, context: Context
+    ) -> pb.DeregisterResponse:
         self.scheduler.deregister(request.lease_id)
         return pb.DeregisterResponse()
 
     @handle_errors
-    async def AssignEncoders(self, request: pb.AssignEncodersRequest,
-                             context: Context) -> pb.AssignEncodersResponse:  # fmt: skip
+    async def AssignEncoders(
+        self, request: pb.AssignEncodersRequest, context: Context
+    ) -> pb.AssignEncodersResponse:
         assignment = self.scheduler.assign_encoders(
-            convert.items_from_proto(list(request.items)), model=request.model,
+            convert.items_from_proto(list(request.items)),
+            model=request.model,
             policy=convert.policy_from_proto(request.policy),
             exclude=list(request.exclude_worker_ids),
-        )  # fmt: skip
+        )
         return pb.AssignEncodersResponse(
             assignment_id=assignment.assignment_id,
             policy=convert.POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
-            assignments=[pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
-                         for i, (w, e) in enumerate(zip(assignment.worker_ids,
-                                                        assignment.endpoints, strict=True))],
-        )  # fmt: skip
+            assignments=[
+                pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
+                for i, (w, e) in enumerate(
+                    zip(assignment.worker_ids, assignment.endpoints, strict=True)
+                )
+            ],
+        )
 
     @handle_errors
-    async def CompleteEncoding(self, request: pb.CompleteEncodingRequest,
-                               context: Context) -> pb.CompleteEncodingResponse:  # fmt: skip
-        self.scheduler.complete_encoding(request.assignment_id,
-                                         convert.outcomes_from_proto(list(request.outcomes)),
-                                         final=not request.partial)  # fmt: skip
+    async def CompleteEncoding(
+        self, request: pb.CompleteEncodingRequest, context: Context
+    ) -> pb.CompleteEncodingResponse:
+        self.scheduler.complete_encoding(
+            request.assignment_id,
+            convert.outcomes_from_proto(list(request.outcomes)),
+            final=not request.partial,
+        )
         return pb.CompleteEncodingResponse()
 
     @handle_errors
-    async def ChoosePrefill(self, request: pb.ChoosePrefillRequest,
-                            context: Context) -> pb.ChoosePrefillResponse:  # fmt: skip
+    async def ChoosePrefill(
+        self, request: pb.ChoosePrefillRequest, context: Context
+    ) -> pb.ChoosePrefillResponse:
         roles = [convert.role_from_proto(role) for role in request.roles]
         kwargs = {"roles": roles} if roles else {}
         worker, cached = self.scheduler.choose_prefill(
-            list(request.block_hashes), model=request.model,
-            exclude=list(request.exclude_worker_ids), **kwargs)  # fmt: skip
-        return pb.ChoosePrefillResponse(worker=convert.spec_to_proto(worker.spec),
-                                        num_cached_blocks=cached)  # fmt: skip
+            list(request.block_hashes),
+            model=request.model,
+            exclude=list(request.exclude_worker_ids),
+            **kwargs,
+        )
+        return pb.ChoosePrefillResponse(
+            worker=convert.spec_to_proto(worker.spec), num_cached_blocks=cached
+        )
 
     @handle_errors
-    async def ChooseDecode(self, request: pb.ChooseDecodeRequest,
-                           context: Context) -> pb.ChooseDecodeResponse:  # fmt: skip
+    async def ChooseDecode(
+        self, request: pb.ChooseDecodeRequest, context: Context
+    ) -> pb.ChooseDecodeResponse:
         worker = self.scheduler.choose_decode(
             model=request.model, exclude=list(request.exclude_worker_ids)
         )
         return pb.ChooseDecodeResponse(worker=convert.spec_to_proto(worker.spec))
 
     @handle_errors
-    async def ListWorkers(self, request: pb.ListWorkersRequest,
-                          context: Context) -> pb.ListWorkersResponse:  # fmt: skip
-        role = (convert.role_from_proto(request.role)
-                if request.role != pb.WORKER_ROLE_UNSPECIFIED else None)  # fmt: skip
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> pb.ListWorkersResponse:
+        role = (
+            convert.role_from_proto(request.role)
+            if request.role != pb.WORKER_ROLE_UNSPECIFIED
+            else None
+        )
         workers = self.scheduler.list_workers(role, request.model)
         age = self.scheduler.registry.heartbeat_age
         return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])

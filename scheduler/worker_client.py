@@ -25,8 +25,11 @@ LoadFn = Callable[[], pb.WorkerLoad]
 RPC_TIMEOUT_S = 3.0
 MIN_INTERVAL_S = 0.05
 # Codes a retry cannot fix without someone changing the worker's flags: logged as errors.
-CONFIG_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
-                 grpc.StatusCode.PERMISSION_DENIED)  # fmt: skip
+CONFIG_ERRORS = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+)
 
 
 class WorkerRegistration:
@@ -39,10 +42,18 @@ class WorkerRegistration:
     ``retry_max_s``; nothing is raised into the worker.
     """
 
-    def __init__(self, scheduler_endpoint: str | None, info: pb.WorkerInfo, load_fn: LoadFn, *,
-                 interval_s: float | None = None, auth_token: str | None = None,
-                 keepalive_s: float = DEFAULT_KEEPALIVE_S,
-                 retry_initial_s: float = 0.2, retry_max_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler_endpoint: str | None,
+        info: pb.WorkerInfo,
+        load_fn: LoadFn,
+        *,
+        interval_s: float | None = None,
+        auth_token: str | None = None,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        retry_initial_s: float = 0.2,
+        retry_max_s: float = 5.0,
+    ) -> None:
         self.scheduler_endpoint = scheduler_endpoint
         self.info = info
         self._load_fn = load_fn
@@ -80,8 +91,9 @@ class WorkerRegistration:
         if deregister and self._lease_id and self._channel is not None:
             stub = pb_grpc.SchedulerServiceStub(self._channel)
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-                await stub.Deregister(pb.DeregisterRequest(lease_id=self._lease_id),
-                                      timeout=RPC_TIMEOUT_S)  # fmt: skip
+                await stub.Deregister(
+                    pb.DeregisterRequest(lease_id=self._lease_id), timeout=RPC_TIMEOUT_S
+                )
         self._lease_id = None
         if self._channel is not None:
             await self._channel.close()
@@ -110,14 +122,18 @@ class WorkerRegistration:
                     backoff,
                 )
             except Exception:  # NOTE: never let the loop die: the worker must stay registered
-                logger.exception("registration with %s failed; retrying in %.1fs",
-                                 self.scheduler_endpoint, backoff)  # fmt: skip
+                logger.exception(
+                    "registration with %s failed; retrying in %.1fs",
+                    self.scheduler_endpoint,
+                    backoff,
+                )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._retry[1])
 
     async def _register(self, stub: pb_grpc.SchedulerServiceStub) -> None:
-        reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=self.info),
-                                          timeout=RPC_TIMEOUT_S)  # fmt: skip
+        reply = await stub.RegisterWorker(
+            pb.RegisterWorkerRequest(worker=self.info), timeout=RPC_TIMEOUT_S
+        )
         self._lease_id, self._ttl_s = reply.lease_id, reply.ttl_ms / 1000
         self.num_registrations += 1
         logger.info("registered %s with scheduler %s", self.info.id, self.scheduler_endpoint)

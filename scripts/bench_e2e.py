@@ -44,8 +44,20 @@ from PIL import Image
 
 from epd.client.launcher import Deployment, Topology, free_port, start_topology
 
-FIELDS = ["system", "concurrency", "rate", "requests", "failed", "ttft_p50_ms", "ttft_p99_ms",
-          "tpot_ms", "output_tok_s", "req_s", "ttft_p50_vs_vllm", "tok_s_vs_vllm"]  # fmt: skip
+FIELDS = [
+    "system",
+    "concurrency",
+    "rate",
+    "requests",
+    "failed",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_ms",
+    "output_tok_s",
+    "req_s",
+    "ttft_p50_vs_vllm",
+    "tok_s_vs_vllm",
+]
 
 
 @dataclass
@@ -74,16 +86,27 @@ def data_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-async def one_request(client: object, model: str, seed: int, tokens: int,
-                      images: int = 1) -> tuple[float, float, int]:  # fmt: skip
+async def one_request(
+    client: object, model: str, seed: int, tokens: int, images: int = 1
+) -> tuple[float, float, int]:
     """(TTFT s, total s, output tokens) of one streamed chat completion."""
-    pictures = [{"type": "image_url", "image_url": {"url": data_url(seed * 16 + i)}}
-                for i in range(images)]  # fmt: skip
+    pictures = [
+        {"type": "image_url", "image_url": {"url": data_url(seed * 16 + i)}} for i in range(images)
+    ]
     start = time.perf_counter()
     stream = await client.chat.completions.create(  # type: ignore[attr-defined]
-        model=model, max_tokens=tokens, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True}, messages=[{"role": "user", "content": [
-            *pictures, {"type": "text", "text": "What is in this picture?"}]}])  # fmt: skip
+        model=model,
+        max_tokens=tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        messages=[
+            {
+                "role": "user",
+                "content": [*pictures, {"type": "text", "text": "What is in this picture?"}],
+            }
+        ],
+    )
     first, completion = None, 0
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
@@ -94,8 +117,17 @@ async def one_request(client: object, model: str, seed: int, tokens: int,
     return (first if first is not None else total), total, completion
 
 
-async def measure(base_url: str, model: str, system: str, concurrency: int, rate: float,
-                  num_requests: int, tokens: int, images: int, first_seed: int) -> Row:  # fmt: skip
+async def measure(
+    base_url: str,
+    model: str,
+    system: str,
+    concurrency: int,
+    rate: float,
+    num_requests: int,
+    tokens: int,
+    images: int,
+    first_seed: int,
+) -> Row:
     """One level: ``num_requests`` requests (seeds from ``first_seed``) after one warm-up."""
     import openai
 
@@ -123,9 +155,18 @@ async def measure(base_url: str, model: str, system: str, concurrency: int, rate
     await client.close()
     ttfts = sorted(r[0] * 1000 for r in results) or [float("nan")]
     tpots = [(r[1] - r[0]) * 1000 / (r[2] - 1) for r in results if r[2] > 1] or [float("nan")]
-    return Row(system, concurrency, rate, len(results), failed, statistics.median(ttfts),
-               ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], statistics.mean(tpots),
-               sum(r[2] for r in results) / elapsed, len(results) / elapsed)  # fmt: skip
+    return Row(
+        system,
+        concurrency,
+        rate,
+        len(results),
+        failed,
+        statistics.median(ttfts),
+        ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        statistics.mean(tpots),
+        sum(r[2] for r in results) / elapsed,
+        len(results) / elapsed,
+    )
 
 
 async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
@@ -137,8 +178,9 @@ async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
 
 
 @contextlib.asynccontextmanager
-async def serving(system: str, model_dir: Path, run_dir: Path,
-                  args: argparse.Namespace) -> AsyncIterator[str]:  # fmt: skip
+async def serving(
+    system: str, model_dir: Path, run_dir: Path, args: argparse.Namespace
+) -> AsyncIterator[str]:
     """Start ``system``; yield its OpenAI base URL; stop it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -151,9 +193,12 @@ async def serving(system: str, model_dir: Path, run_dir: Path,
         else:
             name, _, policy = system.partition(":")
             dual = name == "dual-encoder"
-            topology = Topology(name, policy=policy or "adaptive",
-                                split_ratio=args.split_ratio if dual else "",
-                                encoder_threads=args.encoder_threads if dual else ())  # fmt: skip
+            topology = Topology(
+                name,
+                policy=policy or "adaptive",
+                split_ratio=args.split_ratio if dual else "",
+                encoder_threads=args.encoder_threads if dual else (),
+            )
             route = await start_topology(deployment, model_dir, "tiny", topology)
             urls = [c.metrics_url for c in deployment.children if c.metrics_url]
             scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
@@ -183,11 +228,27 @@ async def start_vllm(deployment: Deployment, model_dir: Path) -> str:
     log = deployment.run_dir / "vllm.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--served-model-name", "tiny", "--port", str(port), "--dtype", "float32",
-             "--enforce-eager", "--max-model-len", "4096"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**deployment.env, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                "tiny",
+                "--port",
+                str(port),
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--max-model-len",
+                "4096",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**deployment.env, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        )
     from epd.client.launcher import Child
 
     deployment.children.append(Child("vllm", port, process, log))
@@ -221,14 +282,18 @@ def print_table(rows: list[Row]) -> None:
     def times(value: float | None) -> str:
         return f"{value:>7.2f}x" if value is not None else f"{'-':>8}"
 
-    print(f"{'system':<26}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
-          f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}{'TTFT/vllm':>10}"
-          f"{'tok/s/vllm':>11}")  # fmt: skip
+    print(
+        f"{'system':<26}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
+        f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}{'TTFT/vllm':>10}"
+        f"{'tok/s/vllm':>11}"
+    )
     for r in rows:
-        print(f"{r.system:<26}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
-              f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
-              f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}  {times(r.ttft_p50_vs_vllm)}"
-              f"  {times(r.tok_s_vs_vllm)}")  # fmt: skip
+        print(
+            f"{r.system:<26}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
+            f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
+            f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}  {times(r.ttft_p50_vs_vllm)}"
+            f"  {times(r.tok_s_vs_vllm)}"
+        )
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -245,19 +310,37 @@ async def main(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     for index, system in enumerate(args.systems.split(",")):
         log(args, f"== {system}: starting")
-        async with serving(system, model_dir.resolve(), run_root / system.replace(":", "-"),
-                           args) as url:  # fmt: skip
+        async with serving(
+            system, model_dir.resolve(), run_root / system.replace(":", "-"), args
+        ) as url:
             for level, (concurrency, rate) in enumerate(levels):
                 first_seed = (index * len(levels) + level) * args.requests
-                row = await measure(url, "tiny", system, concurrency, rate, args.requests,
-                                    args.tokens, args.images, first_seed)  # fmt: skip
+                row = await measure(
+                    url,
+                    "tiny",
+                    system,
+                    concurrency,
+                    rate,
+                    args.requests,
+                    args.tokens,
+                    args.images,
+                    first_seed,
+                )
                 rows.append(row)
                 if not args.json:
                     print_table([row])
     compare_to_vllm(rows)
     if args.json:
-        print(json.dumps({"model": str(model_dir), "images": args.images, "tokens": args.tokens,
-                          "rows": [asdict(r) for r in rows]}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "model": str(model_dir),
+                    "images": args.images,
+                    "tokens": args.tokens,
+                    "rows": [asdict(r) for r in rows],
+                }
+            )
+        )
     else:
         print()
         print_table(rows)
@@ -281,9 +364,11 @@ def log(args: argparse.Namespace, message: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
-    parser.add_argument("--systems", default="epd,e-pd,vllm",
-                        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default "
-                             "epd,e-pd,vllm)")  # fmt: skip
+    parser.add_argument(
+        "--systems",
+        default="epd,e-pd,vllm",
+        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default epd,e-pd,vllm)",
+    )
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
     parser.add_argument(
         "--rates",

@@ -40,8 +40,9 @@ CONCURRENCY = 8
 
 def images(count: int, seed: int) -> list[Image.Image]:
     rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 255, (336, 448, 3), dtype=np.uint8))
-            for _ in range(count)]  # fmt: skip
+    return [
+        Image.fromarray(rng.integers(0, 255, (336, 448, 3), dtype=np.uint8)) for _ in range(count)
+    ]
 
 
 def png(image: Image.Image) -> bytes:
@@ -61,13 +62,14 @@ def direct(model_dir: Path, count: int) -> dict[str, float]:
     batched_images = images(count, 2)
     start = time.perf_counter()
     for i in range(0, count, CONCURRENCY):
-        encoder.encode(batched_images[i:i + CONCURRENCY])
+        encoder.encode(batched_images[i : i + CONCURRENCY])
     return {"direct_b1_ips": single, "direct_b8_ips": count / (time.perf_counter() - start)}
 
 
 async def service(model_dir: Path, count: int, max_batch: int, seed: int) -> dict[str, float]:
-    app = await build_encode_server(EncodeConfig(model_dir, max_batch_size=max_batch,
-                                                 max_batch_wait_ms=10))  # fmt: skip
+    app = await build_encode_server(
+        EncodeConfig(model_dir, max_batch_size=max_batch, max_batch_wait_ms=10)
+    )
     payloads = [png(image) for image in images(count, seed)]
     host = app.plane.host_id
     async with create_channel(f"127.0.0.1:{app.port}") as channel:
@@ -75,8 +77,9 @@ async def service(model_dir: Path, count: int, max_batch: int, seed: int) -> dic
 
         async def one(data: bytes, mm_hash: str = "") -> tuple[float, pb.EncodeResponse]:
             start = time.perf_counter()
-            request = pb.EncodeRequest(items=[multimodal_pb2.MediaItem(data=data, mm_hash=mm_hash)],
-                                       consumer_host_id=host)  # fmt: skip
+            request = pb.EncodeRequest(
+                items=[multimodal_pb2.MediaItem(data=data, mm_hash=mm_hash)], consumer_host_id=host
+            )
             responses = [r async for r in stub.Encode(request)]
             await stub.Release(pb.ReleaseRequest(lease_ids=[responses[0].embeddings.lease_id]))
             return time.perf_counter() - start, responses[0]
@@ -94,8 +97,11 @@ async def service(model_dir: Path, count: int, max_batch: int, seed: int) -> dic
         cold = [await one(data) for data in (png(image) for image in images(5, seed + 7))]
         hits = [(await one(b"", r.mm_hash))[0] for _, r in cold for _ in range(4)]
     await app.stop()
-    return {"ips": throughput, "cold_ms": statistics.median(t for t, _ in cold) * 1000,
-            "hit_ms": statistics.median(hits) * 1000}
+    return {
+        "ips": throughput,
+        "cold_ms": statistics.median(t for t, _ in cold) * 1000,
+        "hit_ms": statistics.median(hits) * 1000,
+    }
 
 
 def main() -> int:
@@ -108,8 +114,14 @@ def main() -> int:
         figures = direct(model_dir, args.images)
         b1 = asyncio.run(service(model_dir, args.images, 1, seed=3))
         dyn = asyncio.run(service(model_dir, args.images, CONCURRENCY, seed=4))
-    figures.update({"service_b1_ips": b1["ips"], "service_dynamic_ips": dyn["ips"],
-                    "cold_ms": dyn["cold_ms"], "cache_hit_ms": dyn["hit_ms"]})
+    figures.update(
+        {
+            "service_b1_ips": b1["ips"],
+            "service_dynamic_ips": dyn["ips"],
+            "cold_ms": dyn["cold_ms"],
+            "cache_hit_ms": dyn["hit_ms"],
+        }
+    )
     figures["service_vs_direct_b8"] = figures["service_dynamic_ips"] / figures["direct_b8_ips"]
     figures["service_b1_vs_direct_b1"] = figures["service_b1_ips"] / figures["direct_b1_ips"]
     figures["hit_vs_cold"] = figures["cache_hit_ms"] / figures["cold_ms"]
@@ -117,15 +129,21 @@ def main() -> int:
         print(json.dumps(figures))
         return 0
     print(f"{'':26} {'images/s':>9}")
-    for label, key in (("direct, batch 1", "direct_b1_ips"), ("direct, batch 8", "direct_b8_ips"),
-                       ("service, batch 1", "service_b1_ips"),
-                       ("service, dynamic (<=8)", "service_dynamic_ips")):  # fmt: skip
+    for label, key in (
+        ("direct, batch 1", "direct_b1_ips"),
+        ("direct, batch 8", "direct_b8_ips"),
+        ("service, batch 1", "service_b1_ips"),
+        ("service, dynamic (<=8)", "service_dynamic_ips"),
+    ):
         print(f"{label:26} {figures[key]:9.1f}")
-    print(f"service dynamic / direct batch 8: {figures['service_vs_direct_b8']:.2f}x "
-          f"(target >= 0.9)")
+    print(
+        f"service dynamic / direct batch 8: {figures['service_vs_direct_b8']:.2f}x (target >= 0.9)"
+    )
     print(f"service batch 1 / direct batch 1: {figures['service_b1_vs_direct_b1']:.2f}x")
-    print(f"latency cold {figures['cold_ms']:.1f} ms, cache hit {figures['cache_hit_ms']:.2f} ms: "
-          f"{figures['hit_vs_cold']:.3f}x (target <= 0.1)")
+    print(
+        f"latency cold {figures['cold_ms']:.1f} ms, cache hit {figures['cache_hit_ms']:.2f} ms: "
+        f"{figures['hit_vs_cold']:.3f}x (target <= 0.1)"
+    )
     return 0
 
 

@@ -95,8 +95,9 @@ async def sample_rss(pid: int, peak: list[int], stop: asyncio.Event) -> None:
         await asyncio.sleep(0.05)
 
 
-async def send(url: str, pid: int, name: str, body: bytes, headers: dict[str, str]
-               ) -> dict[str, Any]:
+async def send(
+    url: str, pid: int, name: str, body: bytes, headers: dict[str, str]
+) -> dict[str, Any]:
     stop = asyncio.Event()
     health: list[float] = []
     rss: list[int] = [rss_bytes(pid)]
@@ -107,9 +108,12 @@ async def send(url: str, pid: int, name: str, body: bytes, headers: dict[str, st
         tasks = [asyncio.create_task(sample_rss(pid, rss, stop))]
         start = time.perf_counter()
         try:
-            async with session.post(url + "/v1/chat/completions", data=body,
-                                    headers={"Content-Type": "application/json", **headers},
-                                    timeout=aiohttp.ClientTimeout(total=900)) as response:
+            async with session.post(
+                url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json", **headers},
+                timeout=aiohttp.ClientTimeout(total=900),
+            ) as response:
                 status, answer = response.status, (await response.text())[:160]
         except aiohttp.ClientError as e:
             status, answer = 0, f"{type(e).__name__}: {e}"[:160]
@@ -119,10 +123,16 @@ async def send(url: str, pid: int, name: str, body: bytes, headers: dict[str, st
         probe_stop.set()
         await asyncio.gather(*tasks)
         await asyncio.to_thread(probe.join)
-    return {"body": name, "mb": round(len(body) / MB, 1), "status": status,
-            "seconds": round(seconds, 3), "peak_rss_mb": round(max(rss) / MB),
-            "rss_after_mb": round(rss_bytes(pid) / MB),
-            "health_worst_ms": round(1000 * max(health or [0.0]), 1), "answer": answer}
+    return {
+        "body": name,
+        "mb": round(len(body) / MB, 1),
+        "status": status,
+        "seconds": round(seconds, 3),
+        "peak_rss_mb": round(max(rss) / MB),
+        "rss_after_mb": round(rss_bytes(pid) / MB),
+        "health_worst_ms": round(1000 * max(health or [0.0]), 1),
+        "answer": answer,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -140,8 +150,11 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--endpoints-file", required=True,
-                        help="JSON written by `epd up --endpoints-file` (needs http and pids)")
+    parser.add_argument(
+        "--endpoints-file",
+        required=True,
+        help="JSON written by `epd up --endpoints-file` (needs http and pids)",
+    )
     parser.add_argument("--mb", type=float, default=60.0, help="size of each body in MB")
     parser.add_argument("--token", default="", help="bearer token, if the route asks for one")
     parser.add_argument("--only", nargs="*", choices=sorted(BODIES), help="bodies to send")
@@ -151,11 +164,15 @@ def main() -> int:
     if args.json:
         print(json.dumps({"bodies": rows}))
         return 0
-    print(f"{'body':18} {'MB':>5} {'status':>6} {'s':>8} {'peak RSS MB':>11} "
-          f"{'RSS after MB':>12} {'worst /health ms':>16}")
+    print(
+        f"{'body':18} {'MB':>5} {'status':>6} {'s':>8} {'peak RSS MB':>11} "
+        f"{'RSS after MB':>12} {'worst /health ms':>16}"
+    )
     for r in rows:
-        print(f"{r['body']:18} {r['mb']:5} {r['status']:6} {r['seconds']:8} "
-              f"{r['peak_rss_mb']:11} {r['rss_after_mb']:12} {r['health_worst_ms']:16}")
+        print(
+            f"{r['body']:18} {r['mb']:5} {r['status']:6} {r['seconds']:8} "
+            f"{r['peak_rss_mb']:11} {r['rss_after_mb']:12} {r['health_worst_ms']:16}"
+        )
     return 0
 
 

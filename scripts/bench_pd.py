@@ -85,9 +85,12 @@ class Bench:
             return VllmOptions(kv_role=role, kv_cache_bytes=128 << 20, max_model_len=4096)
 
         roles = [None, "kv_producer", "kv_consumer"] if with_pd else [None]
-        engines = await asyncio.gather(*(VllmEngine.start(self.model_dir, model_id="m",
-                                                          options=options(role))
-                                         for role in roles))  # fmt: skip
+        engines = await asyncio.gather(
+            *(
+                VllmEngine.start(self.model_dir, model_id="m", options=options(role))
+                for role in roles
+            )
+        )
         self.engine = engines[0]
         self.closers += [engine.close for engine in engines]
         from transformers import AutoTokenizer
@@ -115,8 +118,7 @@ class Bench:
             await build_prefill_server(PrefillConfig(self.model_dir), self.engine), PrefillClient
         )
         raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
-        self.epd = await serve(await build_prefill_server(raw_config, self.engine),
-                               PrefillClient)  # fmt: skip
+        self.epd = await serve(await build_prefill_server(raw_config, self.engine), PrefillClient)
         if with_pd:
             self.prefill = await serve(
                 await build_prefill_server(
@@ -124,8 +126,9 @@ class Bench:
                 ),
                 PrefillClient,
             )
-            self.decode = await serve(await build_decode_server(DecodeConfig(), engines[2]),
-                                      DecodeClient)  # fmt: skip
+            self.decode = await serve(
+                await build_decode_server(DecodeConfig(), engines[2]), DecodeClient
+            )
 
     async def close(self) -> None:
         for close in self.closers:
@@ -179,8 +182,9 @@ class Bench:
 
         item, grid = await self.loaded(data)
         result = await anext(self.encode_call(item))
-        image = multimodal_pb2.ImageInput(mm_hash=result.mm_hash, grid=result.grid,
-                                          embeddings=result.embeddings)  # fmt: skip
+        image = multimodal_pb2.ImageInput(
+            mm_hash=result.mm_hash, grid=result.grid, embeddings=result.embeddings
+        )
         return generation_pb2.Prompt(token_ids=self.prompt_ids(), images=[image])
 
     async def release(self, prompt: Any) -> None:
@@ -240,13 +244,15 @@ class Bench:
                 kv_handle=first.kv_handle,
             )
         )
-        wait_s, decode_s, count = await timed((t async for r in call for t in r.token_ids),
-                                              first_at)  # fmt: skip
+        wait_s, decode_s, count = await timed(
+            (t async for r in call for t in r.token_ids), first_at
+        )
         return first_at - start, wait_s + decode_s, count + 1
 
 
-async def measure(preset_name: str, num_requests: int, num_tokens: int,
-                  with_pd: bool) -> dict[str, dict[str, float]]:  # fmt: skip
+async def measure(
+    preset_name: str, num_requests: int, num_tokens: int, with_pd: bool
+) -> dict[str, dict[str, float]]:
     from epd.server.engine.tiny_model import build_tiny_model, preset
 
     with tempfile.TemporaryDirectory() as folder:
@@ -302,8 +308,10 @@ def main() -> int:
     parser.add_argument("--no-pd", action="store_true", help="skip E/P/D (two fewer engines)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
-    figures = {name: asyncio.run(measure(name, args.requests, args.tokens, not args.no_pd))
-               for name in args.presets.split(",")}  # fmt: skip
+    figures = {
+        name: asyncio.run(measure(name, args.requests, args.tokens, not args.no_pd))
+        for name in args.presets.split(",")
+    }
     if args.json:
         print(json.dumps(figures))
     else:

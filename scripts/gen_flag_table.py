@@ -97,8 +97,11 @@ def all_rows() -> list[Row]:
     for name in saved:
         del os.environ[name]
     try:
-        return [row for command, (module, _) in COMMANDS.items()
-                for row in rows_of(command, command_parser(command, module))]  # fmt: skip
+        return [
+            row
+            for command, (module, _) in COMMANDS.items()
+            for row in rows_of(command, command_parser(command, module))
+        ]
     finally:
         os.environ.update(saved)
 
@@ -122,19 +125,29 @@ def render(rows: list[Row]) -> str:
         lines.append(f"| `{variable}` | `{flag}` | {', '.join(commands)} |")
     lines += ["", "Variables of the scripts and tests (no `epd` command reads them):", ""]
     lines += [f"- `{name}`: {meaning}" for name, meaning in sorted(OTHER_VARIABLES.items())]
-    lines += ["", "## Flags", "", "| Command | Flag | Variable | Default | Help |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Flags",
+        "",
+        "| Command | Flag | Variable | Default | Help |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         variables = ", ".join(code(v) for v in row.variables)
-        lines.append(f"| {row.command} | `{row.flag}` | {variables} | {cell(code(row.default))} "
-                     f"| {cell(row.help)} |")  # fmt: skip
+        lines.append(
+            f"| {row.command} | `{row.flag}` | {variables} | {cell(code(row.default))} "
+            f"| {cell(row.help)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when docs/flags.md differs instead of writing it")  # fmt: skip
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when docs/flags.md differs instead of writing it",
+    )
     args = parser.parse_args()
     text = render(all_rows())
     if args.check:

@@ -22,8 +22,9 @@ PYTHON="$BIN/python" "$ROOT/scripts/gen_protos.sh" --check
 step "shell scripts parse"
 for script in scripts/*.sh .ci/run; do bash -n "$script"; done
 
-step "ruff"
+step "ruff: lint, and the formatter owns the layout"
 "$BIN/ruff" check .
+"$BIN/ruff" format --check .
 
 step "mypy (strict) on hand-written code"
 MYPY="$BIN/mypy" "$ROOT/scripts/typecheck.sh"

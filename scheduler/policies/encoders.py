@@ -57,21 +57,25 @@ def parse_split_ratio(text: str) -> tuple[float, float]:
     """Parse "ACCELERATOR:CPU" shares such as "8:1" (weights for non-CPU and CPU encoders)."""
     parts = text.split(":")
     if len(parts) != 2:
-        raise InvalidArgument(f"split ratio {text!r} must be ACCELERATOR:CPU, e.g. 8:1",
-                              reason="BAD_SPLIT_RATIO")  # fmt: skip
+        raise InvalidArgument(
+            f"split ratio {text!r} must be ACCELERATOR:CPU, e.g. 8:1", reason="BAD_SPLIT_RATIO"
+        )
     try:
         shares = tuple(float(part) for part in parts)
     except ValueError:
-        raise InvalidArgument(f"split ratio {text!r} must hold two numbers, e.g. 8:1",
-                              reason="BAD_SPLIT_RATIO") from None  # fmt: skip
+        raise InvalidArgument(
+            f"split ratio {text!r} must hold two numbers, e.g. 8:1", reason="BAD_SPLIT_RATIO"
+        ) from None
     if not all(math.isfinite(s) and s > 0 for s in shares):
-        raise InvalidArgument(f"split ratio {text!r} needs two positive shares, e.g. 8:1",
-                              reason="BAD_SPLIT_RATIO")  # fmt: skip
+        raise InvalidArgument(
+            f"split ratio {text!r} needs two positive shares, e.g. 8:1", reason="BAD_SPLIT_RATIO"
+        )
     return shares[0], shares[1]
 
 
-def weights_of(encoders: Sequence[EncoderView],
-               split_ratio: tuple[float, float] | None) -> list[tuple[str, float]]:  # fmt: skip
+def weights_of(
+    encoders: Sequence[EncoderView], split_ratio: tuple[float, float] | None
+) -> list[tuple[str, float]]:
     """(id, weight) per encoder: the split ratio by device class when given, else own weights."""
     if split_ratio is None:
         return [(e.id, e.weight) for e in encoders]
@@ -140,11 +144,13 @@ class AdaptivePolicy(EncoderPolicy):
 
     def assign(self, items: Sequence[EncodeItem], encoders: Sequence[EncoderView]) -> list[str]:
         service = self.service_times(encoders)
-        finish = {e.id: e.backlog_ms if e.backlog_ms is not None
-                  else e.backlog_items * service[e.id] for e in encoders}  # fmt: skip
+        finish = {
+            e.id: e.backlog_ms if e.backlog_ms is not None else e.backlog_items * service[e.id]
+            for e in encoders
+        }
         # NOTE: ties (e.g. idle twins) rotate instead of always going to the first encoder.
         self._turn = (self._turn + 1) % len(encoders)
-        encoders = [*encoders[self._turn:], *encoders[:self._turn]]
+        encoders = [*encoders[self._turn :], *encoders[: self._turn]]
         probes = [e for e in encoders if e.is_stale and not e.backlog_items]
         chosen: list[str] = []
         for item in items:
@@ -182,7 +188,8 @@ class AdaptivePolicy(EncoderPolicy):
 def make_policy(policy: Policy, split_ratio: tuple[float, float] | None = None) -> EncoderPolicy:
     """A fresh policy object of kind ``policy``."""
     classes: dict[Policy, type[EncoderPolicy]] = {
-        Policy.PER_IMAGE: PerImagePolicy, Policy.PER_REQUEST: PerRequestPolicy,
+        Policy.PER_IMAGE: PerImagePolicy,
+        Policy.PER_REQUEST: PerRequestPolicy,
         Policy.ADAPTIVE: AdaptivePolicy,
-    }  # fmt: skip
+    }
     return classes[policy](split_ratio)  # type: ignore[call-arg]

@@ -17,8 +17,9 @@ class Ewma:
         """Fold in one sample (non-positive samples are ignored)."""
         if sample <= 0:
             return
-        self.value = sample if self.value is None else (
-            self.alpha * sample + (1 - self.alpha) * self.value)  # fmt: skip
+        self.value = (
+            sample if self.value is None else (self.alpha * sample + (1 - self.alpha) * self.value)
+        )
         self.num_samples += 1
 
 
@@ -45,8 +46,9 @@ class ServiceTimes:
         """Record a per-item service time inferred from a completed assignment."""
         self._by_worker.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
 
-    def add_completion(self, worker_id: str, max_latency_ms: float, num_units: float,
-                       backlog_at_assign: int) -> None:  # fmt: skip
+    def add_completion(
+        self, worker_id: str, max_latency_ms: float, num_units: float, backlog_at_assign: int
+    ) -> None:
         """A finished group of ``num_units`` of work (items scaled by their size, see
         ``AdaptivePolicy.units``) whose last item arrived ``max_latency_ms`` after the call; the
         encoder also had ``backlog_at_assign`` items ahead of it (serial service)."""

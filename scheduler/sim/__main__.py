@@ -14,8 +14,12 @@ from epd.scheduler.sim.model import SCENARIOS
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m epd.scheduler.sim", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    parser.add_argument("--scenario", action="append", choices=[s.name for s in SCENARIOS],
-                        help="run only these scenarios (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[s.name for s in SCENARIOS],
+        help="run only these scenarios (repeatable)",
+    )
     args = parser.parse_args()
     chosen = [s for s in SCENARIOS if not args.scenario or s.name in args.scenario]
     results = {s.name: simulate(s) for s in chosen}
@@ -28,8 +32,10 @@ def main() -> int:
         for row in results[scenario.name]:
             use = ", ".join(f"{name} {value:.0%}" for name, value in row.utilisation.items())
             use += "; " + "/".join(f"{value:.0%}" for value in row.split.values())
-            print(f"  {row.policy:<12} {row.throughput_rps:7.1f} {row.p50_ms:8.1f} "
-                  f"{row.p99_ms:8.1f}  {use}")
+            print(
+                f"  {row.policy:<12} {row.throughput_rps:7.1f} {row.p50_ms:8.1f} "
+                f"{row.p99_ms:8.1f}  {use}"
+            )
     return 0
 
 

@@ -74,9 +74,10 @@ class Simulation:
     def __init__(self, scenario: Scenario, policy: Policy) -> None:
         self.scenario, self.policy = scenario, policy
         self.clock = _Clock()
-        self.scheduler = Scheduler(SchedulerConfig(default_policy=policy,
-                                                   split_ratio=scenario.split_ratio,
-                                                   ttl_s=1e9), self.clock)  # fmt: skip
+        self.scheduler = Scheduler(
+            SchedulerConfig(default_policy=policy, split_ratio=scenario.split_ratio, ttl_s=1e9),
+            self.clock,
+        )
         self.encoders: dict[str, _EncoderState] = {}
         for encoder in scenario.encoders:
             self.encoders[encoder.name] = _EncoderState(encoder, self._register(encoder))
@@ -123,8 +124,11 @@ class Simulation:
         for state in self.encoders.values():
             if state.is_down:
                 continue
-            load = Load(queue_depth=len(state.queue), item_latency_ms=state.recent_item_ms,
-                        cached_mm_hashes=frozenset(state.cache))  # fmt: skip
+            load = Load(
+                queue_depth=len(state.queue),
+                item_latency_ms=state.recent_item_ms,
+                cached_mm_hashes=frozenset(state.cache),
+            )
             self.scheduler.heartbeat(state.lease_id, load)
         self._push(self.clock.now + HEARTBEAT_S, "heartbeat", "")
 
@@ -162,8 +166,9 @@ class Simulation:
         state.in_service = [(r, i, (r, i) not in misses) for r, i in batch]
         self._push(state.busy_until, "finish", name)
 
-    def _complete_item(self, state: _EncoderState, request_index: int, item_index: int,
-                       hit: bool, at: float) -> None:  # fmt: skip
+    def _complete_item(
+        self, state: _EncoderState, request_index: int, item_index: int, hit: bool, at: float
+    ) -> None:
         request = self.requests[request_index]
         request.done_at[item_index] = at
         if hit:
@@ -174,10 +179,13 @@ class Simulation:
             state.cache.popitem(last=False)
         group = [i for i, name in enumerate(request.encoder_of) if name == state.model.name]
         if all(i in request.done_at for i in group):
-            outcomes = [ItemOutcome(i, (request.done_at[i] - request.arrival) * 1000,
-                                    i in request.hits) for i in group]  # fmt: skip
-            self.scheduler.complete_encoding(request.assignment_id, outcomes,
-                                             final=len(request.done_at) == len(request.hashes))
+            outcomes = [
+                ItemOutcome(i, (request.done_at[i] - request.arrival) * 1000, i in request.hits)
+                for i in group
+            ]
+            self.scheduler.complete_encoding(
+                request.assignment_id, outcomes, final=len(request.done_at) == len(request.hashes)
+            )
 
     def _generate_arrivals(self, rng: random.Random) -> None:
         sizes, weights = zip(*self.scenario.image_mix.items(), strict=True)
@@ -215,18 +223,22 @@ class Simulation:
         measured = [r for r in self.requests if start <= r.arrival < end]
         latencies, completed = [], 0
         for request in measured:
-            done = (len(request.done_at) == len(request.hashes)
-                    and max(request.done_at.values()) <= end)  # fmt: skip
+            done = (
+                len(request.done_at) == len(request.hashes) and max(request.done_at.values()) <= end
+            )
             completed += done
             finish = max(request.done_at.values()) if done else end
             latencies.append((finish - request.arrival) * 1000)
         window = end - start
         return PolicyResult(
-            self.policy.value, completed / window, _percentile(latencies, 0.5),
-            _percentile(latencies, 0.99), completed,
+            self.policy.value,
+            completed / window,
+            _percentile(latencies, 0.5),
+            _percentile(latencies, 0.99),
+            completed,
             {name: min(1.0, s.busy_s / end) for name, s in self.encoders.items()},
             self._split(),
-        )  # fmt: skip
+        )
 
     def _split(self) -> dict[str, float]:
         split_from = self.scenario.split_from_s

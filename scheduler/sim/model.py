@@ -68,46 +68,66 @@ TWINS = (
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
-        "seed-8x", "accelerator 8x faster than CPU; per_image round robin (Dynamo's default) "
+        "seed-8x",
+        "accelerator 8x faster than CPU; per_image round robin (Dynamo's default) "
         "vs per_request with the right split ratio 8:1",
         (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
-        arrival_rps=45.0, split_ratio=(8.0, 1.0),
+        arrival_rps=45.0,
+        split_ratio=(8.0, 1.0),
     ),
     Scenario(
-        "wrong-ratio", "8:1 reality but split ratio configured 1:1",
+        "wrong-ratio",
+        "8:1 reality but split ratio configured 1:1",
         (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
-        arrival_rps=45.0, split_ratio=(1.0, 1.0),
+        arrival_rps=45.0,
+        split_ratio=(1.0, 1.0),
     ),
     Scenario(
-        "balanced", "two equal CPU encoders",
+        "balanced",
+        "two equal CPU encoders",
         (SimEncoder("cpu-a", "cpu", 40.0), SimEncoder("cpu-b", "cpu", 40.0)),
         arrival_rps=20.0,
     ),
     Scenario(
-        "batching", "accelerator with batching (5 ms + 4 ms/image, up to 8) beside a CPU",
-        (SimEncoder("accel", "cuda:0", 4.0, fixed_ms=5.0, max_batch=8),
-         SimEncoder("cpu", "cpu", CPU_MS)),
-        arrival_rps=55.0, split_ratio=(8.0, 1.0),
+        "batching",
+        "accelerator with batching (5 ms + 4 ms/image, up to 8) beside a CPU",
+        (
+            SimEncoder("accel", "cuda:0", 4.0, fixed_ms=5.0, max_batch=8),
+            SimEncoder("cpu", "cpu", CPU_MS),
+        ),
+        arrival_rps=55.0,
+        split_ratio=(8.0, 1.0),
     ),
     Scenario(
-        "mixed-sizes", "image sizes vary 16x (256 to 4096 vision tokens), right ratio 8:1",
+        "mixed-sizes",
+        "image sizes vary 16x (256 to 4096 vision tokens), right ratio 8:1",
         (SimEncoder("accel", "cuda:0", GPU_MS), SimEncoder("cpu", "cpu", CPU_MS)),
-        arrival_rps=40.0, split_ratio=(8.0, 1.0),
+        arrival_rps=40.0,
+        split_ratio=(8.0, 1.0),
         token_mix={256: 0.6, 1024: 0.3, 4096: 0.1},
     ),
     Scenario(
-        "repeated-images", "half the images repeat from a pool of 32 (cache reuse), 2 CPUs",
+        "repeated-images",
+        "half the images repeat from a pool of 32 (cache reuse), 2 CPUs",
         (SimEncoder("cpu-a", "cpu", 40.0), SimEncoder("cpu-b", "cpu", 40.0)),
-        arrival_rps=24.0, repeat_probability=0.5,
+        arrival_rps=24.0,
+        repeat_probability=0.5,
     ),
     Scenario(
-        "twins", "two encoders of one model, measured 2% apart, 5% jitter, single images",
-        TWINS, arrival_rps=30.0, image_mix={1: 1.0},
+        "twins",
+        "two encoders of one model, measured 2% apart, 5% jitter, single images",
+        TWINS,
+        arrival_rps=30.0,
+        image_mix={1: 1.0},
     ),
     Scenario(
-        "rejoin", "twins; gpu-b restarts at 40 s, back at 45 s with a 3 s cold first batch; "
+        "rejoin",
+        "twins; gpu-b restarts at 40 s, back at 45 s with a 3 s cold first batch; "
         "split after the rejoin",
-        tuple(replace(e, cold_start_ms=3000.0) for e in TWINS), arrival_rps=30.0,
-        image_mix={1: 1.0}, restarts=(Restart("gpu-b", 40.0, 45.0),), split_from_s=45.0,
+        tuple(replace(e, cold_start_ms=3000.0) for e in TWINS),
+        arrival_rps=30.0,
+        image_mix={1: 1.0},
+        restarts=(Restart("gpu-b", 40.0, 45.0),),
+        split_from_s=45.0,
     ),
-)  # fmt: skip
+)

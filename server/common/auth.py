@@ -36,8 +36,10 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method or ""
-        if handler is None or method.startswith(EXEMPT_PREFIXES) or self._is_authorized(
-            handler_call_details
+        if (
+            handler is None
+            or method.startswith(EXEMPT_PREFIXES)
+            or self._is_authorized(handler_call_details)
         ):
             return handler
         return _rejecting_handler(handler)
@@ -56,8 +58,10 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     async def reject(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort_with_status(status)
 
-    kwargs = dict(request_deserializer=handler.request_deserializer,
-                  response_serializer=handler.response_serializer)  # fmt: skip
+    kwargs = dict(
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(reject, **kwargs)
     if handler.unary_stream:

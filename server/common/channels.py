@@ -56,8 +56,7 @@ class _StreamStreamMetadata(_MetadataAdder, grpc.aio.StreamStreamClientIntercept
 
 def metadata_interceptors(pairs: Sequence[tuple[str, str]]) -> list[grpc.aio.ClientInterceptor]:
     """Client interceptors adding ``pairs`` to every call of every kind (unary and streaming)."""
-    kinds = (_UnaryUnaryMetadata, _UnaryStreamMetadata, _StreamUnaryMetadata,
-             _StreamStreamMetadata)  # fmt: skip
+    kinds = (_UnaryUnaryMetadata, _UnaryStreamMetadata, _StreamUnaryMetadata, _StreamStreamMetadata)
     return [kind(pairs) for kind in kinds]
 
 

@@ -37,8 +37,9 @@ class EpdError(Exception):
     code: Code = Code.INTERNAL
     default_reason: str = "INTERNAL"
 
-    def __init__(self, message: str, *, reason: str | None = None,
-                 metadata: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, message: str, *, reason: str | None = None, metadata: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason

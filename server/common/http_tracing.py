@@ -24,8 +24,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Run ``handler`` inside a SERVER span named ``METHOD /path``."""
     context = propagate.extract(dict(request.headers))
     name = f"{request.method} {request.path}"
-    with _tracer.start_as_current_span(name, context=context,
-                                       kind=trace.SpanKind.SERVER) as span:  # fmt: skip
+    with _tracer.start_as_current_span(name, context=context, kind=trace.SpanKind.SERVER) as span:
         span.set_attribute("http.request.method", request.method)
         span.set_attribute("url.path", request.path)
         try:

@@ -181,21 +181,28 @@ async def build_server(
         interceptors.insert(0, BearerTokenInterceptor(options.auth_token))
     # NOTE: innermost, so it rewraps the handlers as registered, once per method.
     interceptors.append(BadMessageInterceptor())
-    server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.max_send_message_length", options.max_message_bytes),
-        ("grpc.max_receive_message_length", options.max_message_bytes),
-        *server_ping_options(options.keepalive_s),
-        ("grpc.so_reuseport", 0),
-    ])  # fmt: skip
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", options.max_message_bytes),
+            ("grpc.max_receive_message_length", options.max_message_bytes),
+            *server_ping_options(options.keepalive_s),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
     for binding in bindings:
         binding.register(binding.servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [binding.name for binding in bindings]
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME], server,
-    )  # fmt: skip
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
     port = _bind(server, options)
     epd_server = EpdServer(server, port, names, health_servicer, options)
     await epd_server.mark_not_serving()
@@ -203,9 +210,12 @@ async def build_server(
     if registry is not None and options.metrics_port is not None:
         try:
             epd_server.metrics = start_metrics_server(
-                registry, options.host, options.metrics_port,
-                certfile=options.tls_cert_file, keyfile=options.tls_key_file,
-            )  # fmt: skip
+                registry,
+                options.host,
+                options.metrics_port,
+                certfile=options.tls_cert_file,
+                keyfile=options.tls_key_file,
+            )
         except OSError:
             await server.stop(0)
             raise
@@ -222,8 +232,9 @@ def _bind(server: grpc.aio.Server, options: ServerOptions) -> int:
         client_ca = Path(ca_file).read_bytes() if ca_file else None
         credentials = grpc.ssl_server_credentials(
             [(Path(options.tls_key_file).read_bytes(), Path(options.tls_cert_file).read_bytes())],
-            root_certificates=client_ca, require_client_auth=client_ca is not None,
-        )  # fmt: skip
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
         port = server.add_secure_port(options.address, credentials)
     if port == 0:
         raise OSError(f"could not bind {options.address}")

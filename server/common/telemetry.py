@@ -172,8 +172,7 @@ class TraceContextFilter(logging.Filter):
         return True
 
 
-LOG_FORMAT = ("%(asctime)s %(levelname)s %(name)s trace=%(trace_id)s span=%(span_id)s "
-              "%(message)s")  # fmt: skip
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s trace=%(trace_id)s span=%(span_id)s %(message)s"
 
 
 class SingleLineFormatter(logging.Formatter):

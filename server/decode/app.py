@@ -46,13 +46,15 @@ class DecodeApp:
         await self.server.drain_and_stop(grace)
 
 
-async def build_decode_server(config: DecodeConfig, engine: Engine,
-                              options: ServerOptions | None = None) -> DecodeApp:  # fmt: skip
+async def build_decode_server(
+    config: DecodeConfig, engine: Engine, options: ServerOptions | None = None
+) -> DecodeApp:
     """Serve ``engine`` (a started KV consumer) and register with the scheduler (if any)."""
     options = options or ServerOptions()
     worker = DecodeWorker(engine)
-    binding = ServiceBinding(SERVICE_NAME, DecodeServicer(worker),
-                             pb_grpc.add_DecodeServiceServicer_to_server)  # fmt: skip
+    binding = ServiceBinding(
+        SERVICE_NAME, DecodeServicer(worker), pb_grpc.add_DecodeServiceServicer_to_server
+    )
     registry = None
     if options.exports_metrics:
         registry = new_registry()
@@ -60,10 +62,15 @@ async def build_decode_server(config: DecodeConfig, engine: Engine,
     server, port = await build_server([binding], options, registry)
     host_id = config.host_id or default_host_id()
     info = scheduler_pb.WorkerInfo(
-        id=config.worker_id or f"decode-{host_id}-{port}", role=scheduler_pb.WORKER_ROLE_DECODE,
-        endpoint=options.advertised_endpoint(port), device=engine.device, weight=config.weight,
-        capacity=config.capacity, host_id=host_id, model=engine.model_id,
-    )  # fmt: skip
+        id=config.worker_id or f"decode-{host_id}-{port}",
+        role=scheduler_pb.WORKER_ROLE_DECODE,
+        endpoint=options.advertised_endpoint(port),
+        device=engine.device,
+        weight=config.weight,
+        capacity=config.capacity,
+        host_id=host_id,
+        model=engine.model_id,
+    )
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
     logger.info("decode worker %s serving %s on %s", info.id, engine.model_id, info.endpoint)
     return DecodeApp(server, port, worker, registration)

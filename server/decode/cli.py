@@ -35,8 +35,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_engine_arguments(args)
         if not vllm_installed():
-            raise ValueError("vLLM is not installed; decode workers pull KV caches with vLLM's "
-                             "NixlConnector (scripts/install.sh installs it)")  # fmt: skip
+            raise ValueError(
+                "vLLM is not installed; decode workers pull KV caches with vLLM's "
+                "NixlConnector (scripts/install.sh installs it)"
+            )
         options = server_options(args)
         args.device = resolve_device(args.device)
     except ValueError as e:

@@ -17,18 +17,26 @@ class DecodeWorker:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def decode(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
-                     sampling: Sampling, first_token_id: int,
-                     kv_params: dict[str, Any]) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    async def decode(
+        self,
+        request_id: str,
+        model: str,
+        prompt: generation_pb2.Prompt,
+        sampling: Sampling,
+        first_token_id: int,
+        kv_params: dict[str, Any],
+    ) -> AsyncIterator[TokenChunk]:
         """Stream the tokens after ``first_token_id`` (usage on the last chunk covers it too).
 
         Images need only their grids: taken from the prompt, else from the prefill's handle.
         """
         check_request(request_id, model, self.engine.model_id)
         if not kv_params:
-            raise InvalidArgument("kv_handle is empty: pass the one Prefill returned",
-                                  reason="MISSING_KV_HANDLE")  # fmt: skip
+            raise InvalidArgument(
+                "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"
+            )
         images = grids_only(prompt.images, kv_params.get(IMAGE_GRIDS_KEY) or ())
-        async for chunk in self.engine.decode(request_id, list(prompt.token_ids), images,
-                                              sampling, first_token_id, kv_params):  # fmt: skip
+        async for chunk in self.engine.decode(
+            request_id, list(prompt.token_ids), images, sampling, first_token_id, kv_params
+        ):
             yield chunk

@@ -24,16 +24,20 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
         self.worker = worker
 
     @handle_errors
-    async def Decode(self, request: pb.DecodeRequest,
-                     context: Context) -> AsyncIterator[pb.DecodeResponse]:  # fmt: skip
+    async def Decode(
+        self, request: pb.DecodeRequest, context: Context
+    ) -> AsyncIterator[pb.DecodeResponse]:
         span = trace.get_current_span()
         span.set_attribute("epd.request_id", request.request_id)
         num_tokens = 0
         async for chunk in self.worker.decode(
-            request.request_id, request.model, request.prompt,
-            convert.sampling_from_proto(request.sampling), request.first_token_id,
+            request.request_id,
+            request.model,
+            request.prompt,
+            convert.sampling_from_proto(request.sampling),
+            request.first_token_id,
             convert.kv_params_from_proto(request.kv_handle),
-        ):  # fmt: skip
+        ):
             num_tokens += len(chunk.token_ids)
             yield pb.DecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)

@@ -70,15 +70,19 @@ class EncodeApp:
         self.plane.close()
 
 
-async def build_encode_server(config: EncodeConfig,
-                              options: ServerOptions | None = None) -> EncodeApp:  # fmt: skip
+async def build_encode_server(
+    config: EncodeConfig, options: ServerOptions | None = None
+) -> EncodeApp:
     """Load the vision tower, start serving, register with the scheduler (if any)."""
     options = options or ServerOptions()
     encoder = VisionEncoder(config.model_dir, device=config.device, dtype=config.dtype)
     model_id = config.model_id or config.model_dir.name
-    batcher = DynamicBatcher(encoder.encode, max_items=config.max_batch_size,
-                             max_wait_s=config.max_batch_wait_ms / 1000,
-                             inline_below_s=config.max_inline_ms / 1000)  # fmt: skip
+    batcher = DynamicBatcher(
+        encoder.encode,
+        max_items=config.max_batch_size,
+        max_wait_s=config.max_batch_wait_ms / 1000,
+        inline_below_s=config.max_inline_ms / 1000,
+    )
     loader = MediaLoader(
         config.media,
         model_id=model_id,
@@ -89,10 +93,18 @@ async def build_encode_server(config: EncodeConfig,
     )
     plane.start_reaper()
     cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
-    worker = EncodeWorker(batcher, loader, plane, cache, worker_id=config.worker_id,
-                          model_id=model_id, gridder=ImageGridder(config.model_dir))  # fmt: skip
-    binding = ServiceBinding(SERVICE_NAME, EncodeServicer(worker),
-                             pb_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
+    worker = EncodeWorker(
+        batcher,
+        loader,
+        plane,
+        cache,
+        worker_id=config.worker_id,
+        model_id=model_id,
+        gridder=ImageGridder(config.model_dir),
+    )
+    binding = ServiceBinding(
+        SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server
+    )
     registry = None
     if options.exports_metrics:
         registry = new_registry()
@@ -104,10 +116,15 @@ async def build_encode_server(config: EncodeConfig,
     plane.set_producer_endpoint(endpoint)
     worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
     info = scheduler_pb.WorkerInfo(
-        id=worker.worker_id, role=scheduler_pb.WORKER_ROLE_ENCODE, endpoint=endpoint,
-        device=str(encoder.device), weight=config.weight, capacity=config.max_batch_size,
-        host_id=plane.host_id, model=model_id,
-    )  # fmt: skip
+        id=worker.worker_id,
+        role=scheduler_pb.WORKER_ROLE_ENCODE,
+        endpoint=endpoint,
+        device=str(encoder.device),
+        weight=config.weight,
+        capacity=config.max_batch_size,
+        host_id=plane.host_id,
+        model=model_id,
+    )
 
     def load() -> scheduler_pb.WorkerLoad:
         return scheduler_pb.WorkerLoad(
@@ -117,13 +134,22 @@ async def build_encode_server(config: EncodeConfig,
             cached_mm_hashes=cache.hashes(256),
         )
 
-    registration = WorkerRegistration(config.scheduler, info, load,
-                                      interval_s=config.heartbeat_interval_s,
-                                      auth_token=options.auth_token,
-                                      keepalive_s=options.keepalive_s)  # fmt: skip
+    registration = WorkerRegistration(
+        config.scheduler,
+        info,
+        load,
+        interval_s=config.heartbeat_interval_s,
+        auth_token=options.auth_token,
+        keepalive_s=options.keepalive_s,
+    )
     server.add_drain_callback(registration.stop)
     await registration.start()
     await server.mark_serving()
-    logger.info("encoder %s serving %s on %s (device %s)", worker.worker_id, model_id, endpoint,
-                encoder.device)  # fmt: skip
+    logger.info(
+        "encoder %s serving %s on %s (device %s)",
+        worker.worker_id,
+        model_id,
+        endpoint,
+        encoder.device,
+    )
     return EncodeApp(server, port, worker, registration, plane, str(encoder.device))

@@ -36,9 +36,15 @@ class BatchStats:
 class DynamicBatcher(Generic[Item, Result]):
     """Batches calls of ``run(items) -> results`` (same order, same length)."""
 
-    def __init__(self, run: Callable[[list[Item]], list[Result]], *, max_items: int = 8,
-                 max_wait_s: float = 0.0, inline_below_s: float = 0.0,
-                 on_batch: BatchObserver | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run: Callable[[list[Item]], list[Result]],
+        *,
+        max_items: int = 8,
+        max_wait_s: float = 0.0,
+        inline_below_s: float = 0.0,
+        on_batch: BatchObserver | None = None,
+    ) -> None:
         """``on_batch`` sees every batch that succeeded (metrics); it runs on the event loop."""
         if max_items < 1 or max_wait_s < 0 or inline_below_s < 0:
             raise ValueError("max_items must be >= 1, max_wait_s and inline_below_s >= 0")
@@ -48,7 +54,8 @@ class DynamicBatcher(Generic[Item, Result]):
         self.inline_below_s = inline_below_s
         self.num_inline_batches = 0
         self._queue: asyncio.Queue[tuple[Item, asyncio.Future[tuple[Result, int]]]] = (
-            asyncio.Queue())  # fmt: skip
+            asyncio.Queue()
+        )
         self._worker: asyncio.Task[None] | None = None
         self.stats = BatchStats()
         self.num_running = 0
@@ -104,8 +111,10 @@ class DynamicBatcher(Generic[Item, Result]):
             return float("inf")
         return self.stats.item_latency_ms * num_items / 1000
 
-    async def _run_batch(self, batch: list[tuple[Item, asyncio.Future[tuple[Result, int]]]],
-                         ) -> None:  # fmt: skip
+    async def _run_batch(
+        self,
+        batch: list[tuple[Item, asyncio.Future[tuple[Result, int]]]],
+    ) -> None:
         start = time.monotonic()
         self.num_running = len(batch)
         try:

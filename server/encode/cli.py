@@ -106,8 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "EPD_TRANSFER_KIND; default auto: shm on the same host, nixl to "
         "another host when nixl is installed, else inline)",
     )
-    parser.add_argument("--lease-ttl-s", type=float, default=60.0,
-                        help="seconds an unreleased result is kept (default 60)")  # fmt: skip
+    parser.add_argument(
+        "--lease-ttl-s",
+        type=float,
+        default=60.0,
+        help="seconds an unreleased result is kept (default 60)",
+    )
     add_media_arguments(parser)
     add_transfer_arguments(parser)
     add_server_arguments(parser, default_port=DEFAULT_PORT)
@@ -118,20 +122,34 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
         require_model_dir(args.model)
-        if (args.max_batch_size < 1 or args.max_batch_wait_ms < 0 or args.cache_mb < 0
-                or args.max_inline_ms < 0):  # fmt: skip
+        if (
+            args.max_batch_size < 1
+            or args.max_batch_wait_ms < 0
+            or args.cache_mb < 0
+            or args.max_inline_ms < 0
+        ):
             raise ValueError(
                 "batch size must be >= 1; wait, inline time and cache must not be negative"
             )
         if args.threads < 0:
             raise ValueError("--threads must be 0 (torch's default) or more")
         config = EncodeConfig(
-            args.model, args.model_id, args.device, args.dtype, args.worker_id, args.weight,
-            args.max_batch_size, args.max_batch_wait_ms, args.cache_mb,
-            media_policy(args), args.scheduler,
-            None if args.transfer == "auto" else args.transfer, args.lease_ttl_s,
-            max_inline_ms=args.max_inline_ms, transfer=transfer_options(args),
-        )  # fmt: skip
+            args.model,
+            args.model_id,
+            args.device,
+            args.dtype,
+            args.worker_id,
+            args.weight,
+            args.max_batch_size,
+            args.max_batch_wait_ms,
+            args.cache_mb,
+            media_policy(args),
+            args.scheduler,
+            None if args.transfer == "auto" else args.transfer,
+            args.lease_ttl_s,
+            max_inline_ms=args.max_inline_ms,
+            transfer=transfer_options(args),
+        )
         options = server_options(args)
     except ValueError as e:
         print(f"epd encode: {e}", file=sys.stderr)
@@ -150,8 +168,11 @@ async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
     except ValueError as e:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2
-    print(f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
-          f"(device {app.device})", flush=True)  # fmt: skip
+    print(
+        f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
+        f"(device {app.device})",
+        flush=True,
+    )
     await serve(app.server)
     await app.worker.batcher.close()
     app.plane.close()

@@ -82,10 +82,17 @@ class _Computed:
 class EncodeWorker:
     """Everything one encode process does, behind two calls: ``encode`` and ``release``."""
 
-    def __init__(self, batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]],
-                 loader: MediaLoader, plane: DataPlane, cache: EmbeddingCache, *,
-                 worker_id: str, model_id: str,
-                 gridder: ImageGridder | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]],
+        loader: MediaLoader,
+        plane: DataPlane,
+        cache: EmbeddingCache,
+        *,
+        worker_id: str,
+        model_id: str,
+        gridder: ImageGridder | None = None,
+    ) -> None:
         """``gridder`` (the model's processor rules) refuses images the processor cannot take
         before they reach a batch; without it such an image fails in the tower."""
         self.batcher = batcher
@@ -98,9 +105,14 @@ class EncodeWorker:
         self._encoding: dict[str, asyncio.Task[_Encoded]] = {}
         self.num_in_flight = 0
 
-    async def encode(self, items: list[MediaSource], *, model: str = "",
-                     consumer_host_id: str = "",
-                     transfer_kind: int = 0) -> AsyncIterator[EncodedItem]:  # fmt: skip
+    async def encode(
+        self,
+        items: list[MediaSource],
+        *,
+        model: str = "",
+        consumer_host_id: str = "",
+        transfer_kind: int = 0,
+    ) -> AsyncIterator[EncodedItem]:
         """Encode ``items``; yields one result per item, in completion order."""
         self._validate(items, model)
         if len(items) == 1:
@@ -112,8 +124,9 @@ class EncodeWorker:
                 self.num_in_flight -= 1
             yield self._hand_over(0, computed, consumer_host_id, transfer_kind)
             return
-        tasks = [asyncio.ensure_future(self._compute_indexed(i, item))
-                 for i, item in enumerate(items)]  # fmt: skip
+        tasks = [
+            asyncio.ensure_future(self._compute_indexed(i, item)) for i, item in enumerate(items)
+        ]
         for task in tasks:
             task.add_done_callback(_retrieve_exception)
         self.num_in_flight += len(items)
@@ -126,11 +139,19 @@ class EncodeWorker:
             for task in tasks:
                 task.cancel()
 
-    def _hand_over(self, index: int, computed: _Computed, consumer_host_id: str,
-                   transfer_kind: int) -> EncodedItem:  # fmt: skip
+    def _hand_over(
+        self, index: int, computed: _Computed, consumer_host_id: str, transfer_kind: int
+    ) -> EncodedItem:
         ref = self.plane.put(computed.entry.embeddings, consumer_host_id, preferred=transfer_kind)
-        return EncodedItem(index, computed.mm_hash, ref, computed.entry.grid, computed.cache_hit,
-                           computed.seconds, computed.batch_size)  # fmt: skip
+        return EncodedItem(
+            index,
+            computed.mm_hash,
+            ref,
+            computed.entry.grid,
+            computed.cache_hit,
+            computed.seconds,
+            computed.batch_size,
+        )
 
     def release(self, lease_ids: list[str]) -> int:
         """Free the payloads of ``lease_ids``; unknown ones are ignored."""
@@ -140,11 +161,14 @@ class EncodeWorker:
         if not items:
             raise InvalidArgument("EncodeRequest has no items", reason="NO_ITEMS")
         if len(items) > MAX_ITEMS_PER_REQUEST:
-            raise InvalidArgument(f"{len(items)} items in one request; the limit is "
-                                  f"{MAX_ITEMS_PER_REQUEST}", reason="TOO_MANY_ITEMS")  # fmt: skip
+            raise InvalidArgument(
+                f"{len(items)} items in one request; the limit is {MAX_ITEMS_PER_REQUEST}",
+                reason="TOO_MANY_ITEMS",
+            )
         if model and model != self.model_id:
-            raise InvalidArgument(f"this encoder serves {self.model_id!r}, not {model!r}",
-                                  reason="WRONG_MODEL")  # fmt: skip
+            raise InvalidArgument(
+                f"this encoder serves {self.model_id!r}, not {model!r}", reason="WRONG_MODEL"
+            )
 
     async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
         return index, await self._compute(item)
@@ -169,8 +193,9 @@ class EncodeWorker:
             self.gridder.grid(loaded.image)  # raises InvalidArgument (BAD_IMAGE_SHAPE)
         start = time.monotonic()
         encoded = await self._encode_once(loaded.mm_hash, loaded.image)
-        return _Computed(encoded.entry, loaded.mm_hash, False, time.monotonic() - start,
-                         encoded.batch_size)  # fmt: skip
+        return _Computed(
+            encoded.entry, loaded.mm_hash, False, time.monotonic() - start, encoded.batch_size
+        )
 
     async def _from_pixels(self, item: MediaSource) -> LoadedImage | None:
         """The image of ``item.pixels`` if readable here and hashing to ``item.mm_hash``."""
@@ -219,8 +244,9 @@ class EncodeWorker:
             )
         start = time.monotonic()
         encoded = await asyncio.shield(task)
-        return _Computed(encoded.entry, mm_hash, False, time.monotonic() - start,
-                         encoded.batch_size)  # fmt: skip
+        return _Computed(
+            encoded.entry, mm_hash, False, time.monotonic() - start, encoded.batch_size
+        )
 
     async def _encode_once(self, mm_hash: str, image: Image.Image) -> _Encoded:
         # NOTE: the encoding runs in its own task, shared by every request for this image: a

@@ -24,8 +24,9 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         self.worker = worker
 
     @handle_errors
-    async def Encode(self, request: pb.EncodeRequest,
-                     context: Context) -> AsyncIterator[pb.EncodeResponse]:  # fmt: skip
+    async def Encode(
+        self, request: pb.EncodeRequest, context: Context
+    ) -> AsyncIterator[pb.EncodeResponse]:
         span = trace.get_current_span()
         span.set_attribute("epd.request_id", request.request_id)
         span.set_attribute("epd.encoder_id", self.worker.worker_id)
@@ -38,19 +39,23 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         ]
         hits = num_bytes = largest_batch = 0
         async for result in self.worker.encode(
-            sources, model=request.model, consumer_host_id=request.consumer_host_id,
+            sources,
+            model=request.model,
+            consumer_host_id=request.consumer_host_id,
             transfer_kind=request.transfer_kind,
-        ):  # fmt: skip
+        ):
             hits += result.cache_hit
             num_bytes += result.embeddings.byte_size
             largest_batch = max(largest_batch, result.batch_size)
             yield pb.EncodeResponse(
-                item_index=result.item_index, mm_hash=result.mm_hash,
-                embeddings=result.embeddings, grid=multimodal_pb2.ImageGrid(
-                    t=result.grid[0], h=result.grid[1], w=result.grid[2]),
-                cache_hit=result.cache_hit, encoder_id=self.worker.worker_id,
+                item_index=result.item_index,
+                mm_hash=result.mm_hash,
+                embeddings=result.embeddings,
+                grid=multimodal_pb2.ImageGrid(t=result.grid[0], h=result.grid[1], w=result.grid[2]),
+                cache_hit=result.cache_hit,
+                encoder_id=self.worker.worker_id,
                 encode_seconds=result.encode_seconds,
-            )  # fmt: skip
+            )
             span.set_attribute("epd.transfer_kind", result.embeddings.WhichOneof("location") or "")
         span.set_attribute("epd.cache_hits", hits)
         span.set_attribute("epd.cache_misses", len(request.items) - hits)

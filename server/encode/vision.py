@@ -46,8 +46,11 @@ def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     index = model_dir / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
-             if index.exists() else ["model.safetensors"])  # fmt: skip
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.exists()
+        else ["model.safetensors"]
+    )
     state: dict[str, torch.Tensor] = {}
     for name in files:
         with safe_open(str(model_dir / name), framework="pt") as f:
@@ -64,8 +67,9 @@ def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
 class VisionEncoder:
     """Preprocess images and run the vision tower on a batch of them."""
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu",
-                 dtype: str = "float32") -> None:  # fmt: skip
+    def __init__(
+        self, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
         from transformers import AutoConfig, AutoImageProcessor
 
         from epd.server.models.registry import family_of
@@ -96,8 +100,13 @@ class VisionEncoder:
         self.merge_size = family.merge_size(config)
         self.hidden_size = int(vision_config.hidden_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
-        logger.info("vision tower of %s on %s (%s, %d parameters)", self.model_dir.name,
-                    self.device, dtype, self.num_parameters)  # fmt: skip
+        logger.info(
+            "vision tower of %s on %s (%s, %d parameters)",
+            self.model_dir.name,
+            self.device,
+            dtype,
+            self.num_parameters,
+        )
 
     def preprocess(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pixel patches of all images, concatenated, and their grids [num_images, 3]."""
@@ -119,5 +128,7 @@ class VisionEncoder:
         )
         sizes = (grid.prod(-1) // self.merge_size**2).tolist()
         chunks = torch.split(merged.to("cpu"), sizes)
-        return [(chunk.contiguous(), (int(t), int(h), int(w)))
-                for chunk, (t, h, w) in zip(chunks, grid.tolist(), strict=True)]  # fmt: skip
+        return [
+            (chunk.contiguous(), (int(t), int(h), int(w)))
+            for chunk, (t, h, w) in zip(chunks, grid.tolist(), strict=True)
+        ]

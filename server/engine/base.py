@@ -108,30 +108,50 @@ class Engine(ABC):
     """Where the model runs, as torch names it (``cpu``, ``cuda:0``): what the worker registers."""
 
     @abstractmethod
-    def generate(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
-                 sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+    ) -> AsyncIterator[TokenChunk]:
         """Stream the generation of one request (see the module docstring)."""
 
-    async def prefill(self, request_id: str, prompt_token_ids: list[int],
-                      images: list[EngineImage], sampling: Sampling) -> PrefillResult:  # fmt: skip
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+    ) -> PrefillResult:
         """Compute the prompt's KV cache and first token, keep the KV for a decode engine.
 
         Only engines started as KV producers implement it; others raise FailedPrecondition.
         Cancelling the call aborts the request and frees its KV blocks.
         """
-        raise FailedPrecondition("this engine does not hand its KV cache to decode workers",
-                                 reason="KV_TRANSFER_DISABLED")  # fmt: skip
+        raise FailedPrecondition(
+            "this engine does not hand its KV cache to decode workers",
+            reason="KV_TRANSFER_DISABLED",
+        )
 
-    def decode(self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
-               sampling: Sampling, first_token_id: int,
-               kv_transfer_params: dict[str, Any]) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    def decode(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+        first_token_id: int,
+        kv_transfer_params: dict[str, Any],
+    ) -> AsyncIterator[TokenChunk]:
         """Pull the KV cache ``prefill`` returned and stream the tokens after ``first_token_id``.
 
         ``images`` need grids only (their embeddings are not recomputed). Usage on the last
         chunk counts the whole request, first token included. Only KV consumers implement it.
         """
-        raise FailedPrecondition("this engine does not take KV caches from prefill workers",
-                                 reason="KV_TRANSFER_DISABLED")  # fmt: skip
+        raise FailedPrecondition(
+            "this engine does not take KV caches from prefill workers",
+            reason="KV_TRANSFER_DISABLED",
+        )
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """Stop ``request_id`` if it is running; unknown ids are ignored."""

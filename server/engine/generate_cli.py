@@ -18,22 +18,38 @@ DEFAULT_MODEL_DIR = Path(".epd/models/tiny")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the flags of ``epd generate``."""
-    parser.add_argument("question", nargs="?", default="Describe this picture.",
-                        help="the user's question (default: 'Describe this picture.')")
-    parser.add_argument("--model", type=Path, default=None,
-                        help=f"model directory (default: the tiny model in {DEFAULT_MODEL_DIR}, "
-                             "built there if absent)")
-    parser.add_argument("--image", action="append", default=[], type=Path,
-                        help="image file to ask about; repeat for several (default: a "
-                             "generated test picture)")
+    parser.add_argument(
+        "question",
+        nargs="?",
+        default="Describe this picture.",
+        help="the user's question (default: 'Describe this picture.')",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help=f"model directory (default: the tiny model in {DEFAULT_MODEL_DIR}, "
+        "built there if absent)",
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        type=Path,
+        help="image file to ask about; repeat for several (default: a generated test picture)",
+    )
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
 
 
 def demo_image() -> Image.Image:
     """A deterministic 96x64 colour gradient, so the demo needs no file."""
-    pixels = bytes((x * 255 // 95) if c == 0 else (y * 255 // 63) if c == 1 else 128
-                   for y in range(64) for x in range(96) for c in range(3))  # fmt: skip
+    pixels = bytes(
+        (x * 255 // 95) if c == 0 else (y * 255 // 63) if c == 1 else 128
+        for y in range(64)
+        for x in range(96)
+        for c in range(3)
+    )
     return Image.frombytes("RGB", (96, 64), pixels)
 
 
@@ -66,20 +82,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"building the tiny model in {model_dir} ...", file=sys.stderr)
         build_tiny_model(model_dir)
     if not (model_dir / "config.json").exists():
-        print(f"epd generate: {model_dir} is not a model directory (no config.json)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"epd generate: {model_dir} is not a model directory (no config.json)", file=sys.stderr
+        )
         return 2
     from epd.server.engine.reference import ReferenceEngine
 
     start = time.monotonic()
     engine = ReferenceEngine(model_dir, device=args.device)
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.question}]
-    result = engine.generate([{"role": "user", "content": content}], images,
-                             max_tokens=args.max_tokens)  # fmt: skip
-    print(f"question: {args.question}  ({len(images)} image(s), {result.num_prompt_tokens} "
-          f"prompt tokens)")
+    result = engine.generate(
+        [{"role": "user", "content": content}], images, max_tokens=args.max_tokens
+    )
+    print(
+        f"question: {args.question}  ({len(images)} image(s), {result.num_prompt_tokens} "
+        f"prompt tokens)"
+    )
     print(f"answer:   {result.text!r}")
-    print(f"tokens:   {result.token_ids}  finish={result.finish_reason}  "
-          f"in {time.monotonic() - start:.1f}s")  # fmt: skip
+    print(
+        f"tokens:   {result.token_ids}  finish={result.finish_reason}  "
+        f"in {time.monotonic() - start:.1f}s"
+    )
     print("(the tiny model has random weights: the words are meaningless, the tokens exact)")
     return 0

@@ -42,9 +42,11 @@ class KvBudget:
         room is held.
         """
         if num_tokens > self.capacity:
-            raise InvalidArgument(f"the request needs KV room for {num_tokens} tokens; the "
-                                  f"engine's KV cache holds {self.capacity}",
-                                  reason="KV_CACHE_TOO_SMALL")  # fmt: skip
+            raise InvalidArgument(
+                f"the request needs KV room for {num_tokens} tokens; the "
+                f"engine's KV cache holds {self.capacity}",
+                reason="KV_CACHE_TOO_SMALL",
+            )
         if not self._waiters and self.num_used + num_tokens <= self.capacity:
             self._grant(num_tokens)
             return

@@ -28,9 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(f"{family.name} = {family.title}" for family in FAMILIES),
     )
     tiny.add_argument("--out", required=True, help="output directory (replaced if it exists)")
-    tiny.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                      help="'tiny' (default, ~2.5 MB, for tests) or 'small' (encoding costs "
-                           "real time, for benchmarks)")  # fmt: skip
+    tiny.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="tiny",
+        help="'tiny' (default, ~2.5 MB, for tests) or 'small' (encoding costs "
+        "real time, for benchmarks)",
+    )
     tiny.add_argument("--hidden-size", type=int, help="language model width (head dim stays 64)")
     tiny.add_argument("--num-layers", type=int, help="language model depth")
     tiny.add_argument("--vision-depth", type=int, help="vision tower depth")
@@ -44,11 +48,16 @@ def run(args: argparse.Namespace) -> int:
     hidden = args.hidden_size
     try:
         config = preset(
-            args.preset, hidden_size=hidden, num_heads=hidden // 64 if hidden else None,
-            num_layers=args.num_layers, vision_depth=args.vision_depth,
-            vision_embed_dim=args.vision_embed_dim, max_pixels=args.max_pixels, seed=args.seed,
+            args.preset,
+            hidden_size=hidden,
+            num_heads=hidden // 64 if hidden else None,
+            num_layers=args.num_layers,
+            vision_depth=args.vision_depth,
+            vision_embed_dim=args.vision_embed_dim,
+            max_pixels=args.max_pixels,
+            seed=args.seed,
             family=args.family,
-        )  # fmt: skip
+        )
     except ValueError as e:
         print(f"epd model tiny: {e}", file=sys.stderr)
         return 2

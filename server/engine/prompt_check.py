@@ -83,8 +83,9 @@ class VisionLayout:
         """
         return self.expand_with_ranges(token_ids, images)[0]
 
-    def expand_with_ranges(self, token_ids: list[int], images: list[EngineImage]
-                           ) -> tuple[list[int], list[tuple[int, int]]]:  # fmt: skip
+    def expand_with_ranges(
+        self, token_ids: list[int], images: list[EngineImage]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """``expand``'s tokens, and each image's placeholder run in them as (offset, length),
         delimiters included."""
         expanded: list[int] = []
@@ -101,8 +102,14 @@ class VisionLayout:
             previous = token
         return expanded, ranges
 
-    def check(self, token_ids: list[int], images: list[EngineImage], max_len: int, *,
-              grids_suffice: bool = False) -> None:  # fmt: skip
+    def check(
+        self,
+        token_ids: list[int],
+        images: list[EngineImage],
+        max_len: int,
+        *,
+        grids_suffice: bool = False,
+    ) -> None:
         """Raise InvalidArgument unless prompt and images agree and fit.
 
         ``grids_suffice``: an image may come with its grid only (decode after a remote prefill).
@@ -111,13 +118,18 @@ class VisionLayout:
             raise InvalidArgument("the prompt has no tokens", reason="EMPTY_PROMPT")
         groups = self.count_images(token_ids)
         if groups != len(images):
-            raise InvalidArgument(f"the prompt has {groups} image placeholders but {len(images)} "
-                                  "images were given", reason="IMAGE_COUNT_MISMATCH")  # fmt: skip
-        expanded = len(token_ids) + sum(self._check_image(i, image, grids_suffice) - 1
-                                        for i, image in enumerate(images))  # fmt: skip
+            raise InvalidArgument(
+                f"the prompt has {groups} image placeholders but {len(images)} images were given",
+                reason="IMAGE_COUNT_MISMATCH",
+            )
+        expanded = len(token_ids) + sum(
+            self._check_image(i, image, grids_suffice) - 1 for i, image in enumerate(images)
+        )
         if expanded >= max_len:
-            raise InvalidArgument(f"the prompt expands to {expanded} tokens; the engine's limit "
-                                  f"is {max_len - 1}", reason="PROMPT_TOO_LONG")  # fmt: skip
+            raise InvalidArgument(
+                f"the prompt expands to {expanded} tokens; the engine's limit is {max_len - 1}",
+                reason="PROMPT_TOO_LONG",
+            )
 
     def _check_image(self, index: int, image: EngineImage, grids_suffice: bool) -> int:
         """The tokens image ``index``'s placeholder expands to (1 for a picture: vLLM expands)."""
@@ -125,8 +137,10 @@ class VisionLayout:
             if grids_suffice and image.image is None:
                 return self._expected_rows(index, image) + self.num_delimiters
             if image.image is None:
-                raise InvalidArgument(f"image {index} has neither embeddings nor a picture",
-                                      reason="MISSING_IMAGE_DATA")  # fmt: skip
+                raise InvalidArgument(
+                    f"image {index} has neither embeddings nor a picture",
+                    reason="MISSING_IMAGE_DATA",
+                )
             return 1
         expected = self._expected_rows(index, image)
         rows, width = (tuple(image.embeddings.shape) + (0, 0))[:2]
@@ -135,7 +149,7 @@ class VisionLayout:
                 f"image {index}: embeddings {list(image.embeddings.shape)} do not match grid "
                 f"{list(image.grid or ())} (expected [{expected}, {self.embedding_width}])",
                 reason="EMBEDDING_SHAPE_MISMATCH",
-            )  # fmt: skip
+            )
         return expected + self.num_delimiters
 
     def _expected_rows(self, index: int, image: EngineImage) -> int:

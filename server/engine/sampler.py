@@ -31,8 +31,9 @@ class TokenSampler:
         logits = logits.float()
         if self._generator is None:
             return int(logits.argmax())
-        probs = filter_probabilities(logits / self.sampling.temperature, self.sampling.top_k,
-                                     self.sampling.top_p)  # fmt: skip
+        probs = filter_probabilities(
+            logits / self.sampling.temperature, self.sampling.top_k, self.sampling.top_p
+        )
         return int(torch.multinomial(probs.cpu(), 1, generator=self._generator))
 
 
@@ -54,8 +55,13 @@ def filter_probabilities(logits: torch.Tensor, top_k: int, top_p: float) -> torc
 class StopChecker:
     """Decides after each token whether a request is finished, and why."""
 
-    def __init__(self, sampling: Sampling, eos_token_ids: Iterable[int],
-                 decode: Callable[[list[int]], str], max_new_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sampling: Sampling,
+        eos_token_ids: Iterable[int],
+        decode: Callable[[list[int]], str],
+        max_new_tokens: int,
+    ) -> None:
         """``decode``: token ids -> text (for stop strings); ``max_new_tokens``: the request's
         token budget after clamping to the engine's length limit."""
         self._stop_ids = set(sampling.stop_token_ids)

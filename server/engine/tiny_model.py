@@ -26,15 +26,54 @@ from epd.server.models.family import TinySizes
 from epd.server.models.registry import family_named
 
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 
 CORPUS_WORDS = (
-    "the", "a", "an", "image", "picture", "photo", "of", "is", "shows", "describe", "what", "this",
-    "that", "color", "red", "green", "blue", "cat", "dog", "user", "assistant", "system", "you",
-    "are", "helpful", "answer", "question", "small", "large", "hello", "world",
+    "the",
+    "a",
+    "an",
+    "image",
+    "picture",
+    "photo",
+    "of",
+    "is",
+    "shows",
+    "describe",
+    "what",
+    "this",
+    "that",
+    "color",
+    "red",
+    "green",
+    "blue",
+    "cat",
+    "dog",
+    "user",
+    "assistant",
+    "system",
+    "you",
+    "are",
+    "helpful",
+    "answer",
+    "question",
+    "small",
+    "large",
+    "hello",
+    "world",
 )
 
 Progress = Callable[[str], None]
@@ -65,10 +104,17 @@ PRESETS: dict[str, TinyModelConfig] = {
     "tiny": TinyModelConfig(),
     # Encoding costs real time here (deeper, wider vision tower, up to 1024 patches per image).
     "small": TinyModelConfig(
-        hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=4, num_kv_heads=2,
-        vision_depth=8, vision_embed_dim=512, vision_num_heads=8, max_pixels=448 * 448,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        vision_depth=8,
+        vision_embed_dim=512,
+        vision_num_heads=8,
+        max_pixels=448 * 448,
     ),
-}  # fmt: skip
+}
 
 
 def preset(name: str, **overrides: Any) -> TinyModelConfig:
@@ -82,8 +128,9 @@ def preset(name: str, **overrides: Any) -> TinyModelConfig:
     return config
 
 
-def build_tiny_model(out_dir: str | Path, config: TinyModelConfig | None = None,
-                     progress: Progress | None = None) -> Path:
+def build_tiny_model(
+    out_dir: str | Path, config: TinyModelConfig | None = None, progress: Progress | None = None
+) -> Path:
     """Write the model to ``out_dir`` (replacing it atomically) and return the path."""
     config = config or PRESETS["tiny"]
     report = progress or (lambda _msg: None)
@@ -131,16 +178,24 @@ def _train_tokenizer(
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=config.vocab_size - len(special_tokens), special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=config.vocab_size - len(special_tokens),
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator(corpus, trainer=trainer)
     bpe.add_special_tokens(list(special_tokens))
     tokenizer = Qwen2Tokenizer(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
-        bos_token=None, errors="replace", model_max_length=4096, chat_template=chat_template,
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        errors="replace",
+        model_max_length=4096,
+        chat_template=chat_template,
         **_named_tokens(config),
-    )  # fmt: skip
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens[1:])})
     return tokenizer
 

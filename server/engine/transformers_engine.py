@@ -62,8 +62,14 @@ class _Sequence:
 class TransformersEngine(Engine):
     """A transformers image-text-to-text model behind the Engine interface."""
 
-    def __init__(self, model: Any, processor: Any, model_id: str, layout: VisionLayout,
-                 options: TransformersOptions) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        model_id: str,
+        layout: VisionLayout,
+        options: TransformersOptions,
+    ) -> None:
         self.model = model
         self.processor = processor
         self.model_id = model_id
@@ -73,8 +79,13 @@ class TransformersEngine(Engine):
         self.family = family_of_config(model.config)
         text = model.config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        bytes_per_token = (2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
-                           * DTYPES[options.dtype].itemsize)  # fmt: skip
+        bytes_per_token = (
+            2
+            * text.num_hidden_layers
+            * text.num_key_value_heads
+            * head_dim
+            * DTYPES[options.dtype].itemsize
+        )
         self.budget = KvBudget(max(options.kv_cache_bytes // bytes_per_token, 1))
         self._eos_ids = _eos_ids(model, processor)
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, "epd-transformers")
@@ -82,19 +93,26 @@ class TransformersEngine(Engine):
         self._aborted: set[str] = set()
 
     @classmethod
-    async def start(cls, model_dir: str | Path, *, model_id: str = "",
-                    options: TransformersOptions | None = None) -> TransformersEngine:  # fmt: skip
+    async def start(
+        cls,
+        model_dir: str | Path,
+        *,
+        model_id: str = "",
+        options: TransformersOptions | None = None,
+    ) -> TransformersEngine:
         """Load the model (seconds for small models; no child process)."""
         options = options or TransformersOptions()
         if options.dtype not in DTYPES:
             raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
         model_dir = Path(model_dir)
         model, processor = await asyncio.to_thread(_load, model_dir, options)
-        return cls(model, processor, model_id or model_dir.name, _layout(model, processor),
-                   options)  # fmt: skip
+        return cls(model, processor, model_id or model_dir.name, _layout(model, processor), options)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
@@ -111,36 +129,46 @@ class TransformersEngine(Engine):
         if self._executor is None:
             raise Unavailable("the engine has been closed", reason="ENGINE_DEAD")
         if request_id in self._running:
-            raise InvalidArgument(f"request {request_id!r} is already running",
-                                  reason="DUPLICATE_REQUEST_ID")  # fmt: skip
+            raise InvalidArgument(
+                f"request {request_id!r} is already running", reason="DUPLICATE_REQUEST_ID"
+            )
         if len(self._running) >= self.options.max_pending_requests:
-            raise ResourceExhausted(f"{len(self._running)} requests already running; retry later",
-                                    reason="ENGINE_BUSY")  # fmt: skip
+            raise ResourceExhausted(
+                f"{len(self._running)} requests already running; retry later", reason="ENGINE_BUSY"
+            )
 
-    async def _generate(self, request_id: str, prompt_token_ids: list[int],
-                        images: list[EngineImage],
-                        sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    async def _generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+    ) -> AsyncIterator[TokenChunk]:
         if any(image.embeddings is None for image in images):
             images = await self._step(self._encode_pictures, images)
         input_ids = self.layout.expand(prompt_token_ids, images)
         max_new_tokens = min(sampling.max_tokens, self.options.max_model_len - len(input_ids))
         if max_new_tokens <= 0:
-            raise InvalidArgument(f"the prompt expands to {len(input_ids)} tokens; the engine's "
-                                  f"limit is {self.options.max_model_len - 1}",
-                                  reason="PROMPT_TOO_LONG")  # fmt: skip
+            raise InvalidArgument(
+                f"the prompt expands to {len(input_ids)} tokens; the engine's "
+                f"limit is {self.options.max_model_len - 1}",
+                reason="PROMPT_TOO_LONG",
+            )
         num_reserved = len(input_ids) + max_new_tokens
         await self.budget.acquire(num_reserved)
         try:
             sequence = await self._step(self._prefill, input_ids, images)
             stops = StopChecker(sampling, self._eos_ids, self._decode_text, max_new_tokens)
-            async for chunk in self._decode_loop(request_id, sequence, TokenSampler(sampling),
-                                                 stops):  # fmt: skip
+            async for chunk in self._decode_loop(
+                request_id, sequence, TokenSampler(sampling), stops
+            ):
                 yield chunk
         finally:
             self.budget.release(num_reserved)
 
-    async def _decode_loop(self, request_id: str, sequence: _Sequence, sampler: TokenSampler,
-                           stops: StopChecker) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    async def _decode_loop(
+        self, request_id: str, sequence: _Sequence, sampler: TokenSampler, stops: StopChecker
+    ) -> AsyncIterator[TokenChunk]:
         token_ids: list[int] = []
         while True:
             token_ids.append(sampler.select(sequence.logits))
@@ -148,8 +176,9 @@ class TransformersEngine(Engine):
             if reason is None and request_id in self._aborted:
                 reason = "abort"
             if reason is not None:
-                yield TokenChunk([token_ids[-1]], reason,
-                                 Usage(sequence.num_prompt_tokens, len(token_ids)))  # fmt: skip
+                yield TokenChunk(
+                    [token_ids[-1]], reason, Usage(sequence.num_prompt_tokens, len(token_ids))
+                )
                 return
             yield TokenChunk([token_ids[-1]])
             await self._step(self._extend, sequence, token_ids[-1])
@@ -184,8 +213,9 @@ class TransformersEngine(Engine):
         length = sequence.cache.get_seq_length()
         ids = torch.tensor([[token_id]], device=self.options.device)
         positions = self.family.decode_positions(length + sequence.position_delta, ids.device)
-        sequence.logits = self._forward(self.model.get_input_embeddings()(ids), positions,
-                                        sequence.cache)  # fmt: skip
+        sequence.logits = self._forward(
+            self.model.get_input_embeddings()(ids), positions, sequence.cache
+        )
 
     def _forward(
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any, **image_inputs: Any
@@ -223,8 +253,11 @@ class TransformersEngine(Engine):
             self._aborted.add(request_id)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(num_running=self.budget.num_holding, num_waiting=self.budget.num_waiting,
-                          kv_usage=self.budget.usage)  # fmt: skip
+        return EngineLoad(
+            num_running=self.budget.num_holding,
+            num_waiting=self.budget.num_waiting,
+            kv_usage=self.budget.usage,
+        )
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None

@@ -30,9 +30,13 @@ from epd.server.engine.prompt_check import VisionLayout
 EMBEDS_HASH_PREFIX = "epd-embeds-"
 
 
-def embeddings_prompt(request_id: str, token_ids: list[int], images: list[EngineImage],
-                      layout: VisionLayout, hash_algorithm: str = "blake3"
-                      ) -> dict[str, Any]:  # fmt: skip
+def embeddings_prompt(
+    request_id: str,
+    token_ids: list[int],
+    images: list[EngineImage],
+    layout: VisionLayout,
+    hash_algorithm: str = "blake3",
+) -> dict[str, Any]:
     """vLLM's prompt for ``token_ids`` whose images have embeddings or grids only: the public
     input for vLLM's renderer, or (``"type": "multimodal"``) an input rendered already, for a
     family whose ``vllm_items`` are not None.
@@ -58,13 +62,20 @@ def embeddings_prompt(request_id: str, token_ids: list[int], images: list[Engine
     items = family.vllm_items(embeddings, grids)
     if items is not None:
         return _rendered(token_ids, images, layout, items, names)
-    return {"prompt_token_ids": list(token_ids),
-            "multi_modal_data": {"image": family.vllm_data(embeddings, grids)},
-            "multi_modal_uuids": {"image": names}}  # fmt: skip
+    return {
+        "prompt_token_ids": list(token_ids),
+        "multi_modal_data": {"image": family.vllm_data(embeddings, grids)},
+        "multi_modal_uuids": {"image": names},
+    }
 
 
-def _rendered(token_ids: list[int], images: list[EngineImage], layout: VisionLayout,
-              items: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:  # fmt: skip
+def _rendered(
+    token_ids: list[int],
+    images: list[EngineImage],
+    layout: VisionLayout,
+    items: list[dict[str, Any]],
+    names: list[str],
+) -> dict[str, Any]:
     """The ``MultiModalInput`` vLLM's renderer would make of ``items``."""
     from vllm.inputs.engine import mm_input
     from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
@@ -75,8 +86,9 @@ def _rendered(token_ids: list[int], images: list[EngineImage], layout: VisionLay
         PlaceholderRange(offset=offset, length=length, is_embed=_rows_mask(layout, length))
         for offset, length in ranges
     ]
-    engine_input: dict[str, Any] = mm_input(expanded, kwargs, {"image": names},
-                                            {"image": placeholders})  # type: ignore[assignment]  # fmt: skip
+    engine_input: dict[str, Any] = mm_input(
+        expanded, kwargs, {"image": names}, {"image": placeholders}
+    )  # type: ignore[assignment]
     return engine_input
 
 
@@ -90,8 +102,9 @@ def _rows_mask(layout: VisionLayout, length: int) -> torch.Tensor | None:
     return mask
 
 
-def embeddings_hash(embeds: torch.Tensor, grid: tuple[int, int, int],
-                    algorithm: str = "blake3") -> str:  # fmt: skip
+def embeddings_hash(
+    embeds: torch.Tensor, grid: tuple[int, int, int], algorithm: str = "blake3"
+) -> str:
     """A name for ``embeds`` at ``grid`` that only equal embeddings share.
 
     ``algorithm``: the engine's multimodal hash (vLLM's ``mm_hasher_algorithm``: blake3, sha256

@@ -33,7 +33,7 @@ from epd.server.common.errors import (
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
-)  # fmt: skip
+)
 from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
     Engine,
@@ -44,7 +44,7 @@ from epd.server.engine.base import (
     Sampling,
     TokenChunk,
     Usage,
-)  # fmt: skip
+)
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
@@ -54,7 +54,7 @@ from epd.server.engine.vllm_inputs import (
     picture_data,
     restore_ints,
     sampling_params,
-)  # fmt: skip
+)
 from epd.server.engine.vllm_stats import LoadTracker
 
 logger = logging.getLogger(__name__)
@@ -138,9 +138,16 @@ def _ephemeral_low() -> int:
 class VllmEngine(Engine):
     """An AsyncLLM behind the Engine interface, with bounded admission."""
 
-    def __init__(self, llm: Any, model_id: str, layout: VisionLayout, options: VllmOptions,
-                 tracker: LoadTracker | None = None, model_dir: Path = Path(),
-                 rpc_dir: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        llm: Any,
+        model_id: str,
+        layout: VisionLayout,
+        options: VllmOptions,
+        tracker: LoadTracker | None = None,
+        model_dir: Path = Path(),
+        rpc_dir: Path | None = None,
+    ) -> None:
         """``rpc_dir``: the folder of ``llm``'s ZMQ sockets, removed by ``close``."""
         self._llm = llm
         self.model_id = model_id
@@ -156,8 +163,9 @@ class VllmEngine(Engine):
         self._rpc_dir = rpc_dir
 
     @classmethod
-    async def start(cls, model_dir: str | Path, *, model_id: str = "",
-                    options: VllmOptions | None = None) -> VllmEngine:  # fmt: skip
+    async def start(
+        cls, model_dir: str | Path, *, model_id: str = "", options: VllmOptions | None = None
+    ) -> VllmEngine:
         """Start the engine (tens of seconds on CPU: vLLM spawns and warms its EngineCore)."""
         from vllm.platforms import current_platform
 
@@ -171,8 +179,7 @@ class VllmEngine(Engine):
         tracker = LoadTracker()
         rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
         try:
-            llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker,
-                                          rpc_dir)  # fmt: skip
+            llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker, rpc_dir)
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
@@ -186,7 +193,10 @@ class VllmEngine(Engine):
         return engine
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
@@ -194,30 +204,40 @@ class VllmEngine(Engine):
         num_generated = 0
         # NOTE: aclosing: a consumer closing this stream early aborts the request at once, not
         # whenever the inner generator happens to be collected.
-        async with contextlib.aclosing(self._run(request_id, prompt_token_ids, images,
-                                                 params)) as outputs:  # fmt: skip
+        async with contextlib.aclosing(
+            self._run(request_id, prompt_token_ids, images, params)
+        ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
                 yield _chunk(output, prompt_token_ids, num_generated)
 
-    async def prefill(self, request_id: str, prompt_token_ids: list[int],
-                      images: list[EngineImage], sampling: Sampling) -> PrefillResult:  # fmt: skip
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+    ) -> PrefillResult:
         self._require_role("kv_producer", "prefill")
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
         seed = sampling.seed
         if seed is None and sampling.temperature > 0:
             # NOTE: the decode engine samples the first token again; the same seed: the same token.
             seed = random.getrandbits(63)
-        params = sampling_params(replace(sampling, seed=seed), max_tokens=1,
-                                 kv_transfer_params={"do_remote_decode": True})  # fmt: skip
+        params = sampling_params(
+            replace(sampling, seed=seed),
+            max_tokens=1,
+            kv_transfer_params={"do_remote_decode": True},
+        )
         final = None
         async for output in self._run(request_id, prompt_token_ids, images, params):
             final = output if final is None or output.finished else final
         if final is None or not final.outputs[0].token_ids:
             raise Unavailable("the engine produced no first token", reason="ENGINE_NO_OUTPUT")
         completion = final.outputs[0]
-        usage = Usage(len(final.prompt_token_ids or prompt_token_ids), 1,
-                      final.num_cached_tokens or 0)  # fmt: skip
+        usage = Usage(
+            len(final.prompt_token_ids or prompt_token_ids), 1, final.num_cached_tokens or 0
+        )
         reason = completion.finish_reason
         if reason == "length" and sampling.max_tokens > 1:
             reason = None
@@ -229,50 +249,65 @@ class VllmEngine(Engine):
         return PrefillResult(int(completion.token_ids[0]), reason, handle, usage)
 
     async def decode(
-        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage],
-        sampling: Sampling, first_token_id: int, kv_transfer_params: dict[str, Any],
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        sampling: Sampling,
+        first_token_id: int,
+        kv_transfer_params: dict[str, Any],
     ) -> AsyncIterator[TokenChunk]:
         self._require_role("kv_consumer", "decode")
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len,
-                          grids_suffice=True)  # fmt: skip
+        self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
         kv_params = restore_ints(dict(kv_transfer_params))
         if not kv_params.get("do_remote_prefill"):
-            raise InvalidArgument("the KV handle is not one a prefill worker returned",
-                                  reason="BAD_KV_HANDLE")  # fmt: skip
+            raise InvalidArgument(
+                "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
+            )
         seed = kv_params.pop(SEED_KEY, sampling.seed)
         kv_params.pop(IMAGE_GRIDS_KEY, None)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
-        async with contextlib.aclosing(self._run(request_id, prompt_token_ids, images,
-                                                 params)) as outputs:  # fmt: skip
+        async with contextlib.aclosing(
+            self._run(request_id, prompt_token_ids, images, params)
+        ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
                 chunk = _chunk(output, prompt_token_ids, num_generated)
                 if is_first and chunk.token_ids:
                     is_first = False
                     if chunk.token_ids[0] != first_token_id:
-                        logger.warning("request %s: decode resampled first token %d, prefill "
-                                       "gave %d", request_id, chunk.token_ids[0], first_token_id)
+                        logger.warning(
+                            "request %s: decode resampled first token %d, prefill gave %d",
+                            request_id,
+                            chunk.token_ids[0],
+                            first_token_id,
+                        )
                     chunk = replace(chunk, token_ids=chunk.token_ids[1:])
                 yield chunk
 
-    async def _run(self, request_id: str, prompt_token_ids: list[int],
-                   images: list[EngineImage],
-                   params: Any) -> AsyncGenerator[Any, None]:  # fmt: skip
+    async def _run(
+        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage], params: Any
+    ) -> AsyncGenerator[Any, None]:
         """vLLM's outputs for one request, admitted, with abort on cancellation."""
         if len(self._running) >= self.options.max_pending_requests:
-            raise ResourceExhausted(f"{len(self._running)} requests already running; retry later",
-                                    reason="ENGINE_BUSY")  # fmt: skip
+            raise ResourceExhausted(
+                f"{len(self._running)} requests already running; retry later", reason="ENGINE_BUSY"
+            )
         if self._llm is None or self._llm.errored:
-            raise Unavailable("the vLLM engine has stopped or failed; restart the worker",
-                              reason="ENGINE_DEAD")  # fmt: skip
+            raise Unavailable(
+                "the vLLM engine has stopped or failed; restart the worker", reason="ENGINE_DEAD"
+            )
         if request_id in self._running:
-            raise InvalidArgument(f"request {request_id!r} is already running",
-                                  reason="DUPLICATE_REQUEST_ID")  # fmt: skip
+            raise InvalidArgument(
+                f"request {request_id!r} is already running", reason="DUPLICATE_REQUEST_ID"
+            )
         if len(images) > self.options.max_images_per_prompt:
-            raise InvalidArgument(f"{len(images)} images; this engine takes at most "
-                                  f"{self.options.max_images_per_prompt} per prompt",
-                                  reason="TOO_MANY_IMAGES")  # fmt: skip
+            raise InvalidArgument(
+                f"{len(images)} images; this engine takes at most "
+                f"{self.options.max_images_per_prompt} per prompt",
+                reason="TOO_MANY_IMAGES",
+            )
         from vllm.exceptions import VLLMClientError
 
         self._running.add(request_id)
@@ -284,13 +319,15 @@ class VllmEngine(Engine):
             await self.abort(request_id)
             raise
         except (ValueError, VLLMClientError) as e:
-            raise InvalidArgument(f"the engine refused the request: {e}",
-                                  reason="ENGINE_REJECTED") from e  # fmt: skip
+            raise InvalidArgument(
+                f"the engine refused the request: {e}", reason="ENGINE_REJECTED"
+            ) from e
         finally:
             self._running.discard(request_id)
 
-    async def _render(self, request_id: str, prompt_token_ids: list[int],
-                      images: list[EngineImage]) -> dict[str, Any]:  # fmt: skip
+    async def _render(
+        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage]
+    ) -> dict[str, Any]:
         """vLLM's rendered input (``Renderer.render_cmpl``): pictures raw (vLLM runs its
         processor), embeddings and grids as ``embeddings_prompt`` gives them."""
         from vllm.renderers.inputs.preprocess import parse_model_prompt
@@ -300,13 +337,13 @@ class VllmEngine(Engine):
         if images and any(image.image is not None for image in images):
             prompt["multi_modal_data"] = picture_data(images)
         elif images:
-            prompt = embeddings_prompt(request_id, prompt_token_ids, images, self.layout,
-                                       self._hash_algorithm)  # fmt: skip
+            prompt = embeddings_prompt(
+                request_id, prompt_token_ids, images, self.layout, self._hash_algorithm
+            )
         if prompt.get("type") == "multimodal":
             # NOTE: what vLLM's renderer does with the items it made: its processor cache sends
             # an item the EngineCore already holds as a name only.
-            self._llm.input_processor.inject_into_mm_cache(prompt["mm_hashes"],
-                                                           prompt["mm_kwargs"])  # fmt: skip
+            self._llm.input_processor.inject_into_mm_cache(prompt["mm_hashes"], prompt["mm_kwargs"])
             return prompt
         renderer = self._llm.renderer
         parsed = parse_model_prompt(self._llm.model_config, prompt)
@@ -326,9 +363,11 @@ class VllmEngine(Engine):
 
     def _require_role(self, role: str, call: str) -> None:
         if self.options.kv_role not in (role, "kv_both"):
-            raise FailedPrecondition(f"{call} needs an engine started with kv_role {role} "
-                                     f"(this one: {self.options.kv_role})",
-                                     reason="KV_TRANSFER_DISABLED")  # fmt: skip
+            raise FailedPrecondition(
+                f"{call} needs an engine started with kv_role {role} "
+                f"(this one: {self.options.kv_role})",
+                reason="KV_TRANSFER_DISABLED",
+            )
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
@@ -336,8 +375,11 @@ class VllmEngine(Engine):
 
     def load(self) -> EngineLoad:
         stats = self._tracker.latest()
-        return EngineLoad(num_running=max(len(self._running) - stats.num_waiting, 0),
-                          num_waiting=stats.num_waiting, kv_usage=stats.kv_usage)  # fmt: skip
+        return EngineLoad(
+            num_running=max(len(self._running) - stats.num_waiting, 0),
+            num_waiting=stats.num_waiting,
+            kv_usage=stats.kv_usage,
+        )
 
     async def close(self) -> None:
         if self._llm is None:
@@ -353,8 +395,7 @@ class VllmEngine(Engine):
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
 
-def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker,
-                rpc_dir: Path) -> Any:  # fmt: skip
+def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker, rpc_dir: Path) -> Any:
     """An AsyncLLM whose ZMQ ipc sockets (its own and its EngineCore's) live in ``rpc_dir``."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -363,9 +404,11 @@ def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker,
         # NOTE: a KV-transfer engine runs its model inside the EngineCore process (uni executor):
         # with a separate worker process, the EngineCore's busy wait for it starved the worker on
         # 2 cores (16 tokens took 5-20 s instead of ~0.1 s).
-        environ.update(VLLM_NIXL_SIDE_CHANNEL_HOST=side_channel.host,
-                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel.port),
-                       VLLM_ENABLE_V1_MULTIPROCESSING="0")  # fmt: skip
+        environ.update(
+            VLLM_NIXL_SIDE_CHANNEL_HOST=side_channel.host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel.port),
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        )
     with SIDE_CHANNEL_ENV_LOCK, _environment(environ):
         return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
 
@@ -391,5 +434,8 @@ def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> Toke
     if not output.finished:
         return TokenChunk(list(completion.token_ids))
     num_prompt = len(output.prompt_token_ids or prompt_token_ids)
-    return TokenChunk(list(completion.token_ids), completion.finish_reason,
-                      Usage(num_prompt, num_generated, output.num_cached_tokens or 0))
+    return TokenChunk(
+        list(completion.token_ids),
+        completion.finish_reason,
+        Usage(num_prompt, num_generated, output.num_cached_tokens or 0),
+    )

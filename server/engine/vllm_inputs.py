@@ -19,13 +19,18 @@ KV_BUFFER_DEVICES = ("cpu", "cuda")
 def picture_data(images: list[EngineImage]) -> dict[str, Any]:
     """``multi_modal_data`` for a prompt whose images are all pictures (vLLM runs the tower)."""
     if any(image.image is None for image in images):
-        raise InvalidArgument("a prompt's images must be all embeddings or all pictures",
-                              reason="MIXED_IMAGE_INPUTS")  # fmt: skip
+        raise InvalidArgument(
+            "a prompt's images must be all embeddings or all pictures", reason="MIXED_IMAGE_INPUTS"
+        )
     return {"image": [image.image for image in images]}
 
 
-def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
-                    kv_transfer_params: dict[str, Any] | None = None) -> Any:  # fmt: skip
+def sampling_params(
+    sampling: Sampling,
+    *,
+    max_tokens: int | None = None,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> Any:
     """vLLM ``SamplingParams`` (delta outputs) for ``sampling``; InvalidArgument if out of range."""
     from vllm import SamplingParams
     from vllm.exceptions import VLLMClientError
@@ -36,12 +41,17 @@ def sampling_params(sampling: Sampling, *, max_tokens: int | None = None,
     extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
     try:
         return SamplingParams(
-            max_tokens=max_tokens or sampling.max_tokens, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=sampling.seed,
-            stop=list(sampling.stop) or None, stop_token_ids=list(sampling.stop_token_ids) or None,
-            ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
+            max_tokens=max_tokens or sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or -1,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
-        )  # fmt: skip
+        )
     except (ValueError, VLLMClientError) as e:
         raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
 
@@ -65,17 +75,23 @@ def kv_transfer_config(
     if role not in KV_ROLES:
         raise ValueError(f"kv role must be one of {KV_ROLES}, not {role!r}")
     if lease_s < MIN_KV_LEASE_S:
-        raise ValueError(f"the KV lease must be at least {MIN_KV_LEASE_S} s (consumers renew it "
-                         f"every lease/6 s), got {lease_s}")  # fmt: skip
+        raise ValueError(
+            f"the KV lease must be at least {MIN_KV_LEASE_S} s (consumers renew it "
+            f"every lease/6 s), got {lease_s}"
+        )
     if buffer_device not in KV_BUFFER_DEVICES:
         raise ValueError(
             f"KV buffer device must be one of {KV_BUFFER_DEVICES}, not {buffer_device!r}"
         )
     module = "epd.server.engine.nixl_cpu" if buffer_device == "cpu" else None
-    return KVTransferConfig(kv_connector="NixlConnector", kv_role=role,  # type: ignore[arg-type]
-                            kv_buffer_device=buffer_device, engine_id=engine_id or None,
-                            kv_connector_module_path=module,
-                            kv_connector_extra_config={"kv_lease_duration": lease_s})  # fmt: skip
+    return KVTransferConfig(
+        kv_connector="NixlConnector",
+        kv_role=role,  # type: ignore[arg-type]
+        kv_buffer_device=buffer_device,
+        engine_id=engine_id or None,
+        kv_connector_module_path=module,
+        kv_connector_extra_config={"kv_lease_duration": lease_s},
+    )
 
 
 def restore_ints(value: Any) -> Any:

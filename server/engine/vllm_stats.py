@@ -28,9 +28,11 @@ class LoadTracker:
     def update(self, scheduler_stats: Any) -> None:
         """Record vLLM's figures (called from the engine's output loop)."""
         if scheduler_stats is not None:
-            self._latest = SchedulerLoad(int(scheduler_stats.num_running_reqs),
-                                         int(scheduler_stats.num_waiting_reqs),
-                                         float(scheduler_stats.kv_cache_usage))  # fmt: skip
+            self._latest = SchedulerLoad(
+                int(scheduler_stats.num_running_reqs),
+                int(scheduler_stats.num_waiting_reqs),
+                float(scheduler_stats.kv_cache_usage),
+            )
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
         """A vLLM per-engine stat logger factory feeding this tracker."""
@@ -42,8 +44,13 @@ class LoadTracker:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats: Any, iteration_stats: Any,
-                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:  # fmt: skip
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
                 tracker.update(scheduler_stats)
 
             def log_engine_initialized(self) -> None:

@@ -15,8 +15,13 @@ class AsyncLruCache(Generic[Value]):
     """At most ``max_items`` values and ``max_bytes`` (as weighed by ``size_of``) of them;
     ``get_or_load`` loads each missing key once at a time. Not thread-safe: one event loop."""
 
-    def __init__(self, max_items: int = 256, *, max_bytes: int | None = None,
-                 size_of: Callable[[Value], int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        max_items: int = 256,
+        *,
+        max_bytes: int | None = None,
+        size_of: Callable[[Value], int] | None = None,
+    ) -> None:
         if max_items < 0 or (max_bytes is not None and max_bytes < 0):
             raise ValueError("cache limits must not be negative")
         self.max_items = max_items

@@ -37,8 +37,13 @@ def processor_fingerprint(model_dir: str | Path) -> str:
 def mm_hash(image: Image.Image, *, model_id: str, processor_fingerprint: str) -> str:
     """The content hash of ``image`` for ``model_id`` with that processor (hex, 32 chars)."""
     digest = hashlib.blake2b(digest_size=16)
-    for part in (HASH_VERSION, model_id.encode(), processor_fingerprint.encode(),
-                 image.mode.encode(), f"{image.width}x{image.height}".encode()):  # fmt: skip
+    for part in (
+        HASH_VERSION,
+        model_id.encode(),
+        processor_fingerprint.encode(),
+        image.mode.encode(),
+        f"{image.width}x{image.height}".encode(),
+    ):
         digest.update(len(part).to_bytes(4, "little") + part)
     digest.update(image.tobytes())
     return digest.hexdigest()

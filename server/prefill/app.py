@@ -24,9 +24,11 @@ from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.PrefillService"
-ROLES = {Mode.PREFILL: scheduler_pb.WORKER_ROLE_PREFILL,
-         Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
-         Mode.ENCODE_PREFILL: scheduler_pb.WORKER_ROLE_ENCODE_PREFILL}  # fmt: skip
+ROLES = {
+    Mode.PREFILL: scheduler_pb.WORKER_ROLE_PREFILL,
+    Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
+    Mode.ENCODE_PREFILL: scheduler_pb.WORKER_ROLE_ENCODE_PREFILL,
+}
 logger = logging.getLogger(__name__)
 
 
@@ -60,8 +62,9 @@ class PrefillApp:
         self.worker.plane.close()
 
 
-async def build_prefill_server(config: PrefillConfig, engine: Engine,
-                               options: ServerOptions | None = None) -> PrefillApp:  # fmt: skip
+async def build_prefill_server(
+    config: PrefillConfig, engine: Engine, options: ServerOptions | None = None
+) -> PrefillApp:
     """Serve ``engine`` (already started) and register with the scheduler (if any)."""
     options = options or ServerOptions()
     plane = DataPlane.from_options(config.transfer)
@@ -79,33 +82,50 @@ async def build_prefill_server(config: PrefillConfig, engine: Engine,
         metrics = PrefillMetrics(registry)
         register_plane_metrics(plane, registry)
         register_media_metrics(loader, registry)
-    worker = PrefillWorker(engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv,
-                           metrics=metrics)  # fmt: skip
-    binding = ServiceBinding(SERVICE_NAME, PrefillServicer(worker),
-                             pb_grpc.add_PrefillServiceServicer_to_server)  # fmt: skip
+    worker = PrefillWorker(
+        engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv, metrics=metrics
+    )
+    binding = ServiceBinding(
+        SERVICE_NAME, PrefillServicer(worker), pb_grpc.add_PrefillServiceServicer_to_server
+    )
     server, port = await build_server([binding], options, registry)
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
-        role=ROLES[config.mode], endpoint=options.advertised_endpoint(port), device=engine.device,
-        weight=config.weight, capacity=config.capacity, host_id=plane.host_id,
+        role=ROLES[config.mode],
+        endpoint=options.advertised_endpoint(port),
+        device=engine.device,
+        weight=config.weight,
+        capacity=config.capacity,
+        host_id=plane.host_id,
         model=engine.model_id,
-    )  # fmt: skip
+    )
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
-    logger.info("prefill worker %s (%s) serving %s on %s", info.id, config.mode.value,
-                engine.model_id, info.endpoint)  # fmt: skip
+    logger.info(
+        "prefill worker %s (%s) serving %s on %s",
+        info.id,
+        config.mode.value,
+        engine.model_id,
+        info.endpoint,
+    )
     return PrefillApp(server, port, worker, registration)
 
 
-async def register_and_serve(server: EpdServer, info: scheduler_pb.WorkerInfo, engine: Engine,
-                             scheduler: str | None,
-                             options: ServerOptions) -> WorkerRegistration:  # fmt: skip
+async def register_and_serve(
+    server: EpdServer,
+    info: scheduler_pb.WorkerInfo,
+    engine: Engine,
+    scheduler: str | None,
+    options: ServerOptions,
+) -> WorkerRegistration:
     """Register ``info`` (heartbeating the engine's load), then mark the server SERVING."""
 
     def load() -> scheduler_pb.WorkerLoad:
         engine_load = engine.load()
-        return scheduler_pb.WorkerLoad(queue_depth=engine_load.num_waiting,
-                                       num_in_flight=engine_load.num_running,
-                                       kv_usage=engine_load.kv_usage)  # fmt: skip
+        return scheduler_pb.WorkerLoad(
+            queue_depth=engine_load.num_waiting,
+            num_in_flight=engine_load.num_running,
+            kv_usage=engine_load.kv_usage,
+        )
 
     registration = WorkerRegistration(
         scheduler, info, load, auth_token=options.auth_token, keepalive_s=options.keepalive_s

@@ -42,12 +42,16 @@ def resolve_engine(name: str, hands_off_kv: bool) -> str:
     if name == "auto":
         name = "vllm" if has_vllm else "transformers"
     if name == "vllm" and not has_vllm:
-        raise ValueError("--engine vllm: vLLM is not installed (scripts/install.sh installs "
-                         "it; --engine transformers runs without it)")  # fmt: skip
+        raise ValueError(
+            "--engine vllm: vLLM is not installed (scripts/install.sh installs "
+            "it; --engine transformers runs without it)"
+        )
     if name == "transformers" and hands_off_kv:
-        raise ValueError("the transformers engine does not hand its KV cache to decode workers; "
-                         "use --engine vllm, or --mode prefill_decode / encode_prefill without "
-                         "--kv-transfer")  # fmt: skip
+        raise ValueError(
+            "the transformers engine does not hand its KV cache to decode workers; "
+            "use --engine vllm, or --mode prefill_decode / encode_prefill without "
+            "--kv-transfer"
+        )
     return name
 
 
@@ -62,9 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "encode_prefill: also takes raw images and encodes them itself "
         "(default prefill_decode)",
     )
-    parser.add_argument("--kv-transfer", action="store_true",
-                        help="encode_prefill: also serve Prefill, handing KV to decode workers "
-                             "(EP/D); implied by --mode prefill")  # fmt: skip
+    parser.add_argument(
+        "--kv-transfer",
+        action="store_true",
+        help="encode_prefill: also serve Prefill, handing KV to decode workers "
+        "(EP/D); implied by --mode prefill",
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -87,10 +94,17 @@ def run(args: argparse.Namespace) -> int:
         check_engine_arguments(args)
         options = server_options(args)
         mode = Mode(args.mode)
-        config = PrefillConfig(args.model, mode, args.worker_id, args.weight, args.max_pending,
-                               args.scheduler, media_policy(args),
-                               hands_off_kv=args.kv_transfer or mode is Mode.PREFILL,
-                               transfer=transfer_options(args))  # fmt: skip
+        config = PrefillConfig(
+            args.model,
+            mode,
+            args.worker_id,
+            args.weight,
+            args.max_pending,
+            args.scheduler,
+            media_policy(args),
+            hands_off_kv=args.kv_transfer or mode is Mode.PREFILL,
+            transfer=transfer_options(args),
+        )
         args.engine = resolve_engine(args.engine, config.hands_off_kv)
         args.device = resolve_device(args.device)
     except ValueError as e:
@@ -112,8 +126,11 @@ async def _serve(args: argparse.Namespace, config: PrefillConfig, options: Serve
         except ValueError as e:
             print(f"epd prefill: {e}", file=sys.stderr)
             return 2
-        print(f"epd prefill listening on {options.host}:{app.port} ({config.mode.value}, "
-              f"{args.engine})", flush=True)  # fmt: skip
+        print(
+            f"epd prefill listening on {options.host}:{app.port} ({config.mode.value}, "
+            f"{args.engine})",
+            flush=True,
+        )
         await serve(app.server)
         app.worker.plane.close()
     finally:

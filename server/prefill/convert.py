@@ -19,11 +19,15 @@ FINISH_REASONS = {
 def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
     """Proto sampling with its documented defaults (0 max_tokens = 16, 0 top_p = 1)."""
     return Sampling(
-        max_tokens=params.max_tokens or 16, temperature=params.temperature,
-        top_p=params.top_p or 1.0, top_k=params.top_k,
-        seed=params.seed if params.HasField("seed") else None, stop=tuple(params.stop),
-        stop_token_ids=tuple(params.stop_token_ids), ignore_eos=params.ignore_eos,
-    )  # fmt: skip
+        max_tokens=params.max_tokens or 16,
+        temperature=params.temperature,
+        top_p=params.top_p or 1.0,
+        top_k=params.top_k,
+        seed=params.seed if params.HasField("seed") else None,
+        stop=tuple(params.stop),
+        stop_token_ids=tuple(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
 
 
 def finish_reason_to_proto(reason: str | None) -> int:
@@ -35,9 +39,11 @@ def finish_reason_to_proto(reason: str | None) -> int:
 
 def usage_to_proto(usage: Usage) -> generation_pb2.Usage:
     """Usage message of ``usage``."""
-    return generation_pb2.Usage(prompt_tokens=usage.prompt_tokens,
-                                completion_tokens=usage.completion_tokens,
-                                cached_prompt_tokens=usage.cached_prompt_tokens)  # fmt: skip
+    return generation_pb2.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_prompt_tokens=usage.cached_prompt_tokens,
+    )
 
 
 def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:

@@ -20,8 +20,9 @@ def check_request(request_id: str, model: str, served_model: str) -> None:
     if not request_id:
         raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
     if model and model != served_model:
-        raise InvalidArgument(f"this worker serves {served_model!r}, not {model!r}",
-                              reason="WRONG_MODEL")  # fmt: skip
+        raise InvalidArgument(
+            f"this worker serves {served_model!r}, not {model!r}", reason="WRONG_MODEL"
+        )
 
 
 def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
@@ -29,8 +30,9 @@ def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
     return (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
 
 
-def grids_only(images: Sequence[multimodal_pb2.ImageInput],
-               fallback: Sequence[Sequence[float]] = ()) -> list[EngineImage]:  # fmt: skip
+def grids_only(
+    images: Sequence[multimodal_pb2.ImageInput], fallback: Sequence[Sequence[float]] = ()
+) -> list[EngineImage]:
     """Images as grids (their KV is pulled, never recomputed); ``fallback`` fills absent grids."""
     resolved = []
     for i, image in enumerate(images):
@@ -61,10 +63,13 @@ class ImageResolver:
             return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor)
         if source == "media":
             if self.loader is None:
-                raise FailedPrecondition("this worker takes image embeddings, not raw images; "
-                                         "send raw images to an encode_prefill worker",
-                                         reason="RAW_IMAGES_UNSUPPORTED")  # fmt: skip
+                raise FailedPrecondition(
+                    "this worker takes image embeddings, not raw images; "
+                    "send raw images to an encode_prefill worker",
+                    reason="RAW_IMAGES_UNSUPPORTED",
+                )
             loaded = await self.loader.load(url=image.media.url, data=image.media.data)
             return EngineImage(loaded.mm_hash, grid_of(image), image=loaded.image)
-        raise InvalidArgument(f"image {index} has neither embeddings nor media",
-                              reason="MISSING_IMAGE_DATA")  # fmt: skip
+        raise InvalidArgument(
+            f"image {index} has neither embeddings nor media", reason="MISSING_IMAGE_DATA"
+        )

@@ -33,9 +33,16 @@ class Mode(enum.Enum):
 class PrefillWorker:
     """Runs prefills (KV handed to decode) or whole generations on one engine."""
 
-    def __init__(self, engine: Engine, plane: DataPlane, mode: Mode,
-                 loader: MediaLoader | None = None, *, hands_off_kv: bool = False,
-                 metrics: PrefillMetrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        plane: DataPlane,
+        mode: Mode,
+        loader: MediaLoader | None = None,
+        *,
+        hands_off_kv: bool = False,
+        metrics: PrefillMetrics | None = None,
+    ) -> None:
         """``hands_off_kv``: the engine is a KV producer (always so in prefill mode);
         ``metrics``: where image hand-off times go (None: nowhere)."""
         self.metrics = metrics
@@ -45,8 +52,9 @@ class PrefillWorker:
         self.hands_off_kv = hands_off_kv or mode is Mode.PREFILL
         self.images = ImageResolver(plane, loader if mode is Mode.ENCODE_PREFILL else None)
 
-    async def generate(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
-                       sampling: Sampling) -> AsyncIterator[TokenChunk]:  # fmt: skip
+    async def generate(
+        self, request_id: str, model: str, prompt: generation_pb2.Prompt, sampling: Sampling
+    ) -> AsyncIterator[TokenChunk]:
         """Stream the whole generation of ``prompt`` (prefill_decode, encode_prefill)."""
         if self.mode is Mode.PREFILL:
             raise FailedPrecondition(
@@ -56,12 +64,14 @@ class PrefillWorker:
             )
         check_request(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
-        async for chunk in self.engine.generate(request_id, list(prompt.token_ids), images,
-                                                sampling):  # fmt: skip
+        async for chunk in self.engine.generate(
+            request_id, list(prompt.token_ids), images, sampling
+        ):
             yield chunk
 
-    async def prefill(self, request_id: str, model: str, prompt: generation_pb2.Prompt,
-                      sampling: Sampling) -> PrefillResult:  # fmt: skip
+    async def prefill(
+        self, request_id: str, model: str, prompt: generation_pb2.Prompt, sampling: Sampling
+    ) -> PrefillResult:
         """First token and KV transfer parameters (prefill, encode_prefill with KV hand-off)."""
         if not self.hands_off_kv:
             raise FailedPrecondition(

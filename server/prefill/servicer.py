@@ -34,13 +34,15 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
     async def Prefill(self, request: pb.PrefillRequest, context: Context) -> pb.PrefillResponse:
         _annotate(request.request_id, len(request.prompt.images))
         sampling = convert.sampling_from_proto(request.sampling)
-        result = await self.worker.prefill(request.request_id, request.model, request.prompt,
-                                           sampling)  # fmt: skip
+        result = await self.worker.prefill(
+            request.request_id, request.model, request.prompt, sampling
+        )
         return pb.PrefillResponse(
             first_token_id=result.first_token_id,
             finish_reason=convert.finish_reason_to_proto(result.finish_reason),  # type: ignore[arg-type]
             kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
-            usage=convert.usage_to_proto(result.usage))  # fmt: skip
+            usage=convert.usage_to_proto(result.usage),
+        )
 
     @handle_errors
     async def PrefillDecode(
@@ -49,8 +51,9 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         span = _annotate(request.request_id, len(request.prompt.images))
         sampling = convert.sampling_from_proto(request.sampling)
         num_tokens = 0
-        async for chunk in self.worker.generate(request.request_id, request.model, request.prompt,
-                                                sampling):  # fmt: skip
+        async for chunk in self.worker.generate(
+            request.request_id, request.model, request.prompt, sampling
+        ):
             num_tokens += len(chunk.token_ids)
             yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)

@@ -61,8 +61,7 @@ class RouteApp:
             self.worker.plane.close()
 
 
-async def build_route_server(config: RouteConfig,
-                             options: ServerOptions | None = None) -> RouteApp:  # fmt: skip
+async def build_route_server(config: RouteConfig, options: ServerOptions | None = None) -> RouteApp:
     """Start a route for ``config.model_dir`` talking to ``config.scheduler``."""
     options = options or ServerOptions()
     model_id = config.model_id or config.model_dir.name
@@ -91,8 +90,9 @@ async def build_route_server(config: RouteConfig,
         plane=plane,
         metrics=metrics,
     )
-    binding = ServiceBinding(SERVICE_NAME, RouteServicer(worker),
-                             pb_grpc.add_RouteServiceServicer_to_server)  # fmt: skip
+    binding = ServiceBinding(
+        SERVICE_NAME, RouteServicer(worker), pb_grpc.add_RouteServiceServicer_to_server
+    )
     server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:

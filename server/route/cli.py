@@ -41,10 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)",
     )
     http_port = env("EPD_HTTP_PORT")
-    parser.add_argument("--http-port", type=int, default=int(http_port) if http_port else None,
-                        help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
-                             "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
-                             "off)")  # fmt: skip
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=int(http_port) if http_port else None,
+        help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
+        "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
+        "off)",
+    )
     add_http_arguments(parser)
     add_media_arguments(parser)
     add_transfer_arguments(parser, shm=False, nixl=False)
@@ -148,10 +152,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         require_model_dir(args.model)
         options = server_options(args)
-        config = RouteConfig(args.model, args.scheduler, args.model_id,
-                             media_policy(args), args.http_port,
-                             http=http_options(args), limits=request_limits(args),
-                             transfer=transfer_options(args))  # fmt: skip
+        config = RouteConfig(
+            args.model,
+            args.scheduler,
+            args.model_id,
+            media_policy(args),
+            args.http_port,
+            http=http_options(args),
+            limits=request_limits(args),
+            transfer=transfer_options(args),
+        )
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2

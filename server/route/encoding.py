@@ -52,9 +52,9 @@ class EncodeStage:
         return by_endpoint
 
 
-async def assign_encoders(peers: Peers, stage: EncodeStage, missing: list[int],
-                          excluded: list[str],
-                          deadline: Deadline) -> scheduler_pb.AssignEncodersResponse:  # fmt: skip
+async def assign_encoders(
+    peers: Peers, stage: EncodeStage, missing: list[int], excluded: list[str], deadline: Deadline
+) -> scheduler_pb.AssignEncodersResponse:
     """The scheduler's encoders for the items ``missing`` (indices into ``stage.items``)."""
     items = [
         scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash, num_tokens=_num_tokens(stage, i))
@@ -70,8 +70,12 @@ async def assign_encoders(peers: Peers, stage: EncodeStage, missing: list[int],
     return await peers.scheduler.AssignEncoders(request, timeout=deadline.remaining())
 
 
-async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline,
-                     first: scheduler_pb.AssignEncodersResponse | None = None) -> None:  # fmt: skip
+async def encode_all(
+    peers: Peers,
+    stage: EncodeStage,
+    deadline: Deadline,
+    first: scheduler_pb.AssignEncodersResponse | None = None,
+) -> None:
     """Fill ``stage.results`` for every item, retrying failed encoders elsewhere. ``first``:
     the assignment of every item for the first attempt, if already made."""
     excluded: list[str] = []
@@ -89,25 +93,44 @@ async def encode_all(peers: Peers, stage: EncodeStage, deadline: Deadline,
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for placed in assignment.assignments:
             groups[(placed.worker_id, placed.endpoint)].append(missing[placed.item_index])
-        failed = await asyncio.gather(*(
-            _encode_group(peers, stage, worker, endpoint, indices, assignment, missing, deadline)
-            for (worker, endpoint), indices in groups.items()))  # fmt: skip
+        failed = await asyncio.gather(
+            *(
+                _encode_group(
+                    peers, stage, worker, endpoint, indices, assignment, missing, deadline
+                )
+                for (worker, endpoint), indices in groups.items()
+            )
+        )
         excluded.extend(worker for worker in failed if worker)
         if any(failed) and attempt + 1 < MAX_ATTEMPTS:
-            logger.warning("request %s: retrying images of failed encoders %s", stage.request_id,
-                           [w for w in failed if w])  # fmt: skip
+            logger.warning(
+                "request %s: retrying images of failed encoders %s",
+                stage.request_id,
+                [w for w in failed if w],
+            )
     if len(stage.results) < len(stage.items):
-        raise Unavailable("images could not be encoded: every encoder tried failed",
-                          reason="ENCODE_FAILED")  # fmt: skip
+        raise Unavailable(
+            "images could not be encoded: every encoder tried failed", reason="ENCODE_FAILED"
+        )
 
 
-async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoint: str,
-                        indices: list[int], assignment: scheduler_pb.AssignEncodersResponse,
-                        missing: list[int], deadline: Deadline) -> str | None:  # fmt: skip
+async def _encode_group(
+    peers: Peers,
+    stage: EncodeStage,
+    worker_id: str,
+    endpoint: str,
+    indices: list[int],
+    assignment: scheduler_pb.AssignEncodersResponse,
+    missing: list[int],
+    deadline: Deadline,
+) -> str | None:
     """Encode ``indices`` on one encoder; returns the worker id if it failed retryably."""
-    request = encode_pb.EncodeRequest(request_id=stage.request_id, model=stage.model,
-                                      items=[stage.items[i] for i in indices],
-                                      consumer_host_id=stage.consumer_host_id)  # fmt: skip
+    request = encode_pb.EncodeRequest(
+        request_id=stage.request_id,
+        model=stage.model,
+        items=[stage.items[i] for i in indices],
+        consumer_host_id=stage.consumer_host_id,
+    )
     start, outcomes = time.monotonic(), []
     failed: str | None = None
     received = 0
@@ -116,9 +139,13 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
         async for response in call:
             index = indices[response.item_index]
             stage.results[index] = response
-            outcomes.append(scheduler_pb.ItemOutcome(
-                item_index=missing.index(index), cache_hit=response.cache_hit,
-                latency_ms=(time.monotonic() - start) * 1000))  # fmt: skip
+            outcomes.append(
+                scheduler_pb.ItemOutcome(
+                    item_index=missing.index(index),
+                    cache_hit=response.cache_hit,
+                    latency_ms=(time.monotonic() - start) * 1000,
+                )
+            )
             received += 1
             if received == len(indices):
                 # NOTE: every item is in: the stream's end comes ~0.6 ms after the last message
@@ -131,8 +158,11 @@ async def _encode_group(peers: Peers, stage: EncodeStage, worker_id: str, endpoi
         if not isinstance(error, (Unavailable, Cancelled)):
             raise
         failed = worker_id
-        outcomes.extend(scheduler_pb.ItemOutcome(item_index=missing.index(i), failed=True)
-                        for i in indices if i not in stage.results)  # fmt: skip
+        outcomes.extend(
+            scheduler_pb.ItemOutcome(item_index=missing.index(i), failed=True)
+            for i in indices
+            if i not in stage.results
+        )
     finally:
         if received < len(indices):
             call.cancel()  # NOTE: stops the encoder's work when the request is cancelled
@@ -149,8 +179,9 @@ async def _read_to_end(call: Any) -> None:
         pass
 
 
-async def _report(peers: Peers, assignment_id: str,
-                  outcomes: list[scheduler_pb.ItemOutcome]) -> None:  # fmt: skip
+async def _report(
+    peers: Peers, assignment_id: str, outcomes: list[scheduler_pb.ItemOutcome]
+) -> None:
     try:
         await peers.scheduler.CompleteEncoding(
             scheduler_pb.CompleteEncodingRequest(
@@ -166,8 +197,9 @@ async def release_all(peers: Peers, stage: EncodeStage) -> None:
     """Release every lease of ``stage`` at its producer (best effort: leases also expire)."""
     for endpoint, lease_ids in stage.leases.items():
         try:
-            await peers.encoder(endpoint).Release(encode_pb.ReleaseRequest(lease_ids=lease_ids),
-                                                  timeout=5)  # fmt: skip
+            await peers.encoder(endpoint).Release(
+                encode_pb.ReleaseRequest(lease_ids=lease_ids), timeout=5
+            )
         except EpdError as e:
             logger.warning("release at %s failed (%s); leases will expire", endpoint, e)
     stage.results.clear()

@@ -68,10 +68,13 @@ async def choose_prefill(
     return await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
 
 
-async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefilled,
-                        first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
-                        prompt_for: PromptFor | None = None,
-                        ) -> AsyncGenerator[Piece, None]:  # fmt: skip
+async def stream_tokens(
+    peers: Peers,
+    call: EngineCall,
+    on_prefilled: OnPrefilled,
+    first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
+    prompt_for: PromptFor | None = None,
+) -> AsyncGenerator[Piece, None]:
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
     ``first_choice``: the prefill worker already chosen for the first attempt, if any; up to
@@ -112,16 +115,23 @@ async def stream_tokens(peers: Peers, call: EngineCall, on_prefilled: OnPrefille
             or attempt + 1 == MAX_PREFILL_ATTEMPTS
         ):
             raise error
-        logger.warning("request %s: prefill on %s failed before the first token (%s); retrying "
-                       "elsewhere", call.request_id, worker.id, error)  # fmt: skip
+        logger.warning(
+            "request %s: prefill on %s failed before the first token (%s); retrying elsewhere",
+            call.request_id,
+            worker.id,
+            error,
+        )
         excluded.append(worker.id)
     raise Unavailable("no prefill worker could serve the request", reason="PREFILL_FAILED")
 
 
 async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> AsyncIterator[Piece]:
-    stream = peers.prefill(endpoint).PrefillDecode(prefill_pb.PrefillDecodeRequest(
-        request_id=call.request_id, model=call.model, prompt=call.prompt,
-        sampling=call.sampling), timeout=call.deadline.remaining())  # fmt: skip
+    stream = peers.prefill(endpoint).PrefillDecode(
+        prefill_pb.PrefillDecodeRequest(
+            request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling
+        ),
+        timeout=call.deadline.remaining(),
+    )
     try:
         async for response in stream:
             yield Piece(
@@ -133,11 +143,13 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
 
 
-async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler_pb.WorkerInfo,
-                               on_prefilled: OnPrefilled) -> AsyncIterator[Piece]:  # fmt: skip
+async def _prefill_then_decode(
+    peers: Peers, call: EngineCall, worker: scheduler_pb.WorkerInfo, on_prefilled: OnPrefilled
+) -> AsyncIterator[Piece]:
     try:
-        reply, decoder = await concurrently(_prefill(peers, call, worker.endpoint),
-                                            _choose_decode(peers, call))  # fmt: skip
+        reply, decoder = await concurrently(
+            _prefill(peers, call, worker.endpoint), _choose_decode(peers, call)
+        )
     except EpdError as error:
         if error.reason != "WRONG_MODE":
             raise
@@ -151,10 +163,17 @@ async def _prefill_then_decode(peers: Peers, call: EngineCall, worker: scheduler
         yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
         return
     yield Piece([reply.first_token_id])
-    stream = peers.decode(decoder.worker.endpoint).Decode(decode_pb.DecodeRequest(
-        request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling,
-        first_token_id=reply.first_token_id, kv_handle=reply.kv_handle),
-        timeout=call.deadline.remaining())  # fmt: skip
+    stream = peers.decode(decoder.worker.endpoint).Decode(
+        decode_pb.DecodeRequest(
+            request_id=call.request_id,
+            model=call.model,
+            prompt=call.prompt,
+            sampling=call.sampling,
+            first_token_id=reply.first_token_id,
+            kv_handle=reply.kv_handle,
+        ),
+        timeout=call.deadline.remaining(),
+    )
     try:
         async for response in stream:
             yield Piece(

@@ -124,12 +124,14 @@ class OpenAiHttp:
                 finish, usage = piece.finish_reason or finish, piece.usage or usage
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
-        return web.json_response(schema.completion(generate.request_id, generate.model,
-                                                   "".join(texts), finish, usage),
-                                 headers={"X-Request-Id": generate.request_id})  # fmt: skip
+        return web.json_response(
+            schema.completion(generate.request_id, generate.model, "".join(texts), finish, usage),
+            headers={"X-Request-Id": generate.request_id},
+        )
 
-    async def _stream(self, request: web.Request, generate: Any,
-                      include_usage: bool) -> web.StreamResponse:  # fmt: skip
+    async def _stream(
+        self, request: web.Request, generate: Any, include_usage: bool
+    ) -> web.StreamResponse:
         pieces = self.worker.generate(generate, timeout_s=self.options.request_timeout_s)
         try:
             first = await anext(pieces)
@@ -146,14 +148,19 @@ class OpenAiHttp:
         )
         await response.prepare(request)
         ident, model = generate.request_id, generate.model
-        await _send(response, schema.chunk(ident, model, {"role": "assistant", "content": ""},
-                                           None))  # fmt: skip
+        await _send(
+            response, schema.chunk(ident, model, {"role": "assistant", "content": ""}, None)
+        )
         usage = None
         try:
             piece = first
             while piece is not None:
-                await _send(response, schema.chunk(ident, model, {"content": piece.text},
-                                                   piece.finish_reason or None))  # fmt: skip
+                await _send(
+                    response,
+                    schema.chunk(
+                        ident, model, {"content": piece.text}, piece.finish_reason or None
+                    ),
+                )
                 usage = piece.usage or usage
                 piece = await anext(pieces, None)
             if include_usage:

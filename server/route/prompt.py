@@ -68,13 +68,22 @@ class PromptBuilder:
         chat = []
         for role, parts in messages:
             if role not in ROLES:
-                raise InvalidArgument(f"unknown role {role!r}; use system, user or assistant",
-                                      reason="BAD_ROLE")  # fmt: skip
+                raise InvalidArgument(
+                    f"unknown role {role!r}; use system, user or assistant", reason="BAD_ROLE"
+                )
             if not parts:
                 raise InvalidArgument(f"a {role} message has no content", reason="EMPTY_MESSAGE")
-            chat.append({"role": role, "content": [
-                {"type": "image"} if part.image_index is not None
-                else {"type": "text", "text": part.text or ""} for part in parts]})  # fmt: skip
+            chat.append(
+                {
+                    "role": role,
+                    "content": [
+                        {"type": "image"}
+                        if part.image_index is not None
+                        else {"type": "text", "text": part.text or ""}
+                        for part in parts
+                    ],
+                }
+            )
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

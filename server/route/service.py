@@ -45,8 +45,10 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 # Chats of up to this many text characters are tokenised on the event loop (~1 ms or less).
 INLINE_TOKENIZE_CHARS = 4096
 LIST_MODELS_TIMEOUT_S = 5.0
-ROLE_NAMES = {value: name.removeprefix("WORKER_ROLE_").lower()
-              for name, value in scheduler_pb.WorkerRole.items()}  # fmt: skip
+ROLE_NAMES = {
+    value: name.removeprefix("WORKER_ROLE_").lower()
+    for name, value in scheduler_pb.WorkerRole.items()
+}
 logger = logging.getLogger(__name__)
 
 Chat = list[tuple[str, list[ChatPart]]]
@@ -67,10 +69,18 @@ class RouteChunk:
 class RouteWorker:
     """Runs requests for one model against the services the scheduler knows."""
 
-    def __init__(self, peers: Peers, prompts: PromptBuilder, loader: MediaLoader, *,
-                 model_id: str, host_id: str, grids: ImageGridder,
-                 plane: DataPlane | None = None,
-                 metrics: RouteMetrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        peers: Peers,
+        prompts: PromptBuilder,
+        loader: MediaLoader,
+        *,
+        model_id: str,
+        host_id: str,
+        grids: ImageGridder,
+        plane: DataPlane | None = None,
+        metrics: RouteMetrics | None = None,
+    ) -> None:
         """``plane``: where the decoded pixels of images go for the encoders (None: encoders
         load each image from its source again). ``metrics``: where requests are counted and
         timed (None: nowhere)."""
@@ -84,8 +94,9 @@ class RouteWorker:
         self.grids = grids
         self.roles = RoleView()
 
-    async def generate(self, request: route_service_pb2.GenerateRequest,
-                       timeout_s: float | None = None) -> AsyncIterator[RouteChunk]:  # fmt: skip
+    async def generate(
+        self, request: route_service_pb2.GenerateRequest, timeout_s: float | None = None
+    ) -> AsyncIterator[RouteChunk]:
         """Stream the answer to ``request``."""
         if self.metrics is None:
             async for chunk in self._answer(request, timeout_s):
@@ -115,8 +126,9 @@ class RouteWorker:
             counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1
         return {model: dict(roles) for model, roles in sorted(counts.items())}
 
-    async def _answer(self, request: route_service_pb2.GenerateRequest,
-                      timeout_s: float | None) -> AsyncIterator[RouteChunk]:  # fmt: skip
+    async def _answer(
+        self, request: route_service_pb2.GenerateRequest, timeout_s: float | None
+    ) -> AsyncIterator[RouteChunk]:
         deadline = Deadline(timeout_s)
         span = trace.get_current_span()
         request_id = ensure_request_id(request)
@@ -139,9 +151,16 @@ class RouteWorker:
             self.host_id,
             [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids],
         )
-        call = EngineCall(request_id, model, generation_pb2.Prompt(token_ids=token_ids),
-                          request.sampling, self._block_hashes(token_ids, items, grids), plan,
-                          live_roles, deadline)  # fmt: skip
+        call = EngineCall(
+            request_id,
+            model,
+            generation_pb2.Prompt(token_ids=token_ids),
+            request.sampling,
+            self._block_hashes(token_ids, items, grids),
+            plan,
+            live_roles,
+            deadline,
+        )
         try:
             if plan.uses_encoders:
                 await self._attach_pixels(items, loaded, stage.pixel_leases)
@@ -203,8 +222,9 @@ class RouteWorker:
             return self.prompts.token_ids(messages)
         return await asyncio.to_thread(self.prompts.token_ids, messages)
 
-    async def _handed_over(self, call: EngineCall, stage: EncodeStage,
-                           grids: list[Grid]) -> AsyncGenerator[Piece, None]:  # fmt: skip
+    async def _handed_over(
+        self, call: EngineCall, stage: EncodeStage, grids: list[Grid]
+    ) -> AsyncGenerator[Piece, None]:
         """Choose the prefill worker while the encoders are assigned, encode for that worker
         (the embeddings' consumer: same host gets shared memory, another host NIXL), then hand
         the embeddings' references to it."""
@@ -237,21 +257,27 @@ class RouteWorker:
         async for piece in self._stream(call, prompt, stage, choice):
             yield piece
 
-    async def _encode_again_for(self, host_id: str, stage: EncodeStage,
-                                deadline: Deadline) -> None:  # fmt: skip
+    async def _encode_again_for(self, host_id: str, stage: EncodeStage, deadline: Deadline) -> None:
         """A retry moved the prefill to another host, where the embeddings' references (shared
         memory on the old one) cannot be read: release them and encode again for ``host_id``
         (the encoders' caches answer by mm_hash)."""
-        logger.info("request %s: prefill moved to host %s; encoding its images again for it",
-                    stage.request_id, host_id)  # fmt: skip
+        logger.info(
+            "request %s: prefill moved to host %s; encoding its images again for it",
+            stage.request_id,
+            host_id,
+        )
         await release_all(self.peers, stage)
         stage.consumer_host_id = host_id
         await encode_all(self.peers, stage, deadline)
 
-    def _stream(self, call: EngineCall, prompt: generation_pb2.Prompt, stage: EncodeStage,
-                choice: scheduler_pb.ChoosePrefillResponse | None = None,
-                prompt_for: PromptFor | None = None,
-                ) -> AsyncGenerator[Piece, None]:  # fmt: skip
+    def _stream(
+        self,
+        call: EngineCall,
+        prompt: generation_pb2.Prompt,
+        stage: EncodeStage,
+        choice: scheduler_pb.ChoosePrefillResponse | None = None,
+        prompt_for: PromptFor | None = None,
+    ) -> AsyncGenerator[Piece, None]:
         """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
         release = partial(release_all, self.peers, stage)
         return stream_tokens(self.peers, replace(call, prompt=prompt), release, choice, prompt_for)
@@ -291,18 +317,25 @@ class RouteWorker:
             )
         return self.roles.roles(model)
 
-    async def _prompt(self, token_ids: list[int], stage: EncodeStage, plan: Plan,
-                      grids: list[multimodal_pb2.ImageGrid],
-                      deadline: Deadline) -> generation_pb2.Prompt:  # fmt: skip
+    async def _prompt(
+        self,
+        token_ids: list[int],
+        stage: EncodeStage,
+        plan: Plan,
+        grids: list[multimodal_pb2.ImageGrid],
+        deadline: Deadline,
+    ) -> generation_pb2.Prompt:
         if not plan.uses_encoders:
-            images = [multimodal_pb2.ImageInput(mm_hash=item.mm_hash, media=item)
-                      for item in stage.items]  # fmt: skip
+            images = [
+                multimodal_pb2.ImageInput(mm_hash=item.mm_hash, media=item) for item in stage.items
+            ]
             return generation_pb2.Prompt(token_ids=token_ids, images=images)
         await encode_all(self.peers, stage, deadline)
         return self._embedded(token_ids, stage, grids)
 
-    def _embedded(self, token_ids: Sequence[int], stage: EncodeStage,
-                  grids: list[Grid]) -> generation_pb2.Prompt:  # fmt: skip
+    def _embedded(
+        self, token_ids: Sequence[int], stage: EncodeStage, grids: list[Grid]
+    ) -> generation_pb2.Prompt:
         """The prompt with the encoders' embedding references (every item encoded)."""
         span = trace.get_current_span()
         span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
@@ -313,16 +346,25 @@ class RouteWorker:
         images = []
         for index, grid in enumerate(grids):
             result = stage.results[index]
-            images.append(multimodal_pb2.ImageInput(
-                mm_hash=result.mm_hash, grid=result.grid if result.HasField("grid") else grid,
-                embeddings=result.embeddings))  # fmt: skip
+            images.append(
+                multimodal_pb2.ImageInput(
+                    mm_hash=result.mm_hash,
+                    grid=result.grid if result.HasField("grid") else grid,
+                    embeddings=result.embeddings,
+                )
+            )
         return generation_pb2.Prompt(token_ids=token_ids, images=images)
 
-    def _block_hashes(self, token_ids: list[int], items: list[Media],
-                      grids: list[multimodal_pb2.ImageGrid]) -> list[int]:  # fmt: skip
-        return self.prompts.block_hashes(token_ids, [
-            (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
-            for item, grid in zip(items, grids, strict=True)])  # fmt: skip
+    def _block_hashes(
+        self, token_ids: list[int], items: list[Media], grids: list[multimodal_pb2.ImageGrid]
+    ) -> list[int]:
+        return self.prompts.block_hashes(
+            token_ids,
+            [
+                (item.mm_hash, self.grids.num_tokens((grid.t, grid.h, grid.w)))
+                for item, grid in zip(items, grids, strict=True)
+            ],
+        )
 
 
 def _num_images(request: route_service_pb2.GenerateRequest) -> int:

@@ -70,12 +70,18 @@ def parse_kind(name: str) -> int:
 class DataPlane:
     """Producer and consumer of every available backend, for one process."""
 
-    def __init__(self, host_id: str | None = None, *, producer_endpoint: str = "",
-                 lease_ttl_s: float = 60.0, max_inline_bytes: int = 8 << 20,
-                 forced_kind: str | None = None,
-                 kinds: tuple[str, ...] = ALL_KINDS,
-                 max_mapped_bytes: int = DEFAULT_MAX_BYTES,
-                 nixl: NixlOptions | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host_id: str | None = None,
+        *,
+        producer_endpoint: str = "",
+        lease_ttl_s: float = 60.0,
+        max_inline_bytes: int = 8 << 20,
+        forced_kind: str | None = None,
+        kinds: tuple[str, ...] = ALL_KINDS,
+        max_mapped_bytes: int = DEFAULT_MAX_BYTES,
+        nixl: NixlOptions | None = None,
+    ) -> None:
         """``kinds`` lists the backends this process offers (nixl is dropped when the package is
         missing); ``forced_kind`` overrides the automatic choice; ``max_mapped_bytes`` bounds
         what the shm consumer keeps mapped; ``nixl`` configures the process's NIXL agent if
@@ -145,15 +151,23 @@ class DataPlane:
             return tensor_pb2.TRANSFER_KIND_NIXL
         return tensor_pb2.TRANSFER_KIND_INLINE
 
-    def put(self, tensor: torch.Tensor, consumer_host_id: str = "", *,
-            preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
-            ttl_s: float | None = None) -> tensor_pb2.TensorRef:  # fmt: skip
+    def put(
+        self,
+        tensor: torch.Tensor,
+        consumer_host_id: str = "",
+        *,
+        preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
+        ttl_s: float | None = None,
+    ) -> tensor_pb2.TensorRef:
         """Hand ``tensor`` over for a consumer on ``consumer_host_id``; returns the reference."""
         kind = self.choose(consumer_host_id, preferred)
         if kind == tensor_pb2.TRANSFER_KIND_INLINE and tensor.nbytes > self.max_inline_bytes:
-            raise InvalidArgument(f"{tensor.nbytes} bytes is too large to send inline (limit "
-                                  f"{self.max_inline_bytes}); run producer and consumer on one "
-                                  "host or enable nixl", reason="INLINE_TOO_LARGE")  # fmt: skip
+            raise InvalidArgument(
+                f"{tensor.nbytes} bytes is too large to send inline (limit "
+                f"{self.max_inline_bytes}); run producer and consumer on one "
+                "host or enable nixl",
+                reason="INLINE_TOO_LARGE",
+            )
         # NOTE: detach() and cpu() only where they change something: each is a dispatched tensor
         # call (a few us warm, several times that in a process just woken by a request).
         if tensor.requires_grad:
@@ -172,16 +186,21 @@ class DataPlane:
             raise NotFound(f"lease {ref.lease_id} expired", reason="LEASE_EXPIRED")
         consumer = self.consumers.get(location or "")
         if consumer is None:
-            raise InvalidArgument(f"this process cannot read {location or 'a missing'} location",
-                                  reason="BAD_TENSOR_REF")  # fmt: skip
+            raise InvalidArgument(
+                f"this process cannot read {location or 'a missing'} location",
+                reason="BAD_TENSOR_REF",
+            )
         tensor = consumer.get(ref, copy=copy)
         self.counts.add_read(consumer.kind, ref.byte_size)
         return tensor
 
     def release(self, lease_ids: Iterable[str]) -> int:
         """Free the given leases (unknown ones are ignored); returns how many were held."""
-        return sum(producer.release(lease_id) for lease_id in lease_ids
-                   for producer in self.producers.values())  # fmt: skip
+        return sum(
+            producer.release(lease_id)
+            for lease_id in lease_ids
+            for producer in self.producers.values()
+        )
 
     def held(self) -> list[LeaseInfo]:
         """Every payload this process still holds."""

@@ -142,9 +142,16 @@ class ShmProducer(TensorProducer):
 
     kind = "shm"
 
-    def __init__(self, host_id: str, *, producer_endpoint: str = "", ttl_s: float = 60.0,
-                 clock: Clock = time.time, shm_dir: str = SHM_DIR,
-                 max_idle_bytes: int = 1 << 30) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host_id: str,
+        *,
+        producer_endpoint: str = "",
+        ttl_s: float = 60.0,
+        clock: Clock = time.time,
+        shm_dir: str = SHM_DIR,
+        max_idle_bytes: int = 1 << 30,
+    ) -> None:
         self.host_id = host_id
         self.producer_endpoint = producer_endpoint
         self.ttl_s = ttl_s
@@ -157,11 +164,17 @@ class ShmProducer(TensorProducer):
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
         copy_payload(segment.address + HEADER_BYTES, tensor)
-        info = self._leases.add(segment, kind=self.kind, byte_size=ref.byte_size,
-                                location=segment.name, ttl_s=ttl_s or self.ttl_s)  # fmt: skip
+        info = self._leases.add(
+            segment,
+            kind=self.kind,
+            byte_size=ref.byte_size,
+            location=segment.name,
+            ttl_s=ttl_s or self.ttl_s,
+        )
         segment.stamp(info.lease_id)
-        ref.shm.CopyFrom(tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES,
-                                                size=ref.byte_size))  # fmt: skip
+        ref.shm.CopyFrom(
+            tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES, size=ref.byte_size)
+        )
         return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
     def release(self, lease_id: str) -> bool:
@@ -210,15 +223,22 @@ class ShmConsumer(TensorConsumer):
 
     kind = "shm"
 
-    def __init__(self, host_id: str, *, shm_dir: str = SHM_DIR,
-                 max_mapped_bytes: int = DEFAULT_MAX_BYTES,
-                 max_mappings: int = DEFAULT_MAX_MAPPINGS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host_id: str,
+        *,
+        shm_dir: str = SHM_DIR,
+        max_mapped_bytes: int = DEFAULT_MAX_BYTES,
+        max_mappings: int = DEFAULT_MAX_MAPPINGS,
+    ) -> None:
         self.host_id = host_id
         self._dir = shm_dir
-        self.views = MappingCache(private=True, max_bytes=max_mapped_bytes,
-                                  max_mappings=max_mappings)  # fmt: skip
-        self.copies = MappingCache(private=False, max_bytes=max_mapped_bytes,
-                                   max_mappings=max_mappings)  # fmt: skip
+        self.views = MappingCache(
+            private=True, max_bytes=max_mapped_bytes, max_mappings=max_mappings
+        )
+        self.copies = MappingCache(
+            private=False, max_bytes=max_mapped_bytes, max_mappings=max_mappings
+        )
         self.buffers = WarmBuffers()
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
@@ -227,14 +247,18 @@ class ShmConsumer(TensorConsumer):
         if ref.host_id != self.host_id:
             raise FailedPrecondition(
                 f"shared-memory reference from host {ref.host_id!r} cannot be read on host "
-                f"{self.host_id!r}; ask the producer for nixl or inline", reason="FOREIGN_HOST",
-            )  # fmt: skip
+                f"{self.host_id!r}; ask the producer for nixl or inline",
+                reason="FOREIGN_HOST",
+            )
         if location.size != ref.byte_size or location.offset < HEADER_BYTES:
-            raise InvalidArgument("shm location does not match the TensorRef's byte size",
-                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+            raise InvalidArgument(
+                "shm location does not match the TensorRef's byte size",
+                reason="TENSOR_SIZE_MISMATCH",
+            )
         if not NAME.match(location.name):
-            raise InvalidArgument(f"{location.name!r} is not an epd segment name",
-                                  reason="BAD_TENSOR_REF")  # fmt: skip
+            raise InvalidArgument(
+                f"{location.name!r} is not an epd segment name", reason="BAD_TENSOR_REF"
+            )
         if ref.byte_size <= SMALL_COPY_BYTES:
             fd = self._open(location.name)
             try:
@@ -242,12 +266,15 @@ class ShmConsumer(TensorConsumer):
             finally:
                 os.close(fd)
         cache = self.copies if copy else self.views
-        view = (cache.take(location.name, ref.lease_id, stamp_of(ref.lease_id))
-                or self._map(cache, location.name, ref.lease_id))  # fmt: skip
+        view = cache.take(location.name, ref.lease_id, stamp_of(ref.lease_id)) or self._map(
+            cache, location.name, ref.lease_id
+        )
         if location.offset + location.size > len(view):
-            raise InvalidArgument(f"segment {location.name} has {len(view)} bytes, the "
-                                  f"reference needs {location.offset + location.size}",
-                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+            raise InvalidArgument(
+                f"segment {location.name} has {len(view)} bytes, the "
+                f"reference needs {location.offset + location.size}",
+                reason="TENSOR_SIZE_MISMATCH",
+            )
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         if not copy:
             payload_view = view[location.offset :]
@@ -289,9 +316,11 @@ class ShmConsumer(TensorConsumer):
         else:
             num_read = os.preadv(fd, [header], 0) + os.preadv(fd, [payload], location.offset)
         if num_read != HEADER_BYTES + ref.byte_size:
-            raise InvalidArgument(f"segment {location.name} is shorter than the reference "
-                                  f"needs ({location.offset + location.size} bytes)",
-                                  reason="TENSOR_SIZE_MISMATCH")  # fmt: skip
+            raise InvalidArgument(
+                f"segment {location.name} is shorter than the reference "
+                f"needs ({location.offset + location.size} bytes)",
+                reason="TENSOR_SIZE_MISMATCH",
+            )
         _check_stamp(header, location.name, ref.lease_id)
         return from_bytes(payload, ref, dtype)
 
@@ -327,5 +356,7 @@ def stamp_of(lease_id: str) -> bytes:
 def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:
     """NotFound unless the segment header carries ``lease_id`` (else its lease was released)."""
     if header[: len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
-        raise NotFound(f"lease {lease_id} was released: segment {name} no longer holds its "
-                       "payload", reason="LEASE_RELEASED")  # fmt: skip
+        raise NotFound(
+            f"lease {lease_id} was released: segment {name} no longer holds its payload",
+            reason="LEASE_RELEASED",
+        )

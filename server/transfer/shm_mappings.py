@@ -75,8 +75,13 @@ class MappingCache:
     first out; ``private`` ones are reset for each new lease (see the module docstring).
     Thread-safe."""
 
-    def __init__(self, *, private: bool, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_mappings: int = DEFAULT_MAX_MAPPINGS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        private: bool,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_mappings: int = DEFAULT_MAX_MAPPINGS,
+    ) -> None:
         self.private = private
         self.max_bytes = max_bytes
         self.max_mappings = max_mappings
@@ -134,8 +139,11 @@ class MappingCache:
         process until then); returns how many were forgotten."""
         with self._lock:
             self._last_sweep = time.monotonic()
-            gone = [name for name, mapping in self._mappings.items()
-                    if os.fstat(mapping.fd).st_nlink == 0]  # fmt: skip
+            gone = [
+                name
+                for name, mapping in self._mappings.items()
+                if os.fstat(mapping.fd).st_nlink == 0
+            ]
             for name in gone:
                 self._forget(name)
             for mapping in self._mappings.values():

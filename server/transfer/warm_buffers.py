@@ -37,8 +37,9 @@ def buffer_class(num_bytes: int) -> int:
 class WarmBuffers:
     """Recycled anonymous mappings for private tensors of ``min_bytes`` or more. Thread-safe."""
 
-    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES,
-                 max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self, min_bytes: int = DEFAULT_MIN_BYTES, max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES
+    ) -> None:
         self.min_bytes = min_bytes
         self._idle: IdlePool[mmap.mmap] = IdlePool(max_idle_bytes)
         self.num_created = 0

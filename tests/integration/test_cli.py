@@ -39,8 +39,16 @@ def test_model_tiny_reports_progress_and_rejects_bad_sizes(tmp_path: Path) -> No
 def test_generate_answers_about_an_image(tiny_model_dir: Path, tmp_path: Path) -> None:
     image = tmp_path / "red.png"
     Image.new("RGB", (40, 30), (200, 10, 10)).save(image)
-    result = run_epd("generate", "--model", str(tiny_model_dir), "--image", str(image),
-                     "--max-tokens", "5", "What color is it?")  # fmt: skip
+    result = run_epd(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--image",
+        str(image),
+        "--max-tokens",
+        "5",
+        "What color is it?",
+    )
     assert result.returncode == 0, result.stderr
     assert "answer:" in result.stdout and "1 image(s)" in result.stdout
 
@@ -56,14 +64,24 @@ def test_generate_rejects_unreadable_image_without_traceback(tmp_path: Path) -> 
 def test_bad_thread_counts_are_usage_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     encode = run_epd("encode", "--model", str(tiny_model_dir), "--threads", "-1")
     assert encode.returncode == 2 and "--threads" in encode.stderr
-    up = run_epd("up", "--model", str(tiny_model_dir), "--topology", "dual-encoder",
-                 "--encoder-threads", "2,x", "--run-dir", str(tmp_path))  # fmt: skip
+    up = run_epd(
+        "up",
+        "--model",
+        str(tiny_model_dir),
+        "--topology",
+        "dual-encoder",
+        "--encoder-threads",
+        "2,x",
+        "--run-dir",
+        str(tmp_path),
+    )
     assert up.returncode == 2 and "--encoder-threads" in up.stderr
     assert "Traceback" not in encode.stderr + up.stderr
 
 
-def test_bad_engine_flags_and_model_dirs_are_usage_errors(tiny_model_dir: Path,
-                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_bad_engine_flags_and_model_dirs_are_usage_errors(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     for command in ("prefill", "decode", "route"):
         empty = run_epd(command, "--model", str(tmp_path))
         assert empty.returncode == 2, (command, empty.stderr)

@@ -29,9 +29,16 @@ def _image(seed: int, width: int, height: int) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def chat() -> tuple[list[dict[str, object]], list[Image.Image]]:
-    messages: list[dict[str, object]] = [{"role": "user", "content": [
-        {"type": "image"}, {"type": "text", "text": "describe this picture"}, {"type": "image"},
-    ]}]  # fmt: skip
+    messages: list[dict[str, object]] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "text", "text": "describe this picture"},
+                {"type": "image"},
+            ],
+        }
+    ]
     return messages, [_image(1, 96, 64), _image(2, 60, 90)]
 
 
@@ -89,9 +96,14 @@ def test_vllm_matches_transformers_token_for_token(family_dir: Path, chat, hf_gr
     _, images = chat
     prompt, hf_tokens, _ = hf_greedy
     llm = LLM(
-        str(family_dir), dtype="float32", enforce_eager=True, max_model_len=2048,
-        kv_cache_memory_bytes=128 << 20, limit_mm_per_prompt={"image": 2}, seed=0,
-    )  # fmt: skip
+        str(family_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=2048,
+        kv_cache_memory_bytes=128 << 20,
+        limit_mm_per_prompt={"image": 2},
+        seed=0,
+    )
     try:
         outputs = llm.generate(
             {"prompt": prompt, "multi_modal_data": {"image": images}},

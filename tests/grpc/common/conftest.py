@@ -28,5 +28,3 @@ def _memory_exporter(provider: TracerProvider) -> InMemorySpanExporter:
         _MEMORY.append(InMemorySpanExporter())
         provider.add_span_processor(SimpleSpanProcessor(_MEMORY[0]))
     return _MEMORY[0]
-
-

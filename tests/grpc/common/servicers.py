@@ -55,8 +55,9 @@ class ScriptedEncodeService(encode_grpc.EncodeServiceServicer):  # type: ignore[
 
 
 def encode_binding(servicer: ScriptedEncodeService) -> ServiceBinding:
-    return ServiceBinding("epd.v1.EncodeService", servicer,
-                          encode_grpc.add_EncodeServiceServicer_to_server)  # fmt: skip
+    return ServiceBinding(
+        "epd.v1.EncodeService", servicer, encode_grpc.add_EncodeServiceServicer_to_server
+    )
 
 
 def errors_under_test() -> list[errors.EpdError]:
@@ -79,16 +80,25 @@ def self_signed_cert(folder: Path, name: str = "localhost") -> tuple[str, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     cert_file, key_file = folder / f"{name}-cert.pem", folder / f"{name}-key.pem"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return str(cert_file), str(key_file)

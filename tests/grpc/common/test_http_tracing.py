@@ -26,8 +26,10 @@ async def test_a_request_span_continues_the_callers_trace(spans: InMemorySpanExp
     app = web.Application(middlewares=[tracing_middleware])
     app.add_routes([web.post("/v1/chat/completions", answer), web.get("/fail", fail)])
     async with TestClient(TestServer(app)) as client:
-        response = await client.post("/v1/chat/completions", headers={
-            "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-Id": "r1"})  # fmt: skip
+        response = await client.post(
+            "/v1/chat/completions",
+            headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "X-Request-Id": "r1"},
+        )
         assert response.status == 200
         assert (await client.get("/fail")).status == 503
     first, second = spans.get_finished_spans()

@@ -133,9 +133,7 @@ async def test_health_ignores_mark_serving_once_draining() -> None:
     async def mark_serving_late() -> None:
         await server.mark_serving()  # e.g. a warm-up that finishes while draining
         async with grpc.aio.insecure_channel(endpoint) as channel:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest()
-            )
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
     checked: list[bool] = []
@@ -173,21 +171,29 @@ async def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(
     stranger_cert, stranger_key = self_signed_cert(tmp_path, "stranger")
     server, port = await build_server(
         [encode_binding(ScriptedEncodeService())],
-        ServerOptions(tls_cert_file=server_cert, tls_key_file=server_key,
-                      tls_client_ca_file=client_cert),
-    )  # fmt: skip
+        ServerOptions(
+            tls_cert_file=server_cert, tls_key_file=server_key, tls_client_ca_file=client_cert
+        ),
+    )
     endpoint, request = f"localhost:{port}", encode_pb.ReleaseRequest(lease_ids=["a"])
-    async with create_channel(endpoint, tls_ca_file=server_cert, tls_cert_file=client_cert,
-                              tls_key_file=client_key) as channel:  # fmt: skip
+    async with create_channel(
+        endpoint, tls_ca_file=server_cert, tls_cert_file=client_cert, tls_key_file=client_key
+    ) as channel:
         reply = await encode_grpc.EncodeServiceStub(channel).Release(request)
     assert reply.num_released == 1
     for cert, key in ((None, None), (stranger_cert, stranger_key)):
-        async with create_channel(endpoint, tls_ca_file=server_cert, tls_cert_file=cert,
-                                  tls_key_file=key) as channel:  # fmt: skip
+        async with create_channel(
+            endpoint, tls_ca_file=server_cert, tls_cert_file=cert, tls_key_file=key
+        ) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await encode_grpc.EncodeServiceStub(channel).Release(request, timeout=2.0)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     await server.mark_serving()
-    await wait_for_health(endpoint, timeout_s=2.0, tls_ca_file=server_cert,
-                          tls_cert_file=client_cert, tls_key_file=client_key)  # fmt: skip
+    await wait_for_health(
+        endpoint,
+        timeout_s=2.0,
+        tls_ca_file=server_cert,
+        tls_cert_file=client_cert,
+        tls_key_file=client_key,
+    )
     await server.drain_and_stop(0)

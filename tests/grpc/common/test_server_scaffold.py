@@ -98,8 +98,11 @@ async def test_reflection_lists_services_and_resolves_methods() -> None:
             return set(database.get_services()), {m.name for m in file.service[0].method}
 
     services, methods = await asyncio.to_thread(list_with_reflection_client)
-    assert {"epd.v1.EncodeService", "grpc.health.v1.Health",
-            "grpc.reflection.v1alpha.ServerReflection"} <= services  # fmt: skip
+    assert {
+        "epd.v1.EncodeService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= services
     assert methods == {"Encode", "Release"}
     await server.drain_and_stop(0)
 
@@ -272,9 +275,14 @@ async def test_trace_context_crosses_two_servers(spans) -> None:
     by_id = {s.context.span_id: s for s in finished}
     server_spans = [s for s in finished if s.kind.name == "SERVER"]
     assert len(server_spans) == 2 and len({s.context.trace_id for s in finished}) == 1
-    inner = next(s for s in server_spans if s.parent and s.parent.span_id in by_id
-                 and by_id[s.parent.span_id].kind.name == "CLIENT"
-                 and by_id[s.parent.span_id].parent is not None)  # fmt: skip
+    inner = next(
+        s
+        for s in server_spans
+        if s.parent
+        and s.parent.span_id in by_id
+        and by_id[s.parent.span_id].kind.name == "CLIENT"
+        and by_id[s.parent.span_id].parent is not None
+    )
     client = by_id[inner.parent.span_id]
     assert client.parent.span_id in {s.context.span_id for s in server_spans if s is not inner}
 

@@ -28,9 +28,16 @@ def free_port() -> int:
 
 async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None:
     port = free_port()
-    encoder = await build_encode_server(EncodeConfig(
-        tiny_model_dir, model_id="tiny", scheduler=f"127.0.0.1:{port}", worker_id="enc-late",
-        transfer_kind="inline", heartbeat_interval_s=0.1))  # fmt: skip
+    encoder = await build_encode_server(
+        EncodeConfig(
+            tiny_model_dir,
+            model_id="tiny",
+            scheduler=f"127.0.0.1:{port}",
+            worker_id="enc-late",
+            transfer_kind="inline",
+            heartbeat_interval_s=0.1,
+        )
+    )
     buffer = io.BytesIO()
     Image.new("RGB", (56, 56), (9, 9, 9)).save(buffer, format="PNG")
     try:
@@ -44,8 +51,9 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
             for _ in range(300):
                 # NOTE: wait_for_ready: the subchannel is shared with the encoder's registration
                 # channel, which may still be in reconnect backoff from the refused attempts.
-                reply = await stub.ListWorkers(scheduler_pb.ListWorkersRequest(),
-                                               wait_for_ready=True, timeout=10)  # fmt: skip
+                reply = await stub.ListWorkers(
+                    scheduler_pb.ListWorkersRequest(), wait_for_ready=True, timeout=10
+                )
                 workers = list(reply.workers)
                 if workers and response.mm_hash in workers[0].load.cached_mm_hashes:
                     break
@@ -64,10 +72,15 @@ async def test_an_encoder_bound_to_a_wildcard_registers_a_reachable_address(tiny
 
     scheduler, scheduler_port = await build_scheduler_server()
     encoder = await build_encode_server(
-        EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=f"127.0.0.1:{scheduler_port}",
-                     worker_id="enc-any", transfer_kind="inline"),
+        EncodeConfig(
+            tiny_model_dir,
+            model_id="tiny",
+            scheduler=f"127.0.0.1:{scheduler_port}",
+            worker_id="enc-any",
+            transfer_kind="inline",
+        ),
         ServerOptions(host="0.0.0.0"),
-    )  # fmt: skip
+    )
     try:
         async with create_channel(f"127.0.0.1:{scheduler_port}") as channel:
             stub = scheduler_grpc.SchedulerServiceStub(channel)

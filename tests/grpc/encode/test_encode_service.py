@@ -34,8 +34,9 @@ def png(seed: int, size: tuple[int, int] = (96, 64)) -> bytes:
 
 @pytest.fixture(scope="module")
 async def app(tiny_model_dir):
-    encode_app = await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny",
-                                                        max_batch_wait_ms=50))  # fmt: skip
+    encode_app = await build_encode_server(
+        EncodeConfig(tiny_model_dir, model_id="tiny", max_batch_wait_ms=50)
+    )
     yield encode_app
     await encode_app.stop()
     assert not [name for name in shm.list_segments() if name.startswith(shm.process_prefix())]
@@ -52,8 +53,11 @@ def reference(tiny_model_dir):
         image = Image.open(io.BytesIO(data)).convert("RGB")
         inputs = processor.image_processor(images=[image], return_tensors="pt")
         with torch.no_grad():
-            return model.eval().model.visual(inputs["pixel_values"],
-                                             grid_thw=inputs["image_grid_thw"]).pooler_output
+            return (
+                model.eval()
+                .model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+                .pooler_output
+            )
 
     return embed
 
@@ -102,8 +106,9 @@ async def test_cache_hit_skips_the_tower(app, stub) -> None:
 async def test_concurrent_requests_share_tower_calls(app, stub, reference) -> None:
     images = [png(100 + i) for i in range(6)]
     batches = app.worker.batcher.stats.num_batches
-    results = await asyncio.gather(*(encode(stub, multimodal_pb2.MediaItem(data=d))
-                                     for d in images))  # fmt: skip
+    results = await asyncio.gather(
+        *(encode(stub, multimodal_pb2.MediaItem(data=d)) for d in images)
+    )
     assert app.worker.batcher.stats.num_batches - batches < len(images)
     consumer = DataPlane(app.plane.host_id)
     for data, (response,) in zip(images, results, strict=True):
@@ -114,8 +119,11 @@ async def test_concurrent_requests_share_tower_calls(app, stub, reference) -> No
 async def test_a_request_streams_cache_hits_first(app, stub) -> None:
     cached = png(3)
     (warm,) = await encode(stub, multimodal_pb2.MediaItem(data=cached))
-    responses = await encode(stub, multimodal_pb2.MediaItem(data=png(4)),
-                             multimodal_pb2.MediaItem(mm_hash=warm.mm_hash, data=cached))
+    responses = await encode(
+        stub,
+        multimodal_pb2.MediaItem(data=png(4)),
+        multimodal_pb2.MediaItem(mm_hash=warm.mm_hash, data=cached),
+    )
     assert [r.item_index for r in responses] == [1, 0]
     assert [r.cache_hit for r in responses] == [True, False]
     app.worker.release([r.embeddings.lease_id for r in (warm, *responses)])
@@ -124,8 +132,14 @@ async def test_a_request_streams_cache_hits_first(app, stub) -> None:
 async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
     data = png(5)
     (local,) = await encode(stub, multimodal_pb2.MediaItem(data=data))
-    (remote,) = [r async for r in stub.Encode(pb.EncodeRequest(
-        items=[multimodal_pb2.MediaItem(data=data)], consumer_host_id="another-host"))]  # fmt: skip
+    (remote,) = [
+        r
+        async for r in stub.Encode(
+            pb.EncodeRequest(
+                items=[multimodal_pb2.MediaItem(data=data)], consumer_host_id="another-host"
+            )
+        )
+    ]
     expected = "nixl" if is_nixl_available() else "inline_data"
     assert remote.embeddings.WhichOneof("location") == expected and remote.cache_hit
     other_host = DataPlane("another-host")
@@ -139,8 +153,9 @@ async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
 
 
 async def test_the_request_can_ask_for_inline(app, stub) -> None:
-    (response,) = await encode(stub, multimodal_pb2.MediaItem(data=png(5)),
-                               transfer_kind=tensor_pb2.TRANSFER_KIND_INLINE)  # fmt: skip
+    (response,) = await encode(
+        stub, multimodal_pb2.MediaItem(data=png(5)), transfer_kind=tensor_pb2.TRANSFER_KIND_INLINE
+    )
     assert response.embeddings.WhichOneof("location") == "inline_data"
     assert app.plane.held() == []
 
@@ -151,22 +166,25 @@ def bomb() -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("items, fields, reason", [
-    ([], {}, "NO_ITEMS"),
-    ([multimodal_pb2.MediaItem(data=b"not an image")], {}, "BAD_IMAGE"),
-    ([multimodal_pb2.MediaItem(data=png(6)[:100])], {}, "BAD_IMAGE"),
-    ([multimodal_pb2.MediaItem(url="http://127.0.0.1:9/x.png")], {}, "PRIVATE_ADDRESS"),
-    ([multimodal_pb2.MediaItem(url="file:///etc/passwd")], {}, "LOCAL_FILES_FORBIDDEN"),
-    ([multimodal_pb2.MediaItem(url="data:image/png;base64,!!")], {}, "BAD_DATA_URL"),
-    ([multimodal_pb2.MediaItem()], {}, "BAD_MEDIA_ITEM"),
-    ([multimodal_pb2.MediaItem(data=png(7))], {"model": "llama"}, "WRONG_MODEL"),
-    ([multimodal_pb2.MediaItem(mm_hash="0" * 32, data=png(7))], {}, "MM_HASH_MISMATCH"),
-    ([multimodal_pb2.MediaItem(data=bomb())], {}, "TOO_MANY_PIXELS"),
-    ([multimodal_pb2.MediaItem(data=png(8, (4020, 20)))], {}, "BAD_IMAGE_SHAPE"),
-    ([multimodal_pb2.MediaItem(data=b"\0" * (21 << 20))], {}, "IMAGE_TOO_LARGE"),
-    ([multimodal_pb2.MediaItem(url="ftp://example.com/x.png")], {}, "UNSUPPORTED_SCHEME"),
-    ([multimodal_pb2.MediaItem(url="http://0x7f000001/x.png")], {}, "PRIVATE_ADDRESS"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "items, fields, reason",
+    [
+        ([], {}, "NO_ITEMS"),
+        ([multimodal_pb2.MediaItem(data=b"not an image")], {}, "BAD_IMAGE"),
+        ([multimodal_pb2.MediaItem(data=png(6)[:100])], {}, "BAD_IMAGE"),
+        ([multimodal_pb2.MediaItem(url="http://127.0.0.1:9/x.png")], {}, "PRIVATE_ADDRESS"),
+        ([multimodal_pb2.MediaItem(url="file:///etc/passwd")], {}, "LOCAL_FILES_FORBIDDEN"),
+        ([multimodal_pb2.MediaItem(url="data:image/png;base64,!!")], {}, "BAD_DATA_URL"),
+        ([multimodal_pb2.MediaItem()], {}, "BAD_MEDIA_ITEM"),
+        ([multimodal_pb2.MediaItem(data=png(7))], {"model": "llama"}, "WRONG_MODEL"),
+        ([multimodal_pb2.MediaItem(mm_hash="0" * 32, data=png(7))], {}, "MM_HASH_MISMATCH"),
+        ([multimodal_pb2.MediaItem(data=bomb())], {}, "TOO_MANY_PIXELS"),
+        ([multimodal_pb2.MediaItem(data=png(8, (4020, 20)))], {}, "BAD_IMAGE_SHAPE"),
+        ([multimodal_pb2.MediaItem(data=b"\0" * (21 << 20))], {}, "IMAGE_TOO_LARGE"),
+        ([multimodal_pb2.MediaItem(url="ftp://example.com/x.png")], {}, "UNSUPPORTED_SCHEME"),
+        ([multimodal_pb2.MediaItem(url="http://0x7f000001/x.png")], {}, "PRIVATE_ADDRESS"),
+    ],
+)
 async def test_bad_inputs_are_invalid_argument(app, stub, items, fields, reason) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await encode(stub, *items, **fields)
@@ -177,9 +195,11 @@ async def test_bad_inputs_are_invalid_argument(app, stub, items, fields, reason)
 
 async def test_registers_with_the_scheduler(tiny_model_dir) -> None:
     scheduler, port = await build_scheduler_server()
-    encoder = await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny",
-                                                     scheduler=f"127.0.0.1:{port}",
-                                                     worker_id="enc-cpu"))  # fmt: skip
+    encoder = await build_encode_server(
+        EncodeConfig(
+            tiny_model_dir, model_id="tiny", scheduler=f"127.0.0.1:{port}", worker_id="enc-cpu"
+        )
+    )
     async with create_channel(f"127.0.0.1:{port}") as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
         for _ in range(100):

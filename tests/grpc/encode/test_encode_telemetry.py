@@ -35,19 +35,24 @@ def spans() -> InMemorySpanExporter:
 async def test_span_attributes(tiny_model_dir, spans) -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (84, 56), (1, 2, 3)).save(buffer, format="PNG")
-    app = await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny",
-                                                 transfer_kind="inline"))  # fmt: skip
+    app = await build_encode_server(
+        EncodeConfig(tiny_model_dir, model_id="tiny", transfer_kind="inline")
+    )
     try:
         async with create_channel(f"127.0.0.1:{app.port}") as channel:
             stub = pb_grpc.EncodeServiceStub(channel)
             for _ in range(2):
-                request = pb.EncodeRequest(request_id="r1", items=[
-                    multimodal_pb2.MediaItem(data=buffer.getvalue())])  # fmt: skip
+                request = pb.EncodeRequest(
+                    request_id="r1", items=[multimodal_pb2.MediaItem(data=buffer.getvalue())]
+                )
                 _ = [r async for r in stub.Encode(request)]
     finally:
         await app.stop()
-    encodes = [s for s in spans.get_finished_spans()
-               if s.name.endswith("EncodeService/Encode") and s.kind is SpanKind.SERVER]
+    encodes = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name.endswith("EncodeService/Encode") and s.kind is SpanKind.SERVER
+    ]
     assert len(encodes) == 2
     miss, hit = (dict(s.attributes or {}) for s in encodes)
     assert miss["epd.request_id"] == "r1" and miss["epd.items"] == 1

@@ -39,8 +39,9 @@ def own_segments() -> list[str]:
 
 
 async def start(model_dir, policy: MediaPolicy, **config) -> tuple[EncodeApp, grpc.aio.Channel]:
-    app = await build_encode_server(EncodeConfig(model_dir, model_id="tiny", media=policy,
-                                                 **config))  # fmt: skip
+    app = await build_encode_server(
+        EncodeConfig(model_dir, model_id="tiny", media=policy, **config)
+    )
     return app, create_channel(f"127.0.0.1:{app.port}")
 
 
@@ -76,7 +77,8 @@ async def test_urls_timeouts_and_redirects(tiny_model_dir, monkeypatch) -> None:
             hop = f"{server}/redirect?to=http://127.0.0.2:{port}/image.png"
             assert await reason_of(guarded_stub, hop) == "PRIVATE_ADDRESS"
             assert await reason_of(guarded_stub, f"{server}/redirect?to=file:///etc/passwd") == (
-                "UNSUPPORTED_SCHEME")  # fmt: skip
+                "UNSUPPORTED_SCHEME"
+            )
     finally:
         for each, each_channel in ((app, channel), (guarded, guarded_channel)):
             await each_channel.close()
@@ -87,8 +89,9 @@ async def test_urls_timeouts_and_redirects(tiny_model_dir, monkeypatch) -> None:
 async def test_concurrent_load_leaves_nothing_behind(tiny_model_dir) -> None:
     segments_before = set(own_segments())
     tasks_before = asyncio.all_tasks()
-    app, channel = await start(tiny_model_dir, MediaPolicy(), max_batch_size=4,
-                               max_batch_wait_ms=20, transfer_kind="shm")  # fmt: skip
+    app, channel = await start(
+        tiny_model_dir, MediaPolicy(), max_batch_size=4, max_batch_wait_ms=20, transfer_kind="shm"
+    )
     stub = pb_grpc.EncodeServiceStub(channel)
     consumer = DataPlane(app.plane.host_id)
     images = [png(10 + i) for i in range(6)]

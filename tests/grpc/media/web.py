@@ -28,8 +28,14 @@ async def image_server(body: bytes, *, slow_s: float = 5.0) -> AsyncIterator[str
         raise web.HTTPFound(request.query["to"])
 
     app = web.Application()
-    app.add_routes([web.get("/image.png", image), web.get("/slow", slow), web.get("/huge", huge),
-                    web.get("/redirect", redirect)])  # fmt: skip
+    app.add_routes(
+        [
+            web.get("/image.png", image),
+            web.get("/slow", slow),
+            web.get("/huge", huge),
+            web.get("/redirect", redirect),
+        ]
+    )
     runner = web.AppRunner(app, shutdown_timeout=0.1)  # NOTE: ends /slow calls still sleeping
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -27,8 +27,11 @@ async def test_engine_busy_reaches_grpc_clients(tmp_path: Path) -> None:
 
     def request(request_id: str) -> prefill_pb.PrefillDecodeRequest:
         return prefill_pb.PrefillDecodeRequest(
-            request_id=request_id, model="tiny", sampling=sampling,
-            prompt=generation_pb2.Prompt(token_ids=PROMPT))  # fmt: skip
+            request_id=request_id,
+            model="tiny",
+            sampling=sampling,
+            prompt=generation_pb2.Prompt(token_ids=PROMPT),
+        )
 
     try:
         async with create_channel(f"127.0.0.1:{app.port}") as channel:

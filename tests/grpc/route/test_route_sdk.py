@@ -43,8 +43,14 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-    worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h",  # type: ignore[arg-type]
-                         grids=ImageGridder(tiny_model_dir))  # fmt: skip
+    worker = RouteWorker(
+        peers,
+        prompts,
+        loader,
+        model_id="tiny",
+        host_id="h",  # type: ignore[arg-type]
+        grids=ImageGridder(tiny_model_dir),
+    )
     binding = ServiceBinding(
         SERVICE_NAME,
         RouteServicer(worker),
@@ -59,8 +65,12 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
 async def test_async_stream_delivers_text_tokens_and_usage(route) -> None:
     endpoint, peers, prompts = route
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
-        chunks = [c async for c in client.stream([user("what?", images=[png(), png(30, 90)])],
-                                                 max_tokens=5, request_id="r1")]  # fmt: skip
+        chunks = [
+            c
+            async for c in client.stream(
+                [user("what?", images=[png(), png(30, 90)])], max_tokens=5, request_id="r1"
+            )
+        ]
     assert "".join(c.text for c in chunks) == "a red square"
     assert chunks[-1].finish_reason == "length" and chunks[-1].request_id == "r1"
     (prefill,) = peers.engines["pd0"].calls
@@ -114,7 +124,8 @@ async def test_images_left_unplaced_are_encoded_before_the_prompt_is_sent(route)
     peers.scheduler.AssignEncoders = place_only_the_first  # type: ignore[method-assign]
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         answer = await asyncio.wait_for(
-            client.generate([user("hi", images=[png(), png(30, 90)])]), 10)  # fmt: skip
+            client.generate([user("hi", images=[png(), png(30, 90)])]), 10
+        )
     assert answer.text == "a red square"
     (prefill,) = peers.engines["pd0"].calls
     assert [image.WhichOneof("source") for image in prefill[1].prompt.images] == [

@@ -19,10 +19,22 @@ from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
 
-def info(worker_id: str, role: int = pb.WORKER_ROLE_ENCODE, port: int = 7000,
-         device: str = "cpu", **fields: object) -> pb.WorkerInfo:  # fmt: skip
-    return pb.WorkerInfo(id=worker_id, role=role, endpoint=f"127.0.0.1:{port}", device=device,
-                         weight=fields.pop("weight", 1.0), model="m", **fields)  # type: ignore[arg-type]
+def info(
+    worker_id: str,
+    role: int = pb.WORKER_ROLE_ENCODE,
+    port: int = 7000,
+    device: str = "cpu",
+    **fields: object,
+) -> pb.WorkerInfo:
+    return pb.WorkerInfo(
+        id=worker_id,
+        role=role,
+        endpoint=f"127.0.0.1:{port}",
+        device=device,
+        weight=fields.pop("weight", 1.0),
+        model="m",
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -50,26 +62,38 @@ async def test_register_heartbeat_list_deregister(scheduler) -> None:
     stub, _ = scheduler
     reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info("e1")))
     assert reply.ttl_ms == 30_000
-    await stub.Heartbeat(pb.HeartbeatRequest(
-        lease_id=reply.lease_id, load=pb.WorkerLoad(queue_depth=3, item_latency_ms=12.5)))
+    await stub.Heartbeat(
+        pb.HeartbeatRequest(
+            lease_id=reply.lease_id, load=pb.WorkerLoad(queue_depth=3, item_latency_ms=12.5)
+        )
+    )
     listing = await stub.ListWorkers(pb.ListWorkersRequest(role=pb.WORKER_ROLE_ENCODE))
     (status,) = listing.workers
     assert status.info.id == "e1" and status.load.queue_depth == 3
     assert status.state == pb.WORKER_STATE_LIVE
     await stub.Deregister(pb.DeregisterRequest(lease_id=reply.lease_id))
     assert not (await stub.ListWorkers(pb.ListWorkersRequest())).workers
-    await fails_with(stub.Heartbeat(pb.HeartbeatRequest(lease_id=reply.lease_id)),
-                     grpc.StatusCode.NOT_FOUND, "LEASE_NOT_FOUND")
+    await fails_with(
+        stub.Heartbeat(pb.HeartbeatRequest(lease_id=reply.lease_id)),
+        grpc.StatusCode.NOT_FOUND,
+        "LEASE_NOT_FOUND",
+    )
 
 
-@pytest.mark.parametrize("worker, code, reason", [
-    (info("", port=7001), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WORKER_ID"),
-    (info("w", weight=0.0), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WEIGHT"),
-    (info("w", weight=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WEIGHT"),
-    (info("w", role=pb.WORKER_ROLE_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ROLE"),
-    (pb.WorkerInfo(id="w", role=1, endpoint="nowhere", model="m", weight=1),
-     grpc.StatusCode.INVALID_ARGUMENT, "BAD_ENDPOINT"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "worker, code, reason",
+    [
+        (info("", port=7001), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WORKER_ID"),
+        (info("w", weight=0.0), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WEIGHT"),
+        (info("w", weight=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "BAD_WEIGHT"),
+        (info("w", role=pb.WORKER_ROLE_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ROLE"),
+        (
+            pb.WorkerInfo(id="w", role=1, endpoint="nowhere", model="m", weight=1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "BAD_ENDPOINT",
+        ),
+    ],
+)
 async def test_bad_registrations(scheduler, worker, code, reason) -> None:
     stub, _ = scheduler
     await fails_with(stub.RegisterWorker(pb.RegisterWorkerRequest(worker=worker)), code, reason)
@@ -78,16 +102,22 @@ async def test_bad_registrations(scheduler, worker, code, reason) -> None:
 async def test_duplicate_live_id_is_already_exists(scheduler) -> None:
     stub, _ = scheduler
     await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info("e1", port=7001)))
-    await fails_with(stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info("e1", port=7002))),
-                     grpc.StatusCode.ALREADY_EXISTS, "DUPLICATE_WORKER_ID")
+    await fails_with(
+        stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info("e1", port=7002))),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "DUPLICATE_WORKER_ID",
+    )
 
 
 async def test_assign_without_encoders_is_unavailable(scheduler) -> None:
     stub, _ = scheduler
     request = pb.AssignEncodersRequest(items=[pb.EncodeItem(mm_hash="a")])
     await fails_with(stub.AssignEncoders(request), grpc.StatusCode.UNAVAILABLE, "NO_ENCODER")
-    await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest()),
-                     grpc.StatusCode.INVALID_ARGUMENT, "NO_ITEMS")
+    await fails_with(
+        stub.AssignEncoders(pb.AssignEncodersRequest()),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "NO_ITEMS",
+    )
 
 
 async def test_bad_requests_name_what_is_wrong(scheduler) -> None:
@@ -97,14 +127,24 @@ async def test_bad_requests_name_what_is_wrong(scheduler) -> None:
         worker.model = model
         await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=worker))
     items = [pb.EncodeItem(mm_hash="x")]
-    await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest(items=items)),
-                     grpc.StatusCode.INVALID_ARGUMENT, "MODEL_REQUIRED")
-    await fails_with(stub.AssignEncoders(pb.AssignEncodersRequest(
-        model="m", items=items, policy=99)), grpc.StatusCode.INVALID_ARGUMENT, "BAD_POLICY")  # type: ignore[arg-type]
-    await fails_with(stub.ChoosePrefill(pb.ChoosePrefillRequest(model="m", roles=[42])),  # type: ignore[list-item]
-                     grpc.StatusCode.INVALID_ARGUMENT, "BAD_ROLE")
-    await fails_with(stub.Heartbeat(pb.HeartbeatRequest()),
-                     grpc.StatusCode.NOT_FOUND, "LEASE_NOT_FOUND")
+    await fails_with(
+        stub.AssignEncoders(pb.AssignEncodersRequest(items=items)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MODEL_REQUIRED",
+    )
+    await fails_with(
+        stub.AssignEncoders(pb.AssignEncodersRequest(model="m", items=items, policy=99)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "BAD_POLICY",
+    )  # type: ignore[arg-type]
+    await fails_with(
+        stub.ChoosePrefill(pb.ChoosePrefillRequest(model="m", roles=[42])),  # type: ignore[list-item]
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "BAD_ROLE",
+    )
+    await fails_with(
+        stub.Heartbeat(pb.HeartbeatRequest()), grpc.StatusCode.NOT_FOUND, "LEASE_NOT_FOUND"
+    )
     await stub.CompleteEncoding(pb.CompleteEncodingRequest(assignment_id="unknown"))
     await stub.Deregister(pb.DeregisterRequest(lease_id="unknown"))
 
@@ -113,11 +153,15 @@ async def test_deregistered_encoder_drains_then_leaves(scheduler) -> None:
     stub, _ = scheduler
     leases = {}
     for worker_id, port in (("a", 7001), ("b", 7002)):
-        reply = await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info(worker_id,
-                                                                               port=port)))
+        reply = await stub.RegisterWorker(
+            pb.RegisterWorkerRequest(worker=info(worker_id, port=port))
+        )
         leases[worker_id] = reply.lease_id
-    assigned = await stub.AssignEncoders(pb.AssignEncodersRequest(
-        items=[pb.EncodeItem(mm_hash="x")], policy=pb.ENCODER_POLICY_PER_IMAGE))
+    assigned = await stub.AssignEncoders(
+        pb.AssignEncodersRequest(
+            items=[pb.EncodeItem(mm_hash="x")], policy=pb.ENCODER_POLICY_PER_IMAGE
+        )
+    )
     busy = assigned.assignments[0].worker_id
     await stub.Deregister(pb.DeregisterRequest(lease_id=leases[busy]))
     states = {w.info.id: w.state for w in (await stub.ListWorkers(pb.ListWorkersRequest())).workers}
@@ -133,16 +177,25 @@ async def test_concurrent_assignments_follow_the_policy(scheduler) -> None:
     stub, _ = scheduler
     for worker_id, port in (("a", 7001), ("b", 7002)):
         await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info(worker_id, port=port)))
-    request = pb.AssignEncodersRequest(items=[pb.EncodeItem(mm_hash="x"), pb.EncodeItem()],
-                                       policy=pb.ENCODER_POLICY_PER_IMAGE)  # fmt: skip
+    request = pb.AssignEncodersRequest(
+        items=[pb.EncodeItem(mm_hash="x"), pb.EncodeItem()], policy=pb.ENCODER_POLICY_PER_IMAGE
+    )
     replies = await asyncio.gather(*(stub.AssignEncoders(request) for _ in range(50)))
     chosen = [a.worker_id for reply in replies for a in reply.assignments]
     assert chosen.count("a") == chosen.count("b") == 50
     assert all(r.policy == pb.ENCODER_POLICY_PER_IMAGE for r in replies)
     assert replies[0].assignments[0].endpoint in ("127.0.0.1:7001", "127.0.0.1:7002")
-    await asyncio.gather(*(stub.CompleteEncoding(pb.CompleteEncodingRequest(
-        assignment_id=r.assignment_id, outcomes=[pb.ItemOutcome(item_index=0, latency_ms=5)]))
-        for r in replies))  # fmt: skip
+    await asyncio.gather(
+        *(
+            stub.CompleteEncoding(
+                pb.CompleteEncodingRequest(
+                    assignment_id=r.assignment_id,
+                    outcomes=[pb.ItemOutcome(item_index=0, latency_ms=5)],
+                )
+            )
+            for r in replies
+        )
+    )
     listing = await stub.ListWorkers(pb.ListWorkersRequest())
     assert [w.num_assigned_in_flight for w in listing.workers] == [0, 0]
 
@@ -150,16 +203,21 @@ async def test_concurrent_assignments_follow_the_policy(scheduler) -> None:
 async def test_choose_prefill_routes_shared_prefixes_together(scheduler) -> None:
     stub, _ = scheduler
     for worker_id, port in (("p1", 7101), ("p2", 7102)):
-        await stub.RegisterWorker(pb.RegisterWorkerRequest(
-            worker=info(worker_id, role=pb.WORKER_ROLE_PREFILL_DECODE, port=port)))
+        await stub.RegisterWorker(
+            pb.RegisterWorkerRequest(
+                worker=info(worker_id, role=pb.WORKER_ROLE_PREFILL_DECODE, port=port)
+            )
+        )
     first = await stub.ChoosePrefill(pb.ChoosePrefillRequest(block_hashes=[1, 2, 3]))
     again = await stub.ChoosePrefill(pb.ChoosePrefillRequest(block_hashes=[1, 2, 3, 4]))
     assert again.worker.id == first.worker.id and again.num_cached_blocks == 3
-    other = await stub.ChoosePrefill(pb.ChoosePrefillRequest(
-        block_hashes=[1, 2], exclude_worker_ids=[first.worker.id]))
+    other = await stub.ChoosePrefill(
+        pb.ChoosePrefillRequest(block_hashes=[1, 2], exclude_worker_ids=[first.worker.id])
+    )
     assert other.worker.id != first.worker.id
-    await fails_with(stub.ChooseDecode(pb.ChooseDecodeRequest()),
-                     grpc.StatusCode.UNAVAILABLE, "NO_DECODE_WORKER")
+    await fails_with(
+        stub.ChooseDecode(pb.ChooseDecodeRequest()), grpc.StatusCode.UNAVAILABLE, "NO_DECODE_WORKER"
+    )
 
 
 async def wait_until(predicate, timeout_s: float = 5.0) -> None:
@@ -178,22 +236,19 @@ async def test_registration_survives_a_scheduler_restart() -> None:
 
     async def listed() -> bool:
         async with create_channel(endpoint) as channel:
-            reply = await pb_grpc.SchedulerServiceStub(channel).ListWorkers(
-                pb.ListWorkersRequest())
+            reply = await pb_grpc.SchedulerServiceStub(channel).ListWorkers(pb.ListWorkersRequest())
             return [w.load.queue_depth for w in reply.workers] == [2]
 
     await wait_until(listed)
     await server.drain_and_stop(0)
-    server, _ = await build_scheduler_server(ServerOptions(port=port),
-                                             SchedulerConfig(ttl_s=30))  # fmt: skip
+    server, _ = await build_scheduler_server(ServerOptions(port=port), SchedulerConfig(ttl_s=30))
     await wait_until(listed)
     assert registration.num_registrations == 2
     await registration.stop()
 
     async def empty() -> bool:
         async with create_channel(endpoint) as channel:
-            reply = await pb_grpc.SchedulerServiceStub(channel).ListWorkers(
-                pb.ListWorkersRequest())
+            reply = await pb_grpc.SchedulerServiceStub(channel).ListWorkers(pb.ListWorkersRequest())
             return not reply.workers
 
     await wait_until(empty)
@@ -203,8 +258,9 @@ async def test_registration_survives_a_scheduler_restart() -> None:
 async def test_registration_waits_for_an_absent_scheduler() -> None:
     server, port = await build_scheduler_server()
     await server.drain_and_stop(0)
-    registration = WorkerRegistration(f"127.0.0.1:{port}", info("enc"), pb.WorkerLoad,
-                                      interval_s=0.05, retry_max_s=0.1)  # fmt: skip
+    registration = WorkerRegistration(
+        f"127.0.0.1:{port}", info("enc"), pb.WorkerLoad, interval_s=0.05, retry_max_s=0.1
+    )
     await registration.start()
     await asyncio.sleep(0.3)
     assert not registration.is_registered

@@ -20,8 +20,9 @@ TTL_S = 1.0  # NOTE: generous: the suite shares two busy cores
 
 
 def info(port: int = 7000) -> pb.WorkerInfo:
-    return pb.WorkerInfo(id="enc", role=pb.WORKER_ROLE_ENCODE, endpoint=f"127.0.0.1:{port}",
-                         weight=1.0, model="m")  # fmt: skip
+    return pb.WorkerInfo(
+        id="enc", role=pb.WORKER_ROLE_ENCODE, endpoint=f"127.0.0.1:{port}", weight=1.0, model="m"
+    )
 
 
 @pytest.fixture
@@ -69,8 +70,7 @@ async def test_a_failing_load_function_does_not_stop_heartbeats(endpoint: str) -
             raise RuntimeError("load probe broke")
         return pb.WorkerLoad(queue_depth=7)
 
-    registration = WorkerRegistration(endpoint, info(), load, interval_s=0.05,
-                                      retry_initial_s=0.01)  # fmt: skip
+    registration = WorkerRegistration(endpoint, info(), load, interval_s=0.05, retry_initial_s=0.01)
 
     async def reports_load() -> bool:
         return [w.load.queue_depth for w in await list_workers(endpoint)] == [7]
@@ -84,9 +84,11 @@ async def test_a_failing_load_function_does_not_stop_heartbeats(endpoint: str) -
 async def test_waits_until_a_predecessor_at_another_endpoint_expires(endpoint: str) -> None:
     async with create_channel(endpoint) as channel:
         await pb_grpc.SchedulerServiceStub(channel).RegisterWorker(
-            pb.RegisterWorkerRequest(worker=info(7001)))  # then goes silent
-    registration = WorkerRegistration(endpoint, info(7002), pb.WorkerLoad, interval_s=0.05,
-                                      retry_initial_s=0.05, retry_max_s=0.1)  # fmt: skip
+            pb.RegisterWorkerRequest(worker=info(7001))
+        )  # then goes silent
+    registration = WorkerRegistration(
+        endpoint, info(7002), pb.WorkerLoad, interval_s=0.05, retry_initial_s=0.05, retry_max_s=0.1
+    )
     await registration.start()
     await asyncio.sleep(0.1)
     assert not registration.is_registered  # ALREADY_EXISTS while the old lease runs

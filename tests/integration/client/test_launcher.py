@@ -20,9 +20,11 @@ from epd.server.transfer import shm
 
 def test_stop_ends_every_process_of_a_child_group(tmp_path: Path) -> None:
     deployment = Deployment(tmp_path, {})
-    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-              "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "time.sleep(60)']); time.sleep(60)")  # fmt: skip
+    script = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "time.sleep(60)']); time.sleep(60)"
+    )
     process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     from epd.client.launcher import Child, _group_alive
 

@@ -38,12 +38,19 @@ asyncio.run(main())
 
 def test_rpcs_are_traced_only_when_spans_go_somewhere(tmp_path: Path) -> None:
     path = tmp_path / "spans.jsonl"
-    result = subprocess.run([sys.executable, "-c", _TRACED_ONLY_AFTER_EXPORT, str(path)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", _TRACED_ONLY_AFTER_EXPORT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[False, False, True]"
-    kinds = sorted(json.loads(line)["kind"] for line in path.read_text().splitlines()
-                   if json.loads(line)["name"] == "/epd.v1.EncodeService/Release")  # fmt: skip
+    kinds = sorted(
+        json.loads(line)["kind"]
+        for line in path.read_text().splitlines()
+        if json.loads(line)["name"] == "/epd.v1.EncodeService/Release"
+    )
     assert kinds == ["SpanKind.CLIENT", "SpanKind.SERVER"]
 
 
@@ -57,8 +64,9 @@ def test_configure_logging_writes_one_line_per_record_with_traceback() -> None:
         "try:\n    raise KeyError('boom')\n"
         "except KeyError:\n    logging.getLogger('epd.demo').exception('failed\\nbadly')\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            check=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert " ERROR epd.demo trace=- span=- failed\\nbadly\\nTraceback" in lines[0]

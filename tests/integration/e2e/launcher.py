@@ -37,16 +37,34 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(model_dir: Path, work_dir: Path, *args: str,
-                  timeout_s: float = 480) -> Iterator[Stack]:  # fmt: skip
+def running_stack(
+    model_dir: Path, work_dir: Path, *args: str, timeout_s: float = 480
+) -> Iterator[Stack]:
     """``epd up --keep --no-demo ARGS`` until it is ready; SIGTERM and wait on exit."""
     endpoints_file = work_dir / "endpoints.json"
     log = open(work_dir / "launcher.log", "wb")  # noqa: SIM115 - closed below
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "epd", "up", "--model", str(model_dir), "--model-id", "tiny",
-         "--keep", "--no-demo", "--endpoints-file", str(endpoints_file),
-         "--run-dir", str(work_dir / "run"), *args],
-        cwd=work_dir, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epd",
+            "up",
+            "--model",
+            str(model_dir),
+            "--model-id",
+            "tiny",
+            "--keep",
+            "--no-demo",
+            "--endpoints-file",
+            str(endpoints_file),
+            "--run-dir",
+            str(work_dir / "run"),
+            *args,
+        ],
+        cwd=work_dir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + timeout_s
         while not endpoints_file.exists():

@@ -27,21 +27,44 @@ QUESTION = "What is in this picture?"
 def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Path) -> None:
     before = set(shm.orphans())
     result = subprocess.run(
-        [sys.executable, "-m", "epd", "up", "--model", str(tiny_model_dir), "--model-id", "tiny",
-         "--max-tokens", "8", "--question", "What is in this picture?", "--encoders", "2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=400)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epd",
+            "up",
+            "--model",
+            str(tiny_model_dir),
+            "--model-id",
+            "tiny",
+            "--max-tokens",
+            "8",
+            "--question",
+            "What is in this picture?",
+            "--encoders",
+            "2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
     assert match, result.stdout
     tokens = ast.literal_eval(match.group(1))
-    messages = [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": "What is in this picture?"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}],
+        }
+    ]
     expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
     assert tokens == expected.token_ids
     for service in ("epd-route", "epd-scheduler", "epd-encode", "epd-prefill"):
         assert service in result.stdout
-    leftovers = subprocess.run(["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "],
-                               capture_output=True, text=True)  # fmt: skip
+    leftovers = subprocess.run(
+        ["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "], capture_output=True, text=True
+    )
     assert leftovers.stdout.strip() == ""
     assert set(shm.orphans()) <= before, "processes of epd up left shared memory behind"
     for worker in ("prefill", "decode"):
@@ -61,16 +84,36 @@ def test_epd_up_serves_each_family_with_the_reference_tokens(
     model_dir = tmp_path / "model"
     built = subprocess.run(
         [sys.executable, "-m", "epd", "model", "tiny", "--family", family, "--out", str(model_dir)],
-        capture_output=True, text=True, timeout=300)  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     result = subprocess.run(
-        [sys.executable, "-m", "epd", "up", "--model", str(model_dir), "--model-id", "tiny",
-         "--max-tokens", "8", "--question", QUESTION],
-        cwd=tmp_path, capture_output=True, text=True, timeout=400)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epd",
+            "up",
+            "--model",
+            str(model_dir),
+            "--model-id",
+            "tiny",
+            "--max-tokens",
+            "8",
+            "--question",
+            QUESTION,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
     assert match, result.stdout
-    messages = [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": QUESTION}]}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
+    ]
     expected = ReferenceEngine(model_dir).generate(messages, [demo_image()], max_tokens=8)
     assert ast.literal_eval(match.group(1)) == expected.token_ids

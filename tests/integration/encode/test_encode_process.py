@@ -18,14 +18,30 @@ from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "encode.sh"
-ENV = {"EPD_VENV": str(Path(sys.executable).parents[1]), "PATH": "/usr/bin:/bin",
-       "HF_HUB_OFFLINE": "1"}  # fmt: skip
+ENV = {
+    "EPD_VENV": str(Path(sys.executable).parents[1]),
+    "PATH": "/usr/bin:/bin",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def test_encode_process_serves_and_drains(tiny_model_dir: Path) -> None:
-    process = subprocess.Popen(["bash", str(SCRIPT), "--model", str(tiny_model_dir), "--port", "0",
-                                "--transfer", "inline"], text=True, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            "bash",
+            str(SCRIPT),
+            "--model",
+            str(tiny_model_dir),
+            "--port",
+            "0",
+            "--transfer",
+            "inline",
+        ],
+        text=True,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     with process:  # NOTE: closes its pipes
         try:
             assert process.stdout is not None
@@ -47,7 +63,12 @@ def test_encode_process_serves_and_drains(tiny_model_dir: Path) -> None:
 
 
 def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", str(SCRIPT), "--model", str(tmp_path)], text=True,
-                            capture_output=True, env=ENV, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--model", str(tmp_path)],
+        text=True,
+        capture_output=True,
+        env=ENV,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "not a model directory" in result.stderr and "Traceback" not in result.stderr

@@ -23,7 +23,8 @@ async def engines(tiny_model_dir):
 
     producer, consumer = await asyncio.gather(
         VllmEngine.start(tiny_model_dir, model_id="tiny", options=options("kv_producer")),
-        VllmEngine.start(tiny_model_dir, model_id="tiny", options=options("kv_consumer")))
+        VllmEngine.start(tiny_model_dir, model_id="tiny", options=options("kv_consumer")),
+    )
     yield producer, consumer
     await asyncio.gather(producer.close(), consumer.close())
 

@@ -24,17 +24,21 @@ def prompt_tokens(oracle, num_images: int, text: str) -> list[int]:
     return list(reference.processor.tokenizer(rendered)["input_ids"])
 
 
-def embedded_prompt(oracle, producer: DataPlane, images: list[Image.Image],
-                    text: str) -> generation_pb2.Prompt:  # fmt: skip
+def embedded_prompt(
+    oracle, producer: DataPlane, images: list[Image.Image], text: str
+) -> generation_pb2.Prompt:
     """A Prompt whose images are the encoder's embeddings, put in ``producer``'s data plane."""
     _, encoder = oracle
     inputs = []
     for i, image in enumerate(images):
         embeddings, grid = encoder.encode([image])[0]
-        inputs.append(multimodal_pb2.ImageInput(
-            mm_hash=f"{text}-{i}-{image.size}", grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1],
-                                                                              w=grid[2]),
-            embeddings=producer.put(embeddings, producer.host_id)))  # fmt: skip
+        inputs.append(
+            multimodal_pb2.ImageInput(
+                mm_hash=f"{text}-{i}-{image.size}",
+                grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1], w=grid[2]),
+                embeddings=producer.put(embeddings, producer.host_id),
+            )
+        )
     return generation_pb2.Prompt(token_ids=prompt_tokens(oracle, len(images), text), images=inputs)
 
 
@@ -48,8 +52,9 @@ def media_prompt(oracle, images: list[Image.Image], text: str) -> generation_pb2
 
 def expected_tokens(oracle, images: list[Image.Image], text: str, num_tokens: int) -> list[int]:
     reference, _ = oracle
-    return reference.generate(chat(len(images), text), images, max_tokens=num_tokens,
-                              ignore_eos=True).token_ids  # fmt: skip
+    return reference.generate(
+        chat(len(images), text), images, max_tokens=num_tokens, ignore_eos=True
+    ).token_ids
 
 
 def release(producer: DataPlane, prompt: generation_pb2.Prompt) -> None:

@@ -73,7 +73,7 @@ def held_paths(pids: list[int], folders: tuple[str, ...]) -> set[str]:
     for path in held:
         for folder in folders:
             if path.startswith(f"{folder}/"):
-                entries_held.add(os.path.join(folder, path[len(folder) + 1:].split("/")[0]))
+                entries_held.add(os.path.join(folder, path[len(folder) + 1 :].split("/")[0]))
     return entries_held
 
 

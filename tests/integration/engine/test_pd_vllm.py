@@ -31,35 +31,60 @@ GREEDY = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
 @pytest.fixture(scope="module")
 async def stubs(tiny_model_dir, engines):
     stubs = Stubs(engines)
-    stubs.prefill = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer),
-        prefill_grpc.PrefillServiceStub)  # fmt: skip
-    stubs.aggregated = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir), stubs.producer), prefill_grpc.PrefillServiceStub)
-    stubs.encode_prefill = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
-        stubs.producer), prefill_grpc.PrefillServiceStub)  # fmt: skip
-    stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), stubs.consumer),
-                                     decode_grpc.DecodeServiceStub)  # fmt: skip
+    stubs.prefill = await stubs.serve(
+        await build_prefill_server(
+            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer
+        ),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.aggregated = await stubs.serve(
+        await build_prefill_server(PrefillConfig(tiny_model_dir), stubs.producer),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.encode_prefill = await stubs.serve(
+        await build_prefill_server(
+            PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
+            stubs.producer,
+        ),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.decode = await stubs.serve(
+        await build_decode_server(DecodeConfig(), stubs.consumer), decode_grpc.DecodeServiceStub
+    )
     stubs.plane = DataPlane(stubs.apps[0].worker.plane.host_id)
     yield stubs
     await stubs.close()
     stubs.plane.close()
 
 
-async def prefill_then_decode(stubs, prefill_stub, request_id: str, prompt,
-                              sampling=GREEDY) -> tuple[list[int], list]:  # fmt: skip
-    first = await prefill_stub.Prefill(prefill_pb.PrefillRequest(
-        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling))
-    responses = [r async for r in stubs.decode.Decode(decode_pb.DecodeRequest(
-        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling,
-        first_token_id=first.first_token_id, kv_handle=first.kv_handle))]  # fmt: skip
+async def prefill_then_decode(
+    stubs, prefill_stub, request_id: str, prompt, sampling=GREEDY
+) -> tuple[list[int], list]:
+    first = await prefill_stub.Prefill(
+        prefill_pb.PrefillRequest(
+            request_id=request_id, model="tiny", prompt=prompt, sampling=sampling
+        )
+    )
+    responses = [
+        r
+        async for r in stubs.decode.Decode(
+            decode_pb.DecodeRequest(
+                request_id=request_id,
+                model="tiny",
+                prompt=prompt,
+                sampling=sampling,
+                first_token_id=first.first_token_id,
+                kv_handle=first.kv_handle,
+            )
+        )
+    ]
     return [first.first_token_id] + [t for r in responses for t in r.token_ids], responses
 
 
 async def aggregated(stub, request_id: str, prompt, sampling=GREEDY) -> list[int]:
-    request = prefill_pb.PrefillDecodeRequest(request_id=request_id, model="tiny", prompt=prompt,
-                                              sampling=sampling)  # fmt: skip
+    request = prefill_pb.PrefillDecodeRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling
+    )
     return [t async for r in stub.PrefillDecode(request) for t in r.token_ids]
 
 
@@ -85,8 +110,12 @@ async def test_every_topology_gives_the_reference_tokens(stubs, oracle) -> None:
 async def test_concurrent_pd_requests_each_get_their_own_answer(stubs, oracle) -> None:
     cases = [([picture(10 + i, 56 + 8 * i, 56)], f"what is shown {i}?") for i in range(3)]
     prompts = [embedded_prompt(oracle, stubs.plane, images, text) for images, text in cases]
-    results = await asyncio.gather(*(prefill_then_decode(stubs, stubs.prefill, f"c{i}", prompt)
-                                     for i, prompt in enumerate(prompts)))  # fmt: skip
+    results = await asyncio.gather(
+        *(
+            prefill_then_decode(stubs, stubs.prefill, f"c{i}", prompt)
+            for i, prompt in enumerate(prompts)
+        )
+    )
     for (images, text), (tokens, _), prompt in zip(cases, results, prompts, strict=True):
         assert tokens == expected_tokens(oracle, images, text, NUM_TOKENS)
         release(stubs.plane, prompt)
@@ -94,8 +123,9 @@ async def test_concurrent_pd_requests_each_get_their_own_answer(stubs, oracle) -
 
 async def test_seeded_sampling_matches_the_aggregated_engine(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(20, 64, 64)], "tell a story")
-    sampling = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True,
-                                             temperature=1.0, seed=1234)  # fmt: skip
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=NUM_TOKENS, ignore_eos=True, temperature=1.0, seed=1234
+    )
     pd, _ = await prefill_then_decode(stubs, stubs.prefill, "s-pd", prompt, sampling)
     assert pd == await aggregated(stubs.aggregated, "s-agg", prompt, sampling)
     release(stubs.plane, prompt)
@@ -104,15 +134,17 @@ async def test_seeded_sampling_matches_the_aggregated_engine(stubs, oracle) -> N
 async def test_finish_reasons_at_the_first_token_and_mid_stream(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(21, 56, 56)], "count")
     one = generation_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
-    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="f1", prompt=prompt,
-                                                                  sampling=one))  # fmt: skip
+    first = await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(request_id="f1", prompt=prompt, sampling=one)
+    )
     assert first.finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert not first.HasField("kv_handle") or not first.kv_handle.params.fields
     assert first.usage.completion_tokens == 1
 
     tokens, _ = await prefill_then_decode(stubs, stubs.prefill, "f2", prompt)
-    stop = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, stop_token_ids=[tokens[3]],
-                                         ignore_eos=True)  # fmt: skip
+    stop = generation_pb2.SamplingParams(
+        max_tokens=NUM_TOKENS, stop_token_ids=[tokens[3]], ignore_eos=True
+    )
     stopped, responses = await prefill_then_decode(stubs, stubs.prefill, "f3", prompt, stop)
     assert stopped == tokens[: tokens.index(tokens[3]) + 1]
     assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_STOP
@@ -122,11 +154,18 @@ async def test_finish_reasons_at_the_first_token_and_mid_stream(stubs, oracle) -
 async def test_decode_cancellation_aborts_the_engine_request(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(22, 56, 56)], "go on")
     sampling = generation_pb2.SamplingParams(max_tokens=1500, ignore_eos=True)
-    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="x", prompt=prompt,
-                                                                  sampling=sampling))  # fmt: skip
-    call = stubs.decode.Decode(decode_pb.DecodeRequest(
-        request_id="x", prompt=prompt, sampling=sampling, first_token_id=first.first_token_id,
-        kv_handle=first.kv_handle))  # fmt: skip
+    first = await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(request_id="x", prompt=prompt, sampling=sampling)
+    )
+    call = stubs.decode.Decode(
+        decode_pb.DecodeRequest(
+            request_id="x",
+            prompt=prompt,
+            sampling=sampling,
+            first_token_id=first.first_token_id,
+            kv_handle=first.kv_handle,
+        )
+    )
     await call.read()
     assert stubs.consumer.load().num_running + stubs.consumer.load().num_waiting == 1
     call.cancel()
@@ -151,20 +190,27 @@ async def expect_error(call, code: grpc.StatusCode, reason: str) -> None:
 
 async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(23, 56, 56)], "bad")
-    first = await stubs.prefill.Prefill(prefill_pb.PrefillRequest(request_id="b", prompt=prompt,
-                                                                  sampling=GREEDY))  # fmt: skip
+    first = await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(request_id="b", prompt=prompt, sampling=GREEDY)
+    )
     invalid, precondition = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
 
     def decode(**changes):
-        request = decode_pb.DecodeRequest(request_id="b", model="tiny", prompt=prompt,
-                                          sampling=GREEDY, first_token_id=first.first_token_id,
-                                          kv_handle=first.kv_handle)  # fmt: skip
+        request = decode_pb.DecodeRequest(
+            request_id="b",
+            model="tiny",
+            prompt=prompt,
+            sampling=GREEDY,
+            first_token_id=first.first_token_id,
+            kv_handle=first.kv_handle,
+        )
         for name, value in changes.items():
             if value is None:
                 request.ClearField(name)
             else:
-                getattr(request, name).CopyFrom(value) if hasattr(value, "DESCRIPTOR") \
-                    else setattr(request, name, value)
+                getattr(request, name).CopyFrom(value) if hasattr(value, "DESCRIPTOR") else setattr(
+                    request, name, value
+                )
         return lambda: stubs.decode.Decode(request)
 
     await expect_error(decode(kv_handle=None), invalid, "MISSING_KV_HANDLE")
@@ -176,8 +222,9 @@ async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
     await expect_error(decode(prompt=text_only), invalid, "IMAGE_COUNT_MISMATCH")
 
     aggregated_only = prefill_pb.PrefillRequest(request_id="b2", prompt=prompt)
-    await expect_error(lambda: stubs.aggregated.Prefill(aggregated_only), precondition,
-                       "WRONG_MODE")  # fmt: skip
+    await expect_error(
+        lambda: stubs.aggregated.Prefill(aggregated_only), precondition, "WRONG_MODE"
+    )
     whole = prefill_pb.PrefillDecodeRequest(request_id="b3", prompt=prompt)
     await expect_error(lambda: stubs.prefill.PrefillDecode(whole), precondition, "WRONG_MODE")
     release(stubs.plane, prompt)

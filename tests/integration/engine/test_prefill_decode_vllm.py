@@ -37,7 +37,11 @@ async def stack(tiny_model_dir, engines):
 
 
 def build_request(
-    oracle, producer: DataPlane, images: list[Image.Image], text: str, request_id: str,
+    oracle,
+    producer: DataPlane,
+    images: list[Image.Image],
+    text: str,
+    request_id: str,
     **sampling,
 ) -> tuple[pb.PrefillDecodeRequest, list[int]]:
     reference, encoder = oracle
@@ -46,13 +50,20 @@ def build_request(
     inputs = []
     for i, (embeddings, grid) in enumerate(encoder.encode([image])[0] for image in images):
         ref = producer.put(embeddings, producer.host_id)
-        inputs.append(multimodal_pb2.ImageInput(
-            mm_hash=f"h{i}", grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1], w=grid[2]),
-            embeddings=ref))  # fmt: skip
+        inputs.append(
+            multimodal_pb2.ImageInput(
+                mm_hash=f"h{i}",
+                grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1], w=grid[2]),
+                embeddings=ref,
+            )
+        )
     params = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, **sampling)
-    request = pb.PrefillDecodeRequest(request_id=request_id, model="tiny", sampling=params,
-                                      prompt=generation_pb2.Prompt(token_ids=token_ids,
-                                                                   images=inputs))  # fmt: skip
+    request = pb.PrefillDecodeRequest(
+        request_id=request_id,
+        model="tiny",
+        sampling=params,
+        prompt=generation_pb2.Prompt(token_ids=token_ids, images=inputs),
+    )
     expected = reference.generate(messages, images, max_tokens=NUM_TOKENS, ignore_eos=True)
     return request, expected.token_ids
 
@@ -76,8 +87,12 @@ async def test_epd_tokens_equal_the_transformers_reference(stack, oracle) -> Non
 
 async def test_concurrent_requests_each_get_their_own_answer(stack, oracle) -> None:
     stub, producer, _ = stack
-    cases = [build_request(oracle, producer, [picture(10 + i, 56 + 8 * i, 56)],
-                           f"what is shown {i}?", f"c{i}") for i in range(3)]  # fmt: skip
+    cases = [
+        build_request(
+            oracle, producer, [picture(10 + i, 56 + 8 * i, 56)], f"what is shown {i}?", f"c{i}"
+        )
+        for i in range(3)
+    ]
     results = await asyncio.gather(*(collect(stub, request) for request, _ in cases))
     for (request, expected), (tokens, _) in zip(cases, results, strict=True):
         assert tokens == expected
@@ -146,8 +161,9 @@ async def test_bad_inputs_get_clear_status_codes(stack, oracle) -> None:
     producer.release([i.embeddings.lease_id for i in request.prompt.images])
     await expect_error(stub, request, grpc.StatusCode.NOT_FOUND, "LEASE_RELEASED")
 
-    await expect_error(stub, pb.PrefillDecodeRequest(request_id="e", model="tiny"), invalid,
-                       "EMPTY_PROMPT")  # fmt: skip
+    await expect_error(
+        stub, pb.PrefillDecodeRequest(request_id="e", model="tiny"), invalid, "EMPTY_PROMPT"
+    )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Prefill(pb.PrefillRequest(request_id="p"))
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -158,14 +174,14 @@ async def test_raw_images_need_an_encode_prefill_worker(stack, oracle) -> None:
     request, _ = build_request(oracle, producer, [picture(5, 56, 56)], "describe", "raw")
     producer.release([i.embeddings.lease_id for i in request.prompt.images])
     request.prompt.images[0].media.CopyFrom(multimodal_pb2.MediaItem(data=b"png bytes"))
-    await expect_error(stub, request, grpc.StatusCode.FAILED_PRECONDITION,
-                       "RAW_IMAGES_UNSUPPORTED")  # fmt: skip
+    await expect_error(stub, request, grpc.StatusCode.FAILED_PRECONDITION, "RAW_IMAGES_UNSUPPORTED")
 
 
 async def test_encode_prefill_mode_takes_raw_images(stack, oracle, tiny_model_dir) -> None:
     _, producer, app = stack
-    raw_app = await build_prefill_server(PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL),
-                                         app.worker.engine)  # fmt: skip
+    raw_app = await build_prefill_server(
+        PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL), app.worker.engine
+    )
     images = [picture(6, 96, 64), picture(7, 60, 90)]
     request, expected = build_request(oracle, producer, images, "describe this picture", "ep1")
     producer.release([i.embeddings.lease_id for i in request.prompt.images])

@@ -40,15 +40,31 @@ NUM_TOKENS = 8
 SHARED_TMP = ("/tmp", "/dev/shm")
 
 
-def launch(script: str, model_dir: Path, *flags: str,
-           tmp_dir: Path | None = None) -> subprocess.Popen[str]:  # fmt: skip
+def launch(
+    script: str, model_dir: Path, *flags: str, tmp_dir: Path | None = None
+) -> subprocess.Popen[str]:
     env = {**os.environ, "EPD_VENV": str(Path(sys.executable).parents[1])}
     if tmp_dir is not None:
         env["TMPDIR"] = str(tmp_dir)
-    return subprocess.Popen(["bash", str(SCRIPTS / script), "--model", str(model_dir),
-                             "--model-id", "tiny", "--port", "0", "--kv-cache-mb", "64", *flags],
-                            text=True, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        [
+            "bash",
+            str(SCRIPTS / script),
+            "--model",
+            str(model_dir),
+            "--model-id",
+            "tiny",
+            "--port",
+            "0",
+            "--kv-cache-mb",
+            "64",
+            *flags,
+        ],
+        text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_listening(process: subprocess.Popen[str], name: str) -> str:
@@ -61,8 +77,9 @@ def wait_listening(process: subprocess.Popen[str], name: str) -> str:
 
 def is_serving(endpoint: str) -> bool:
     with grpc.insecure_channel(endpoint) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                          timeout=10)  # fmt: skip
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
@@ -70,16 +87,21 @@ def left_behind(before: set[str], pids: list[int], held: set[str], tmp_dir: Path
     """What the processes left: anything in their TMPDIR; new shared entries they held or that
     are named after them."""
     new = entries(*SHARED_TMP) - before
-    return entries(str(tmp_dir)) | named_after(new, pids) | {p for p in held - before
-                                                             if os.path.lexists(p)}  # fmt: skip
+    return (
+        entries(str(tmp_dir))
+        | named_after(new, pids)
+        | {p for p in held - before if os.path.lexists(p)}
+    )
 
 
 def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle) -> None:
     # NOTE: short: vLLM's ZMQ socket paths under it must fit in 107 bytes.
     tmp_dir = Path(tempfile.mkdtemp(prefix="epd-p-", dir="/tmp"))
     before = entries(*SHARED_TMP)
-    processes = [launch("prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir),
-                 launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir)]  # fmt: skip
+    processes = [
+        launch("prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir),
+        launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir),
+    ]
     plane = DataPlane()
     try:
         prefill_at = wait_listening(processes[0], "prefill")
@@ -91,14 +113,25 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle
         images = [picture(30, 80, 56)]
         prompt = embedded_prompt(oracle, plane, images, "what is this?")
         sampling = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
-        with grpc.insecure_channel(prefill_at) as p_channel, \
-                grpc.insecure_channel(decode_at) as d_channel:  # fmt: skip
-            first = prefill_grpc.PrefillServiceStub(p_channel).Prefill(prefill_pb.PrefillRequest(
-                request_id="proc", prompt=prompt, sampling=sampling), timeout=60)
+        with (
+            grpc.insecure_channel(prefill_at) as p_channel,
+            grpc.insecure_channel(decode_at) as d_channel,
+        ):
+            first = prefill_grpc.PrefillServiceStub(p_channel).Prefill(
+                prefill_pb.PrefillRequest(request_id="proc", prompt=prompt, sampling=sampling),
+                timeout=60,
+            )
             release(plane, prompt)
-            chunks = decode_grpc.DecodeServiceStub(d_channel).Decode(decode_pb.DecodeRequest(
-                request_id="proc", prompt=prompt, sampling=sampling,
-                first_token_id=first.first_token_id, kv_handle=first.kv_handle), timeout=60)
+            chunks = decode_grpc.DecodeServiceStub(d_channel).Decode(
+                decode_pb.DecodeRequest(
+                    request_id="proc",
+                    prompt=prompt,
+                    sampling=sampling,
+                    first_token_id=first.first_token_id,
+                    kv_handle=first.kv_handle,
+                ),
+                timeout=60,
+            )
             tokens = [first.first_token_id] + [t for c in chunks for t in c.token_ids]
         assert tokens == expected_tokens(oracle, images, "what is this?", NUM_TOKENS)
 

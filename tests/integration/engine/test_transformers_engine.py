@@ -29,7 +29,7 @@ from .helpers import (
     media_prompt,
     prompt_tokens,
     release,
-)  # fmt: skip
+)
 
 NUM_TOKENS = 16
 GREEDY = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
@@ -48,8 +48,10 @@ class Stack:
 async def stack(tiny_model_dir):
     stack = Stack()
     stack.engine = await TransformersEngine.start(tiny_model_dir, model_id="tiny")
-    apps = [await build_prefill_server(PrefillConfig(tiny_model_dir, mode=mode), stack.engine)
-            for mode in (Mode.PREFILL_DECODE, Mode.ENCODE_PREFILL)]  # fmt: skip
+    apps = [
+        await build_prefill_server(PrefillConfig(tiny_model_dir, mode=mode), stack.engine)
+        for mode in (Mode.PREFILL_DECODE, Mode.ENCODE_PREFILL)
+    ]
     channels = [create_channel(f"127.0.0.1:{app.port}") for app in apps]
     stack.aggregated, stack.encode_prefill = (pb_grpc.PrefillServiceStub(c) for c in channels)
     stack.plane = DataPlane(apps[0].worker.plane.host_id)
@@ -61,11 +63,15 @@ async def stack(tiny_model_dir):
     await stack.engine.close()
 
 
-async def generate(stub, request_id: str, prompt: generation_pb2.Prompt,
-                   sampling: generation_pb2.SamplingParams = GREEDY,
-                   ) -> tuple[list[int], pb.PrefillDecodeResponse]:  # fmt: skip
-    request = pb.PrefillDecodeRequest(request_id=request_id, model="tiny", prompt=prompt,
-                                      sampling=sampling)  # fmt: skip
+async def generate(
+    stub,
+    request_id: str,
+    prompt: generation_pb2.Prompt,
+    sampling: generation_pb2.SamplingParams = GREEDY,
+) -> tuple[list[int], pb.PrefillDecodeResponse]:
+    request = pb.PrefillDecodeRequest(
+        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling
+    )
     responses = [r async for r in stub.PrefillDecode(request)]
     return [t for r in responses for t in r.token_ids], responses[-1]
 
@@ -78,7 +84,8 @@ async def test_e_pd_with_two_images_gives_the_reference_tokens(stack, oracle) ->
     assert last.finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert last.usage.completion_tokens == NUM_TOKENS
     assert last.usage.prompt_tokens == len(prompt.token_ids) - 2 + sum(
-        g.t * g.h * g.w // 4 for g in (i.grid for i in prompt.images))
+        g.t * g.h * g.w // 4 for g in (i.grid for i in prompt.images)
+    )
     release(stack.plane, prompt)
     assert stack.engine.budget.num_used == 0
 
@@ -92,8 +99,9 @@ async def test_epd_from_raw_images_gives_the_reference_tokens(stack, oracle) -> 
 async def test_concurrent_requests_each_get_their_own_answer(stack, oracle) -> None:
     cases = [([picture(10 + i, 56 + 8 * i, 56)], f"what is shown {i}?") for i in range(3)]
     prompts = [embedded_prompt(oracle, stack.plane, images, text) for images, text in cases]
-    results = await asyncio.gather(*(generate(stack.aggregated, f"c{i}", prompt)
-                                     for i, prompt in enumerate(prompts)))  # fmt: skip
+    results = await asyncio.gather(
+        *(generate(stack.aggregated, f"c{i}", prompt) for i, prompt in enumerate(prompts))
+    )
     for (images, text), (tokens, _), prompt in zip(cases, results, prompts, strict=True):
         assert tokens == expected_tokens(oracle, images, text, NUM_TOKENS)
         release(stack.plane, prompt)
@@ -103,28 +111,35 @@ async def test_end_of_sequence_stop_token_and_stop_string(stack, oracle) -> None
     reference, _ = oracle
     prompt = generation_pb2.Prompt(token_ids=prompt_tokens(oracle, 0, "hello world"))
     natural = reference.generate(chat(0, "hello world"), [], max_tokens=64)
-    tokens, last = await generate(stack.aggregated, "eos", prompt,
-                                  generation_pb2.SamplingParams(max_tokens=64))  # fmt: skip
+    tokens, last = await generate(
+        stack.aggregated, "eos", prompt, generation_pb2.SamplingParams(max_tokens=64)
+    )
     assert tokens == natural.token_ids
-    assert last.finish_reason == {"stop": generation_pb2.FINISH_REASON_STOP,
-                                  "length": generation_pb2.FINISH_REASON_LENGTH}[
-                                      natural.finish_reason]  # fmt: skip
+    assert (
+        last.finish_reason
+        == {
+            "stop": generation_pb2.FINISH_REASON_STOP,
+            "length": generation_pb2.FINISH_REASON_LENGTH,
+        }[natural.finish_reason]
+    )
 
     full, _ = await generate(stack.aggregated, "all", prompt)
-    by_id = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True,
-                                          stop_token_ids=[full[4]])  # fmt: skip
+    by_id = generation_pb2.SamplingParams(
+        max_tokens=NUM_TOKENS, ignore_eos=True, stop_token_ids=[full[4]]
+    )
     tokens, last = await generate(stack.aggregated, "id", prompt, by_id)
     assert tokens == full[: full.index(full[4]) + 1]
     assert last.finish_reason == generation_pb2.FINISH_REASON_STOP
 
     text = reference.processor.tokenizer.decode(full, skip_special_tokens=True)
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     by_text = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, stop=[stop])
     tokens, last = await generate(stack.aggregated, "text", prompt, by_text)
     decoded = reference.processor.tokenizer.decode(tokens, skip_special_tokens=True)
     assert tokens == full[: len(tokens)] and len(tokens) < NUM_TOKENS
     assert stop in decoded and stop not in reference.processor.tokenizer.decode(
-        tokens[:-1], skip_special_tokens=True)
+        tokens[:-1], skip_special_tokens=True
+    )
     assert last.finish_reason == generation_pb2.FINISH_REASON_STOP
 
 
@@ -132,8 +147,9 @@ async def test_seeded_sampling_is_repeatable(stack, oracle) -> None:
     prompt = generation_pb2.Prompt(token_ids=prompt_tokens(oracle, 0, "tell a story"))
 
     def sampling(seed: int) -> generation_pb2.SamplingParams:
-        return generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True,
-                                             temperature=5.0, top_k=50, seed=seed)  # fmt: skip
+        return generation_pb2.SamplingParams(
+            max_tokens=NUM_TOKENS, ignore_eos=True, temperature=5.0, top_k=50, seed=seed
+        )
 
     first, _ = await generate(stack.aggregated, "s1", prompt, sampling(1234))
     again, _ = await generate(stack.aggregated, "s2", prompt, sampling(1234))
@@ -145,9 +161,12 @@ async def test_seeded_sampling_is_repeatable(stack, oracle) -> None:
 
 async def test_cancellation_stops_the_request_and_frees_its_kv(stack, oracle) -> None:
     prompt = embedded_prompt(oracle, stack.plane, [picture(5, 56, 56)], "go on")
-    request = pb.PrefillDecodeRequest(request_id="x", model="tiny", prompt=prompt,
-                                      sampling=generation_pb2.SamplingParams(
-                                          max_tokens=2000, ignore_eos=True))  # fmt: skip
+    request = pb.PrefillDecodeRequest(
+        request_id="x",
+        model="tiny",
+        prompt=prompt,
+        sampling=generation_pb2.SamplingParams(max_tokens=2000, ignore_eos=True),
+    )
     call = stack.aggregated.PrefillDecode(request)
     await call.read()
     assert stack.engine.load().num_running == 1 and stack.engine.load().kv_usage > 0
@@ -163,8 +182,9 @@ async def test_cancellation_stops_the_request_and_frees_its_kv(stack, oracle) ->
 async def test_abort_ends_the_stream_with_abort(stack, oracle) -> None:
     token_ids = prompt_tokens(oracle, 0, "abort me")
     chunks = []
-    async for chunk in stack.engine.generate("a1", token_ids, [], Sampling(max_tokens=500,
-                                                                           ignore_eos=True)):
+    async for chunk in stack.engine.generate(
+        "a1", token_ids, [], Sampling(max_tokens=500, ignore_eos=True)
+    ):
         chunks.append(chunk)
         if len(chunks) == 3:
             await stack.engine.abort("a1")
@@ -200,8 +220,9 @@ async def test_bad_inputs_get_clear_status_codes(stack, oracle) -> None:
     await expect_error(stack.aggregated, prompt, grpc.StatusCode.NOT_FOUND, "LEASE_RELEASED")
     await expect_error(stack.aggregated, generation_pb2.Prompt(), invalid, "EMPTY_PROMPT")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stack.aggregated.Prefill(pb.PrefillRequest(request_id="p", model="tiny",
-                                                         prompt=prompt))  # fmt: skip
+        await stack.aggregated.Prefill(
+            pb.PrefillRequest(request_id="p", model="tiny", prompt=prompt)
+        )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(FailedPrecondition) as refused:
         await stack.engine.prefill("p", list(prompt.token_ids), [], Sampling())
@@ -210,15 +231,24 @@ async def test_bad_inputs_get_clear_status_codes(stack, oracle) -> None:
 
 def sibling(engine: TransformersEngine, **options) -> TransformersEngine:
     """Another engine over the same loaded model, with other limits."""
-    return TransformersEngine(engine.model, engine.processor, "tiny", engine.layout,
-                              replace(engine.options, **options))  # fmt: skip
+    return TransformersEngine(
+        engine.model, engine.processor, "tiny", engine.layout, replace(engine.options, **options)
+    )
 
 
-async def drain(engine: TransformersEngine, request_id: str, token_ids: list[int],
-                images: list[EngineImage], max_tokens: int = 8) -> list[int]:  # fmt: skip
+async def drain(
+    engine: TransformersEngine,
+    request_id: str,
+    token_ids: list[int],
+    images: list[EngineImage],
+    max_tokens: int = 8,
+) -> list[int]:
     sampling = Sampling(max_tokens=max_tokens, ignore_eos=True)
-    return [t async for c in engine.generate(request_id, token_ids, images, sampling)
-            for t in c.token_ids]  # fmt: skip
+    return [
+        t
+        async for c in engine.generate(request_id, token_ids, images, sampling)
+        for t in c.token_ids
+    ]
 
 
 async def test_admission_limits_and_kv_room(stack, oracle) -> None:

@@ -47,13 +47,19 @@ WAIT_S = 15.0
 @pytest.fixture(scope="module")
 async def stubs(tiny_model_dir, engines):
     stubs = Stubs(engines)
-    stubs.aggregated = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir), stubs.producer), prefill_grpc.PrefillServiceStub)
-    stubs.prefill = await stubs.serve(await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer),
-        prefill_grpc.PrefillServiceStub)  # fmt: skip
-    stubs.decode = await stubs.serve(await build_decode_server(DecodeConfig(), stubs.consumer),
-                                     decode_grpc.DecodeServiceStub)  # fmt: skip
+    stubs.aggregated = await stubs.serve(
+        await build_prefill_server(PrefillConfig(tiny_model_dir), stubs.producer),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.prefill = await stubs.serve(
+        await build_prefill_server(
+            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer
+        ),
+        prefill_grpc.PrefillServiceStub,
+    )
+    stubs.decode = await stubs.serve(
+        await build_decode_server(DecodeConfig(), stubs.consumer), decode_grpc.DecodeServiceStub
+    )
     yield stubs
     await stubs.close()
 
@@ -63,15 +69,24 @@ def text_prompt(oracle, text: str) -> generation_pb2.Prompt:
 
 
 async def prefill(stubs, request_id: str, prompt, sampling) -> prefill_pb.PrefillResponse:
-    return await stubs.prefill.Prefill(prefill_pb.PrefillRequest(
-        request_id=request_id, model="tiny", prompt=prompt, sampling=sampling))  # fmt: skip
+    return await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(
+            request_id=request_id, model="tiny", prompt=prompt, sampling=sampling
+        )
+    )
 
 
-def decode_request(request_id: str, prompt, sampling,
-                   first: prefill_pb.PrefillResponse) -> decode_pb.DecodeRequest:  # fmt: skip
-    return decode_pb.DecodeRequest(request_id=request_id, model="tiny", prompt=prompt,
-                                   sampling=sampling, first_token_id=first.first_token_id,
-                                   kv_handle=first.kv_handle)  # fmt: skip
+def decode_request(
+    request_id: str, prompt, sampling, first: prefill_pb.PrefillResponse
+) -> decode_pb.DecodeRequest:
+    return decode_pb.DecodeRequest(
+        request_id=request_id,
+        model="tiny",
+        prompt=prompt,
+        sampling=sampling,
+        first_token_id=first.first_token_id,
+        kv_handle=first.kv_handle,
+    )
 
 
 async def read_until_deadline(call) -> int:
@@ -101,8 +116,11 @@ async def wait_idle(engine: Engine, timeout_s: float = 5.0) -> None:
 
 async def test_a_prefill_decode_past_its_deadline_is_aborted(stubs, oracle) -> None:
     request = prefill_pb.PrefillDecodeRequest(
-        request_id="deadline-pd", model="tiny", sampling=LONG,
-        prompt=text_prompt(oracle, "count slowly to two thousand"))  # fmt: skip
+        request_id="deadline-pd",
+        model="tiny",
+        sampling=LONG,
+        prompt=text_prompt(oracle, "count slowly to two thousand"),
+    )
     call = stubs.aggregated.PrefillDecode(request, timeout=DEADLINE_S)
     assert await read_until_deadline(call) >= 1, "the engine streamed before the deadline"
     await wait_idle(stubs.producer)
@@ -112,8 +130,9 @@ async def test_a_decode_past_its_deadline_is_aborted(stubs, oracle) -> None:
     prompt = text_prompt(oracle, "recite the alphabet two thousand times")
     first = await prefill(stubs, "deadline-d", prompt, LONG)
     assert first.kv_handle.params.fields, "a 2000-token request goes on at a decode worker"
-    call = stubs.decode.Decode(decode_request("deadline-d", prompt, LONG, first),
-                               timeout=DEADLINE_S)  # fmt: skip
+    call = stubs.decode.Decode(
+        decode_request("deadline-d", prompt, LONG, first), timeout=DEADLINE_S
+    )
     assert await read_until_deadline(call) >= 1, "the engine streamed before the deadline"
     await wait_idle(stubs.consumer)
     assert stubs.producer.load().num_running == 0
@@ -127,8 +146,9 @@ async def test_a_repeated_prompt_hits_the_prefix_cache(stubs, oracle) -> None:
     sampling = generation_pb2.SamplingParams(max_tokens=4, ignore_eos=True)
     usages = []
     for request_id in ("cache-1", "cache-2"):
-        request = prefill_pb.PrefillDecodeRequest(request_id=request_id, model="tiny",
-                                                  prompt=prompt, sampling=sampling)  # fmt: skip
+        request = prefill_pb.PrefillDecodeRequest(
+            request_id=request_id, model="tiny", prompt=prompt, sampling=sampling
+        )
         responses = [r async for r in stubs.aggregated.PrefillDecode(request)]
         usages.append(responses[-1].usage)
     first, second = usages
@@ -165,8 +185,9 @@ def decode_load(workers: Workers) -> scheduler_pb.WorkerLoad | None:
 
 async def is_serving(port: int) -> bool:
     async with create_channel(f"127.0.0.1:{port}") as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                                timeout=5)  # fmt: skip
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
@@ -205,18 +226,21 @@ async def check_decode_load(stub, stubs, oracle) -> None:
     await wait_for(stub, "idle decode load in a heartbeat", idle)
 
 
-async def test_workers_register_heartbeat_their_load_and_leave(tiny_model_dir, engines,
-                                                               oracle) -> None:  # fmt: skip
+async def test_workers_register_heartbeat_their_load_and_leave(
+    tiny_model_dir, engines, oracle
+) -> None:
     server, port = await build_scheduler_server(config=SchedulerConfig(ttl_s=SCHEDULER_TTL_S))
     endpoint = f"127.0.0.1:{port}"
     stubs = Stubs(engines)
     try:
-        prefill_app = await build_prefill_server(PrefillConfig(
-            tiny_model_dir, mode=Mode.PREFILL, worker_id="p-reg", scheduler=endpoint),
-            stubs.producer)  # fmt: skip
+        prefill_app = await build_prefill_server(
+            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL, worker_id="p-reg", scheduler=endpoint),
+            stubs.producer,
+        )
         stubs.prefill = await stubs.serve(prefill_app, prefill_grpc.PrefillServiceStub)
-        decode_app = await build_decode_server(DecodeConfig(worker_id="d-reg", scheduler=endpoint),
-                                               stubs.consumer)  # fmt: skip
+        decode_app = await build_decode_server(
+            DecodeConfig(worker_id="d-reg", scheduler=endpoint), stubs.consumer
+        )
         stubs.decode = await stubs.serve(decode_app, decode_grpc.DecodeServiceStub)
         async with create_channel(endpoint) as channel:
             stub = scheduler_grpc.SchedulerServiceStub(channel)
@@ -224,8 +248,11 @@ async def test_workers_register_heartbeat_their_load_and_leave(tiny_model_dir, e
             await check_decode_load(stub, stubs, oracle)
             await stubs.close()
             workers = await list_workers(stub)
-            left = {worker_id: workers[worker_id].state for worker_id in ("p-reg", "d-reg")
-                    if worker_id in workers}  # fmt: skip
+            left = {
+                worker_id: workers[worker_id].state
+                for worker_id in ("p-reg", "d-reg")
+                if worker_id in workers
+            }
             assert set(left.values()) <= {scheduler_pb.WORKER_STATE_DRAINING}, workers
     finally:
         await stubs.close()

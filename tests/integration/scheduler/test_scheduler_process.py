@@ -19,9 +19,13 @@ SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "scheduler.sh"
 
 def start(*flags: str) -> tuple[subprocess.Popen[str], int]:
     env_venv = str(Path(sys.executable).parents[1])
-    process = subprocess.Popen(["bash", str(SCRIPT), "--port", "0", *flags], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={"EPD_VENV": env_venv, "PATH": "/usr/bin:/bin"})  # fmt: skip
+    process = subprocess.Popen(
+        ["bash", str(SCRIPT), "--port", "0", *flags],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"EPD_VENV": env_venv, "PATH": "/usr/bin:/bin"},
+    )
     assert process.stdout is not None
     line = process.stdout.readline()
     match = re.search(r"listening on [^:]+:(\d+)", line)
@@ -47,9 +51,12 @@ def test_scheduler_process_serves_reflects_and_drains() -> None:
 
 
 def test_bad_flags_fail_with_a_message_not_a_traceback() -> None:
-    result = subprocess.run(["bash", str(SCRIPT), "--split-ratio", "8:x"], text=True,
-                            capture_output=True, timeout=60,
-                            env={"EPD_VENV": str(Path(sys.executable).parents[1]),
-                                 "PATH": "/usr/bin:/bin"})  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--split-ratio", "8:x"],
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={"EPD_VENV": str(Path(sys.executable).parents[1]), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 2
     assert "split ratio" in result.stderr and "Traceback" not in result.stderr

@@ -117,8 +117,9 @@ def test_expired_lease_is_refused_and_reaped(no_leaks: None, peer: Peer) -> None
     plane.close()
 
 
-def test_released_lease_is_not_readable_even_after_segment_reuse(plane: DataPlane,
-                                                                 peer: Peer) -> None:  # fmt: skip
+def test_released_lease_is_not_readable_even_after_segment_reuse(
+    plane: DataPlane, peer: Peer
+) -> None:
     first = plane.put(make_tensor(torch.float32, 8 * KiB, seed=6), HOST)
     plane.release([first.lease_id])
     second = plane.put(make_tensor(torch.float32, 8 * KiB, seed=7), HOST)
@@ -129,7 +130,8 @@ def test_released_lease_is_not_readable_even_after_segment_reuse(plane: DataPlan
 
 @pytest.mark.parametrize("copy", [False, True])
 def test_a_segment_serving_lease_after_lease_reads_right_in_the_consumer(
-        plane: DataPlane, peer: Peer, copy: bool) -> None:  # fmt: skip
+    plane: DataPlane, peer: Peer, copy: bool
+) -> None:
     """The consumer keeps its mapping of the segment from one lease to the next (views from a
     private mapping, copies from a shared one): every lease reads its own bytes, also while the
     consumer still holds a view of an earlier one, and a released lease is refused."""
@@ -139,7 +141,11 @@ def test_a_segment_serving_lease_after_lease_reads_right_in_the_consumer(
         ref = plane.put(tensor, HOST)
         assert previous is None or ref.shm.name == previous.shm.name
         assert peer.read(ref, hold=seed == 2, copy=copy) == (
-            "ok", digest(tensor), list(tensor.shape), str(torch.bfloat16))
+            "ok",
+            digest(tensor),
+            list(tensor.shape),
+            str(torch.bfloat16),
+        )
         if previous is not None:
             assert peer.read(previous, copy=copy) == ("error", "LEASE_RELEASED", "NotFound")
         plane.release([ref.lease_id])

@@ -9,13 +9,16 @@ import pytest
 from epd.client.launcher import PREFILL_MODES, TOPOLOGIES, Deployment, Topology
 
 
-@pytest.mark.parametrize(("name", "devices", "has_decode", "mode"), [
-    ("epd", ["cpu", "cpu"], True, "prefill"),
-    ("e-pd", ["cpu", "cpu"], False, "prefill_decode"),
-    ("ep-d", [], True, "encode_prefill"),
-    ("epd1", [], False, "encode_prefill"),
-    ("dual-encoder", ["auto", "cpu"], False, "prefill_decode"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "devices", "has_decode", "mode"),
+    [
+        ("epd", ["cpu", "cpu"], True, "prefill"),
+        ("e-pd", ["cpu", "cpu"], False, "prefill_decode"),
+        ("ep-d", [], True, "encode_prefill"),
+        ("epd1", [], False, "encode_prefill"),
+        ("dual-encoder", ["auto", "cpu"], False, "prefill_decode"),
+    ],
+)
 def test_each_topology_starts_its_roles(name, devices, has_decode, mode) -> None:
     topology = Topology(name, num_encoders=2)
     assert topology.encoder_devices == devices
@@ -41,7 +44,9 @@ def test_encoder_threads_go_to_their_encoders_in_order() -> None:
     assert topology.encoder_args(0) == ["--device", "auto", "--threads", "2"]
     assert topology.encoder_args(1) == ["--device", "cpu", "--threads", "1"]
     assert Topology("e-pd", num_encoders=2, encoder_threads=(1,)).encoder_args(1) == [
-        "--device", "cpu"]  # fmt: skip
+        "--device",
+        "cpu",
+    ]
 
 
 @pytest.mark.parametrize("threads", [(1, 1, 1), (-1,)])

@@ -71,10 +71,15 @@ def test_unset_seed_stays_unset_and_bad_policy_is_refused() -> None:
 
 def test_chunks_carry_finish_reason_and_usage_and_join() -> None:
     first = to_chunk(route_service_pb2.GenerateResponse(request_id="r", text="he", token_ids=[1]))
-    last = to_chunk(route_service_pb2.GenerateResponse(
-        request_id="r", text="llo", token_ids=[2, 3],
-        finish_reason=generation_pb2.FINISH_REASON_STOP,
-        usage=generation_pb2.Usage(prompt_tokens=9, completion_tokens=3)))  # fmt: skip
+    last = to_chunk(
+        route_service_pb2.GenerateResponse(
+            request_id="r",
+            text="llo",
+            token_ids=[2, 3],
+            finish_reason=generation_pb2.FINISH_REASON_STOP,
+            usage=generation_pb2.Usage(prompt_tokens=9, completion_tokens=3),
+        )
+    )
     assert first.finish_reason is None and first.usage == {}
     whole = join([first, last])
     assert (whole.text, whole.token_ids, whole.finish_reason) == ("hello", [1, 2, 3], "stop")
@@ -82,13 +87,14 @@ def test_chunks_carry_finish_reason_and_usage_and_join() -> None:
 
 
 def test_errors_map_to_typed_exceptions_with_reason() -> None:
-    bad = EpdClientError.from_rpc_error(rpc_error(InvalidArgument(
-        "no", reason="BAD_IMAGE", metadata={"index": "1"})))  # fmt: skip
+    bad = EpdClientError.from_rpc_error(
+        rpc_error(InvalidArgument("no", reason="BAD_IMAGE", metadata={"index": "1"}))
+    )
     assert isinstance(bad, InvalidRequest)
-    assert (bad.code, bad.reason, bad.metadata) == ("INVALID_ARGUMENT", "BAD_IMAGE",
-                                                    {"index": "1"})  # fmt: skip
+    assert (bad.code, bad.reason, bad.metadata) == ("INVALID_ARGUMENT", "BAD_IMAGE", {"index": "1"})
     assert str(bad) == "INVALID_ARGUMENT (BAD_IMAGE): no"
-    plain = grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
-                                 grpc.aio.Metadata(), "busy")  # fmt: skip
+    plain = grpc.aio.AioRpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "busy"
+    )
     busy = EpdClientError.from_rpc_error(plain)
     assert isinstance(busy, Unavailable) and busy.reason == "RESOURCE_EXHAUSTED"

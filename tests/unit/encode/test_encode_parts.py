@@ -71,7 +71,8 @@ async def test_short_batches_run_on_the_event_loop_long_ones_in_a_thread() -> No
 async def test_without_an_inline_budget_every_batch_runs_in_a_thread() -> None:
     threads: list[int] = []
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        lambda items: threads.append(threading.get_ident()) or items)  # type: ignore[func-returns-value]
+        lambda items: threads.append(threading.get_ident()) or items
+    )  # type: ignore[func-returns-value]
     assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 1, 2]
     assert await batcher.submit(3) == 3
     assert threading.get_ident() not in threads and batcher.num_inline_batches == 0
@@ -85,8 +86,7 @@ async def test_batcher_failure_fails_its_batch_only() -> None:
         return items
 
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_items=1, max_wait_s=0)
-    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(5)),
-                                    return_exceptions=True)  # fmt: skip
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(5)), return_exceptions=True)
     assert [isinstance(o, RuntimeError) for o in outcomes] == [False, False, False, True, False]
     await batcher.close()
 
@@ -101,8 +101,7 @@ async def test_a_bad_item_in_a_batch_fails_alone() -> None:
         return [-item for item in items]
 
     batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_items=4, max_wait_s=0.05)
-    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)),
-                                    return_exceptions=True)  # fmt: skip
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)), return_exceptions=True)
     assert outcomes[:3] == [0, -1, -2] and isinstance(outcomes[3], ValueError)
     assert calls[0] == [0, 1, 2, 3] and len(calls) == 5
     assert batcher.stats.num_failed_batches == 1

@@ -34,8 +34,9 @@ class FakeTower:
     def __call__(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, Grid]]:
         self.gate.wait(10)
         self.calls.append(len(images))
-        return [(torch.tensor([[float(sum(image.getpixel((0, 0))))]]), (1, 2, 2))
-                for image in images]  # fmt: skip
+        return [
+            (torch.tensor([[float(sum(image.getpixel((0, 0))))]]), (1, 2, 2)) for image in images
+        ]
 
 
 @pytest.fixture
@@ -46,8 +47,9 @@ async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
     )  # NOTE: generous, so a loaded box still batches
     plane = DataPlane("host-a", kinds=("inline",))
     loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
-    worker = EncodeWorker(batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w",
-                          model_id="m")  # fmt: skip
+    worker = EncodeWorker(
+        batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w", model_id="m"
+    )
     yield worker, tower
     await batcher.close()
     assert plane.held() == [] and worker.num_in_flight == 0
@@ -74,8 +76,9 @@ async def test_a_cancelled_request_does_not_fail_one_sharing_its_image(parts) ->
 
 async def test_concurrent_requests_report_their_batch_size(parts) -> None:
     worker, tower = parts
-    results = await asyncio.gather(*(collect(worker, MediaSource(data=encode(noise(seed=s))))
-                                     for s in range(3)))  # fmt: skip
+    results = await asyncio.gather(
+        *(collect(worker, MediaSource(data=encode(noise(seed=s)))) for s in range(3))
+    )
     assert tower.calls == [3] and [r.batch_size for (r,) in results] == [3, 3, 3]
     (again,) = await collect(worker, MediaSource(mm_hash=results[0][0].mm_hash))
     assert again.cache_hit and again.batch_size == 0 and tower.calls == [3]
@@ -91,16 +94,22 @@ async def test_a_hash_the_encoder_lacks_needs_the_image(parts) -> None:
 async def test_two_bad_items_fail_the_request_once(parts) -> None:
     worker, tower = parts
     with pytest.raises(InvalidArgument) as caught:
-        await collect(worker, MediaSource(data=b"junk"), MediaSource(data=b"more junk"),
-                      MediaSource(data=encode(noise(seed=9))))  # fmt: skip
+        await collect(
+            worker,
+            MediaSource(data=b"junk"),
+            MediaSource(data=b"more junk"),
+            MediaSource(data=encode(noise(seed=9))),
+        )
     assert caught.value.reason == "BAD_IMAGE" and worker.num_in_flight == 0
     (item,) = await collect(worker, MediaSource(data=encode(noise(seed=9))))
     assert item.embeddings.byte_size == 4
 
 
 async def by_hash(worker: EncodeWorker, mm_hash: str) -> list[EncodedItem]:
-    return [item async for item in worker.encode([MediaSource(mm_hash=mm_hash)],
-                                                 consumer_host_id="host-a")]  # fmt: skip
+    return [
+        item
+        async for item in worker.encode([MediaSource(mm_hash=mm_hash)], consumer_host_id="host-a")
+    ]
 
 
 async def test_a_hash_only_item_shares_an_encoding_in_flight(parts) -> None:

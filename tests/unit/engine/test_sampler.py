@@ -51,8 +51,9 @@ def test_a_seed_makes_sampling_repeatable_and_seeds_differ() -> None:
 
 
 def test_stop_token_ids_and_eos_end_with_stop_the_token_included() -> None:
-    checker = StopChecker(Sampling(stop_token_ids=(4,)), eos_token_ids=[9], decode=decode,
-                          max_new_tokens=10)  # fmt: skip
+    checker = StopChecker(
+        Sampling(stop_token_ids=(4,)), eos_token_ids=[9], decode=decode, max_new_tokens=10
+    )
     assert run(checker, [1, 2, 4]) == [None, None, "stop"]
     assert run(StopChecker(Sampling(), [9], decode, 10), [1, 9]) == [None, "stop"]
     assert run(StopChecker(Sampling(ignore_eos=True), [9], decode, 10), [1, 9]) == [None, None]

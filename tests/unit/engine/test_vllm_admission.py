@@ -36,8 +36,9 @@ SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 def output(token_id: int, finished: bool) -> SimpleNamespace:
     """A delta RequestOutput as vLLM streams it."""
     completion = SimpleNamespace(token_ids=[token_id], finish_reason="length" if finished else None)
-    return SimpleNamespace(outputs=[completion], finished=finished, prompt_token_ids=PROMPT,
-                           num_cached_tokens=0)  # fmt: skip
+    return SimpleNamespace(
+        outputs=[completion], finished=finished, prompt_token_ids=PROMPT, num_cached_tokens=0
+    )
 
 
 class FakeLlm:
@@ -63,8 +64,9 @@ class FakeLlm:
         self.rendered.extend(prompts)
         return [{**prompt, "type": "rendered"} for prompt in prompts]
 
-    async def generate(self, prompt: dict[str, Any], params: Any,
-                       request_id: str) -> AsyncIterator[SimpleNamespace]:  # fmt: skip
+    async def generate(
+        self, prompt: dict[str, Any], params: Any, request_id: str
+    ) -> AsyncIterator[SimpleNamespace]:
         self.started.append(request_id)
         self.prompts.append(prompt)
         yield output(7, finished=False)
@@ -118,8 +120,12 @@ async def running(engine: VllmEngine, *request_ids: str) -> list[Consumer]:
     return consumers
 
 
-async def first_chunk(engine: VllmEngine, request_id: str, prompt: list[int] = PROMPT,
-                      images: list[EngineImage] | None = None) -> TokenChunk:  # fmt: skip
+async def first_chunk(
+    engine: VllmEngine,
+    request_id: str,
+    prompt: list[int] = PROMPT,
+    images: list[EngineImage] | None = None,
+) -> TokenChunk:
     """Start ``request_id`` and return its first chunk (raises what admission raises)."""
     stream = engine.generate(request_id, prompt, images or [], SAMPLING)
     try:
@@ -163,8 +169,9 @@ async def test_a_stream_closed_early_aborts_its_request(engine, llm) -> None:
 async def test_a_decode_stream_closed_early_aborts_its_request(llm) -> None:
     options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
     engine = VllmEngine(llm, "tiny", LAYOUT, options)
-    stream = engine.decode("d", PROMPT, [], SAMPLING, first_token_id=7,
-                           kv_transfer_params={"do_remote_prefill": True})  # fmt: skip
+    stream = engine.decode(
+        "d", PROMPT, [], SAMPLING, first_token_id=7, kv_transfer_params={"do_remote_prefill": True}
+    )
     assert (await anext(stream)).token_ids == [], "the resampled first token is dropped"
     await stream.aclose()
     assert llm.aborted == ["d"]
@@ -217,8 +224,10 @@ async def test_embeddings_and_pictures_go_through_vllms_renderer(engine, llm) ->
     assert llm.prompts[-1] == {**public, "type": "rendered"} and llm.injected == []
     picture = Image.new("RGB", (8, 8))
     await first_chunk(engine, "b", grid_prompt, [EngineImage("p", image=picture)])
-    assert llm.rendered[-1] == {"prompt_token_ids": grid_prompt,
-                                "multi_modal_data": {"image": [picture]}}  # fmt: skip
+    assert llm.rendered[-1] == {
+        "prompt_token_ids": grid_prompt,
+        "multi_modal_data": {"image": [picture]},
+    }
 
 
 async def test_a_family_with_items_of_its_own_skips_the_renderer(llm) -> None:

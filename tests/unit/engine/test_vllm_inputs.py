@@ -27,9 +27,15 @@ def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
 
 
 def test_kv_handle_survives_a_struct_round_trip() -> None:
-    params = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_port": 5601,
-              "remote_engine_id": "e1", "remote_blocks_expiry_time": None,
-              IMAGE_GRIDS_KEY: [[1, 4, 6]], "ratio": 0.5}  # fmt: skip
+    params = {
+        "do_remote_prefill": True,
+        "remote_block_ids": [[1, 2]],
+        "remote_port": 5601,
+        "remote_engine_id": "e1",
+        "remote_blocks_expiry_time": None,
+        IMAGE_GRIDS_KEY: [[1, 4, 6]],
+        "ratio": 0.5,
+    }
     handle = convert.kv_handle_to_proto(params)
     assert handle.engine_id == "e1"
     wire = generation_pb2.KvHandle.FromString(handle.SerializeToString())
@@ -38,8 +44,10 @@ def test_kv_handle_survives_a_struct_round_trip() -> None:
 
 
 def test_decode_grids_come_from_the_prompt_else_from_the_handle() -> None:
-    images = [multimodal_pb2.ImageInput(mm_hash="a", grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2)),
-              multimodal_pb2.ImageInput(mm_hash="b")]  # fmt: skip
+    images = [
+        multimodal_pb2.ImageInput(mm_hash="a", grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2)),
+        multimodal_pb2.ImageInput(mm_hash="b"),
+    ]
     resolved = grids_only(images, [[1.0, 9.0, 9.0], [1.0, 4.0, 6.0]])
     assert [(i.mm_hash, i.grid) for i in resolved] == [("a", (1, 2, 2)), ("b", (1, 4, 6))]
     assert grids_only(images[1:])[0].grid is None
@@ -56,8 +64,11 @@ def test_vllm_sampling_params_reject_bad_values() -> None:
     pytest.importorskip("vllm")
     from epd.server.engine.vllm_inputs import sampling_params
 
-    params = sampling_params(Sampling(max_tokens=5, temperature=0.7, top_k=3), max_tokens=1,
-                             kv_transfer_params={"do_remote_decode": True})  # fmt: skip
+    params = sampling_params(
+        Sampling(max_tokens=5, temperature=0.7, top_k=3),
+        max_tokens=1,
+        kv_transfer_params={"do_remote_decode": True},
+    )
     assert params.max_tokens == 1 and params.top_k == 3
     assert params.extra_args == {"kv_transfer_params": {"do_remote_decode": True}}
     for bad in (Sampling(max_tokens=0), Sampling(top_p=1.5), Sampling(temperature=-1.0)):

@@ -27,12 +27,15 @@ def test_png_and_jpeg_decode_to_rgb() -> None:
         assert image.mode == "RGB" and image.size == (64, 48)
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"", "EMPTY_IMAGE"),
-    (b"definitely not an image", "BAD_IMAGE"),
-    (encode(noise())[:200], "BAD_IMAGE"),
-    (b"\0" * (2 << 20), "IMAGE_TOO_LARGE"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "EMPTY_IMAGE"),
+        (b"definitely not an image", "BAD_IMAGE"),
+        (encode(noise())[:200], "BAD_IMAGE"),
+        (b"\0" * (2 << 20), "IMAGE_TOO_LARGE"),
+    ],
+)
 def test_bad_bytes_are_refused_with_reasons(data: bytes, reason: str) -> None:
     assert reason_of(data) == reason
 
@@ -51,11 +54,14 @@ def test_exif_orientation_is_applied() -> None:
     assert rotated.size == (20, 40)
 
 
-@pytest.mark.parametrize("mode, pixels", [
-    ("I;16", np.full((8, 8), 65535, dtype=np.uint16)),
-    ("F", np.full((8, 8), 1.0, dtype=np.float32)),
-    ("I", np.full((8, 8), 65535, dtype=np.int32)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, pixels",
+    [
+        ("I;16", np.full((8, 8), 65535, dtype=np.uint16)),
+        ("F", np.full((8, 8), 1.0, dtype=np.float32)),
+        ("I", np.full((8, 8), 65535, dtype=np.int32)),
+    ],
+)
 def test_wide_modes_scale_to_8_bits(mode: str, pixels: np.ndarray) -> None:
     image = Image.fromarray(pixels)
     assert image.mode == mode

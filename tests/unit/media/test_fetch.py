@@ -41,11 +41,19 @@ async def test_file_urls_only_when_allowed(tmp_path) -> None:
     assert await reason_of(f"file://{tmp_path}/none.png", missing) == "FILE_UNREADABLE"
 
 
-@pytest.mark.parametrize("url", [
-    "http://127.0.0.1/x.png", "http://[::1]/x.png", "http://169.254.169.254/latest",
-    "http://10.0.0.1/x", "http://[::ffff:127.0.0.1]/x", "http://0x7f000001/x",
-    "http://2130706433/x", "http://localhost/x",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/x.png",
+        "http://[::1]/x.png",
+        "http://169.254.169.254/latest",
+        "http://10.0.0.1/x",
+        "http://[::ffff:127.0.0.1]/x",
+        "http://0x7f000001/x",
+        "http://2130706433/x",
+        "http://localhost/x",
+    ],
+)
 async def test_private_and_loopback_addresses_are_refused(url: str) -> None:
     assert await reason_of(url, GUARDED) == "PRIVATE_ADDRESS"
 
@@ -71,8 +79,9 @@ async def test_cache_keeps_decoded_images_under_a_byte_budget() -> None:
 
 async def test_a_failed_load_is_shared_and_not_cached() -> None:
     loader = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p")
-    outcomes = await asyncio.gather(*(loader.load(data=b"junk") for _ in range(3)),
-                                    return_exceptions=True)  # fmt: skip
+    outcomes = await asyncio.gather(
+        *(loader.load(data=b"junk") for _ in range(3)), return_exceptions=True
+    )
     assert all(isinstance(o, InvalidArgument) for o in outcomes)
     assert loader.cache.num_loads == 1 and len(loader.cache) == 0
     with pytest.raises(InvalidArgument):

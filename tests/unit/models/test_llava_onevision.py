@@ -20,9 +20,20 @@ from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
 FAMILY = LlavaOnevision()
 # NOTE: (width, height): tiny, extreme aspect ratios, and large enough to be shrunk (> 9 tiles).
 SIZES = [
-    (96, 64), (10, 10), (1, 1), (1000, 30), (3000, 10), (5, 2000), (57, 113), (113, 57),
-    (28, 28), (300, 200), (336, 224), (2000, 1500), (1000, 700),
-]  # fmt: skip
+    (96, 64),
+    (10, 10),
+    (1, 1),
+    (1000, 30),
+    (3000, 10),
+    (5, 2000),
+    (57, 113),
+    (113, 57),
+    (28, 28),
+    (300, 200),
+    (336, 224),
+    (2000, 1500),
+    (1000, 700),
+]
 HUB_SIZES = [(640, 480), (1153, 944), (384, 384), (4000, 300), (200, 3000), (1920, 1080)]
 
 

@@ -20,9 +20,13 @@ class FakeStream:
     """A server stream: yields ``responses`` (the first once ``hold`` is set, if given), then
     raises ``error`` if set; records cancel()."""
 
-    def __init__(self, responses: list[Any], error: EpdError | None = None,
-                 hold: asyncio.Event | None = None,
-                 linger: asyncio.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        responses: list[Any],
+        error: EpdError | None = None,
+        hold: asyncio.Event | None = None,
+        linger: asyncio.Event | None = None,
+    ) -> None:
         """``linger``: after the responses, the stream ends only once it is set."""
         self.responses = responses
         self.error = error
@@ -60,8 +64,9 @@ class FakeScheduler:
     """Assigns encoders round robin over ``encoders`` minus exclusions; prefill likewise."""
 
     encoders: list[str] = field(default_factory=lambda: ["enc0", "enc1"])
-    prefills: list[tuple[str, int]] = field(default_factory=lambda: [
-        ("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)])  # fmt: skip
+    prefills: list[tuple[str, int]] = field(
+        default_factory=lambda: [("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)]
+    )
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
     prefill_host_id: str = ""
     # host ids of particular prefill workers (the others: prefill_host_id)
@@ -79,19 +84,29 @@ class FakeScheduler:
         live = [e for e in self.encoders if e not in request.exclude_worker_ids]
         if not live:
             raise Unavailable("no encoder", reason="NO_ENCODER")
-        return scheduler_pb.AssignEncodersResponse(assignment_id=f"a{len(self.calls)}",
-                                                   assignments=[
-            scheduler_pb.EncoderAssignment(item_index=i, worker_id=live[i % len(live)],
-                                           endpoint=live[i % len(live)])
-            for i in range(len(request.items))])  # fmt: skip
+        return scheduler_pb.AssignEncodersResponse(
+            assignment_id=f"a{len(self.calls)}",
+            assignments=[
+                scheduler_pb.EncoderAssignment(
+                    item_index=i, worker_id=live[i % len(live)], endpoint=live[i % len(live)]
+                )
+                for i in range(len(request.items))
+            ],
+        )
 
     async def ListWorkers(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ListWorkers", request))
         workers = [(e, scheduler_pb.WORKER_ROLE_ENCODE) for e in self.encoders] + self.prefills
         workers += [(d, scheduler_pb.WORKER_ROLE_DECODE) for d in self.decoders]
-        return scheduler_pb.ListWorkersResponse(workers=[scheduler_pb.WorkerStatus(
-            info=scheduler_pb.WorkerInfo(id=w, role=r, endpoint=w, model="tiny"),  # type: ignore[arg-type]
-            state=scheduler_pb.WORKER_STATE_LIVE) for w, r in workers])  # fmt: skip
+        return scheduler_pb.ListWorkersResponse(
+            workers=[
+                scheduler_pb.WorkerStatus(
+                    info=scheduler_pb.WorkerInfo(id=w, role=r, endpoint=w, model="tiny"),  # type: ignore[arg-type]
+                    state=scheduler_pb.WORKER_STATE_LIVE,
+                )
+                for w, r in workers
+            ]
+        )
 
     async def CompleteEncoding(self, request: Any, timeout: float | None = None) -> Any:
         await self.reports_may_finish.wait()
@@ -101,8 +116,11 @@ class FakeScheduler:
     async def ChoosePrefill(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChoosePrefill", request))
         self.prefill_chosen.set()
-        live = [(w, r) for w, r in self.prefills
-                if w not in request.exclude_worker_ids and r in request.roles]  # fmt: skip
+        live = [
+            (w, r)
+            for w, r in self.prefills
+            if w not in request.exclude_worker_ids and r in request.roles
+        ]
         if not live:
             raise Unavailable("no prefill worker", reason="NO_WORKER")
         worker, role = live[0]
@@ -144,10 +162,14 @@ class FakeEncoder:
     def Encode(self, request: Any, timeout: float | None = None) -> FakeStream:
         self.requests.append(request)
         count = self.num_before_error if self.error else len(request.items)
-        responses = [encode_pb.EncodeResponse(
-            item_index=i, mm_hash=request.items[i].mm_hash,
-            embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"))
-            for i in range(count)]  # fmt: skip
+        responses = [
+            encode_pb.EncodeResponse(
+                item_index=i,
+                mm_hash=request.items[i].mm_hash,
+                embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"),
+            )
+            for i in range(count)
+        ]
         self.streams.append(FakeStream(responses, self.error, self.hold, self.linger))
         return self.streams[-1]
 

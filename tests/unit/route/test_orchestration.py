@@ -49,8 +49,13 @@ async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there
     assert list(assigns[1].exclude_worker_ids) == ["enc0"]
     assert [item.mm_hash for item in assigns[1].items] == ["h2"]
     assert all(item.num_tokens == 4 for item in assigns[0].items)
-    failed = [o for name, r in peers.scheduler.calls if name == "CompleteEncoding"
-              for o in r.outcomes if o.failed]  # fmt: skip
+    failed = [
+        o
+        for name, r in peers.scheduler.calls
+        if name == "CompleteEncoding"
+        for o in r.outcomes
+        if o.failed
+    ]
     assert [o.item_index for o in failed] == [2]  # index of h2 in the assignment
     await release_all(peers, stage)  # type: ignore[arg-type]
     held = {"enc0/h0", "enc1/h1", "enc1/h2", "enc1/h3"}
@@ -205,8 +210,10 @@ async def _nothing() -> None:
 def test_media_items_keep_their_source_when_hashed() -> None:
     from epd.server.route.service import _with_hash
 
-    for item in (multimodal_pb2.MediaItem(url="data:image/png;base64,AA"),
-                 multimodal_pb2.MediaItem(data=b"png")):  # fmt: skip
+    for item in (
+        multimodal_pb2.MediaItem(url="data:image/png;base64,AA"),
+        multimodal_pb2.MediaItem(data=b"png"),
+    ):
         hashed = _with_hash(item, "abc")
         assert hashed.mm_hash == "abc"
         assert hashed.WhichOneof("source") == item.WhichOneof("source")
@@ -304,9 +311,16 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     # shared-memory references it cannot read (FOREIGN_HOST).
     peers = FakePeers(FakeScheduler(prefill_host_id=prefill_host))
     roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
-                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
-                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    call = EngineCall(
+        "req",
+        "tiny",
+        generation_pb2.Prompt(token_ids=[1, 2]),
+        generation_pb2.SamplingParams(),
+        [],
+        plan_for(roles, 2),
+        roles,
+        Deadline(30),
+    )  # type: ignore[arg-type]
     grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
     worker = text_worker(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
@@ -326,9 +340,16 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
-                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
-                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    call = EngineCall(
+        "req",
+        "tiny",
+        generation_pb2.Prompt(token_ids=[1, 2]),
+        generation_pb2.SamplingParams(),
+        [],
+        plan_for(roles, 2),
+        roles,
+        Deadline(30),
+    )  # type: ignore[arg-type]
     grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
     worker = text_worker(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
@@ -348,9 +369,16 @@ async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
-                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
-                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    call = EngineCall(
+        "req",
+        "tiny",
+        generation_pb2.Prompt(token_ids=[1, 2]),
+        generation_pb2.SamplingParams(),
+        [],
+        plan_for(roles, 2),
+        roles,
+        Deadline(30),
+    )  # type: ignore[arg-type]
     grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
     pieces = [piece async for piece in text_worker(peers)._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
@@ -370,9 +398,16 @@ class RecordingPlane:
 async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer() -> None:
     peers = FakePeers()
     roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall("req", "tiny", generation_pb2.Prompt(token_ids=[1, 2]),
-                      generation_pb2.SamplingParams(), [], plan_for(roles, 2), roles,
-                      Deadline(30))  # type: ignore[arg-type]  # fmt: skip
+    call = EngineCall(
+        "req",
+        "tiny",
+        generation_pb2.Prompt(token_ids=[1, 2]),
+        generation_pb2.SamplingParams(),
+        [],
+        plan_for(roles, 2),
+        roles,
+        Deadline(30),
+    )  # type: ignore[arg-type]
     worker = text_worker(peers)
     plane = RecordingPlane()
     worker.plane = plane  # type: ignore[assignment]

@@ -16,17 +16,23 @@ def builder(tiny_model_dir: Path) -> PromptBuilder:
 
 
 def test_prompt_has_one_placeholder_group_per_image(builder: PromptBuilder) -> None:
-    ids = builder.token_ids([("user", [ChatPart(image_index=0), ChatPart(image_index=1),
-                                       ChatPart(text="compare")])])  # fmt: skip
+    ids = builder.token_ids(
+        [("user", [ChatPart(image_index=0), ChatPart(image_index=1), ChatPart(text="compare")])]
+    )
     assert ids.count(builder.image_pad_id) == 2
     text = builder.tokenizer.decode(ids)
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
     assert text.rstrip().endswith("assistant")
 
 
-@pytest.mark.parametrize(("messages", "reason"), [
-    ([], "EMPTY_CHAT"), ([("robot", [ChatPart(text="hi")])], "BAD_ROLE"),
-    ([("user", [])], "EMPTY_MESSAGE")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("messages", "reason"),
+    [
+        ([], "EMPTY_CHAT"),
+        ([("robot", [ChatPart(text="hi")])], "BAD_ROLE"),
+        ([("user", [])], "EMPTY_MESSAGE"),
+    ],
+)
 def test_bad_chats_are_invalid_arguments(builder: PromptBuilder, messages, reason) -> None:
     with pytest.raises(InvalidArgument) as caught:
         builder.token_ids(messages)

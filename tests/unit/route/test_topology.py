@@ -19,14 +19,17 @@ from epd.server.route.topology import (
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
-@pytest.mark.parametrize(("roles", "num_images", "uses_encoders", "prefill_roles"), [
-    ({ENCODE, PREFILL_DECODE}, 2, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # E/PD
-    ({ENCODE, PREFILL, DECODE}, 1, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # E/P/D
-    ({ENCODE_PREFILL}, 1, False, (ENCODE_PREFILL,)),  # EPD
-    ({ENCODE_PREFILL, DECODE}, 3, False, (ENCODE_PREFILL,)),  # EP/D
-    ({ENCODE, ENCODE_PREFILL}, 1, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),
-    ({ENCODE_PREFILL}, 0, False, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # text only
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("roles", "num_images", "uses_encoders", "prefill_roles"),
+    [
+        ({ENCODE, PREFILL_DECODE}, 2, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # E/PD
+        ({ENCODE, PREFILL, DECODE}, 1, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # E/P/D
+        ({ENCODE_PREFILL}, 1, False, (ENCODE_PREFILL,)),  # EPD
+        ({ENCODE_PREFILL, DECODE}, 3, False, (ENCODE_PREFILL,)),  # EP/D
+        ({ENCODE, ENCODE_PREFILL}, 1, True, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),
+        ({ENCODE_PREFILL}, 0, False, (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)),  # text only
+    ],
+)
 def test_plan_follows_the_live_roles(roles, num_images, uses_encoders, prefill_roles) -> None:
     plan = plan_for(frozenset(roles), num_images)
     assert plan.uses_encoders is uses_encoders
@@ -41,16 +44,25 @@ def test_kv_goes_to_decode_only_from_prefill_or_encode_prefill_beside_decoders()
 
 
 def worker(model: str, role: int, state: int = scheduler_pb.WORKER_STATE_LIVE) -> object:
-    return scheduler_pb.WorkerStatus(info=scheduler_pb.WorkerInfo(model=model, role=role),
-                                     state=state)  # type: ignore[arg-type]
+    return scheduler_pb.WorkerStatus(
+        info=scheduler_pb.WorkerInfo(model=model, role=role), state=state
+    )  # type: ignore[arg-type]
 
 
 def test_role_view_keeps_live_workers_per_model_and_expires() -> None:
     view = RoleView(ttl_s=1.0)
     assert view.is_stale(now=0.0)
-    view.update(scheduler_pb.ListWorkersResponse(workers=[
-        worker("a", ENCODE), worker("a", PREFILL_DECODE), worker("b", ENCODE_PREFILL),
-        worker("a", DECODE, scheduler_pb.WORKER_STATE_DRAINING)]), now=10.0)  # fmt: skip
+    view.update(
+        scheduler_pb.ListWorkersResponse(
+            workers=[
+                worker("a", ENCODE),
+                worker("a", PREFILL_DECODE),
+                worker("b", ENCODE_PREFILL),
+                worker("a", DECODE, scheduler_pb.WORKER_STATE_DRAINING),
+            ]
+        ),
+        now=10.0,
+    )
     assert view.roles("a") == {ENCODE, PREFILL_DECODE}
     assert view.roles("") == {ENCODE, PREFILL_DECODE, ENCODE_PREFILL}
     assert view.roles("c") == frozenset()

@@ -14,14 +14,23 @@ class FakeClock:
         return self.now
 
 
-def spec(worker_id: str, role: Role = Role.ENCODE, *, port: int = 0, device: str = "cpu",
-         weight: float = 1.0, model: str = "m", capacity: int = 1) -> WorkerSpec:  # fmt: skip
+def spec(
+    worker_id: str,
+    role: Role = Role.ENCODE,
+    *,
+    port: int = 0,
+    device: str = "cpu",
+    weight: float = 1.0,
+    model: str = "m",
+    capacity: int = 1,
+) -> WorkerSpec:
     port = port or 5000 + sum(map(ord, worker_id)) % 1000
     return WorkerSpec(worker_id, role, f"127.0.0.1:{port}", model, device, weight, capacity)
 
 
-def create_scheduler(*specs: WorkerSpec, clock: FakeClock | None = None,
-                     **config: object) -> tuple[Scheduler, FakeClock]:  # fmt: skip
+def create_scheduler(
+    *specs: WorkerSpec, clock: FakeClock | None = None, **config: object
+) -> tuple[Scheduler, FakeClock]:
     clock = clock or FakeClock()
     scheduler = Scheduler(SchedulerConfig(**config), clock)  # type: ignore[arg-type]
     for worker_spec in specs:

@@ -27,8 +27,7 @@ def test_no_encoder_is_unavailable_with_a_clear_message() -> None:
 
 
 def test_only_live_encoders_of_the_model_are_chosen() -> None:
-    scheduler, clock = create_scheduler(spec("a", model="m"), spec("b", model="other"),
-                                        ttl_s=5)  # fmt: skip
+    scheduler, clock = create_scheduler(spec("a", model="m"), spec("b", model="other"), ttl_s=5)
     assignment = scheduler.assign_encoders(items(3), model="m", policy=Policy.PER_IMAGE)
     assert assignment.worker_ids == ("a", "a", "a")
     clock.now += 6
@@ -62,12 +61,15 @@ def test_abandoned_assignments_expire() -> None:
 
 
 def test_adaptive_learns_a_wrong_ratio_from_completions() -> None:
-    scheduler, _ = create_scheduler(spec("cpu", device="cpu"), spec("gpu", device="cuda:0"),
-                                    split_ratio=(1.0, 1.0))  # fmt: skip
+    scheduler, _ = create_scheduler(
+        spec("cpu", device="cpu"), spec("gpu", device="cuda:0"), split_ratio=(1.0, 1.0)
+    )
     first = scheduler.assign_encoders(items(2), policy=Policy.ADAPTIVE)
     assert sorted(first.worker_ids) == ["cpu", "gpu"]
-    outcomes = [ItemOutcome(i, 80.0 if worker == "cpu" else 10.0)
-                for i, worker in enumerate(first.worker_ids)]  # fmt: skip
+    outcomes = [
+        ItemOutcome(i, 80.0 if worker == "cpu" else 10.0)
+        for i, worker in enumerate(first.worker_ids)
+    ]
     scheduler.complete_encoding(first.assignment_id, outcomes)
     second = scheduler.assign_encoders(items(4, "x"), policy=Policy.ADAPTIVE)
     assert second.worker_ids == ("gpu",) * 4
@@ -93,8 +95,9 @@ def test_completed_items_make_their_encoder_a_cache_home() -> None:
 
 
 def test_choose_prefill_by_longest_prefix_then_load() -> None:
-    scheduler, _ = create_scheduler(spec("p1", Role.PREFILL_DECODE),
-                                    spec("p2", Role.PREFILL_DECODE))  # fmt: skip
+    scheduler, _ = create_scheduler(
+        spec("p1", Role.PREFILL_DECODE), spec("p2", Role.PREFILL_DECODE)
+    )
     lease = {w.id: w.lease_id for w in scheduler.registry.all()}
     scheduler.heartbeat(lease["p1"], Load(num_in_flight=3))
     worker, cached = scheduler.choose_prefill([11, 12, 13])
@@ -160,8 +163,7 @@ def test_idle_deregistered_worker_leaves_at_once() -> None:
 
 
 def test_evicted_worker_comes_back_with_nothing_remembered() -> None:
-    scheduler, clock = create_scheduler(spec("p1", Role.PREFILL), spec("p2", Role.PREFILL),
-                                        ttl_s=5)  # fmt: skip
+    scheduler, clock = create_scheduler(spec("p1", Role.PREFILL), spec("p2", Role.PREFILL), ttl_s=5)
     first, _ = scheduler.choose_prefill([1, 2, 3])
     other = "p2" if first.id == "p1" else "p1"
     clock.now += 4
@@ -203,14 +205,15 @@ def test_empty_model_with_several_served_is_invalid() -> None:
     assert scheduler.assign_encoders(items(1), model="m2").worker_ids == ("b",)
 
 
-
 def test_reported_latency_is_read_against_the_sizes_each_encoder_was_given() -> None:
     scheduler, _ = create_scheduler(spec("a"), spec("b"))
     lease = {w.id: w.lease_id for w in scheduler.registry.all()}
-    big = scheduler.assign_encoders([EncodeItem("b0", 3000), EncodeItem("b1", 3000)],
-                                    policy=Policy.PER_REQUEST)  # fmt: skip
-    small = scheduler.assign_encoders([EncodeItem("s0", 1000), EncodeItem("s1", 1000)],
-                                      policy=Policy.PER_REQUEST)  # fmt: skip
+    big = scheduler.assign_encoders(
+        [EncodeItem("b0", 3000), EncodeItem("b1", 3000)], policy=Policy.PER_REQUEST
+    )
+    small = scheduler.assign_encoders(
+        [EncodeItem("s0", 1000), EncodeItem("s1", 1000)], policy=Policy.PER_REQUEST
+    )
     assert (big.worker_ids, small.worker_ids) == (("a", "a"), ("b", "b"))
     # the same speed per token: 3x the tokens per item, 3x the latency per item
     scheduler.heartbeat(lease["a"], Load(item_latency_ms=30))

@@ -124,7 +124,9 @@ def test_adaptive_costs_items_by_size_relative_to_the_mean() -> None:
     slow = EncoderView("cpu", "cpu", service_ms=40, backlog_ms=0)
     policy = AdaptivePolicy()
     assert policy.assign([EncodeItem("a", 200), EncodeItem("b", 200)], [slow, fast]) == [
-        "gpu", "cpu"]  # sizes unknown to the policy: one unit each (the 40 ms tie rotates)
+        "gpu",
+        "cpu",
+    ]  # sizes unknown to the policy: one unit each (the 40 ms tie rotates)
     policy.observe([EncodeItem("prime", 100)])
     assert policy.assign([EncodeItem("big", 200)], [slow, fast]) == ["gpu"]
     assert policy.assign([EncodeItem("small", 50)], [slow, fast]) == ["cpu"]

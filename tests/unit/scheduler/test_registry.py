@@ -10,16 +10,19 @@ from epd.server.common.errors import AlreadyExists, InvalidArgument, NotFound
 from tests.unit.scheduler.factories import FakeClock, spec
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (spec("").__class__("", Role.ENCODE, "h:1", "m"), "BAD_WORKER_ID"),
-    (spec("a", weight=0), "BAD_WEIGHT"),
-    (spec("a", weight=-2), "BAD_WEIGHT"),
-    (spec("a", model=""), "BAD_MODEL"),
-    (spec("a", capacity=0), "BAD_CAPACITY"),
-    (spec("a").__class__("a", Role.ENCODE, "no-port", "m"), "BAD_ENDPOINT"),
-    (spec("a").__class__("a", Role.ENCODE, "host:99999", "m"), "BAD_ENDPOINT"),
-    (spec("a").__class__("a", Role.ENCODE, ":80", "m"), "BAD_ENDPOINT"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (spec("").__class__("", Role.ENCODE, "h:1", "m"), "BAD_WORKER_ID"),
+        (spec("a", weight=0), "BAD_WEIGHT"),
+        (spec("a", weight=-2), "BAD_WEIGHT"),
+        (spec("a", model=""), "BAD_MODEL"),
+        (spec("a", capacity=0), "BAD_CAPACITY"),
+        (spec("a").__class__("a", Role.ENCODE, "no-port", "m"), "BAD_ENDPOINT"),
+        (spec("a").__class__("a", Role.ENCODE, "host:99999", "m"), "BAD_ENDPOINT"),
+        (spec("a").__class__("a", Role.ENCODE, ":80", "m"), "BAD_ENDPOINT"),
+    ],
+)
 def test_bad_registrations_are_invalid_argument(bad, reason: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         Registry().register(bad)
@@ -66,8 +69,12 @@ def test_missing_heartbeats_evict_and_the_worker_re_registers() -> None:
 
 def test_live_filters_role_model_and_exclusions() -> None:
     registry = Registry()
-    for worker_spec in (spec("e1"), spec("e2", model="other"), spec("p1", Role.PREFILL),
-                        spec("e3")):  # fmt: skip
+    for worker_spec in (
+        spec("e1"),
+        spec("e2", model="other"),
+        spec("p1", Role.PREFILL),
+        spec("e3"),
+    ):
         registry.register(worker_spec)
     assert [w.id for w in registry.live([Role.ENCODE], "m")] == ["e1", "e3"]
     assert [w.id for w in registry.live([Role.ENCODE], "m", exclude=["e1"])] == ["e3"]

@@ -47,8 +47,9 @@ def reuse(producer: ShmProducer, ref: tensor_pb2.TensorRef, fill: float) -> tens
     return again
 
 
-def test_the_next_lease_of_a_segment_reuses_its_mapping(producer: ShmProducer,
-                                                        consumer: ShmConsumer) -> None:  # fmt: skip
+def test_the_next_lease_of_a_segment_reuses_its_mapping(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     first = producer.put(torch.full((ELEMENTS,), 1.0))
     address = consumer.get(first).data_ptr()
     second = reuse(producer, first, 2.0)
@@ -59,8 +60,9 @@ def test_the_next_lease_of_a_segment_reuses_its_mapping(producer: ShmProducer,
     producer.release(second.lease_id)
 
 
-def test_writes_to_a_view_never_show_in_the_next_lease(producer: ShmProducer,
-                                                       consumer: ShmConsumer) -> None:  # fmt: skip
+def test_writes_to_a_view_never_show_in_the_next_lease(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     first = producer.put(torch.full((ELEMENTS,), 1.0))
     consumer.get(first)[::1000].fill_(9.0)
     second = reuse(producer, first, 2.0)
@@ -68,21 +70,24 @@ def test_writes_to_a_view_never_show_in_the_next_lease(producer: ShmProducer,
     producer.release(second.lease_id)
 
 
-def test_two_reads_of_one_lease_never_share_writes(producer: ShmProducer,
-                                                   consumer: ShmConsumer) -> None:  # fmt: skip
+def test_two_reads_of_one_lease_never_share_writes(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     ref = producer.put(torch.full((ELEMENTS,), 1.0))
     written = consumer.get(ref)
     written.fill_(5.0)
     again = consumer.get(ref)
     assert again.data_ptr() != written.data_ptr()
     assert torch.equal(again, torch.full((ELEMENTS,), 1.0))
-    assert torch.equal(consumer.get(ref, copy=True), torch.full((ELEMENTS,), 1.0)), \
+    assert torch.equal(consumer.get(ref, copy=True), torch.full((ELEMENTS,), 1.0)), (
         "the producer's segment is never written by a consumer"
+    )
     producer.release(ref.lease_id)
 
 
 def test_a_stale_reference_never_resets_the_view_of_a_live_lease(
-        producer: ShmProducer, consumer: ShmConsumer) -> None:
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     first = producer.put(torch.full((ELEMENTS,), 1.0))
     consumer.get(first)
     second = reuse(producer, first, 2.0)
@@ -102,7 +107,8 @@ def anonymous_kib() -> int:
 
 
 def test_trim_frees_pages_written_to_views_once_every_view_is_gone(
-        producer: ShmProducer, consumer: ShmConsumer) -> None:
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     elements = 8 << 20  # float32: 32 MiB
     ref = producer.put(torch.ones(elements))
     view = consumer.get(ref)
@@ -119,8 +125,9 @@ def test_trim_frees_pages_written_to_views_once_every_view_is_gone(
     producer.release(ref.lease_id)
 
 
-def test_a_mapping_of_an_unlinked_segment_is_forgotten(producer: ShmProducer,
-                                                       consumer: ShmConsumer) -> None:  # fmt: skip
+def test_a_mapping_of_an_unlinked_segment_is_forgotten(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     first = producer.put(torch.ones(ELEMENTS))
     consumer.get(first)
     second = reuse(producer, first, 2.0)
@@ -132,8 +139,9 @@ def test_a_mapping_of_an_unlinked_segment_is_forgotten(producer: ShmProducer,
     producer.release(second.lease_id)
 
 
-def test_trim_forgets_mappings_of_unlinked_segments(producer: ShmProducer,
-                                                    consumer: ShmConsumer) -> None:  # fmt: skip
+def test_trim_forgets_mappings_of_unlinked_segments(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     kept, unlinked = (producer.put(torch.ones(ELEMENTS * size)) for size in (1, 2))
     view = consumer.get(unlinked)
     consumer.get(kept)
@@ -172,7 +180,8 @@ def test_a_zero_budget_keeps_no_mapping(producer: ShmProducer) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("copy", [False, True])
 def test_large_payloads_of_every_dtype_read_back(
-        producer: ShmProducer, consumer: ShmConsumer, dtype: torch.dtype, copy: bool) -> None:
+    producer: ShmProducer, consumer: ShmConsumer, dtype: torch.dtype, copy: bool
+) -> None:
     tensors = [torch.randn(rows, 1031).to(dtype) for rows in (17, 33, 17)]
     for tensor in tensors:
         ref = producer.put(tensor)
@@ -182,7 +191,8 @@ def test_large_payloads_of_every_dtype_read_back(
 
 
 def test_copies_come_out_of_a_kept_shared_mapping_and_are_private(
-        producer: ShmProducer, consumer: ShmConsumer) -> None:  # fmt: skip
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     first = producer.put(torch.full((ELEMENTS,), 1.0))
     copied = consumer.get(first, copy=True)
     copied.fill_(7.0)
@@ -194,9 +204,9 @@ def test_copies_come_out_of_a_kept_shared_mapping_and_are_private(
     producer.release(second.lease_id)
 
 
-def test_a_lease_released_during_a_copy_is_refused(monkeypatch: pytest.MonkeyPatch,
-                                                   producer: ShmProducer,
-                                                   consumer: ShmConsumer) -> None:  # fmt: skip
+def test_a_lease_released_during_a_copy_is_refused(
+    monkeypatch: pytest.MonkeyPatch, producer: ShmProducer, consumer: ShmConsumer
+) -> None:
     ref = producer.put(torch.full((ELEMENTS,), 1.0))
     tenant: list[tensor_pb2.TensorRef] = []
     move = shm.move
@@ -213,7 +223,8 @@ def test_a_lease_released_during_a_copy_is_refused(monkeypatch: pytest.MonkeyPat
 
 
 def test_threads_reading_views_and_copies_at_once_each_read_their_own_lease(
-        producer: ShmProducer) -> None:
+    producer: ShmProducer,
+) -> None:
     consumer = ShmConsumer(HOST, max_mappings=3)  # fewer than the segments: evictions too
     errors: list[str] = []
 

@@ -51,8 +51,9 @@ def test_a_large_payload_is_a_view_of_the_segment(plane: DataPlane) -> None:
 
 @pytest.mark.parametrize("elements", [SMALL, LARGE])
 @pytest.mark.parametrize("copy", [False, True])
-def test_a_released_reference_is_refused_after_reuse(plane: DataPlane, elements: int,
-                                                     copy: bool) -> None:  # fmt: skip
+def test_a_released_reference_is_refused_after_reuse(
+    plane: DataPlane, elements: int, copy: bool
+) -> None:
     ref = plane.put(torch.ones(elements), HOST)
     again = reuse(plane, ref, 3.0)
     with pytest.raises(NotFound) as caught:
@@ -63,8 +64,9 @@ def test_a_released_reference_is_refused_after_reuse(plane: DataPlane, elements:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(), (0, 8), (3, 5, 7)])
-def test_every_dtype_and_shape_reads_back(plane: DataPlane, dtype: torch.dtype,
-                                          shape: tuple[int, ...]) -> None:  # fmt: skip
+def test_every_dtype_and_shape_reads_back(
+    plane: DataPlane, dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
     tensor = torch.randn(shape).to(dtype)
     ref = plane.put(tensor, HOST)
     for copy in (False, True):

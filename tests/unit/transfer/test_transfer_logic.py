@@ -96,16 +96,23 @@ def test_empty_and_scalar_tensors(plane: DataPlane) -> None:
         plane.release([ref.lease_id])
 
 
-@pytest.mark.parametrize("mutate, error, reason", [
-    (lambda r: setattr(r, "dtype", 0), InvalidArgument, "BAD_TENSOR_REF"),
-    (lambda r: setattr(r, "byte_size", r.byte_size + 4), InvalidArgument, "TENSOR_SIZE_MISMATCH"),
-    (lambda r: r.ClearField("shm"), InvalidArgument, "BAD_TENSOR_REF"),
-    (lambda r: setattr(r.shm, "name", "epd-1-1-999999"), NotFound, "SEGMENT_NOT_FOUND"),
-    (lambda r: setattr(r.shm, "name", "../etc/passwd"), InvalidArgument, "BAD_TENSOR_REF"),
-    (lambda r: setattr(r, "host_id", "host-z"), FailedPrecondition, "FOREIGN_HOST"),
-    (lambda r: setattr(r, "lease_expire_time_ms", 1), NotFound, "LEASE_EXPIRED"),
-    (lambda r: r.shape.append(-1), InvalidArgument, "BAD_TENSOR_REF"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mutate, error, reason",
+    [
+        (lambda r: setattr(r, "dtype", 0), InvalidArgument, "BAD_TENSOR_REF"),
+        (
+            lambda r: setattr(r, "byte_size", r.byte_size + 4),
+            InvalidArgument,
+            "TENSOR_SIZE_MISMATCH",
+        ),
+        (lambda r: r.ClearField("shm"), InvalidArgument, "BAD_TENSOR_REF"),
+        (lambda r: setattr(r.shm, "name", "epd-1-1-999999"), NotFound, "SEGMENT_NOT_FOUND"),
+        (lambda r: setattr(r.shm, "name", "../etc/passwd"), InvalidArgument, "BAD_TENSOR_REF"),
+        (lambda r: setattr(r, "host_id", "host-z"), FailedPrecondition, "FOREIGN_HOST"),
+        (lambda r: setattr(r, "lease_expire_time_ms", 1), NotFound, "LEASE_EXPIRED"),
+        (lambda r: r.shape.append(-1), InvalidArgument, "BAD_TENSOR_REF"),
+    ],
+)
 def test_bad_references_raise_typed_errors(plane: DataPlane, mutate, error, reason) -> None:
     ref = plane.put(torch.ones(4, 4), "host-a")
     bad = tensor_pb2.TensorRef()
@@ -149,8 +156,10 @@ def test_lease_ids_are_unique_across_threads_and_forks() -> None:
     from epd.server.transfer.leases import new_lease_id
 
     drawn: list[str] = []
-    threads = [threading.Thread(target=lambda: drawn.extend(new_lease_id() for _ in range(600)))
-               for _ in range(4)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: drawn.extend(new_lease_id() for _ in range(600)))
+        for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -168,11 +177,12 @@ def test_lease_ids_are_unique_across_threads_and_forks() -> None:
     os.close(write_end)
 
 
-@pytest.mark.parametrize("num_bytes", [1, 4096, GIL_HELD_COPY_MAX_BYTES,
-                                       GIL_HELD_COPY_MAX_BYTES + 1])  # fmt: skip
+@pytest.mark.parametrize(
+    "num_bytes", [1, 4096, GIL_HELD_COPY_MAX_BYTES, GIL_HELD_COPY_MAX_BYTES + 1]
+)
 def test_move_copies_exactly_with_and_without_the_gil(num_bytes: int) -> None:
     source = torch.randint(0, 256, (num_bytes + 8,), dtype=torch.uint8)
     destination = torch.zeros(num_bytes + 8, dtype=torch.uint8)
     move(destination.data_ptr() + 4, source.data_ptr(), num_bytes)
-    assert torch.equal(destination[4:4 + num_bytes], source[:num_bytes])
-    assert destination[:4].sum() == 0 and destination[4 + num_bytes:].sum() == 0
+    assert torch.equal(destination[4 : 4 + num_bytes], source[:num_bytes])
+    assert destination[:4].sum() == 0 and destination[4 + num_bytes :].sum() == 0

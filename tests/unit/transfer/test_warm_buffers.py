@@ -14,8 +14,9 @@ from epd.server.transfer.warm_buffers import WarmBuffers, buffer_class
 MIN = 64 << 10
 
 
-@pytest.mark.parametrize("num_bytes", [1, 4095, 4096, MIN, MIN + 1, 3 << 20, (96 << 20) + 5,
-                                       (128 << 20) - 1, 128 << 20])  # fmt: skip
+@pytest.mark.parametrize(
+    "num_bytes", [1, 4095, 4096, MIN, MIN + 1, 3 << 20, (96 << 20) + 5, (128 << 20) - 1, 128 << 20]
+)
 def test_a_buffer_class_wastes_at_most_an_eighth(num_bytes: int) -> None:
     capacity = buffer_class(num_bytes)
     assert capacity >= num_bytes and capacity % 4096 == 0
