@@ -70,6 +70,8 @@ async def test_encoding_does_not_wait_for_the_end_of_a_complete_stream() -> None
     await asyncio.wait_for(encode_all(peers, stage, Deadline(30)), 5)  # type: ignore[arg-type]
     assert sorted(stage.results) == [0, 1, 2]
     assert not any(s.is_cancelled for e in peers.encoders.values() for s in e.streams)
+    never.set()  # NOTE: the streams' ends, read in the background, come now
+    await peers.background.settle()
 
 
 async def test_the_answer_does_not_wait_for_the_encoding_report() -> None:
