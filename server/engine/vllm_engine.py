@@ -386,6 +386,7 @@ class VllmEngine(Engine):
             return
         llm, self._llm = self._llm, None
         llm.shutdown(timeout=ENGINE_CORE_STOP_S)
+        _destroy_zmq_context(llm)
         # NOTE: drop the last reference now: AsyncLLM.__del__ run at interpreter exit fails noisily.
         del llm
         gc.collect()
@@ -393,6 +394,16 @@ class VllmEngine(Engine):
             # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
             # its three sockets (/tmp/<uuid>) behind.
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+
+
+def _destroy_zmq_context(llm: Any) -> None:
+    """Destroy the ZMQ context of ``llm``'s EngineCore client: vLLM 0.32's shutdown closes the
+    client's sockets but leaves their context to the garbage collector, which warns about it
+    (``ResourceWarning: Unclosed context``). The in-process client (KV transfer) has none."""
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    context = getattr(resources, "ctx", None)
+    if context is not None:
+        context.destroy(linger=0)
 
 
 def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker, rpc_dir: Path) -> Any:
