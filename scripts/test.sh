@@ -3,6 +3,7 @@
 #
 #   scripts/test.sh                 # contracts, lint, types, the whole pytest suite
 #   scripts/test.sh -k scheduler    # extra arguments go to pytest
+#   scripts/test.sh -m "not integration"    # tests/unit and tests/grpc only (under 2 min)
 #
 # Fails on any failing check, any failing test, or a pytest run that collects no test.
 set -euo pipefail
