@@ -12,6 +12,7 @@ from PIL import Image
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.tiny_model import build_tiny_model, preset
 from epd.server.models.registry import FAMILIES, family_of
+from tests.families import skip_unless_run
 
 NUM_TOKENS = 24
 # Greedy tokens must not hinge on float noise: transformers and vLLM kernels differ by ~1e-5.
@@ -90,7 +91,10 @@ def test_greedy_margins_are_wide(hf_greedy) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_matches_transformers_token_for_token(family_dir: Path, chat, hf_greedy) -> None:
+def test_vllm_matches_transformers_token_for_token(
+    request: pytest.FixtureRequest, family_dir: Path, chat, hf_greedy
+) -> None:
+    skip_unless_run(request, family_of(family_dir).name)
     from vllm import LLM, SamplingParams
 
     _, images = chat

@@ -22,6 +22,7 @@ from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.families import skip_unless_run
 from tests.pictures import picture, png
 
 NUM_TOKENS = 12
@@ -75,6 +76,7 @@ async def e_pd_answer(
 async def family_dir(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
 ) -> AsyncIterator[Path]:
+    skip_unless_run(request, request.param)
     yield tiny_family_dir(request.param)
 
 

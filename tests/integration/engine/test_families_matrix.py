@@ -22,6 +22,7 @@ from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.families import skip_unless_run
 from tests.pictures import picture
 
 from .conftest import KV_CACHE_BYTES
@@ -39,6 +40,7 @@ async def served(
 ) -> AsyncIterator[tuple[Stubs, DataPlane, tuple[ReferenceEngine, VisionEncoder]]]:
     from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 
+    skip_unless_run(request, request.param)
     model_dir = tiny_family_dir(request.param)
 
     def options(role: str) -> VllmOptions:

@@ -12,6 +12,7 @@ from epd.server.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.media.grid import ImageGridder
 from epd.server.models.registry import FAMILIES, family_named
+from tests.families import skip_unless_run
 
 pytestmark = pytest.mark.vllm
 SIZES = [(336, 224), (168, 112)]
@@ -20,6 +21,7 @@ SIZES = [(336, 224), (168, 112)]
 @pytest.fixture(scope="module", params=[family.name for family in FAMILIES])
 async def family_engine(request: pytest.FixtureRequest, tiny_family_dir, engines) -> AsyncIterator:
     """A vLLM engine on each family's tiny checkpoint (the default family's: the session's)."""
+    skip_unless_run(request, request.param)
     if request.param == FAMILIES[0].name:
         yield engines[0]
         return
