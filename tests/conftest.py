@@ -3,6 +3,9 @@
 - Tiers by folder: ``tests/unit`` (logic), ``tests/grpc`` (in-process servers on port 0) and
   ``tests/integration`` (real processes, vLLM engines, network namespaces), whose every test is
   marked ``integration`` here, so ``pytest -m "not integration"`` runs the first two alone.
+- An error asyncio reports while a test runs (a task's exception nobody retrieved, a pending
+  task destroyed, an exception in a callback) fails that test, as an exception in a finalizer
+  does (pyproject.toml's filterwarnings).
 - ``tiny_model_dir``: the tiny Qwen2-VL built once per session (or taken from EPD_TEST_MODEL_DIR).
 - vLLM runs in-process where it can (VLLM_ENABLE_V1_MULTIPROCESSING=0), with its cache in a
   temporary folder, and the files it leaves in /tmp are removed at the end of the session.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import re
 import shutil
@@ -79,6 +83,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+class _ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(self.format(record))
+
+
+@pytest.fixture(autouse=True)
+def fail_on_asyncio_errors() -> Iterator[None]:
+    """Fail the test if asyncio logs an error while it runs."""
+    records = _ErrorRecords()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(records)
+    try:
+        yield
+    finally:
+        logger.removeHandler(records)
+    if records.messages:
+        pytest.fail("asyncio reported:\n" + "\n".join(records.messages), pytrace=False)
 
 
 @pytest.fixture(scope="session")
