@@ -21,6 +21,7 @@ from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.pictures import picture
 from tests.scrape import scrape
 
+from .conftest import KV_CACHE_BYTES
 from .helpers import Stubs, embedded_prompt, release
 
 pytestmark = pytest.mark.vllm
@@ -37,10 +38,33 @@ async def samples_of(app) -> list:
     return await asyncio.to_thread(scrape, f"http://127.0.0.1:{app.server.metrics.port}/metrics")
 
 
+@pytest.fixture(scope="module")
+async def fresh_engines(tiny_model_dir):
+    """A producer and, started after it, a consumer of their own. vLLM keeps its metrics in
+    prometheus-client's process-wide registry and every engine that starts unregisters the
+    ``vllm:*`` collectors there before adding its own (one engine per process, as epd runs
+    them), so the session's engines have lost theirs to whichever engine a test started last."""
+    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+
+    def options(role: str) -> VllmOptions:
+        return VllmOptions(kv_role=role, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=2048)
+
+    producer = await VllmEngine.start(
+        tiny_model_dir, model_id="tiny", options=options("kv_producer")
+    )
+    consumer = await VllmEngine.start(
+        tiny_model_dir, model_id="tiny", options=options("kv_consumer")
+    )
+    yield producer, consumer
+    await asyncio.gather(producer.close(), consumer.close())
+
+
 async def test_prefill_and_decode_export_vllms_metrics_and_their_own(
-    tiny_model_dir, engines, oracle
+    tiny_model_dir, fresh_engines, oracle
 ) -> None:
-    stubs = Stubs(engines)
+    """The decode worker's engine started last, so its figures are the ones vLLM exports: the
+    prompt's tokens (it takes the prompt whose KV it pulls) and the KV bytes it pulled."""
+    stubs = Stubs(fresh_engines)
     options = ServerOptions(metrics_port=0)
     prefill_app = await build_prefill_server(
         PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer, options
