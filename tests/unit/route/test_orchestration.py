@@ -25,14 +25,18 @@ def stage_of(num_images: int) -> EncodeStage:
     return EncodeStage("req", "tiny", items, num_tokens=[4] * num_images)
 
 
-def engine_call(live_roles: frozenset[int]) -> EngineCall:
+TWO_GRIDS = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+
+
+def engine_call(live_roles: frozenset[int], num_images: int = 0) -> EngineCall:
+    """A call of model ``tiny`` with a two-token prompt (``num_images`` images planned)."""
     return EngineCall(
         "req",
         "tiny",
         generation_pb2.Prompt(token_ids=[1, 2]),
         generation_pb2.SamplingParams(),
         [],
-        plan_for(live_roles, 0),
+        plan_for(live_roles, num_images),
         live_roles,
         Deadline(30),
     )  # type: ignore[arg-type]
@@ -312,18 +316,8 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     # NOTE: encoders were told the route's host, so a prefill worker on another host got
     # shared-memory references it cannot read (FOREIGN_HOST).
     peers = FakePeers(FakeScheduler(prefill_host_id=prefill_host))
-    roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall(
-        "req",
-        "tiny",
-        generation_pb2.Prompt(token_ids=[1, 2]),
-        generation_pb2.SamplingParams(),
-        [],
-        plan_for(roles, 2),
-        roles,
-        Deadline(30),
-    )  # type: ignore[arg-type]
-    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    grids = TWO_GRIDS
     worker = text_worker(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
@@ -341,18 +335,8 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
         prefill_hosts={"pd0": "host-a", "pd1": "host-b"},
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
-    roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall(
-        "req",
-        "tiny",
-        generation_pb2.Prompt(token_ids=[1, 2]),
-        generation_pb2.SamplingParams(),
-        [],
-        plan_for(roles, 2),
-        roles,
-        Deadline(30),
-    )  # type: ignore[arg-type]
-    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    grids = TWO_GRIDS
     worker = text_worker(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
     await peers.background.settle()
@@ -370,18 +354,8 @@ async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
         prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)], prefill_host_id="host-a"
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
-    roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall(
-        "req",
-        "tiny",
-        generation_pb2.Prompt(token_ids=[1, 2]),
-        generation_pb2.SamplingParams(),
-        [],
-        plan_for(roles, 2),
-        roles,
-        Deadline(30),
-    )  # type: ignore[arg-type]
-    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    grids = TWO_GRIDS
     pieces = [piece async for piece in text_worker(peers)._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     assert len([r for e in peers.encoders.values() for r in e.requests]) == 2
@@ -399,23 +373,13 @@ class RecordingPlane:
 
 async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer() -> None:
     peers = FakePeers()
-    roles = frozenset({ENCODE, PREFILL_DECODE})
-    call = EngineCall(
-        "req",
-        "tiny",
-        generation_pb2.Prompt(token_ids=[1, 2]),
-        generation_pb2.SamplingParams(),
-        [],
-        plan_for(roles, 2),
-        roles,
-        Deadline(30),
-    )  # type: ignore[arg-type]
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
     worker = text_worker(peers)
     plane = RecordingPlane()
     worker.plane = plane  # type: ignore[assignment]
     stage = stage_of(2)
     stage.pixel_leases = ["pixels-0", "pixels-1"]
-    grids = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+    grids = TWO_GRIDS
     pieces = worker._handed_over(call, stage, grids)
     first = await anext(pieces)
     assert first.token_ids == [7]
