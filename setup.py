@@ -1,8 +1,9 @@
 """Map the repository's top-level folders under one import namespace.
 
-server/ -> epd.server, client/ -> epd.client, scheduler/ -> epd.scheduler, epd/ -> epd
-(epd/v1 holds the generated protobuf stubs). Everything else lives in pyproject.toml; this
-file only exists because pyproject.toml cannot remap folders found by package discovery.
+server/ -> epd.server, common/ -> epd.common (what server, scheduler and client share),
+client/ -> epd.client, scheduler/ -> epd.scheduler, epd/ -> epd (epd/v1 holds the generated
+protobuf stubs). Everything else lives in pyproject.toml; this file only exists because
+pyproject.toml cannot remap folders found by package discovery.
 """
 
 from setuptools import find_packages, setup
@@ -10,6 +11,7 @@ from setuptools import find_packages, setup
 FOLDERS = {
     "epd": "epd",
     "epd.server": "server",
+    "epd.common": "common",
     "epd.client": "client",
     "epd.scheduler": "scheduler",
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import grpc
 
-from epd.server.common.status import error_info
+from epd.common.status import error_info
 
 
 class EpdClientError(Exception):

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epd.server.common.channels import wait_for_health
+from epd.common.channels import wait_for_health
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
 

@@ -31,7 +31,7 @@ from epd.client.messages import (
     to_chunk,
     user,
 )
-from epd.server.common.channels import create_channel
+from epd.common.channels import create_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
 __all__ = ["AsyncEpdClient", "Chunk", "Message", "Picture", "assistant", "system", "user"]

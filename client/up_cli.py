@@ -27,8 +27,8 @@ from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watc
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, engine_settings
-from epd.server.common.telemetry import DEFAULT_SPAN_FILE_MB
-from epd.server.common.telemetry_cli import mebibytes
+from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
+from epd.common.telemetry_cli import mebibytes
 from epd.server.engine.device import resolve_device
 
 DEFAULT_MODEL = Path(".epd/models/tiny")

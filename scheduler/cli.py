@@ -8,13 +8,13 @@ import logging
 import os
 import sys
 
+from epd.common.errors import InvalidArgument
+from epd.common.server import ServerOptions, serve
+from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.core import SchedulerConfig
 from epd.scheduler.model import Policy
 from epd.scheduler.policies.encoders import parse_split_ratio
-from epd.server.common.errors import InvalidArgument
-from epd.server.common.server import ServerOptions, serve
-from epd.server.common.server_cli import add_server_arguments, server_options
-from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 
 DEFAULT_PORT = 50051
 logger = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from epd.common.errors import InvalidArgument
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, Worker, WorkerSpec
-from epd.server.common.errors import InvalidArgument
 from epd.v1 import scheduler_service_pb2 as pb
 
 ROLES: dict[int, Role] = {

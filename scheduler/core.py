@@ -13,6 +13,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
@@ -32,7 +33,6 @@ from epd.scheduler.policies.encoders import (
 from epd.scheduler.policies.routing import PrefixIndex
 from epd.scheduler.policies.stats import Ewma, ServiceTimes
 from epd.scheduler.registry import Clock, Registry
-from epd.server.common.errors import InvalidArgument, Unavailable
 
 PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
 

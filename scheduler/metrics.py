@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from epd.common.metrics import ScrapeCollector, counter, labelled_counter, labelled_gauge
 from epd.scheduler.core import Scheduler
 from epd.scheduler.model import Role
-from epd.server.common.metrics import ScrapeCollector, counter, labelled_counter, labelled_gauge
 
 
 def register_scheduler_metrics(scheduler: Scheduler, registry: CollectorRegistry) -> None:

@@ -8,8 +8,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from epd.common.errors import AlreadyExists, InvalidArgument, NotFound
 from epd.scheduler.model import Load, Role, Worker, WorkerSpec
-from epd.server.common.errors import AlreadyExists, InvalidArgument, NotFound
 
 Clock = Callable[[], float]
 OnRemove = Callable[[Worker], None]

@@ -6,9 +6,9 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from epd.common.status import handle_errors
 from epd.scheduler import convert
 from epd.scheduler.core import Scheduler
-from epd.server.common.status import handle_errors
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

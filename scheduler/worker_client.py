@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
-from epd.server.common.channels import DEFAULT_KEEPALIVE_S, create_channel
+from epd.common.channels import DEFAULT_KEEPALIVE_S, create_channel
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

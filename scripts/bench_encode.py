@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from epd.server.common.channels import create_channel
+from epd.common.channels import create_channel
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.tiny_model import build_tiny_model, preset

@@ -69,8 +69,8 @@ class Bench:
         self.closers: list[Callable[[], Awaitable[Any]]] = []
 
     async def start(self, with_pd: bool) -> None:
-        from epd.server.common.channels import create_channel
-        from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient
+        from epd.common.channels import create_channel
+        from epd.common.clients import DecodeClient, EncoderClient, PrefillClient
         from epd.server.decode.app import DecodeConfig, build_decode_server
         from epd.server.encode.app import EncodeConfig, build_encode_server
         from epd.server.engine.vllm_engine import VllmEngine, VllmOptions

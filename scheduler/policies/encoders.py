@@ -24,10 +24,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from epd.common.errors import InvalidArgument
 from epd.scheduler.model import EncodeItem, Policy
 from epd.scheduler.policies.stats import Ewma
 from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
-from epd.server.common.errors import InvalidArgument
 
 CACHE_HIT_COST = 0.05
 # completion times closer than this share of the item's fastest service time are a tie

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from epd.common.metrics import new_registry
+from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.scheduler.worker_client import WorkerRegistration
-from epd.server.common.metrics import new_registry
-from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.decode.service import DecodeWorker
 from epd.server.decode.servicer import DecodeServicer
 from epd.server.engine.base import Engine

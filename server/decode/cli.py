@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import sys
 
-from epd.server.common.server import ServerOptions, serve
-from epd.server.common.server_cli import add_server_arguments, server_options
-from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.common.server import ServerOptions, serve
+from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.device import resolve_device
 from epd.server.engine.engine_cli import (

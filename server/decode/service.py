@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, Engine, Sampling, TokenChunk
 from epd.server.prefill.images import check_request, grids_only
 from epd.v1 import generation_pb2

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.status import handle_errors
+from epd.common.status import handle_errors
 from epd.server.decode.service import DecodeWorker
 from epd.server.prefill import convert
 from epd.v1 import decode_service_pb2 as pb

@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epd.common.metrics import new_registry
+from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.scheduler.worker_client import WorkerRegistration
-from epd.server.common.metrics import new_registry
-from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.metrics import EncodeMetrics

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from epd.server.common.metrics import (
+from epd.common.metrics import (
     COUNT_BUCKETS,
     LATENCY_BUCKETS_S,
     ScrapeCollector,

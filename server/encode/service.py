@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from epd.server.common.errors import EpdError, InvalidArgument
+from epd.common.errors import EpdError, InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.media.grid import ImageGridder

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.status import handle_errors
+from epd.common.status import handle_errors
 from epd.server.encode.service import EncodeWorker, MediaSource
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from epd.server.common.errors import FailedPrecondition
+from epd.common.errors import FailedPrecondition
 
 Grid = tuple[int, int, int]
 # Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a

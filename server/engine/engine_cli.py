@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epd.server.common.model_dir import require_model_dir
+from epd.common.model_dir import require_model_dir
 from epd.server.engine.device import (
     DEFAULTS,
     DEVICE_CHOICES,

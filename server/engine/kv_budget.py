@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 
 
 class KvBudget:

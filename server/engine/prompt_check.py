@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage
 
 

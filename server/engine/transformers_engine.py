@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import Engine, EngineImage, EngineLoad, Sampling, TokenChunk, Usage
 from epd.server.engine.kv_budget import KvBudget
 from epd.server.engine.prompt_check import VisionLayout

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from epd.server.common.errors import (
+from epd.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,

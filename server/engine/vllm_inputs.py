@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media.policy import MediaPolicy
 
 JPEG_START_OF_SCAN = b"\xff\xda"

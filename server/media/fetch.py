@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media.policy import MediaPolicy
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 
 Grid = tuple[int, int, int]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from epd.server.common.errors import EpdError, InvalidArgument
+from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import declared_pixels, decode_image
 from epd.server.media.fetch import fetch_url

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
-from epd.server.common.metrics import ScrapeCollector, labelled_counter
+from epd.common.metrics import ScrapeCollector, labelled_counter
 from epd.server.media.loader import MediaLoader
 
 

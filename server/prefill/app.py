@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epd.common.metrics import new_registry
+from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.scheduler.worker_client import WorkerRegistration
-from epd.server.common.metrics import new_registry
-from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.engine.base import Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader

@@ -9,9 +9,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from epd.server.common.server import ServerOptions, serve
-from epd.server.common.server_cli import add_server_arguments, server_options
-from epd.server.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.common.server import ServerOptions, serve
+from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.engine.device import resolve_device
 from epd.server.engine.engine_cli import (
     add_engine_arguments,

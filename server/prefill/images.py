@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epd.server.common.errors import FailedPrecondition, InvalidArgument
+from epd.common.errors import FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
 from epd.server.media.loader import MediaLoader
 from epd.server.transfer.plane import DataPlane

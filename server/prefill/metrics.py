@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from epd.server.common.metrics import LATENCY_BUCKETS_S
+from epd.common.metrics import LATENCY_BUCKETS_S
 from epd.server.engine.vllm_metrics import VllmMetrics
 
 

@@ -13,7 +13,7 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
-from epd.server.common.errors import FailedPrecondition
+from epd.common.errors import FailedPrecondition
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
 from epd.server.prefill.images import ImageResolver, check_request

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 from opentelemetry import trace
 
-from epd.server.common.status import handle_errors
+from epd.common.status import handle_errors
 from epd.server.prefill import convert
 from epd.server.prefill.service import PrefillWorker
 from epd.v1 import prefill_service_pb2 as pb

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from epd.server.common.metrics import new_registry
-from epd.server.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.common.metrics import new_registry
+from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from epd.server.common.errors import DeadlineExceeded
+from epd.common.errors import DeadlineExceeded
 
 
 class Deadline:

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from epd.server.common.errors import Cancelled, EpdError, Unavailable
+from epd.common.errors import Cancelled, EpdError, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.v1 import encode_service_pb2 as encode_pb

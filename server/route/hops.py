@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 
-from epd.server.common.errors import EpdError, Unavailable
-from epd.server.common.tasks import concurrently
+from epd.common.errors import EpdError, Unavailable
+from epd.common.tasks import concurrently
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.server.route.topology import Plan, Role, hands_off_kv

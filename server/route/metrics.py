@@ -13,8 +13,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from epd.server.common.errors import EpdError
-from epd.server.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS_S, TOKEN_BUCKETS_S
+from epd.common.errors import EpdError
+from epd.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS_S, TOKEN_BUCKETS_S
 
 
 class RouteMetrics:

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from epd.server.common.errors import EpdError
-from epd.server.common.http_tracing import tracing_middleware
+from epd.common.errors import EpdError
+from epd.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
 from epd.server.route.http_guard import (
     INLINE_PARSE_BYTES,

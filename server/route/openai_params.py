@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from epd.server.common.errors import Code, EpdError
+from epd.common.errors import Code, EpdError
 from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean, text
 from epd.server.route.request_ids import ensure_request_id
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2

@@ -3,9 +3,9 @@ They raise domain errors (``clients``): the route's logic never sees a gRPC erro
 
 from __future__ import annotations
 
-from epd.server.common.channels import DEFAULT_KEEPALIVE_S, ChannelPool
-from epd.server.common.clients import DecodeClient, EncoderClient, PrefillClient, SchedulerClient
-from epd.server.common.tasks import BackgroundCalls
+from epd.common.channels import DEFAULT_KEEPALIVE_S, ChannelPool
+from epd.common.clients import DecodeClient, EncoderClient, PrefillClient, SchedulerClient
+from epd.common.tasks import BackgroundCalls
 
 
 class Peers:

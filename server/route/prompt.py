@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 
 BLOCK_SIZE = 16
 ROLES = ("system", "user", "assistant")

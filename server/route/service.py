@@ -24,8 +24,8 @@ from functools import partial
 import torch
 from opentelemetry import trace
 
-from epd.server.common.errors import EpdError, NotFound
-from epd.server.common.tasks import concurrently
+from epd.common.errors import EpdError, NotFound
+from epd.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import pixels_of

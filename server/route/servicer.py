@@ -7,7 +7,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from epd.server.common.status import handle_errors
+from epd.common.status import handle_errors
 from epd.server.route.request_ids import ensure_request_id
 from epd.server.route.service import RouteWorker
 from epd.v1 import route_service_pb2 as pb

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.tensors import as_bytes, check_ref, describe, from_bytes
 from epd.v1 import tensor_pb2

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from epd.server.common.metrics import ScrapeCollector, gauge, labelled_counter, labelled_gauge
+from epd.common.metrics import ScrapeCollector, gauge, labelled_counter, labelled_gauge
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.plane import DataPlane
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epd.server.common.errors import InvalidArgument, NotFound
+from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer.nixl_notifications import NotificationListener, Notifications
 from epd.server.transfer.options import NixlOptions
 

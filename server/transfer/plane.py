@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.counts import TransferCounts
 from epd.server.transfer.inline import InlineConsumer, InlineProducer

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease

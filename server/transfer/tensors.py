@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.v1 import tensor_pb2
 
 DTYPES: dict[int, torch.dtype] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from epd.server.common.env import float_env, int_env
+from epd.common.env import float_env, int_env
 from epd.server.transfer.options import UCX_ERROR_HANDLING_MODES, NixlOptions, TransferOptions
 from epd.server.transfer.shm_mappings import DEFAULT_MAX_BYTES
 

@@ -305,7 +305,7 @@ class RouteThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
 
     async def _start(self, model_dir: Path) -> tuple[str, str]:
-        from epd.server.common.server import ServerOptions, ServiceBinding, build_server
+        from epd.common.server import ServerOptions, ServiceBinding, build_server
         from epd.server.media.grid import ImageGridder
         from epd.server.media.loader import MediaLoader
         from epd.server.media.policy import MediaPolicy

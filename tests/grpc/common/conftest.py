@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from epd.server.common.telemetry import configure_tracing
+from epd.common.telemetry import configure_tracing
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 
-from epd.server.common import errors
-from epd.server.common.server import ServiceBinding
-from epd.server.common.status import handle_errors
+from epd.common import errors
+from epd.common.server import ServiceBinding
+from epd.common.status import handle_errors
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 

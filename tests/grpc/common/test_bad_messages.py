@@ -11,8 +11,8 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2
 
-from epd.server.common.server import ServerOptions, build_server
-from epd.server.common.status import error_info
+from epd.common.server import ServerOptions, build_server
+from epd.common.status import error_info
 from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding
 
 TOKEN = "s3cret"

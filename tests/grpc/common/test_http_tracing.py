@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from epd.server.common.http_tracing import tracing_middleware
+from epd.common.http_tracing import tracing_middleware
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

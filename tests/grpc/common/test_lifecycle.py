@@ -10,9 +10,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epd.server.common import errors
-from epd.server.common.channels import create_channel, wait_for_health
-from epd.server.common.server import EpdServer, ServerOptions, build_server, serve
+from epd.common import errors
+from epd.common.channels import create_channel, wait_for_health
+from epd.common.server import EpdServer, ServerOptions, build_server, serve
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2

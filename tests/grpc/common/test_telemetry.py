@@ -11,9 +11,9 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from epd.server.common.channels import create_channel
-from epd.server.common.server import ServerOptions, build_server
-from epd.server.common.telemetry import (
+from epd.common.channels import create_channel
+from epd.common.server import ServerOptions, build_server
+from epd.common.telemetry import (
     SingleLineFormatter,
     TraceContextFilter,
     add_exporter,

@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from epd.server.common.channels import create_channel
-from epd.server.common.server import ServerOptions
+from epd.common.channels import create_channel
+from epd.common.server import ServerOptions
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc

@@ -9,9 +9,9 @@ import socket
 
 from PIL import Image
 
+from epd.common.channels import create_channel
+from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
-from epd.server.common.channels import create_channel
-from epd.server.common.server import ServerOptions
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
@@ -68,7 +68,7 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
 
 
 async def test_an_encoder_bound_to_a_wildcard_registers_a_reachable_address(tiny_model_dir) -> None:
-    from epd.server.common.advertise import primary_address
+    from epd.common.advertise import primary_address
 
     scheduler, scheduler_port = await build_scheduler_server()
     encoder = await build_encode_server(

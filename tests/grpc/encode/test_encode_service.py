@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
+from epd.common.channels import create_channel
+from epd.common.status import from_rpc_error
 from epd.scheduler.app import build_scheduler_server
-from epd.server.common.channels import create_channel
-from epd.server.common.status import from_rpc_error
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.transfer import shm
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from PIL import Image
 
-from epd.server.common.channels import create_channel
-from epd.server.common.telemetry import configure_tracing
+from epd.common.channels import create_channel
+from epd.common.telemetry import configure_tracing
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from epd.server.common.channels import create_channel
-from epd.server.common.status import from_rpc_error
+from epd.common.channels import create_channel
+from epd.common.status import from_rpc_error
 from epd.server.encode.app import EncodeApp, EncodeConfig, build_encode_server
 from epd.server.media import fetch
 from epd.server.media.policy import MediaPolicy

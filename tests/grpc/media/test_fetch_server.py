@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media import fetch
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy

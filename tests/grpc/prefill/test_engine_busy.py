@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from epd.server.common.channels import create_channel
-from epd.server.common.status import from_rpc_error
+from epd.common.channels import create_channel
+from epd.common.status import from_rpc_error
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import generation_pb2

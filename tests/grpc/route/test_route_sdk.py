@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
-from epd.server.common.errors import InvalidArgument as InvalidArgumentError
-from epd.server.common.errors import Unavailable as ServerUnavailable
-from epd.server.common.server import ServerOptions, ServiceBinding, build_server
+from epd.common.errors import InvalidArgument as InvalidArgumentError
+from epd.common.errors import Unavailable as ServerUnavailable
+from epd.common.server import ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy

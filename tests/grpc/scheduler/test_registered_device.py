@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
+from epd.common.channels import create_channel
+from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
-from epd.server.common.channels import create_channel
-from epd.server.common.server import ServerOptions
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions

@@ -9,12 +9,12 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from epd.common.channels import create_channel
+from epd.common.server import ServerOptions
+from epd.common.status import from_rpc_error
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
 from epd.scheduler.worker_client import WorkerRegistration
-from epd.server.common.channels import create_channel
-from epd.server.common.server import ServerOptions
-from epd.server.common.status import from_rpc_error
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

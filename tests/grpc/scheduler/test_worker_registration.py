@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from epd.common.channels import create_channel
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
 from epd.scheduler.worker_client import WorkerRegistration
-from epd.server.common.channels import create_channel
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

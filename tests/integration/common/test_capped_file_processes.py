@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epd.server.common import capped_file
+from epd.common import capped_file
 from tests.unit.common.test_capped_file import KiB, numbers
 
 _WRITER = """
 import json, sys
-from epd.server.common import capped_file
+from epd.common import capped_file
 path, writer = sys.argv[1], int(sys.argv[2])
 for number in range(400):
     line = json.dumps({"n": writer * 1000 + number, "pad": "x" * 200}) + "\\n"

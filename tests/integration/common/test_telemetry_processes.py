@@ -10,9 +10,9 @@ from pathlib import Path
 
 _TRACED_ONLY_AFTER_EXPORT = """
 import asyncio, sys
-from epd.server.common.channels import create_channel
-from epd.server.common.server import build_server
-from epd.server.common.telemetry import configure_tracing, traces_rpcs
+from epd.common.channels import create_channel
+from epd.common.server import build_server
+from epd.common.telemetry import configure_tracing, traces_rpcs
 from epd.v1 import encode_service_pb2 as pb, encode_service_pb2_grpc as pb_grpc
 from tests.grpc.common.servicers import ScriptedEncodeService, encode_binding
 
@@ -57,7 +57,7 @@ def test_rpcs_are_traced_only_when_spans_go_somewhere(tmp_path: Path) -> None:
 def test_configure_logging_writes_one_line_per_record_with_traceback() -> None:
     script = (
         "import logging\n"
-        "from epd.server.common.telemetry import configure_logging\n"
+        "from epd.common.telemetry import configure_logging\n"
         "configure_logging('info')\n"
         "configure_logging('info')\n"  # NOTE: twice, to show lines are not duplicated
         "logging.getLogger('epd.demo').debug('hidden')\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.client import AsyncEpdClient, EpdClientError, user
-from epd.server.common.channels import wait_for_health
+from epd.common.channels import wait_for_health
 from tests.pictures import picture, png
 
 QUESTION = "describe this picture"

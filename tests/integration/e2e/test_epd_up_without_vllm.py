@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from epd.client import EpdClient, user
-from epd.server.common.channels import wait_for_health
+from epd.common.channels import wait_for_health
 from epd.server.engine.generate_cli import demo_image
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.transfer import shm

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from epd.common.channels import create_channel
 from epd.scheduler.app import build_scheduler_server
-from epd.server.common.channels import create_channel
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.models.registry import FAMILIES

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from PIL import Image
 
+from epd.common.channels import create_channel
+from epd.common.status import from_rpc_error
 from epd.scheduler.app import build_scheduler_server
-from epd.server.common.channels import create_channel
-from epd.server.common.status import from_rpc_error
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server

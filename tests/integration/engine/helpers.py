@@ -6,7 +6,7 @@ from typing import Any
 
 from PIL import Image
 
-from epd.server.common.channels import create_channel
+from epd.common.channels import create_channel
 from epd.server.engine.base import Engine
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2

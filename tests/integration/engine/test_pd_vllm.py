@@ -9,7 +9,7 @@ import asyncio
 import grpc
 import pytest
 
-from epd.server.common.status import from_rpc_error
+from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from PIL import Image
 
-from epd.server.common.channels import create_channel
-from epd.server.common.status import from_rpc_error
+from epd.common.channels import create_channel
+from epd.common.status import from_rpc_error
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode
 from epd.server.transfer.plane import DataPlane

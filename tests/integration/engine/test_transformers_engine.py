@@ -9,9 +9,9 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from epd.server.common.channels import create_channel
-from epd.server.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from epd.server.common.status import from_rpc_error
+from epd.common.channels import create_channel
+from epd.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from epd.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from epd.server.common.channels import create_channel
+from epd.common.channels import create_channel
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.transformers_engine import TransformersEngine

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.media.grid import ImageGridder
 from epd.server.models.registry import FAMILIES, family_named

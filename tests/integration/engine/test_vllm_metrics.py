@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from epd.server.common.server import ServerOptions
+from epd.common.server import ServerOptions
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.service import Mode

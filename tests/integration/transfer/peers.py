@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from epd.server.common.errors import EpdError
+from epd.common.errors import EpdError
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.transfer import nixl_agent
 from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.options import NixlOptions

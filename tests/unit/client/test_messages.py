@@ -11,8 +11,8 @@ from PIL import Image
 
 from epd.client import EpdClientError, InvalidRequest, Unavailable, build_request, system, user
 from epd.client.messages import join, to_chunk
-from epd.server.common.errors import EpdError, InvalidArgument
-from epd.server.common.status import to_rpc_status
+from epd.common.errors import EpdError, InvalidArgument
+from epd.common.status import to_rpc_status
 from epd.v1 import generation_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 

@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from epd.server.common.advertise import advertised_host, endpoint, is_wildcard, primary_address
-from epd.server.common.server import ServerOptions
+from epd.common.advertise import advertised_host, endpoint, is_wildcard, primary_address
+from epd.common.server import ServerOptions
 
 
 def test_a_wildcard_bind_advertises_this_hosts_primary_address() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from epd.server.common import capped_file
-from epd.server.common.telemetry import add_exporter
+from epd.common import capped_file
+from epd.common.telemetry import add_exporter
 
 KiB = 1 << 10
 

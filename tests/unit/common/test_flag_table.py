@@ -19,12 +19,12 @@ import pytest
 from epd.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGE_FOLDERS = ("server", "scheduler", "client", "epd")
+PACKAGE_FOLDERS = ("server", "common", "scheduler", "client", "epd")
 ENV_NAME = re.compile(r"EPD_[A-Z0-9_]+")
 # Modules besides cli modules that may touch os.environ, and why.
 ENVIRONMENT_ALLOWED = {
     # int_env / float_env: the checked reads of flags' fallbacks, called by cli modules only.
-    "server/common/env.py",
+    "common/env.py",
     # Sets vLLM's side-channel variables around an engine's start and restores them after.
     "server/engine/vllm_engine.py",
     # Sets the nixl library's NIXL_LOG_LEVEL (setdefault) before nixl is imported.
@@ -96,7 +96,7 @@ def test_the_fallback_helpers_serve_cli_modules_only() -> None:
         path
         for path, tree in package_modules()
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "epd.server.common.env"
+        if isinstance(node, ast.ImportFrom) and node.module == "epd.common.env"
     }
     assert importers and all(is_cli_module(Path(path)) for path in importers), importers
 

@@ -7,9 +7,9 @@ import argparse
 
 import pytest
 
-from epd.server.common.channels import keepalive_options, server_ping_options
-from epd.server.common.server import ServerOptions
-from epd.server.common.server_cli import add_server_arguments, server_options
+from epd.common.channels import keepalive_options, server_ping_options
+from epd.common.server import ServerOptions
+from epd.common.server_cli import add_server_arguments, server_options
 
 
 def parse(argv: list[str]) -> ServerOptions:

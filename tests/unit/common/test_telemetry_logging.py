@@ -6,7 +6,7 @@ import logging
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from epd.server.common.telemetry import LOG_FORMAT, TraceContextFilter
+from epd.common.telemetry import LOG_FORMAT, TraceContextFilter
 
 
 def _format(record: logging.LogRecord) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from epd.cli import COMMANDS
-from epd.server.common.server_cli import server_options
+from epd.common.server_cli import server_options
 from tests.integration.e2e.netns import UCX_ENV, Host
 from tests.unit.deploy.chart import (
     EXAMPLES,
@@ -32,7 +32,7 @@ from tests.unit.deploy.chart import (
 VALUES = [None, *EXAMPLES]
 ENV_IN_HELP = re.compile(r"env (EPD_[A-Z0-9_]+)")
 ENV_LITERAL = re.compile(r"^EPD_[A-Z0-9_]+$")
-SOURCE_FOLDERS = ("server", "scheduler", "client", "epd")
+SOURCE_FOLDERS = ("server", "common", "scheduler", "client", "epd")
 
 
 class ParserError(AssertionError):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.service import EncodedItem, EncodeWorker, MediaSource

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.kv_budget import KvBudget
 
 

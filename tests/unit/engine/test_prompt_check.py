@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.errors import Code, InvalidArgument
+from epd.common.errors import Code, InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.models.registry import UnsupportedModel

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data, restore_ints

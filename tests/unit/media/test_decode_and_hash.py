@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media.decode import decode_image
 from epd.server.media.hashing import mm_hash, processor_fingerprint
 from epd.server.media.policy import MediaPolicy

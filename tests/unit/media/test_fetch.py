@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media import fetch
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy

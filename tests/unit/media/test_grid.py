@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media.grid import ImageGridder
 
 SIZES = [

@@ -8,7 +8,7 @@ import time
 import pytest
 from PIL import ImageFile
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media.decode import decode_image
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy

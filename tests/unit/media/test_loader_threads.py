@@ -8,7 +8,7 @@ import threading
 import pytest
 from PIL import Image
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.media import loader as loader_module
 from epd.server.media.loader import INLINE_DECODE_PIXELS, MediaLoader
 from epd.server.media.policy import MediaPolicy

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from epd.server.common.errors import EpdError, Unavailable
-from epd.server.common.tasks import BackgroundCalls
+from epd.common.errors import EpdError, Unavailable
+from epd.common.tasks import BackgroundCalls
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb

@@ -9,7 +9,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epd.server.common.errors import Unavailable
+from epd.common.errors import Unavailable
 from epd.server.route.metrics import RouteMetrics
 from tests.scrape import value
 

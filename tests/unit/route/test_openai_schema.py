@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epd.server.common.errors import InvalidArgument, NotFound
+from epd.common.errors import InvalidArgument, NotFound
 from epd.server.route import openai_schema as schema
 
 BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, models
 
-from epd.server.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from epd.server.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument
 from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
 
 

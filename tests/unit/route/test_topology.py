@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd.server.common.errors import DeadlineExceeded
+from epd.common.errors import DeadlineExceeded
 from epd.server.route.deadline import Deadline
 from epd.server.route.topology import (
     DECODE,

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.scheduler.core import Scheduler, SchedulerConfig
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role
-from epd.server.common.errors import InvalidArgument, Unavailable
 from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
 

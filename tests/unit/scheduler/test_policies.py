@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from epd.common.errors import InvalidArgument
 from epd.scheduler.model import EncodeItem
 from epd.scheduler.policies.encoders import (
     AdaptivePolicy,
@@ -16,7 +17,6 @@ from epd.scheduler.policies.encoders import (
 )
 from epd.scheduler.policies.routing import PrefixIndex
 from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
-from epd.server.common.errors import InvalidArgument
 
 
 def test_smooth_weighted_round_robin_interleaves_by_weight() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from epd.common.errors import AlreadyExists, InvalidArgument, NotFound
 from epd.scheduler.model import Load, Role
 from epd.scheduler.registry import Registry
-from epd.server.common.errors import AlreadyExists, InvalidArgument, NotFound
 from tests.unit.scheduler.factories import FakeClock, spec
 
 

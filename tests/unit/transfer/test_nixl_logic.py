@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 import torch
 
-from epd.server.common.errors import InvalidArgument, NotFound
+from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.nixl import (
     RELEASE_PREFIX,
     SMALL_COPY_BYTES,

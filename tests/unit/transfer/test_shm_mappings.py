@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.server.common.errors import NotFound
+from epd.common.errors import NotFound
 from epd.server.transfer import shm
 from epd.server.transfer.shm import SHM_DIR, SMALL_COPY_BYTES, ShmConsumer, ShmProducer
 from epd.v1 import tensor_pb2

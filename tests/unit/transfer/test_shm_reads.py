@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.server.common.errors import InvalidArgument, NotFound
+from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.plane import DataPlane
 from epd.server.transfer.shm import HEADER_BYTES, SMALL_COPY_BYTES
 from epd.v1 import tensor_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd.server.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.leases import LeaseTable
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, parse_kind

@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from epd.server.common.errors import InvalidArgument
-from epd.server.common.status import to_rpc_status
+from epd.common.errors import InvalidArgument
+from epd.common.status import to_rpc_status
 
 logger = logging.getLogger(__name__)
 

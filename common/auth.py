@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from epd.server.common.errors import Unauthenticated
-from epd.server.common.status import to_rpc_status
+from epd.common.errors import Unauthenticated
+from epd.common.status import to_rpc_status
 
 # Probes (load balancers, orchestrators) check health without credentials.
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from epd.server.common.channels import DEFAULT_KEEPALIVE_S
-from epd.server.common.env import float_env
-from epd.server.common.server import MiB, ServerOptions
+from epd.common.channels import DEFAULT_KEEPALIVE_S
+from epd.common.env import float_env
+from epd.common.server import MiB, ServerOptions
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0) -> None:

@@ -26,12 +26,12 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from prometheus_client import CollectorRegistry
 
-from epd.server.common.advertise import advertised_host, endpoint, is_wildcard
-from epd.server.common.auth import BearerTokenInterceptor
-from epd.server.common.bad_messages import BadMessageInterceptor
-from epd.server.common.channels import DEFAULT_KEEPALIVE_S, server_ping_options
-from epd.server.common.metrics import MetricsServer, start_metrics_server
-from epd.server.common.telemetry import traces_rpcs
+from epd.common.advertise import advertised_host, endpoint, is_wildcard
+from epd.common.auth import BearerTokenInterceptor
+from epd.common.bad_messages import BadMessageInterceptor
+from epd.common.channels import DEFAULT_KEEPALIVE_S, server_ping_options
+from epd.common.metrics import MetricsServer, start_metrics_server
+from epd.common.telemetry import traces_rpcs
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from epd.server.common import errors
-from epd.server.common.errors import Code, EpdError
+from epd.common import errors
+from epd.common.errors import Code, EpdError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from epd.server.common.status import from_rpc_error
+from epd.common.status import from_rpc_error
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import encode_service_pb2 as encode_pb

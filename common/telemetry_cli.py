@@ -7,7 +7,7 @@ import os
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from epd.server.common.telemetry import DEFAULT_SPAN_FILE_MB, configure_logging, configure_tracing
+from epd.common.telemetry import DEFAULT_SPAN_FILE_MB, configure_logging, configure_tracing
 
 
 def mebibytes(text: str) -> int:

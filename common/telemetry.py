@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
-from epd.server.common import capped_file
+from epd.common import capped_file
 
 DEFAULT_SPAN_FILE_MB = 64
 

@@ -12,9 +12,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-from epd.server.common.auth import bearer_metadata
-from epd.server.common.errors import Unavailable
-from epd.server.common.telemetry import traces_rpcs
+from epd.common.auth import bearer_metadata
+from epd.common.errors import Unavailable
+from epd.common.telemetry import traces_rpcs
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 """Domain errors shared by every service, with no grpc import.
 
-Logic modules raise these; the one mapping in ``epd.server.common.status`` turns each into its
+Logic modules raise these; the one mapping in ``epd.common.status`` turns each into its
 canonical gRPC status code with a ``google.rpc.ErrorInfo`` (``reason`` in UPPER_SNAKE, ``domain``
 ``epd``, ``metadata`` for machine-readable details). Any other exception becomes INTERNAL without
 leaking its text to the caller.
