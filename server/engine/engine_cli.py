@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epd.common.model_dir import require_model_dir
 from epd.server.engine.device import (
     DEFAULTS,
     DEVICE_CHOICES,
@@ -19,6 +18,7 @@ from epd.server.engine.device import (
     defaults_for,
 )
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
+from epd.server.models.model_dir import require_model_dir
 
 if TYPE_CHECKING:
     from epd.server.engine.transformers_engine import TransformersOptions

@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from epd.common.model_dir import require_model_dir
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.media.media_cli import add_media_arguments, media_policy
+from epd.server.models.model_dir import require_model_dir
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.openai_schema import RequestLimits
