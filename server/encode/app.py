@@ -8,7 +8,6 @@ from pathlib import Path
 
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.scheduler.worker_client import WorkerRegistration
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.metrics import EncodeMetrics
@@ -23,6 +22,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.registration import WorkerRegistration
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.scheduler.worker_client import WorkerRegistration
 from epd.server.engine.base import Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
@@ -20,6 +19,7 @@ from epd.server.prefill.servicer import PrefillServicer
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.registration import WorkerRegistration
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 

@@ -12,7 +12,7 @@ import pytest
 from epd.common.channels import create_channel
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
-from epd.scheduler.worker_client import WorkerRegistration
+from epd.server.worker.registration import WorkerRegistration
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
-# A worker retries a lost scheduler with backoff up to 5 s (scheduler/worker_client.py), its
+# A worker retries a lost scheduler with backoff up to 5 s (server/worker/registration.py), its
 # channel reconnects with backoff up to 5 s too (channels.MAX_RECONNECT_BACKOFF_MS; gRPC's default
 # grows to 120 s: 14-19 s after a 30 s outage), and a heartbeat the new scheduler answers
 # NOT_FOUND registers it again at once: within about 12 s of the return, however long the outage.

@@ -1,4 +1,4 @@
-"""Worker side of the registry: register, heartbeat load, re-register, deregister on drain.
+"""The worker side of the scheduler's registry: register, heartbeat, re-register, deregister.
 
 Every worker (encode, prefill, decode) runs one ``WorkerRegistration``. It never raises into
 the worker: while the scheduler is absent it retries with backoff, and the worker keeps serving

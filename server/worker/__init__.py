@@ -1,0 +1,1 @@
+"""What the workers (encode, prefill, decode) share: registration with the scheduler."""
