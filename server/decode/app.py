@@ -10,9 +10,8 @@ from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_se
 from epd.server.decode.service import DecodeWorker
 from epd.server.decode.servicer import DecodeServicer
 from epd.server.engine.base import Engine
-from epd.server.prefill.app import register_and_serve
-from epd.server.prefill.metrics import register_engine_metrics
 from epd.server.transfer.plane import default_host_id
+from epd.server.worker.engine_worker import register_and_serve, register_engine_metrics
 from epd.server.worker.registration import WorkerRegistration
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb

@@ -15,8 +15,8 @@ from epd.server.engine.engine_cli import (
     add_engine_arguments,
     check_engine_arguments,
     engine_options,
+    vllm_installed,
 )
-from epd.server.prefill.cli import vllm_installed
 from epd.server.transfer.transfer_cli import add_transfer_arguments
 
 DEFAULT_PORT = 50081

@@ -7,7 +7,7 @@ from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, Engine, Sampling, TokenChunk
-from epd.server.prefill.images import check_request, grids_only
+from epd.server.worker.images import check_request, grids_only
 from epd.v1 import generation_pb2
 
 

@@ -10,7 +10,7 @@ from opentelemetry import trace
 
 from epd.common.status import handle_errors
 from epd.server.decode.service import DecodeWorker
-from epd.server.prefill import convert
+from epd.server.worker import convert
 from epd.v1 import decode_service_pb2 as pb
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
 

@@ -7,6 +7,7 @@ the device ``--device`` resolves to (``epd.server.engine.device``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default
 TRANSFORMERS_KV_CACHE_MB = 256  # its admission budget where the device leaves the size to vLLM
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _optional_int(value: str | None) -> int | None:

@@ -19,6 +19,7 @@ from epd.server.prefill.servicer import PrefillServicer
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.engine_worker import register_and_serve
 from epd.server.worker.registration import WorkerRegistration
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -108,29 +109,3 @@ async def build_prefill_server(
         info.endpoint,
     )
     return PrefillApp(server, port, worker, registration)
-
-
-async def register_and_serve(
-    server: EpdServer,
-    info: scheduler_pb.WorkerInfo,
-    engine: Engine,
-    scheduler: str | None,
-    options: ServerOptions,
-) -> WorkerRegistration:
-    """Register ``info`` (heartbeating the engine's load), then mark the server SERVING."""
-
-    def load() -> scheduler_pb.WorkerLoad:
-        engine_load = engine.load()
-        return scheduler_pb.WorkerLoad(
-            queue_depth=engine_load.num_waiting,
-            num_in_flight=engine_load.num_running,
-            kv_usage=engine_load.kv_usage,
-        )
-
-    registration = WorkerRegistration(
-        scheduler, info, load, auth_token=options.auth_token, keepalive_s=options.keepalive_s
-    )
-    server.add_drain_callback(registration.stop)
-    await registration.start()
-    await server.mark_serving()
-    return registration

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ from epd.server.engine.engine_cli import (
     check_engine_arguments,
     engine_options,
     transformers_options,
+    vllm_installed,
 )
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
@@ -29,11 +29,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 50071
 ENGINES = ("auto", "vllm", "transformers")
-
-
-def vllm_installed() -> bool:
-    """Whether vLLM can be imported here (without importing it: that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def resolve_engine(name: str, hands_off_kv: bool) -> str:

@@ -1,12 +1,13 @@
-"""Prometheus metrics of a prefill or decode worker: its own embedding hand-off times, and the
-engine's metrics as vLLM exports them (KV hand-off bytes included: ``vllm:nixl_*``)."""
+"""Prometheus metrics of a prefill worker: its own embedding hand-off times, and the engine's
+metrics as vLLM exports them (KV hand-off bytes included: ``vllm:nixl_*``; a decode worker
+exports those alone, ``epd.server.worker.engine_worker.register_engine_metrics``)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
 from epd.common.metrics import LATENCY_BUCKETS_S
-from epd.server.engine.vllm_metrics import VllmMetrics
+from epd.server.worker.engine_worker import register_engine_metrics
 
 
 class PrefillMetrics:
@@ -21,8 +22,3 @@ class PrefillMetrics:
             registry=registry,
         )
         register_engine_metrics(registry)
-
-
-def register_engine_metrics(registry: CollectorRegistry) -> None:
-    """Re-export the engine's own metrics (vLLM's) from ``registry``."""
-    registry.register(VllmMetrics())

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 from epd.common.errors import FailedPrecondition
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
-from epd.server.prefill.images import ImageResolver, check_request
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.images import ImageResolver, check_request
 from epd.v1 import generation_pb2
 
 

@@ -10,8 +10,8 @@ from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data, restore_ints
-from epd.server.prefill import convert
-from epd.server.prefill.images import grids_only
+from epd.server.worker import convert
+from epd.server.worker.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
 
 LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)

@@ -1,4 +1,4 @@
-"""Proto <-> engine dataclasses for generation requests (no grpc)."""
+"""Proto <-> engine dataclasses for the requests of prefill and decode workers (no grpc)."""
 
 from __future__ import annotations
 
