@@ -6,12 +6,12 @@ memory is registered for the lease (registering costs about as much as copying a
 stamp sits in a registered arena of slots. Memory
 of a process that dies goes with it, so NIXL payloads cannot outlive their producer.
 
-Wire layout: each payload sits behind a 64-byte lease stamp. A pooled block's stamp and payload
-are contiguous and travel as one descriptor ``[stamp + payload]``; a lent tensor's as
-``[stamp slot (64 bytes), payload]``. The consumer READs them in one transfer and checks the
-stamp, so a reference whose lease was released (and whose buffer now holds another tensor) fails
-with NOT_FOUND instead of returning someone else's data. References whose descriptors add up to
-exactly ``byte_size`` (no stamp: another producer) are read as they are.
+Wire layout: each payload sits behind a 64-byte lease stamp (``payload_layout``). A pooled
+block's stamp and payload are contiguous and travel as one descriptor ``[stamp + payload]``; a
+lent tensor's as ``[stamp slot (64 bytes), payload]``. The consumer READs them in one transfer
+and checks the stamp, so a reference whose lease was released (and whose buffer now holds another
+tensor) fails with NOT_FOUND instead of returning someone else's data. References whose
+descriptors add up to exactly ``byte_size`` (no stamp: another producer) are read as they are.
 
 Release: once its READ is done, the consumer notifies the producer with ``epd-release:<lease
 id>``; the producer frees the lease when its agent's polling thread delivers it (within a polling
@@ -35,7 +35,7 @@ from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
-from epd.server.transfer.shm import HEADER_BYTES
+from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.server.transfer.tensors import (
     check_layout,
     copy_payload,

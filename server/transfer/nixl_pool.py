@@ -16,7 +16,7 @@ import torch
 
 from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.nixl_agent import NixlAgent
-from epd.server.transfer.shm import HEADER_BYTES, size_class, stamp_of
+from epd.server.transfer.payload_layout import HEADER_BYTES, size_class, stamp_of
 
 BLANK_STAMP = bytes(HEADER_BYTES)
 

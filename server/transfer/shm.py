@@ -7,8 +7,8 @@ from live ones and unlink them (``shm_orphans``). Segments are
 mapped with plain ``mmap`` (not ``multiprocessing.shared_memory``), so Python's resource_tracker
 never registers, warns about or unlinks them behind our back.
 
-Each segment starts with a 64-byte header holding the lease id of the payload it carries. A
-consumer checks it, so a reference whose lease was released (and whose segment was reused for
+Each segment starts with the 64-byte lease stamp of the payload it carries (``payload_layout``).
+A consumer checks it, so a reference whose lease was released (and whose segment was reused for
 another tensor) fails with NOT_FOUND instead of returning someone else's data.
 """
 
@@ -30,6 +30,7 @@ from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
+from epd.server.transfer.payload_layout import HEADER_BYTES, MAGIC, size_class, stamp_of
 from epd.server.transfer.shm_mappings import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_MAPPINGS,
@@ -49,21 +50,12 @@ from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
 # NOTE: list_segments and orphans are re-exported above: tests and tools call them as shm.*.
-HEADER_BYTES = 64
-MAGIC = b"EPDSHM01"
-MIN_SEGMENT_BYTES = 64 << 10
+
 # Payloads up to this size are read into a private copy: a read costs less than mapping.
 SMALL_COPY_BYTES = 16 << 10
 # NOTE: one counter per process, not per pool: several producers in one process (tests, a
 # process serving two roles) must never pick the same segment name.
 _SEGMENT_NUMBERS = itertools.count(1)
-
-
-def size_class(num_bytes: int) -> int:
-    """Segment capacity for a payload: header + payload rounded up to a power of two, so an
-    exact power-of-two payload (the common case) does not land in the next, twice larger class."""
-    payload = max(num_bytes, MIN_SEGMENT_BYTES)
-    return HEADER_BYTES + (1 << (payload - 1).bit_length())
 
 
 @dataclass(slots=True)
@@ -346,11 +338,6 @@ class ShmConsumer(TensorConsumer):
 def _address(view: memoryview) -> int:
     """Address of the first byte of ``view`` (read-only views too, which ctypes refuses)."""
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
-def stamp_of(lease_id: str) -> bytes:
-    """The 64-byte header of a segment holding the payload of ``lease_id``."""
-    return (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
 
 
 def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:

@@ -21,7 +21,7 @@ from epd.server.transfer.nixl import (
 )
 from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.nixl_pool import RegisteredPool
-from epd.server.transfer.shm import HEADER_BYTES
+from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.v1 import tensor_pb2
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from epd.common.errors import InvalidArgument, NotFound
+from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.server.transfer.plane import DataPlane
-from epd.server.transfer.shm import HEADER_BYTES, SMALL_COPY_BYTES
+from epd.server.transfer.shm import SMALL_COPY_BYTES
 from epd.v1 import tensor_pb2
 
 HOST = "host-a"
