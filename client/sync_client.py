@@ -12,7 +12,6 @@ message builders (``user``, ``system``, ``assistant``) are exported here too.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,11 +28,12 @@ from epd.client.messages import (
     to_chunk,
     user,
 )
+from epd.common.auth import bearer_metadata
+from epd.common.channels import create_blocking_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
 __all__ = ["Chunk", "EpdClient", "Message", "Picture", "assistant", "system", "user"]
 
-MiB = 1 << 20
 Metadata = Sequence[tuple[str, str]]
 
 
@@ -54,21 +54,15 @@ class EpdClient:
         tls_key_file: str | None = None,
         timeout_s: float | None = 300.0,
     ) -> None:
-        options = [
-            ("grpc.max_send_message_length", 64 * MiB),
-            ("grpc.max_receive_message_length", 64 * MiB),
-        ]
-        if tls_ca_file or tls_cert_file:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(tls_ca_file),
-                private_key=_read(tls_key_file),
-                certificate_chain=_read(tls_cert_file),
-            )
-            self._channel = grpc.secure_channel(endpoint, credentials, options=options)
-        else:
-            self._channel = grpc.insecure_channel(endpoint, options=options)
+        # NOTE: the same target, TLS credentials and options as AsyncEpdClient's channel.
+        self._channel = create_blocking_channel(
+            endpoint,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
         self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
-        self._auth = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+        self._auth = (bearer_metadata(auth_token),) if auth_token else ()
         self.timeout_s = timeout_s
 
     def __enter__(self) -> EpdClient:
@@ -129,7 +123,3 @@ class EpdClient:
 
     def _timeout(self, timeout_s: float | None) -> float | None:
         return self.timeout_s if timeout_s is not None and timeout_s < 0 else timeout_s
-
-
-def _read(path: str | None) -> bytes | None:
-    return Path(path).read_bytes() if path else None

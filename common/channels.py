@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -88,6 +89,44 @@ def server_ping_options(keepalive_s: float) -> list[tuple[str, int]]:
 MAX_RECONNECT_BACKOFF_MS = 5000
 
 
+@dataclass(frozen=True)
+class ChannelSpec:
+    """What a channel to an epd service is opened with, aio or blocking alike."""
+
+    target: str
+    options: tuple[tuple[str, int], ...]
+    credentials: grpc.ChannelCredentials | None  # None: plaintext
+
+
+def channel_spec(
+    endpoint: str,
+    *,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    max_message_bytes: int = 64 * MiB,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
+) -> ChannelSpec:
+    """Target, options and credentials of a channel to ``endpoint`` (host:port), pinging it every
+    ``keepalive_s``. TLS is used when any TLS file is given (``tls_ca_file`` to verify the server,
+    cert + key for mTLS). ``create_channel`` and ``create_blocking_channel`` both open theirs from
+    this, so the async and the blocking clients cannot differ in either."""
+    options = (
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        *keepalive_options(keepalive_s),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    )
+    if not (tls_ca_file or tls_cert_file):
+        return ChannelSpec(endpoint, options, None)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
+        private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
+        certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
+    )
+    return ChannelSpec(endpoint, options, credentials)
+
+
 def create_channel(
     endpoint: str,
     *,
@@ -98,32 +137,56 @@ def create_channel(
     max_message_bytes: int = 64 * MiB,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
 ) -> grpc.aio.Channel:
-    """Open an aio channel to ``endpoint`` (host:port), pinging it every ``keepalive_s``.
+    """Open an aio channel to ``endpoint`` (host:port) as ``channel_spec`` says.
 
     Every call carries the current trace context (W3C, via the OpenTelemetry interceptors) when
     the process traces (``telemetry.traces_rpcs``) and,
-    with ``auth_token``, ``authorization: Bearer``. TLS is used when any TLS file is given
-    (``tls_ca_file`` to verify the server, cert + key for mTLS).
+    with ``auth_token``, ``authorization: Bearer``.
     """
+    spec = channel_spec(
+        endpoint,
+        tls_ca_file=tls_ca_file,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
+        max_message_bytes=max_message_bytes,
+        keepalive_s=keepalive_s,
+    )
     interceptors: list[Any] = list(aio_client_interceptors()) if traces_rpcs() else []
     if auth_token:
         interceptors.extend(metadata_interceptors([bearer_metadata(auth_token)]))
-    options = [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        *keepalive_options(keepalive_s),
-        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
-    ]
-    if not (tls_ca_file or tls_cert_file):
-        return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
-        private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
-        certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
-    )
+    if spec.credentials is None:
+        return grpc.aio.insecure_channel(
+            spec.target, options=spec.options, interceptors=interceptors
+        )
     return grpc.aio.secure_channel(
-        endpoint, credentials, options=options, interceptors=interceptors
+        spec.target, spec.credentials, options=spec.options, interceptors=interceptors
     )
+
+
+def create_blocking_channel(
+    endpoint: str,
+    *,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    max_message_bytes: int = 64 * MiB,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
+) -> grpc.Channel:
+    """Open a blocking channel to ``endpoint`` as ``channel_spec`` says (the blocking client's).
+
+    It carries no token: its caller sends ``auth.bearer_metadata`` with each call.
+    """
+    spec = channel_spec(
+        endpoint,
+        tls_ca_file=tls_ca_file,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
+        max_message_bytes=max_message_bytes,
+        keepalive_s=keepalive_s,
+    )
+    if spec.credentials is None:
+        return grpc.insecure_channel(spec.target, options=spec.options)
+    return grpc.secure_channel(spec.target, spec.credentials, options=spec.options)
 
 
 Client = TypeVar("Client")
