@@ -79,7 +79,7 @@ class Bench:
         from epd.server.media.loader import MediaLoader
         from epd.server.media.policy import MediaPolicy
         from epd.server.prefill.app import PrefillConfig, build_prefill_server
-        from epd.server.prefill.service import Mode
+        from epd.server.prefill.worker import Mode
 
         def options(role: str | None) -> VllmOptions:
             return VllmOptions(kv_role=role, kv_cache_bytes=128 << 20, max_model_len=4096)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.server.decode.service import DecodeWorker
 from epd.server.decode.servicer import DecodeServicer
+from epd.server.decode.worker import DecodeWorker
 from epd.server.engine.base import Engine
 from epd.server.transfer.plane import default_host_id
 from epd.server.worker.engine_worker import register_and_serve, register_engine_metrics

@@ -11,9 +11,9 @@ from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_se
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.metrics import EncodeMetrics
-from epd.server.encode.service import EncodeWorker
 from epd.server.encode.servicer import EncodeServicer
 from epd.server.encode.vision import VisionEncoder
+from epd.server.encode.worker import EncodeWorker
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader

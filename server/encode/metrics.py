@@ -18,7 +18,7 @@ from epd.common.metrics import (
     counter,
     gauge,
 )
-from epd.server.encode.service import EncodeWorker
+from epd.server.encode.worker import EncodeWorker
 
 
 class EncodeMetrics:

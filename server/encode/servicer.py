@@ -9,7 +9,7 @@ import grpc
 from opentelemetry import trace
 
 from epd.common.status import handle_errors
-from epd.server.encode.service import EncodeWorker, MediaSource
+from epd.server.encode.worker import EncodeWorker, MediaSource
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2

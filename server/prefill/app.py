@@ -14,8 +14,8 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.metrics import PrefillMetrics
-from epd.server.prefill.service import Mode, PrefillWorker
 from epd.server.prefill.servicer import PrefillServicer
+from epd.server.prefill.worker import Mode, PrefillWorker
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane

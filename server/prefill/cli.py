@@ -21,7 +21,7 @@ from epd.server.engine.engine_cli import (
 )
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 if TYPE_CHECKING:

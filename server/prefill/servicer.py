@@ -9,7 +9,7 @@ import grpc
 from opentelemetry import trace
 
 from epd.common.status import handle_errors
-from epd.server.prefill.service import PrefillWorker
+from epd.server.prefill.worker import PrefillWorker
 from epd.server.worker import convert
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc

@@ -18,8 +18,8 @@ from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
+from epd.server.route.worker import RouteWorker
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane

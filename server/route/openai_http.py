@@ -23,7 +23,7 @@ from epd.server.route.http_guard import (
     auth_middleware,
     read_json,
 )
-from epd.server.route.service import RouteWorker
+from epd.server.route.worker import RouteWorker
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import grpc
 
 from epd.common.status import handle_errors
 from epd.server.route.request_ids import ensure_request_id
-from epd.server.route.service import RouteWorker
+from epd.server.route.worker import RouteWorker
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 

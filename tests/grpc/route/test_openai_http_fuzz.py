@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.service import RouteChunk
+from epd.server.route.worker import RouteChunk
 from epd.v1 import generation_pb2, route_service_pb2
 
 VALID = {

@@ -20,8 +20,8 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.service import RouteWorker
 from epd.server.route.servicer import RouteServicer
+from epd.server.route.worker import RouteWorker
 from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 

@@ -13,7 +13,7 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

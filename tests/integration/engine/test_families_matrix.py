@@ -15,7 +15,7 @@ from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.models.registry import FAMILIES
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc

@@ -15,7 +15,7 @@ from epd.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb

@@ -16,7 +16,7 @@ from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.transformers_engine import TransformersEngine
 from epd.server.models.registry import FAMILIES
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb

@@ -25,7 +25,7 @@ from epd.scheduler.core import SchedulerConfig
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import Engine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.service import Mode
+from epd.server.prefill.worker import Mode
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2

@@ -14,7 +14,7 @@ from PIL import Image
 from epd.common.errors import InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
-from epd.server.encode.service import EncodedItem, EncodeWorker, MediaSource
+from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane

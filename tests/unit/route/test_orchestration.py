@@ -12,8 +12,8 @@ from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens
-from epd.server.route.service import RouteWorker
 from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, plan_for
+from epd.server.route.worker import RouteWorker
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -214,7 +214,7 @@ async def _nothing() -> None:
 
 
 def test_media_items_keep_their_source_when_hashed() -> None:
-    from epd.server.route.service import _with_hash
+    from epd.server.route.worker import _with_hash
 
     for item in (
         multimodal_pb2.MediaItem(url="data:image/png;base64,AA"),
