@@ -11,7 +11,10 @@ each scraped every second while it serves; without it, metrics are off. Every re
 carries ``--images`` random pictures of its own (no cache hits) as data URLs, at each
 ``--concurrency`` level and each ``--rates`` request rate (Poisson arrivals; 0 = as fast as the
 concurrency lets). Where vllm ran at the same level, each row also shows its TTFT p50 and
-throughput as ratios to vLLM's.
+throughput as ratios to vLLM's. Pictures are made before a level starts, so the client's own CPU
+goes to streaming only. After the table, each level's CPU time per request is broken down by
+process (from /proc: each service with its engine processes, and this client), which shows where
+a saturated machine's cores go.
 
     .venv/bin/python scripts/bench_e2e.py [--model DIR] [--systems epd,e-pd,vllm]
         [--concurrency 1,4] [--rates 0] [--requests 16] [--tokens 16] [--images 1]
@@ -35,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,7 @@ class Row:
     req_s: float
     ttft_p50_vs_vllm: float | None = None
     tok_s_vs_vllm: float | None = None
+    cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
 
 
 def data_url(seed: int) -> str:
@@ -86,13 +90,17 @@ def data_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-async def one_request(
-    client: object, model: str, seed: int, tokens: int, images: int = 1
-) -> tuple[float, float, int]:
-    """(TTFT s, total s, output tokens) of one streamed chat completion."""
-    pictures = [
+def pictures_of(seed: int, images: int) -> list[dict[str, Any]]:
+    """The ``images`` content parts of request ``seed``."""
+    return [
         {"type": "image_url", "image_url": {"url": data_url(seed * 16 + i)}} for i in range(images)
     ]
+
+
+async def one_request(
+    client: object, model: str, pictures: list[dict[str, Any]], tokens: int
+) -> tuple[float, float, int]:
+    """(TTFT s, total s, output tokens) of one streamed chat completion."""
     start = time.perf_counter()
     stream = await client.chat.completions.create(  # type: ignore[attr-defined]
         model=model,
@@ -127,12 +135,14 @@ async def measure(
     tokens: int,
     images: int,
     first_seed: int,
+    processes: dict[str, int],
 ) -> Row:
     """One level: ``num_requests`` requests (seeds from ``first_seed``) after one warm-up."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", timeout=600)
-    await one_request(client, model, seed=first_seed + 10_000, tokens=2, images=images)
+    await one_request(client, model, pictures_of(first_seed + 10_000, images), tokens=2)
+    pictures = {seed: pictures_of(first_seed + seed, images) for seed in range(num_requests)}
     semaphore = asyncio.Semaphore(concurrency)
     results: list[tuple[float, float, int]] = []
     failed = 0
@@ -141,17 +151,22 @@ async def measure(
         nonlocal failed
         async with semaphore:
             try:
-                results.append(await one_request(client, model, seed, tokens, images))
+                results.append(await one_request(client, model, pictures[seed], tokens))
             except Exception as e:  # noqa: BLE001 - counted and reported
                 failed += 1
                 print(f"  request failed: {e}", file=sys.stderr)
 
+    cpu_before = cpu_seconds(processes)
     start = time.perf_counter()
     tasks = []
     async for seed in arrivals(num_requests, rate):
-        tasks.append(asyncio.create_task(run(first_seed + seed)))
+        tasks.append(asyncio.create_task(run(seed)))
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
+    cpu_used = {
+        name: seconds - cpu_before.get(name, 0.0)
+        for name, seconds in cpu_seconds(processes).items()
+    }
     await client.close()
     ttfts = sorted(r[0] * 1000 for r in results) or [float("nan")]
     tpots = [(r[1] - r[0]) * 1000 / (r[2] - 1) for r in results if r[2] > 1] or [float("nan")]
@@ -166,7 +181,45 @@ async def measure(
         statistics.mean(tpots),
         sum(r[2] for r in results) / elapsed,
         len(results) / elapsed,
+        cpu_ms_per_request={
+            name: round(1000 * seconds / max(1, len(results)), 2)
+            for name, seconds in sorted(cpu_used.items(), key=lambda item: -item[1])
+        },
     )
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    tree, pending = [], [pid]
+    while pending:
+        tree.append(pending.pop())
+        pending.extend(children.get(tree[-1], []))
+    return tree
+
+
+def cpu_seconds(processes: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds so far of each named process and of each of its descendants
+    (named ``name/comm``, e.g. ``prefill/VLLM::Worker``), and of this client (``client``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals = {"client": sum(os.times()[:2])}
+    for name, root in processes.items():
+        for pid in process_tree(root):
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                label = (
+                    name
+                    if pid == root
+                    else f"{name}/{stat[stat.index('(') + 1 : stat.rindex(')')]}"
+                )
+                totals[label] = totals.get(label, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return totals
 
 
 async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
@@ -180,8 +233,8 @@ async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
 @contextlib.asynccontextmanager
 async def serving(
     system: str, model_dir: Path, run_dir: Path, args: argparse.Namespace
-) -> AsyncIterator[str]:
-    """Start ``system``; yield its OpenAI base URL; stop it."""
+) -> AsyncIterator[tuple[str, dict[str, int]]]:
+    """Start ``system``; yield its OpenAI base URL and its processes (name: pid); stop it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     system, metrics, _ = system.partition("+metrics")
@@ -189,7 +242,8 @@ async def serving(
     scraper: asyncio.Task[None] | None = None
     try:
         if system == "vllm":
-            yield await start_vllm(deployment, model_dir)
+            url = await start_vllm(deployment, model_dir)
+            yield url, {c.name: c.process.pid for c in deployment.children}
         else:
             name, _, policy = system.partition(":")
             dual = name == "dual-encoder"
@@ -202,7 +256,8 @@ async def serving(
             route = await start_topology(deployment, model_dir, "tiny", topology)
             urls = [c.metrics_url for c in deployment.children if c.metrics_url]
             scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
-            yield f"http://127.0.0.1:{route.http_port}/v1"
+            processes = {c.name: c.process.pid for c in deployment.children}
+            yield f"http://127.0.0.1:{route.http_port}/v1", processes
     finally:
         if scraper is not None:
             scraper.cancel()
@@ -296,6 +351,23 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+def print_cpu_table(rows: list[Row]) -> None:
+    """CPU ms per request by process, one block per row; processes under 0.5 ms are summed
+    into ``(others)``."""
+    print("CPU time per request, ms (user+system, from /proc)")
+    for r in rows:
+        total = sum(r.cpu_ms_per_request.values())
+        print(f"  {r.system} @ concurrency {r.concurrency}, rate {r.rate:g}: {total:.1f} ms")
+        others = 0.0
+        for name, ms in r.cpu_ms_per_request.items():
+            if ms < 0.5:
+                others += ms
+            else:
+                print(f"    {ms:>8.1f}  {name}")
+        if others:
+            print(f"    {others:>8.1f}  (others)")
+
+
 async def main(args: argparse.Namespace) -> int:
     model_dir = args.model
     if model_dir is None:
@@ -312,7 +384,7 @@ async def main(args: argparse.Namespace) -> int:
         log(args, f"== {system}: starting")
         async with serving(
             system, model_dir.resolve(), run_root / system.replace(":", "-"), args
-        ) as url:
+        ) as (url, processes):
             for level, (concurrency, rate) in enumerate(levels):
                 first_seed = (index * len(levels) + level) * args.requests
                 row = await measure(
@@ -325,6 +397,7 @@ async def main(args: argparse.Namespace) -> int:
                     args.tokens,
                     args.images,
                     first_seed,
+                    processes,
                 )
                 rows.append(row)
                 if not args.json:
@@ -344,9 +417,11 @@ async def main(args: argparse.Namespace) -> int:
     else:
         print()
         print_table(rows)
+        print()
+        print_cpu_table(rows)
     if args.csv:
         with open(args.csv, "w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=FIELDS)
+            writer = csv.DictWriter(out, fieldnames=FIELDS, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(asdict(r) for r in rows)
         log(args, f"wrote {args.csv}; logs in {run_root}")

@@ -45,6 +45,7 @@ from epd.server.engine.base import (
     TokenChunk,
     Usage,
 )
+from epd.server.engine.device import device_type
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
@@ -179,7 +180,9 @@ class VllmEngine(Engine):
         tracker = LoadTracker()
         rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
         try:
-            llm = await asyncio.to_thread(_create_llm, args, options.side_channel, tracker, rpc_dir)
+            llm = await asyncio.to_thread(
+                _create_llm, args, options.side_channel, tracker, rpc_dir, options.device
+            )
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
@@ -406,19 +409,24 @@ def _destroy_zmq_context(llm: Any) -> None:
         context.destroy(linger=0)
 
 
-def _create_llm(args: Any, side_channel: SideChannel, tracker: LoadTracker, rpc_dir: Path) -> Any:
-    """An AsyncLLM whose ZMQ ipc sockets (its own and its EngineCore's) live in ``rpc_dir``."""
+def _create_llm(
+    args: Any, side_channel: SideChannel, tracker: LoadTracker, rpc_dir: Path, device: str
+) -> Any:
+    """An AsyncLLM on ``device`` whose ZMQ ipc sockets (its own and its EngineCore's) live in
+    ``rpc_dir``."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
+    if device_type(device) == "cpu":
+        # NOTE: on CPU the model runs inside the EngineCore process (uni executor). vLLM's CPU
+        # default, a worker process fed through a shared-memory queue, busy-polls that queue for
+        # a second after every step, and the EngineCore busy-waits for the worker: both spin on
+        # cores the encoder, route and engine need (docs/performance.md has the figures).
+        environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.kv_transfer_config is not None:
-        # NOTE: a KV-transfer engine runs its model inside the EngineCore process (uni executor):
-        # with a separate worker process, the EngineCore's busy wait for it starved the worker on
-        # 2 cores (16 tokens took 5-20 s instead of ~0.1 s).
         environ.update(
             VLLM_NIXL_SIDE_CHANNEL_HOST=side_channel.host,
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel.port),
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
         )
     with SIDE_CHANNEL_ENV_LOCK, _environment(environ):
         return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
