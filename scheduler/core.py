@@ -368,6 +368,8 @@ class Scheduler:
         self._sampled_at.pop(worker.id, None)
         for homes in self._hash_homes.values():
             homes.discard(worker.id)
+        for key in [k for k in self.num_assigned if k[1] == worker.id]:
+            del self.num_assigned[key]
 
     def _remember_home(self, mm_hash: str, worker_id: str) -> None:
         self._hash_homes.setdefault(mm_hash, set()).add(worker_id)

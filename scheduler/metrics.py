@@ -47,7 +47,8 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
     )
     yield labelled_counter(
         "epd_scheduler_assigned_items",
-        "Images placed on encoders, by assignment policy and encoder id",
+        "Images placed on encoders, by assignment policy and encoder id (an encoder's series go "
+        "when it leaves the registry)",
         ["policy", "encoder"],
         {(policy.value, encoder): n for (policy, encoder), n in scheduler.num_assigned.items()},
     )

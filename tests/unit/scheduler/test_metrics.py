@@ -55,3 +55,9 @@ def test_metrics_follow_the_scheduler() -> None:
     assert value(learned, "epd_scheduler_evictions_total") == 0
     assert value(evicted, "epd_scheduler_evictions_total") == 1
     assert value(evicted, "epd_scheduler_workers", role="encode", state="live") == 1
+    assert value(evicted, "epd_scheduler_assigned_items_total", encoder=encoder) == 3
+    assert not [
+        s
+        for s in evicted
+        if s.name == "epd_scheduler_assigned_items_total" and s.labels["encoder"] == other
+    ], "an evicted encoder's placement series is dropped with it"
