@@ -4,17 +4,19 @@ model on this machine in the same run, all driven through the OpenAI chat API wi
 
 Systems (``--systems``, comma separated): ``epd`` (E/P/D), ``e-pd`` (E/PD), ``ep-d``, ``epd1``,
 ``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive; with
-``--encoder-threads 2,1`` the second one is deliberately slower) and ``vllm``
-(``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine). An epd system
+``--encoder-threads 2,1`` the second one is deliberately slower), ``vllm``
+(``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine) and ``vllm-ec``
+(vLLM's own disaggregated-encoder split: an encode instance and a prefill+decode instance with
+vLLM's ECExampleConnector, behind ``scripts/vllm_ec_proxy.py``, as in vLLM's example). An epd system
 named with ``+metrics`` (e.g. ``e-pd+metrics``) runs with every service's Prometheus metrics on,
 each scraped every second while it serves; without it, metrics are off. Every request
 carries ``--images`` random pictures of its own (no cache hits) as data URLs, at each
 ``--concurrency`` level and each ``--rates`` request rate (Poisson arrivals; 0 = as fast as the
-concurrency lets). Where vllm ran at the same level, each row also shows its TTFT p50 and
-throughput as ratios to vLLM's. Pictures are made before a level starts, so the client's own CPU
-goes to streaming only. After the table, each level's CPU time per request is broken down by
-process (from /proc: each service with its engine processes, and this client), which shows where
-a saturated machine's cores go.
+concurrency lets). Where vllm (or vllm-ec) ran at the same level, each row also shows its TTFT
+p50 and throughput as ratios to vllm's (and to vllm-ec's). Pictures are made before a level
+starts, so the client's own CPU goes to streaming only. After the table, each level's CPU time
+per request is broken down by process (from /proc: each service with its engine processes, and
+this client), which shows where a saturated machine's cores go.
 
     .venv/bin/python scripts/bench_e2e.py [--model DIR] [--systems epd,e-pd,vllm]
         [--concurrency 1,4] [--rates 0] [--requests 16] [--tokens 16] [--images 1]
@@ -60,6 +62,8 @@ FIELDS = [
     "req_s",
     "ttft_p50_vs_vllm",
     "tok_s_vs_vllm",
+    "ttft_p50_vs_vllm_ec",
+    "tok_s_vs_vllm_ec",
 ]
 
 
@@ -79,6 +83,8 @@ class Row:
     req_s: float
     ttft_p50_vs_vllm: float | None = None
     tok_s_vs_vllm: float | None = None
+    ttft_p50_vs_vllm_ec: float | None = None
+    tok_s_vs_vllm_ec: float | None = None
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
 
 
@@ -241,8 +247,9 @@ async def serving(
     deployment = Deployment(run_dir, env, metrics=bool(metrics))
     scraper: asyncio.Task[None] | None = None
     try:
-        if system == "vllm":
-            url = await start_vllm(deployment, model_dir)
+        if system in ("vllm", "vllm-ec"):
+            start = start_vllm if system == "vllm" else start_vllm_ec
+            url = await start(deployment, model_dir)
             yield url, {c.name: c.process.pid for c in deployment.children}
         else:
             name, _, policy = system.partition(":")
@@ -276,47 +283,106 @@ async def scrape_every_second(urls: list[str]) -> None:
             await asyncio.sleep(1.0)
 
 
-async def start_vllm(deployment: Deployment, model_dir: Path) -> str:
+async def start_vllm(
+    deployment: Deployment, model_dir: Path, name: str = "vllm", *flags: str
+) -> str:
+    """Start ``vllm.entrypoints.openai.api_server`` (more ``flags`` appended) as ``name``; return
+    its OpenAI base URL once healthy."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "4096",
+        *flags,
+    ]
+    await start_http_child(deployment, name, port, command, {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    return f"http://127.0.0.1:{port}/v1"
+
+
+async def start_vllm_ec(deployment: Deployment, model_dir: Path) -> str:
+    """vLLM's own disaggregated-encoder split (E+PD): an encode instance and a prefill+decode
+    instance sharing encoder outputs through ECExampleConnector's files, behind
+    ``scripts/vllm_ec_proxy.py``; returns the proxy's base URL."""
+    storage = deployment.run_dir / "ec_cache"
+    storage.mkdir(exist_ok=True)
+
+    def ec_config(role: str) -> str:
+        return json.dumps(
+            {
+                "ec_connector": "ECExampleConnector",
+                "ec_role": role,
+                "ec_connector_extra_config": {"shared_storage_path": str(storage)},
+            }
+        )
+
+    encoder, prefill_decode = await asyncio.gather(
+        start_vllm(
+            deployment,
+            model_dir,
+            "vllm-encode",
+            "--no-enable-prefix-caching",
+            "--ec-transfer-config",
+            ec_config("ec_producer"),
+        ),
+        start_vllm(
+            deployment, model_dir, "vllm-pd", "--ec-transfer-config", ec_config("ec_consumer")
+        ),
+    )
+    port = free_port()
+    proxy = [
+        sys.executable,
+        str(Path(__file__).with_name("vllm_ec_proxy.py")),
+        "--port",
+        str(port),
+        "--encoder",
+        encoder.removesuffix("/v1"),
+        "--prefill-decode",
+        prefill_decode.removesuffix("/v1"),
+    ]
+    await start_http_child(deployment, "vllm-ec-proxy", port, proxy, {})
+    return f"http://127.0.0.1:{port}/v1"
+
+
+async def start_http_child(
+    deployment: Deployment, name: str, port: int, command: list[str], env: dict[str, str]
+) -> None:
+    """Start ``command`` as child ``name`` (output in ``run_dir/name.log``) and wait until
+    ``GET /health`` on ``port`` answers 200."""
     import aiohttp
 
-    port = free_port()
-    log = deployment.run_dir / "vllm.log"
+    from epd.client.launcher import Child
+
+    log = deployment.run_dir / f"{name}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(model_dir),
-                "--served-model-name",
-                "tiny",
-                "--port",
-                str(port),
-                "--dtype",
-                "float32",
-                "--enforce-eager",
-                "--max-model-len",
-                "4096",
-            ],
+            command,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**deployment.env, "VLLM_CPU_KVCACHE_SPACE": "1"},
+            env={**deployment.env, **env},
         )
-    from epd.client.launcher import Child
-
-    deployment.children.append(Child("vllm", port, process, log))
+    deployment.children.append(Child(name, port, process, log))
     async with aiohttp.ClientSession() as session:
         for _ in range(600):
             if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited; see {log}")
+                raise RuntimeError(f"{name} exited; see {log}")
             with contextlib.suppress(aiohttp.ClientError):
                 async with session.get(f"http://127.0.0.1:{port}/health") as reply:
                     if reply.status == 200:
-                        return f"http://127.0.0.1:{port}/v1"
+                        return
             await asyncio.sleep(1)
-    raise RuntimeError(f"vLLM not healthy after 600 s; see {log}")
+    raise RuntimeError(f"{name} not healthy after 600 s; see {log}")
 
 
 def ratio(value: float, reference: float) -> float | None:
@@ -324,13 +390,16 @@ def ratio(value: float, reference: float) -> float | None:
 
 
 def compare_to_vllm(rows: list[Row]) -> None:
-    """Fill each row's ratios to the vllm row at the same concurrency and rate."""
-    baseline = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm"}
+    """Fill each row's ratios to the vllm and vllm-ec rows at the same concurrency and rate."""
+    monolithic = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm"}
+    split = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm-ec"}
     for row in rows:
-        reference = baseline.get((row.concurrency, row.rate))
-        if reference is not None:
+        if (reference := monolithic.get((row.concurrency, row.rate))) is not None:
             row.ttft_p50_vs_vllm = ratio(row.ttft_p50_ms, reference.ttft_p50_ms)
             row.tok_s_vs_vllm = ratio(row.output_tok_s, reference.output_tok_s)
+        if (reference := split.get((row.concurrency, row.rate))) is not None:
+            row.ttft_p50_vs_vllm_ec = ratio(row.ttft_p50_ms, reference.ttft_p50_ms)
+            row.tok_s_vs_vllm_ec = ratio(row.output_tok_s, reference.output_tok_s)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -340,14 +409,15 @@ def print_table(rows: list[Row]) -> None:
     print(
         f"{'system':<26}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
         f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}{'TTFT/vllm':>10}"
-        f"{'tok/s/vllm':>11}"
+        f"{'tok/s/vllm':>11}{'TTFT/v-ec':>10}{'tok/s/v-ec':>11}"
     )
     for r in rows:
         print(
             f"{r.system:<26}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
             f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
             f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}  {times(r.ttft_p50_vs_vllm)}"
-            f"  {times(r.tok_s_vs_vllm)}"
+            f"  {times(r.tok_s_vs_vllm)}  {times(r.ttft_p50_vs_vllm_ec)}"
+            f"  {times(r.tok_s_vs_vllm_ec)}"
         )
 
 
@@ -442,7 +512,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--systems",
         default="epd,e-pd,vllm",
-        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm (default epd,e-pd,vllm)",
+        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm, vllm-ec (default epd,e-pd,vllm)",
     )
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
     parser.add_argument(
