@@ -17,7 +17,7 @@ from epd.server.media.hashing import mm_hash
 from epd.server.media.policy import MediaPolicy
 
 # Images of at most this many pixels (declared in their header) are decoded on the event loop:
-# that takes well under a millisecond, less than the hand-off to a thread and back (~0.4 ms here).
+# that costs less than the hand-off to a thread and back.
 INLINE_DECODE_PIXELS = 256 * 256
 
 

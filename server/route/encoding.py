@@ -148,8 +148,8 @@ async def _encode_group(
             )
             received += 1
             if received == len(indices):
-                # NOTE: every item is in: the stream's end comes ~0.6 ms after the last message
-                # here and nothing in it is needed; it is read in the background (which also
+                # NOTE: every item is in: the stream's end comes later and nothing in it is
+                # needed; it is read in the background (which also
                 # ends the call's client span).
                 peers.background.start(_read_to_end(call))
                 break
@@ -166,7 +166,7 @@ async def _encode_group(
     finally:
         if received < len(indices):
             call.cancel()  # NOTE: stops the encoder's work when the request is cancelled
-    # NOTE: the scheduler's bookkeeping need not hold up the answer: a report RPC costs ~1 ms.
+    # NOTE: the scheduler's bookkeeping need not hold up the answer.
     peers.background.start(_report(peers, assignment.assignment_id, outcomes))
     return failed
 
