@@ -9,6 +9,7 @@ several engines share one GPU, each engine's share of its memory.
 from __future__ import annotations
 
 import argparse
+import os
 
 from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
 
@@ -21,6 +22,7 @@ PASSED_ON = (
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "cpu_threads",
 )
 
 
@@ -52,6 +54,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-num-seqs", type=int, help="sequences per engine step (default: vLLM's)")
     add("--max-num-batched-tokens", type=int, help="tokens per engine step (default: vLLM's)")
     add(
+        "--cpu-threads",
+        type=int,
+        help="vLLM on CPU: each engine's model threads (default: the CPUs this process may use "
+        "but one, split evenly between the engines)",
+    )
+    add(
         "--enforce-eager",
         action=argparse.BooleanOptionalAction,
         help="eager engines, or compiled with --no-enforce-eager (default: eager on CPU, "
@@ -72,6 +80,8 @@ def engine_settings(
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if kind == CPU and args.cpu_threads is None and num_engines > 1:
+        flags += ["--cpu-threads", str(max(1, (len(os.sched_getaffinity(0)) - 1) // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
     kv_cache_mb = args.kv_cache_mb

@@ -139,6 +139,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests admitted at once; more get RESOURCE_EXHAUSTED (default 64)",
     )
     add(
+        "--cpu-threads",
+        type=int,
+        default=_optional_int(env("EPD_CPU_THREADS")),
+        help="vLLM on CPU: the model's threads (env EPD_CPU_THREADS; default: every CPU this "
+        "process may use but one, as vLLM's CPU worker would have)",
+    )
+    add(
         "--kv-host",
         default=env("EPD_KV_HOST", "127.0.0.1"),
         help="address of this worker's NIXL KV handshake listener, reachable by its peers "
@@ -171,7 +178,7 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
     for flag in ("max_model_len", "max_pending", "tensor_parallel_size"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
-    for flag in ("kv_cache_mb", "max_num_seqs", "max_num_batched_tokens"):
+    for flag in ("kv_cache_mb", "max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
@@ -199,6 +206,7 @@ def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -
         kv_role=kv_role,
         side_channel=SideChannel(args.kv_host, args.kv_port),
         kv_lease_s=args.kv_lease_s,
+        cpu_threads=args.cpu_threads,
     )
 
 

@@ -79,7 +79,9 @@ class VllmOptions:
     ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
     (serves ``decode``) or ``kv_both``. ``side_channel``: where the NIXL handshake listens
     (port 0: a free port). ``kv_lease_s``: how long a producer keeps KV blocks that no decode
-    worker reads (a cancelled request's), the same on both sides.
+    worker reads (a cancelled request's), the same on both sides. ``cpu_threads``: on CPU, the
+    model's torch threads (None: every CPU this process may use but one, the layout vLLM's own
+    CPU executor uses, which keeps one core for its scheduling).
     """
 
     device: str = "cpu"
@@ -96,6 +98,7 @@ class VllmOptions:
     kv_role: str | None = None
     side_channel: SideChannel = field(default_factory=SideChannel)
     kv_lease_s: int = 30
+    cpu_threads: int | None = None
 
 
 def _layout(model_dir: Path) -> VisionLayout:
@@ -180,9 +183,7 @@ class VllmEngine(Engine):
         tracker = LoadTracker()
         rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
         try:
-            llm = await asyncio.to_thread(
-                _create_llm, args, options.side_channel, tracker, rpc_dir, options.device
-            )
+            llm = await asyncio.to_thread(_create_llm, args, options, tracker, rpc_dir)
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
@@ -409,27 +410,39 @@ def _destroy_zmq_context(llm: Any) -> None:
         context.destroy(linger=0)
 
 
-def _create_llm(
-    args: Any, side_channel: SideChannel, tracker: LoadTracker, rpc_dir: Path, device: str
-) -> Any:
-    """An AsyncLLM on ``device`` whose ZMQ ipc sockets (its own and its EngineCore's) live in
-    ``rpc_dir``."""
+def _create_llm(args: Any, options: VllmOptions, tracker: LoadTracker, rpc_dir: Path) -> Any:
+    """An AsyncLLM as ``options`` say whose ZMQ ipc sockets (its own and its EngineCore's) live
+    in ``rpc_dir``."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    with SIDE_CHANNEL_ENV_LOCK, _environment(engine_environment(options, rpc_dir)):
+        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+
+
+def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
+    """The variables vLLM reads while an engine is created (its EngineCore process inherits
+    them)."""
     environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
-    if device_type(device) == "cpu":
+    if device_type(options.device) == "cpu":
         # NOTE: on CPU the model runs inside the EngineCore process (uni executor). vLLM's CPU
         # default, a worker process fed through a shared-memory queue, busy-polls that queue for
         # a second after every step, and the EngineCore busy-waits for the worker: both spin on
         # cores the encoder, route and engine need (docs/performance.md has the figures).
-        environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if args.kv_transfer_config is not None:
+        # OMP_NUM_THREADS keeps the model's threads where vLLM's worker would have them; set
+        # by vLLM's own code it would become 1 (``set_torch_threads_for_runtime``).
+        threads = options.cpu_threads or default_cpu_threads()
+        environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads))
+    if options.kv_role:
         environ.update(
-            VLLM_NIXL_SIDE_CHANNEL_HOST=side_channel.host,
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel.port),
+            VLLM_NIXL_SIDE_CHANNEL_HOST=options.side_channel.host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.side_channel.port),
         )
-    with SIDE_CHANNEL_ENV_LOCK, _environment(environ):
-        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+    return environ
+
+
+def default_cpu_threads() -> int:
+    """Torch threads of a CPU engine by default: every CPU this process may use but one."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -29,15 +30,33 @@ def worker_options(flags: tuple[str, ...], kv_cache_mb: int | None, device: str)
 
 @pytest.fixture(autouse=True)
 def no_engine_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("EPD_DEVICE", "EPD_DTYPE", "EPD_KV_CACHE_MB", "EPD_GPU_MEMORY_UTILIZATION"):
+    for name in (
+        "EPD_DEVICE",
+        "EPD_DTYPE",
+        "EPD_KV_CACHE_MB",
+        "EPD_GPU_MEMORY_UTILIZATION",
+        "EPD_CPU_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def test_on_cpu_engines_get_todays_cache_and_their_own_defaults() -> None:
-    kv_cache_mb, flags = engine_settings(parse_up(), "cpu", num_engines=2)
+    kv_cache_mb, flags = engine_settings(parse_up(), "cpu", num_engines=1)
     assert (kv_cache_mb, flags) == (128, ("--device", "cpu"))
     options = worker_options(flags, kv_cache_mb, "cpu")
     assert options.kv_cache_bytes == 128 << 20 and options.dtype == "float32"
+    assert options.cpu_threads is None
+
+
+def test_two_cpu_engines_split_the_cpus_but_one_between_them() -> None:
+    threads = max(1, (len(os.sched_getaffinity(0)) - 1) // 2)
+    kv_cache_mb, flags = engine_settings(parse_up(), "cpu", num_engines=2)
+    assert flags == ("--device", "cpu", "--cpu-threads", str(threads))
+    assert worker_options(flags, kv_cache_mb, "cpu").cpu_threads == threads
+    _, given = engine_settings(parse_up("--cpu-threads", "5"), "cpu", num_engines=2)
+    assert given == ("--device", "cpu", "--cpu-threads", "5")
+    _, on_gpu = engine_settings(parse_up(), "cuda:0", num_engines=2)
+    assert "--cpu-threads" not in on_gpu
 
 
 def test_engines_sharing_a_gpu_split_its_memory() -> None:

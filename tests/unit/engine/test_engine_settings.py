@@ -26,6 +26,7 @@ ENGINE_VARIABLES = (
     "EPD_MAX_NUM_SEQS",
     "EPD_MAX_NUM_BATCHED_TOKENS",
     "EPD_ENFORCE_EAGER",
+    "EPD_CPU_THREADS",
 )
 
 
@@ -76,6 +77,7 @@ def test_every_engine_knob_is_in_help_with_its_variable(command: str) -> None:
         "--enforce-eager",
         "--no-enforce-eager",
         "--kv-cache-mb",
+        "--cpu-threads",
     ):
         assert flag in text, flag
     for variable in ENGINE_VARIABLES:
@@ -116,6 +118,8 @@ def test_flags_override_the_device_defaults() -> None:
         "16",
         "--max-num-batched-tokens",
         "2048",
+        "--cpu-threads",
+        "6",
         command="decode",
     )
     options = engine_options(args, "kv_consumer", "cuda:0")
@@ -130,6 +134,7 @@ def test_flags_override_the_device_defaults() -> None:
         16,
         2048,
     )
+    assert options.cpu_threads == 6
     assert engine_options(parse("--no-enforce-eager"), None, "cpu").enforce_eager is False
 
 
@@ -144,6 +149,7 @@ def test_variables_stand_in_for_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         ("EPD_MAX_MODEL_LEN", "2048"),
         ("EPD_MAX_NUM_SEQS", "8"),
         ("EPD_MAX_NUM_BATCHED_TOKENS", "1024"),
+        ("EPD_CPU_THREADS", "3"),
     ):
         monkeypatch.setenv(name, value)
     args = parse()
@@ -153,6 +159,7 @@ def test_variables_stand_in_for_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert options.kv_cache_bytes == 64 * MiB and options.gpu_memory_utilization == 0.5
     assert (options.tensor_parallel_size, options.max_model_len) == (4, 2048)
     assert (options.max_num_seqs, options.max_num_batched_tokens) == (8, 1024)
+    assert options.cpu_threads == 3
 
 
 def test_the_transformers_engine_follows_the_device_too() -> None:
@@ -169,6 +176,7 @@ def test_the_transformers_engine_follows_the_device_too() -> None:
         ["--max-num-seqs", "0"],
         ["--gpu-memory-utilization", "1.5"],
         ["--tensor-parallel-size", "0"],
+        ["--cpu-threads", "0"],
     ],
 )
 def test_out_of_range_engine_flags_are_usage_errors(
