@@ -21,9 +21,8 @@ import logging
 import os
 import random
 import shutil
-import socket
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,17 +44,16 @@ from epd.server.engine.base import (
     TokenChunk,
     Usage,
 )
-from epd.server.engine.device import device_type
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
-    SIDE_CHANNEL_ENV_LOCK,
     SideChannel,
     picture_data,
     restore_ints,
     sampling_params,
 )
+from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_stats import LoadTracker
 
 logger = logging.getLogger(__name__)
@@ -108,37 +106,6 @@ def _layout(model_dir: Path) -> VisionLayout:
     return VisionLayout.of(AutoConfig.from_pretrained(model_dir), tokenizer)
 
 
-def side_channel_port(host: str, attempts: int = 64) -> int:
-    """A free port for vLLM's NIXL handshake listener, below the kernel's ephemeral range.
-
-    The listener binds seconds after the port is chosen, inside the EngineCore; a port from the
-    ephemeral range (what binding port 0 gives) can be taken meanwhile by any outgoing connection
-    or by another engine's ZMQ and gloo sockets, and then vLLM's listener thread dies and the
-    engine start waits for it forever (seen with prefill and decode starting together).
-    """
-    low = _ephemeral_low()
-    for _ in range(attempts):
-        port = random.randrange(EPHEMERAL_FLOOR, low)
-        with socket.socket() as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {EPHEMERAL_FLOOR}-{low - 1} on {host}")
-
-
-EPHEMERAL_FLOOR = 20000
-
-
-def _ephemeral_low() -> int:
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return max(low, EPHEMERAL_FLOOR + 1000)
-
-
 class VllmEngine(Engine):
     """An AsyncLLM behind the Engine interface, with bounded admission."""
 
@@ -183,7 +150,7 @@ class VllmEngine(Engine):
         tracker = LoadTracker()
         rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
         try:
-            llm = await asyncio.to_thread(_create_llm, args, options, tracker, rpc_dir)
+            llm = await asyncio.to_thread(create_llm, args, options, tracker, rpc_dir)
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
@@ -390,7 +357,7 @@ class VllmEngine(Engine):
             return
         llm, self._llm = self._llm, None
         llm.shutdown(timeout=ENGINE_CORE_STOP_S)
-        _destroy_zmq_context(llm)
+        destroy_zmq_context(llm)
         # NOTE: drop the last reference now: AsyncLLM.__del__ run at interpreter exit fails noisily.
         del llm
         gc.collect()
@@ -398,66 +365,6 @@ class VllmEngine(Engine):
             # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
             # its three sockets (/tmp/<uuid>) behind.
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
-
-
-def _destroy_zmq_context(llm: Any) -> None:
-    """Destroy the ZMQ context of ``llm``'s EngineCore client: vLLM 0.32's shutdown closes the
-    client's sockets but leaves their context to the garbage collector, which warns about it
-    (``ResourceWarning: Unclosed context``). The in-process client (KV transfer) has none."""
-    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
-    context = getattr(resources, "ctx", None)
-    if context is not None:
-        context.destroy(linger=0)
-
-
-def _create_llm(args: Any, options: VllmOptions, tracker: LoadTracker, rpc_dir: Path) -> Any:
-    """An AsyncLLM as ``options`` say whose ZMQ ipc sockets (its own and its EngineCore's) live
-    in ``rpc_dir``."""
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    with SIDE_CHANNEL_ENV_LOCK, _environment(engine_environment(options, rpc_dir)):
-        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
-
-
-def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
-    """The variables vLLM reads while an engine is created (its EngineCore process inherits
-    them)."""
-    environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
-    if device_type(options.device) == "cpu":
-        # NOTE: on CPU the model runs inside the EngineCore process (uni executor). vLLM's CPU
-        # default, a worker process fed through a shared-memory queue, busy-polls that queue for
-        # a second after every step, and the EngineCore busy-waits for the worker: both spin on
-        # cores the encoder, route and engine need (docs/performance.md has the figures).
-        # OMP_NUM_THREADS keeps the model's threads where vLLM's worker would have them; set
-        # by vLLM's own code it would become 1 (``set_torch_threads_for_runtime``).
-        threads = options.cpu_threads or default_cpu_threads()
-        environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads))
-    if options.kv_role:
-        environ.update(
-            VLLM_NIXL_SIDE_CHANNEL_HOST=options.side_channel.host,
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.side_channel.port),
-        )
-    return environ
-
-
-def default_cpu_threads() -> int:
-    """Torch threads of a CPU engine by default: every CPU this process may use but one."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in os.environ for the block (hold SIDE_CHANNEL_ENV_LOCK around it)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:

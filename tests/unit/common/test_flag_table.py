@@ -25,8 +25,8 @@ ENV_NAME = re.compile(r"EPD_[A-Z0-9_]+")
 ENVIRONMENT_ALLOWED = {
     # int_env / float_env: the checked reads of flags' fallbacks, called by cli modules only.
     "common/env.py",
-    # Sets vLLM's side-channel variables around an engine's start and restores them after.
-    "server/engine/vllm_engine.py",
+    # Sets the variables vLLM reads around an engine's creation and restores them after.
+    "server/engine/vllm_process.py",
     # Sets the nixl library's NIXL_LOG_LEVEL (setdefault) before nixl is imported.
     "server/transfer/nixl_agent.py",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from epd.server.engine.vllm_engine import EPHEMERAL_FLOOR, side_channel_port
+from epd.server.engine.vllm_process import EPHEMERAL_FLOOR, side_channel_port
 
 
 def test_the_port_is_free_and_below_the_ephemeral_range() -> None:

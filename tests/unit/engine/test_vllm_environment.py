@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from epd.server.engine.vllm_engine import VllmOptions, default_cpu_threads, engine_environment
+from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import SideChannel
+from epd.server.engine.vllm_process import default_cpu_threads, engine_environment
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core_with_every_cpu_but_one() -> None:

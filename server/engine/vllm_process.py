@@ -1,0 +1,112 @@
+"""How an engine's vLLM processes are started and stopped: the environment vLLM reads while an
+engine is created (the EngineCore process inherits it), the NIXL handshake port, and the ZMQ
+context vLLM's shutdown leaves behind. The one module besides the cli modules that sets
+environment variables: around an engine's creation, restored after."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epd.server.engine.device import device_type
+from epd.server.engine.vllm_inputs import SIDE_CHANNEL_ENV_LOCK
+from epd.server.engine.vllm_stats import LoadTracker
+
+if TYPE_CHECKING:
+    from epd.server.engine.vllm_engine import VllmOptions
+
+
+def side_channel_port(host: str, attempts: int = 64) -> int:
+    """A free port for vLLM's NIXL handshake listener, below the kernel's ephemeral range.
+
+    The listener binds seconds after the port is chosen, inside the EngineCore; a port from the
+    ephemeral range (what binding port 0 gives) can be taken meanwhile by any outgoing connection
+    or by another engine's ZMQ and gloo sockets, and then vLLM's listener thread dies and the
+    engine start waits for it forever (seen with prefill and decode starting together).
+    """
+    low = _ephemeral_low()
+    for _ in range(attempts):
+        port = random.randrange(EPHEMERAL_FLOOR, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {EPHEMERAL_FLOOR}-{low - 1} on {host}")
+
+
+EPHEMERAL_FLOOR = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(low, EPHEMERAL_FLOOR + 1000)
+
+
+def destroy_zmq_context(llm: Any) -> None:
+    """Destroy the ZMQ context of ``llm``'s EngineCore client: vLLM 0.32's shutdown closes the
+    client's sockets but leaves their context to the garbage collector, which warns about it
+    (``ResourceWarning: Unclosed context``). The in-process client (KV transfer) has none."""
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    context = getattr(resources, "ctx", None)
+    if context is not None:
+        context.destroy(linger=0)
+
+
+def create_llm(args: Any, options: VllmOptions, tracker: LoadTracker, rpc_dir: Path) -> Any:
+    """An AsyncLLM as ``options`` say whose ZMQ ipc sockets (its own and its EngineCore's) live
+    in ``rpc_dir``."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with SIDE_CHANNEL_ENV_LOCK, environment(engine_environment(options, rpc_dir)):
+        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+
+
+def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
+    """The variables vLLM reads while an engine is created (its EngineCore process inherits
+    them)."""
+    environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
+    if device_type(options.device) == "cpu":
+        # NOTE: on CPU the model runs inside the EngineCore process (uni executor). vLLM's CPU
+        # default, a worker process fed through a shared-memory queue, busy-polls that queue for
+        # a second after every step, and the EngineCore busy-waits for the worker: both spin on
+        # cores the encoder, route and engine need (docs/performance.md has the figures).
+        # OMP_NUM_THREADS keeps the model's threads where vLLM's worker would have them; set
+        # by vLLM's own code it would become 1 (``set_torch_threads_for_runtime``).
+        threads = options.cpu_threads or default_cpu_threads()
+        environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads))
+    if options.kv_role:
+        environ.update(
+            VLLM_NIXL_SIDE_CHANNEL_HOST=options.side_channel.host,
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.side_channel.port),
+        )
+    return environ
+
+
+def default_cpu_threads() -> int:
+    """Torch threads of a CPU engine by default: every CPU this process may use but one."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in os.environ for the block (hold SIDE_CHANNEL_ENV_LOCK around it)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
