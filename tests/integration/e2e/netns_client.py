@@ -3,7 +3,8 @@
 ``wait ENDPOINT...``: wait until each answers health SERVING. ``generate ROUTE SPEC``: send the
 requests of SPEC (JSON: ``requests`` [{``seeds``, ``max_tokens``}], ``timeout_s``,
 ``started_file``) at once, touch ``started_file`` once each has streamed a token, print one JSON
-result per request: ``tokens`` or ``error`` {code, reason, message}, and ``elapsed_s``.
+result per request: ``tokens`` or ``error`` {code, reason, message}, ``elapsed_s``, and ``ended_at``
+(``time.time()`` when its stream ended).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ async def _one(
             started.set()
     except EpdClientError as e:
         error = {"code": e.code, "reason": e.reason, "message": e.message}
-        return {"error": error, "elapsed_s": time.monotonic() - begin}
-    return {"tokens": tokens, "elapsed_s": time.monotonic() - begin}
+        return {"error": error, "elapsed_s": time.monotonic() - begin, "ended_at": time.time()}
+    return {"tokens": tokens, "elapsed_s": time.monotonic() - begin, "ended_at": time.time()}
 
 
 async def generate(route: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
