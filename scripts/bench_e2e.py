@@ -35,7 +35,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,8 +45,10 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+from process_cpu import cpu_by_process
+from vllm_servers import start_vllm, start_vllm_ec
 
-from epd.client.launcher import Deployment, Topology, free_port, start_topology
+from epd.client.launcher import Deployment, Topology, start_topology
 
 FIELDS = [
     "system",
@@ -162,7 +163,7 @@ async def measure(
                 failed += 1
                 print(f"  request failed: {e}", file=sys.stderr)
 
-    cpu_before = cpu_seconds(processes)
+    cpu_before = cpu_by_process(processes)
     start = time.perf_counter()
     tasks = []
     async for seed in arrivals(num_requests, rate):
@@ -171,7 +172,7 @@ async def measure(
     elapsed = time.perf_counter() - start
     cpu_used = {
         name: seconds - cpu_before.get(name, 0.0)
-        for name, seconds in cpu_seconds(processes).items()
+        for name, seconds in cpu_by_process(processes).items()
     }
     await client.close()
     ttfts = sorted(r[0] * 1000 for r in results) or [float("nan")]
@@ -192,40 +193,6 @@ async def measure(
             for name, seconds in sorted(cpu_used.items(), key=lambda item: -item[1])
         },
     )
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(parent, []).append(int(entry.name))
-    tree, pending = [], [pid]
-    while pending:
-        tree.append(pending.pop())
-        pending.extend(children.get(tree[-1], []))
-    return tree
-
-
-def cpu_seconds(processes: dict[str, int]) -> dict[str, float]:
-    """User+system CPU seconds so far of each named process and of each of its descendants
-    (named ``name/comm``, e.g. ``prefill/VLLM::Worker``), and of this client (``client``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    totals = {"client": sum(os.times()[:2])}
-    for name, root in processes.items():
-        for pid in process_tree(root):
-            with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                fields = stat.rsplit(")", 1)[1].split()
-                label = (
-                    name
-                    if pid == root
-                    else f"{name}/{stat[stat.index('(') + 1 : stat.rindex(')')]}"
-                )
-                totals[label] = totals.get(label, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return totals
 
 
 async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
@@ -281,108 +248,6 @@ async def scrape_every_second(urls: list[str]) -> None:
                 async with session.get(url) as response:
                     await response.read()
             await asyncio.sleep(1.0)
-
-
-async def start_vllm(
-    deployment: Deployment, model_dir: Path, name: str = "vllm", *flags: str
-) -> str:
-    """Start ``vllm.entrypoints.openai.api_server`` (more ``flags`` appended) as ``name``; return
-    its OpenAI base URL once healthy."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        "tiny",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "4096",
-        *flags,
-    ]
-    await start_http_child(deployment, name, port, command, {"VLLM_CPU_KVCACHE_SPACE": "1"})
-    return f"http://127.0.0.1:{port}/v1"
-
-
-async def start_vllm_ec(deployment: Deployment, model_dir: Path) -> str:
-    """vLLM's own disaggregated-encoder split (E+PD): an encode instance and a prefill+decode
-    instance sharing encoder outputs through ECExampleConnector's files, behind
-    ``scripts/vllm_ec_proxy.py``; returns the proxy's base URL."""
-    storage = deployment.run_dir / "ec_cache"
-    storage.mkdir(exist_ok=True)
-
-    def ec_config(role: str) -> str:
-        return json.dumps(
-            {
-                "ec_connector": "ECExampleConnector",
-                "ec_role": role,
-                "ec_connector_extra_config": {"shared_storage_path": str(storage)},
-            }
-        )
-
-    encoder, prefill_decode = await asyncio.gather(
-        start_vllm(
-            deployment,
-            model_dir,
-            "vllm-encode",
-            "--no-enable-prefix-caching",
-            "--ec-transfer-config",
-            ec_config("ec_producer"),
-        ),
-        start_vllm(
-            deployment, model_dir, "vllm-pd", "--ec-transfer-config", ec_config("ec_consumer")
-        ),
-    )
-    port = free_port()
-    proxy = [
-        sys.executable,
-        str(Path(__file__).with_name("vllm_ec_proxy.py")),
-        "--port",
-        str(port),
-        "--encoder",
-        encoder.removesuffix("/v1"),
-        "--prefill-decode",
-        prefill_decode.removesuffix("/v1"),
-    ]
-    await start_http_child(deployment, "vllm-ec-proxy", port, proxy, {})
-    return f"http://127.0.0.1:{port}/v1"
-
-
-async def start_http_child(
-    deployment: Deployment, name: str, port: int, command: list[str], env: dict[str, str]
-) -> None:
-    """Start ``command`` as child ``name`` (output in ``run_dir/name.log``) and wait until
-    ``GET /health`` on ``port`` answers 200."""
-    import aiohttp
-
-    from epd.client.launcher import Child
-
-    log = deployment.run_dir / f"{name}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**deployment.env, **env},
-        )
-    deployment.children.append(Child(name, port, process, log))
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"{name} exited; see {log}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(f"http://127.0.0.1:{port}/health") as reply:
-                    if reply.status == 200:
-                        return
-            await asyncio.sleep(1)
-    raise RuntimeError(f"{name} not healthy after 600 s; see {log}")
 
 
 def ratio(value: float, reference: float) -> float | None:

@@ -20,18 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from process_cpu import tree_cpu_seconds
+
 IDLE_WINDOW_S = 5.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of ``pid`` and its direct children so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    total = 0.0
-    for process in [pid, *map(int, children)]:
-        fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 def scrape(url: str) -> bytes:
@@ -42,15 +33,15 @@ def scrape(url: str) -> bytes:
 
 def measure(name: str, url: str, pid: int, num_scrapes: int) -> dict[str, Any]:
     """One service: idle CPU rate first, then ``num_scrapes`` scrapes back to back."""
-    idle_start = cpu_seconds(pid)
+    idle_start = tree_cpu_seconds(pid)
     time.sleep(IDLE_WINDOW_S)
-    idle_rate = (cpu_seconds(pid) - idle_start) / IDLE_WINDOW_S
+    idle_rate = (tree_cpu_seconds(pid) - idle_start) / IDLE_WINDOW_S
     lines = len(scrape(url).splitlines())
-    start_cpu, start = cpu_seconds(pid), time.perf_counter()
+    start_cpu, start = tree_cpu_seconds(pid), time.perf_counter()
     for _ in range(num_scrapes):
         scrape(url)
     elapsed = time.perf_counter() - start
-    used = cpu_seconds(pid) - start_cpu - idle_rate * elapsed
+    used = tree_cpu_seconds(pid) - start_cpu - idle_rate * elapsed
     return {
         "service": name,
         "lines": lines,
