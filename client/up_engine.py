@@ -9,9 +9,9 @@ several engines share one GPU, each engine's share of its memory.
 from __future__ import annotations
 
 import argparse
-import os
 
 from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
+from epd.server.engine.vllm_process import default_cpu_threads
 
 UP_KV_CACHE_MB = 128
 SHARED_GPU_MEMORY = 0.9
@@ -81,7 +81,7 @@ def engine_settings(
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     if kind == CPU and args.cpu_threads is None and num_engines > 1:
-        flags += ["--cpu-threads", str(max(1, (len(os.sched_getaffinity(0)) - 1) // num_engines))]
+        flags += ["--cpu-threads", str(max(1, default_cpu_threads() // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
     kv_cache_mb = args.kv_cache_mb
