@@ -6,6 +6,7 @@ import argparse
 import os
 
 from epd.common.channels import DEFAULT_KEEPALIVE_S
+from epd.common.cpus import check_available, parse_cpu_list, pin_threads
 from epd.common.env import float_env
 from epd.common.server import MiB, ServerOptions
 
@@ -76,6 +77,13 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0)
         "peer that went silent fails calls within about twice this; servers accept pings that "
         f"often (env EPD_GRPC_KEEPALIVE_S; default {DEFAULT_KEEPALIVE_S:g})",
     )
+    group.add_argument(
+        "--cpus",
+        default=env("EPD_CPUS"),
+        help="CPUs this service and its engine's processes run on, as a list like 0-3,8 (env "
+        "EPD_CPUS; default: every CPU it may use; a CPU engine's --cpu-threads and an "
+        "encoder's --threads default to their count)",
+    )
     metrics_port = env("EPD_METRICS_PORT")
     group.add_argument(
         "--metrics-port",
@@ -101,3 +109,15 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         metrics_port=args.metrics_port,
         keepalive_s=args.grpc_keepalive_s,
     )
+
+
+def pin_to_cpus(args: argparse.Namespace) -> list[int] | None:
+    """Pin this process (every thread it has, and so every thread and child it starts later)
+    to ``--cpus``; returns them, or None when the flag is unset. ValueError when the list is
+    malformed or names a CPU this process may not use."""
+    if not args.cpus:
+        return None
+    cpus = parse_cpu_list(args.cpus)
+    check_available(cpus)
+    pin_threads(os.getpid(), cpus)
+    return cpus

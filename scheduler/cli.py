@@ -10,7 +10,7 @@ import sys
 
 from epd.common.errors import InvalidArgument
 from epd.common.server import ServerOptions, serve
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.core import SchedulerConfig
 from epd.scheduler.model import Policy
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             Policy(args.default_policy), ratio, args.ttl_s, probe_after_s=args.probe_after_s
         )
         options = server_options(args)
+        pin_to_cpus(args)
         if config.ttl_s <= 0:
             raise ValueError("--ttl-s must be positive")
     except (InvalidArgument, ValueError) as e:

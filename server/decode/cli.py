@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from epd.common.server import ServerOptions, serve
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.device import resolve_device
@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
                 "NixlConnector (scripts/install.sh installs it)"
             )
         options = server_options(args)
+        pin_to_cpus(args)
         args.device = resolve_device(args.device)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)

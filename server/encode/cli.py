@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from epd.common.server import ServerOptions, serve
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.media.media_cli import add_media_arguments, media_policy
@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(env("EPD_ENCODER_THREADS", "0")),
         help="CPU threads of the vision tower (env EPD_ENCODER_THREADS; default "
-        "0: torch's default, one per core); give CPU encoders that share a "
-        "machine with engines fewer",
+        "0: the --cpus count when given, else torch's default, one per core); give CPU "
+        "encoders that share a machine with engines fewer",
     )
     parser.add_argument(
         "--worker-id",
@@ -151,14 +151,16 @@ def run(args: argparse.Namespace) -> int:
             transfer=transfer_options(args),
         )
         options = server_options(args)
+        cpus = pin_to_cpus(args)
     except ValueError as e:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2
     configure_from_args("epd-encode", args)
-    if args.threads:
+    threads = args.threads or (len(cpus) if cpus else 0)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     return asyncio.run(_serve(config, options))
 
 

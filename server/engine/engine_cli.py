@@ -142,8 +142,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-threads",
         type=int,
         default=_optional_int(env("EPD_CPU_THREADS")),
-        help="vLLM on CPU: the model's threads (env EPD_CPU_THREADS; default: every CPU this "
-        "process may use but one, as vLLM's CPU worker would have)",
+        help="on CPU: the model's threads (env EPD_CPU_THREADS; default for vLLM: every CPU "
+        "this process may use but one, as vLLM's CPU worker would have; for the transformers "
+        "engine: the --cpus count when given, else torch's default)",
     )
     add(
         "--kv-host",

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epd.common.cpus import allowed_cpus, pin_threads
 from epd.server.engine.device import device_type
 from epd.server.engine.vllm_inputs import SIDE_CHANNEL_ENV_LOCK
 from epd.server.engine.vllm_stats import LoadTracker
@@ -68,7 +69,30 @@ def create_llm(args: Any, options: VllmOptions, tracker: LoadTracker, rpc_dir: P
     from vllm.v1.engine.async_llm import AsyncLLM
 
     with SIDE_CHANNEL_ENV_LOCK, environment(engine_environment(options, rpc_dir)):
-        return AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
+    if device_type(options.device) == "cpu":
+        keep_on_cpus(engine_core_pids(llm), allowed_cpus())
+    return llm
+
+
+def engine_core_pids(llm: Any) -> list[int]:
+    """Process ids of ``llm``'s EngineCore processes (none for an in-process client)."""
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    return [process.pid for process in getattr(manager, "processes", []) if process.pid]
+
+
+def keep_on_cpus(pids: list[int], cpus: list[int]) -> None:
+    """Put every thread of the EngineCore processes ``pids`` back on ``cpus`` (the service's).
+
+    On CPU, vLLM's NIXL connector pins the thread that builds it to the last CPU of each NUMA
+    node, to keep KV loads off the cores of vLLM's worker process. With the model in the
+    EngineCore that thread is the model's, and every thread started after it (the model's
+    other torch threads among them) inherits that one CPU: E/P/D's prefill and decode engines
+    both ran on the last core.
+    """
+    for pid in pids:
+        pin_threads(pid, cpus)
 
 
 def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:

@@ -9,9 +9,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from epd.common.server import ServerOptions, serve
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
-from epd.server.engine.device import resolve_device
+from epd.server.engine.device import CPU, device_type, resolve_device
 from epd.server.engine.engine_cli import (
     add_engine_arguments,
     check_engine_arguments,
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_engine_arguments(args)
         options = server_options(args)
+        cpus = pin_to_cpus(args)
         mode = Mode(args.mode)
         config = PrefillConfig(
             args.model,
@@ -106,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
     configure_from_args("epd-prefill", args)
+    threads = args.cpu_threads or (len(cpus) if cpus else 0)
+    if args.engine == "transformers" and device_type(args.device) == CPU and threads:
+        import torch
+
+        torch.set_num_threads(threads)
     return asyncio.run(_serve(args, config, options))
 
 

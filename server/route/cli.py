@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from epd.common.server import ServerOptions, serve
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_dir import require_model_dir
@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         require_model_dir(args.model)
         options = server_options(args)
+        pin_to_cpus(args)
         config = RouteConfig(
             args.model,
             args.scheduler,

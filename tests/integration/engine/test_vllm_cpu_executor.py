@@ -4,6 +4,9 @@ shared-memory queue, busy-polls a core for a second after every step (docs/perfo
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -29,3 +32,21 @@ async def test_on_cpu_the_model_runs_in_the_engine_core_process(
         await engine.close()
     assert any(name.startswith("VLLM::EngineCor") for name in names), names
     assert not any(name.startswith("VLLM::Worker") for name in names), names
+
+
+def test_kv_engines_keep_every_cpu_of_their_service(engines) -> None:
+    """vLLM's NIXL connector pins the thread that builds it (on CPU: the model's, in the
+    EngineCore) to the last CPU; the engine puts its threads back on the service's CPUs."""
+    from epd.common.cpus import allowed_cpus
+    from epd.server.engine.vllm_process import engine_core_pids
+
+    allowed = set(allowed_cpus())
+    if len(allowed) < 2:
+        pytest.skip("one CPU: the connector's pin is that CPU, nothing to restore")
+    for engine in engines:
+        pids = engine_core_pids(engine._llm)
+        assert pids
+        for pid in pids:
+            threads = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+            pinned = {tid: os.sched_getaffinity(tid) for tid in threads}
+            assert all(cpus == allowed for cpus in pinned.values()), pinned
