@@ -6,14 +6,22 @@
 - The chosen worker decides the rest: a ``prefill`` worker hands its KV to a decode worker
   (Prefill, ChooseDecode, Decode); so does an ``encode_prefill`` worker when decode workers are
   live; everything else streams PrefillDecode.
+
+The roles come from the scheduler's ListWorkers through a ``RoleView``, which keeps the latest
+listing and refreshes it off the request's path (see ``RoleView.refresh``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from epd.common.errors import EpdError
+from epd.common.tasks import BackgroundCalls
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 Role: TypeAlias = scheduler_pb.WorkerRole
@@ -23,6 +31,14 @@ DECODE = scheduler_pb.WORKER_ROLE_DECODE
 PREFILL_DECODE = scheduler_pb.WORKER_ROLE_PREFILL_DECODE
 ENCODE_PREFILL = scheduler_pb.WORKER_ROLE_ENCODE_PREFILL
 EMBEDDING_CONSUMERS: tuple[Role, ...] = (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)
+# A view older than this many TTLs is not served: the request waits for a fresh one. 10 TTLs
+# (10 s at the default TTL) is the scheduler's default lease TTL: a worker that died stays live
+# in its listing that long anyway, and the route's retries cover a worker gone since.
+MAX_AGE_TTLS = 10
+# ListWorkers of a background refresh: calls the route waits for take the request's deadline.
+REFRESH_TIMEOUT_S = 5.0
+ListWorkers: TypeAlias = Callable[[float | None], Awaitable[scheduler_pb.ListWorkersResponse]]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +63,48 @@ def hands_off_kv(role: Role, live_roles: frozenset[Role]) -> bool:
 
 class RoleView:
     """The set of live roles per model, and the models of every registered worker (live or not),
-    refreshed from ListWorkers at most every ``ttl_s``."""
+    from the scheduler's ListWorkers: stale after ``ttl_s``, no longer served after
+    ``max_age_s`` (default ``MAX_AGE_TTLS`` TTLs)."""
 
-    def __init__(self, ttl_s: float = 1.0) -> None:
+    def __init__(self, ttl_s: float = 1.0, max_age_s: float | None = None) -> None:
+        if ttl_s <= 0 or (max_age_s is not None and max_age_s < ttl_s):
+            raise ValueError("ttl_s must be positive and max_age_s at least ttl_s")
         self.ttl_s = ttl_s
+        self.max_age_s = MAX_AGE_TTLS * ttl_s if max_age_s is None else max_age_s
         self._roles: dict[str, frozenset[Role]] = {}
         self._models: frozenset[str] = frozenset()
         self._fetched_at = -float("inf")
+        self._refreshing: asyncio.Task[None] | None = None
 
     def is_stale(self, now: float | None = None) -> bool:
         """Whether the view should be refreshed."""
-        return (time.monotonic() if now is None else now) - self._fetched_at > self.ttl_s
+        return self._age(now) > self.ttl_s
+
+    def is_expired(self, now: float | None = None) -> bool:
+        """Whether the view is too old to serve (or was never fetched)."""
+        return self._age(now) > self.max_age_s
+
+    async def refresh(
+        self,
+        model: str,
+        list_workers: ListWorkers,
+        timeout: Callable[[], float | None],
+        background: BackgroundCalls,
+    ) -> None:
+        """Make the view fit to answer a request of ``model``. ``list_workers(timeout_s)`` is the
+        scheduler's ListWorkers; ``timeout()`` the request's time left. Fresh: nothing to do.
+        Stale: a refresh starts in ``background`` (one at a time; a failure is logged and the
+        view kept) and the request goes on with the view it has, unless that view is expired or
+        has no live role for ``model`` (a model just registered, workers back): then the
+        request waits for ListWorkers itself, and a failure of it is the request's."""
+        if not self.is_stale():
+            return
+        if self.is_expired() or not self.roles(model):
+            self.update(await list_workers(timeout()))
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh_quietly(list_workers))
+            background.start(self._refreshing)
 
     def update(self, listing: scheduler_pb.ListWorkersResponse, now: float | None = None) -> None:
         """Replace the view with the live workers of ``listing``."""
@@ -80,3 +127,16 @@ class RoleView:
         if not model:
             return frozenset().union(*self._roles.values())
         return frozenset()
+
+    def _age(self, now: float | None) -> float:
+        return (time.monotonic() if now is None else now) - self._fetched_at
+
+    async def _refresh_quietly(self, list_workers: ListWorkers) -> None:
+        try:
+            self.update(await list_workers(REFRESH_TIMEOUT_S))
+        except EpdError as e:
+            logger.warning(
+                "could not refresh the live roles (%s); serving those of %.1f s ago",
+                e,
+                self._age(None),
+            )

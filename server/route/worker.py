@@ -302,11 +302,9 @@ class RouteWorker:
         return multimodal_pb2.ImageGrid(t=t, h=h, w=w)
 
     async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:
-        if self.roles.is_stale():
-            listing = await self.peers.scheduler.ListWorkers(
-                scheduler_pb.ListWorkersRequest(), timeout=deadline.remaining()
-            )
-            self.roles.update(listing)
+        await self.roles.refresh(
+            model, self._list_workers, deadline.remaining, self.peers.background
+        )
         served = self.roles.models() | {self.model_id}
         if model and model not in served:
             names = ", ".join(_shortened(name) for name in sorted(served))
@@ -317,6 +315,11 @@ class RouteWorker:
                 metadata={"model": shown},
             )
         return self.roles.roles(model)
+
+    async def _list_workers(self, timeout_s: float | None) -> scheduler_pb.ListWorkersResponse:
+        return await self.peers.scheduler.ListWorkers(
+            scheduler_pb.ListWorkersRequest(), timeout=timeout_s
+        )
 
     async def _prompt(
         self,

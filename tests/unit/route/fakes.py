@@ -8,11 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenizers import Tokenizer, models
+
 from epd.common.errors import EpdError, Unavailable
 from epd.common.tasks import BackgroundCalls
+from epd.server.route.worker import RouteWorker
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
+from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -241,3 +245,37 @@ class FakePeers:
 
     def decode(self, endpoint: str) -> FakeEngine:
         return self.engines.setdefault(endpoint, FakeEngine())
+
+
+class StubTokenizer:
+    """Token i is the word ``str(i)``."""
+
+    backend_tokenizer = Tokenizer(models.WordLevel({str(i): i for i in range(1024)}, "0"))
+
+
+class StubPrompts:
+    """A prompt builder for text-only requests: two tokens, no block hashes."""
+
+    tokenizer = StubTokenizer()
+
+    def num_chars(self, messages: Any) -> int:
+        return 2
+
+    def token_ids(self, messages: Any) -> list[int]:
+        return [1, 2]
+
+    def block_hashes(self, token_ids: list[int], images: Any) -> list[int]:
+        return []
+
+
+def text_worker(peers: FakePeers) -> RouteWorker:
+    """A route worker for the model ``tiny`` serving text-only requests over ``peers``."""
+    prompts: Any = StubPrompts()
+    unused: Any = None  # NOTE: text only: no media to load, no image grids
+    return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
+
+
+async def generate(worker: RouteWorker, model: str) -> list[Any]:
+    chat = route_pb.ChatMessage(role="user", content=[route_pb.ContentPart(text="hi")])
+    request = route_pb.GenerateRequest(model=model, messages=[chat])
+    return [chunk async for chunk in worker.generate(request, timeout_s=5)]

@@ -6,18 +6,22 @@ import asyncio
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, models
 
 from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens
 from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, plan_for
-from epd.server.route.worker import RouteWorker
 from epd.v1 import generation_pb2, multimodal_pb2
-from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import (
+    FakeEncoder,
+    FakeEngine,
+    FakePeers,
+    FakeScheduler,
+    generate,
+    text_worker,
+)
 
 
 def stage_of(num_images: int) -> EncodeStage:
@@ -224,40 +228,6 @@ def test_media_items_keep_their_source_when_hashed() -> None:
         assert hashed.mm_hash == "abc"
         assert hashed.WhichOneof("source") == item.WhichOneof("source")
         assert (hashed.url, hashed.data) == (item.url, item.data)
-
-
-class StubTokenizer:
-    """Token i is the word ``str(i)``."""
-
-    backend_tokenizer = Tokenizer(models.WordLevel({str(i): i for i in range(1024)}, "0"))
-
-
-class StubPrompts:
-    """A prompt builder for text-only requests: two tokens, no block hashes."""
-
-    tokenizer = StubTokenizer()
-
-    def num_chars(self, messages: Any) -> int:
-        return 2
-
-    def token_ids(self, messages: Any) -> list[int]:
-        return [1, 2]
-
-    def block_hashes(self, token_ids: list[int], images: Any) -> list[int]:
-        return []
-
-
-def text_worker(peers: FakePeers) -> RouteWorker:
-    """A route worker for the model ``tiny`` serving text-only requests over ``peers``."""
-    prompts: Any = StubPrompts()
-    unused: Any = None  # NOTE: text only: no media to load, no image grids
-    return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
-
-
-async def generate(worker: RouteWorker, model: str) -> list[Any]:
-    chat = route_pb.ChatMessage(role="user", content=[route_pb.ContentPart(text="hi")])
-    request = route_pb.GenerateRequest(model=model, messages=[chat])
-    return [chunk async for chunk in worker.generate(request, timeout_s=5)]
 
 
 async def test_an_unknown_model_is_not_found_and_names_the_served_models() -> None:
