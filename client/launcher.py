@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epd.client.cpu_layout import Service
 from epd.common.channels import wait_for_health
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
@@ -218,6 +219,7 @@ class Topology:
 
     ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
     memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
+    ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
     """
 
     name: str = "epd"
@@ -229,6 +231,7 @@ class Topology:
     encoder_threads: tuple[int, ...] = ()
     engine: str = "auto"
     engine_flags: tuple[str, ...] = ()
+    cpus: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:
@@ -275,6 +278,26 @@ class Topology:
         """Engine workers started (they share the machine's accelerator)."""
         return 2 if self.has_decode else 1
 
+    def services(self, accelerator: bool) -> list[Service]:
+        """The services ``start_topology`` starts; engines and non-CPU encoders work on the
+        accelerator when ``accelerator``."""
+        engines = ["prefill", "decode"] if self.has_decode else ["prefill"]
+        encoders = [
+            Service(f"encode{i}", accelerator and device != "cpu")
+            for i, device in enumerate(self.encoder_devices)
+        ]
+        return [
+            Service("scheduler"),
+            Service("route"),
+            *(Service(name, accelerator) for name in engines),
+            *encoders,
+        ]
+
+    def cpu_args(self, name: str) -> list[str]:
+        """``--cpus LIST`` for service ``name`` when it is pinned."""
+        pinned = dict(self.cpus)
+        return ["--cpus", pinned[name]] if name in pinned else []
+
     def engine_args(self) -> list[str]:
         """The engine settings every engine worker gets."""
         size = [] if self.kv_cache_mb is None else ["--kv-cache-mb", str(self.kv_cache_mb)]
@@ -291,7 +314,8 @@ async def start_topology(
     policy = ["--default-policy", topology.policy]
     if topology.split_ratio:
         policy += ["--split-ratio", topology.split_ratio]
-    scheduler = deployment.start("scheduler", 1, "scheduler", *policy)
+    pin = topology.cpu_args
+    scheduler = deployment.start("scheduler", 1, "scheduler", *policy, *pin("scheduler"))
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
     engine = [*model, *registry, *topology.engine_args()]
@@ -306,10 +330,15 @@ async def start_topology(
             *PREFILL_MODES[topology.name],
             "--engine",
             topology.engine,
+            *pin("prefill"),
         )
     ]
     if topology.has_decode:
-        workers.append(deployment.start("decode", 3, "decode", *engine, "--worker-id", "decode0"))
+        workers.append(
+            deployment.start(
+                "decode", 3, "decode", *engine, "--worker-id", "decode0", *pin("decode")
+            )
+        )
     for i in range(len(topology.encoder_devices)):
         workers.append(
             deployment.start(
@@ -321,13 +350,14 @@ async def start_topology(
                 "--worker-id",
                 f"encode{i}",
                 *topology.encoder_args(i),
+                *pin(f"encode{i}"),
             )
         )
     await asyncio.gather(
         *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
     )
     http = ["--http-port", str(deployment.port(10))] if topology.http else []
-    route = deployment.start("route", 0, "route", *model, *registry, *http)
+    route = deployment.start("route", 0, "route", *model, *registry, *http, *pin("route"))
     route.http_port = int(http[1]) if http else None
     await deployment.wait_healthy(route, 60)
     return route

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from epd.client.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
 from epd.client.errors import EpdClientError
 from epd.client.launcher import (
     ENGINES,
@@ -27,9 +28,10 @@ from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watc
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, engine_settings
+from epd.common.cpus import allowed_cpus, format_cpu_list
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
-from epd.server.engine.device import resolve_device
+from epd.server.engine.device import CPU, device_type, resolve_device
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
 DEFAULT_MAX_RESTARTS = 3
@@ -70,6 +72,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
         "encoder of dual-encoder the slower one (default: torch's default)",
+    )
+    parser.add_argument(
+        "--cpu-layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="how the services share the CPUs this process may use: shared (every service on "
+        "every CPU), split (scheduler and route on the first CPUs, each engine and encoder on "
+        "its own, threads sized to them) or auto: split when each CPU-bound engine and "
+        f"encoder gets at least {MIN_SPLIT_CPUS} CPUs, else shared (default auto)",
+    )
+    parser.add_argument(
+        "--cpus",
+        action="append",
+        default=[],
+        metavar="NAME=LIST",
+        help="pin one service by hand, e.g. --cpus prefill=0-7 --cpus encode0=8-11 (names: "
+        "scheduler, route, prefill, decode, encode0..); the layout places the others on the "
+        "CPUs left (repeatable)",
     )
     parser.add_argument(
         "--engine",
@@ -161,10 +181,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         args.encoder_threads = parse_counts(args.encoder_threads)
-        Topology(
+        topology = Topology(
             args.topology, args.encoders, encoder_threads=args.encoder_threads, engine=args.engine
         )
         args.device = resolve_device(args.device)
+        args.cpu_plan = cpu_plan(args, topology)
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
@@ -229,7 +250,10 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
     """Start the deployment and, unless --no-demo, ask the demo question; (route, exit status)."""
     model_id = args.model_id or args.model.resolve().name
     num_engines = Topology(args.topology).num_engines
-    kv_cache_mb, engine_flags = engine_settings(args, args.device, num_engines)
+    plan: dict[str, list[int]] = args.cpu_plan
+    kv_cache_mb, engine_flags = engine_settings(
+        args, args.device, num_engines, engines_pinned="prefill" in plan
+    )
     topology = Topology(
         args.topology,
         args.encoders,
@@ -239,7 +263,9 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         encoder_threads=args.encoder_threads,
         engine=args.engine,
         engine_flags=engine_flags,
+        cpus=tuple((name, format_cpu_list(cpus)) for name, cpus in plan.items()),
     )
+    print(f"CPUs: {describe(plan)}", flush=True)
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
     print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)
     start = time.monotonic()
@@ -277,6 +303,14 @@ async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
     await asyncio.sleep(0.5)
     print(summarise(deployment_dir / SPAN_FILE), flush=True)
     return 0
+
+
+def cpu_plan(args: argparse.Namespace, topology: Topology) -> dict[str, list[int]]:
+    """The CPUs of each service to pin, from --cpu-layout and --cpus; ValueError when they
+    cannot be met."""
+    services = topology.services(accelerator=device_type(args.device) != CPU)
+    pins = parse_pins(args.cpus, [service.name for service in services])
+    return lay_out(services, allowed_cpus(), args.cpu_layout, pins)
 
 
 def _write_endpoints(path: Path, deployment: Deployment, http_port: int | None) -> None:

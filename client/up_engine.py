@@ -68,10 +68,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_settings(
-    args: argparse.Namespace, device: str, num_engines: int
+    args: argparse.Namespace, device: str, num_engines: int, *, engines_pinned: bool = False
 ) -> tuple[int | None, tuple[str, ...]]:
     """(KV cache MiB or None, other flags) for engines on ``device`` (``cpu`` or ``cuda:N``),
-    ``num_engines`` of them on this machine."""
+    ``num_engines`` of them on this machine; ``engines_pinned``: each engine has CPUs of its
+    own (``--cpus``) and sizes its threads from them."""
     kind = device_type(device)
     flags = ["--device", kind]
     if kind != CPU and args.gpu_memory_utilization is None and num_engines > 1:
@@ -80,7 +81,7 @@ def engine_settings(
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
-    if kind == CPU and args.cpu_threads is None and num_engines > 1:
+    if kind == CPU and args.cpu_threads is None and num_engines > 1 and not engines_pinned:
         flags += ["--cpu-threads", str(max(1, default_cpu_threads() // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")

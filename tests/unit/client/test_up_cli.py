@@ -20,6 +20,22 @@ def test_negative_restarts_are_a_usage_error(capsys: pytest.CaptureFixture[str])
     assert "--max-restarts must be 0 or more" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--cpus", "router=0"), "this deployment has no service 'router'"),
+        (("--cpus", "route=0-x"), "CPU list '0-x'"),
+        (("--cpus", "route=4095"), "which this process may not use"),
+        (("--cpu-layout", "split", "--encoders", "64"), "--cpu-layout split needs at least"),
+    ],
+)
+def test_cpus_that_cannot_be_had_are_a_usage_error(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert up_cli.run(parse(*flags, "--model", "nowhere", "--device", "cpu")) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("size", ["-1", "64MiB"])
 def test_a_bad_span_file_cap_is_a_usage_error(size: str) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -57,6 +57,8 @@ def test_two_cpu_engines_split_the_cpus_but_one_between_them() -> None:
     assert given == ("--device", "cpu", "--cpu-threads", "5")
     _, on_gpu = engine_settings(parse_up(), "cuda:0", num_engines=2)
     assert "--cpu-threads" not in on_gpu
+    _, pinned = engine_settings(parse_up(), "cpu", num_engines=2, engines_pinned=True)
+    assert "--cpu-threads" not in pinned
 
 
 def test_engines_sharing_a_gpu_split_its_memory() -> None:
