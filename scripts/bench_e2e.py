@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,10 @@ from PIL import Image
 from process_cpu import cpu_by_process
 from vllm_servers import start_vllm, start_vllm_ec
 
+from epd.client.cpu_layout import LAYOUTS, describe, lay_out
 from epd.client.launcher import Deployment, Topology, start_topology
+from epd.common.cpus import allowed_cpus, format_cpu_list
+from epd.server.engine.device import resolve_device
 
 FIELDS = [
     "system",
@@ -227,6 +230,11 @@ async def serving(
                 split_ratio=args.split_ratio if dual else "",
                 encoder_threads=args.encoder_threads if dual else (),
             )
+            accelerator = resolve_device("auto") != "cpu"
+            plan = lay_out(topology.services(accelerator), allowed_cpus(), args.cpu_layout, {})
+            log(args, f"{system}: CPUs: {describe(plan)}")
+            pins = tuple((service, format_cpu_list(cpus)) for service, cpus in plan.items())
+            topology = replace(topology, cpus=pins)
             route = await start_topology(deployment, model_dir, "tiny", topology)
             urls = [c.metrics_url for c in deployment.children if c.metrics_url]
             scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
@@ -396,6 +404,13 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--split-ratio", default="", help="dual-encoder: per_request shares FAST:SLOW, e.g. 2:1"
+    )
+    parser.add_argument(
+        "--cpu-layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="epd systems: how their services share the CPUs, as epd up's --cpu-layout "
+        "(default auto)",
     )
     parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
     parser.add_argument(
