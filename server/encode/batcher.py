@@ -3,10 +3,11 @@
 Requests enqueue images; a single worker task takes up to ``max_items`` waiting at most
 ``max_wait_s`` after the first one (0: only what is already queued), runs the tower and resolves
 each image's future. The tower runs in a worker thread so the event loop keeps serving, except a
-batch expected (from the recent per-item time) to finish within ``inline_below_s``: that one runs
-on the event loop itself, because the hand-off to a thread and back costs more than such a short
-blocking call (~1.5 ms around a 5 ms tower call on a 2-core machine). When a batch of several
-fails, its items run again one by one, so one bad image fails only its own request.
+batch expected to finish within ``inline_below_s``: that one runs on the event loop itself,
+because the hand-off to a thread and back costs more than such a short blocking call. The
+expectation is the tower's own time per item in the latest batch, the hand-off excluded: it is
+what an inline batch would block the loop for. When a batch of several fails, its items run
+again one by one, so one bad image fails only its own request.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class BatchStats:
     num_batches: int = 0
     num_items: int = 0
     num_failed_batches: int = 0
-    item_latency_ms: float = 0.0
+    item_latency_ms: float = 0.0  # the latest batch's, from its start to its results, per item
+    item_run_ms: float = 0.0  # the latest batch's ``run`` alone (no thread hand-off), per item
 
 
 class DynamicBatcher(Generic[Item, Result]):
@@ -109,7 +111,7 @@ class DynamicBatcher(Generic[Item, Result]):
         """Expected duration of a batch of ``num_items``; infinite before the first batch."""
         if not self.stats.num_batches:
             return float("inf")
-        return self.stats.item_latency_ms * num_items / 1000
+        return self.stats.item_run_ms * num_items / 1000
 
     async def _run_batch(
         self,
@@ -121,9 +123,9 @@ class DynamicBatcher(Generic[Item, Result]):
             items = [item for item, _ in batch]
             if self._expected_s(len(items)) < self.inline_below_s:
                 self.num_inline_batches += 1
-                results = self._run(items)
+                results, run_s = self._timed_run(items)
             else:
-                results = await asyncio.to_thread(self._run, items)
+                results, run_s = await asyncio.to_thread(self._timed_run, items)
         except Exception as e:
             if len(batch) == 1:
                 if not batch[0][1].done():
@@ -139,8 +141,15 @@ class DynamicBatcher(Generic[Item, Result]):
         self.stats.num_batches += 1
         self.stats.num_items += len(batch)
         self.stats.item_latency_ms = elapsed_ms / len(batch)
+        self.stats.item_run_ms = run_s * 1000 / len(batch)
         if self.on_batch is not None:
             self.on_batch(len(batch), elapsed_ms / 1000)
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result((result, len(batch)))
+
+    def _timed_run(self, items: list[Item]) -> tuple[list[Result], float]:
+        """``run(items)`` and its duration in seconds (measured where it runs)."""
+        start = time.monotonic()
+        results = self._run(items)
+        return results, time.monotonic() - start
