@@ -8,12 +8,11 @@
   live; everything else streams PrefillDecode.
 
 The roles come from the scheduler's ListWorkers through a ``RoleView``, which keeps the latest
-listing and refreshes it off the request's path (see ``RoleView.refresh``).
+listing and refreshes it off the requests' path (see ``RoleView``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -74,7 +73,8 @@ class RoleView:
         self._roles: dict[str, frozenset[Role]] = {}
         self._models: frozenset[str] = frozenset()
         self._fetched_at = -float("inf")
-        self._refreshing: asyncio.Task[None] | None = None
+        self._refresh_started_at = -float("inf")
+        self._is_refreshing = False
 
     def is_stale(self, now: float | None = None) -> bool:
         """Whether the view should be refreshed."""
@@ -84,27 +84,33 @@ class RoleView:
         """Whether the view is too old to serve (or was never fetched)."""
         return self._age(now) > self.max_age_s
 
-    async def refresh(
-        self,
-        model: str,
-        list_workers: ListWorkers,
-        timeout: Callable[[], float | None],
-        background: BackgroundCalls,
+    async def ensure_fit(
+        self, model: str, list_workers: ListWorkers, timeout: Callable[[], float | None]
     ) -> None:
-        """Make the view fit to answer a request of ``model``. ``list_workers(timeout_s)`` is the
-        scheduler's ListWorkers; ``timeout()`` the request's time left. Fresh: nothing to do.
-        Stale: a refresh starts in ``background`` (one at a time; a failure is logged and the
-        view kept) and the request goes on with the view it has, unless that view is expired or
-        has no live role for ``model`` (a model just registered, workers back): then the
-        request waits for ListWorkers itself, and a failure of it is the request's."""
-        if not self.is_stale():
-            return
-        if self.is_expired() or not self.roles(model):
+        """Make the view fit to answer a request of ``model``: a stale view is refreshed first
+        only where it is expired or has no live role for ``model`` (a model just registered,
+        workers back); the request waits for that ListWorkers and a failure of it is the
+        request's. ``list_workers(timeout_s)`` is the scheduler's ListWorkers; ``timeout()``
+        the request's time left. Any other stale view is served as it is (see
+        ``refresh_in_background``)."""
+        if self.is_stale() and (self.is_expired() or not self.roles(model)):
             self.update(await list_workers(timeout()))
+
+    def refresh_in_background(self, list_workers: ListWorkers, background: BackgroundCalls) -> None:
+        """If the view is stale, refresh it in ``background``: one refresh at a time, at most one
+        started per TTL; a failure is logged and the view kept. Called once a request no longer
+        waits on the route (after its first token), so the refresh is never on a request's
+        path."""
+        now = time.monotonic()
+        if (
+            not self.is_stale(now)
+            or self._is_refreshing
+            or now - self._refresh_started_at <= self.ttl_s
+        ):
             return
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._refresh_quietly(list_workers))
-            background.start(self._refreshing)
+        self._is_refreshing = True
+        self._refresh_started_at = now
+        background.start(self._refresh_quietly(list_workers))
 
     def update(self, listing: scheduler_pb.ListWorkersResponse, now: float | None = None) -> None:
         """Replace the view with the live workers of ``listing``."""
@@ -140,3 +146,5 @@ class RoleView:
                 e,
                 self._age(None),
             )
+        finally:
+            self._is_refreshing = False

@@ -175,7 +175,9 @@ class RouteWorker:
                         piece.finish_reason,
                         piece.usage,
                     )
+                    self._refresh_roles()
         finally:
+            self._refresh_roles()
             self._release_pixels(stage)
             if self.metrics is not None and stage.num_retried:
                 self.metrics.encode_retries.inc(stage.num_retried)
@@ -302,9 +304,7 @@ class RouteWorker:
         return multimodal_pb2.ImageGrid(t=t, h=h, w=w)
 
     async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:
-        await self.roles.refresh(
-            model, self._list_workers, deadline.remaining, self.peers.background
-        )
+        await self.roles.ensure_fit(model, self._list_workers, deadline.remaining)
         served = self.roles.models() | {self.model_id}
         if model and model not in served:
             names = ", ".join(_shortened(name) for name in sorted(served))
@@ -315,6 +315,11 @@ class RouteWorker:
                 metadata={"model": shown},
             )
         return self.roles.roles(model)
+
+    def _refresh_roles(self) -> None:
+        """Refresh a stale view of the roles, off the request's path: once the first token is
+        out (or the request has ended)."""
+        self.roles.refresh_in_background(self._list_workers, self.peers.background)
 
     async def _list_workers(self, timeout_s: float | None) -> scheduler_pb.ListWorkersResponse:
         return await self.peers.scheduler.ListWorkers(

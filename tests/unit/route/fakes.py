@@ -275,7 +275,11 @@ def text_worker(peers: FakePeers) -> RouteWorker:
     return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
 
 
-async def generate(worker: RouteWorker, model: str) -> list[Any]:
+def generate_request(model: str) -> route_pb.GenerateRequest:
+    """A text-only request for ``model``."""
     chat = route_pb.ChatMessage(role="user", content=[route_pb.ContentPart(text="hi")])
-    request = route_pb.GenerateRequest(model=model, messages=[chat])
-    return [chunk async for chunk in worker.generate(request, timeout_s=5)]
+    return route_pb.GenerateRequest(model=model, messages=[chat])
+
+
+async def generate(worker: RouteWorker, model: str) -> list[Any]:
+    return [chunk async for chunk in worker.generate(generate_request(model), timeout_s=5)]

@@ -1,6 +1,6 @@
-"""The route's view of the live roles is refreshed off the request's path: a stale view is served
-while ListWorkers runs in the background; a request waits for ListWorkers only without a view,
-with an expired one, or with one that has no live role for its model."""
+"""The route's view of the live roles is refreshed off the requests' path: a stale view is served,
+and refreshed in the background once the first token is out; a request waits for ListWorkers
+only without a view, with an expired one, or with one that has no live role for its model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from epd.common.errors import Unavailable
 from epd.server.route.topology import MAX_AGE_TTLS, RoleView
 from epd.server.route.worker import RouteWorker
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakePeers, generate, text_worker
+from tests.unit.route.fakes import FakePeers, generate, generate_request, text_worker
 
 TTL_S = RoleView().ttl_s
 
@@ -52,11 +52,14 @@ async def worker_with_view(
     return worker, peers
 
 
-async def test_a_stale_view_is_served_while_it_is_refreshed_in_the_background() -> None:
+async def test_a_stale_view_is_served_and_refreshed_after_the_first_token() -> None:
     worker, peers = await worker_with_view(age_s=2 * TTL_S)
     list_workers = HeldListWorkers(peers)
-    chunks = await asyncio.wait_for(generate(worker, "tiny"), 5)
-    assert [token for chunk in chunks for token in chunk.token_ids] == [7, 8, 9]
+    stream = worker.generate(generate_request("tiny"))
+    first = await asyncio.wait_for(anext(stream), 5)
+    assert first.token_ids == [7] and list_workers.num_started == 0
+    rest = [chunk async for chunk in stream]
+    assert [token for chunk in rest for token in chunk.token_ids] == [8, 9]
     await asyncio.sleep(0)
     assert list_workers.num_started == 1  # NOTE: the refresh is under way, not waited for
     await generate(worker, "tiny")
@@ -99,6 +102,7 @@ async def test_a_failed_background_refresh_keeps_the_view_and_is_logged(
     assert "could not refresh the live roles" in caplog.text
     assert len(await generate(worker, "tiny")) == 3  # NOTE: served from the kept view
     await peers.background.settle()
+    assert list_workers.num_started == 1  # NOTE: the next try waits a TTL
 
 
 def test_a_view_expires_after_its_max_age() -> None:
