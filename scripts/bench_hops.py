@@ -153,6 +153,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "TOKENIZERS_PARALLELISM": "false",
     }
     figures: dict[str, Any] = {"topology": args.topology, "requests": args.requests}
+    (run_dir / "epd").mkdir()
     deployment = Deployment(run_dir / "epd", env)
     try:
         route = await start_topology(deployment, model_dir, "tiny", Topology(args.topology))
@@ -165,6 +166,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures["ttft_ms"] = statistics.median(r[1] for r in requests) * 1000
     figures["hops"] = hop_table(run_dir / SPAN_FILE, requests)
     if args.vllm:
+        (run_dir / "vllm").mkdir()
         reference = Deployment(run_dir / "vllm", env)
         try:
             url = await start_vllm(reference, model_dir)
