@@ -61,13 +61,13 @@ def lay_out(
     CPU-bound service ``MIN_SPLIT_CPUS``."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown CPU layout {layout!r}; one of {', '.join(LAYOUTS)}")
-    outside = sorted({cpu for cpus in pins.values() for cpu in cpus} - set(allowed))
+    taken = {cpu for cpus in pins.values() for cpu in cpus}
+    outside = sorted(taken - set(allowed))
     if outside:
         raise ValueError(
             f"--cpus names CPUs {format_cpu_list(outside)}, which this process may not use "
             f"(it may use {format_cpu_list(allowed)})"
         )
-    taken = {cpu for cpus in pins.values() for cpu in cpus}
     rest = [cpu for cpu in allowed if cpu not in taken]
     others = [service for service in services if service.name not in pins]
     if others and not rest:

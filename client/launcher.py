@@ -17,11 +17,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from epd.client.cpu_layout import Service
 from epd.common.channels import wait_for_health
+from epd.common.cpus import format_cpu_list
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
 
@@ -292,6 +293,11 @@ class Topology:
             *(Service(name, accelerator) for name in engines),
             *encoders,
         ]
+
+    def with_cpus(self, plan: dict[str, list[int]]) -> Topology:
+        """This topology with the services of ``plan`` pinned to its CPU lists."""
+        pins = tuple((name, format_cpu_list(cpus)) for name, cpus in plan.items())
+        return replace(self, cpus=pins)
 
     def cpu_args(self, name: str) -> list[str]:
         """``--cpus LIST`` for service ``name`` when it is pinned."""

@@ -28,7 +28,7 @@ from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watc
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, engine_settings
-from epd.common.cpus import allowed_cpus, format_cpu_list
+from epd.common.cpus import allowed_cpus
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
 from epd.server.engine.device import CPU, device_type, resolve_device
@@ -263,8 +263,7 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         encoder_threads=args.encoder_threads,
         engine=args.engine,
         engine_flags=engine_flags,
-        cpus=tuple((name, format_cpu_list(cpus)) for name, cpus in plan.items()),
-    )
+    ).with_cpus(plan)
     print(f"CPUs: {describe(plan)}", flush=True)
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
     print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)

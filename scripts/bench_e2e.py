@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from vllm_servers import start_vllm, start_vllm_ec
 
 from epd.client.cpu_layout import LAYOUTS, describe, lay_out
 from epd.client.launcher import Deployment, Topology, start_topology
-from epd.common.cpus import allowed_cpus, format_cpu_list
+from epd.common.cpus import allowed_cpus
 from epd.server.engine.device import resolve_device
 
 FIELDS = [
@@ -90,6 +90,16 @@ class Row:
     ttft_p50_vs_vllm_ec: float | None = None
     tok_s_vs_vllm_ec: float | None = None
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
+
+
+def tiny_model_dir() -> Path:
+    """The tiny model ``epd up`` uses by default, built there if absent."""
+    model_dir = Path(".epd/models/tiny")
+    if not (model_dir / "config.json").exists():
+        from epd.server.engine.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir)
+    return model_dir
 
 
 def data_url(seed: int) -> str:
@@ -233,8 +243,7 @@ async def serving(
             accelerator = resolve_device("auto") != "cpu"
             plan = lay_out(topology.services(accelerator), allowed_cpus(), args.cpu_layout, {})
             log(args, f"{system}: CPUs: {describe(plan)}")
-            pins = tuple((service, format_cpu_list(cpus)) for service, cpus in plan.items())
-            topology = replace(topology, cpus=pins)
+            topology = topology.with_cpus(plan)
             route = await start_topology(deployment, model_dir, "tiny", topology)
             urls = [c.metrics_url for c in deployment.children if c.metrics_url]
             scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
@@ -312,13 +321,7 @@ def print_cpu_table(rows: list[Row]) -> None:
 
 
 async def main(args: argparse.Namespace) -> int:
-    model_dir = args.model
-    if model_dir is None:
-        from epd.server.engine.tiny_model import build_tiny_model
-
-        model_dir = Path(".epd/models/tiny")
-        if not (model_dir / "config.json").exists():
-            build_tiny_model(model_dir)
+    model_dir = args.model or tiny_model_dir()
     run_root = Path(tempfile.mkdtemp(prefix="epd-bench-"))
     rates = parse_list(args.rates, float)
     levels = [(c, r) for c in parse_list(args.concurrency, int) for r in rates]

@@ -13,7 +13,8 @@ import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
+
+from bench_e2e import tiny_model_dir
 
 from epd.common.cpus import allowed_cpus, pin_threads
 from epd.server.engine.base import Sampling
@@ -25,11 +26,7 @@ PER_ROUND = 8
 
 
 async def main(args: argparse.Namespace) -> dict[str, float]:
-    model_dir = Path(".epd/models/tiny")
-    if not (model_dir / "config.json").exists():
-        from epd.server.engine.tiny_model import build_tiny_model
-
-        build_tiny_model(model_dir)
+    model_dir = tiny_model_dir()
     options = VllmOptions(
         kv_role="kv_producer",
         kv_cache_bytes=256 << 20,

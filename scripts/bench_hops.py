@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from bench_e2e import pictures_of
+from bench_e2e import one_request, pictures_of, tiny_model_dir
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from vllm_servers import start_vllm
 
@@ -51,26 +51,10 @@ async def timed_requests(
     for index in range(WARM_UP + num_requests):
         pictures = pictures_of(first_seed + index, 1)
         await asyncio.sleep(gap_s)
-        sent, start = time.time(), time.perf_counter()
-        stream = await client.chat.completions.create(
-            model="tiny",
-            max_tokens=16,
-            stream=True,
-            extra_body={"ignore_eos": True},
-            messages=[
-                {
-                    "role": "user",
-                    "content": [*pictures, {"type": "text", "text": "What is in this picture?"}],
-                }
-            ],
-        )
-        first = None
-        async for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
-                first = time.perf_counter() - start
-        total = time.perf_counter() - start
+        sent = time.time()
+        first, total, _ = await one_request(client, "tiny", pictures, tokens=16)
         if index >= WARM_UP:
-            results.append((sent, first if first is not None else total, total))
+            results.append((sent, first, total))
     await client.close()
     return results
 
@@ -137,14 +121,7 @@ async def health_round_trips(endpoint: str, gap_s: float, count: int = 50) -> di
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    model_dir = args.model
-    if model_dir is None:
-        from epd.server.engine.tiny_model import build_tiny_model
-
-        model_dir = Path(".epd/models/tiny")
-        if not (model_dir / "config.json").exists():
-            build_tiny_model(model_dir)
-    model_dir = model_dir.resolve()
+    model_dir = (args.model or tiny_model_dir()).resolve()
     run_dir = Path(tempfile.mkdtemp(prefix="epd-hops-"))
     env = {
         **os.environ,

@@ -167,6 +167,7 @@ class RouteWorker:
                 await self._attach_pixels(items, loaded, stage.pixel_leases)
             pieces = self._handed_over(call, stage, grids)
             detokenizer = Detokenizer(self.prompts.tokenizer)
+            is_first = True
             async with aclosing(pieces):
                 async for piece in pieces:
                     yield RouteChunk(
@@ -175,7 +176,9 @@ class RouteWorker:
                         piece.finish_reason,
                         piece.usage,
                     )
-                    self._refresh_roles()
+                    if is_first:
+                        is_first = False
+                        self._refresh_roles()
         finally:
             self._refresh_roles()
             self._release_pixels(stage)

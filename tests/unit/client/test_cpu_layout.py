@@ -94,6 +94,7 @@ def test_topology_passes_each_pinned_service_its_list() -> None:
     topology = Topology("e-pd", cpus=(("prefill", "2-5"),))
     assert topology.cpu_args("prefill") == ["--cpus", "2-5"]
     assert topology.cpu_args("route") == []
+    assert Topology("e-pd").with_cpus({"prefill": [2, 3, 4, 5]}).cpus == topology.cpus
     assert [s.name for s in topology.services(accelerator=False)] == [
         "scheduler",
         "route",
