@@ -26,7 +26,7 @@ from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
 from epd.v1 import tensor_pb2 as epd_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/encode_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\x1a\x13\x65pd/v1/tensor.proto\"\xab\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12 \n\x05items\x18\x03 \x03(\x0b\x32\x11.epd.v1.MediaItem\x12+\n\rtransfer_kind\x18\x04 \x01(\x0e\x32\x14.epd.v1.TransferKind\x12\x18\n\x10\x63onsumer_host_id\x18\x05 \x01(\tJ\x04\x08\x06\x10\x07R\x08\x61wait_ms\"\xbc\x01\n\x0e\x45ncodeResponse\x12\x12\n\nitem_index\x18\x01 \x01(\r\x12\x0f\n\x07mm_hash\x18\x02 \x01(\t\x12%\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12\x1f\n\x04grid\x18\x04 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x12\n\nencoder_id\x18\x06 \x01(\t\x12\x16\n\x0e\x65ncode_seconds\x18\x07 \x01(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"\'\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r2\x86\x01\n\rEncodeService\x12\x39\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponse0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/encode_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\x1a\x13\x65pd/v1/tensor.proto\"\xc4\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12 \n\x05items\x18\x03 \x03(\x0b\x32\x11.epd.v1.MediaItem\x12+\n\rtransfer_kind\x18\x04 \x01(\x0e\x32\x14.epd.v1.TransferKind\x12\x18\n\x10\x63onsumer_host_id\x18\x05 \x01(\t\x12\x17\n\x0f\x63onsumer_device\x18\x07 \x01(\tJ\x04\x08\x06\x10\x07R\x08\x61wait_ms\"\xbc\x01\n\x0e\x45ncodeResponse\x12\x12\n\nitem_index\x18\x01 \x01(\r\x12\x0f\n\x07mm_hash\x18\x02 \x01(\t\x12%\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12\x1f\n\x04grid\x18\x04 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\x11\n\tcache_hit\x18\x05 \x01(\x08\x12\x12\n\nencoder_id\x18\x06 \x01(\t\x12\x16\n\x0e\x65ncode_seconds\x18\x07 \x01(\x01\"#\n\x0eReleaseRequest\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"\'\n\x0fReleaseResponse\x12\x14\n\x0cnum_released\x18\x01 \x01(\r2\x86\x01\n\rEncodeService\x12\x39\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponse0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.encode_service_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENCODEREQUEST']._serialized_start=86
-  _globals['_ENCODEREQUEST']._serialized_end=257
-  _globals['_ENCODERESPONSE']._serialized_start=260
-  _globals['_ENCODERESPONSE']._serialized_end=448
-  _globals['_RELEASEREQUEST']._serialized_start=450
-  _globals['_RELEASEREQUEST']._serialized_end=485
-  _globals['_RELEASERESPONSE']._serialized_start=487
-  _globals['_RELEASERESPONSE']._serialized_end=526
-  _globals['_ENCODESERVICE']._serialized_start=529
-  _globals['_ENCODESERVICE']._serialized_end=663
+  _globals['_ENCODEREQUEST']._serialized_end=282
+  _globals['_ENCODERESPONSE']._serialized_start=285
+  _globals['_ENCODERESPONSE']._serialized_end=473
+  _globals['_RELEASEREQUEST']._serialized_start=475
+  _globals['_RELEASEREQUEST']._serialized_end=510
+  _globals['_RELEASERESPONSE']._serialized_start=512
+  _globals['_RELEASERESPONSE']._serialized_end=551
+  _globals['_ENCODESERVICE']._serialized_start=554
+  _globals['_ENCODESERVICE']._serialized_end=688
 # @@protoc_insertion_point(module_scope)

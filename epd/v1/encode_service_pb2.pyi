@@ -9,18 +9,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "model", "items", "transfer_kind", "consumer_host_id")
+    __slots__ = ("request_id", "model", "items", "transfer_kind", "consumer_host_id", "consumer_device")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_KIND_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_DEVICE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_multimodal_pb2.MediaItem]
     transfer_kind: _tensor_pb2.TransferKind
     consumer_host_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_multimodal_pb2.MediaItem, _Mapping]]] = ..., transfer_kind: _Optional[_Union[_tensor_pb2.TransferKind, str]] = ..., consumer_host_id: _Optional[str] = ...) -> None: ...
+    consumer_device: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_multimodal_pb2.MediaItem, _Mapping]]] = ..., transfer_kind: _Optional[_Union[_tensor_pb2.TransferKind, str]] = ..., consumer_host_id: _Optional[str] = ..., consumer_device: _Optional[str] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("item_index", "mm_hash", "embeddings", "grid", "cache_hit", "encoder_id", "encode_seconds")

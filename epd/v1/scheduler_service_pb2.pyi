@@ -43,7 +43,7 @@ WORKER_STATE_LIVE: WorkerState
 WORKER_STATE_DRAINING: WorkerState
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("id", "role", "endpoint", "device", "weight", "capacity", "host_id", "model")
+    __slots__ = ("id", "role", "endpoint", "device", "weight", "capacity", "host_id", "model", "embeddings_device")
     ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class WorkerInfo(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_DEVICE_FIELD_NUMBER: _ClassVar[int]
     id: str
     role: WorkerRole
     endpoint: str
@@ -60,7 +61,8 @@ class WorkerInfo(_message.Message):
     capacity: int
     host_id: str
     model: str
-    def __init__(self, id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., device: _Optional[str] = ..., weight: _Optional[float] = ..., capacity: _Optional[int] = ..., host_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    embeddings_device: str
+    def __init__(self, id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., device: _Optional[str] = ..., weight: _Optional[float] = ..., capacity: _Optional[int] = ..., host_id: _Optional[str] = ..., model: _Optional[str] = ..., embeddings_device: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
     __slots__ = ("queue_depth", "num_in_flight", "item_latency_ms", "kv_usage", "cached_mm_hashes", "stored_block_hashes", "removed_block_hashes")

@@ -96,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-mb",
         type=float,
         default=256.0,
-        help="encoder cache budget in MiB, 0 disables (default 256)",
+        help="encoder cache budget in MiB, held in the memory of --device (GPU memory for a "
+        "GPU encoder), 0 disables (default 256)",
     )
     parser.add_argument(
         "--transfer",

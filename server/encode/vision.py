@@ -121,13 +121,15 @@ class VisionEncoder:
 
     @torch.inference_mode()
     def encode(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
-        """Embeddings [num_tokens, hidden] (on CPU) and grid of each image, in one tower call."""
+        """Embeddings [num_tokens, hidden] and grid of each image, in one tower call. The
+        embeddings stay on the encoder's device: the data plane hands them over from there
+        (device to device over NIXL, or staged to host memory once)."""
         pixel_values, grid = self.preprocess(images)
         merged = self.family.image_embeddings(
             self.model, pixel_values.to(self.device, self.dtype), grid.to(self.device)
         )
         sizes = (grid.prod(-1) // self.merge_size**2).tolist()
-        chunks = torch.split(merged.to("cpu"), sizes)
+        chunks = torch.split(merged, sizes)
         return [
             (chunk.contiguous(), (int(t), int(h), int(w)))
             for chunk, (t, h, w) in zip(chunks, grid.tolist(), strict=True)

@@ -34,7 +34,9 @@ class TensorProducer(ABC):
 
     @abstractmethod
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
-        """Copy (or lend, see the module docstring) ``tensor`` (CPU); return its reference."""
+        """Copy (or lend, see the module docstring) ``tensor`` (host or device memory: a device
+        tensor is copied to host memory once, straight into the payload, unless the backend
+        lends it from device memory); return its reference."""
 
     def release(self, lease_id: str) -> bool:
         """Free the payload of ``lease_id``. Returns whether it was held. Idempotent."""
@@ -60,6 +62,11 @@ class TensorConsumer(ABC):
     @abstractmethod
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         """The tensor ``ref`` points to (see the module docstring for the view's lifetime)."""
+
+    def get_on(self, ref: tensor_pb2.TensorRef, device: torch.device) -> torch.Tensor:
+        """The tensor ``ref`` points to, as a tensor of its own on accelerator ``device``: by
+        default one copy up from the host view (the view is dropped at once)."""
+        return self.get(ref).to(device)
 
     def trim(self) -> None:  # noqa: B027 - optional hook
         """Drop cached state that no longer serves (called by the data plane's reaper)."""

@@ -6,6 +6,14 @@ memory is registered for the lease (registering costs about as much as copying a
 stamp sits in a registered arena of slots. Memory
 of a process that dies goes with it, so NIXL payloads cannot outlive their producer.
 
+GPU memory: a tensor on a CUDA device, for a consumer that reads into a GPU, is lent from device
+memory (``lend_from_device``): the tensor is registered as VRAM and its stamp sits in a
+registered device arena, because NIXL reads one memory type per transfer. The consumer READs it
+into a new tensor on its own GPU (``get_on``), device to device (UCX's CUDA transports: IPC on one
+host, GPUDirect RDMA across hosts where the NICs have it). Where NIXL cannot register GPU memory
+(a build without CUDA), the producer stages to a host block once and the consumer reads into host
+memory and copies up once.
+
 Wire layout: each payload sits behind a 64-byte lease stamp (``payload_layout``). A pooled
 block's stamp and payload are contiguous and travel as one descriptor ``[stamp + payload]``; a
 lent tensor's as ``[stamp slot (64 bytes), payload]``. The consumer READs them in one transfer
@@ -22,6 +30,7 @@ Both are idempotent.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 import weakref
@@ -35,7 +44,7 @@ from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
-from epd.server.transfer.payload_layout import HEADER_BYTES
+from epd.server.transfer.payload_layout import HEADER_BYTES, stamp_of
 from epd.server.transfer.tensors import (
     check_layout,
     copy_payload,
@@ -47,6 +56,8 @@ from epd.server.transfer.tensors import (
 )
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
+
+logger = logging.getLogger(__name__)
 
 RELEASE_PREFIX = b"epd-release:"
 MAX_DESCRIPTORS = 64
@@ -64,10 +75,11 @@ Regions = tuple[Region, ...]
 
 @dataclass(slots=True)
 class Lent:
-    """A caller's tensor registered in place (zero-copy), with its stamp slot."""
+    """A caller's tensor registered in place (zero-copy), with its stamp slot and arena."""
 
     tensor: torch.Tensor
     stamp_address: int
+    stamps: StampArena
 
 
 class NixlProducer(TensorProducer):
@@ -101,11 +113,13 @@ class NixlProducer(TensorProducer):
         self._max_idle = max_idle_bytes
         self._agent: NixlAgent | None = None
         self._pool: RegisteredPool | None = None
-        self._stamps: StampArena | None = None
+        self._stamps: dict[torch.device | None, StampArena] = {}
         self._leases: LeaseTable[Block | Lent] = LeaseTable(clock)
         self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
         self.num_lent = 0
+        self.lends_device_memory: bool | None = None
+        """Whether this process's NIXL registers GPU memory: None until first tried."""
 
     def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
         started = self._started
@@ -122,9 +136,21 @@ class NixlProducer(TensorProducer):
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
         agent, pool = self._ensure_started()
         ref = describe(tensor)
-        lent = self._lend(agent, tensor, ref.byte_size, ttl_s)
-        if lent is not None:
-            return lent
+        if tensor.is_cpu and ref.byte_size >= max(1, self.zero_copy_min_bytes):
+            lent = self._lend(agent, tensor, ref.byte_size, ttl_s)
+            if lent is not None:
+                return lent
+        return self._copied(agent, pool, tensor, ref, ttl_s)
+
+    def _copied(
+        self,
+        agent: NixlAgent,
+        pool: RegisteredPool,
+        tensor: torch.Tensor,
+        ref: tensor_pb2.TensorRef,
+        ttl_s: float | None,
+    ) -> tensor_pb2.TensorRef:
+        """``tensor`` copied (a device tensor staged once) into a pooled host block."""
         block = pool.acquire(ref.byte_size)
         copy_payload(block.address + HEADER_BYTES, tensor)
         info = self._leases.add(
@@ -142,24 +168,51 @@ class NixlProducer(TensorProducer):
         location.descriptors.add(address=block.address, length=HEADER_BYTES + ref.byte_size)
         return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
+    def lend_from_device(
+        self, tensor: torch.Tensor, *, ttl_s: float | None = None
+    ) -> tensor_pb2.TensorRef:
+        """Like ``put`` for a tensor in GPU memory that a consumer reads into GPU memory: the
+        tensor is lent in place (registered as VRAM, its stamp in a device arena) whatever its
+        size, so it never crosses to the host here. Where this NIXL cannot register GPU memory
+        (a build without CUDA), or the tensor is not a contiguous CUDA tensor, it is staged to
+        a host block once, as ``put`` does; the first refusal is logged and remembered."""
+        agent, pool = self._ensure_started()
+        ref = describe(tensor)
+        if tensor.device.type == "cuda" and self.lends_device_memory is not False:
+            try:
+                lent = self._lend(agent, tensor, ref.byte_size, ttl_s)
+            except Exception as e:  # noqa: BLE001 - nixl raises its own types for unsupported memory
+                logger.warning(
+                    "NIXL cannot register GPU memory here (%s); device tensors are staged to "
+                    "host memory once instead",
+                    e,
+                )
+                self.lends_device_memory = False
+            else:
+                if lent is not None:
+                    self.lends_device_memory = True
+                    return lent
+        return self._copied(agent, pool, tensor, ref, ttl_s)
+
     def _lend(
         self, agent: NixlAgent, tensor: torch.Tensor, byte_size: int, ttl_s: float | None
     ) -> tensor_pb2.TensorRef | None:
-        """Register ``tensor`` in place under a lease, or None (then it is copied)."""
-        if (
-            byte_size < max(1, self.zero_copy_min_bytes)
-            or tensor.device.type != "cpu"
-            or not tensor.is_contiguous()
-        ):
+        """Register ``tensor`` (host or CUDA memory, contiguous, not empty) in place under a
+        lease, or None (then it is copied)."""
+        on_device = tensor.device.type == "cuda"
+        if not byte_size or not tensor.is_contiguous() or not (on_device or tensor.is_cpu):
             return None
+        device = tensor.device if on_device else None
+        memory_type = "VRAM" if on_device else "DRAM"
+        device_id = (tensor.device.index or 0) if on_device else 0
         with self._lock:
-            if self._stamps is None:
-                self._stamps = StampArena(agent)
-            stamps = self._stamps
+            stamps = self._stamps.get(device)
+            if stamps is None:
+                stamps = self._stamps[device] = StampArena(agent, device=device)
         address = tensor.data_ptr()
-        if not agent.share(address, byte_size):
+        if not agent.share(address, byte_size, memory_type, device_id):
             return None
-        lent = Lent(tensor, 0)
+        lent = Lent(tensor, 0, stamps)
         info = self._leases.add(
             lent,
             kind=self.kind,
@@ -173,14 +226,20 @@ class NixlProducer(TensorProducer):
             agent.unshare(address)
             return None
         lent.stamp_address = stamp
+        if on_device:
+            # NOTE: the tower's kernels and the stamp's copy may still be queued; a peer may READ
+            # as soon as it holds the reference.
+            torch.cuda.synchronize(tensor.device)
         self.num_lent += 1
         ref = describe(tensor)
         location = ref.nixl
         location.agent_name = agent.name
         location.agent_metadata = agent.metadata_of([stamps.address, address])
-        location.memory_type = tensor_pb2.NIXL_MEMORY_TYPE_DRAM
-        location.descriptors.add(address=stamp, length=HEADER_BYTES)
-        location.descriptors.add(address=address, length=byte_size)
+        location.memory_type = (
+            tensor_pb2.NIXL_MEMORY_TYPE_VRAM if on_device else tensor_pb2.NIXL_MEMORY_TYPE_DRAM
+        )
+        location.descriptors.add(address=stamp, length=HEADER_BYTES, device_id=device_id)
+        location.descriptors.add(address=address, length=byte_size, device_id=device_id)
         return attach_lease(ref, info, self.host_id, self.producer_endpoint)
 
     def release(self, lease_id: str) -> bool:
@@ -192,9 +251,9 @@ class NixlProducer(TensorProducer):
 
     def _free(self, payload: Block | Lent) -> None:
         if isinstance(payload, Lent):
-            assert self._agent is not None and self._stamps is not None
+            assert self._agent is not None
             if payload.stamp_address:
-                self._stamps.give_back(payload.stamp_address)
+                payload.stamps.give_back(payload.stamp_address)
             self._agent.unshare(payload.tensor.data_ptr())
             return
         assert self._pool is not None
@@ -221,9 +280,9 @@ class NixlProducer(TensorProducer):
         for payload in self._leases.pop_all():
             self._free(payload)
         self._pool.close()
-        if self._stamps is not None:
-            self._stamps.close()
-            self._stamps = None
+        for stamps in self._stamps.values():
+            stamps.close()
+        self._stamps.clear()
 
     @property
     def num_blocks_created(self) -> int:
@@ -260,6 +319,8 @@ class NixlConsumer(TensorConsumer):
         self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
         self.buffers = WarmBuffers()
+        self.reads_into_device: bool | None = None
+        """Whether this process's NIXL registers GPU memory to READ into: None until tried."""
 
     def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
         started = self._started
@@ -327,6 +388,53 @@ class NixlConsumer(TensorConsumer):
         payload = torch.frombuffer(array, dtype=torch.uint8, offset=HEADER_BYTES, count=byte_size)
         return shaped(payload.view(dtype), shape)
 
+    def get_on(self, ref: tensor_pb2.TensorRef, device: torch.device) -> torch.Tensor:
+        """READ the payload straight into a new tensor on GPU ``device`` (registered as VRAM for
+        the READ, whatever memory the producer lent), checking its stamp there. Where this NIXL
+        cannot register GPU memory, or ``device`` is no CUDA device, the payload is read into
+        host memory and copied up once; the first refusal is logged and remembered."""
+        if device.type != "cuda" or self.reads_into_device is False:
+            return super().get_on(ref, device)
+        dtype, shape = check_layout(ref)
+        agent_name, memory_type, remote, is_stamped = remote_payload(ref)
+        agent, _ = self._ensure_started()
+        agent.connect(agent_name, ref.nixl.agent_metadata)
+        byte_size, device_id = ref.byte_size, device.index or 0
+        buffer = torch.empty(HEADER_BYTES + byte_size, dtype=torch.uint8, device=device)
+        address = buffer.data_ptr()
+        try:
+            agent.register(address, HEADER_BYTES + byte_size, "VRAM", device_id)
+        except Exception as e:  # noqa: BLE001 - nixl raises its own types for unsupported memory
+            logger.warning(
+                "NIXL cannot register GPU memory here (%s); payloads are read into host memory "
+                "and copied to %s instead",
+                e,
+                device,
+            )
+            self.reads_into_device = False
+            return super().get_on(ref, device)
+        self.reads_into_device = True
+        try:
+            start = address if is_stamped else address + HEADER_BYTES
+            agent.read(
+                mirror(remote, start, device_id),
+                remote,
+                agent_name,
+                remote_memory_type=memory_type,
+                local_memory_type="VRAM",
+                timeout_s=self.timeout_s,
+            )
+        finally:
+            agent.deregister(address)
+        if self.release_after_read:
+            agent.notify(agent_name, RELEASE_PREFIX + ref.lease_id.encode())
+        if is_stamped and bytes(buffer[:HEADER_BYTES].cpu().numpy()) != stamp_of(ref.lease_id):
+            raise NotFound(
+                f"lease {ref.lease_id} was released: its NIXL buffer no longer holds the payload",
+                reason="LEASE_RELEASED",
+            )
+        return shaped(buffer[HEADER_BYTES:].view(dtype), shape)
+
     @property
     def num_outstanding(self) -> int:
         """Receive blocks in use: READs in flight plus tensors still viewing a block."""
@@ -338,13 +446,14 @@ class NixlConsumer(TensorConsumer):
             self._pool.close()
 
 
-def mirror(remote: Regions, start: int) -> Regions:
-    """Local regions of the same lengths as ``remote``, laid end to end from ``start``."""
+def mirror(remote: Regions, start: int, device_id: int = 0) -> Regions:
+    """Local regions of the same lengths as ``remote``, laid end to end from ``start`` (in the
+    memory of device ``device_id``)."""
     if len(remote) == 1:
-        return ((start, remote[0][1], 0),)
+        return ((start, remote[0][1], device_id),)
     local = []
     for _, length, _ in remote:
-        local.append((start, length, 0))
+        local.append((start, length, device_id))
         start += length
     return tuple(local)
 

@@ -75,6 +75,7 @@ class NixlAgent:
         self._lock = threading.Lock()
         self._registered: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
+        self._kinds: dict[int, tuple[str, int]] = {}
         self._shares: dict[int, int] = {}
         self._share_lock = threading.Lock()
         self._metadata: dict[int, bytes] = {}
@@ -101,6 +102,7 @@ class NixlAgent:
         with self._lock:
             self._registered[address] = descs
             self._lengths[address] = length
+            self._kinds[address] = (memory_type, device_id)
 
     def deregister(self, address: int) -> None:
         """Undo ``register`` for the region starting at ``address`` (unknown: no-op)."""
@@ -108,22 +110,30 @@ class NixlAgent:
             descs = self._registered.pop(address, None)
             self._metadata.pop(address, None)
             self._lengths.pop(address, None)
+            self._kinds.pop(address, None)
             self._shares.pop(address, None)
         if descs is not None:
             self._agent.deregister_memory(descs)
 
-    def share(self, address: int, length: int) -> bool:
-        """Register caller memory (host) until ``unshare`` is called as many times; the same
-        region shared twice is registered once. False if a different registered region starts
-        at ``address`` (the caller then copies instead)."""
+    def share(
+        self, address: int, length: int, memory_type: str = "DRAM", device_id: int = 0
+    ) -> bool:
+        """Register caller memory (host, or ``VRAM`` of GPU ``device_id``) until ``unshare`` is
+        called as many times; the same region shared twice is registered once. False if a
+        different registered region starts at ``address`` (the caller then copies instead).
+        Raises what NIXL raises when it cannot register such memory (no CUDA in its build)."""
         with self._share_lock:
             with self._lock:
                 if address in self._registered:
-                    if self._lengths.get(address) != length or address not in self._shares:
+                    if (
+                        self._lengths.get(address) != length
+                        or self._kinds.get(address) != (memory_type, device_id)
+                        or address not in self._shares
+                    ):
                         return False
                     self._shares[address] += 1
                     return True
-            self.register(address, length)
+            self.register(address, length, memory_type, device_id)
             with self._lock:
                 self._shares[address] = 1
             return True
@@ -139,10 +149,16 @@ class NixlAgent:
             self.deregister(address)
 
     def metadata_of(self, addresses: Sequence[int]) -> bytes:
-        """Connection info and the registrations of several regions, in one blob (not cached)."""
+        """Connection info and the registrations of several regions of one memory type, in one
+        blob (not cached)."""
         with self._lock:
-            regions = [(a, self._lengths[a]) for a in addresses]
-        descs = self._agent.get_reg_descs([(a, n, 0, "") for a, n in regions], "DRAM")
+            regions = [(a, self._lengths[a], *self._kinds[a]) for a in addresses]
+        memory_types = {memory_type for _, _, memory_type, _ in regions}
+        if len(memory_types) != 1:
+            raise ValueError(f"regions of one memory type expected, got {sorted(memory_types)}")
+        descs = self._agent.get_reg_descs(
+            [(a, n, device_id, "") for a, n, _, device_id in regions], memory_types.pop()
+        )
         return bytes(self._agent.get_partial_agent_metadata(descs, True))
 
     @property
@@ -226,14 +242,16 @@ class NixlAgent:
         agent_name: str,
         *,
         remote_memory_type: str = "DRAM",
+        local_memory_type: str = "DRAM",
         timeout_s: float = 30.0,
     ) -> None:
         """One-sided READ of ``remote`` regions of ``agent_name`` into registered ``local`` ones
-        (pairwise equal lengths); blocks until done. A peer that failed is forgotten."""
+        (pairwise equal lengths; host or device memory on either side); blocks until done. A
+        peer that failed is forgotten."""
         try:
             handle = self._agent.initialize_xfer(
                 "READ",
-                self._agent.get_xfer_descs(list(local), "DRAM"),
+                self._agent.get_xfer_descs(list(local), local_memory_type),
                 self._agent.get_xfer_descs(list(remote), remote_memory_type),
                 agent_name,
             )

@@ -83,13 +83,26 @@ class RegisteredPool:
 
 class StampArena:
     """One registered buffer of 64-byte lease stamps for lent tensors (which have no room for
-    one): a slot is stamped on ``put`` and wiped when the lease ends."""
+    one): a slot is stamped on ``put`` and wiped when the lease ends. On ``device`` (a GPU) the
+    arena is device memory, registered as VRAM: NIXL reads one memory type per transfer, so a
+    lent device tensor's stamp lives beside it; writes to it are ordinary device copies, which
+    the producer synchronizes before it publishes the reference."""
 
-    def __init__(self, agent: NixlAgent, slots: int = 1024) -> None:
+    def __init__(
+        self, agent: NixlAgent, slots: int = 1024, device: torch.device | None = None
+    ) -> None:
         self._agent = agent
-        self.memory = mmap.mmap(-1, slots * HEADER_BYTES)
-        self.address = torch.frombuffer(self.memory, dtype=torch.uint8).data_ptr()
-        agent.register(self.address, slots * HEADER_BYTES)
+        num_bytes = slots * HEADER_BYTES
+        self.memory_type = "DRAM" if device is None else "VRAM"
+        self.device_id = 0 if device is None else (device.index or 0)
+        self._host = mmap.mmap(-1, num_bytes) if device is None else None
+        self.slots = (
+            torch.frombuffer(self._host, dtype=torch.uint8)
+            if self._host is not None
+            else torch.zeros(num_bytes, dtype=torch.uint8, device=device)
+        )
+        self.address = self.slots.data_ptr()
+        agent.register(self.address, num_bytes, self.memory_type, self.device_id)
         self._free = list(range(slots))
         self._lock = threading.Lock()
 
@@ -100,14 +113,21 @@ class StampArena:
                 return None
             slot = self._free.pop()
         offset = slot * HEADER_BYTES
-        self.memory[offset : offset + HEADER_BYTES] = stamp_of(lease_id)
+        self._write(offset, stamp_of(lease_id))
         return self.address + offset
 
     def give_back(self, address: int) -> None:
         offset = address - self.address
-        self.memory[offset : offset + HEADER_BYTES] = BLANK_STAMP
+        self._write(offset, BLANK_STAMP)
         with self._lock:
             self._free.append(offset // HEADER_BYTES)
+
+    def _write(self, offset: int, stamp: bytes) -> None:
+        if self._host is not None:
+            self._host[offset : offset + HEADER_BYTES] = stamp
+            return
+        source = torch.frombuffer(bytearray(stamp), dtype=torch.uint8)
+        self.slots[offset : offset + HEADER_BYTES].copy_(source)
 
     def close(self) -> None:
         self._agent.deregister(self.address)

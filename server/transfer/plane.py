@@ -1,11 +1,15 @@
 """One data plane per process: picks the backend for each handoff and frees what is not released.
 
 Choice for ``put``: an explicit preference (argument, or ``forced_kind`` for the whole process)
-wins; otherwise shared memory when the consumer's host id equals ours, NIXL when the consumer is
-on another known host and NIXL is enabled here, else inline (also for an empty, i.e. unknown,
-consumer host id: such a consumer may not have NIXL). ``get`` dispatches on the reference's
-location. A background reaper frees payloads whose lease expired (and NIXL payloads whose
-consumer notified that it has read them), so a consumer that dies never leaks producer memory.
+wins; otherwise NIXL from device memory when the tensor is on an accelerator, the consumer reads
+into one too and this process's NIXL can register device memory (even on one host: no trip
+through host memory); else shared memory when the consumer's host id equals ours, NIXL when the
+consumer is on another known host and NIXL is enabled here, else inline (also for an empty, i.e.
+unknown, consumer host id: such a consumer may not have NIXL). Every backend stages a device
+tensor to host memory once, straight into the memory it hands over. ``get`` dispatches on the
+reference's location, and reads into the device asked for. A background reaper frees payloads
+whose lease expired (and NIXL payloads whose consumer notified that it has read them), so a
+consumer that dies never leaks producer memory.
 NIXL costs nothing until first used: the process's agent is created then.
 """
 
@@ -56,6 +60,11 @@ def default_host_id() -> str:
     except OSError:
         boot = "noboot"
     return f"{socket.gethostname()}:{boot}"
+
+
+def is_accelerator(device: str) -> bool:
+    """Whether ``device`` (a torch device name; empty means host memory) is not the CPU."""
+    return bool(device) and not device.startswith("cpu")
 
 
 def parse_kind(name: str) -> int:
@@ -132,9 +141,22 @@ class DataPlane:
             if isinstance(producer, ShmProducer | NixlProducer):
                 producer.producer_endpoint = endpoint
 
-    def choose(self, consumer_host_id: str, preferred: int) -> int:
-        """The backend for a handoff to ``consumer_host_id`` (see the module docstring)."""
+    def choose(
+        self,
+        consumer_host_id: str,
+        preferred: int,
+        *,
+        on_device: bool = False,
+        consumer_device: str = "",
+    ) -> int:
+        """The backend for a handoff to ``consumer_host_id`` of a tensor in device memory
+        (``on_device``) or host memory, read into ``consumer_device`` (see the module
+        docstring)."""
         kind = preferred or self.forced_kind
+        if not kind and on_device and is_accelerator(consumer_device):
+            nixl = self.producers.get(tensor_pb2.TRANSFER_KIND_NIXL)
+            if isinstance(nixl, NixlProducer) and nixl.lends_device_memory is not False:
+                kind = tensor_pb2.TRANSFER_KIND_NIXL
         if not kind:
             kind = self._automatic_kind(consumer_host_id)
         if kind not in self.producers:
@@ -156,11 +178,18 @@ class DataPlane:
         tensor: torch.Tensor,
         consumer_host_id: str = "",
         *,
+        consumer_device: str = "",
         preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
         ttl_s: float | None = None,
     ) -> tensor_pb2.TensorRef:
-        """Hand ``tensor`` over for a consumer on ``consumer_host_id``; returns the reference."""
-        kind = self.choose(consumer_host_id, preferred)
+        """Hand ``tensor`` (host or device memory) over for a consumer on ``consumer_host_id``
+        that reads it into ``consumer_device`` (empty: host memory); returns the reference."""
+        kind = self.choose(
+            consumer_host_id,
+            preferred,
+            on_device=not tensor.is_cpu,
+            consumer_device=consumer_device,
+        )
         if kind == tensor_pb2.TRANSFER_KIND_INLINE and tensor.nbytes > self.max_inline_bytes:
             raise InvalidArgument(
                 f"{tensor.nbytes} bytes is too large to send inline (limit "
@@ -168,18 +197,28 @@ class DataPlane:
                 "host or enable nixl",
                 reason="INLINE_TOO_LARGE",
             )
-        # NOTE: detach() and cpu() only where they change something: each is a dispatched tensor
-        # call (a few us warm, several times that in a process just woken by a request).
+        # NOTE: detach() only where it changes something: each is a dispatched tensor call (a few
+        # us warm, several times that in a process just woken by a request).
         if tensor.requires_grad:
             tensor = tensor.detach()
-        if not tensor.is_cpu:
-            tensor = tensor.cpu()
-        ref = self.producers[kind].put(tensor, ttl_s=ttl_s)
+        producer = self.producers[kind]
+        if (
+            isinstance(producer, NixlProducer)
+            and not tensor.is_cpu
+            and is_accelerator(consumer_device)
+        ):
+            ref = producer.lend_from_device(tensor, ttl_s=ttl_s)
+        else:
+            ref = producer.put(tensor, ttl_s=ttl_s)
         self.counts.add_put(KIND_NAMES[kind], ref.byte_size)
         return ref
 
-    def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
-        """The tensor behind ``ref``: a view valid until its lease is released, or a copy."""
+    def get(
+        self, ref: tensor_pb2.TensorRef, *, copy: bool = False, device: str = ""
+    ) -> torch.Tensor:
+        """The tensor behind ``ref``: a view valid until its lease is released, or a copy; on
+        ``device`` (an accelerator) a tensor of its own there, read straight into it where the
+        backend can (NIXL with device memory), else copied up from the host view."""
         location = ref.WhichOneof("location")
         expire_time_ms = ref.lease_expire_time_ms
         if expire_time_ms and expire_time_ms < time.time() * 1000:
@@ -190,7 +229,10 @@ class DataPlane:
                 f"this process cannot read {location or 'a missing'} location",
                 reason="BAD_TENSOR_REF",
             )
-        tensor = consumer.get(ref, copy=copy)
+        if is_accelerator(device):
+            tensor = consumer.get_on(ref, torch.device(device))
+        else:
+            tensor = consumer.get(ref, copy=copy)
         self.counts.add_read(consumer.kind, ref.byte_size)
         return tensor
 

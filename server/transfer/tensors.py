@@ -50,16 +50,31 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def copy_payload(address: int, tensor: torch.Tensor) -> None:
-    """Copy the payload bytes of CPU ``tensor`` (C order) to ``address`` with one plain memcpy;
-    the caller guarantees room for them.
+    """Copy the payload bytes of ``tensor`` (C order) to host memory at ``address``; the caller
+    guarantees room for them. A CPU tensor takes one plain memcpy; a device tensor one copy
+    down, straight to ``address`` (``stage_to_host``).
 
-    NOTE: ``Tensor.copy_`` splits large copies across torch's intra-op threads; on a small,
+    NOTE: ``Tensor.copy_`` splits large host copies across torch's intra-op threads; on a small,
     busy machine a thread that is not scheduled stalls the copy (docs/transfer.md)."""
-    source = tensor if tensor.is_cpu else tensor.detach().cpu()
-    source = source if source.is_contiguous() else source.contiguous()
+    if not tensor.is_cpu:
+        stage_to_host(address, tensor)
+        return
+    source = tensor if tensor.is_contiguous() else tensor.contiguous()
     num_bytes = source.nbytes
     if num_bytes:
         move(address, source.data_ptr(), num_bytes)
+
+
+def stage_to_host(address: int, tensor: torch.Tensor) -> None:
+    """Copy ``tensor`` (any device) to host memory at ``address`` in C order with one
+    ``Tensor.copy_`` into a view of that memory: a device tensor crosses to the host once, with
+    no host tensor in between. Returns when the bytes are there."""
+    num_bytes = tensor.nbytes
+    if not num_bytes:
+        return
+    memory = (ctypes.c_char * num_bytes).from_address(address)
+    destination = torch.frombuffer(memory, dtype=torch.uint8).view(tensor.dtype)
+    destination.view(tensor.shape).copy_(tensor.detach())
 
 
 def move(destination: int, source: int, num_bytes: int) -> None:

@@ -214,3 +214,22 @@ def test_agents_take_their_options_nixls_progress_thread_and_peer_error_handling
         producer.deregister(remote.address)
         producer.stop_progress()
         consumer.stop_progress()
+
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this build of NIXL may register GPU memory")
+def test_gpu_memory_is_refused_by_nixl_without_cuda(agents: tuple[NixlAgent, NixlAgent]) -> None:
+    """What the producer's and consumer's fallbacks rest on: NIXL without CUDA refuses to
+    register VRAM (they then stage through host memory), and a region shared as host memory is
+    not shared again as another memory type."""
+    producer, _ = agents
+    first = Buffer()
+    with pytest.raises(Exception, match="NIXL_ERR_BACKEND"):
+        producer.share(first.address, SIZE, "VRAM", 0)
+    assert producer.num_registered_regions == 0
+    assert producer.share(first.address, SIZE)
+    assert not producer.share(first.address, SIZE, "VRAM", 0)
+    assert producer.share(first.address, SIZE)
+    producer.unshare(first.address)
+    producer.unshare(first.address)
+    assert producer.num_registered_regions == 0

@@ -149,4 +149,5 @@ def test_cuda_float32_matches_cpu(tiny_model_dir) -> None:
     images = [Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))]
     cpu = VisionEncoder(tiny_model_dir).encode(images)[0][0]
     gpu = VisionEncoder(tiny_model_dir, device="cuda").encode(images)[0][0]
-    assert torch.allclose(cpu, gpu, rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))
+    assert gpu.device.type == "cuda"  # NOTE: kept on the GPU until the data plane hands it over
+    assert torch.allclose(cpu, gpu.cpu(), rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))

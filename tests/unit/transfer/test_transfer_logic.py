@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.leases import LeaseTable
+from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
-from epd.server.transfer.plane import DataPlane, parse_kind
-from epd.server.transfer.tensors import GIL_HELD_COPY_MAX_BYTES, check_ref, describe, move
+from epd.server.transfer.plane import DataPlane, is_accelerator, parse_kind
+from epd.server.transfer.tensors import (
+    GIL_HELD_COPY_MAX_BYTES,
+    check_ref,
+    describe,
+    move,
+    stage_to_host,
+)
 from epd.v1 import tensor_pb2
 
 
@@ -49,6 +58,71 @@ def test_choice_same_host_shm_other_host_nixl_unknown_host_inline(plane: DataPla
     assert plane.choose("", 0) == tensor_pb2.TRANSFER_KIND_INLINE
     assert plane.choose("host-b", tensor_pb2.TRANSFER_KIND_SHM) == tensor_pb2.TRANSFER_KIND_SHM
     assert plane.choose("host-a", tensor_pb2.TRANSFER_KIND_NIXL) == tensor_pb2.TRANSFER_KIND_NIXL
+
+
+@pytest.mark.skipif(not is_nixl_available(), reason="nixl is not installed")
+def test_a_device_tensor_for_a_device_consumer_goes_over_nixl_even_on_one_host(
+    plane: DataPlane,
+) -> None:
+    device = {"on_device": True, "consumer_device": "cuda:0"}
+    assert plane.choose("host-a", 0, **device) == tensor_pb2.TRANSFER_KIND_NIXL
+    assert plane.choose("", 0, **device) == tensor_pb2.TRANSFER_KIND_NIXL
+    assert plane.choose("host-a", 0, on_device=True) == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-a", 0, on_device=True, consumer_device="cpu") == (
+        tensor_pb2.TRANSFER_KIND_SHM
+    )
+    assert plane.choose("host-a", 0, consumer_device="cuda:0") == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-a", tensor_pb2.TRANSFER_KIND_SHM, **device) == (
+        tensor_pb2.TRANSFER_KIND_SHM
+    )
+    nixl = plane.producers[tensor_pb2.TRANSFER_KIND_NIXL]
+    assert isinstance(nixl, NixlProducer)
+    nixl.lends_device_memory = False  # NOTE: as after NIXL refused to register GPU memory once
+    assert plane.choose("host-a", 0, **device) == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-b", 0, **device) == tensor_pb2.TRANSFER_KIND_NIXL
+
+
+def test_a_device_choice_without_nixl_stays_on_the_host_paths() -> None:
+    plane = DataPlane("host-a", kinds=("shm", "inline"))
+    device = {"on_device": True, "consumer_device": "cuda:0"}
+    assert plane.choose("host-a", 0, **device) == tensor_pb2.TRANSFER_KIND_SHM
+    assert plane.choose("host-b", 0, **device) == tensor_pb2.TRANSFER_KIND_INLINE
+    plane.close()
+
+
+def test_host_memory_names() -> None:
+    assert not is_accelerator("") and not is_accelerator("cpu")
+    assert is_accelerator("cuda:0") and is_accelerator("xpu:1") and is_accelerator("cuda")
+
+
+@pytest.mark.parametrize("kind", ["shm", "inline"])
+def test_get_on_the_host_device_is_the_plain_read(kind: str) -> None:
+    plane = DataPlane("host-a", forced_kind=kind)
+    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    ref = plane.put(tensor, "host-a", consumer_device="cpu")
+    for device in ("", "cpu"):
+        got = plane.get(ref, device=device, copy=True)
+        assert got.device.type == "cpu" and torch.equal(got, tensor)
+    plane.release([ref.lease_id])
+    plane.close()
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(24, dtype=torch.float32).reshape(2, 3, 4),
+        torch.arange(40, dtype=torch.float32).reshape(5, 8).to(torch.bfloat16)[:, 1:6],
+        torch.zeros(0, 7),
+    ],
+    ids=["contiguous", "strided-bf16", "empty"],
+)
+def test_staging_to_host_writes_the_payload_in_c_order(tensor: torch.Tensor) -> None:
+    buffer = bytearray(tensor.nbytes + 8)
+    address = ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
+    stage_to_host(address, tensor)
+    expected = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert bytes(buffer[: tensor.nbytes]) == expected
+    assert bytes(buffer[tensor.nbytes :]) == bytes(8)
 
 
 def test_choice_without_nixl_falls_back_to_inline() -> None:
