@@ -52,6 +52,7 @@ def spec_from_proto(info: pb.WorkerInfo) -> WorkerSpec:
         info.weight,
         info.capacity or 1,
         info.host_id,
+        info.embeddings_device or "cpu",
     )
 
 
@@ -66,6 +67,7 @@ def spec_to_proto(spec: WorkerSpec) -> pb.WorkerInfo:
         capacity=spec.capacity,
         host_id=spec.host_id,
         model=spec.model,
+        embeddings_device=spec.embeddings_device,
     )
 
 

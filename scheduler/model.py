@@ -36,6 +36,7 @@ class WorkerSpec:
     weight: float = 1.0
     capacity: int = 1
     host_id: str = ""
+    embeddings_device: str = "cpu"
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ async def build_decode_server(
         capacity=config.capacity,
         host_id=host_id,
         model=engine.model_id,
+        embeddings_device=engine.embeddings_device,
     )
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
     logger.info("decode worker %s serving %s on %s", info.id, engine.model_id, info.endpoint)

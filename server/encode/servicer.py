@@ -42,6 +42,7 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
             sources,
             model=request.model,
             consumer_host_id=request.consumer_host_id,
+            consumer_device=request.consumer_device,
             transfer_kind=request.transfer_kind,
         ):
             hits += result.cache_hit

@@ -111,9 +111,12 @@ class EncodeWorker:
         *,
         model: str = "",
         consumer_host_id: str = "",
+        consumer_device: str = "",
         transfer_kind: int = 0,
     ) -> AsyncIterator[EncodedItem]:
-        """Encode ``items``; yields one result per item, in completion order."""
+        """Encode ``items`` for a consumer on ``consumer_host_id`` that reads the embeddings into
+        ``consumer_device`` (empty: host memory); yields one result per item, in completion
+        order."""
         self._validate(items, model)
         if len(items) == 1:
             # NOTE: one item needs no task of its own: each costs a turn of the event loop.
@@ -122,7 +125,7 @@ class EncodeWorker:
                 computed = await self._compute(items[0])
             finally:
                 self.num_in_flight -= 1
-            yield self._hand_over(0, computed, consumer_host_id, transfer_kind)
+            yield self._hand_over(0, computed, consumer_host_id, consumer_device, transfer_kind)
             return
         tasks = [
             asyncio.ensure_future(self._compute_indexed(i, item)) for i, item in enumerate(items)
@@ -133,16 +136,28 @@ class EncodeWorker:
         try:
             for done in asyncio.as_completed(tasks):
                 index, computed = await done
-                yield self._hand_over(index, computed, consumer_host_id, transfer_kind)
+                yield self._hand_over(
+                    index, computed, consumer_host_id, consumer_device, transfer_kind
+                )
         finally:
             self.num_in_flight -= len(items)
             for task in tasks:
                 task.cancel()
 
     def _hand_over(
-        self, index: int, computed: _Computed, consumer_host_id: str, transfer_kind: int
+        self,
+        index: int,
+        computed: _Computed,
+        consumer_host_id: str,
+        consumer_device: str,
+        transfer_kind: int,
     ) -> EncodedItem:
-        ref = self.plane.put(computed.entry.embeddings, consumer_host_id, preferred=transfer_kind)
+        ref = self.plane.put(
+            computed.entry.embeddings,
+            consumer_host_id,
+            consumer_device=consumer_device,
+            preferred=transfer_kind,
+        )
         return EncodedItem(
             index,
             computed.mm_hash,

@@ -106,6 +106,11 @@ class Engine(ABC):
     model_id: str
     device: str = "cpu"
     """Where the model runs, as torch names it (``cpu``, ``cuda:0``): what the worker registers."""
+    embeddings_device: str = "cpu"
+    """Where the engine takes images' embeddings, as torch names it: ``cpu`` when it reads them
+    from host memory (vLLM's engines), its ``device`` when it builds its inputs there. What the
+    worker registers, so encoders hand embeddings over into it; callers may pass tensors on any
+    device all the same."""
 
     @abstractmethod
     def generate(

@@ -76,6 +76,7 @@ class TransformersEngine(Engine):
         self.layout = layout
         self.options = options
         self.device = str(next(model.parameters()).device)
+        self.embeddings_device = self.device  # NOTE: images join the input embeddings there
         self.family = family_of_config(model.config)
         text = model.config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

@@ -99,6 +99,7 @@ async def build_prefill_server(
         capacity=config.capacity,
         host_id=plane.host_id,
         model=engine.model_id,
+        embeddings_device=engine.embeddings_device,
     )
     registration = await register_and_serve(server, info, engine, config.scheduler, options)
     logger.info(

@@ -50,7 +50,11 @@ class PrefillWorker:
         self.plane = plane
         self.mode = mode
         self.hands_off_kv = hands_off_kv or mode is Mode.PREFILL
-        self.images = ImageResolver(plane, loader if mode is Mode.ENCODE_PREFILL else None)
+        self.images = ImageResolver(
+            plane,
+            loader if mode is Mode.ENCODE_PREFILL else None,
+            device=engine.embeddings_device,
+        )
 
     async def generate(
         self, request_id: str, model: str, prompt: generation_pb2.Prompt, sampling: Sampling

@@ -34,6 +34,8 @@ class EncodeStage:
     items: list[multimodal_pb2.MediaItem]
     policy: Any = 0
     consumer_host_id: str = ""
+    # the device the prefill worker reads the embeddings into (its embeddings_device)
+    consumer_device: str = ""
     num_tokens: list[int] = field(default_factory=list)
     results: dict[int, encode_pb.EncodeResponse] = field(default_factory=dict)
     encoder_ids: set[str] = field(default_factory=set)
@@ -130,6 +132,7 @@ async def _encode_group(
         model=stage.model,
         items=[stage.items[i] for i in indices],
         consumer_host_id=stage.consumer_host_id,
+        consumer_device=stage.consumer_device,
     )
     start, outcomes = time.monotonic(), []
     failed: str | None = None

@@ -149,8 +149,8 @@ class RouteWorker:
             model,
             items,
             request.encoder_policy,
-            self.host_id,
-            [self.grids.num_tokens((g.t, g.h, g.w)) for g in grids],
+            consumer_host_id=self.host_id,
+            num_tokens=[self.grids.num_tokens((g.t, g.h, g.w)) for g in grids],
         )
         call = EngineCall(
             request_id,
@@ -232,8 +232,8 @@ class RouteWorker:
         self, call: EngineCall, stage: EncodeStage, grids: list[Grid]
     ) -> AsyncGenerator[Piece, None]:
         """Choose the prefill worker while the encoders are assigned, encode for that worker
-        (the embeddings' consumer: same host gets shared memory, another host NIXL), then hand
-        the embeddings' references to it."""
+        (the embeddings' consumer: same host gets shared memory, another host NIXL; told its
+        embeddings device too), then hand the embeddings' references to it."""
         token_ids = list(call.prompt.token_ids)
         if not (call.plan.uses_encoders and stage.items):
             prompt, choice = await concurrently(
@@ -246,15 +246,15 @@ class RouteWorker:
                 assign_encoders(self.peers, stage, everything, [], call.deadline),
                 choose_prefill(self.peers, call),
             )
-            stage.consumer_host_id = choice.worker.host_id or self.host_id
+            self._set_consumer(stage, choice.worker)
             await encode_all(self.peers, stage, call.deadline, assignment)
             self._release_pixels(stage)
             prompt = self._embedded(token_ids, stage, grids)
 
             async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
-                host_id = worker.host_id or self.host_id
-                if host_id != stage.consumer_host_id:
-                    await self._encode_again_for(host_id, stage, call.deadline)
+                # NOTE: only another host needs new references; any is readable into any device.
+                if (worker.host_id or self.host_id) != stage.consumer_host_id:
+                    await self._encode_again_for(worker, stage, call.deadline)
                 return self._embedded(token_ids, stage, grids)
 
             async for piece in self._stream(call, prompt, stage, choice, prompt_for):
@@ -263,17 +263,24 @@ class RouteWorker:
         async for piece in self._stream(call, prompt, stage, choice):
             yield piece
 
-    async def _encode_again_for(self, host_id: str, stage: EncodeStage, deadline: Deadline) -> None:
-        """A retry moved the prefill to another host, where the embeddings' references (shared
-        memory on the old one) cannot be read: release them and encode again for ``host_id``
-        (the encoders' caches answer by mm_hash)."""
+    def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
+        """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""
+        stage.consumer_host_id = worker.host_id or self.host_id
+        stage.consumer_device = worker.embeddings_device
+
+    async def _encode_again_for(
+        self, worker: scheduler_pb.WorkerInfo, stage: EncodeStage, deadline: Deadline
+    ) -> None:
+        """A retry moved the prefill to ``worker`` on another host, where the embeddings'
+        references (shared memory on the old one) cannot be read: release them and encode again
+        for it (the encoders' caches answer by mm_hash)."""
+        self._set_consumer(stage, worker)
         logger.info(
             "request %s: prefill moved to host %s; encoding its images again for it",
             stage.request_id,
-            host_id,
+            stage.consumer_host_id,
         )
         await release_all(self.peers, stage)
-        stage.consumer_host_id = host_id
         await encode_all(self.peers, stage, deadline)
 
     def _stream(

@@ -1,7 +1,8 @@
 """ImageInput messages -> EngineImage (no grpc): pull embeddings, load raw images, or grids only.
 
-Embeddings are pulled through the data plane as private copies, so the caller may release the
-encoder's leases as soon as the call returns. Raw images are loaded under the media rules.
+Embeddings are pulled through the data plane as private copies, onto the device the worker's
+engine takes them on, so the caller may release the encoder's leases as soon as the call returns.
+Raw images are loaded under the media rules.
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ def grids_only(
 class ImageResolver:
     """Turns a prompt's ImageInputs into engine images for one worker."""
 
-    def __init__(self, plane: DataPlane, loader: MediaLoader | None = None) -> None:
-        """``loader`` None: raw images are refused (the worker takes embeddings only)."""
+    def __init__(
+        self, plane: DataPlane, loader: MediaLoader | None = None, *, device: str = ""
+    ) -> None:
+        """``loader`` None: raw images are refused (the worker takes embeddings only);
+        ``device``: where embeddings are read into (its engine's ``embeddings_device``; empty
+        or ``cpu``: host memory)."""
         self.plane = plane
         self.loader = loader
+        self.device = device
 
     async def resolve(self, images: Sequence[multimodal_pb2.ImageInput]) -> list[EngineImage]:
         """Engine images in prompt order (embeddings copied out of the data plane)."""
@@ -59,7 +65,7 @@ class ImageResolver:
     async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
         source = image.WhichOneof("source")
         if source == "embeddings":
-            tensor = self.plane.get(image.embeddings, copy=True)
+            tensor = self.plane.get(image.embeddings, copy=True, device=self.device)
             return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor)
         if source == "media":
             if self.loader is None:

@@ -160,6 +160,21 @@ async def test_the_request_can_ask_for_inline(app, stub) -> None:
     assert app.plane.held() == []
 
 
+async def test_the_consumers_device_reaches_the_data_plane(app, stub, monkeypatch) -> None:
+    put, devices = app.worker.plane.put, []
+
+    def recording_put(tensor, consumer_host_id="", **options):
+        devices.append(options.get("consumer_device"))
+        return put(tensor, consumer_host_id, **options)
+
+    monkeypatch.setattr(app.worker.plane, "put", recording_put)
+    (response,) = await encode(
+        stub, multimodal_pb2.MediaItem(data=png(6)), consumer_device="cuda:0"
+    )
+    app.worker.release([response.embeddings.lease_id])
+    assert devices == ["cuda:0"] and app.plane.held() == []
+
+
 def bomb() -> bytes:
     buffer = io.BytesIO()
     Image.new("L", (6000, 6000)).save(buffer, format="PNG")

@@ -1,5 +1,6 @@
 """EncodeWorker logic with a fake tower: shared encodings survive a cancelled requester, hash-only
-items, batch sizes, failures, and what is held afterwards."""
+items, batch sizes, failures, the consumer's device handed to the data plane, and what is held
+afterwards."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
 from tests.unit.media.images import encode, noise
 
 Grid = tuple[int, int, int]
@@ -39,13 +41,39 @@ class FakeTower:
         ]
 
 
+class RecordingPlane(DataPlane):
+    """An inline data plane on host-a that records the consumer device of every put."""
+
+    def __init__(self) -> None:
+        super().__init__("host-a", kinds=("inline",))
+        self.consumer_devices: list[str] = []
+
+    def put(
+        self,
+        tensor: torch.Tensor,
+        consumer_host_id: str = "",
+        *,
+        consumer_device: str = "",
+        preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
+        ttl_s: float | None = None,
+    ) -> tensor_pb2.TensorRef:
+        self.consumer_devices.append(consumer_device)
+        return super().put(
+            tensor,
+            consumer_host_id,
+            consumer_device=consumer_device,
+            preferred=preferred,
+            ttl_s=ttl_s,
+        )
+
+
 @pytest.fixture
 async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
     tower = FakeTower()
     batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]] = DynamicBatcher(
         tower, max_items=8, max_wait_s=0.5
     )  # NOTE: generous, so a loaded box still batches
-    plane = DataPlane("host-a", kinds=("inline",))
+    plane = RecordingPlane()
     loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
     worker = EncodeWorker(
         batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w", model_id="m"
@@ -132,3 +160,12 @@ async def test_a_hash_only_item_neither_cached_nor_in_flight_is_refused(parts) -
     with pytest.raises(InvalidArgument) as caught:
         await by_hash(worker, "e" * 32)
     assert caught.value.reason == "MM_HASH_NOT_CACHED" and tower.calls == []
+
+
+async def test_the_consumers_device_reaches_the_data_plane(parts) -> None:
+    worker, _ = parts
+    sources = [MediaSource(data=encode(noise(seed=s))) for s in (11, 12)]
+    for items in ([sources[0]], sources):  # one item, and a batch
+        async for _ in worker.encode(items, consumer_host_id="host-a", consumer_device="cuda:0"):
+            pass
+    assert worker.plane.consumer_devices == ["cuda:0"] * 3

@@ -75,6 +75,8 @@ class FakeScheduler:
     prefill_host_id: str = ""
     # host ids of particular prefill workers (the others: prefill_host_id)
     prefill_hosts: dict[str, str] = field(default_factory=dict)
+    # embeddings devices of particular prefill workers (the others: none given)
+    prefill_devices: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     reports_may_finish: asyncio.Event = field(default_factory=asyncio.Event)
     prefill_chosen: asyncio.Event = field(default_factory=asyncio.Event)
@@ -134,6 +136,7 @@ class FakeScheduler:
                 role=role,
                 endpoint=worker,
                 host_id=self.prefill_hosts.get(worker, self.prefill_host_id),
+                embeddings_device=self.prefill_devices.get(worker, ""),
             )
         )  # type: ignore[arg-type]
 

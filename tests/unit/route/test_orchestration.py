@@ -296,6 +296,17 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     assert {request.consumer_host_id for request in requests} == {consumer}
 
 
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+async def test_images_are_encoded_for_the_device_of_the_chosen_prefill_worker(device: str) -> None:
+    peers = FakePeers(FakeScheduler(prefill_host_id="host-a", prefill_devices={"pd0": device}))
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    worker = text_worker(peers)
+    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), TWO_GRIDS)]
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
+    assert [request.consumer_device for request in requests] == [device, device]
+
+
 async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() -> None:
     """The first prefill worker (host a) fails before its first token; the retry goes to host b,
     where the references encoded for host a (shared memory there) cannot be read: the images
@@ -303,6 +314,7 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     scheduler = FakeScheduler(
         prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)],
         prefill_hosts={"pd0": "host-a", "pd1": "host-b"},
+        prefill_devices={"pd0": "cuda:0", "pd1": "cpu"},
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
@@ -312,7 +324,12 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     await peers.background.settle()
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
-    assert sorted(r.consumer_host_id for r in requests) == ["host-a", "host-a", "host-b", "host-b"]
+    assert sorted((r.consumer_host_id, r.consumer_device) for r in requests) == [
+        ("host-a", "cuda:0"),
+        ("host-a", "cuda:0"),
+        ("host-b", "cpu"),
+        ("host-b", "cpu"),
+    ]
     released = sorted(lease for e in peers.encoders.values() for lease in e.released)
     assert len(released) == 4  # the host-a leases at the retry, the host-b ones once prefilled
     [served] = peers.engines["pd1"].calls
@@ -320,15 +337,22 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
 
 
 async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
+    """Even where the retry's worker reads embeddings into another device: any reference is
+    readable into any device."""
     scheduler = FakeScheduler(
-        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)], prefill_host_id="host-a"
+        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)],
+        prefill_host_id="host-a",
+        prefill_devices={"pd0": "cuda:0", "pd1": "cuda:1"},
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
     grids = TWO_GRIDS
     pieces = [piece async for piece in text_worker(peers)._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
-    assert len([r for e in peers.encoders.values() for r in e.requests]) == 2
+    requests = [r for e in peers.encoders.values() for r in e.requests]
+    assert [r.consumer_device for r in requests] == ["cuda:0", "cuda:0"]
+    [served] = peers.engines["pd1"].calls
+    assert len(served[1].prompt.images) == 2
 
 
 class RecordingPlane:
