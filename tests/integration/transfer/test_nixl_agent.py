@@ -216,7 +216,6 @@ def test_agents_take_their_options_nixls_progress_thread_and_peer_error_handling
         consumer.stop_progress()
 
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this build of NIXL may register GPU memory")
 def test_gpu_memory_is_refused_by_nixl_without_cuda(agents: tuple[NixlAgent, NixlAgent]) -> None:
     """What the producer's and consumer's fallbacks rest on: NIXL without CUDA refuses to
