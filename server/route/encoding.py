@@ -44,13 +44,15 @@ class EncodeStage:
     # images sent to another encoder after theirs failed
     num_retried: int = 0
 
-    @property
-    def leases(self) -> dict[str, list[str]]:
-        """Lease ids by producer endpoint."""
+    def leases(self, *, read: bool = False) -> dict[str, list[str]]:
+        """Lease ids by producer endpoint; with ``read`` (the consumer has read every
+        reference), none of NIXL references: the consumer's READ told their producer to free
+        them."""
         by_endpoint: dict[str, list[str]] = defaultdict(list)
         for result in self.results.values():
-            if result.embeddings.lease_id:
-                by_endpoint[result.embeddings.producer_endpoint].append(result.embeddings.lease_id)
+            ref = result.embeddings
+            if ref.lease_id and not (read and ref.WhichOneof("location") == "nixl"):
+                by_endpoint[ref.producer_endpoint].append(ref.lease_id)
         return by_endpoint
 
 
@@ -196,9 +198,12 @@ async def _report(
         logger.warning("could not report encoding outcome: %s", e)
 
 
-async def release_all(peers: Peers, stage: EncodeStage) -> None:
-    """Release every lease of ``stage`` at its producer (best effort: leases also expire)."""
-    for endpoint, lease_ids in stage.leases.items():
+async def release_all(peers: Peers, stage: EncodeStage, *, read: bool = False) -> None:
+    """Release every lease of ``stage`` at its producer (best effort: leases also expire).
+    ``read``: the consumer has read every reference (it has prefilled), so NIXL leases are left
+    to the notification its READ sent: no Release call for an encoder that handed over by NIXL
+    alone (another host, or GPU memory)."""
+    for endpoint, lease_ids in stage.leases(read=read).items():
         try:
             await peers.encoder(endpoint).Release(
                 encode_pb.ReleaseRequest(lease_ids=lease_ids), timeout=5

@@ -292,7 +292,7 @@ class RouteWorker:
         prompt_for: PromptFor | None = None,
     ) -> AsyncGenerator[Piece, None]:
         """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
-        release = partial(release_all, self.peers, stage)
+        release = partial(release_all, self.peers, stage, read=True)
         return stream_tokens(self.peers, replace(call, prompt=prompt), release, choice, prompt_for)
 
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:

@@ -148,8 +148,13 @@ class FakeScheduler:
         )
 
 
-def embeddings(endpoint: str, lease: str) -> tensor_pb2.TensorRef:
-    return tensor_pb2.TensorRef(lease_id=lease, producer_endpoint=endpoint, byte_size=4)
+def embeddings(endpoint: str, lease: str, location: str = "shm") -> tensor_pb2.TensorRef:
+    ref = tensor_pb2.TensorRef(lease_id=lease, producer_endpoint=endpoint, byte_size=4)
+    if location == "nixl":
+        ref.nixl.agent_name = f"agent-{endpoint}"
+    else:
+        ref.shm.name = f"segment-{lease}"
+    return ref
 
 
 @dataclass
@@ -162,6 +167,7 @@ class FakeEncoder:
     num_before_error: int = 0
     hold: asyncio.Event | None = None
     linger: asyncio.Event | None = None
+    location: str = "shm"
     streams: list[FakeStream] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     requests: list[Any] = field(default_factory=list)
@@ -173,7 +179,9 @@ class FakeEncoder:
             encode_pb.EncodeResponse(
                 item_index=i,
                 mm_hash=request.items[i].mm_hash,
-                embeddings=embeddings(self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}"),
+                embeddings=embeddings(
+                    self.endpoint, f"{self.endpoint}/{request.items[i].mm_hash}", self.location
+                ),
             )
             for i in range(count)
         ]

@@ -71,6 +71,25 @@ async def test_items_of_a_dead_encoder_are_retried_on_another_and_released_there
     assert all(s.is_cancelled for s in peers.encoders["enc0"].streams)
 
 
+async def test_nixl_leases_are_left_to_the_consumers_notification_once_it_has_prefilled() -> None:
+    """The prefill worker's NIXL READ tells the encoder to free the payload: once it has
+    prefilled, the route calls Release only for shared-memory leases; before that (an error, a
+    retry elsewhere) it releases every lease."""
+    encoders = {"enc0": FakeEncoder("enc0", location="nixl"), "enc1": FakeEncoder("enc1")}
+    peers = FakePeers(encoders=encoders)
+    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    pieces = [p async for p in text_worker(peers)._handed_over(call, stage_of(2), TWO_GRIDS)]
+    await peers.background.settle()
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    assert [len(e.requests) for e in encoders.values()] == [1, 1]
+    assert encoders["enc0"].released == [] and len(encoders["enc1"].released) == 1
+
+    stage = stage_of(4)
+    await encode_all(peers, stage, Deadline(30))  # type: ignore[arg-type]
+    await release_all(peers, stage)  # type: ignore[arg-type]
+    assert len(encoders["enc0"].released) == 2 and len(encoders["enc1"].released) == 3
+
+
 async def test_encoding_does_not_wait_for_the_end_of_a_complete_stream() -> None:
     never = asyncio.Event()
     peers = FakePeers(encoders={name: FakeEncoder(name, linger=never) for name in ("enc0", "enc1")})
