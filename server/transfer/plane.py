@@ -187,7 +187,7 @@ class DataPlane:
         kind = self.choose(
             consumer_host_id,
             preferred,
-            on_device=not tensor.is_cpu,
+            on_device=tensor.device.type == "cuda",  # NOTE: the device memory NIXL registers
             consumer_device=consumer_device,
         )
         if kind == tensor_pb2.TRANSFER_KIND_INLINE and tensor.nbytes > self.max_inline_bytes:
