@@ -93,8 +93,6 @@ class StampArena:
     ) -> None:
         self._agent = agent
         num_bytes = slots * HEADER_BYTES
-        self.memory_type = "DRAM" if device is None else "VRAM"
-        self.device_id = 0 if device is None else (device.index or 0)
         self._host = mmap.mmap(-1, num_bytes) if device is None else None
         self.slots = (
             torch.frombuffer(self._host, dtype=torch.uint8)
@@ -102,7 +100,10 @@ class StampArena:
             else torch.zeros(num_bytes, dtype=torch.uint8, device=device)
         )
         self.address = self.slots.data_ptr()
-        agent.register(self.address, num_bytes, self.memory_type, self.device_id)
+        if device is None:
+            agent.register(self.address, num_bytes)
+        else:
+            agent.register(self.address, num_bytes, "VRAM", device.index or 0)
         self._free = list(range(slots))
         self._lock = threading.Lock()
 

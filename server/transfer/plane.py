@@ -30,9 +30,10 @@ from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.counts import TransferCounts
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
 from epd.server.transfer.leases import LeaseInfo
-from epd.server.transfer.nixl import NixlConsumer, NixlProducer
+from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.nixl_agent import process_agent
+from epd.server.transfer.nixl_consumer import NixlConsumer
 from epd.server.transfer.options import NixlOptions, TransferOptions
 from epd.server.transfer.shm import ShmConsumer, ShmProducer
 from epd.server.transfer.shm_mappings import DEFAULT_MAX_BYTES
@@ -184,11 +185,9 @@ class DataPlane:
     ) -> tensor_pb2.TensorRef:
         """Hand ``tensor`` (host or device memory) over for a consumer on ``consumer_host_id``
         that reads it into ``consumer_device`` (empty: host memory); returns the reference."""
+        on_device = tensor.device.type == "cuda"  # NOTE: the device memory NIXL registers
         kind = self.choose(
-            consumer_host_id,
-            preferred,
-            on_device=tensor.device.type == "cuda",  # NOTE: the device memory NIXL registers
-            consumer_device=consumer_device,
+            consumer_host_id, preferred, on_device=on_device, consumer_device=consumer_device
         )
         if kind == tensor_pb2.TRANSFER_KIND_INLINE and tensor.nbytes > self.max_inline_bytes:
             raise InvalidArgument(
@@ -202,11 +201,7 @@ class DataPlane:
         if tensor.requires_grad:
             tensor = tensor.detach()
         producer = self.producers[kind]
-        if (
-            isinstance(producer, NixlProducer)
-            and not tensor.is_cpu
-            and is_accelerator(consumer_device)
-        ):
+        if isinstance(producer, NixlProducer) and on_device and is_accelerator(consumer_device):
             ref = producer.lend_from_device(tensor, ttl_s=ttl_s)
         else:
             ref = producer.put(tensor, ttl_s=ttl_s)

@@ -17,7 +17,8 @@ import torch
 
 from epd.common.errors import NotFound
 from epd.server.transfer import nixl_agent
-from epd.server.transfer.nixl import NixlConsumer, NixlProducer
+from epd.server.transfer.nixl import NixlProducer
+from epd.server.transfer.nixl_consumer import NixlConsumer
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 from tests.integration.transfer.peers import SPAWN

@@ -10,16 +10,14 @@ import pytest
 import torch
 
 from epd.common.errors import InvalidArgument, NotFound
-from epd.server.transfer.nixl import (
-    RELEASE_PREFIX,
+from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory, NixlProducer
+from epd.server.transfer.nixl_agent import NixlAgent
+from epd.server.transfer.nixl_consumer import (
     SMALL_COPY_BYTES,
-    AgentFactory,
     NixlConsumer,
-    NixlProducer,
     mirror,
     remote_payload,
 )
-from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.nixl_pool import RegisteredPool
 from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.v1 import tensor_pb2
@@ -48,8 +46,19 @@ class FakeAgent:
     def connect(self, agent_name: str, metadata: bytes) -> None:
         pass
 
-    def read(self, local, remote, agent_name, *, remote_memory_type="DRAM", timeout_s=30.0) -> None:
+    def read(
+        self,
+        local,
+        remote,
+        agent_name,
+        *,
+        remote_memory_type="DRAM",
+        local_memory_type="DRAM",
+        timeout_s=30.0,
+    ) -> None:
         import ctypes
+
+        assert (remote_memory_type, local_memory_type) == ("DRAM", "DRAM")
 
         for (dst, length, _), (src, _, _) in zip(local, remote, strict=True):
             ctypes.memmove(dst, src, length)
