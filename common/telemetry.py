@@ -34,6 +34,10 @@ from epd.common import capped_file
 
 DEFAULT_SPAN_FILE_MB = 64
 
+FIRST_TOKEN_EVENT = "epd.first_token"
+"""Span event where a request's first token passes: the prefill worker's ``PrefillDecode`` (ready
+to send) and the route's request (received from the engine)."""
+
 _lock = threading.Lock()
 _specs_by_provider: weakref.WeakKeyDictionary[TracerProvider, set[str]] = (
     weakref.WeakKeyDictionary()

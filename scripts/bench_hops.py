@@ -6,7 +6,8 @@ service writing its spans to a JSON-lines file, sends ``--requests`` chat reques
 (``--gap-s`` apart, one random 224x224 picture each, 16 output tokens, streamed through the
 OpenAI API), and places every span of each request on the client's clock (same machine, same
 wall clock): the median start and end of each RPC, as the route (client side) and its server
-see it, and the first token at the client. It then measures the floor any hop pays here: a
+see it, the median time of each span event within them (the prefill worker's images resolved and
+first token, the route's first token), and the first token at the client. It then measures the floor any hop pays here: a
 bare gRPC health check to the scheduler, back to back and after the same idle gap. With
 ``--vllm`` monolithic vLLM answers the same requests afterwards, for the reference TTFT.
 
@@ -65,7 +66,7 @@ def _seconds(stamp: str) -> float:
 
 def hop_table(spans_path: Path, requests: list[tuple[float, float, float]]) -> list[dict[str, Any]]:
     """Median start and end (ms after the client sent the request) of each (service, side,
-    RPC) in the traces of ``requests``."""
+    RPC) in the traces of ``requests``, and the time of each span event (start = end)."""
     traces: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for line in spans_path.read_text().splitlines():
         span = json.loads(line)
@@ -87,6 +88,9 @@ def hop_table(spans_path: Path, requests: list[tuple[float, float, float]]) -> l
             begin = (_seconds(span["start_time"]) - sent) * 1000
             end = (_seconds(span["end_time"]) - sent) * 1000
             marks[key].append((begin, end))
+            for event in span.get("events", ()):
+                at = (_seconds(event["timestamp"]) - sent) * 1000
+                marks[(key[0], key[1], f"  {event['name']}")].append((at, at))
     rows = [
         {
             "service": service,

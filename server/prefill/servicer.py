@@ -9,6 +9,7 @@ import grpc
 from opentelemetry import trace
 
 from epd.common.status import handle_errors
+from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.prefill.worker import PrefillWorker
 from epd.server.worker import convert
 from epd.v1 import prefill_service_pb2 as pb
@@ -54,6 +55,8 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         async for chunk in self.worker.generate(
             request.request_id, request.model, request.prompt, sampling
         ):
+            if not num_tokens:
+                span.add_event(FIRST_TOKEN_EVENT)
             num_tokens += len(chunk.token_ids)
             yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
         span.set_attribute("epd.tokens", num_tokens)

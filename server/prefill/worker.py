@@ -13,6 +13,8 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
+from opentelemetry import trace
+
 from epd.common.errors import FailedPrecondition
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
@@ -20,6 +22,9 @@ from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.images import ImageResolver, check_request
 from epd.v1 import generation_pb2
+
+IMAGES_RESOLVED = "epd.images_resolved"
+"""Span event: the prompt's images are ready for the engine (embeddings read, or pictures)."""
 
 
 class Mode(enum.Enum):
@@ -88,10 +93,13 @@ class PrefillWorker:
         return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
 
     async def _images(self, prompt: generation_pb2.Prompt) -> list[EngineImage]:
-        """The engine's inputs for the prompt's images, timed when there are any."""
-        if self.metrics is None or not prompt.images:
-            return await self.images.resolve(prompt.images)
+        """The engine's inputs for the prompt's images, timed when there are any (a metric
+        and an ``epd.images_resolved`` event on the current span)."""
+        if not prompt.images:
+            return []
         start = time.monotonic()
         images = await self.images.resolve(prompt.images)
-        self.metrics.embedding_handoff.observe(time.monotonic() - start)
+        trace.get_current_span().add_event(IMAGES_RESOLVED)
+        if self.metrics is not None:
+            self.metrics.embedding_handoff.observe(time.monotonic() - start)
         return images

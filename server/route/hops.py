@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from epd.common.errors import EpdError, Unavailable
 from epd.common.tasks import concurrently
+from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.server.route.topology import Plan, Role, hands_off_kv
@@ -103,6 +104,7 @@ async def stream_tokens(
             async for piece in pieces:
                 if not started:
                     started = True
+                    span.add_event(FIRST_TOKEN_EVENT)
                     peers.background.start(on_prefilled())
                 yield piece
             return

@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
-import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from PIL import Image
 
 from epd.common.channels import create_channel
-from epd.common.telemetry import configure_tracing
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
 
-_EXPORTERS: list[InMemorySpanExporter] = []
 
-
-@pytest.fixture
-def spans() -> InMemorySpanExporter:
-    provider = configure_tracing("epd-tests")
-    assert isinstance(provider, TracerProvider)
-    if not _EXPORTERS:
-        _EXPORTERS.append(InMemorySpanExporter())
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTERS[0]))
-    _EXPORTERS[0].clear()
-    return _EXPORTERS[0]
-
-
-async def test_span_attributes(tiny_model_dir, spans) -> None:
+async def test_span_attributes(tiny_model_dir: Path, spans: InMemorySpanExporter) -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (84, 56), (1, 2, 3)).save(buffer, format="PNG")
     app = await build_encode_server(

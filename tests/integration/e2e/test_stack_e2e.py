@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, user
+from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.engine.reference import ReferenceEngine
 from tests.integration.e2e.launcher import (
     Stack,
@@ -172,6 +173,7 @@ def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> N
         "Release",
     } <= names
     assert root["attributes"]["epd.images"] == 2 and root["attributes"]["epd.decode_id"]
+    assert [event["name"] for event in root["events"]] == [FIRST_TOKEN_EVENT]
 
 
 def data_url(image: Image.Image) -> str:

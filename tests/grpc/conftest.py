@@ -1,4 +1,4 @@
-"""Fixtures of the scaffold tests."""
+"""Fixtures of the in-process gRPC tests."""
 
 from __future__ import annotations
 
