@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import urllib.parse
 
 import pytest
 
@@ -137,3 +138,20 @@ async def test_data_urls_are_bounded_by_bytes_not_by_the_url_limit() -> None:
         assert await reason_of(wrapped, policy) == "BAD_URL"
         assert await reason_of("data:," + bad + "abc", policy) == "BAD_URL"
     assert await reason_of("data:image/png;base64,@@@@", policy) == "BAD_DATA_URL"
+
+
+async def test_data_urls_are_not_kept_alive_after_loading() -> None:
+    """urllib.parse.urlsplit caches its last 128 results; a data: URL split there stayed alive
+    with its payload (the route held up to 128 images' worth of data URLs)."""
+    urllib.parse.urlsplit.cache_clear()
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    assert await fetch.fetch_url(url, GUARDED) == PNG
+    assert await reason_of("data:image/png;base64,@@@", GUARDED) == "BAD_DATA_URL"
+    assert urllib.parse.urlsplit.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize(
+    "url", ["data:,x", "DATA:,x", "HTTP://a/b", "ftp://a", "c:/x", "1a:b", ":x", "x", "é:x"]
+)
+def test_url_scheme_reads_as_urlsplit_does(url: str) -> None:
+    assert fetch.url_scheme(url) == urllib.parse.urlsplit(url).scheme.lower()
