@@ -7,8 +7,10 @@ service writing its spans to a JSON-lines file, sends ``--requests`` chat reques
 OpenAI API), and places every span of each request on the client's clock (same machine, same
 wall clock): the median start and end of each RPC, as the route (client side) and its server
 see it, the median time of each span event within them (the prefill worker's images resolved and
-first token, the route's first token), and the first token at the client. It then measures the floor any hop pays here: a
-bare gRPC health check to the scheduler, back to back and after the same idle gap. With
+first token, the route's first token), and the first token at the client. It then measures two
+floors of this machine: a bare gRPC health check to the scheduler, and ~5 ms of one thread's
+numpy work, each back to back and after the same idle gap (waking from idle costs every
+process of the pipeline, which monolithic vLLM pays once). With
 ``--vllm`` monolithic vLLM answers the same requests afterwards, for the reference TTFT.
 
     .venv/bin/python scripts/bench_hops.py [--model DIR] [--topology e-pd] [--requests 30]
@@ -124,6 +126,27 @@ async def health_round_trips(endpoint: str, gap_s: float, count: int = 50) -> di
     return {"back_to_back_ms": statistics.median(busy), "after_gap_ms": statistics.median(idle)}
 
 
+def compute_after_gap(gap_s: float, count: int = 30) -> dict[str, float]:
+    """Median ms of the same ~5 ms of single-threaded numpy work: back to back, and after
+    ``gap_s`` asleep (what waking from idle costs any process on this machine)."""
+    import numpy as np
+
+    matrix = np.random.default_rng(0).random((160, 160))
+
+    def work() -> float:
+        start = time.perf_counter()
+        for _ in range(40):
+            matrix @ matrix
+        return (time.perf_counter() - start) * 1000
+
+    busy = [work() for _ in range(count)]
+    idle = []
+    for _ in range(count):
+        time.sleep(gap_s)
+        idle.append(work())
+    return {"back_to_back_ms": statistics.median(busy), "after_gap_ms": statistics.median(idle)}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = (args.model or tiny_model_dir()).resolve()
     run_dir = Path(tempfile.mkdtemp(prefix="epd-hops-"))
@@ -144,6 +167,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         figures["floor"] = await health_round_trips(scheduler.endpoint, args.gap_s)
     finally:
         deployment.stop()
+    figures["compute"] = compute_after_gap(args.gap_s)
     figures["ttft_ms"] = statistics.median(r[1] for r in requests) * 1000
     figures["hops"] = hop_table(run_dir / SPAN_FILE, requests)
     if args.vllm:
@@ -175,6 +199,11 @@ def print_figures(figures: dict[str, Any]) -> None:
     print(
         f"bare gRPC health check to the scheduler: {floor['back_to_back_ms']:.2f} back to back, "
         f"{floor['after_gap_ms']:.2f} after the same gap"
+    )
+    compute = figures["compute"]
+    print(
+        f"~5 ms of numpy work in one thread: {compute['back_to_back_ms']:.2f} back to back, "
+        f"{compute['after_gap_ms']:.2f} after sleeping the same gap"
     )
 
 

@@ -6,15 +6,18 @@ Paths (sequential requests = low load; every request has its own random image, s
 - E/PD: as the route does by default: Encode over gRPC to the encode service (embeddings in
   shared memory), then PrefillDecode with the embeddings' references to a prefill_decode worker
   on a plain vLLM engine (the same engine as monolithic);
+- engine from embeddings: the same engine given embeddings the encoder made before the clock
+  started (what vLLM itself takes from embeddings: no RPC, no tower);
 - EPD: the raw image over gRPC to an encode_prefill worker (same engine);
 - E/P/D: Encode -> Prefill (KV producer) -> Decode (KV consumer; KV pulled over NIXL). TTFT is
   when Prefill returns the first token.
 Every path but monolithic first loads the image as the route does (decode, mm_hash, grid).
 All servers run in this process on loopback (each vLLM EngineCore in its own child process).
 Calls go through the clients the route uses: a plain RPC per call on one channel per server.
+``--gap-s`` sleeps before each request, so every process starts it idle, as at a low rate.
 
     .venv/bin/python scripts/bench_pd.py [--presets tiny,small] [--requests N] [--tokens N]
-                                         [--no-pd] [--json]
+                                         [--no-pd] [--gap-s 0.3] [--json]
 """
 
 from __future__ import annotations
@@ -114,9 +117,9 @@ class Bench:
             processor_fingerprint=processor_fingerprint(self.model_dir),
         )
         self.gridder = ImageGridder(self.model_dir)
-        self.aggregated = await serve(
-            await build_prefill_server(PrefillConfig(self.model_dir), self.engine), PrefillClient
-        )
+        aggregated = await build_prefill_server(PrefillConfig(self.model_dir), self.engine)
+        self.plane = aggregated.worker.plane
+        self.aggregated = await serve(aggregated, PrefillClient)
         raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
         self.epd = await serve(await build_prefill_server(raw_config, self.engine), PrefillClient)
         if with_pd:
@@ -208,6 +211,25 @@ class Bench:
         await self.release(prompt)
         return result
 
+    async def engine_embeddings(self, data: bytes, request_id: str) -> Timed:
+        """The engine alone from embeddings (encoded and read before the clock starts): what
+        vLLM itself takes for a prompt whose image is encoded already, no RPC."""
+        from epd.server.engine.base import EngineImage, Sampling
+
+        prompt = await self.encoded(data)
+        image = prompt.images[0]
+        embeddings = self.plane.get(image.embeddings, copy=True)
+        await self.release(prompt)
+        grid = (image.grid.t, image.grid.h, image.grid.w)
+        start = time.perf_counter()
+        chunks = self.engine.generate(
+            request_id,
+            self.prompt_ids(),
+            [EngineImage(image.mm_hash, grid=grid, embeddings=embeddings)],
+            Sampling(max_tokens=self.num_tokens, ignore_eos=True),
+        )
+        return await timed((t async for c in chunks for t in c.token_ids), start)
+
     async def epd_raw(self, data: bytes, request_id: str) -> Timed:
         from epd.v1 import generation_pb2, multimodal_pb2
         from epd.v1 import prefill_service_pb2 as pb
@@ -251,7 +273,7 @@ class Bench:
 
 
 async def measure(
-    preset_name: str, num_requests: int, num_tokens: int, with_pd: bool
+    preset_name: str, num_requests: int, num_tokens: int, with_pd: bool, gap_s: float = 0.0
 ) -> dict[str, dict[str, float]]:
     from epd.server.engine.tiny_model import build_tiny_model, preset
 
@@ -262,6 +284,7 @@ async def measure(
         paths = {
             "monolithic": bench.monolithic,
             "E/PD": bench.e_pd,
+            "engine from embeddings": bench.engine_embeddings,
             "EPD": bench.epd_raw,
         }
         if with_pd:
@@ -272,6 +295,7 @@ async def measure(
             for i in range(num_requests + 1):  # request 0 of each path warms it up
                 for name, run in paths.items():
                     seed += 1
+                    await asyncio.sleep(gap_s)
                     outcome = await run(png(seed, SIZES[preset_name]), f"{name}-{i}")
                     if i:
                         results[name].append(outcome)
@@ -288,12 +312,12 @@ def summarise(timings: list[Timed]) -> dict[str, float]:
 
 def report(figures: dict[str, dict[str, dict[str, float]]]) -> None:
     header = f"{'TTFT ms':>8} {'x mono':>7} {'decode tok/s':>13} {'x mono':>7}"
-    print(f"{'preset':7} {'path':15} {header}")
+    print(f"{'preset':7} {'path':22} {header}")
     for preset_name, paths in figures.items():
         mono = paths["monolithic"]
         for name, row in paths.items():
             print(
-                f"{preset_name:7} {name:15} {row['ttft_ms']:8.1f} "
+                f"{preset_name:7} {name:22} {row['ttft_ms']:8.1f} "
                 f"{row['ttft_ms'] / mono['ttft_ms']:7.2f} {row['decode_tok_s']:13.1f} "
                 f"{row['decode_tok_s'] / mono['decode_tok_s']:7.2f}"
             )
@@ -306,10 +330,13 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=10, help="requests per path (default 10)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens per request (default 32)")
     parser.add_argument("--no-pd", action="store_true", help="skip E/P/D (two fewer engines)")
+    parser.add_argument(
+        "--gap-s", type=float, default=0.0, help="idle before each request (default 0)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     figures = {
-        name: asyncio.run(measure(name, args.requests, args.tokens, not args.no_pd))
+        name: asyncio.run(measure(name, args.requests, args.tokens, not args.no_pd, args.gap_s))
         for name in args.presets.split(",")
     }
     if args.json:
