@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
-from epd.server.engine.vllm_process import default_cpu_threads
+from epd.server.engine.vllm_process import model_cpus
 
 UP_KV_CACHE_MB = 128
 SHARED_GPU_MEMORY = 0.9
@@ -56,7 +56,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--cpu-threads",
         type=int,
-        help="vLLM on CPU: each engine's model threads (default: the CPUs this process may use "
+        help="vLLM on CPU: each engine's model threads (default: vLLM's CPU binding, one per "
+        "physical core of the first NUMA node less those vLLM reserves and at most every CPU "
         "but one, split evenly between the engines)",
     )
     add(
@@ -82,7 +83,8 @@ def engine_settings(
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     if kind == CPU and args.cpu_threads is None and num_engines > 1 and not engines_pinned:
-        flags += ["--cpu-threads", str(max(1, default_cpu_threads() // num_engines))]
+        threads = model_cpus(None, kv=True)[1]
+        flags += ["--cpu-threads", str(max(1, threads // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
     kv_cache_mb = args.kv_cache_mb

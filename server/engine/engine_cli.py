@@ -142,9 +142,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-threads",
         type=int,
         default=_optional_int(env("EPD_CPU_THREADS")),
-        help="on CPU: the model's threads (env EPD_CPU_THREADS; default for vLLM: every CPU "
-        "this process may use but one, as vLLM's CPU worker would have; for the transformers "
-        "engine: the --cpus count when given, else torch's default)",
+        help="on CPU: the model's threads (env EPD_CPU_THREADS; default for vLLM: as vLLM's CPU "
+        "worker would bind them, VLLM_CPU_OMP_THREADS_BIND: a CPU list it names, or one per "
+        "physical core of the first NUMA node less those vLLM reserves and at most every CPU "
+        "but one; for the transformers engine: the --cpus count when given, else torch's "
+        "default)",
     )
     add(
         "--kv-host",

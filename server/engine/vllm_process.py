@@ -6,11 +6,13 @@ environment variables: around an engine's creation, restored after."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from epd.common.cpus import allowed_cpus, pin_threads
@@ -20,6 +22,8 @@ from epd.server.engine.vllm_stats import LoadTracker
 
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
+
+logger = logging.getLogger(__name__)
 
 
 def side_channel_port(host: str, attempts: int = 64) -> int:
@@ -68,10 +72,12 @@ def create_llm(args: Any, options: VllmOptions, tracker: LoadTracker, rpc_dir: P
     in ``rpc_dir``."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    with SIDE_CHANNEL_ENV_LOCK, environment(engine_environment(options, rpc_dir)):
+    on_cpu = device_type(options.device) == "cpu"
+    cpus, threads = model_cpus(options.cpu_threads, kv=bool(options.kv_role)) if on_cpu else ([], 0)
+    with SIDE_CHANNEL_ENV_LOCK, environment(engine_environment(options, rpc_dir, threads)):
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[tracker.factory])
-    if device_type(options.device) == "cpu":
-        keep_on_cpus(engine_core_pids(llm), allowed_cpus())
+    if on_cpu:
+        keep_on_cpus(engine_core_pids(llm), cpus)
     return llm
 
 
@@ -95,9 +101,10 @@ def keep_on_cpus(pids: list[int], cpus: list[int]) -> None:
         pin_threads(pid, cpus)
 
 
-def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
+def engine_environment(options: VllmOptions, rpc_dir: Path, threads: int = 0) -> dict[str, str]:
     """The variables vLLM reads while an engine is created (its EngineCore process inherits
-    them)."""
+    them). ``threads``: on CPU, the model's threads (``model_cpus``; 0: ``options.cpu_threads``,
+    else every CPU but one)."""
     environ = {"VLLM_RPC_BASE_PATH": str(rpc_dir)}
     if device_type(options.device) == "cpu":
         # NOTE: on CPU the model runs inside the EngineCore process (uni executor). vLLM's CPU
@@ -106,7 +113,7 @@ def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
         # cores the encoder, route and engine need (docs/performance.md has the figures).
         # OMP_NUM_THREADS keeps the model's threads where vLLM's worker would have them; set
         # by vLLM's own code it would become 1 (``set_torch_threads_for_runtime``).
-        threads = options.cpu_threads or default_cpu_threads()
+        threads = threads or options.cpu_threads or default_cpu_threads()
         environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=str(threads))
     if options.kv_role:
         environ.update(
@@ -114,6 +121,58 @@ def engine_environment(options: VllmOptions, rpc_dir: Path) -> dict[str, str]:
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(options.side_channel.port),
         )
     return environ
+
+
+def model_cpus(cpu_threads: int | None, *, kv: bool) -> tuple[list[int], int]:
+    """(CPUs, thread count) of a CPU engine's model; ``kv``: the engine hands off KV.
+
+    - ``cpu_threads`` given (a pinned service, or an explicit count): this process's CPUs, that
+      many threads.
+    - ``VLLM_CPU_OMP_THREADS_BIND`` naming CPUs: those, one thread each, as vLLM's worker.
+    - vLLM's automatic binding (the default): as many threads as the CPUs it would bind (one per
+      physical core of the first NUMA node, less those it reserves), and never more than every
+      CPU but one (where vLLM has too few CPUs to reserve any, the EngineCore still needs one:
+      it runs the model here), left on this process's CPUs: the services of a shared layout
+      time-share every CPU, and an engine pinned beside the others measured slower on 2 cores
+      (docs/performance.md).
+    - vLLM binding none (``nobind``): this process's CPUs, every one but one.
+    """
+    if cpu_threads:
+        return allowed_cpus(), cpu_threads
+    bound, automatic = vllm_bound_cpus(kv=kv)
+    if not bound:
+        return allowed_cpus(), default_cpu_threads()
+    if automatic:
+        return allowed_cpus(), min(len(bound), default_cpu_threads())
+    return bound, len(bound)
+
+
+def vllm_bound_cpus(*, kv: bool) -> tuple[list[int], bool]:
+    """The CPUs vLLM's CPU worker would bind its model threads to, and whether vLLM chose them
+    itself (``OMPProcessManager``: with ``VLLM_CPU_OMP_THREADS_BIND=auto``, one logical CPU
+    per physical core of the first allowed NUMA node, less the CPUs it reserves for the
+    EngineCore and, with ``kv``, for NIXL) or the variable named them. No CPUs where vLLM binds
+    none (``nobind``) or cannot say.
+
+    vLLM applies this only in its multiprocess executor, which epd does not use on CPU (the
+    model runs in the EngineCore), so epd asks the same class for its choice.
+    """
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            local_world_size=1, data_parallel_rank_local=None, _api_process_count=1
+        ),
+        kv_transfer_config=object() if kv else None,
+    )
+    try:
+        manager = OMPProcessManager(config)  # type: ignore[arg-type]
+    except (AssertionError, AttributeError, RuntimeError, ValueError) as e:
+        logger.warning("vLLM's CPU thread binding is unavailable (%s); using every CPU", e)
+        return [], False
+    if manager.skip_setup or not manager.cpu_lists:
+        return [], False
+    return sorted(manager.cpu_lists[0]), bool(manager.auto_setup)
 
 
 def default_cpu_threads() -> int:

@@ -34,15 +34,15 @@ async def test_on_cpu_the_model_runs_in_the_engine_core_process(
     assert not any(name.startswith("VLLM::Worker") for name in names), names
 
 
-def test_kv_engines_keep_every_cpu_of_their_service(engines) -> None:
+def test_kv_engines_keep_their_models_cpus(engines) -> None:
     """vLLM's NIXL connector pins the thread that builds it (on CPU: the model's, in the
-    EngineCore) to the last CPU; the engine puts its threads back on the service's CPUs."""
+    EngineCore) to the last CPU; the engine puts its threads back on the model's CPUs."""
     from epd.common.cpus import allowed_cpus
-    from epd.server.engine.vllm_process import engine_core_pids
+    from epd.server.engine.vllm_process import engine_core_pids, model_cpus
 
-    allowed = set(allowed_cpus())
-    if len(allowed) < 2:
+    if len(allowed_cpus()) < 2:
         pytest.skip("one CPU: the connector's pin is that CPU, nothing to restore")
+    allowed = set(model_cpus(None, kv=True)[0])
     for engine in engines:
         pids = engine_core_pids(engine._llm)
         assert pids

@@ -11,6 +11,7 @@ from epd.client import up_cli
 from epd.client.launcher import Topology
 from epd.client.up_engine import engine_settings
 from epd.server.engine.engine_cli import engine_options
+from epd.server.engine.vllm_process import model_cpus
 from epd.server.prefill import cli as prefill_cli
 
 
@@ -48,8 +49,9 @@ def test_on_cpu_engines_get_todays_cache_and_their_own_defaults() -> None:
     assert options.cpu_threads is None
 
 
-def test_two_cpu_engines_split_the_cpus_but_one_between_them() -> None:
-    threads = max(1, (len(os.sched_getaffinity(0)) - 1) // 2)
+def test_two_cpu_engines_split_the_model_threads_between_them() -> None:
+    threads = max(1, model_cpus(None, kv=True)[1] // 2)
+    assert model_cpus(None, kv=True)[1] <= max(1, len(os.sched_getaffinity(0)) - 1)
     kv_cache_mb, flags = engine_settings(parse_up(), "cpu", num_engines=2)
     assert flags == ("--device", "cpu", "--cpu-threads", str(threads))
     assert worker_options(flags, kv_cache_mb, "cpu").cpu_threads == threads

@@ -5,11 +5,20 @@ handshake listener."""
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
+import pytest
+
+from epd.common.cpus import allowed_cpus
 from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import SideChannel
-from epd.server.engine.vllm_process import default_cpu_threads, engine_environment
+from epd.server.engine.vllm_process import (
+    default_cpu_threads,
+    engine_environment,
+    model_cpus,
+    vllm_bound_cpus,
+)
 
 
 def test_cpu_engines_run_the_model_in_the_engine_core_with_every_cpu_but_one() -> None:
@@ -36,3 +45,45 @@ def test_kv_engines_name_their_handshake_listener() -> None:
     environ = engine_environment(options, Path("/r"))
     assert environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.2"
     assert environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+
+
+def test_the_threads_chosen_for_the_model_are_its_threads() -> None:
+    environ = engine_environment(VllmOptions(device="cpu", cpu_threads=2), Path("/r"), 3)
+    assert environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_an_engine_given_its_threads_keeps_its_services_cpus() -> None:
+    assert model_cpus(1, kv=False) == (allowed_cpus(), 1)
+
+
+def test_the_cpus_named_in_vllms_binding_variable_are_the_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = allowed_cpus()[0]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(first))
+    assert vllm_bound_cpus(kv=False) == ([first], False)
+    assert model_cpus(None, kv=False) == ([first], 1)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert vllm_bound_cpus(kv=False) == ([], False)
+    assert model_cpus(None, kv=False) == (allowed_cpus(), default_cpu_threads())
+
+
+def test_vllms_automatic_binding_counts_one_thread_per_physical_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    for kv in (False, True):
+        bound, automatic = vllm_bound_cpus(kv=kv)
+        assert automatic and bound and set(bound) <= set(allowed_cpus())
+        threads = min(len(bound), default_cpu_threads())
+        assert model_cpus(None, kv=kv) == (allowed_cpus(), threads)
+        if platform.machine() in ("x86_64", "AMD64"):  # NOTE: vLLM keeps SMT threads elsewhere
+            assert len({_physical_core(cpu) for cpu in bound}) == len(bound), bound
+    if len({_physical_core(cpu) for cpu in allowed_cpus()}) > 1:
+        assert len(vllm_bound_cpus(kv=False)[0]) < len(allowed_cpus())  # one left to the rest
+
+
+def _physical_core(cpu: int) -> tuple[str, str]:
+    topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    package = (topology / "physical_package_id").read_text().strip()
+    return package, (topology / "core_id").read_text().strip()
