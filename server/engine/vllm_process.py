@@ -167,7 +167,7 @@ def vllm_bound_cpus(*, kv: bool) -> tuple[list[int], bool]:
     )
     try:
         manager = OMPProcessManager(config)  # type: ignore[arg-type]
-    except (AssertionError, AttributeError, RuntimeError, ValueError) as e:
+    except (AssertionError, AttributeError, OSError, RuntimeError, ValueError) as e:
         logger.warning("vLLM's CPU thread binding is unavailable (%s); using every CPU", e)
         return [], False
     if manager.skip_setup or not manager.cpu_lists:
