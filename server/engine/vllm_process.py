@@ -168,7 +168,7 @@ def vllm_bound_cpus(*, kv: bool) -> tuple[list[int], bool]:
     try:
         manager = OMPProcessManager(config)  # type: ignore[arg-type]
     except (AssertionError, AttributeError, OSError, RuntimeError, ValueError) as e:
-        logger.warning("vLLM's CPU thread binding is unavailable (%s); using every CPU", e)
+        logger.warning("vLLM's CPU thread binding is unavailable (%s); using every CPU but one", e)
         return [], False
     if manager.skip_setup or not manager.cpu_lists:
         return [], False
