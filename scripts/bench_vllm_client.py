@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_e2e import serving, tiny_model_dir
+from bench_e2e import log, serving, tiny_model_dir
 
 from epd.client.cpu_layout import LAYOUTS
 
@@ -165,10 +165,6 @@ async def main(args: argparse.Namespace) -> int:
         for row in rows:
             print(format_row(row))
     return 0 if all(r["failed"] == 0 for r in rows) else 1
-
-
-def log(args: argparse.Namespace, message: str) -> None:
-    print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 if __name__ == "__main__":
