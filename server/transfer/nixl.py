@@ -52,6 +52,38 @@ RELEASE_PREFIX = b"epd-release:"
 AgentFactory = Callable[[], NixlAgent]
 
 
+class StartedOnUse:
+    """A NIXL agent and its pool of registered blocks, made on first use from any thread;
+    ``on_start`` runs once with the new agent before any caller gets it."""
+
+    def __init__(
+        self,
+        agent_factory: AgentFactory,
+        max_idle_bytes: int,
+        on_start: Callable[[NixlAgent], None] | None = None,
+    ) -> None:
+        self._agent_factory = agent_factory
+        self._max_idle = max_idle_bytes
+        self._on_start = on_start
+        self._lock = threading.Lock()
+        self.started: tuple[NixlAgent, RegisteredPool] | None = None
+        """The agent and its pool once made; None before."""
+
+    def get(self) -> tuple[NixlAgent, RegisteredPool]:
+        """The agent and its pool, made now if they are not yet."""
+        started = self.started
+        if started is not None:
+            return started
+        with self._lock:
+            if self.started is None:
+                agent = self._agent_factory()
+                pool = RegisteredPool(agent, self._max_idle)
+                if self._on_start is not None:
+                    self._on_start(agent)
+                self.started = (agent, pool)
+            return self.started
+
+
 @dataclass(slots=True)
 class Lent:
     """A caller's tensor registered in place (zero-copy), with its stamp slot and arena."""
@@ -88,32 +120,20 @@ class NixlProducer(TensorProducer):
         self.producer_endpoint = producer_endpoint
         self.ttl_s = ttl_s
         self.zero_copy_min_bytes = zero_copy_min_bytes
-        self._agent_factory = agent_factory
-        self._max_idle = max_idle_bytes
-        self._agent: NixlAgent | None = None
-        self._pool: RegisteredPool | None = None
+        self._nixl = StartedOnUse(
+            agent_factory,
+            max_idle_bytes,
+            on_start=lambda agent: agent.add_listener(self._on_notification),
+        )
         self._stamps: dict[torch.device | None, StampArena] = {}
         self._leases: LeaseTable[Block | Lent] = LeaseTable(clock)
-        self._started: tuple[NixlAgent, RegisteredPool] | None = None
         self._lock = threading.Lock()
         self.num_lent = 0
         self.lends_device_memory: bool | None = None
         """Whether this process's NIXL registers GPU memory: None until first tried."""
 
-    def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
-        started = self._started
-        if started is not None:
-            return started
-        with self._lock:
-            if self._started is None:
-                agent = self._agent = self._agent_factory()
-                self._pool = RegisteredPool(agent, self._max_idle)
-                agent.add_listener(self._on_notification)
-                self._started = (agent, self._pool)
-            return self._started
-
     def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
-        agent, pool = self._ensure_started()
+        agent, pool = self._nixl.get()
         ref = describe(tensor)
         if tensor.is_cpu and ref.byte_size >= max(1, self.zero_copy_min_bytes):
             lent = self._lend(agent, tensor, ref.byte_size, ttl_s)
@@ -155,7 +175,7 @@ class NixlProducer(TensorProducer):
         size, so it never crosses to the host here. Where this NIXL cannot register GPU memory
         (a build without CUDA), or the tensor is not a contiguous CUDA tensor, it is staged to
         a host block once, as ``put`` does; the first refusal is logged and remembered."""
-        agent, pool = self._ensure_started()
+        agent, pool = self._nixl.get()
         ref = describe(tensor)
         if tensor.device.type == "cuda" and self.lends_device_memory is not False:
             try:
@@ -229,36 +249,36 @@ class NixlProducer(TensorProducer):
         return True
 
     def _free(self, payload: Block | Lent) -> None:
+        agent, pool = self._nixl.get()  # NOTE: made already: every payload came from them
         if isinstance(payload, Lent):
-            assert self._agent is not None
             if payload.stamp_address:
                 payload.stamps.give_back(payload.stamp_address)
-            self._agent.unshare(payload.tensor.data_ptr())
+            agent.unshare(payload.tensor.data_ptr())
             return
-        assert self._pool is not None
-        self._pool.give_back(payload)
+        pool.give_back(payload)
 
     def held(self) -> list[LeaseInfo]:
-        if self._agent is not None:
-            self._agent.poll()
+        if self._nixl.started is not None:
+            self._nixl.started[0].poll()
         return self._leases.held()
 
     def reap_expired(self) -> int:
-        if self._agent is None or self._pool is None:
+        if self._nixl.started is None:
             return 0
-        self._agent.poll()
+        self._nixl.started[0].poll()
         expired = self._leases.pop_expired()
         for payload in expired:
             self._free(payload)
         return len(expired)
 
     def close(self) -> None:
-        if self._agent is None or self._pool is None:
+        if self._nixl.started is None:
             return
-        self._agent.remove_listener(self._on_notification)
+        agent, pool = self._nixl.started
+        agent.remove_listener(self._on_notification)
         for payload in self._leases.pop_all():
             self._free(payload)
-        self._pool.close()
+        pool.close()
         for stamps in self._stamps.values():
             stamps.close()
         self._stamps.clear()
@@ -266,7 +286,7 @@ class NixlProducer(TensorProducer):
     @property
     def num_blocks_created(self) -> int:
         """Blocks created (and registered) so far; the pool reuses them."""
-        return 0 if self._pool is None else self._pool.num_created
+        return 0 if self._nixl.started is None else self._nixl.started[1].num_created
 
     def _on_notification(self, peer: str, message: bytes) -> None:
         if message.startswith(RELEASE_PREFIX):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 import weakref
 
 import torch
 
 from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer
-from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory
+from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory, StartedOnUse
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool
 from epd.server.transfer.payload_layout import HEADER_BYTES, stamp_of
@@ -60,31 +59,15 @@ class NixlConsumer(TensorConsumer):
     ) -> None:
         self.release_after_read = release_after_read
         self.timeout_s = timeout_s
-        self._agent_factory = agent_factory
-        self._max_idle = max_idle_bytes
-        self._agent: NixlAgent | None = None
-        self._pool: RegisteredPool | None = None
-        self._started: tuple[NixlAgent, RegisteredPool] | None = None
-        self._lock = threading.Lock()
+        self._nixl = StartedOnUse(agent_factory, max_idle_bytes)
         self.buffers = WarmBuffers()
         self.reads_into_device: bool | None = None
         """Whether this process's NIXL registers GPU memory to READ into: None until tried."""
 
-    def _ensure_started(self) -> tuple[NixlAgent, RegisteredPool]:
-        started = self._started
-        if started is not None:
-            return started
-        with self._lock:
-            if self._started is None:
-                agent = self._agent = self._agent_factory()
-                self._pool = RegisteredPool(agent, self._max_idle)
-                self._started = (agent, self._pool)
-            return self._started
-
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
         dtype, shape = check_layout(ref)
         agent_name, memory_type, remote, is_stamped = remote_payload(ref)
-        agent, pool = self._ensure_started()
+        agent, pool = self._nixl.get()
         lease_id, byte_size = ref.lease_id, ref.byte_size
         agent.connect(agent_name, ref.nixl.agent_metadata)
         block = pool.acquire(byte_size)
@@ -138,7 +121,7 @@ class NixlConsumer(TensorConsumer):
             return super().get_on(ref, device)
         dtype, shape = check_layout(ref)
         agent_name, memory_type, remote, is_stamped = remote_payload(ref)
-        agent, _ = self._ensure_started()
+        agent, _ = self._nixl.get()
         agent.connect(agent_name, ref.nixl.agent_metadata)
         byte_size, device_id = ref.byte_size, device.index or 0
         buffer = torch.empty(HEADER_BYTES + byte_size, dtype=torch.uint8, device=device)
@@ -190,12 +173,12 @@ class NixlConsumer(TensorConsumer):
     @property
     def num_outstanding(self) -> int:
         """Receive blocks in use: READs in flight plus tensors still viewing a block."""
-        return 0 if self._pool is None else self._pool.num_outstanding
+        return 0 if self._nixl.started is None else self._nixl.started[1].num_outstanding
 
     def close(self) -> None:
         self.buffers.close()
-        if self._pool is not None:
-            self._pool.close()
+        if self._nixl.started is not None:
+            self._nixl.started[1].close()
 
 
 def mirror(remote: Regions, start: int, device_id: int = 0) -> Regions:
