@@ -157,8 +157,6 @@ def vllm_bound_cpus(*, kv: bool) -> tuple[list[int], bool]:
     vLLM applies this only in its multiprocess executor, which epd does not use on CPU (the
     model runs in the EngineCore), so epd asks the same class for its choice.
     """
-    from vllm.utils.ompmultiprocessing import OMPProcessManager
-
     config = SimpleNamespace(
         parallel_config=SimpleNamespace(
             local_world_size=1, data_parallel_rank_local=None, _api_process_count=1
@@ -166,8 +164,10 @@ def vllm_bound_cpus(*, kv: bool) -> tuple[list[int], bool]:
         kv_transfer_config=object() if kv else None,
     )
     try:
+        from vllm.utils.ompmultiprocessing import OMPProcessManager
+
         manager = OMPProcessManager(config)  # type: ignore[arg-type]
-    except (AssertionError, AttributeError, OSError, RuntimeError, ValueError) as e:
+    except (AssertionError, AttributeError, ImportError, OSError, RuntimeError, ValueError) as e:
         logger.warning("vLLM's CPU thread binding is unavailable (%s); using every CPU but one", e)
         return [], False
     if manager.skip_setup or not manager.cpu_lists:
