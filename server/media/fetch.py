@@ -124,7 +124,7 @@ def check_url(url: str, policy: MediaPolicy) -> None:
     """Refuse, before any I/O, a URL over the length limit or one with whitespace or control
     characters (urllib would quietly strip them and fetch another URL). A data: URL's payload
     is bounded by the byte limit instead and checked as it is decoded."""
-    comma = url.find(",") if url[:5].lower() == "data:" else -1
+    comma = url.find(",") if url_scheme(url) == "data" else -1
     head = url[:comma] if comma >= 0 else url
     if len(head) > policy.max_url_chars:
         what = "data URL header" if comma >= 0 else "URL"

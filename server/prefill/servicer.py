@@ -55,7 +55,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         async for chunk in self.worker.generate(
             request.request_id, request.model, request.prompt, sampling
         ):
-            if not num_tokens:
+            if chunk.token_ids and not num_tokens:
                 span.add_event(FIRST_TOKEN_EVENT)
             num_tokens += len(chunk.token_ids)
             yield pb.PrefillDecodeResponse(**convert.chunk_fields(chunk))
