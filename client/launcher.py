@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -202,7 +203,8 @@ TOPOLOGIES = {
     "e-pd": "E/PD: encoder(s), an aggregated prefill+decode worker",
     "ep-d": "EP/D: a worker that encodes and prefills, handing KV to a decode worker",
     "epd1": "EPD: one worker that encodes, prefills and decodes",
-    "dual-encoder": "E/PD with two encoders: one on the accelerator (auto), one on CPU",
+    "dual-encoder": "E/PD with two encoders: one on the accelerator (where there is one), one "
+    "on CPU",
 }
 PREFILL_MODES = {
     "epd": ["--mode", "prefill"],
@@ -212,6 +214,9 @@ PREFILL_MODES = {
     "dual-encoder": ["--mode", "prefill_decode"],
 }
 ENGINES = ("auto", "vllm", "transformers")
+AUTO_DEVICE = "auto"
+CPU_DEVICE = "cpu"
+ENCODER_DEVICE = re.compile(r"auto|cpu|(cuda|xpu)(:\d+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,9 @@ class Topology:
     ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
     memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
     ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
+    ``devices``: the device of each encoder, in order (their count follows it); empty: every
+    encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
+    on ``auto`` and one on CPU.
     """
 
     name: str = "epd"
@@ -233,6 +241,7 @@ class Topology:
     engine: str = "auto"
     engine_flags: tuple[str, ...] = ()
     cpus: tuple[tuple[str, str], ...] = ()
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:
@@ -245,6 +254,16 @@ class Topology:
                 f"topology {self.name} needs vllm (or use e-pd, epd1, "
                 "dual-encoder)"
             )
+        if self.devices and self.name in ("ep-d", "epd1"):
+            raise ValueError(
+                f"topology {self.name} starts no encoder (its worker encodes); encoder devices "
+                "apply to epd, e-pd and dual-encoder"
+            )
+        for device in self.devices:
+            if not ENCODER_DEVICE.fullmatch(device):
+                raise ValueError(
+                    f"encoder device {device!r}: expected auto, cpu, cuda, cuda:N, xpu or xpu:N"
+                )
         if any(t < 0 for t in self.encoder_threads):
             raise ValueError("encoder threads must be 0 (torch's default) or more")
         if len(self.encoder_threads) > len(self.encoder_devices):
@@ -265,9 +284,11 @@ class Topology:
         """Device of each encoder to start (none where the prefill worker encodes)."""
         if self.name in ("ep-d", "epd1"):
             return []
+        if self.devices:
+            return list(self.devices)
         if self.name == "dual-encoder":
-            return ["auto", "cpu"]
-        return ["cpu"] * self.num_encoders
+            return [AUTO_DEVICE, CPU_DEVICE]
+        return [AUTO_DEVICE] * self.num_encoders
 
     @property
     def has_decode(self) -> bool:
@@ -279,18 +300,22 @@ class Topology:
         """Engine workers started (they share the machine's accelerator)."""
         return 2 if self.has_decode else 1
 
-    def services(self, accelerator: bool) -> list[Service]:
-        """The services ``start_topology`` starts; engines and non-CPU encoders work on the
-        accelerator when ``accelerator``."""
+    def services(
+        self, accelerator: bool, engines_on_accelerator: bool | None = None
+    ) -> list[Service]:
+        """The services ``start_topology`` starts, on a machine with an ``accelerator`` (where
+        encoders on ``auto`` go) or not; engines work on it when ``engines_on_accelerator``
+        (default: when there is one), encoders when their device is not CPU."""
         engines = ["prefill", "decode"] if self.has_decode else ["prefill"]
+        on_accelerator = accelerator if engines_on_accelerator is None else engines_on_accelerator
         encoders = [
-            Service(f"encode{i}", accelerator and device != "cpu")
+            Service(f"encode{i}", device != CPU_DEVICE and (device != AUTO_DEVICE or accelerator))
             for i, device in enumerate(self.encoder_devices)
         ]
         return [
             Service("scheduler"),
             Service("route"),
-            *(Service(name, accelerator) for name in engines),
+            *(Service(name, on_accelerator) for name in engines),
             *encoders,
         ]
 

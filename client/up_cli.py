@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from epd.client.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
@@ -31,7 +32,15 @@ from epd.client.up_engine import add_engine_arguments, engine_settings
 from epd.common.cpus import allowed_cpus
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
-from epd.server.engine.device import CPU, device_type, resolve_device
+from epd.server.engine.device import (
+    CPU,
+    CUDA,
+    XPU,
+    cuda_device_index,
+    device_type,
+    resolve_device,
+    xpu_available,
+)
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
 DEFAULT_MAX_RESTARTS = 3
@@ -54,7 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items()) + " (default epd)",
     )
     parser.add_argument(
-        "--encoders", type=int, default=1, help="number of encoders for epd and e-pd (default 1)"
+        "--encoders",
+        type=int,
+        default=1,
+        help="number of encoders for epd and e-pd, each on --encoder-devices' default (default 1)",
+    )
+    parser.add_argument(
+        "--encoder-devices",
+        default="",
+        metavar="LIST",
+        help="the device of each encoder, in order, e.g. cuda,cuda,cpu (the number of encoders "
+        "follows the list; several may share one GPU): auto, cpu, cuda, cuda:N, xpu or xpu:N "
+        "(default: every encoder on auto, the accelerator where there is one, else CPU; "
+        "dual-encoder: auto,cpu)",
     )
     parser.add_argument(
         "--policy",
@@ -163,6 +184,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_devices(text: str, num_encoders: int) -> tuple[str, ...]:
+    """``"cuda,cuda,cpu"`` -> ("cuda", "cuda", "cpu"); ValueError when ``--encoders`` (if not
+    its default of 1) says another count."""
+    devices = tuple(part.strip() for part in text.split(",") if part.strip())
+    if devices and num_encoders not in (1, len(devices)):
+        raise ValueError(
+            f"--encoders {num_encoders} but --encoder-devices names {len(devices)}: give one"
+        )
+    return devices
+
+
+def check_encoder_devices(
+    devices: list[str], cuda_index: Callable[[], int | None] = cuda_device_index
+) -> None:
+    """ValueError naming an encoder device this machine lacks (CUDA or XPU)."""
+    for device in devices:
+        kind = device_type(device)
+        if kind == CUDA and cuda_index() is None:
+            raise ValueError(
+                f"--encoder-devices: {device} asked for, but CUDA is not available here"
+            )
+        if kind == XPU and not xpu_available():
+            raise ValueError(
+                f"--encoder-devices: {device} asked for, but XPU is not available here"
+            )
+
+
 def parse_counts(text: str) -> tuple[int, ...]:
     """``"2,1"`` -> (2, 1); ValueError names what is wrong."""
     try:
@@ -181,9 +229,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         args.encoder_threads = parse_counts(args.encoder_threads)
+        args.encoder_devices = parse_devices(args.encoder_devices, args.encoders)
         topology = Topology(
-            args.topology, args.encoders, encoder_threads=args.encoder_threads, engine=args.engine
+            args.topology,
+            args.encoders,
+            encoder_threads=args.encoder_threads,
+            engine=args.engine,
+            devices=args.encoder_devices,
         )
+        check_encoder_devices(topology.encoder_devices)
         args.device = resolve_device(args.device)
         args.cpu_plan = cpu_plan(args, topology)
     except ValueError as e:
@@ -263,6 +317,7 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         encoder_threads=args.encoder_threads,
         engine=args.engine,
         engine_flags=engine_flags,
+        devices=args.encoder_devices,
     ).with_cpus(plan)
     print(f"CPUs: {describe(plan)}", flush=True)
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
@@ -307,7 +362,8 @@ async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
 def cpu_plan(args: argparse.Namespace, topology: Topology) -> dict[str, list[int]]:
     """The CPUs of each service to pin, from --cpu-layout and --cpus; ValueError when they
     cannot be met."""
-    services = topology.services(accelerator=device_type(args.device) != CPU)
+    has_accelerator = cuda_device_index() is not None or xpu_available()
+    services = topology.services(has_accelerator, device_type(args.device) != CPU)
     pins = parse_pins(args.cpus, [service.name for service in services])
     return lay_out(services, allowed_cpus(), args.cpu_layout, pins)
 

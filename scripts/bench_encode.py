@@ -1,30 +1,40 @@
 """Encode-service benchmark against the same vision tower called directly, in one run.
 
-On the "small" preset (encoding costs real time), with distinct random images:
-- direct, batch 1: VisionEncoder.encode([image]) one after another;
-- direct, batch 8: VisionEncoder.encode(8 images) (the best the tower can do);
-- service, batch 1 and dynamic batching (max 8): 8 concurrent clients over loopback gRPC, one
-  image per request, embeddings handed over through shared memory and released;
+With distinct random 336x448 pictures (``--preset tiny`` builds the tiny model, whose tower costs
+little, as a GPU's does; ``small`` one whose CPU tower dominates; ``--model DIR`` any checkpoint):
+- direct, batch 1 and batch 8: ``VisionEncoder.encode`` (processor + tower) on decoded images,
+  one after another: the best the tower and its processor can do;
+- the service over loopback gRPC, 8 concurrent clients, one image per request, batch 1 and
+  dynamic batching (at most 8, no waiting), embeddings handed over through shared memory and
+  released; each picture either as PNG bytes (``bytes``: the encoder decodes and hashes it) or as
+  pixels the client shared tagged with their mm_hash, as the route shares them (``pixels``);
+- per image, in this process one stage at a time: PNG decode, mm_hash, preprocessing (the
+  processor, one image), tower (batch of 8, per image) and hand-off (put into shared memory and
+  release);
 - latency of one request, cold vs cache hit.
-Ratios: service throughput / direct throughput (target >= 0.9 at saturation), cache-hit latency /
-cold latency (target <= 0.1). With ``--device cuda`` the tower runs on the GPU (the service hands
-embeddings to a host-memory consumer: staged once into shared memory) and the table adds the
-largest difference of its embeddings from the CPU's in float32, relative to their largest value.
+Ratios: service (dynamic) / direct batch 8 for each input, cache-hit / cold latency. With
+``--device cuda`` the tower runs on the GPU (the service stages embeddings to a host-memory
+consumer once) and the table adds the largest difference of its embeddings from the CPU's in
+float32, relative to their largest value.
 
-    .venv/bin/python scripts/bench_encode.py [--images N] [--device cuda] [--dtype D] [--json]
+    .venv/bin/python scripts/bench_encode.py [--preset tiny|small | --model DIR] [--images N]
+        [--device cuda] [--dtype auto|float32|bfloat16|float16] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,11 +44,16 @@ from epd.common.channels import create_channel
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.tiny_model import build_tiny_model, preset
+from epd.server.media.decode import decode_image
+from epd.server.media.hashing import mm_hash, processor_fingerprint
+from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
-from epd.v1 import multimodal_pb2
+from epd.v1 import multimodal_pb2, tensor_pb2
 
 CONCURRENCY = 8
+INPUTS = ("bytes", "pixels")
 
 
 def images(count: int, seed: int) -> list[Image.Image]:
@@ -60,29 +75,81 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def direct(model_dir: Path, count: int, device: str, dtype: str) -> dict[str, float]:
-    encoder = VisionEncoder(model_dir, device=device, dtype=dtype)
-    encoder.encode(images(1, 0))
-    batch1 = images(count, 1)
-    synchronize(encoder.device)
+def per_image_ms(count: int, run: Callable[[], Any], device: torch.device) -> float:
+    synchronize(device)
     start = time.perf_counter()
-    for image in batch1:
-        encoder.encode([image])
-    synchronize(encoder.device)
-    single = count / (time.perf_counter() - start)
-    batched_images = images(count, 2)
-    start = time.perf_counter()
-    for i in range(0, count, CONCURRENCY):
-        encoder.encode(batched_images[i : i + CONCURRENCY])
-    synchronize(encoder.device)
-    return {"direct_b1_ips": single, "direct_b8_ips": count / (time.perf_counter() - start)}
+    run()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1000 / count
+
+
+def direct(encoder: VisionEncoder, count: int) -> dict[str, float]:
+    encoder.encode(images(CONCURRENCY, 0))
+    single, batched = images(count, 1), images(count, 2)
+    b1 = per_image_ms(count, lambda: [encoder.encode([image]) for image in single], encoder.device)
+    b8 = per_image_ms(
+        count,
+        lambda: [
+            encoder.encode(batched[i : i + CONCURRENCY]) for i in range(0, count, CONCURRENCY)
+        ],
+        encoder.device,
+    )
+    return {"direct_b1_ips": 1000 / b1, "direct_b8_ips": 1000 / b8}
+
+
+def stages(encoder: VisionEncoder, model_dir: Path, count: int) -> dict[str, float]:
+    """Milliseconds per image of each stage the service adds up, one at a time."""
+    pictures = images(count, 6)
+    payloads = [png(image) for image in pictures]
+    policy, fingerprint = MediaPolicy(), processor_fingerprint(model_dir)
+    arrays = [np.array(decode_image(data, policy)) for data in payloads]
+    tensors = [torch.from_numpy(array) for array in arrays]
+    prepared = [encoder.prepare(pixels) for pixels in tensors]
+    encoder.run(prepared[:CONCURRENCY])
+    embeddings: list[torch.Tensor] = []
+    plane = DataPlane(kinds=("shm",))
+    device = encoder.device
+    try:
+        figures = {
+            "decode_ms": per_image_ms(
+                count, lambda: [decode_image(data, policy) for data in payloads], device
+            ),
+            "hash_ms": per_image_ms(
+                count,
+                lambda: [
+                    mm_hash(a, model_id="m", processor_fingerprint=fingerprint) for a in arrays
+                ],
+                device,
+            ),
+            "preprocess_ms": per_image_ms(
+                count, lambda: [encoder.prepare(pixels) for pixels in tensors], device
+            ),
+            "tower_ms": per_image_ms(
+                count,
+                lambda: embeddings.extend(
+                    e
+                    for i in range(0, count, CONCURRENCY)
+                    for e, _ in encoder.run(prepared[i : i + CONCURRENCY])
+                ),
+                device,
+            ),
+        }
+
+        def hand_over() -> None:
+            for tensor in embeddings:
+                plane.release([plane.put(tensor, plane.host_id).lease_id])
+
+        figures["hand_off_ms"] = per_image_ms(count, hand_over, device)
+    finally:
+        plane.close()
+    return figures
 
 
 def difference_from_cpu(model_dir: Path, device: str, dtype: str) -> float:
     """Largest |device - CPU float32| over 4 images' embeddings, relative to the largest CPU
     value."""
     sample = images(4, 5)
-    reference = [e for e, _ in VisionEncoder(model_dir).encode(sample)]
+    reference = [e for e, _ in VisionEncoder(model_dir, dtype="float32").encode(sample)]
     measured = [e for e, _ in VisionEncoder(model_dir, device=device, dtype=dtype).encode(sample)]
     return max(
         float((m.float().cpu() - r).abs().max() / r.abs().max())
@@ -90,41 +157,72 @@ def difference_from_cpu(model_dir: Path, device: str, dtype: str) -> float:
     )
 
 
-async def service(
-    model_dir: Path, count: int, max_batch: int, seed: int, device: str, dtype: str
-) -> dict[str, float]:
-    app = await build_encode_server(
-        EncodeConfig(
-            model_dir, max_batch_size=max_batch, max_batch_wait_ms=10, device=device, dtype=dtype
-        )
-    )
-    payloads = [png(image) for image in images(count, seed)]
-    host = app.plane.host_id
-    async with create_channel(f"127.0.0.1:{app.port}") as channel:
-        stub = pb_grpc.EncodeServiceStub(channel)
-
-        async def one(data: bytes, mm_hash: str = "") -> tuple[float, pb.EncodeResponse]:
-            start = time.perf_counter()
-            request = pb.EncodeRequest(
-                items=[multimodal_pb2.MediaItem(data=data, mm_hash=mm_hash)], consumer_host_id=host
+@contextlib.contextmanager
+def shared_pixels(pictures: list[Image.Image], model_dir: Path) -> Iterator[list[Any]]:
+    """Each picture as the route hands it over: PNG bytes, mm_hash, and its pixels in shared
+    memory tagged with the mm_hash (the client's own plane holds them)."""
+    plane = DataPlane(kinds=("shm",))
+    fingerprint = processor_fingerprint(model_dir)
+    items = []
+    try:
+        for picture in pictures:
+            pixels = np.array(picture)
+            digest = mm_hash(pixels, model_id=model_dir.name, processor_fingerprint=fingerprint)
+            ref = plane.put(
+                torch.from_numpy(pixels),
+                plane.host_id,
+                preferred=tensor_pb2.TRANSFER_KIND_SHM,
+                content_tag=bytes.fromhex(digest),
             )
-            responses = [r async for r in stub.Encode(request)]
-            await stub.Release(pb.ReleaseRequest(lease_ids=[responses[0].embeddings.lease_id]))
-            return time.perf_counter() - start, responses[0]
+            items.append(multimodal_pb2.MediaItem(mm_hash=digest, data=png(picture), pixels=ref))
+        yield items
+    finally:
+        plane.close()
 
-        await one(png(images(1, 99)[0]))
-        queue = list(payloads)
 
-        async def client() -> None:
-            while queue:
-                await one(queue.pop())
+async def service(
+    model_dir: Path, count: int, max_batch: int, seed: int, on: tuple[str, str], given: str
+) -> dict[str, float]:
+    device, dtype = on
+    app = await build_encode_server(
+        EncodeConfig(model_dir, max_batch_size=max_batch, device=device, dtype=dtype)
+    )
+    host = app.plane.host_id
+    try:
+        async with create_channel(f"127.0.0.1:{app.port}") as channel:
+            stub = pb_grpc.EncodeServiceStub(channel)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
-        throughput = count / (time.perf_counter() - start)
-        cold = [await one(data) for data in (png(image) for image in images(5, seed + 7))]
-        hits = [(await one(b"", r.mm_hash))[0] for _, r in cold for _ in range(4)]
-    await app.stop()
+            async def one(item: multimodal_pb2.MediaItem) -> tuple[float, pb.EncodeResponse]:
+                start = time.perf_counter()
+                request = pb.EncodeRequest(items=[item], consumer_host_id=host)
+                responses = [r async for r in stub.Encode(request)]
+                await stub.Release(pb.ReleaseRequest(lease_ids=[responses[0].embeddings.lease_id]))
+                return time.perf_counter() - start, responses[0]
+
+            await one(multimodal_pb2.MediaItem(data=png(images(1, 99)[0])))
+            with shared_pixels(images(count + 5, seed), model_dir) as shared:
+                items = (
+                    shared
+                    if given == "pixels"
+                    else [multimodal_pb2.MediaItem(data=item.data) for item in shared]
+                )
+                queue, later = items[:count], items[count:]
+
+                async def client() -> None:
+                    while queue:
+                        await one(queue.pop())
+
+                start = time.perf_counter()
+                await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+                throughput = count / (time.perf_counter() - start)
+                cold = [await one(item) for item in later]
+            hits = [
+                (await one(multimodal_pb2.MediaItem(mm_hash=r.mm_hash)))[0]
+                for _, r in cold
+                for _ in range(4)
+            ]
+    finally:
+        await app.stop()
     return {
         "ips": throughput,
         "cold_ms": statistics.median(t for t, _ in cold) * 1000,
@@ -132,58 +230,88 @@ async def service(
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=48, help="images per measurement")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
-    parser.add_argument(
-        "--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    args = parser.parse_args()
+def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     on = (args.device, args.dtype)
-    with tempfile.TemporaryDirectory() as folder:
-        model_dir = build_tiny_model(Path(folder) / "small", preset("small"))
-        figures = direct(model_dir, args.images, *on)
-        b1 = asyncio.run(service(model_dir, args.images, 1, 3, *on))
-        dyn = asyncio.run(service(model_dir, args.images, CONCURRENCY, 4, *on))
-        if args.device != "cpu":
-            figures["max_relative_difference_from_cpu"] = difference_from_cpu(model_dir, *on)
-    figures.update(
-        {
-            "service_b1_ips": b1["ips"],
-            "service_dynamic_ips": dyn["ips"],
-            "cold_ms": dyn["cold_ms"],
-            "cache_hit_ms": dyn["hit_ms"],
-        }
-    )
-    figures["service_vs_direct_b8"] = figures["service_dynamic_ips"] / figures["direct_b8_ips"]
-    figures["service_b1_vs_direct_b1"] = figures["service_b1_ips"] / figures["direct_b1_ips"]
-    figures["hit_vs_cold"] = figures["cache_hit_ms"] / figures["cold_ms"]
-    if args.json:
-        print(json.dumps(figures))
-        return 0
-    print(f"{'':26} {'images/s':>9}")
-    for label, key in (
-        ("direct, batch 1", "direct_b1_ips"),
-        ("direct, batch 8", "direct_b8_ips"),
-        ("service, batch 1", "service_b1_ips"),
-        ("service, dynamic (<=8)", "service_dynamic_ips"),
-    ):
-        print(f"{label:26} {figures[key]:9.1f}")
+    encoder = VisionEncoder(model_dir, device=args.device, dtype=args.dtype)
+    figures: dict[str, Any] = {"model": model_dir.name, "device": str(encoder.device)}
+    figures["dtype"] = str(encoder.dtype).removeprefix("torch.")
+    figures.update(direct(encoder, args.images))
+    figures.update(stages(encoder, model_dir, args.images))
+    del encoder
+    for given in INPUTS:
+        b1 = asyncio.run(service(model_dir, args.images, 1, 3, on, given))
+        dynamic = asyncio.run(service(model_dir, args.images, CONCURRENCY, 4, on, given))
+        figures[f"service_{given}_b1_ips"] = b1["ips"]
+        figures[f"service_{given}_dynamic_ips"] = dynamic["ips"]
+        figures[f"service_{given}_vs_direct_b8"] = dynamic["ips"] / figures["direct_b8_ips"]
+        figures[f"service_{given}_b1_vs_direct_b1"] = b1["ips"] / figures["direct_b1_ips"]
+        figures[f"{given}_cold_ms"] = dynamic["cold_ms"]
+        figures[f"{given}_cache_hit_ms"] = dynamic["hit_ms"]
+    figures["hit_vs_cold"] = figures["bytes_cache_hit_ms"] / figures["bytes_cold_ms"]
+    if args.device != "cpu":
+        figures["max_relative_difference_from_cpu"] = difference_from_cpu(model_dir, *on)
+    return figures
+
+
+def print_table(figures: dict[str, Any]) -> None:
+    print(f"model {figures['model']} on {figures['device']} ({figures['dtype']})")
+    print(f"{'':34} {'images/s':>9}")
+    rows = [("direct, batch 1", "direct_b1_ips"), ("direct, batch 8", "direct_b8_ips")]
+    for given in INPUTS:
+        rows += [
+            (f"service, {given}, batch 1", f"service_{given}_b1_ips"),
+            (f"service, {given}, dynamic (<=8)", f"service_{given}_dynamic_ips"),
+        ]
+    for label, key in rows:
+        print(f"{label:34} {figures[key]:9.1f}")
+    for given in INPUTS:
+        print(
+            f"service ({given}) dynamic / direct batch 8: "
+            f"{figures[f'service_{given}_vs_direct_b8']:.2f}x; batch 1 / batch 1: "
+            f"{figures[f'service_{given}_b1_vs_direct_b1']:.2f}x"
+        )
     print(
-        f"service dynamic / direct batch 8: {figures['service_vs_direct_b8']:.2f}x (target >= 0.9)"
+        "per image, one stage at a time: "
+        + ", ".join(
+            f"{name} {figures[f'{name}_ms']:.2f} ms"
+            for name in ("decode", "hash", "preprocess", "tower", "hand_off")
+        )
     )
-    print(f"service batch 1 / direct batch 1: {figures['service_b1_vs_direct_b1']:.2f}x")
     print(
-        f"latency cold {figures['cold_ms']:.1f} ms, cache hit {figures['cache_hit_ms']:.2f} ms: "
-        f"{figures['hit_vs_cold']:.3f}x (target <= 0.1)"
+        f"latency cold {figures['bytes_cold_ms']:.1f} ms (pixels {figures['pixels_cold_ms']:.1f}),"
+        f" cache hit {figures['bytes_cache_hit_ms']:.2f} ms: {figures['hit_vs_cold']:.3f}x"
     )
     if "max_relative_difference_from_cpu" in figures:
         print(
-            f"{args.device} {args.dtype} vs CPU float32, largest relative difference: "
+            f"{figures['device']} {figures['dtype']} vs CPU float32, largest relative difference: "
             f"{figures['max_relative_difference_from_cpu']:.2e}"
         )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--preset", choices=["tiny", "small"], default="tiny", help="model to build (default tiny)"
+    )
+    parser.add_argument("--model", type=Path, help="a checkpoint directory instead of a preset")
+    parser.add_argument("--images", type=int, default=48, help="images per measurement")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on an accelerator, float32 on CPU), float32, bfloat16 or float16",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args()
+    if args.images < CONCURRENCY or args.images % CONCURRENCY:
+        parser.error(f"--images must be a multiple of {CONCURRENCY}")
+    with tempfile.TemporaryDirectory() as folder:
+        model_dir = args.model or build_tiny_model(Path(folder) / args.preset, preset(args.preset))
+        figures = measure(model_dir, args)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_table(figures)
     return 0
 
 

@@ -167,7 +167,7 @@ class Bench:
         from epd.v1 import multimodal_pb2
 
         image = await self.loader.load(data=data)
-        t, h, w = self.gridder.grid(image.image)
+        t, h, w = self.gridder.grid_of_size(image.width, image.height)
         item = multimodal_pb2.MediaItem(mm_hash=image.mm_hash, data=data)
         return item, multimodal_pb2.ImageGrid(t=t, h=h, w=w)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epd.common.cpus import allowed_cpus
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.encode.batcher import DynamicBatcher
@@ -36,8 +38,8 @@ class EncodeConfig:
 
     model_dir: Path
     model_id: str = ""
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "auto"
+    dtype: str = "auto"
     worker_id: str = ""
     weight: float = 1.0
     max_batch_size: int = 8
@@ -50,6 +52,10 @@ class EncodeConfig:
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
     max_inline_ms: float = 10.0
     transfer: TransferOptions = field(default_factory=TransferOptions)
+    # threads that decode and prepare images beside the tower (0: one per CPU this process may use)
+    preprocess_threads: int = 0
+    # where the image processor runs: auto (the tower's device where it can) or cpu
+    preprocess_device: str = "auto"
 
 
 @dataclass
@@ -66,7 +72,7 @@ class EncodeApp:
     async def stop(self, grace: float | None = 0) -> None:
         """Drain, stop, free every payload."""
         await self.server.drain_and_stop(grace)
-        await self.worker.batcher.close()
+        await self.worker.close()
         self.plane.close()
 
 
@@ -75,10 +81,18 @@ async def build_encode_server(
 ) -> EncodeApp:
     """Load the vision tower, start serving, register with the scheduler (if any)."""
     options = options or ServerOptions()
-    encoder = VisionEncoder(config.model_dir, device=config.device, dtype=config.dtype)
+    encoder = VisionEncoder(
+        config.model_dir,
+        device=config.device,
+        dtype=config.dtype,
+        preprocess_device=config.preprocess_device,
+    )
     model_id = config.model_id or config.model_dir.name
+    pool = ThreadPoolExecutor(
+        config.preprocess_threads or len(allowed_cpus()), thread_name_prefix="epd-prepare"
+    )
     batcher = DynamicBatcher(
-        encoder.encode,
+        encoder.run,
         max_items=config.max_batch_size,
         max_wait_s=config.max_batch_wait_ms / 1000,
         inline_below_s=config.max_inline_ms / 1000,
@@ -87,6 +101,7 @@ async def build_encode_server(
         config.media,
         model_id=model_id,
         processor_fingerprint=processor_fingerprint(config.model_dir),
+        executor=pool,
     )
     plane = DataPlane.from_options(
         config.transfer, lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind
@@ -95,12 +110,14 @@ async def build_encode_server(
     cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
     worker = EncodeWorker(
         batcher,
+        encoder.prepare,
         loader,
         plane,
         cache,
         worker_id=config.worker_id,
         model_id=model_id,
         gridder=ImageGridder(config.model_dir),
+        pool=pool,
     )
     binding = ServiceBinding(
         SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server

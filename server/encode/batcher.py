@@ -97,10 +97,14 @@ class DynamicBatcher(Generic[Item, Result]):
             deadline = time.monotonic() + self.max_wait_s
             while len(batch) < self.max_items:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 and self._queue.empty():
-                    break
+                if remaining <= 0:
+                    # NOTE: not wait_for(get(), 0), which times out before get() runs at all.
+                    if self._queue.empty():
+                        break
+                    batch.append(self._queue.get_nowait())
+                    continue
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), max(remaining, 0)))
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
                 except TimeoutError:
                     break
             live = [(item, future) for item, future in batch if not future.cancelled()]

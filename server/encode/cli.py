@@ -12,6 +12,7 @@ from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_dir import require_model_dir
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
@@ -34,14 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device",
-        default=env("EPD_ENCODER_DEVICE", "cpu"),
-        help="cpu, cuda, cuda:N, xpu or auto (env EPD_ENCODER_DEVICE; default cpu)",
+        default=env("EPD_ENCODER_DEVICE", "auto"),
+        help="cpu, cuda, cuda:N, xpu or auto: the accelerator where there is one, else CPU "
+        "(env EPD_ENCODER_DEVICE; default auto)",
     )
     parser.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "float16", "bfloat16"],
-        help="vision tower dtype (default float32)",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="vision tower dtype (default auto: bfloat16 on an accelerator, float32 on CPU)",
     )
     parser.add_argument(
         "--threads",
@@ -50,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads of the vision tower (env EPD_ENCODER_THREADS; default "
         "0: the --cpus count when given, else torch's default, one per core); give CPU "
         "encoders that share a machine with engines fewer",
+    )
+    parser.add_argument(
+        "--preprocess-threads",
+        type=int,
+        default=int(env("EPD_PREPROCESS_THREADS", "0")),
+        help="threads that decode images and run the model's image processor, in parallel with "
+        "the tower (env EPD_PREPROCESS_THREADS; default 0: one per CPU this process may use)",
+    )
+    parser.add_argument(
+        "--preprocess-device",
+        choices=PREPROCESS_DEVICES,
+        default="auto",
+        help="where the image processor runs: auto (the tower's device where the processor can "
+        "run there: transformers' torchvision backend; else CPU) or cpu (default auto)",
     )
     parser.add_argument(
         "--worker-id",
@@ -132,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 "batch size must be >= 1; wait, inline time and cache must not be negative"
             )
-        if args.threads < 0:
-            raise ValueError("--threads must be 0 (torch's default) or more")
+        if args.threads < 0 or args.preprocess_threads < 0:
+            raise ValueError("--threads and --preprocess-threads must be 0 (the default) or more")
         config = EncodeConfig(
             args.model,
             args.model_id,
@@ -150,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
             args.lease_ttl_s,
             max_inline_ms=args.max_inline_ms,
             transfer=transfer_options(args),
+            preprocess_threads=args.preprocess_threads,
+            preprocess_device=args.preprocess_device,
         )
         options = server_options(args)
         cpus = pin_to_cpus(args)
@@ -177,6 +195,6 @@ async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
         flush=True,
     )
     await serve(app.server)
-    await app.worker.batcher.close()
+    await app.worker.close()
     app.plane.close()
     return 0

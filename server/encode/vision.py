@@ -12,30 +12,48 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
+
+from epd.server.engine.device import xpu_available
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+AUTO_DTYPE = "auto"
+AUTO_DEVICE = "auto"
+PREPROCESS_DEVICES = (AUTO_DEVICE, "cpu")
+Grid = tuple[int, int, int]
+
+
+def dtype_for(device: torch.device, dtype: str) -> str:
+    """``dtype``, or for ``auto`` bfloat16 on an accelerator and float32 on CPU."""
+    if dtype != AUTO_DTYPE:
+        return dtype
+    return "float32" if device.type == "cpu" else "bfloat16"
+
+
+def _preprocess_device(processor: Any, device: torch.device, asked: str) -> str | None:
+    """The device the processor runs on (None: its own default, the CPU)."""
+    if asked not in PREPROCESS_DEVICES:
+        raise ValueError(f"preprocess device must be one of {', '.join(PREPROCESS_DEVICES)}")
+    if asked == "cpu" or device.type == "cpu":
+        return None
+    return str(device) if getattr(processor, "backend", None) == "torchvision" else None
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda, else xpu, else cpu; other names are checked to be usable. An accelerator
     comes with its index (``cuda`` -> ``cuda:0``, the current device): the name registered."""
     if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        else:
-            xpu = getattr(torch, "xpu", None)
-            name = "xpu" if xpu is not None and xpu.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "xpu" if xpu_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name} asked for, but CUDA is not available here")
-    if device.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+    if device.type == "xpu" and not xpu_available():
         raise ValueError(f"device {name} asked for, but XPU is not available here")
     if device.index is None and device.type in ("cuda", "xpu"):
         return torch.device(device.type, getattr(torch, device.type).current_device())
@@ -64,22 +82,39 @@ def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One image made ready for the tower: its pixel inputs (``ModelFamily.pixel_inputs``), on
+    the device that made them, and its grid [1, 3]."""
+
+    pixel_values: Any
+    grid: torch.Tensor
+
+
 class VisionEncoder:
     """Preprocess images and run the vision tower on a batch of them."""
 
     def __init__(
-        self, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32"
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = AUTO_DTYPE,
+        preprocess_device: str = AUTO_DEVICE,
     ) -> None:
+        """``preprocess_device``: where the image processor runs: ``auto`` (the tower's device
+        where the processor can run there: transformers' torchvision backend; else CPU) or
+        ``cpu``."""
         from transformers import AutoConfig, AutoImageProcessor
 
         from epd.server.models.registry import family_of
 
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
+        if dtype != AUTO_DTYPE and dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
         family = family_of(self.model_dir)
         self.device = resolve_device(device)
-        self.dtype = DTYPES[dtype]
+        self.dtype = DTYPES[dtype_for(self.device, dtype)]
         if self.device.type == "cuda" and self.dtype == torch.float32:
             # NOTE: cuDNN convolutions (the patch embedding) default to TF32 on Ampere and later,
             # which moves embeddings by ~1e-2 relative; float32 asked means float32 computed.
@@ -96,6 +131,7 @@ class VisionEncoder:
         self.model = model.to(dtype=self.dtype).eval()
         self.family = family
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
+        self.preprocess_device = _preprocess_device(self.processor, self.device, preprocess_device)
         self.config = config
         self.merge_size = family.merge_size(config)
         self.hidden_size = int(vision_config.hidden_size)
@@ -104,27 +140,44 @@ class VisionEncoder:
             "vision tower of %s on %s (%s, %d parameters)",
             self.model_dir.name,
             self.device,
-            dtype,
+            dtype_for(self.device, dtype),
             self.num_parameters,
         )
 
-    def preprocess(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pixel patches of all images, concatenated, and their grids [num_images, 3]."""
-        pixel_values, grids = self.family.pixel_inputs(self.processor, images, self.config)
-        return pixel_values, grids
+    def preprocess(self, images: list[Any]) -> tuple[Any, torch.Tensor]:
+        """Pixel inputs of all ``images`` (Pillow images or uint8 [3, height, width] tensors) in
+        one processor call, and their grids [num_images, 3]."""
+        return self.family.pixel_inputs(
+            self.processor, images, self.config, device=self.preprocess_device
+        )
 
-    def grid_of(self, image: Image.Image) -> tuple[int, int, int]:
-        """The (t, h, w) patch grid the processor makes of ``image``."""
-        _, grid = self.preprocess([image])
-        t, h, w = (int(v) for v in grid[0])
-        return t, h, w
+    def prepare(self, pixels: torch.Tensor) -> Prepared:
+        """The pixel inputs of one image given as its RGB pixels (uint8 [height, width, 3], a
+        view is enough: they are read before this returns), made by the model's processor on
+        ``preprocess_device``; thread-safe, so images are prepared in parallel, apart from the
+        tower."""
+        pixel_values, grid = self.preprocess([pixels.permute(2, 0, 1)])
+        return Prepared(pixel_values, grid)
 
     @torch.inference_mode()
-    def encode(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
-        """Embeddings [num_tokens, hidden] and grid of each image, in one tower call. The
-        embeddings stay on the encoder's device: the data plane hands them over from there
-        (device to device over NIXL, or staged to host memory once)."""
-        pixel_values, grid = self.preprocess(images)
+    def run(self, prepared: list[Prepared]) -> list[tuple[torch.Tensor, Grid]]:
+        """Embeddings [num_tokens, hidden] and grid of each prepared image, in one tower call."""
+        if len(prepared) == 1:
+            pixel_values, grid = prepared[0].pixel_values, prepared[0].grid
+        else:
+            pixel_values, grid = self.family.join_pixel_inputs(
+                [(p.pixel_values, p.grid) for p in prepared]
+            )
+        return self._tower(pixel_values, grid)
+
+    @torch.inference_mode()
+    def encode(self, images: list[Any]) -> list[tuple[torch.Tensor, Grid]]:
+        """Embeddings [num_tokens, hidden] and grid of each image, preprocessed together, in one
+        tower call. The embeddings stay on the encoder's device: the data plane hands them over
+        from there (device to device over NIXL, or staged to host memory once)."""
+        return self._tower(*self.preprocess(images))
+
+    def _tower(self, pixel_values: Any, grid: torch.Tensor) -> list[tuple[torch.Tensor, Grid]]:
         merged = self.family.image_embeddings(
             self.model, pixel_values.to(self.device, self.dtype), grid.to(self.device)
         )

@@ -10,8 +10,15 @@ An item given by mm_hash alone is answered from the cache or from an encoding of
 flight, else refused (MM_HASH_NOT_CACHED).
 
 An item may carry its decoded pixels (a data-plane reference held by the route): read on this
-host, they replace fetching and decoding the source, once they hash to the item's mm_hash; on any
-failure to read them, or a mismatch, the source is loaded as if they were absent.
+host, they replace fetching, decoding and hashing the source. The route tags their shared-memory
+segment with the item's mm_hash (``payload_layout``) and only the route writes it, so the pixels
+are trusted as that image after a check of the tag before and after reading them, whatever their
+size; on any failure to read them, or another tag, the source is loaded as if they were absent.
+Content from anywhere else (a URL, bytes) is decoded and hashed here, and an mm_hash sent with it
+must match.
+
+Images are made ready for the tower (the model's processor) one by one in a pool, in parallel
+with the tower running the previous batch; the batcher then runs the tower alone.
 """
 
 from __future__ import annotations
@@ -19,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
 
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
+from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import mm_hash
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
-from epd.server.media.pixels import image_of
+from epd.server.media.pixels import check_pixels
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
@@ -65,6 +71,14 @@ class EncodedItem:
 
 
 @dataclass(frozen=True, slots=True)
+class _Pixels:
+    """An image's pixels shared by the route, tagged with their mm_hash."""
+
+    ref: tensor_pb2.TensorRef
+    mm_hash: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Encoded:
     entry: CachedEmbedding
     batch_size: int
@@ -84,7 +98,8 @@ class EncodeWorker:
 
     def __init__(
         self,
-        batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]],
+        batcher: DynamicBatcher[Prepared, tuple[torch.Tensor, Grid]],
+        prepare: Callable[[torch.Tensor], Prepared],
         loader: MediaLoader,
         plane: DataPlane,
         cache: EmbeddingCache,
@@ -92,17 +107,23 @@ class EncodeWorker:
         worker_id: str,
         model_id: str,
         gridder: ImageGridder | None = None,
+        pool: Executor | None = None,
     ) -> None:
-        """``gridder`` (the model's processor rules) refuses images the processor cannot take
-        before they reach a batch; without it such an image fails in the tower."""
+        """``batcher`` runs the tower on prepared images, ``prepare`` (thread-safe) makes an
+        image's RGB pixels ready for it, in ``pool`` (None: asyncio's default executor; the
+        loader should decode there too). ``gridder`` (the model's processor rules) refuses
+        images the processor cannot take before they reach a batch; without it such an image
+        fails in the tower."""
         self.batcher = batcher
+        self.prepare = prepare
+        self.pool = pool
         self.gridder = gridder
         self.loader = loader
         self.plane = plane
         self.cache = cache
         self.worker_id = worker_id
         self.model_id = model_id
-        self._encoding: dict[str, asyncio.Task[_Encoded]] = {}
+        self._encoding: dict[str, asyncio.Task[_Encoded | None]] = {}
         self.num_in_flight = 0
 
     async def encode(
@@ -168,6 +189,12 @@ class EncodeWorker:
             computed.batch_size,
         )
 
+    async def close(self) -> None:
+        """Stop the tower's batcher and the preparing pool (waiting items fail)."""
+        await self.batcher.close()
+        if isinstance(self.pool, ThreadPoolExecutor):
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
     def release(self, lease_ids: list[str]) -> int:
         """Free the payloads of ``lease_ids``; unknown ones are ignored."""
         return self.plane.release(lease_ids)
@@ -193,9 +220,13 @@ class EncodeWorker:
             return _Computed(hit, item.mm_hash, True, 0.0)
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
-        loaded = await self._from_pixels(item)
-        if loaded is None:
-            loaded = await self.loader.load(url=item.url, data=item.data)
+        if item.pixels is not None and item.mm_hash:
+            start = time.monotonic()
+            shared = _Pixels(item.pixels, item.mm_hash)
+            if (encoded := await self._encode_once(item.mm_hash, shared)) is not None:
+                seconds = time.monotonic() - start
+                return _Computed(encoded.entry, item.mm_hash, False, seconds, encoded.batch_size)
+        loaded = await self.loader.load(url=item.url, data=item.data)
         if item.mm_hash and item.mm_hash != loaded.mm_hash:
             raise InvalidArgument(
                 f"mm_hash {item.mm_hash} does not match the image ({loaded.mm_hash}); the caller "
@@ -205,47 +236,42 @@ class EncodeWorker:
         if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
             return _Computed(hit, loaded.mm_hash, True, 0.0)
         if self.gridder is not None:
-            self.gridder.grid(loaded.image)  # raises InvalidArgument (BAD_IMAGE_SHAPE)
+            # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
+            self.gridder.grid_of_size(loaded.width, loaded.height)
         start = time.monotonic()
-        encoded = await self._encode_once(loaded.mm_hash, loaded.image)
-        return _Computed(
-            encoded.entry, loaded.mm_hash, False, time.monotonic() - start, encoded.batch_size
-        )
+        encoded = None
+        while encoded is None:
+            # NOTE: None only where this joined another request's encoding from shared pixels
+            # that could not be read: that one has ended, so the next call encodes these.
+            encoded = await self._encode_once(loaded.mm_hash, loaded)
+        seconds = time.monotonic() - start
+        return _Computed(encoded.entry, loaded.mm_hash, False, seconds, encoded.batch_size)
 
-    async def _from_pixels(self, item: MediaSource) -> LoadedImage | None:
-        """The image of ``item.pixels`` if readable here and hashing to ``item.mm_hash``."""
-        if item.pixels is None or not item.mm_hash:
-            return None
+    async def _prepare(self, source: _Pixels | LoadedImage) -> Prepared | None:
+        """``source`` prepared for the tower (in the pool unless it is small), or None when the
+        route's shared pixels cannot be read here, or no longer hold the image they are tagged
+        with once read (the lease was released meanwhile): then the source is loaded."""
+        if isinstance(source, LoadedImage):
+            return await self._in_pool(torch.from_numpy(source.pixels))
         try:
-            pixels = self.plane.get(item.pixels).numpy()
-            # NOTE: building the image copies the pixels, then the hash walks them: off the loop
-            # for all but small images, as the loader does for decoding.
-            if pixels.size <= 3 * INLINE_DECODE_PIXELS:
-                loaded = self._hashed(pixels)
-            else:
-                loaded = await asyncio.to_thread(self._hashed, pixels)
+            prepared = await self._in_pool(self._shared_pixels(source))
+            self._shared_pixels(source)  # NOTE: still tagged so after the read: it read them
         except EpdError as e:
-            logger.debug("pixels of %s unreadable here (%s): loading the source", item.mm_hash, e)
+            logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
             return None
-        if loaded.mm_hash != item.mm_hash:
-            logger.warning(
-                "pixels hash to %s, not to the item's mm_hash %s: loading the source",
-                loaded.mm_hash,
-                item.mm_hash,
-            )
-            return None
-        return loaded
+        return prepared
 
-    def _hashed(self, pixels: np.ndarray) -> LoadedImage:
-        image = image_of(pixels, self.loader.policy)
-        return LoadedImage(
-            image,
-            mm_hash(
-                image,
-                model_id=self.loader.model_id,
-                processor_fingerprint=self.loader.processor_fingerprint,
-            ),
-        )
+    def _shared_pixels(self, source: _Pixels) -> torch.Tensor:
+        """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
+        (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
+        be read here or are not tagged so."""
+        pixels = self.plane.get(source.ref, content_tag=bytes.fromhex(source.mm_hash))
+        return check_pixels(pixels, self.loader.policy)
+
+    async def _in_pool(self, pixels: torch.Tensor) -> Prepared:
+        if pixels.numel() <= 3 * INLINE_DECODE_PIXELS:
+            return self.prepare(pixels)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.prepare, pixels)
 
     async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
         """The embeddings of ``mm_hash`` from the cache or an encoding in flight."""
@@ -259,23 +285,36 @@ class EncodeWorker:
             )
         start = time.monotonic()
         encoded = await asyncio.shield(task)
+        if encoded is None:
+            raise InvalidArgument(
+                f"mm_hash {mm_hash} is not cached on this encoder; send the "
+                "image (url or data) with it",
+                reason="MM_HASH_NOT_CACHED",
+            )
         return _Computed(
             encoded.entry, mm_hash, False, time.monotonic() - start, encoded.batch_size
         )
 
-    async def _encode_once(self, mm_hash: str, image: Image.Image) -> _Encoded:
+    async def _encode_once(self, mm_hash: str, source: _Pixels | LoadedImage) -> _Encoded | None:
+        """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile;
+        None if ``source`` is shared pixels that cannot be read (nothing was encoded)."""
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
         # request that is cancelled stops waiting without failing the others.
         task = self._encoding.get(mm_hash)
         if task is None:
-            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, image))
+            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source))
             task.add_done_callback(_retrieve_exception)
             self._encoding[mm_hash] = task
         return await asyncio.shield(task)
 
-    async def _encode_and_cache(self, mm_hash: str, image: Image.Image) -> _Encoded:
+    async def _encode_and_cache(
+        self, mm_hash: str, source: _Pixels | LoadedImage
+    ) -> _Encoded | None:
         try:
-            (embeddings, grid), batch_size = await self.batcher.submit_sized(image)
+            prepared = await self._prepare(source)
+            if prepared is None:
+                return None
+            (embeddings, grid), batch_size = await self.batcher.submit_sized(prepared)
         finally:
             self._encoding.pop(mm_hash, None)
         entry = CachedEmbedding(embeddings, grid)

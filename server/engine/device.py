@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 CPU = "cpu"
 CUDA = "cuda"
+XPU = "xpu"
 DEVICE_CHOICES = ("auto", CPU, CUDA)
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -22,6 +23,14 @@ def cuda_device_index() -> int | None:
     import torch
 
     return 0 if torch.cuda.is_available() else None
+
+
+def xpu_available() -> bool:
+    """Whether an Intel XPU is usable here (imports torch)."""
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return xpu is not None and bool(xpu.is_available())
 
 
 def resolve_device(name: str, cuda_index: Callable[[], int | None] = cuda_device_index) -> str:

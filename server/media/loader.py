@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
 from epd.common.errors import EpdError, InvalidArgument
@@ -23,10 +25,26 @@ INLINE_DECODE_PIXELS = 256 * 256
 
 @dataclass(frozen=True, slots=True)
 class LoadedImage:
-    """A decoded image and its content hash."""
+    """A decoded image, as its RGB pixels (uint8 [height, width, 3], never written: shared by
+    every request for the same source), and its content hash."""
 
-    image: Image.Image
+    pixels: np.ndarray
     mm_hash: str
+
+    @property
+    def width(self) -> int:
+        """Width in pixels."""
+        return int(self.pixels.shape[1])
+
+    @property
+    def height(self) -> int:
+        """Height in pixels."""
+        return int(self.pixels.shape[0])
+
+    @property
+    def image(self) -> Image.Image:
+        """A Pillow image of the pixels (a copy), for engines that take one."""
+        return Image.fromarray(self.pixels)
 
 
 class MediaLoader:
@@ -40,9 +58,13 @@ class MediaLoader:
         processor_fingerprint: str,
         cache_items: int = 256,
         cache_bytes: int = 256 << 20,
+        executor: Executor | None = None,
     ) -> None:
         """``cache_items`` / ``cache_bytes`` (decoded RGB bytes) bound the cache of decoded
-        images; 0 items disables it (concurrent loads of one source are still shared)."""
+        images; 0 items disables it (concurrent loads of one source are still shared).
+        ``executor``: where images too large to decode on the event loop are decoded (None:
+        asyncio's default executor)."""
+        self.executor = executor
         self.policy = policy
         self.model_id = model_id
         self.processor_fingerprint = processor_fingerprint
@@ -51,6 +73,7 @@ class MediaLoader:
             cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes
         )
         self.num_refused: Counter[str] = Counter()  # by error reason, for metrics
+        self.num_decoded = 0  # images decoded (and hashed): loads that missed the cache
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
         """Decode the image at ``url`` or in ``data`` (exactly one must be given). A refusal
@@ -84,19 +107,23 @@ class MediaLoader:
 
     async def _off_loop(self, raw: bytes) -> LoadedImage:
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
-        return await asyncio.to_thread(self._decode_and_hash, raw)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, self._decode_and_hash, raw
+        )
 
     def _decodes_inline(self, raw: bytes) -> bool:
         pixels = declared_pixels(raw, self.policy)
         return pixels is not None and pixels <= INLINE_DECODE_PIXELS
 
     def _decode_and_hash(self, raw: bytes) -> LoadedImage:
-        image = decode_image(raw, self.policy)
+        # NOTE: np.array, not np.asarray: Pillow's array is read-only, which torch refuses to wrap.
+        pixels = np.array(decode_image(raw, self.policy))
         digest = mm_hash(
-            image, model_id=self.model_id, processor_fingerprint=self.processor_fingerprint
+            pixels, model_id=self.model_id, processor_fingerprint=self.processor_fingerprint
         )
-        return LoadedImage(image, digest)
+        self.num_decoded += 1
+        return LoadedImage(pixels, digest)
 
 
 def _decoded_bytes(loaded: LoadedImage) -> int:
-    return loaded.image.width * loaded.image.height * len(loaded.image.getbands())
+    return int(loaded.pixels.nbytes)

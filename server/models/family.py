@@ -96,6 +96,18 @@ def separately_batched_items(embeddings: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
+def device_argument(device: str | None) -> dict[str, Any]:
+    """The keyword argument that runs an image processor on ``device`` (none for None)."""
+    return {} if device is None else {"device": device}
+
+
+def image_size(image: Any) -> tuple[int, int]:
+    """(width, height) of a Pillow image or of a [3, height, width] tensor."""
+    if hasattr(image, "width"):
+        return int(image.width), int(image.height)
+    return int(image.shape[-1]), int(image.shape[-2])
+
+
 class ModelFamily(ABC):
     """One architecture family; instances are stateless and shared."""
 
@@ -153,14 +165,24 @@ class ModelFamily(ABC):
         """Grid cells per embedding row along each side (rows = t x h x w / merge_size**2)."""
         return 1
 
-    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
-        """``processor`` (the checkpoint's image processor) on ``images``: the pixel values the
-        tower takes and the grids [num_images, 3] (default: the processor's ``image_grid_thw``).
-        Callers only move the pixel values (``.to(device, dtype)``) and hand them to
-        ``image_embeddings``: a family whose tower needs more than pixels gives a ``BatchFeature``
-        (LLaVA-OneVision: its pixel values and image sizes)."""
-        inputs = processor(images=images, return_tensors="pt")
+    def pixel_inputs(
+        self, processor: Any, images: list[Any], config: Any, device: str | None = None
+    ) -> tuple[Any, Any]:
+        """``processor`` (the checkpoint's image processor) on ``images`` (Pillow images or uint8
+        [3, height, width] tensors), on ``device`` (None: the processor's default): the pixel
+        values the tower takes and the grids [num_images, 3] (default: the processor's
+        ``image_grid_thw``). Callers only move the pixel values (``.to(device, dtype)``) and
+        hand them to ``image_embeddings``: a family whose tower needs more than pixels gives a
+        ``BatchFeature`` (LLaVA-OneVision: its pixel values and image sizes)."""
+        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
         return inputs["pixel_values"], inputs["image_grid_thw"]
+
+    def join_pixel_inputs(self, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """``pixel_inputs`` of images made one at a time, joined into what ``image_embeddings``
+        takes for all of them in one call (default: pixel values and grids concatenated)."""
+        import torch
+
+        return torch.cat([pixels for pixels, _ in parts]), torch.cat([grid for _, grid in parts])
 
     def embedding_width(self, config: Any) -> int:
         """Width of an image's embedding rows as encoders hand them over and engines take them,

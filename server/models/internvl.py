@@ -30,6 +30,7 @@ from epd.server.models.family import (
     Grid,
     ModelFamily,
     TinySizes,
+    device_argument,
     separately_batched_items,
     tiny_text_config,
 )
@@ -138,10 +139,14 @@ class InternVl(ModelFamily):
         num_tiles = processor.get_number_of_image_patches(height, width, _images_kwargs())
         return 1, 1, int(num_tiles) * rows_per_tile(config)
 
-    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+    def pixel_inputs(
+        self, processor: Any, images: list[Any], config: Any, device: str | None = None
+    ) -> tuple[Any, Any]:
         import torch
 
-        inputs = processor(images=images, return_tensors="pt", **_images_kwargs())
+        inputs = processor(
+            images=images, return_tensors="pt", **_images_kwargs(), **device_argument(device)
+        )
         rows = rows_per_tile(config)
         grids = [(1, 1, int(num_tiles) * rows) for num_tiles in inputs["num_patches"]]
         return inputs["pixel_values"], torch.tensor(grids)

@@ -19,7 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import Grid, ModelFamily, TinySizes, tiny_text_config
+from epd.server.models.family import (
+    Grid,
+    ModelFamily,
+    TinySizes,
+    device_argument,
+    image_size,
+    tiny_text_config,
+)
 
 PATCH_SIZE = 14
 IMAGE_TOKEN = "<image>"
@@ -105,12 +112,14 @@ class Llava(ModelFamily):
             rows += 1
         return 1, 1, rows
 
-    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+    def pixel_inputs(
+        self, processor: Any, images: list[Any], config: Any, device: str | None = None
+    ) -> tuple[Any, Any]:
         import torch
 
-        pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
-        grids = [self.image_grid(image.width, image.height, config, processor) for image in images]
-        return pixel_values, torch.tensor(grids)
+        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
+        grids = [self.image_grid(*image_size(image), config, processor) for image in images]
+        return inputs["pixel_values"], torch.tensor(grids)
 
     def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
         import torch

@@ -39,6 +39,8 @@ from epd.server.models.family import (
     Grid,
     ModelFamily,
     TinySizes,
+    device_argument,
+    image_size,
     separately_batched_items,
     tiny_text_config,
 )
@@ -116,14 +118,32 @@ class LlavaOnevision(ModelFamily):
     def model_tower(self, model: Any) -> Any:
         return model.model
 
-    def pixel_inputs(self, processor: Any, images: list[Any], config: Any) -> tuple[Any, Any]:
+    def pixel_inputs(
+        self, processor: Any, images: list[Any], config: Any, device: str | None = None
+    ) -> tuple[Any, Any]:
         import torch
         from transformers import BatchFeature
 
-        inputs = processor(images=images, return_tensors="pt")
+        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
         pixels = BatchFeature({key: inputs[key] for key in ("pixel_values", "image_sizes")})
-        grids = [self.image_grid(image.width, image.height, config, processor) for image in images]
+        grids = [self.image_grid(*image_size(image), config, processor) for image in images]
         return pixels, torch.tensor(grids)
+
+    def join_pixel_inputs(self, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """Each image's tiles padded with zero tiles to the most any has, as the processor pads
+        a batch (``image_embeddings`` reads each image's own tiles only)."""
+        import torch
+        from transformers import BatchFeature
+
+        tiles = [pixels["pixel_values"] for pixels, _ in parts]
+        most = max(int(image.shape[1]) for image in tiles)
+        padded = [
+            torch.nn.functional.pad(image, (0, 0, 0, 0, 0, 0, 0, most - image.shape[1]))
+            for image in tiles
+        ]
+        sizes = torch.cat([pixels["image_sizes"] for pixels, _ in parts])
+        grids = torch.cat([grid for _, grid in parts])
+        return BatchFeature({"pixel_values": torch.cat(padded), "image_sizes": sizes}), grids
 
     def image_embeddings(self, tower: Any, pixel_values: Any, grid: Any) -> Any:
         """As transformers' ``LlavaOnevisionModel.get_image_features`` (every image tiled):

@@ -27,8 +27,7 @@ from opentelemetry import trace
 from epd.common.errors import EpdError, NotFound
 from epd.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
-from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
-from epd.server.media.pixels import pixels_of
+from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import Detokenizer
 from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
@@ -195,24 +194,19 @@ class RouteWorker:
     async def _attach_pixels(
         self, items: list[Media], loaded: Sequence[LoadedImage], leases: list[str]
     ) -> None:
-        """Put the pixels of each of ``loaded`` into the data plane and name them in its item;
-        each lease goes into ``leases`` as soon as it exists (the caller releases them). Best
-        effort: an image whose pixels cannot be put is sent by its source alone."""
-        if self.plane is None or not items:
+        """Put the pixels of each of ``loaded`` into the data plane, tagged with the image's
+        mm_hash (encoders trust them as that image, ``payload_layout``), and name them in its
+        item; each lease goes into ``leases`` as soon as it exists (the caller releases them).
+        Best effort: an image whose pixels cannot be put is sent by its source alone."""
+        if self.plane is None:
             return
-        images = [image.image for image in loaded]
-        if sum(image.width * image.height for image in images) <= INLINE_DECODE_PIXELS:
-            arrays = [pixels_of(image) for image in images]
-        else:
-            arrays = await asyncio.to_thread(lambda: [pixels_of(image) for image in images])
-        for item, pixels in zip(items, arrays, strict=True):
-            if pixels is None:
-                continue
+        for item, image in zip(items, loaded, strict=True):
             try:
                 ref = self.plane.put(
-                    torch.from_numpy(pixels),
+                    torch.from_numpy(image.pixels),
                     self.plane.host_id,
                     preferred=tensor_pb2.TRANSFER_KIND_SHM,
+                    content_tag=bytes.fromhex(image.mm_hash),
                 )
             except (EpdError, OSError) as e:
                 logger.debug(
@@ -310,7 +304,7 @@ class RouteWorker:
         return messages, media
 
     def _grid(self, image: LoadedImage) -> multimodal_pb2.ImageGrid:
-        t, h, w = self.grids.grid(image.image)
+        t, h, w = self.grids.grid_of_size(image.width, image.height)
         return multimodal_pb2.ImageGrid(t=t, h=h, w=w)
 
     async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:

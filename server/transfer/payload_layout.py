@@ -1,8 +1,12 @@
 """The payload layout both memory backends share (``shm.py``, ``nixl.py``).
 
-A payload sits behind a 64-byte lease stamp: ``MAGIC``, then the lease id, zero-padded. A
-consumer checks the stamp after reading, so a reference whose lease was released (and whose
-buffer now holds another tensor) fails instead of returning someone else's data. Pooled buffers
+A payload sits behind a 64-byte stamp: ``MAGIC``, then the lease id, zero-padded to
+``LEASE_STAMP_BYTES``, then an optional content tag, zero-padded. A consumer checks the lease part
+after reading, so a reference whose lease was released (and whose buffer now holds another
+tensor) fails instead of returning someone else's data. The content tag is what the producer
+says the payload is (the route tags an image's pixels with their mm_hash): only the producer
+writes its buffers, so a consumer that finds the tag it expects trusts the payload's identity
+without walking it, whoever sent it the reference. Pooled buffers
 (shm segments, registered NIXL blocks) are reused by size class: stamp + payload rounded up to a
 power of two.
 """
@@ -10,6 +14,8 @@ power of two.
 from __future__ import annotations
 
 HEADER_BYTES = 64
+LEASE_STAMP_BYTES = 40
+CONTENT_TAG_BYTES = 16
 MAGIC = b"EPDSHM01"
 MIN_PAYLOAD_CLASS_BYTES = 64 << 10
 
@@ -21,6 +27,15 @@ def size_class(num_bytes: int) -> int:
     return HEADER_BYTES + (1 << (payload - 1).bit_length())
 
 
-def stamp_of(lease_id: str) -> bytes:
-    """The 64-byte header of a buffer holding the payload of ``lease_id``."""
-    return (MAGIC + lease_id.encode()).ljust(HEADER_BYTES, b"\0")
+def stamp_of(lease_id: str, content_tag: bytes = b"") -> bytes:
+    """The 64-byte header of a buffer holding the payload of ``lease_id``, tagged with
+    ``content_tag`` (empty, or ``CONTENT_TAG_BYTES`` bytes)."""
+    if len(content_tag) not in (0, CONTENT_TAG_BYTES):
+        raise ValueError(f"a content tag has {CONTENT_TAG_BYTES} bytes, not {len(content_tag)}")
+    lease = (MAGIC + lease_id.encode()).ljust(LEASE_STAMP_BYTES, b"\0")
+    return (lease + content_tag).ljust(HEADER_BYTES, b"\0")
+
+
+def content_tag_of(header: bytes | bytearray | memoryview) -> bytes:
+    """The content tag in a buffer's ``header`` (zeros where none was given)."""
+    return bytes(header[LEASE_STAMP_BYTES : LEASE_STAMP_BYTES + CONTENT_TAG_BYTES])

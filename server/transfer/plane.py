@@ -182,9 +182,11 @@ class DataPlane:
         consumer_device: str = "",
         preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
         ttl_s: float | None = None,
+        content_tag: bytes = b"",
     ) -> tensor_pb2.TensorRef:
         """Hand ``tensor`` (host or device memory) over for a consumer on ``consumer_host_id``
-        that reads it into ``consumer_device`` (empty: host memory); returns the reference."""
+        that reads it into ``consumer_device`` (empty: host memory); returns the reference.
+        ``content_tag`` (shared memory only) names the payload for ``get(..., content_tag=)``."""
         on_device = tensor.device.type == "cuda"  # NOTE: the device memory NIXL registers
         kind = self.choose(
             consumer_host_id, preferred, on_device=on_device, consumer_device=consumer_device
@@ -201,7 +203,13 @@ class DataPlane:
         if tensor.requires_grad:
             tensor = tensor.detach()
         producer = self.producers[kind]
-        if isinstance(producer, NixlProducer) and on_device and is_accelerator(consumer_device):
+        if content_tag:
+            if not isinstance(producer, ShmProducer):
+                raise FailedPrecondition(
+                    "a content tag needs shared memory", reason="TRANSFER_UNAVAILABLE"
+                )
+            ref = producer.put(tensor, ttl_s=ttl_s, content_tag=content_tag)
+        elif isinstance(producer, NixlProducer) and on_device and is_accelerator(consumer_device):
             ref = producer.lend_from_device(tensor, ttl_s=ttl_s)
         else:
             ref = producer.put(tensor, ttl_s=ttl_s)
@@ -209,11 +217,18 @@ class DataPlane:
         return ref
 
     def get(
-        self, ref: tensor_pb2.TensorRef, *, copy: bool = False, device: str = ""
+        self,
+        ref: tensor_pb2.TensorRef,
+        *,
+        copy: bool = False,
+        device: str = "",
+        content_tag: bytes = b"",
     ) -> torch.Tensor:
         """The tensor behind ``ref``: a view valid until its lease is released, or a copy; on
         ``device`` (an accelerator) a tensor of its own there, read straight into it where the
-        backend can (NIXL with device memory), else copied up from the host view."""
+        backend can (NIXL with device memory), else copied up from the host view. With
+        ``content_tag``, only a shared-memory payload its producer tagged so (else
+        FailedPrecondition: CONTENT_MISMATCH)."""
         location = ref.WhichOneof("location")
         expire_time_ms = ref.lease_expire_time_ms
         if expire_time_ms and expire_time_ms < time.time() * 1000:
@@ -224,7 +239,13 @@ class DataPlane:
                 f"this process cannot read {location or 'a missing'} location",
                 reason="BAD_TENSOR_REF",
             )
-        if is_accelerator(device):
+        if content_tag:
+            if not isinstance(consumer, ShmConsumer):
+                raise FailedPrecondition(
+                    f"a {location} payload carries no content tag", reason="CONTENT_MISMATCH"
+                )
+            tensor = consumer.get(ref, copy=copy, content_tag=content_tag)
+        elif is_accelerator(device):
             tensor = consumer.get_on(ref, torch.device(device))
         else:
             tensor = consumer.get(ref, copy=copy)

@@ -30,7 +30,14 @@ from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
-from epd.server.transfer.payload_layout import HEADER_BYTES, MAGIC, size_class, stamp_of
+from epd.server.transfer.payload_layout import (
+    HEADER_BYTES,
+    LEASE_STAMP_BYTES,
+    MAGIC,
+    content_tag_of,
+    size_class,
+    stamp_of,
+)
 from epd.server.transfer.shm_mappings import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_MAPPINGS,
@@ -67,8 +74,8 @@ class Segment:
     buffer: mmap.mmap
     address: int
 
-    def stamp(self, lease_id: str) -> None:
-        self.buffer[:HEADER_BYTES] = stamp_of(lease_id)
+    def stamp(self, lease_id: str, content_tag: bytes = b"") -> None:
+        self.buffer[:HEADER_BYTES] = stamp_of(lease_id, content_tag)
 
 
 class SegmentPool:
@@ -152,7 +159,11 @@ class ShmProducer(TensorProducer):
         self._pool = SegmentPool(shm_dir, max_idle_bytes)
         self._leases: LeaseTable[Segment] = LeaseTable(clock)
 
-    def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
+    def put(
+        self, tensor: torch.Tensor, *, ttl_s: float | None = None, content_tag: bytes = b""
+    ) -> tensor_pb2.TensorRef:
+        """As ``TensorProducer.put``; ``content_tag`` goes into the segment's stamp, where
+        ``get(..., content_tag=)`` checks it (``payload_layout``)."""
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
         copy_payload(segment.address + HEADER_BYTES, tensor)
@@ -163,7 +174,7 @@ class ShmProducer(TensorProducer):
             location=segment.name,
             ttl_s=ttl_s or self.ttl_s,
         )
-        segment.stamp(info.lease_id)
+        segment.stamp(info.lease_id, content_tag)
         ref.shm.CopyFrom(
             tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES, size=ref.byte_size)
         )
@@ -233,7 +244,11 @@ class ShmConsumer(TensorConsumer):
         )
         self.buffers = WarmBuffers()
 
-    def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
+    def get(
+        self, ref: tensor_pb2.TensorRef, *, copy: bool = False, content_tag: bytes = b""
+    ) -> torch.Tensor:
+        """As ``TensorConsumer.get``; with ``content_tag``, FailedPrecondition (CONTENT_MISMATCH)
+        unless the producer tagged the payload so."""
         dtype = check_ref(ref)
         location = ref.shm
         if ref.host_id != self.host_id:
@@ -254,11 +269,12 @@ class ShmConsumer(TensorConsumer):
         if ref.byte_size <= SMALL_COPY_BYTES:
             fd = self._open(location.name)
             try:
-                return self._read(fd, ref, dtype)
+                return self._read(fd, ref, dtype, content_tag)
             finally:
                 os.close(fd)
         cache = self.copies if copy else self.views
-        view = cache.take(location.name, ref.lease_id, stamp_of(ref.lease_id)) or self._map(
+        lease_stamp = stamp_of(ref.lease_id)[:LEASE_STAMP_BYTES]
+        view = cache.take(location.name, ref.lease_id, lease_stamp) or self._map(
             cache, location.name, ref.lease_id
         )
         if location.offset + location.size > len(view):
@@ -267,7 +283,7 @@ class ShmConsumer(TensorConsumer):
                 f"reference needs {location.offset + location.size}",
                 reason="TENSOR_SIZE_MISMATCH",
             )
-        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
+        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id, content_tag)
         if not copy:
             payload_view = view[location.offset :]
             cache.lend(location.name, payload_view)
@@ -298,7 +314,9 @@ class ShmConsumer(TensorConsumer):
                 reason="SEGMENT_NOT_FOUND",
             ) from None
 
-    def _read(self, fd: int, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
+    def _read(
+        self, fd: int, ref: tensor_pb2.TensorRef, dtype: torch.dtype, content_tag: bytes
+    ) -> torch.Tensor:
         """A private copy read with ``preadv`` (no mapping to set up and tear down)."""
         location = ref.shm
         header = bytearray(HEADER_BYTES)
@@ -313,7 +331,7 @@ class ShmConsumer(TensorConsumer):
                 f"needs ({location.offset + location.size} bytes)",
                 reason="TENSOR_SIZE_MISMATCH",
             )
-        _check_stamp(header, location.name, ref.lease_id)
+        _check_stamp(header, location.name, ref.lease_id, content_tag)
         return from_bytes(payload, ref, dtype)
 
     def _map(self, cache: MappingCache, name: str, lease_id: str) -> memoryview:
@@ -340,10 +358,19 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
-def _check_stamp(header: bytes | bytearray | memoryview, name: str, lease_id: str) -> None:
-    """NotFound unless the segment header carries ``lease_id`` (else its lease was released)."""
-    if header[: len(MAGIC)] != MAGIC or header[8:40] != lease_id.encode():
+def _check_stamp(
+    header: bytes | bytearray | memoryview, name: str, lease_id: str, content_tag: bytes = b""
+) -> None:
+    """NotFound unless the segment header carries ``lease_id`` (else its lease was released);
+    FailedPrecondition unless it carries ``content_tag`` too, when one is expected."""
+    if header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : LEASE_STAMP_BYTES] != lease_id.encode():
         raise NotFound(
             f"lease {lease_id} was released: segment {name} no longer holds its payload",
             reason="LEASE_RELEASED",
+        )
+    if content_tag and content_tag_of(header) != content_tag:
+        raise FailedPrecondition(
+            f"segment {name} does not hold the payload its reference names (content tag "
+            f"{content_tag.hex()} expected)",
+            reason="CONTENT_MISMATCH",
         )

@@ -12,8 +12,8 @@ from epd.client.launcher import PREFILL_MODES, TOPOLOGIES, Deployment, Topology
 @pytest.mark.parametrize(
     ("name", "devices", "has_decode", "mode"),
     [
-        ("epd", ["cpu", "cpu"], True, "prefill"),
-        ("e-pd", ["cpu", "cpu"], False, "prefill_decode"),
+        ("epd", ["auto", "auto"], True, "prefill"),
+        ("e-pd", ["auto", "auto"], False, "prefill_decode"),
         ("ep-d", [], True, "encode_prefill"),
         ("epd1", [], False, "encode_prefill"),
         ("dual-encoder", ["auto", "cpu"], False, "prefill_decode"),
@@ -45,7 +45,7 @@ def test_encoder_threads_go_to_their_encoders_in_order() -> None:
     assert topology.encoder_args(1) == ["--device", "cpu", "--threads", "1"]
     assert Topology("e-pd", num_encoders=2, encoder_threads=(1,)).encoder_args(1) == [
         "--device",
-        "cpu",
+        "auto",
     ]
 
 
@@ -55,3 +55,39 @@ def test_encoder_threads_that_do_not_fit_are_refused(threads: tuple[int, ...]) -
         Topology("dual-encoder", encoder_threads=threads)
     with pytest.raises(ValueError):
         Topology("epd1", encoder_threads=(1,))
+
+
+def test_encoders_go_where_their_devices_say_and_count_by_them() -> None:
+    topology = Topology("e-pd", devices=("cuda", "cuda:1", "cpu"))
+    assert topology.encoder_devices == ["cuda", "cuda:1", "cpu"]
+    assert [topology.encoder_args(i) for i in range(3)] == [
+        ["--device", "cuda"],
+        ["--device", "cuda:1"],
+        ["--device", "cpu"],
+    ]
+    assert Topology("dual-encoder", devices=("cpu", "cpu")).encoder_devices == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize(
+    ("name", "devices"), [("e-pd", ("gpu",)), ("e-pd", ("cuda:x",)), ("epd1", ("cpu",))]
+)
+def test_encoder_devices_that_cannot_be_met_are_refused(name, devices) -> None:
+    with pytest.raises(ValueError):
+        Topology(name, devices=devices)
+
+
+def test_encoders_on_the_accelerator_get_no_cpus_of_their_own() -> None:
+    """On a machine with an accelerator, encoders on auto or on the GPU are not CPU-bound
+    services; a CPU encoder is, and engines follow their own device."""
+    topology = Topology("e-pd", devices=("auto", "cuda", "cpu"))
+    on_gpu = {s.name: s.on_accelerator for s in topology.services(True, False)}
+    assert on_gpu == {
+        "scheduler": False,
+        "route": False,
+        "prefill": False,
+        "encode0": True,
+        "encode1": True,
+        "encode2": False,
+    }
+    without = {s.name: s.on_accelerator for s in Topology("e-pd").services(False)}
+    assert without["encode0"] is False and without["prefill"] is False

@@ -49,3 +49,36 @@ def test_the_span_file_cap_is_64_mib_unless_its_variable_says(
     assert parse().trace_max_mb == 64
     monkeypatch.setenv("EPD_TRACE_FILE_MAX_MB", "8")
     assert parse().trace_max_mb == 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--encoder-devices", "cuda"), "cuda asked for, but CUDA is not available here"),
+        (("--encoder-devices", "cpu,tpu"), "encoder device 'tpu'"),
+        (("--encoders", "2", "--encoder-devices", "cpu,cpu,cpu"), "--encoders 2 but"),
+        (("--topology", "epd1", "--encoder-devices", "cpu"), "starts no encoder"),
+    ],
+)
+def test_encoder_devices_that_cannot_be_met_are_a_usage_error(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert up_cli.run(parse(*flags, "--model", "nowhere", "--device", "cpu")) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_encoders_follow_the_accelerator_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a (fake) GPU and 16 CPUs, encoders on auto or cuda are accelerator services (a few
+    CPUs for their loop and preprocessing) and a CPU encoder is CPU-bound, with engines on CPU."""
+    monkeypatch.setattr(up_cli, "cuda_device_index", lambda: 0)
+    monkeypatch.setattr(up_cli, "allowed_cpus", lambda: list(range(16)))
+    args = parse("--topology", "e-pd", "--encoder-devices", "auto,cuda,cpu", "--device", "cpu")
+    args.encoder_devices = up_cli.parse_devices(args.encoder_devices, args.encoders)
+    up_cli.check_encoder_devices(list(args.encoder_devices), lambda: 0)
+    topology = up_cli.Topology("e-pd", devices=args.encoder_devices)
+    plan = up_cli.cpu_plan(args, topology)
+    assert len(plan["encode0"]) == len(plan["encode1"]) == 2
+    assert len(plan["encode2"]) > 2 and len(plan["prefill"]) > 2
+    without_gpu = up_cli.Topology("e-pd")
+    monkeypatch.setattr(up_cli, "cuda_device_index", lambda: None)
+    assert len(up_cli.cpu_plan(parse("--cpu-layout", "split"), without_gpu)["encode0"]) > 2

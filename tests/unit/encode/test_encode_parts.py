@@ -49,6 +49,27 @@ async def test_batcher_groups_concurrent_items_and_keeps_order() -> None:
     await batcher.close()
 
 
+async def test_without_a_wait_a_batch_takes_every_item_queued_while_the_tower_ran() -> None:
+    """The default (no wait): items that queued while the tower was busy go in the next batch
+    together (asyncio.wait_for(get(), 0) took none of them: every batch was one item)."""
+    gate, sizes = threading.Event(), []
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(10)
+        sizes.append(len(items))
+        return items
+
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(run, max_items=8, max_wait_s=0)
+    first = asyncio.ensure_future(batcher.submit(0))
+    await asyncio.sleep(0.05)
+    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 6)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    assert await asyncio.gather(first, *rest) == list(range(6))
+    assert sizes == [1, 5]
+    await batcher.close()
+
+
 async def test_short_batches_run_on_the_event_loop_long_ones_in_a_thread() -> None:
     threads: list[int] = []
 

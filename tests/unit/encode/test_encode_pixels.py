@@ -1,5 +1,6 @@
-"""EncodeWorker with decoded pixels beside the source: used when readable and hashing to mm_hash,
-the source otherwise."""
+"""EncodeWorker with decoded pixels beside the source: used, without decoding or hashing, when
+readable and tagged with the item's mm_hash by whoever shared them, before and after they are
+read; the source otherwise."""
 
 from __future__ import annotations
 
@@ -12,30 +13,24 @@ from PIL import Image
 
 from epd.common.errors import InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
-from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
 from epd.server.media.hashing import mm_hash
-from epd.server.media.loader import MediaLoader
-from epd.server.media.pixels import pixels_of
-from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
-from tests.unit.encode.test_encode_worker import FakeTower
+from tests.unit.encode.test_encode_worker import FakeTower, new_worker
 from tests.unit.media.images import encode, noise
 
 
 @pytest.fixture
 async def worker() -> AsyncIterator[EncodeWorker]:
-    batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, tuple[int, int, int]]] = (
-        DynamicBatcher(FakeTower(), max_items=8, max_wait_s=0.0)
+    batcher: DynamicBatcher[Prepared, tuple[torch.Tensor, tuple[int, int, int]]] = DynamicBatcher(
+        FakeTower(), max_items=8, max_wait_s=0.0
     )
     plane = DataPlane("host-a", kinds=("shm", "inline"))
-    loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
-    worker = EncodeWorker(
-        batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w", model_id="m"
-    )
+    worker = new_worker(batcher, plane)
     yield worker
-    await batcher.close()
+    await worker.close()
     assert plane.held() == [] and worker.num_in_flight == 0
     plane.close()
 
@@ -49,13 +44,17 @@ def holder() -> Iterator[DataPlane]:
 
 
 def hash_of(image: Image.Image) -> str:
-    return mm_hash(image, model_id="m", processor_fingerprint="p")
+    return mm_hash(np.asarray(image), model_id="m", processor_fingerprint="p")
 
 
-def put_pixels(plane: DataPlane, image: Image.Image) -> tensor_pb2.TensorRef:
-    pixels = pixels_of(image)
-    assert pixels is not None
-    return plane.put(torch.from_numpy(pixels), plane.host_id)
+def put_pixels(
+    plane: DataPlane, image: Image.Image, tag: Image.Image | None = None
+) -> tensor_pb2.TensorRef:
+    """``image``'s pixels shared as the route shares them: tagged with the mm_hash of ``tag``
+    (default: ``image``'s own)."""
+    pixels = torch.from_numpy(np.array(image))
+    content_tag = bytes.fromhex(hash_of(image if tag is None else tag))
+    return plane.put(pixels, plane.host_id, content_tag=content_tag)
 
 
 def first_pixel_sum(image: Image.Image) -> float:
@@ -104,10 +103,40 @@ async def test_unreadable_pixels_fall_back_to_the_source(worker, holder, case) -
         ref = put_pixels(holder, image)
         holder.release([ref.lease_id])
     else:
-        flat = torch.from_numpy(np.ascontiguousarray(pixels_of(image)).reshape(-1))
-        ref = holder.put(flat, holder.host_id)
+        flat = torch.from_numpy(np.array(image).reshape(-1))
+        ref = holder.put(flat, holder.host_id, content_tag=bytes.fromhex(hash_of(image)))
     item = await encoded(worker, MediaSource(hash_of(image), data=encode(image), pixels=ref))
     assert item.mm_hash == hash_of(image)
     assert embedding(worker, item) == first_pixel_sum(image)
     if case == "foreign host":
         elsewhere.close()
+
+
+async def test_pixels_not_tagged_as_the_item_are_never_trusted(worker, holder) -> None:
+    """Pixels shared untagged, or tagged as another image, are not taken for the item's image,
+    even when they are that image: only their producer's tag names them."""
+    image = noise(seed=6)
+    untagged = holder.put(torch.from_numpy(np.array(image)), holder.host_id)
+    as_other = put_pixels(holder, image, tag=noise(seed=7))
+    for ref in (untagged, as_other):
+        with pytest.raises(InvalidArgument) as caught:
+            await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
+        assert caught.value.reason == "BAD_IMAGE"  # NOTE: the source was loaded instead
+
+
+async def test_pixels_released_while_being_read_are_not_encoded(worker, holder) -> None:
+    """The tag is checked again once the pixels are read: a lease released meanwhile (its
+    segment may hold another image by then) sends the worker to the source."""
+    image = noise(seed=8)
+    ref = put_pixels(holder, image)
+    prepare = worker.prepare
+
+    def release_while_reading(pixels: torch.Tensor) -> Prepared:
+        holder.release([ref.lease_id])
+        return prepare(pixels)
+
+    worker.prepare = release_while_reading
+    with pytest.raises(InvalidArgument) as caught:
+        await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
+    assert caught.value.reason == "BAD_IMAGE"
+    assert worker.cache.get(hash_of(image)) is None

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import torch
-from PIL import Image
 
 from epd.common.errors import InvalidArgument
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
@@ -25,20 +25,44 @@ from tests.unit.media.images import encode, noise
 Grid = tuple[int, int, int]
 
 
+def fake_prepare(pixels: torch.Tensor) -> Prepared:
+    """An image's pixels made ready for ``FakeTower``: a copy of them (read before returning)."""
+    return Prepared(pixels.clone(), torch.tensor([[1, 2, 2]]))
+
+
 class FakeTower:
-    """Embeds an image as one row of its mean pixel; blocks while ``gate`` is clear."""
+    """Embeds an image as one row: the sum of its first pixel's channels; blocks while ``gate``
+    is clear."""
 
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, images: list[Image.Image]) -> list[tuple[torch.Tensor, Grid]]:
+    def __call__(self, images: list[Prepared]) -> list[tuple[torch.Tensor, Grid]]:
         self.gate.wait(10)
         self.calls.append(len(images))
         return [
-            (torch.tensor([[float(sum(image.getpixel((0, 0))))]]), (1, 2, 2)) for image in images
+            (torch.tensor([[float(image.pixel_values[0, 0].sum())]]), (1, 2, 2)) for image in images
         ]
+
+
+def new_worker(
+    batcher: DynamicBatcher[Prepared, tuple[torch.Tensor, Grid]],
+    plane: DataPlane,
+    loader: MediaLoader | None = None,
+) -> EncodeWorker:
+    """A worker of ``batcher`` (a ``FakeTower``'s) handing over through ``plane``."""
+    loader = loader or MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
+    return EncodeWorker(
+        batcher,
+        fake_prepare,
+        loader,
+        plane,
+        EmbeddingCache(1 << 20),
+        worker_id="w",
+        model_id="m",
+    )
 
 
 class RecordingPlane(DataPlane):
@@ -56,6 +80,7 @@ class RecordingPlane(DataPlane):
         consumer_device: str = "",
         preferred: int = tensor_pb2.TRANSFER_KIND_UNSPECIFIED,
         ttl_s: float | None = None,
+        content_tag: bytes = b"",
     ) -> tensor_pb2.TensorRef:
         self.consumer_devices.append(consumer_device)
         return super().put(
@@ -64,20 +89,18 @@ class RecordingPlane(DataPlane):
             consumer_device=consumer_device,
             preferred=preferred,
             ttl_s=ttl_s,
+            content_tag=content_tag,
         )
 
 
 @pytest.fixture
 async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower]]:
     tower = FakeTower()
-    batcher: DynamicBatcher[Image.Image, tuple[torch.Tensor, Grid]] = DynamicBatcher(
+    batcher: DynamicBatcher[Prepared, tuple[torch.Tensor, Grid]] = DynamicBatcher(
         tower, max_items=8, max_wait_s=0.5
     )  # NOTE: generous, so a loaded box still batches
     plane = RecordingPlane()
-    loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
-    worker = EncodeWorker(
-        batcher, loader, plane, EmbeddingCache(1 << 20), worker_id="w", model_id="m"
-    )
+    worker = new_worker(batcher, plane)
     yield worker, tower
     await batcher.close()
     assert plane.held() == [] and worker.num_in_flight == 0

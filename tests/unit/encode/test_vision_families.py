@@ -46,3 +46,24 @@ def test_the_tower_alone_equals_the_models_own_image_features(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert got.shape[1] == VisionLayout.of(model.config, tokenizer).embedding_width
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", [family.name for family in FAMILIES])
+def test_images_prepared_one_at_a_time_give_the_batchs_embeddings(
+    tiny_family_dir: Callable[[str], Path], family: str
+) -> None:
+    """The encode service prepares each image apart (in parallel, while the tower runs the
+    previous batch) and joins them for one tower call: the same embeddings as the processor on
+    the whole batch, for images of different sizes (LLaVA-OneVision: different tile counts)."""
+    rng = np.random.default_rng(1)
+    arrays = [
+        rng.integers(0, 255, (64, 96, 3), dtype=np.uint8),
+        rng.integers(0, 255, (90, 60, 3), dtype=np.uint8),
+        rng.integers(0, 255, (40, 200, 3), dtype=np.uint8),
+    ]
+    encoder = VisionEncoder(tiny_family_dir(family))
+    batch = encoder.encode([Image.fromarray(array) for array in arrays])
+    apart = encoder.run([encoder.prepare(torch.from_numpy(array)) for array in arrays])
+    assert [grid for _, grid in apart] == [grid for _, grid in batch]
+    for (got, _), (expected, _) in zip(apart, batch, strict=True):
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)

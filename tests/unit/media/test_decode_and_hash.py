@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -82,11 +84,11 @@ def test_alpha_palette_cmyk_and_animation_normalise() -> None:
 
 
 def test_mm_hash_depends_on_pixels_model_and_processor(tmp_path) -> None:
-    image = noise()
-    same = decode_image(encode(image, "PNG"), POLICY)
+    image = np.asarray(noise())
+    same = np.asarray(decode_image(encode(noise(), "PNG"), POLICY))
     base = mm_hash(image, model_id="m", processor_fingerprint="p")
     assert mm_hash(same, model_id="m", processor_fingerprint="p") == base
-    assert mm_hash(noise(seed=1), model_id="m", processor_fingerprint="p") != base
+    assert mm_hash(np.asarray(noise(seed=1)), model_id="m", processor_fingerprint="p") != base
     assert mm_hash(image, model_id="other", processor_fingerprint="p") != base
     assert mm_hash(image, model_id="m", processor_fingerprint="q") != base
     (tmp_path / "preprocessor_config.json").write_text('{"b": 1, "a": 2}')
@@ -95,3 +97,15 @@ def test_mm_hash_depends_on_pixels_model_and_processor(tmp_path) -> None:
     assert processor_fingerprint(tmp_path) == first
     (tmp_path / "preprocessor_config.json").write_text('{"a": 3, "b": 1}')
     assert processor_fingerprint(tmp_path) != first
+
+
+def test_mm_hash_of_pixels_is_the_hash_of_the_pillow_image_they_come_from() -> None:
+    """mm_hash keys caches and routing across processes and versions: hashing the pixel array
+    (no copy) gives the digest the Pillow image's bytes, mode and size always gave."""
+    image = noise(seed=2)
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (b"epd-mm-v1", b"m", b"p", b"RGB", f"{image.width}x{image.height}".encode()):
+        digest.update(len(part).to_bytes(4, "little") + part)
+    digest.update(image.tobytes())
+    pixels = np.asarray(image)
+    assert mm_hash(pixels, model_id="m", processor_fingerprint="p") == digest.hexdigest()

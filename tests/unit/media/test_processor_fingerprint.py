@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -34,7 +35,9 @@ def loaded_mean(model_dir: Path) -> list[float]:
 
 
 def hash_of(model_dir: Path) -> str:
-    return mm_hash(IMAGE, model_id="m", processor_fingerprint=processor_fingerprint(model_dir))
+    return mm_hash(
+        np.asarray(IMAGE), model_id="m", processor_fingerprint=processor_fingerprint(model_dir)
+    )
 
 
 def edit(path: Path, change: Callable[[dict], None]) -> None:
