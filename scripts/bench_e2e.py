@@ -4,7 +4,9 @@ model on this machine in the same run, all driven through the OpenAI chat API wi
 
 Systems (``--systems``, comma separated): ``epd`` (E/P/D), ``e-pd`` (E/PD), ``ep-d``, ``epd1``,
 ``dual-encoder:POLICY`` (two encoders, POLICY per_image|per_request|adaptive; with
-``--encoder-threads 2,1`` the second one is deliberately slower), ``vllm``
+``--encoder-threads 2,1`` the second one is deliberately slower), any epd system with its
+encoders' devices after ``@`` (``e-pd@cuda`` GPU only, ``e-pd@cpu`` CPU only,
+``e-pd:per_request@cuda/cpu`` one of each under per_request, ``--split-ratio`` applying), ``vllm``
 (``python -m vllm.entrypoints.openai.api_server``, vision tower in the engine) and ``vllm-ec``
 (vLLM's own disaggregated-encoder split: an encode instance and a prefill+decode instance with
 vLLM's ECExampleConnector, behind ``scripts/vllm_ec_proxy.py``, as in vLLM's example). An epd system
@@ -232,13 +234,16 @@ async def serving(
             url = await start(deployment, model_dir)
             yield url, {c.name: c.process.pid for c in deployment.children}
         else:
+            system, _, devices = system.partition("@")
             name, _, policy = system.partition(":")
             dual = name == "dual-encoder"
             topology = Topology(
                 name,
                 policy=policy or "adaptive",
-                split_ratio=args.split_ratio if dual else "",
+                split_ratio=args.split_ratio if dual or devices else "",
                 encoder_threads=args.encoder_threads if dual else (),
+                devices=tuple(device for device in devices.split("/") if device),
+                engine=args.engine,
             )
             accelerator = resolve_device("auto") != "cpu"
             plan = lay_out(topology.services(accelerator), allowed_cpus(), args.cpu_layout, {})
@@ -388,7 +393,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--systems",
         default="epd,e-pd,vllm",
-        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm, vllm-ec (default epd,e-pd,vllm)",
+        help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm, vllm-ec; an epd system may name "
+        "its encoders' devices after @, e.g. e-pd:adaptive@cuda/cpu (default epd,e-pd,vllm)",
     )
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
     parser.add_argument(
@@ -414,6 +420,13 @@ if __name__ == "__main__":
         default="auto",
         help="epd systems: how their services share the CPUs, as epd up's --cpu-layout "
         "(default auto)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "vllm", "transformers"],
+        default="auto",
+        help="epd systems' prefill engine, as epd up's --engine (default auto: vllm when "
+        "installed)",
     )
     parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
     parser.add_argument(

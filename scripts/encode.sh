@@ -4,9 +4,11 @@
 #   scripts/encode.sh --model DIR [FLAGS]        # all flags: scripts/encode.sh --help
 #
 # Main flags (environment fallbacks in parentheses):
-#   --model DIR                 Qwen2-VL checkpoint; only visual.* weights are loaded
-#   --device cpu|cuda[:N]|xpu|auto   (EPD_ENCODER_DEVICE, default cpu)
-#   --dtype float32|float16|bfloat16
+#   --model DIR                 a supported checkpoint; only its vision weights are loaded
+#   --device cpu|cuda[:N]|xpu|auto   (EPD_ENCODER_DEVICE, default auto: the accelerator if any)
+#   --dtype auto|float32|float16|bfloat16   (auto: bfloat16 on an accelerator, float32 on CPU)
+#   --preprocess-threads N --preprocess-device auto|cpu   decode and prepare images beside the tower
+#   --vision-attention auto|packed|sdpa|eager   the tower's attention
 #   --scheduler HOST:PORT       register and heartbeat there (EPD_SCHEDULER)
 #   --worker-id ID --weight W   identity and share in the scheduler (EPD_WORKER_ID)
 #   --max-batch-size N --max-batch-wait-ms MS --max-inline-ms MS   dynamic batching across requests

@@ -56,6 +56,9 @@ class EncodeConfig:
     preprocess_threads: int = 0
     # where the image processor runs: auto (the tower's device where it can) or cpu
     preprocess_device: str = "auto"
+    # the tower's attention and patch embedding (fast_tower): auto (fast on an accelerator)
+    attention: str = "auto"
+    patch_embedding: str = "auto"
 
 
 @dataclass
@@ -86,6 +89,8 @@ async def build_encode_server(
         device=config.device,
         dtype=config.dtype,
         preprocess_device=config.preprocess_device,
+        attention=config.attention,
+        patch_embedding=config.patch_embedding,
     )
     model_id = config.model_id or config.model_dir.name
     pool = ThreadPoolExecutor(

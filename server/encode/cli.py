@@ -12,6 +12,7 @@ from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_dir import require_model_dir
@@ -66,6 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where the image processor runs: auto (the tower's device where the processor can "
         "run there: transformers' torchvision backend; else CPU) or cpu (default auto)",
+    )
+    parser.add_argument(
+        "--vision-attention",
+        choices=ATTENTIONS,
+        default="auto",
+        help="the tower's attention: packed (one SDPA call per run of equally long images or "
+        "windows of a batch packed in one sequence), sdpa or eager (transformers' own, per "
+        "image or window) or auto: packed on an accelerator where the family's tower packs "
+        "images (Qwen), else transformers' default (default auto)",
+    )
+    parser.add_argument(
+        "--patch-embedding",
+        choices=PATCH_EMBEDDINGS,
+        default="auto",
+        help="a patch-embedding convolution whose stride is its kernel (Qwen's) runs as a "
+        "matrix product (matmul, as vLLM runs it) or as the convolution (conv); auto: matmul "
+        "on an accelerator, conv on CPU (default auto)",
     )
     parser.add_argument(
         "--worker-id",
@@ -168,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
             transfer=transfer_options(args),
             preprocess_threads=args.preprocess_threads,
             preprocess_device=args.preprocess_device,
+            attention=args.vision_attention,
+            patch_embedding=args.patch_embedding,
         )
         options = server_options(args)
         cpus = pin_to_cpus(args)

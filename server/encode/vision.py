@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from epd.server.encode.fast_tower import use_attention, use_patch_embedding
 from epd.server.engine.device import xpu_available
 
 logger = logging.getLogger(__name__)
@@ -101,10 +102,14 @@ class VisionEncoder:
         device: str = "cpu",
         dtype: str = AUTO_DTYPE,
         preprocess_device: str = AUTO_DEVICE,
+        attention: str = AUTO_DEVICE,
+        patch_embedding: str = AUTO_DEVICE,
     ) -> None:
         """``preprocess_device``: where the image processor runs: ``auto`` (the tower's device
         where the processor can run there: transformers' torchvision backend; else CPU) or
-        ``cpu``."""
+        ``cpu``. ``attention`` and ``patch_embedding``: how the tower runs (``fast_tower``;
+        auto: packed attention and the patch embedding as a matrix product on an accelerator,
+        transformers' own on CPU)."""
         from transformers import AutoConfig, AutoImageProcessor
 
         from epd.server.models.registry import family_of
@@ -129,6 +134,11 @@ class VisionEncoder:
             model = family.vision_tower(config)
         model.load_state_dict(_visual_state_dict(self.model_dir, family), strict=True)
         self.model = model.to(dtype=self.dtype).eval()
+        on_accelerator = self.device.type != "cpu"
+        self.attention = use_attention(self.model, attention, family.packs_images, on_accelerator)
+        self.num_fast_convolutions = use_patch_embedding(
+            self.model, patch_embedding, on_accelerator
+        )
         self.family = family
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
         self.preprocess_device = _preprocess_device(self.processor, self.device, preprocess_device)
@@ -137,11 +147,12 @@ class VisionEncoder:
         self.hidden_size = int(vision_config.hidden_size)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         logger.info(
-            "vision tower of %s on %s (%s, %d parameters)",
+            "vision tower of %s on %s (%s, %d parameters, %s attention)",
             self.model_dir.name,
             self.device,
             dtype_for(self.device, dtype),
             self.num_parameters,
+            self.attention,
         )
 
     def preprocess(self, images: list[Any]) -> tuple[Any, torch.Tensor]:

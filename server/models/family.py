@@ -127,6 +127,9 @@ class ModelFamily(ABC):
     tiny_special_tokens: tuple[str, ...] = ()
     #: keys ``vllm_items`` adds beside those vLLM's renderer makes (vLLM's model ignores them)
     vllm_extra_keys: tuple[str, ...] = ()
+    #: whether the vision tower packs a batch's images into one sequence and attends within
+    #: each by sequence bounds (``cu_seqlens``): the encoder's packed attention applies
+    packs_images: bool = False
     #: named special tokens of a tiny checkpoint's tokenizer, (attribute, token) pairs its
     #: processor reads (InternVL: ``context_image_token`` is ``<IMG_CONTEXT>``)
     tiny_named_tokens: tuple[tuple[str, str], ...] = ()

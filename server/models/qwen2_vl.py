@@ -48,6 +48,7 @@ class _QwenVl(ModelFamily):
 
     visual_prefixes = ("model.visual.", "visual.")
     chat_template = qwen_chat_template(DEFAULT_SYSTEM_TURN)
+    packs_images = True
     # NOTE: smart_resize's own bound: it refuses a longer side over 200x the shorter.
     max_aspect_ratio = 200
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -189,3 +192,29 @@ async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> Non
     assert caught.value.body["code"] == "PRIVATE_ADDRESS"
     await client.close()
     assert all(encoder.plane.held() == [] for encoder in encoders)
+
+
+async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
+    deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route decodes and hashes a picture; its encoder takes the pixels the route shared,
+    tagged with their mm_hash, and neither decodes nor hashes them again."""
+    from epd.server.media import loader
+
+    counts: Counter[str] = Counter()
+
+    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(loader, "decode_image", counted("decode", loader.decode_image))
+    monkeypatch.setattr(loader, "mm_hash", counted("hash", loader.mm_hash))
+    stub, encoders, _, _ = deployment
+    request = chat_request([picture(31, 300, 260)], "describe", max_tokens=2, ignore_eos=True)
+    responses = [r async for r in stub.Generate(request)]
+    assert sum(len(r.token_ids) for r in responses) == 2
+    assert counts == {"decode": 1, "hash": 1}
+    assert sum(encoder.worker.loader.num_decoded for encoder in encoders) == 0

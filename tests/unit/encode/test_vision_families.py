@@ -16,10 +16,13 @@ from epd.server.engine.prompt_check import VisionLayout
 from epd.server.models.registry import FAMILIES
 
 
+@pytest.mark.parametrize(("attention", "patch_embedding"), [("auto", "auto"), ("packed", "matmul")])
 @pytest.mark.parametrize("family", [family.name for family in FAMILIES])
 def test_the_tower_alone_equals_the_models_own_image_features(
-    tiny_family_dir: Callable[[str], Path], family: str
+    tiny_family_dir: Callable[[str], Path], family: str, attention: str, patch_embedding: str
 ) -> None:
+    """Transformers' own execution (CPU's default) and the accelerator's default (packed
+    attention, the patch embedding as a matrix product), forced here on CPU."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     model_dir = tiny_family_dir(family)
@@ -28,7 +31,7 @@ def test_the_tower_alone_equals_the_models_own_image_features(
         Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)),
         Image.fromarray(rng.integers(0, 255, (90, 60, 3), dtype=np.uint8)),
     ]
-    encoder = VisionEncoder(model_dir)
+    encoder = VisionEncoder(model_dir, attention=attention, patch_embedding=patch_embedding)
     ours = encoder.encode(images)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     pixels, grid = encoder.preprocess(images)

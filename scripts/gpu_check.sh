@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Every GPU check of the encoder tier in one command, for a lent GPU machine (Python 3.12, torch
+# with CUDA, no vLLM, no network; ../shared/GPU.md). Budget: under 5 minutes. Steps:
+#   1. install the carried wheels (--wheels DIR, default .whl) and this checkout into /tmp/site;
+#   2. the CUDA tests (the encoder and the embeddings device) and the suite's encoder tests;
+#   3. bench_encode on the GPU for the small preset and a real-size tower (32 layers x 1280);
+#   4. E/PD (transformers engine) with GPU encoders only, CPU only, and GPU + CPU under
+#      per_image, per_request (equal split and 8:1) and adaptive (bench_e2e).
+# Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
+# --cpu-only runs the same steps on CPU with the tiny model and few requests: what CI runs.
+#
+#   scripts/gpu_check.sh [--cpu-only] [--wheels DIR] [--out DIR]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CPU_ONLY=0
+WHEELS="$ROOT/.whl"
+DEST="${OUT:-$ROOT/.epd/gpu_check}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cpu-only) CPU_ONLY=1; shift ;;
+    --wheels) WHEELS="$2"; shift 2 ;;
+    --out) DEST="$2"; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$DEST"
+PYTHON="${PYTHON:-python3}"
+step() { printf '\n==> %s\n' "$*"; }
+
+if [[ $CPU_ONLY == 1 ]]; then
+  PYTHON="${EPD_VENV:-$ROOT/.venv}/bin/python"
+  DEVICE=cpu; GPU=cpu; SMALL=(--preset tiny --images 16); BIG=()
+  SYSTEMS="e-pd@cpu,e-pd:per_image@cpu/cpu"
+  E2E=(--concurrency 4 --requests 8 --tokens 4 --images 2 --engine transformers)
+else
+  step "install the carried wheels and this checkout into /tmp/site"
+  if [[ -d "$WHEELS" ]]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+      "$WHEELS"/*.whl
+  fi
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
+    --upgrade --ignore-requires-python .
+  "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device here'"
+  DEVICE=cuda; GPU=cuda; SMALL=(--preset small --images 64)
+  BIG=(--vision-depth 32 --vision-embed-dim 1280 --max-pixels 200704)
+  SYSTEMS="e-pd@cuda,e-pd@cpu,e-pd:per_image@cuda/cpu,e-pd:per_request@cuda/cpu,e-pd:adaptive@cuda/cpu"
+  E2E=(--concurrency 16 --requests 64 --tokens 8 --images 4)
+fi
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [[ $CPU_ONLY == 0 ]]; then
+  # NOTE: pytest puts the checkout first on sys.path, where its epd/ folder (stubs only) would
+  # shadow the installed package: it is moved aside while this runs.
+  mv epd .epd-stubs-aside
+  trap 'mv .epd-stubs-aside epd' EXIT
+fi
+
+step "encoder tests on $DEVICE"
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/unit/encode tests/unit/media \
+  -k "not vllm" 2>&1 | tail -5
+
+step "bench_encode on $DEVICE"
+"$PYTHON" scripts/bench_encode.py --device "$DEVICE" "${SMALL[@]}" --json \
+  > "$DEST/bench_encode_small.json"
+cat "$DEST/bench_encode_small.json"
+if [[ ${#BIG[@]} -gt 0 ]]; then
+  big=/tmp/epd-tower-32x1280
+  [[ -f $big/config.json ]] || "$PYTHON" -m epd model tiny --preset small "${BIG[@]}" --out "$big"
+  "$PYTHON" scripts/bench_encode.py --device "$DEVICE" --model "$big" --images 32 --json \
+    > "$DEST/bench_encode_32x1280.json"
+  cat "$DEST/bench_encode_32x1280.json"
+fi
+
+step "E/PD: encoders on $GPU only, CPU only, both under each policy"
+model_args=()
+[[ $CPU_ONLY == 1 ]] || model_args=(--model /tmp/epd-small)
+if [[ $CPU_ONLY == 0 && ! -f /tmp/epd-small/config.json ]]; then
+  "$PYTHON" -m epd model tiny --preset small --out /tmp/epd-small
+fi
+"$PYTHON" scripts/bench_e2e.py "${model_args[@]}" --systems "$SYSTEMS" "${E2E[@]}" --csv "" \
+  --json > "$DEST/bench_e2e.json"
+cat "$DEST/bench_e2e.json"
+if [[ $CPU_ONLY == 0 ]]; then
+  "$PYTHON" scripts/bench_e2e.py --model /tmp/epd-small --systems \
+    "e-pd:per_request@cuda/cpu" --split-ratio 8:1 "${E2E[@]}" --csv "" --json \
+    > "$DEST/bench_e2e_8to1.json"
+fi
+step "figures in $DEST"

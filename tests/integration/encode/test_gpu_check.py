@@ -1,0 +1,29 @@
+"""``scripts/gpu_check.sh --cpu-only``: the lent GPU machine's one command runs end to end here,
+on CPU with the tiny model, and writes every figure it promises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-only", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    encode = json.loads((tmp_path / "bench_encode_small.json").read_text())
+    for given in ("bytes", "pixels"):
+        assert encode[f"service_{given}_vs_direct_b8"] > 0
+    assert all(encode[f"{stage}_ms"] > 0 for stage in ("decode", "hash", "preprocess", "tower"))
+    e2e = json.loads((tmp_path / "bench_e2e.json").read_text())
+    systems = {row["system"] for row in e2e["rows"]}
+    assert systems == {"e-pd@cpu", "e-pd:per_image@cpu/cpu"}
+    assert all(row["failed"] == 0 and row["req_s"] > 0 for row in e2e["rows"])
