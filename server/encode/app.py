@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from epd.common.cpus import allowed_cpus
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
@@ -79,6 +81,27 @@ class EncodeApp:
         self.plane.close()
 
 
+def threads_of(config: EncodeConfig) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """The preparing pool and the tower's thread. Each preparing thread computes with one torch
+    thread (the pool is the parallelism), the tower with as many as the process has (torch's
+    default, or ``epd encode --threads``): torch's threads per calling thread, so neither
+    oversubscribes the CPUs with the other's."""
+    tower_threads = torch.get_num_threads()
+    pool = ThreadPoolExecutor(
+        config.preprocess_threads or len(allowed_cpus()),
+        thread_name_prefix="epd-prepare",
+        initializer=torch.set_num_threads,
+        initargs=(1,),
+    )
+    tower = ThreadPoolExecutor(
+        1,
+        thread_name_prefix="epd-tower",
+        initializer=torch.set_num_threads,
+        initargs=(tower_threads,),
+    )
+    return pool, tower
+
+
 async def build_encode_server(
     config: EncodeConfig, options: ServerOptions | None = None
 ) -> EncodeApp:
@@ -93,14 +116,13 @@ async def build_encode_server(
         patch_embedding=config.patch_embedding,
     )
     model_id = config.model_id or config.model_dir.name
-    pool = ThreadPoolExecutor(
-        config.preprocess_threads or len(allowed_cpus()), thread_name_prefix="epd-prepare"
-    )
+    pool, tower_thread = threads_of(config)
     batcher = DynamicBatcher(
         encoder.run,
         max_items=config.max_batch_size,
         max_wait_s=config.max_batch_wait_ms / 1000,
         inline_below_s=config.max_inline_ms / 1000,
+        executor=tower_thread,
     )
     loader = MediaLoader(
         config.media,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -46,8 +47,11 @@ class DynamicBatcher(Generic[Item, Result]):
         max_wait_s: float = 0.0,
         inline_below_s: float = 0.0,
         on_batch: BatchObserver | None = None,
+        executor: Executor | None = None,
     ) -> None:
-        """``on_batch`` sees every batch that succeeded (metrics); it runs on the event loop."""
+        """``on_batch`` sees every batch that succeeded (metrics); it runs on the event loop.
+        ``executor``: where batches that do not run inline run (None: asyncio's default)."""
+        self.executor = executor
         if max_items < 1 or max_wait_s < 0 or inline_below_s < 0:
             raise ValueError("max_items must be >= 1, max_wait_s and inline_below_s >= 0")
         self._run = run
@@ -129,7 +133,9 @@ class DynamicBatcher(Generic[Item, Result]):
                 self.num_inline_batches += 1
                 results, run_s = self._timed_run(items)
             else:
-                results, run_s = await asyncio.to_thread(self._timed_run, items)
+                results, run_s = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self._timed_run, items
+                )
         except Exception as e:
             if len(batch) == 1:
                 if not batch[0][1].done():

@@ -192,8 +192,9 @@ class EncodeWorker:
     async def close(self) -> None:
         """Stop the tower's batcher and the preparing pool (waiting items fail)."""
         await self.batcher.close()
-        if isinstance(self.pool, ThreadPoolExecutor):
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        for executor in (self.pool, self.batcher.executor):
+            if isinstance(executor, ThreadPoolExecutor):
+                executor.shutdown(wait=False, cancel_futures=True)
 
     def release(self, lease_ids: list[str]) -> int:
         """Free the payloads of ``lease_ids``; unknown ones are ignored."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,22 +91,28 @@ async def test_short_batches_run_on_the_event_loop_long_ones_in_a_thread() -> No
     await batcher.close()
 
 
-async def test_a_slow_hand_off_to_a_thread_does_not_keep_short_batches_off_the_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    to_thread = asyncio.to_thread
+class SlowHandOff(ThreadPoolExecutor):
+    """A thread whose hand-off takes far longer than the batch itself."""
 
-    async def slow_to_thread(*args: object) -> object:
-        await asyncio.sleep(0.1)  # NOTE: a hand-off far longer than the batch itself
-        return await to_thread(*args)  # type: ignore[arg-type]
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        def late() -> Any:
+            time.sleep(0.1)
+            return fn(*args, **kwargs)
 
-    monkeypatch.setattr(asyncio, "to_thread", slow_to_thread)
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(lambda items: items, inline_below_s=0.05)
+        return super().submit(late)
+
+
+async def test_a_slow_hand_off_to_a_thread_does_not_keep_short_batches_off_the_loop() -> None:
+    executor = SlowHandOff(1)
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(
+        lambda items: items, inline_below_s=0.05, executor=executor
+    )
     assert await batcher.submit(1) == 1  # NOTE: no history yet: a thread
     assert batcher.stats.item_run_ms < 50 <= batcher.stats.item_latency_ms
     assert await batcher.submit(2) == 2
     assert batcher.num_inline_batches == 1
     await batcher.close()
+    executor.shutdown()
 
 
 async def test_without_an_inline_budget_every_batch_runs_in_a_thread() -> None:
