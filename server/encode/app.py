@@ -44,7 +44,8 @@ class EncodeConfig:
     dtype: str = "auto"
     worker_id: str = ""
     weight: float = 1.0
-    max_batch_size: int = 8
+    # images per tower call at most (0: 8 on an accelerator, 1 on CPU: see max_batch_size_for)
+    max_batch_size: int = 0
     max_batch_wait_ms: float = 0.0
     cache_mb: float = 256.0
     media: MediaPolicy = field(default_factory=MediaPolicy)
@@ -79,6 +80,16 @@ class EncodeApp:
         await self.server.drain_and_stop(grace)
         await self.worker.close()
         self.plane.close()
+
+
+ACCELERATOR_BATCH_SIZE = 8
+
+
+def max_batch_size_for(device_type: str) -> int:
+    """Images per tower call by default: several on an accelerator, where a batch of 8 costs a
+    fraction of 8 single calls; one on CPU, where a tower of real size is compute-bound, a batch
+    costs its images' sum or more, and only delays the first image's result."""
+    return 1 if device_type == "cpu" else ACCELERATOR_BATCH_SIZE
 
 
 def threads_of(config: EncodeConfig) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
@@ -117,9 +128,10 @@ async def build_encode_server(
     )
     model_id = config.model_id or config.model_dir.name
     pool, tower_thread = threads_of(config)
+    max_batch_size = config.max_batch_size or max_batch_size_for(encoder.device.type)
     batcher = DynamicBatcher(
         encoder.run,
-        max_items=config.max_batch_size,
+        max_items=max_batch_size,
         max_wait_s=config.max_batch_wait_ms / 1000,
         inline_below_s=config.max_inline_ms / 1000,
         executor=tower_thread,
@@ -165,7 +177,7 @@ async def build_encode_server(
         endpoint=endpoint,
         device=str(encoder.device),
         weight=config.weight,
-        capacity=config.max_batch_size,
+        capacity=max_batch_size,
         host_id=plane.host_id,
         model=model_id,
     )

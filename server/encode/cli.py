@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch-size",
         type=int,
-        default=8,
-        help="images per vision-tower call at most (default 8)",
+        default=0,
+        help="images per vision-tower call at most (default 0: 8 on an accelerator, 1 on CPU, "
+        "where a batch costs its images' sum and only delays the first)",
     )
     parser.add_argument(
         "--max-batch-wait-ms",
@@ -158,13 +159,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         require_model_dir(args.model)
         if (
-            args.max_batch_size < 1
+            args.max_batch_size < 0
             or args.max_batch_wait_ms < 0
             or args.cache_mb < 0
             or args.max_inline_ms < 0
         ):
             raise ValueError(
-                "batch size must be >= 1; wait, inline time and cache must not be negative"
+                "batch size, wait, inline time and cache must not be negative"
             )
         if args.threads < 0 or args.preprocess_threads < 0:
             raise ValueError("--threads and --preprocess-threads must be 0 (the default) or more")

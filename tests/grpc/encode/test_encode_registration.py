@@ -36,6 +36,7 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
             worker_id="enc-late",
             transfer_kind="inline",
             heartbeat_interval_s=0.1,
+            max_batch_size=8,
         )
     )
     buffer = io.BytesIO()

@@ -35,7 +35,7 @@ def png(seed: int, size: tuple[int, int] = (96, 64)) -> bytes:
 @pytest.fixture(scope="module")
 async def app(tiny_model_dir):
     encode_app = await build_encode_server(
-        EncodeConfig(tiny_model_dir, model_id="tiny", max_batch_wait_ms=50)
+        EncodeConfig(tiny_model_dir, model_id="tiny", max_batch_size=8, max_batch_wait_ms=50)
     )
     yield encode_app
     await encode_app.stop()

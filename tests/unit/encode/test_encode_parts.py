@@ -180,3 +180,10 @@ def test_cuda_float32_matches_cpu(tiny_model_dir) -> None:
     gpu = VisionEncoder(tiny_model_dir, device="cuda").encode(images)[0][0]
     assert gpu.device.type == "cuda"  # NOTE: kept on the GPU until the data plane hands it over
     assert torch.allclose(cpu, gpu.cpu(), rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))
+
+
+def test_encoders_batch_on_accelerators_and_not_on_cpu() -> None:
+    from epd.server.encode.app import max_batch_size_for
+
+    assert max_batch_size_for("cuda") == max_batch_size_for("xpu") == 8
+    assert max_batch_size_for("cpu") == 1
