@@ -92,6 +92,7 @@ class Row:
     ttft_p50_vs_vllm_ec: float | None = None
     tok_s_vs_vllm_ec: float | None = None
     cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
+    share_of_ideal: float | None = None
 
 
 def tiny_model_dir() -> Path:
@@ -289,6 +290,38 @@ def compare_to_vllm(rows: list[Row]) -> None:
             row.tok_s_vs_vllm_ec = ratio(row.output_tok_s, reference.output_tok_s)
 
 
+def share_of_ideal(rows: list[Row]) -> None:
+    """Fill the share of the ideal of each row of a system whose encoders are on several devices
+    (``e-pd:POLICY@cuda/cpu``): its req/s over the sum of the req/s of the same topology with one
+    encoder on each of those devices alone (``e-pd@cuda`` + ``e-pd@cpu``), at the same
+    concurrency and rate: 1.0 means the mixed encoders lose nothing of what each adds alone."""
+    alone = {
+        (r.system, r.concurrency, r.rate): r.req_s
+        for r in rows
+        if "@" in r.system and "/" not in r.system
+    }
+    for row in rows:
+        system, _, devices = row.system.partition("@")
+        if "/" not in devices:
+            continue
+        name = system.partition(":")[0]
+        parts = [alone.get((f"{name}@{d}", row.concurrency, row.rate)) for d in devices.split("/")]
+        if all(parts):
+            row.share_of_ideal = ratio(row.req_s, sum(p for p in parts if p))
+
+
+def print_ideal_table(rows: list[Row]) -> None:
+    mixed = [r for r in rows if r.share_of_ideal is not None]
+    if not mixed:
+        return
+    print("encoders on several devices: req/s against the sum of each device's alone (ideal)")
+    for r in mixed:
+        print(
+            f"  {r.system:<32} concurrency {r.concurrency:>3}: {r.req_s:7.2f} req/s, "
+            f"{r.share_of_ideal:.2f} of the ideal"
+        )
+
+
 def print_table(rows: list[Row]) -> None:
     def times(value: float | None) -> str:
         return f"{value:>7.2f}x" if value is not None else f"{'-':>8}"
@@ -354,6 +387,7 @@ async def main(args: argparse.Namespace) -> int:
                 if not args.json:
                     print_table([row])
     compare_to_vllm(rows)
+    share_of_ideal(rows)
     if args.json:
         print(
             json.dumps(
@@ -369,6 +403,7 @@ async def main(args: argparse.Namespace) -> int:
         print()
         print_table(rows)
         print()
+        print_ideal_table(rows)
         print_cpu_table(rows)
     if args.csv:
         with open(args.csv, "w", newline="") as out:

@@ -18,7 +18,8 @@ consumer once) and the table adds the largest difference of its embeddings from 
 float32, relative to their largest value.
 
     .venv/bin/python scripts/bench_encode.py [--preset tiny|small | --model DIR] [--images N]
-        [--device cuda] [--dtype auto|float32|bfloat16|float16] [--json]
+        [--device cuda] [--dtype auto|float32|bfloat16|float16]
+        [--vision-attention auto|packed|sdpa|eager] [--patch-embedding auto|matmul|conv] [--json]
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from PIL import Image
 
 from epd.common.channels import create_channel
 from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.tiny_model import build_tiny_model, preset
 from epd.server.media.decode import decode_image
@@ -54,6 +56,8 @@ from epd.v1 import multimodal_pb2, tensor_pb2
 
 CONCURRENCY = 8
 INPUTS = ("bytes", "pixels")
+# the tower's execution (fast_tower), the same for the direct path and the service
+TOWER = {"attention": "auto", "patch_embedding": "auto"}
 
 
 def images(count: int, seed: int) -> list[Image.Image]:
@@ -150,7 +154,8 @@ def difference_from_cpu(model_dir: Path, device: str, dtype: str) -> float:
     value."""
     sample = images(4, 5)
     reference = [e for e, _ in VisionEncoder(model_dir, dtype="float32").encode(sample)]
-    measured = [e for e, _ in VisionEncoder(model_dir, device=device, dtype=dtype).encode(sample)]
+    on_device = VisionEncoder(model_dir, device=device, dtype=dtype, **TOWER)
+    measured = [e for e, _ in on_device.encode(sample)]
     return max(
         float((m.float().cpu() - r).abs().max() / r.abs().max())
         for m, r in zip(measured, reference, strict=True)
@@ -185,7 +190,14 @@ async def service(
 ) -> dict[str, float]:
     device, dtype = on
     app = await build_encode_server(
-        EncodeConfig(model_dir, max_batch_size=max_batch, device=device, dtype=dtype)
+        EncodeConfig(
+            model_dir,
+            max_batch_size=max_batch,
+            device=device,
+            dtype=dtype,
+            attention=TOWER["attention"],
+            patch_embedding=TOWER["patch_embedding"],
+        )
     )
     host = app.plane.host_id
     try:
@@ -232,8 +244,11 @@ async def service(
 
 def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     on = (args.device, args.dtype)
-    encoder = VisionEncoder(model_dir, device=args.device, dtype=args.dtype)
+    TOWER.update(attention=args.vision_attention, patch_embedding=args.patch_embedding)
+    encoder = VisionEncoder(model_dir, device=args.device, dtype=args.dtype, **TOWER)
     figures: dict[str, Any] = {"model": model_dir.name, "device": str(encoder.device)}
+    figures["attention"] = encoder.attention
+    figures["fast_convolutions"] = encoder.num_fast_convolutions
     figures["dtype"] = str(encoder.dtype).removeprefix("torch.")
     figures.update(direct(encoder, args.images))
     figures.update(stages(encoder, model_dir, args.images))
@@ -254,7 +269,11 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(figures: dict[str, Any]) -> None:
-    print(f"model {figures['model']} on {figures['device']} ({figures['dtype']})")
+    print(
+        f"model {figures['model']} on {figures['device']} ({figures['dtype']}, "
+        f"{figures['attention']} attention, {figures['fast_convolutions']} convolutions as "
+        "matrix products)"
+    )
     print(f"{'':34} {'images/s':>9}")
     rows = [("direct, batch 1", "direct_b1_ips"), ("direct, batch 8", "direct_b8_ips")]
     for given in INPUTS:
@@ -300,6 +319,18 @@ def main() -> int:
         "--dtype",
         default="auto",
         help="auto (bfloat16 on an accelerator, float32 on CPU), float32, bfloat16 or float16",
+    )
+    parser.add_argument(
+        "--vision-attention",
+        choices=ATTENTIONS,
+        default="auto",
+        help="the tower's attention, as epd encode's (default auto)",
+    )
+    parser.add_argument(
+        "--patch-embedding",
+        choices=PATCH_EMBEDDINGS,
+        default="auto",
+        help="the patch embedding, as epd encode's (default auto)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()

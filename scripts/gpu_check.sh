@@ -3,9 +3,11 @@
 # with CUDA, no vLLM, no network; ../shared/GPU.md). Budget: under 5 minutes. Steps:
 #   1. install the carried wheels (--wheels DIR, default .whl) and this checkout into /tmp/site;
 #   2. the CUDA tests (the encoder and the embeddings device) and the suite's encoder tests;
-#   3. bench_encode on the GPU for the small preset and a real-size tower (32 layers x 1280);
+#   3. bench_encode on the GPU for the small preset (fast tower, and transformers' own) and a
+#      real-size tower (32 layers x 1280);
 #   4. E/PD (transformers engine) with GPU encoders only, CPU only, and GPU + CPU under
-#      per_image, per_request (equal split and 8:1) and adaptive (bench_e2e).
+#      per_image, per_request (equal split, 8:1 and the split the measured capacities give) and
+#      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e).
 # Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
 # --cpu-only runs the same steps on CPU with the tiny model and few requests: what CI runs.
 #
@@ -21,7 +23,7 @@ while [[ $# -gt 0 ]]; do
     --cpu-only) CPU_ONLY=1; shift ;;
     --wheels) WHEELS="$2"; shift 2 ;;
     --out) DEST="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,7 +49,7 @@ else
   DEVICE=cuda; GPU=cuda; SMALL=(--preset small --images 64)
   BIG=(--vision-depth 32 --vision-embed-dim 1280 --max-pixels 200704)
   SYSTEMS="e-pd@cuda,e-pd@cpu,e-pd:per_image@cuda/cpu,e-pd:per_request@cuda/cpu,e-pd:adaptive@cuda/cpu"
-  E2E=(--concurrency 16 --requests 64 --tokens 8 --images 4)
+  E2E=(--concurrency 16 --requests 48 --tokens 8 --images 4)
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [[ $CPU_ONLY == 0 ]]; then
@@ -65,6 +67,9 @@ step "bench_encode on $DEVICE"
 "$PYTHON" scripts/bench_encode.py --device "$DEVICE" "${SMALL[@]}" --json \
   > "$DEST/bench_encode_small.json"
 cat "$DEST/bench_encode_small.json"
+"$PYTHON" scripts/bench_encode.py --device "$DEVICE" "${SMALL[@]}" --vision-attention sdpa \
+  --patch-embedding conv --json > "$DEST/bench_encode_small_stock_tower.json"
+cat "$DEST/bench_encode_small_stock_tower.json"
 if [[ ${#BIG[@]} -gt 0 ]]; then
   big=/tmp/epd-tower-32x1280
   [[ -f $big/config.json ]] || "$PYTHON" -m epd model tiny --preset small "${BIG[@]}" --out "$big"
@@ -83,8 +88,15 @@ fi
   --json > "$DEST/bench_e2e.json"
 cat "$DEST/bench_e2e.json"
 if [[ $CPU_ONLY == 0 ]]; then
-  "$PYTHON" scripts/bench_e2e.py --model /tmp/epd-small --systems \
-    "e-pd:per_request@cuda/cpu" --split-ratio 8:1 "${E2E[@]}" --csv "" --json \
-    > "$DEST/bench_e2e_8to1.json"
+  measured=$("$PYTHON" -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))['rows']
+rate = {r['system']: r['req_s'] for r in rows}
+print(f\"{max(1, round(rate['e-pd@cuda'] / rate['e-pd@cpu']))}:1\")" "$DEST/bench_e2e.json")
+  for split in 8:1 "$measured"; do
+    "$PYTHON" scripts/bench_e2e.py --model /tmp/epd-small --systems \
+      "e-pd:per_request@cuda/cpu" --split-ratio "$split" "${E2E[@]}" \
+      --csv "" --json > "$DEST/bench_e2e_split_${split/:/to}.json"
+  done
 fi
 step "figures in $DEST"

@@ -27,3 +27,5 @@ def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> Non
     systems = {row["system"] for row in e2e["rows"]}
     assert systems == {"e-pd@cpu", "e-pd:per_image@cpu/cpu"}
     assert all(row["failed"] == 0 and row["req_s"] > 0 for row in e2e["rows"])
+    (mixed,) = [row for row in e2e["rows"] if "/" in row["system"]]
+    assert mixed["share_of_ideal"] > 0
