@@ -164,9 +164,7 @@ def run(args: argparse.Namespace) -> int:
             or args.cache_mb < 0
             or args.max_inline_ms < 0
         ):
-            raise ValueError(
-                "batch size, wait, inline time and cache must not be negative"
-            )
+            raise ValueError("batch size, wait, inline time and cache must not be negative")
         if args.threads < 0 or args.preprocess_threads < 0:
             raise ValueError("--threads and --preprocess-threads must be 0 (the default) or more")
         config = EncodeConfig(
