@@ -33,9 +33,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 if [[ $CPU_ONLY == 1 ]]; then
   PYTHON="${EPD_VENV:-$ROOT/.venv}/bin/python"
-  DEVICE=cpu; GPU=cpu; SMALL=(--preset tiny --images 16); BIG=()
+  DEVICE=cpu; GPU=cpu; SMALL=(--preset tiny --images 8); BIG=()
   SYSTEMS="e-pd@cpu,e-pd:per_image@cpu/cpu"
-  E2E=(--concurrency 4 --requests 8 --tokens 4 --images 2 --engine transformers)
+  E2E=(--concurrency 4 --requests 8 --tokens 2 --images 1 --engine transformers)
 else
   step "install the carried wheels and this checkout into /tmp/site"
   if [[ -d "$WHEELS" ]]; then

@@ -38,6 +38,7 @@ from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
+from epd.server.media.hashing import embeddings_tag, pixels_tag
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.transfer.plane import DataPlane
@@ -178,6 +179,7 @@ class EncodeWorker:
             consumer_host_id,
             consumer_device=consumer_device,
             preferred=transfer_kind,
+            content_tag=embeddings_tag(computed.mm_hash),
         )
         return EncodedItem(
             index,
@@ -266,7 +268,7 @@ class EncodeWorker:
         """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
         (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
         be read here or are not tagged so."""
-        pixels = self.plane.get(source.ref, content_tag=bytes.fromhex(source.mm_hash))
+        pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
         return check_pixels(pixels, self.loader.policy)
 
     async def _in_pool(self, pixels: torch.Tensor) -> Prepared:

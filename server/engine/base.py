@@ -43,6 +43,9 @@ class EngineImage:
     grid: Grid | None = None
     embeddings: torch.Tensor | None = None
     image: Image.Image | None = None
+    # the embeddings are the image ``mm_hash``'s, as their producer's content tag says (engines
+    # may name them by it instead of a hash of their bytes)
+    is_bound: bool = False
 
 
 @dataclass(frozen=True, slots=True)

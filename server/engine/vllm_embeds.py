@@ -10,9 +10,11 @@ it stays only for a family whose items vLLM's renderer makes wrongly (``ModelFam
 not None: LLaVA-OneVision and InternVL, whose embeddings of different row counts vLLM 0.32 batches
 together and dies on), built as the renderer builds them (a test compares them).
 
-Names: real embeddings are named by a hash of their bytes, dtype, shape and grid, so vLLM's
-caches (processor, encoder, prefix) share an entry only between equal embeddings whatever a
-caller claims. Grid-only images (decode after a remote prefill: their KV is pulled, never
+Names: embeddings their encoder bound to the image's mm_hash (``EngineImage.is_bound``: the
+content tag of their shared-memory segment, which only the encoder writes) are named by that
+mm_hash and their dtype; others by a hash of their bytes, dtype, shape and grid, so vLLM's caches
+(processor, encoder, prefix) share an entry only between equal embeddings whatever a caller
+claims. Grid-only images (decode after a remote prefill: their KV is pulled, never
 recomputed) get zero embeddings of the right shape, so vLLM lays out positions as the prefill did,
 named by the route's ``mm_hash``, else uniquely per request.
 """
@@ -28,6 +30,7 @@ from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
 
 EMBEDS_HASH_PREFIX = "epd-embeds-"
+EMBEDS_BOUND_PREFIX = "epd-mm-"
 
 
 def embeddings_prompt(
@@ -54,6 +57,8 @@ def embeddings_prompt(
             t, h, w = image.grid
             embeds = torch.zeros(t * h * w // layout.merge_size**2, layout.embedding_width)
             names.append(image.mm_hash or f"{request_id}-{index}")
+        elif image.is_bound:
+            names.append(bound_name(image.mm_hash, embeds))
         else:
             names.append(embeddings_hash(embeds, image.grid, hash_algorithm))
         embeddings.append(embeds)
@@ -100,6 +105,12 @@ def _rows_mask(layout: VisionLayout, length: int) -> torch.Tensor | None:
     mask = torch.zeros(length, dtype=torch.bool)
     mask[len(layout.image_start_ids) : length - len(layout.image_end_ids)] = True
     return mask
+
+
+def bound_name(mm_hash: str, embeds: torch.Tensor) -> str:
+    """The name of embeddings their encoder bound to the image ``mm_hash`` (a content tag):
+    the image and the precision they were computed in, which is what equal embeddings share."""
+    return f"{EMBEDS_BOUND_PREFIX}{mm_hash}-{str(embeds.dtype).removeprefix('torch.')}"
 
 
 def embeddings_hash(

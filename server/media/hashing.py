@@ -51,3 +51,14 @@ def mm_hash(pixels: np.ndarray, *, model_id: str, processor_fingerprint: str) ->
         digest.update(len(part).to_bytes(4, "little") + part)
     digest.update(np.ascontiguousarray(pixels).data)
     return digest.hexdigest()
+
+
+def pixels_tag(mm_hash_hex: str) -> bytes:
+    """The content tag (``transfer.payload_layout``) of an image's shared pixels: its mm_hash."""
+    return bytes.fromhex(mm_hash_hex)
+
+
+def embeddings_tag(mm_hash_hex: str) -> bytes:
+    """The content tag of the embeddings an encoder made of the image ``mm_hash_hex``: apart
+    from the pixels' tag, so neither payload can pass for the other."""
+    return hashlib.blake2b(b"epd-embeddings:" + mm_hash_hex.encode(), digest_size=16).digest()

@@ -27,6 +27,7 @@ from opentelemetry import trace
 from epd.common.errors import EpdError, NotFound
 from epd.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
+from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import Detokenizer
@@ -206,7 +207,7 @@ class RouteWorker:
                     torch.from_numpy(image.pixels),
                     self.plane.host_id,
                     preferred=tensor_pb2.TRANSFER_KIND_SHM,
-                    content_tag=bytes.fromhex(image.mm_hash),
+                    content_tag=pixels_tag(image.mm_hash),
                 )
             except (EpdError, OSError) as e:
                 logger.debug(

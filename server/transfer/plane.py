@@ -186,7 +186,8 @@ class DataPlane:
     ) -> tensor_pb2.TensorRef:
         """Hand ``tensor`` (host or device memory) over for a consumer on ``consumer_host_id``
         that reads it into ``consumer_device`` (empty: host memory); returns the reference.
-        ``content_tag`` (shared memory only) names the payload for ``get(..., content_tag=)``."""
+        ``content_tag`` names the payload for ``get(..., content_tag=)`` where it goes into shared
+        memory; other backends carry none (a reader that expects one then finds none)."""
         on_device = tensor.device.type == "cuda"  # NOTE: the device memory NIXL registers
         kind = self.choose(
             consumer_host_id, preferred, on_device=on_device, consumer_device=consumer_device
@@ -203,11 +204,7 @@ class DataPlane:
         if tensor.requires_grad:
             tensor = tensor.detach()
         producer = self.producers[kind]
-        if content_tag:
-            if not isinstance(producer, ShmProducer):
-                raise FailedPrecondition(
-                    "a content tag needs shared memory", reason="TRANSFER_UNAVAILABLE"
-                )
+        if content_tag and isinstance(producer, ShmProducer):
             ref = producer.put(tensor, ttl_s=ttl_s, content_tag=content_tag)
         elif isinstance(producer, NixlProducer) and on_device and is_accelerator(consumer_device):
             ref = producer.lend_from_device(tensor, ttl_s=ttl_s)

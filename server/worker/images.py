@@ -2,6 +2,8 @@
 
 Embeddings are pulled through the data plane as private copies, onto the device the worker's
 engine takes them on, so the caller may release the encoder's leases as soon as the call returns.
+Embeddings in a shared-memory segment that their encoder tagged with the image's mm_hash are
+bound to that image (``EngineImage.is_bound``): engines name them by it, without hashing them.
 Raw images are loaded under the media rules.
 """
 
@@ -9,11 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from epd.common.errors import FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
+from epd.server.media.hashing import embeddings_tag
 from epd.server.media.loader import MediaLoader
-from epd.server.transfer.plane import DataPlane
-from epd.v1 import multimodal_pb2
+from epd.server.transfer.plane import DataPlane, is_accelerator
+from epd.v1 import multimodal_pb2, tensor_pb2
+
+
+def _is_shared_memory(ref: tensor_pb2.TensorRef) -> bool:
+    return bool(ref.WhichOneof("location") == "shm")
 
 
 def check_request(request_id: str, model: str, served_model: str) -> None:
@@ -65,6 +74,9 @@ class ImageResolver:
     async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
         source = image.WhichOneof("source")
         if source == "embeddings":
+            bound = self._bound_embeddings(image)
+            if bound is not None:
+                return EngineImage(image.mm_hash, grid_of(image), embeddings=bound, is_bound=True)
             tensor = self.plane.get(image.embeddings, copy=True, device=self.device)
             return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor)
         if source == "media":
@@ -79,3 +91,19 @@ class ImageResolver:
         raise InvalidArgument(
             f"image {index} has neither embeddings nor media", reason="MISSING_IMAGE_DATA"
         )
+
+    def _bound_embeddings(self, image: multimodal_pb2.ImageInput) -> torch.Tensor | None:
+        """A copy of the embeddings of ``image`` if their shared-memory segment carries the
+        content tag of its mm_hash (their encoder's word, which only it can write), else None:
+        then they are read as they are and engines name them by their bytes."""
+        if not (image.mm_hash and _is_shared_memory(image.embeddings)) or is_accelerator(
+            self.device
+        ):
+            return None
+        tag = embeddings_tag(image.mm_hash)
+        try:
+            return self.plane.get(image.embeddings, copy=True, content_tag=tag)
+        except FailedPrecondition as e:
+            if e.reason != "CONTENT_MISMATCH":
+                raise
+            return None

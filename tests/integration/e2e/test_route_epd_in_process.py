@@ -198,7 +198,9 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
     deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The route decodes and hashes a picture; its encoder takes the pixels the route shared,
-    tagged with their mm_hash, and neither decodes nor hashes them again."""
+    tagged with their mm_hash, and neither decodes nor hashes them again; the prefill worker
+    takes the embeddings the encoder tagged with it and names them by it, unhashed."""
+    from epd.server.engine import vllm_embeds
     from epd.server.media import loader
 
     counts: Counter[str] = Counter()
@@ -212,9 +214,12 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
 
     monkeypatch.setattr(loader, "decode_image", counted("decode", loader.decode_image))
     monkeypatch.setattr(loader, "mm_hash", counted("hash", loader.mm_hash))
+    monkeypatch.setattr(
+        vllm_embeds, "embeddings_hash", counted("embeddings hash", vllm_embeds.embeddings_hash)
+    )
     stub, encoders, _, _ = deployment
     request = chat_request([picture(31, 300, 260)], "describe", max_tokens=2, ignore_eos=True)
     responses = [r async for r in stub.Generate(request)]
     assert sum(len(r.token_ids) for r in responses) == 2
-    assert counts == {"decode": 1, "hash": 1}
+    assert counts == {"decode": 1, "hash": 1}  # NOTE: and no "embeddings hash"
     assert sum(encoder.worker.loader.num_decoded for encoder in encoders) == 0

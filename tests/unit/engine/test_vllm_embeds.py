@@ -92,3 +92,20 @@ def test_a_family_with_items_of_its_own_gets_them_rendered_delimiters_outside_th
     assert [p.get_num_embeds() for p in placeholders] == [2, 3]
     items = engine_input["mm_kwargs"]["image"]
     assert [tuple(item["image_embeds"].data.shape) for item in items] == [(2, 8), (3, 8)]
+
+
+def test_embeddings_bound_to_their_image_are_named_by_it_and_their_dtype() -> None:
+    """Embeddings their encoder tagged with the image's mm_hash are named without hashing them:
+    the same image in the same precision shares one name, another precision does not."""
+    ones = torch.ones(2, 8)
+    prompt = embeddings_prompt(
+        "r",
+        PROMPT,
+        [
+            EngineImage("ab" * 16, (1, 2, 4), ones, is_bound=True),
+            EngineImage("ab" * 16, (1, 2, 4), ones.to(torch.bfloat16), is_bound=True),
+        ],
+        LAYOUT,
+    )
+    names = prompt["multi_modal_uuids"]["image"]
+    assert names == [f"epd-mm-{'ab' * 16}-float32", f"epd-mm-{'ab' * 16}-bfloat16"]
