@@ -38,7 +38,7 @@ from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import embeddings_tag, pixels_tag
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.transfer.plane import DataPlane
@@ -223,7 +223,7 @@ class EncodeWorker:
             return _Computed(hit, item.mm_hash, True, 0.0)
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
-        if item.pixels is not None and item.mm_hash:
+        if item.pixels is not None and is_mm_hash(item.mm_hash):
             start = time.monotonic()
             shared = _Pixels(item.pixels, item.mm_hash)
             if (encoded := await self._encode_once(item.mm_hash, shared)) is not None:

@@ -16,6 +16,8 @@ import numpy as np
 
 HASH_VERSION = b"epd-mm-v1"
 RGB = "RGB"
+MM_HASH_CHARS = 32
+HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -53,8 +55,16 @@ def mm_hash(pixels: np.ndarray, *, model_id: str, processor_fingerprint: str) ->
     return digest.hexdigest()
 
 
+def is_mm_hash(text: str) -> bool:
+    """Whether ``text`` has the form of an mm_hash (32 lower-case hex digits)."""
+    return len(text) == MM_HASH_CHARS and all(c in HEX_DIGITS for c in text)
+
+
 def pixels_tag(mm_hash_hex: str) -> bytes:
-    """The content tag (``transfer.payload_layout``) of an image's shared pixels: its mm_hash."""
+    """The content tag (``transfer.payload_layout``) of an image's shared pixels: its mm_hash;
+    ValueError for a text that is no mm_hash (``is_mm_hash``)."""
+    if not is_mm_hash(mm_hash_hex):
+        raise ValueError(f"{mm_hash_hex!r} is not an mm_hash")
     return bytes.fromhex(mm_hash_hex)
 
 

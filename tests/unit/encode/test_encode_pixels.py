@@ -140,3 +140,16 @@ async def test_pixels_released_while_being_read_are_not_encoded(worker, holder) 
         await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
     assert caught.value.reason == "BAD_IMAGE"
     assert worker.cache.get(hash_of(image)) is None
+
+
+@pytest.mark.parametrize("claimed", ["not-a-hash", "AB" * 16, "ab" * 17])
+async def test_pixels_named_by_no_mm_hash_are_ignored_for_the_source(
+    worker, holder, claimed: str
+) -> None:
+    """A caller's mm_hash of another form (any caller may send one) is no tag to look for: the
+    source is loaded and the mm_hash checked against it, a usage error, never a crash."""
+    image = noise(seed=9)
+    ref = put_pixels(holder, image)
+    with pytest.raises(InvalidArgument) as caught:
+        await encoded(worker, MediaSource(claimed, data=encode(image), pixels=ref))
+    assert caught.value.reason == "MM_HASH_MISMATCH"
