@@ -24,15 +24,14 @@ from epd.server.engine.device import xpu_available
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-AUTO_DTYPE = "auto"
-AUTO_DEVICE = "auto"
-PREPROCESS_DEVICES = (AUTO_DEVICE, "cpu")
+AUTO = "auto"
+PREPROCESS_DEVICES = (AUTO, "cpu")
 Grid = tuple[int, int, int]
 
 
 def dtype_for(device: torch.device, dtype: str) -> str:
     """``dtype``, or for ``auto`` bfloat16 on an accelerator and float32 on CPU."""
-    if dtype != AUTO_DTYPE:
+    if dtype != AUTO:
         return dtype
     return "float32" if device.type == "cpu" else "bfloat16"
 
@@ -100,10 +99,10 @@ class VisionEncoder:
         model_dir: str | Path,
         *,
         device: str = "cpu",
-        dtype: str = AUTO_DTYPE,
-        preprocess_device: str = AUTO_DEVICE,
-        attention: str = AUTO_DEVICE,
-        patch_embedding: str = AUTO_DEVICE,
+        dtype: str = AUTO,
+        preprocess_device: str = AUTO,
+        attention: str = AUTO,
+        patch_embedding: str = AUTO,
     ) -> None:
         """``preprocess_device``: where the image processor runs: ``auto`` (the tower's device
         where the processor can run there: transformers' torchvision backend; else CPU) or
@@ -114,7 +113,7 @@ class VisionEncoder:
 
         from epd.server.models.registry import family_of
 
-        if dtype != AUTO_DTYPE and dtype not in DTYPES:
+        if dtype != AUTO and dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
         family = family_of(self.model_dir)
@@ -150,7 +149,7 @@ class VisionEncoder:
             "vision tower of %s on %s (%s, %d parameters, %s attention)",
             self.model_dir.name,
             self.device,
-            dtype_for(self.device, dtype),
+            str(self.dtype).removeprefix("torch."),
             self.num_parameters,
             self.attention,
         )
