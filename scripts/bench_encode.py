@@ -4,7 +4,8 @@ With distinct random 336x448 pictures (``--preset tiny`` builds the tiny model, 
 little, as a GPU's does; ``small`` one whose CPU tower dominates; ``--model DIR`` any checkpoint):
 - direct, batch 1 and batch 8: ``VisionEncoder.encode`` (processor + tower) on decoded images,
   one after another: the best the tower and its processor can do;
-- the service over loopback gRPC, 8 concurrent clients, one image per request, batch 1 and
+- the service over loopback gRPC, ``--clients`` concurrent clients (default 32: a batch in the
+  tower, the next ones queued and prepared meanwhile), one image per request, batch 1 and
   dynamic batching (at most 8, no waiting), embeddings handed over through shared memory and
   released; each picture either as PNG bytes (``bytes``: the encoder decodes and hashes it) or as
   pixels the client shared tagged with their mm_hash, as the route shares them (``pixels``);
@@ -19,7 +20,8 @@ float32, relative to their largest value.
 
     .venv/bin/python scripts/bench_encode.py [--preset tiny|small | --model DIR] [--images N]
         [--device cuda] [--dtype auto|float32|bfloat16|float16]
-        [--vision-attention auto|packed|sdpa|eager] [--patch-embedding auto|matmul|conv] [--json]
+        [--vision-attention auto|packed|sdpa|eager] [--patch-embedding auto|matmul|conv]
+        [--clients N] [--json]
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2, tensor_pb2
 
-CONCURRENCY = 8
+BATCH = 8
 INPUTS = ("bytes", "pixels")
 # the tower's execution (fast_tower), the same for the direct path and the service
 TOWER = {"attention": "auto", "patch_embedding": "auto"}
@@ -88,14 +90,12 @@ def per_image_ms(count: int, run: Callable[[], Any], device: torch.device) -> fl
 
 
 def direct(encoder: VisionEncoder, count: int) -> dict[str, float]:
-    encoder.encode(images(CONCURRENCY, 0))
+    encoder.encode(images(BATCH, 0))
     single, batched = images(count, 1), images(count, 2)
     b1 = per_image_ms(count, lambda: [encoder.encode([image]) for image in single], encoder.device)
     b8 = per_image_ms(
         count,
-        lambda: [
-            encoder.encode(batched[i : i + CONCURRENCY]) for i in range(0, count, CONCURRENCY)
-        ],
+        lambda: [encoder.encode(batched[i : i + BATCH]) for i in range(0, count, BATCH)],
         encoder.device,
     )
     return {"direct_b1_ips": 1000 / b1, "direct_b8_ips": 1000 / b8}
@@ -109,7 +109,7 @@ def stages(encoder: VisionEncoder, model_dir: Path, count: int) -> dict[str, flo
     arrays = [np.array(decode_image(data, policy)) for data in payloads]
     tensors = [torch.from_numpy(array) for array in arrays]
     prepared = [encoder.prepare(pixels) for pixels in tensors]
-    encoder.run(prepared[:CONCURRENCY])
+    encoder.run(prepared[:BATCH])
     embeddings: list[torch.Tensor] = []
     plane = DataPlane(kinds=("shm",))
     device = encoder.device
@@ -132,8 +132,8 @@ def stages(encoder: VisionEncoder, model_dir: Path, count: int) -> dict[str, flo
                 count,
                 lambda: embeddings.extend(
                     e
-                    for i in range(0, count, CONCURRENCY)
-                    for e, _ in encoder.run(prepared[i : i + CONCURRENCY])
+                    for i in range(0, count, BATCH)
+                    for e, _ in encoder.run(prepared[i : i + BATCH])
                 ),
                 device,
             ),
@@ -186,7 +186,13 @@ def shared_pixels(pictures: list[Image.Image], model_dir: Path) -> Iterator[list
 
 
 async def service(
-    model_dir: Path, count: int, max_batch: int, seed: int, on: tuple[str, str], given: str
+    model_dir: Path,
+    count: int,
+    max_batch: int,
+    seed: int,
+    on: tuple[str, str],
+    given: str,
+    clients: int,
 ) -> dict[str, float]:
     device, dtype = on
     app = await build_encode_server(
@@ -225,7 +231,7 @@ async def service(
                         await one(queue.pop())
 
                 start = time.perf_counter()
-                await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+                await asyncio.gather(*(client() for _ in range(clients)))
                 throughput = count / (time.perf_counter() - start)
                 cold = [await one(item) for item in later]
             hits = [
@@ -247,6 +253,7 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     TOWER.update(attention=args.vision_attention, patch_embedding=args.patch_embedding)
     encoder = VisionEncoder(model_dir, device=args.device, dtype=args.dtype, **TOWER)
     figures: dict[str, Any] = {"model": model_dir.name, "device": str(encoder.device)}
+    figures["clients"] = args.clients
     figures["attention"] = encoder.attention
     figures["fast_convolutions"] = encoder.num_fast_convolutions
     figures["dtype"] = str(encoder.dtype).removeprefix("torch.")
@@ -254,8 +261,8 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     figures.update(stages(encoder, model_dir, args.images))
     del encoder
     for given in INPUTS:
-        b1 = asyncio.run(service(model_dir, args.images, 1, 3, on, given))
-        dynamic = asyncio.run(service(model_dir, args.images, CONCURRENCY, 4, on, given))
+        b1 = asyncio.run(service(model_dir, args.images, 1, 3, on, given, args.clients))
+        dynamic = asyncio.run(service(model_dir, args.images, BATCH, 4, on, given, args.clients))
         figures[f"service_{given}_b1_ips"] = b1["ips"]
         figures[f"service_{given}_dynamic_ips"] = dynamic["ips"]
         figures[f"service_{given}_vs_direct_b8"] = dynamic["ips"] / figures["direct_b8_ips"]
@@ -332,10 +339,18 @@ def main() -> int:
         default="auto",
         help="the patch embedding, as epd encode's (default auto)",
     )
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=32,
+        help="concurrent clients of the service, one image per request (default 32)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
-    if args.images < CONCURRENCY or args.images % CONCURRENCY:
-        parser.error(f"--images must be a multiple of {CONCURRENCY}")
+    if args.clients < 1:
+        parser.error("--clients must be at least 1")
+    if args.images < BATCH or args.images % BATCH:
+        parser.error(f"--images must be a multiple of {BATCH}")
     with tempfile.TemporaryDirectory() as folder:
         model_dir = args.model or build_tiny_model(Path(folder) / args.preset, preset(args.preset))
         figures = measure(model_dir, args)

@@ -17,6 +17,7 @@ Two rewrites, both of what transformers' modules compute, not of the model:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -104,7 +105,7 @@ def packed_attention(
         return output.transpose(1, 2), None
     heads, head_dim = query.shape[1], query.shape[3]
     output = torch.empty_like(query[0])
-    for start, count, length in equal_runs(cu_seq_lens_q.tolist()):
+    for start, count, length in runs_of(cu_seq_lens_q):
         end = start + count * length
         shape = (heads, count, length, head_dim)
         q, k, v = (t[0, :, start:end].view(shape).transpose(0, 1) for t in (query, key, value))
@@ -126,6 +127,25 @@ def equal_runs(bounds: list[int]) -> list[tuple[int, int, int]]:
             runs[-1] = (first, count + 1, length)
         else:
             runs.append((start, 1, length))
+    return runs
+
+
+_RUNS_SEEN: dict[int, tuple[weakref.ref[torch.Tensor], list[tuple[int, int, int]]]] = {}
+
+
+def runs_of(bounds: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``equal_runs`` of a bounds tensor, read from the device once per tensor: every layer of
+    a tower gets the same bounds, and reading them back on CUDA waits for the GPU to catch up,
+    leaving it idle while the next layer's kernels are launched. Bounds are never changed in
+    place (inference tensors, which they are when serving, cannot even say whether they were)."""
+    key = id(bounds)
+    seen = _RUNS_SEEN.get(key)
+    if seen is not None and seen[0]() is bounds:
+        return seen[1]
+    runs = equal_runs(bounds.tolist())
+    if len(_RUNS_SEEN) >= 8:
+        _RUNS_SEEN.clear()
+    _RUNS_SEEN[key] = (weakref.ref(bounds), runs)
     return runs
 
 

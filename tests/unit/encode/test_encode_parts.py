@@ -172,14 +172,22 @@ def test_only_vision_weights_are_loaded(tiny_model_dir) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_float32_matches_cpu(tiny_model_dir) -> None:
+@pytest.mark.parametrize("tower", [{}, {"attention": "sdpa", "patch_embedding": "conv"}])
+def test_cuda_float32_matches_cpu(tiny_model_dir, tower) -> None:
     # NOTE: failed (1e-2 relative) before TF32 was turned off for float32 on CUDA.
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))]
     cpu = VisionEncoder(tiny_model_dir).encode(images)[0][0]
-    gpu = VisionEncoder(tiny_model_dir, device="cuda").encode(images)[0][0]
-    assert gpu.device.type == "cuda"  # NOTE: kept on the GPU until the data plane hands it over
-    assert torch.allclose(cpu, gpu.cpu(), rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))
+    gpu = VisionEncoder(tiny_model_dir, device="cuda", dtype="float32", **tower).encode(images)
+    assert gpu[0][0].device.type == "cuda"  # NOTE: kept there until the data plane hands it over
+    assert torch.allclose(cpu, gpu[0][0].cpu(), rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_defaults_to_bfloat16_and_the_fast_tower(tiny_model_dir) -> None:
+    encoder = VisionEncoder(tiny_model_dir, device="cuda")
+    assert encoder.dtype == torch.bfloat16
+    assert encoder.num_fast_convolutions == 1
 
 
 def test_encoders_batch_on_accelerators_and_not_on_cpu() -> None:

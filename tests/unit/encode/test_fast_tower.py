@@ -12,6 +12,7 @@ from epd.server.encode.fast_tower import (
     KernelSizedConv,
     equal_runs,
     packed_attention,
+    runs_of,
     speed_up_patch_embeddings,
 )
 
@@ -19,6 +20,14 @@ from epd.server.encode.fast_tower import (
 def test_equal_consecutive_sequences_form_runs() -> None:
     assert equal_runs([0, 4, 8, 12, 14, 16, 16, 20]) == [(0, 3, 4), (12, 2, 2), (16, 1, 4)]
     assert equal_runs([0]) == []
+
+
+def test_a_bounds_tensor_is_read_once_for_every_layer() -> None:
+    bounds = torch.tensor([0, 4, 8, 10])
+    first = runs_of(bounds)
+    assert first == [(0, 2, 4), (8, 1, 2)]
+    assert runs_of(bounds) is first
+    assert runs_of(torch.tensor([0, 5])) == [(0, 1, 5)]
 
 
 @pytest.mark.parametrize("bounds", [[0, 16, 32, 48], [0, 9, 18, 25, 30, 39], [0, 64]])
