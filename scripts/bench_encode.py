@@ -4,7 +4,8 @@ With distinct random 336x448 pictures (``--preset tiny`` builds the tiny model, 
 little, as a GPU's does; ``small`` one whose CPU tower dominates; ``--model DIR`` any checkpoint):
 - direct, batch 1 and batch 8: ``VisionEncoder.encode`` (processor + tower) on decoded images,
   one after another: the best the tower and its processor can do;
-- the service over loopback gRPC, ``--clients`` concurrent clients (default 32: a batch in the
+- the service (``epd encode`` in a process of its own, as deployed) over loopback gRPC,
+  ``--clients`` concurrent clients (default 32: a batch in the
   tower, the next ones queued and prepared meanwhile), one image per request, batch 1 and
   dynamic batching (at most 8, no waiting), embeddings handed over through shared memory and
   released; each picture either as PNG bytes (``bytes``: the encoder decodes and hashes it) or as
@@ -31,7 +32,9 @@ import asyncio
 import contextlib
 import io
 import json
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,15 +46,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from epd.common.channels import create_channel
-from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.client.launcher import free_port
+from epd.common.channels import create_channel, wait_for_health
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.tiny_model import build_tiny_model, preset
 from epd.server.media.decode import decode_image
 from epd.server.media.hashing import mm_hash, processor_fingerprint
 from epd.server.media.policy import MediaPolicy
-from epd.server.transfer.plane import DataPlane
+from epd.server.transfer.plane import DataPlane, default_host_id
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2, tensor_pb2
@@ -185,62 +188,72 @@ def shared_pixels(pictures: list[Image.Image], model_dir: Path) -> Iterator[list
         plane.close()
 
 
-async def service(
-    model_dir: Path,
-    count: int,
-    max_batch: int,
-    seed: int,
-    on: tuple[str, str],
-    given: str,
-    clients: int,
-) -> dict[str, float]:
+@contextlib.contextmanager
+def encoder_processes(
+    model_dir: Path, on: tuple[str, str], max_batches: tuple[int, ...]
+) -> Iterator[list[str]]:
+    """One ``epd encode`` process per batch limit, started together; their endpoints."""
     device, dtype = on
-    app = await build_encode_server(
-        EncodeConfig(
-            model_dir,
-            max_batch_size=max_batch,
-            device=device,
-            dtype=dtype,
-            attention=TOWER["attention"],
-            patch_embedding=TOWER["patch_embedding"],
+    ports = [free_port() for _ in max_batches]
+    servers = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "epd", "encode", "--model", str(model_dir)),
+                *("--port", str(port), "--max-batch-size", str(max_batch)),
+                *("--device", device, "--dtype", dtype, "--log-level", "WARNING"),
+                *("--vision-attention", TOWER["attention"]),
+                *("--patch-embedding", TOWER["patch_embedding"]),
+            ],
+            stdout=subprocess.DEVNULL,
         )
-    )
-    host = app.plane.host_id
+        for port, max_batch in zip(ports, max_batches, strict=True)
+    ]
     try:
-        async with create_channel(f"127.0.0.1:{app.port}") as channel:
-            stub = pb_grpc.EncodeServiceStub(channel)
-
-            async def one(item: multimodal_pb2.MediaItem) -> tuple[float, pb.EncodeResponse]:
-                start = time.perf_counter()
-                request = pb.EncodeRequest(items=[item], consumer_host_id=host)
-                responses = [r async for r in stub.Encode(request)]
-                await stub.Release(pb.ReleaseRequest(lease_ids=[responses[0].embeddings.lease_id]))
-                return time.perf_counter() - start, responses[0]
-
-            await one(multimodal_pb2.MediaItem(data=png(images(1, 99)[0])))
-            with shared_pixels(images(count + 5, seed), model_dir) as shared:
-                items = (
-                    shared
-                    if given == "pixels"
-                    else [multimodal_pb2.MediaItem(data=item.data) for item in shared]
-                )
-                queue, later = items[:count], items[count:]
-
-                async def client() -> None:
-                    while queue:
-                        await one(queue.pop())
-
-                start = time.perf_counter()
-                await asyncio.gather(*(client() for _ in range(clients)))
-                throughput = count / (time.perf_counter() - start)
-                cold = [await one(item) for item in later]
-            hits = [
-                (await one(multimodal_pb2.MediaItem(mm_hash=r.mm_hash)))[0]
-                for _, r in cold
-                for _ in range(4)
-            ]
+        yield [f"127.0.0.1:{port}" for port in ports]
     finally:
-        await app.stop()
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+        for server in servers:
+            server.wait(60)
+
+
+async def service(
+    endpoint: str, model_dir: Path, count: int, seed: int, given: str, clients: int
+) -> dict[str, float]:
+    host = default_host_id()
+    await wait_for_health(endpoint, timeout_s=300)
+    async with create_channel(endpoint) as channel:
+        stub = pb_grpc.EncodeServiceStub(channel)
+
+        async def one(item: multimodal_pb2.MediaItem) -> tuple[float, pb.EncodeResponse]:
+            start = time.perf_counter()
+            request = pb.EncodeRequest(items=[item], consumer_host_id=host)
+            responses = [r async for r in stub.Encode(request)]
+            await stub.Release(pb.ReleaseRequest(lease_ids=[responses[0].embeddings.lease_id]))
+            return time.perf_counter() - start, responses[0]
+
+        await one(multimodal_pb2.MediaItem(data=png(images(1, 99)[0])))
+        with shared_pixels(images(count + 5, seed), model_dir) as shared:
+            items = (
+                shared
+                if given == "pixels"
+                else [multimodal_pb2.MediaItem(data=item.data) for item in shared]
+            )
+            queue, later = items[:count], items[count:]
+
+            async def client() -> None:
+                while queue:
+                    await one(queue.pop())
+
+            start = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            throughput = count / (time.perf_counter() - start)
+            cold = [await one(item) for item in later]
+        hits = [
+            (await one(multimodal_pb2.MediaItem(mm_hash=r.mm_hash)))[0]
+            for _, r in cold
+            for _ in range(4)
+        ]
     return {
         "ips": throughput,
         "cold_ms": statistics.median(t for t, _ in cold) * 1000,
@@ -260,15 +273,17 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     figures.update(direct(encoder, args.images))
     figures.update(stages(encoder, model_dir, args.images))
     del encoder
-    for given in INPUTS:
-        b1 = asyncio.run(service(model_dir, args.images, 1, 3, on, given, args.clients))
-        dynamic = asyncio.run(service(model_dir, args.images, BATCH, 4, on, given, args.clients))
-        figures[f"service_{given}_b1_ips"] = b1["ips"]
-        figures[f"service_{given}_dynamic_ips"] = dynamic["ips"]
-        figures[f"service_{given}_vs_direct_b8"] = dynamic["ips"] / figures["direct_b8_ips"]
-        figures[f"service_{given}_b1_vs_direct_b1"] = b1["ips"] / figures["direct_b1_ips"]
-        figures[f"{given}_cold_ms"] = dynamic["cold_ms"]
-        figures[f"{given}_cache_hit_ms"] = dynamic["hit_ms"]
+    with encoder_processes(model_dir, on, (1, BATCH)) as (b1_at, dynamic_at):
+        for index, given in enumerate(INPUTS):
+            load = (model_dir, args.images)
+            b1 = asyncio.run(service(b1_at, *load, 10 + index, given, args.clients))
+            dynamic = asyncio.run(service(dynamic_at, *load, 20 + index, given, args.clients))
+            figures[f"service_{given}_b1_ips"] = b1["ips"]
+            figures[f"service_{given}_dynamic_ips"] = dynamic["ips"]
+            figures[f"service_{given}_vs_direct_b8"] = dynamic["ips"] / figures["direct_b8_ips"]
+            figures[f"service_{given}_b1_vs_direct_b1"] = b1["ips"] / figures["direct_b1_ips"]
+            figures[f"{given}_cold_ms"] = dynamic["cold_ms"]
+            figures[f"{given}_cache_hit_ms"] = dynamic["hit_ms"]
     figures["hit_vs_cold"] = figures["bytes_cache_hit_ms"] / figures["bytes_cold_ms"]
     if args.device != "cpu":
         figures["max_relative_difference_from_cpu"] = difference_from_cpu(model_dir, *on)

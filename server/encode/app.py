@@ -53,7 +53,8 @@ class EncodeConfig:
     transfer_kind: str | None = None
     lease_ttl_s: float = 60.0
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
-    max_inline_ms: float = 10.0
+    # batches expected within this many ms run on the event loop (None: see max_inline_ms_for)
+    max_inline_ms: float | None = None
     transfer: TransferOptions = field(default_factory=TransferOptions)
     # threads that decode and prepare images beside the tower (0: one per CPU this process may use)
     preprocess_threads: int = 0
@@ -83,6 +84,7 @@ class EncodeApp:
 
 
 ACCELERATOR_BATCH_SIZE = 8
+CPU_MAX_INLINE_MS = 10.0
 
 
 def max_batch_size_for(device_type: str) -> int:
@@ -90,6 +92,13 @@ def max_batch_size_for(device_type: str) -> int:
     fraction of 8 single calls; one on CPU, where a tower of real size is compute-bound, a batch
     costs its images' sum or more, and only delays the first image's result."""
     return 1 if device_type == "cpu" else ACCELERATOR_BATCH_SIZE
+
+
+def max_inline_ms_for(device_type: str) -> float:
+    """Batches expected to finish within this many ms run on the event loop by default: on CPU,
+    where handing a small batch to the tower's thread and back costs more than running it; never
+    on an accelerator, whose tower calls the event loop would wait for."""
+    return CPU_MAX_INLINE_MS if device_type == "cpu" else 0.0
 
 
 def threads_of(config: EncodeConfig) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
@@ -133,7 +142,12 @@ async def build_encode_server(
         encoder.run,
         max_items=max_batch_size,
         max_wait_s=config.max_batch_wait_ms / 1000,
-        inline_below_s=config.max_inline_ms / 1000,
+        inline_below_s=(
+            max_inline_ms_for(encoder.device.type)
+            if config.max_inline_ms is None
+            else config.max_inline_ms
+        )
+        / 1000,
         executor=tower_thread,
     )
     loader = MediaLoader(

@@ -120,12 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-inline-ms",
-        type=float,
-        default=float(env("EPD_MAX_INLINE_MS", "10")),
+        default=env("EPD_MAX_INLINE_MS", "auto"),
         help="batches expected to finish within this many ms run on the event "
-        "loop instead of a worker thread, whose hand-off costs more than "
-        "that on small CPU machines (env EPD_MAX_INLINE_MS; default 10; "
-        "0: always a thread)",
+        "loop instead of the tower's thread, whose hand-off costs more than "
+        "that on small CPU machines (env EPD_MAX_INLINE_MS; default auto: 10 "
+        "on CPU, 0 on an accelerator; 0: always the tower's thread)",
     )
     parser.add_argument(
         "--cache-mb",
@@ -154,17 +153,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_telemetry_arguments(parser)
 
 
+def non_negative_ms(text: str) -> float:
+    """``--max-inline-ms`` as a number of ms (``auto`` is read by the caller)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--max-inline-ms must be auto or a number of ms, not {text!r}") from None
+    if not value >= 0:
+        raise ValueError("--max-inline-ms must not be negative")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
         require_model_dir(args.model)
-        if (
-            args.max_batch_size < 0
-            or args.max_batch_wait_ms < 0
-            or args.cache_mb < 0
-            or args.max_inline_ms < 0
-        ):
-            raise ValueError("batch size, wait, inline time and cache must not be negative")
+        inline = args.max_inline_ms
+        max_inline_ms = None if inline == "auto" else non_negative_ms(inline)
+        if args.max_batch_size < 0 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
+            raise ValueError("batch size, wait and cache must not be negative")
         if args.threads < 0 or args.preprocess_threads < 0:
             raise ValueError("--threads and --preprocess-threads must be 0 (the default) or more")
         config = EncodeConfig(
@@ -181,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             args.scheduler,
             None if args.transfer == "auto" else args.transfer,
             args.lease_ttl_s,
-            max_inline_ms=args.max_inline_ms,
+            max_inline_ms=max_inline_ms,
             transfer=transfer_options(args),
             preprocess_threads=args.preprocess_threads,
             preprocess_device=args.preprocess_device,

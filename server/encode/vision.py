@@ -188,12 +188,18 @@ class VisionEncoder:
         return self._tower(*self.preprocess(images))
 
     def _tower(self, pixel_values: Any, grid: torch.Tensor) -> list[tuple[torch.Tensor, Grid]]:
+        """The tower on joined pixel inputs; returns once an accelerator has computed them, so
+        the calling thread (the tower's own) is the one that waits, never the event loop that
+        hands the embeddings over, and a batch's time is what the device took."""
         merged = self.family.image_embeddings(
             self.model, pixel_values.to(self.device, self.dtype), grid.to(self.device)
         )
         sizes = (grid.prod(-1) // self.merge_size**2).tolist()
         chunks = torch.split(merged, sizes)
-        return [
+        results = [
             (chunk.contiguous(), (int(t), int(h), int(w)))
             for chunk, (t, h, w) in zip(chunks, grid.tolist(), strict=True)
         ]
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).synchronize(self.device)
+        return results

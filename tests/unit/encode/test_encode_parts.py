@@ -178,7 +178,9 @@ def test_cuda_float32_matches_cpu(tiny_model_dir, tower) -> None:
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))]
     cpu = VisionEncoder(tiny_model_dir).encode(images)[0][0]
-    gpu = VisionEncoder(tiny_model_dir, device="cuda", dtype="float32", **tower).encode(images)
+    gpu = VisionEncoder(
+        tiny_model_dir, device="cuda", dtype="float32", preprocess_device="cpu", **tower
+    ).encode(images)
     assert gpu[0][0].device.type == "cuda"  # NOTE: kept there until the data plane hands it over
     assert torch.allclose(cpu, gpu[0][0].cpu(), rtol=1e-4, atol=1e-4 * float(cpu.abs().max()))
 
@@ -195,3 +197,18 @@ def test_encoders_batch_on_accelerators_and_not_on_cpu() -> None:
 
     assert max_batch_size_for("cuda") == max_batch_size_for("xpu") == 8
     assert max_batch_size_for("cpu") == 1
+
+
+def test_tower_calls_run_inline_only_on_cpu() -> None:
+    from epd.server.encode.app import max_inline_ms_for
+
+    assert max_inline_ms_for("cuda") == max_inline_ms_for("xpu") == 0
+    assert max_inline_ms_for("cpu") == 10
+
+
+@pytest.mark.parametrize("given", ["-1", "nan", "soon"])
+def test_a_bad_inline_time_is_refused_with_a_message(given: str, tiny_model_dir, capsys) -> None:
+    from epd.cli import main
+
+    assert main(["encode", "--model", str(tiny_model_dir), "--max-inline-ms", given]) == 2
+    assert "max-inline-ms" in capsys.readouterr().err
