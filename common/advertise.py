@@ -89,7 +89,9 @@ def advertised_host(bind_host: str, advertise_host: str | None, scheduler: str |
         if source is not None:
             return source
         logger.warning(
-            "no route towards scheduler %s; advertising this host's primary address", scheduler
+            "no route towards scheduler %s (or its name does not resolve); advertising this "
+            "host's primary address",
+            scheduler,
         )
     return primary_address()
 
