@@ -87,10 +87,11 @@ class ServerOptions:
                 "peers reach this server at"
             )
 
-    def advertised_endpoint(self, port: int) -> str:
-        """host:port a worker registers: ``advertise_host``, the bind host if it is one
-        address, else this host's primary address (see ``advertise``)."""
-        return endpoint(advertised_host(self.host, self.advertise_host), port)
+    def advertised_endpoint(self, port: int, scheduler: str | None) -> str:
+        """host:port a worker registering with ``scheduler`` (None: none) registers:
+        ``advertise_host``, the bind host if it is one address, else the source address of the
+        route towards the scheduler, else this host's primary address (see ``advertise``)."""
+        return endpoint(advertised_host(self.host, self.advertise_host, scheduler), port)
 
     @property
     def exports_metrics(self) -> bool:

@@ -59,9 +59,9 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0)
     group.add_argument(
         "--advertise-host",
         default=env("EPD_ADVERTISE_HOST"),
-        help="address workers register for peers to reach them at (env "
-        "EPD_ADVERTISE_HOST; default: --host, or this host's primary "
-        "address when --host is a wildcard such as 0.0.0.0)",
+        help="address workers register for peers to reach them at (env EPD_ADVERTISE_HOST; "
+        "default: --host, or when --host is a wildcard such as 0.0.0.0 the source address of "
+        "this host's route towards --scheduler, else this host's primary address)",
     )
     group.add_argument(
         "--drain-grace-s",

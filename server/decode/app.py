@@ -63,7 +63,7 @@ async def build_decode_server(
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"decode-{host_id}-{port}",
         role=scheduler_pb.WORKER_ROLE_DECODE,
-        endpoint=options.advertised_endpoint(port),
+        endpoint=options.advertised_endpoint(port, config.scheduler),
         device=engine.device,
         weight=config.weight,
         capacity=config.capacity,

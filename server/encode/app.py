@@ -182,7 +182,7 @@ async def build_encode_server(
         register_media_metrics(loader, registry)
         register_plane_metrics(plane, registry)
     server, port = await build_server([binding], options, registry)
-    endpoint = options.advertised_endpoint(port)
+    endpoint = options.advertised_endpoint(port, config.scheduler)
     plane.set_producer_endpoint(endpoint)
     worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
     info = scheduler_pb.WorkerInfo(

@@ -93,7 +93,7 @@ async def build_prefill_server(
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
         role=ROLES[config.mode],
-        endpoint=options.advertised_endpoint(port),
+        endpoint=options.advertised_endpoint(port, config.scheduler),
         device=engine.device,
         weight=config.weight,
         capacity=config.capacity,

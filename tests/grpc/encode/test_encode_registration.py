@@ -68,9 +68,9 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
     await scheduler.drain_and_stop(0)
 
 
-async def test_an_encoder_bound_to_a_wildcard_registers_a_reachable_address(tiny_model_dir) -> None:
-    from epd.common.advertise import primary_address
-
+async def test_an_encoder_bound_to_a_wildcard_registers_its_route_to_the_scheduler(
+    tiny_model_dir,
+) -> None:
     scheduler, scheduler_port = await build_scheduler_server()
     encoder = await build_encode_server(
         EncodeConfig(
@@ -92,7 +92,7 @@ async def test_an_encoder_bound_to_a_wildcard_registers_a_reachable_address(tiny
                     break
                 await asyncio.sleep(0.05)
         (worker,) = workers
-        assert worker.info.endpoint == f"{primary_address()}:{encoder.port}"
+        assert worker.info.endpoint == f"127.0.0.1:{encoder.port}"
         async with create_channel(worker.info.endpoint) as channel:
             request = pb.EncodeRequest(items=[multimodal_pb2.MediaItem(data=png_bytes())])
             assert [r async for r in pb_grpc.EncodeServiceStub(channel).Encode(request)]

@@ -94,6 +94,18 @@ class Host:
             timeout=timeout_s,
         )
 
+    def default_routes(self) -> str:
+        """This host's IPv4 and IPv6 default routes, as ``ip route`` lists them; empty: none."""
+        return "".join(
+            subprocess.run(
+                ["ip", "-n", self.namespace, *family, "route", "show", "default"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            for family in ([], ["-6"])
+        )
+
     def set_link(self, state: str) -> None:
         """``up`` or ``down`` this host's end of the veth."""
         ip("-n", self.namespace, "link", "set", self.device, state)
@@ -105,7 +117,8 @@ def ip(*args: str) -> None:
 
 @contextlib.contextmanager
 def two_hosts(work_dir: Path) -> Iterator[tuple[Host, Host]]:
-    """Hosts a (SUBNET.1) and b (SUBNET.2) joined by a veth pair; deleted on exit."""
+    """Hosts a (SUBNET.1) and b (SUBNET.2) joined by a veth pair, with no default route (each
+    reaches the other's address on the veth's subnet); deleted on exit."""
     tag = str(os.getpid())
     hosts = tuple(
         Host(f"epd{side}{tag}", f"{SUBNET}.{i}", f"veth{side}{tag}"[:15], work_dir / f"shm-{side}")

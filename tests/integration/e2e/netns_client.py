@@ -1,6 +1,7 @@
 """A client run inside a test host's namespace (``python -m tests.integration.e2e.netns_client``).
 
-``wait ENDPOINT...``: wait until each answers health SERVING. ``generate ROUTE SPEC``: send the
+``wait ENDPOINT...``: wait until each answers health SERVING. ``workers SCHEDULER``: print the
+registered workers as JSON, [role name, endpoint] each. ``generate ROUTE SPEC``: send the
 requests of SPEC (JSON: ``requests`` [{``seeds``, ``max_tokens``}], ``timeout_s``,
 ``started_file``) at once, touch ``started_file`` once each has streamed a token, print one JSON
 result per request: ``tokens`` or ``error`` {code, reason, message}, ``elapsed_s``, and ``ended_at``
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from epd.client import AsyncEpdClient, EpdClientError, user
-from epd.common.channels import wait_for_health
+from epd.common.channels import create_channel, wait_for_health
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 from tests.pictures import picture, png
 
 QUESTION = "describe this picture"
@@ -64,10 +67,21 @@ async def generate(route: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
     return list(results)
 
 
+async def workers(scheduler: str) -> list[list[str]]:
+    async with create_channel(scheduler) as channel:
+        reply = await scheduler_grpc.SchedulerServiceStub(channel).ListWorkers(
+            scheduler_pb.ListWorkersRequest(), timeout=30
+        )
+    return [[scheduler_pb.WorkerRole.Name(w.info.role), w.info.endpoint] for w in reply.workers]
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "wait":
         for endpoint in argv[1:]:
             asyncio.run(wait_for_health(endpoint, timeout_s=300))
+        return
+    if argv[0] == "workers":
+        print(json.dumps(asyncio.run(workers(argv[1]))))
         return
     print(json.dumps(asyncio.run(generate(argv[1], json.loads(argv[2])))))
 

@@ -1,7 +1,9 @@
-"""E/P/D across two hosts on one machine (network namespaces joined by a veth pair, see netns.py):
-scheduler, route and encoder on host a, prefill and decode on host b. The embeddings cross the
-veth over NIXL (UCX over TCP), the KV over vLLM's NixlConnector; answers equal the reference.
-Then the link goes down mid-run: requests end UNAVAILABLE with a reason before their deadline.
+"""E/P/D across two hosts on one machine (network namespaces joined by a veth pair and no default
+route, see netns.py): scheduler, route and encoder on host a, prefill and decode on host b. The
+workers bind 0.0.0.0 without --advertise-host, so each registers the address it reaches the
+scheduler from. The embeddings cross the veth over NIXL (UCX over TCP), the KV over vLLM's
+NixlConnector; answers equal the reference. Then the link goes down mid-run: requests end
+UNAVAILABLE with a reason before their deadline.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ pytestmark = [
 # every $EPD_GRPC_KEEPALIVE_S, as long to answer) has found the link down.
 MAX_TOKENS = 3000
 PORTS = {"scheduler": 50301, "route": 50300, "encode": 50304, "prefill": 50302, "decode": 50303}
+WORKERS = {"encode": "ENCODE", "prefill": "PREFILL", "decode": "DECODE"}
 
 
 @dataclass
@@ -50,13 +53,14 @@ class Deployment:
         return f"{host.address}:{PORTS[name]}"
 
     def start(self, host: Host, name: str, *args: str) -> None:
+        """Start service ``name`` on ``host``: a worker bound to 0.0.0.0, others to its address."""
         command = [
             "-m",
             "epd",
             name.rstrip("0123456789"),
             *args,
             "--host",
-            host.address,
+            "0.0.0.0" if name in WORKERS else host.address,
             "--port",
             str(PORTS[name]),
         ]
@@ -87,6 +91,18 @@ class Deployment:
             f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
             for p in sorted(self.log_dir.glob("*.log"))
         )
+
+    def registered(self) -> list[tuple[str, str]]:
+        """The scheduler's registry, as seen from host b: (role name, endpoint), sorted."""
+        listing = self.b.python(
+            "-m",
+            "tests.integration.e2e.netns_client",
+            "workers",
+            self.endpoint("scheduler"),
+            timeout_s=60,
+        )
+        assert listing.returncode == 0, listing.stderr[-3000:]
+        return sorted((role, endpoint) for role, endpoint in json.loads(listing.stdout))
 
     def generate(self, spec: dict[str, Any], timeout_s: float) -> subprocess.Popen[str]:
         """The client on host a, sending ``spec`` (see netns_client); read its stdout."""
@@ -185,6 +201,20 @@ def test_images_cross_hosts_and_answers_equal_the_reference(
     # NOTE: shared memory fails across hosts (FOREIGN_HOST) and inline needs no agent: the
     # encoder made one because it handed the embeddings over NIXL
     assert "NIXL agent" in (deployment.log_dir / "encode.log").read_text()
+
+
+def test_workers_on_hosts_without_a_default_route_register_their_route_to_the_scheduler(
+    deployment: Deployment, tiny_model_dir: Path
+) -> None:
+    for host in (deployment.a, deployment.b):
+        assert host.default_routes() == "", host.namespace
+    assert deployment.registered() == sorted(
+        (f"WORKER_ROLE_{role}", deployment.endpoint(name)) for name, role in WORKERS.items()
+    )
+    spec = {"requests": [{"seeds": [5], "max_tokens": 4}], "timeout_s": 120}
+    [result] = results_of(deployment.generate(spec, 120), 150)
+    assert "error" not in result, f"{result}\n{deployment.logs()}"
+    assert result["tokens"] == reference_tokens(tiny_model_dir, [5], 4)
 
 
 def test_link_down_mid_run_ends_requests_unavailable_before_their_deadline(

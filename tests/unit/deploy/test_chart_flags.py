@@ -111,7 +111,8 @@ def test_every_container_parses_with_the_real_cli(
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert options.port == ports["grpc"], name
         assert options.host == "0.0.0.0", name
-        assert options.advertised_endpoint(options.port) == f"{POD['status.podIP']}:{options.port}"
+        advertised = options.advertised_endpoint(options.port, getattr(args, "scheduler", None))
+        assert advertised == f"{POD['status.podIP']}:{options.port}", name
         assert options.metrics_port == ports.get("metrics"), name
         if hasattr(args, "kv_port"):
             assert (args.kv_host, args.kv_port) == (POD["status.podIP"], ports["kv"]), name
