@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -83,14 +84,16 @@ class Deployment:
         """Port for the service at ``offset`` (base port + offset, or a free one)."""
         return self.base_port + offset if self.base_port else free_port()
 
-    def start(self, name: str, offset: int, *args: str) -> Child:
-        """Start ``python -m epd <args> --port P`` with its output in ``run_dir/name.log``;
-        with ``metrics``, also ``--metrics-port`` (base port + 20 + offset, or a free one)."""
+    def start(self, name: str, offset: int, *args: str, tail: Sequence[str] = ()) -> Child:
+        """Start ``python -m epd <args> --port P <tail>`` with its output in
+        ``run_dir/name.log``; with ``metrics``, also ``--metrics-port`` (base port + 20 +
+        offset, or a free one). ``tail``: what must end the command (``-- VLLM_ARG ...``)."""
         port = self.port(offset)
         command = [sys.executable, "-m", "epd", *args, "--port", str(port)]
         metrics_port = self.port(20 + offset) if self.metrics else None
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
+        command += tail
         log = self.run_dir / f"{name}.log"
         child = Child(
             name,
@@ -225,6 +228,7 @@ class Topology:
 
     ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
     memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
+    ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
     ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
     ``devices``: the device of each encoder, in order (their count follows it); empty: every
     encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
@@ -240,6 +244,7 @@ class Topology:
     encoder_threads: tuple[int, ...] = ()
     engine: str = "auto"
     engine_flags: tuple[str, ...] = ()
+    vllm_args: tuple[str, ...] = ()
     cpus: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = ()
 
@@ -334,6 +339,10 @@ class Topology:
         size = [] if self.kv_cache_mb is None else ["--kv-cache-mb", str(self.kv_cache_mb)]
         return [*size, *self.engine_flags]
 
+    def engine_tail(self) -> list[str]:
+        """What ends every engine worker's command: ``--`` and the vLLM arguments, if any."""
+        return ["--", *self.vllm_args] if self.vllm_args else []
+
 
 async def start_topology(
     deployment: Deployment, model_dir: Path, model_id: str, topology: Topology
@@ -362,12 +371,20 @@ async def start_topology(
             "--engine",
             topology.engine,
             *pin("prefill"),
+            tail=topology.engine_tail(),
         )
     ]
     if topology.has_decode:
         workers.append(
             deployment.start(
-                "decode", 3, "decode", *engine, "--worker-id", "decode0", *pin("decode")
+                "decode",
+                3,
+                "decode",
+                *engine,
+                "--worker-id",
+                "decode0",
+                *pin("decode"),
+                tail=topology.engine_tail(),
             )
         )
     for i in range(len(topology.encoder_devices)):

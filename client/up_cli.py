@@ -28,7 +28,7 @@ from epd.client.messages import user
 from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
-from epd.client.up_engine import add_engine_arguments, engine_settings
+from epd.client.up_engine import add_engine_arguments, check_engine_args, engine_settings
 from epd.common.cpus import allowed_cpus
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
             devices=args.encoder_devices,
         )
         check_encoder_devices(topology.encoder_devices)
+        check_engine_args(args)
         args.device = resolve_device(args.device)
         args.cpu_plan = cpu_plan(args, topology)
     except ValueError as e:
@@ -317,6 +318,7 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         encoder_threads=args.encoder_threads,
         engine=args.engine,
         engine_flags=engine_flags,
+        vllm_args=tuple(args.vllm_args),
         devices=args.encoder_devices,
     ).with_cpus(plan)
     print(f"CPUs: {describe(plan)}", flush=True)

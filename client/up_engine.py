@@ -3,7 +3,9 @@
 Flags left unset are not passed: each worker then applies its device's default (``epd prefill
 --help``), and ``EPD_*`` variables reach the workers through the environment. Two settings
 depend on the deployment: the KV cache of each engine (``UP_KV_CACHE_MB`` on CPU) and, when
-several engines share one GPU, each engine's share of its memory.
+several engines share one GPU, each engine's share of its memory. vLLM engine arguments
+(``--engine-arg NAME=VALUE``, and those after ``--``) go to every vLLM engine as given, checked
+first by vLLM's parser.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 
 from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
+from epd.server.engine.engine_cli import has_engine_args, vllm_installed
+from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_process import model_cpus
 
 UP_KV_CACHE_MB = 128
@@ -66,12 +70,43 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="eager engines, or compiled with --no-enforce-eager (default: eager on CPU, "
         "compiled on CUDA)",
     )
+    add(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any field of vLLM's AsyncEngineArgs for every vLLM engine, repeatable "
+        "(quantization=fp8, enable_prefix_caching=true); wins over the flags above (epd "
+        "prefill --help)",
+    )
+    add(
+        "vllm_args",
+        nargs="*",
+        metavar="-- VLLM_ARG",
+        help="after --: vLLM engine arguments in vLLM's spelling for every vLLM engine "
+        "(-- --max-num-seqs 4)",
+    )
+
+
+def check_engine_args(args: argparse.Namespace) -> None:
+    """ValueError when vLLM engine arguments were given that vLLM's parser refuses, or for the
+    transformers engine (which takes none); this imports vLLM when there are any."""
+    if not has_engine_args(args):
+        return
+    if args.engine == "transformers":
+        raise ValueError(
+            "--engine-arg and arguments after -- are vLLM engine arguments; the transformers "
+            "engine takes none (use --engine vllm)"
+        )
+    if vllm_installed():
+        parse_engine_args(args.engine_arg, args.vllm_args)
 
 
 def engine_settings(
     args: argparse.Namespace, device: str, num_engines: int, *, engines_pinned: bool = False
 ) -> tuple[int | None, tuple[str, ...]]:
-    """(KV cache MiB or None, other flags) for engines on ``device`` (``cpu`` or ``cuda:N``),
+    """(KV cache MiB or None, other flags, ``--engine-arg`` included) for engines on ``device``
+    (``cpu`` or ``cuda:N``),
     ``num_engines`` of them on this machine; ``engines_pinned``: each engine has CPUs of its
     own (``--cpus``) and sizes its threads from them."""
     kind = device_type(device)
@@ -87,6 +122,8 @@ def engine_settings(
         flags += ["--cpu-threads", str(max(1, threads // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
+    for pair in args.engine_arg:
+        flags += ["--engine-arg", pair]
     kv_cache_mb = args.kv_cache_mb
     if kv_cache_mb is None and kind == CPU:
         kv_cache_mb = UP_KV_CACHE_MB

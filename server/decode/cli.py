@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
@@ -18,6 +19,9 @@ from epd.server.engine.engine_cli import (
     vllm_installed,
 )
 from epd.server.transfer.transfer_cli import add_transfer_arguments
+
+if TYPE_CHECKING:
+    from epd.server.engine.vllm_engine import VllmOptions
 
 DEFAULT_PORT = 50081
 
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         options = server_options(args)
         pin_to_cpus(args)
         args.device = resolve_device(args.device)
+        engine_settings = engine_options(args, "kv_consumer", args.device)
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)
         return 2
@@ -49,13 +54,17 @@ def run(args: argparse.Namespace) -> int:
         args.worker_id, args.weight, args.max_pending, args.scheduler, host_id=args.host_id
     )
     configure_from_args("epd-decode", args)
-    return asyncio.run(_serve(args, config, options))
+    return asyncio.run(_serve(args, config, engine_settings, options))
 
 
-async def _serve(args: argparse.Namespace, config: DecodeConfig, options: ServerOptions) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    config: DecodeConfig,
+    engine_settings: VllmOptions,
+    options: ServerOptions,
+) -> int:
     from epd.server.engine.vllm_engine import VllmEngine
 
-    engine_settings = engine_options(args, "kv_consumer", args.device)
     try:
         engine = await VllmEngine.start(args.model, model_id=args.model_id, options=engine_settings)
     except ValueError as e:

@@ -1,7 +1,9 @@
 """Engine flags shared by ``epd prefill`` and ``epd decode``, and the options built from them.
 
 Device-dependent flags default to None here; ``engine_options`` fills them from the defaults of
-the device ``--device`` resolves to (``epd.server.engine.device``).
+the device ``--device`` resolves to (``epd.server.engine.device``). Any other vLLM engine argument
+comes as ``--engine-arg NAME=VALUE`` or after ``--`` in vLLM's spelling, parsed by vLLM's parser;
+those win over the values epd computes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from epd.server.engine.device import (
     DTYPE_CHOICES,
     defaults_for,
 )
+from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
 from epd.server.models.model_dir import require_model_dir
 
@@ -47,6 +50,11 @@ def _optional_bool(value: str | None) -> bool | None:
     if value.lower() in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected a boolean (1/0, true/false), got {value!r}")
+
+
+def has_engine_args(args: argparse.Namespace) -> bool:
+    """Whether vLLM engine arguments were given (``--engine-arg`` or after ``--``)."""
+    return bool(args.engine_arg or args.vllm_args)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,6 +176,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "cancelled between prefill and decode); the same on prefill and decode workers, "
         "at least 6 (env EPD_KV_LEASE_S, default 30)",
     )
+    add(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any field of vLLM's AsyncEngineArgs, repeatable (quantization=fp8, "
+        "enable_prefix_caching=true, kv_cache_dtype=fp8, speculative_config='{...}'); parsed "
+        "by vLLM's engine-args parser. It and the arguments after -- win over the values the "
+        "flags above give vLLM (vLLM engine only)",
+    )
+    add(
+        "vllm_args",
+        nargs="*",
+        metavar="-- VLLM_ARG",
+        help="after --: vLLM engine arguments as `vllm serve` spells them (-- --max-num-seqs 4 "
+        "--enable-prefix-caching); they win over --engine-arg and the flags above",
+    )
 
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
@@ -189,12 +214,16 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
 
 
 def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -> VllmOptions:
-    """VllmOptions from the engine flags, on ``device`` (``resolve_device(args.device)``)."""
+    """VllmOptions from the engine flags, on ``device`` (``resolve_device(args.device)``);
+    ValueError naming an engine argument vLLM refuses (this imports vLLM when there are any)."""
     from epd.server.engine.vllm_engine import VllmOptions
     from epd.server.engine.vllm_inputs import SideChannel
 
     defaults = defaults_for(device)
     kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb
+    overrides = {}
+    if has_engine_args(args):
+        overrides = parse_engine_args(args.engine_arg, args.vllm_args)
     return VllmOptions(
         device=device,
         dtype=defaults.dtype if args.dtype == "auto" else args.dtype,
@@ -210,12 +239,20 @@ def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -
         side_channel=SideChannel(args.kv_host, args.kv_port),
         kv_lease_s=args.kv_lease_s,
         cpu_threads=args.cpu_threads,
+        overrides=overrides,
     )
 
 
 def transformers_options(args: argparse.Namespace, device: str) -> TransformersOptions:
-    """TransformersOptions from the engine flags, on ``device``."""
+    """TransformersOptions from the engine flags, on ``device``; ValueError when vLLM engine
+    arguments were given (this engine has no use for them)."""
     from epd.server.engine.transformers_engine import TransformersOptions
+
+    if has_engine_args(args):
+        raise ValueError(
+            "--engine-arg and arguments after -- are vLLM engine arguments; the transformers "
+            "engine takes none (use --engine vllm)"
+        )
 
     defaults = defaults_for(device)
     kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb or TRANSFORMERS_KV_CACHE_MB

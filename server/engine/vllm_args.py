@@ -1,4 +1,5 @@
-"""VllmOptions -> vLLM's engine arguments (built without starting anything).
+"""VllmOptions -> vLLM's engine arguments (built without starting anything), and the engine
+arguments a user names, parsed by vLLM's own engine-args parser.
 
 vLLM picks its device from its build (its platform); ``check_platform`` refuses options for
 another device before an engine is started on the wrong one.
@@ -6,6 +7,9 @@ another device before an engine is started on the wrong one.
 
 from __future__ import annotations
 
+import argparse
+import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +19,19 @@ from epd.server.engine.vllm_inputs import kv_transfer_config
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
 
+# Engine arguments epd's own flags own, since epd reads the same fact outside vLLM.
+OWNED = {"model": "--model (epd reads the model's tokenizer and config from it)"}
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+_UNSET = object()
+
 
 def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
     """``AsyncEngineArgs`` for serving ``model_dir`` as ``model_id`` with ``options``.
 
     Settings left None (KV cache size, sequences, batched tokens) are vLLM's to choose for the
-    device. The KV buffer of a KV-transfer engine lives on the engine's device.
+    device. The KV buffer of a KV-transfer engine lives on the engine's device. The user's
+    ``options.overrides`` win over every value epd computes.
     """
     from vllm import AsyncEngineArgs
 
@@ -31,7 +42,7 @@ def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
             lease_s=options.kv_lease_s,
             buffer_device=device_type(options.device),
         )
-    return AsyncEngineArgs(
+    epd_values: dict[str, Any] = dict(
         model=str(model_dir),
         served_model_name=model_id or model_dir.name,
         dtype=options.dtype,
@@ -47,6 +58,7 @@ def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
         disable_log_stats=False,
         kv_transfer_config=kv_config,
     )
+    return AsyncEngineArgs(**{**epd_values, **options.overrides})
 
 
 def check_platform(device: str, platform_device_type: str) -> None:
@@ -56,3 +68,61 @@ def check_platform(device: str, platform_device_type: str) -> None:
             f"this vLLM build runs on {platform_device_type or 'no device it recognises'}, "
             f"not {device} (scripts/install.sh --target cpu|cuda installs the build for a device)"
         )
+
+
+def parse_engine_args(pairs: Sequence[str], cli_args: Sequence[str]) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` fields a user set, with their typed values.
+
+    ``pairs``: ``NAME=VALUE`` (NAME a field, ``_`` or ``-``; a flag field takes true/false);
+    ``cli_args``: arguments in vLLM's CLI spelling (``--max-num-seqs 4``). Both go through
+    vLLM's own engine-args parser; later ones win. Only the fields given are returned, not
+    vLLM's defaults. ValueError naming an argument vLLM does not know or a value it refuses.
+    """
+    parser = _engine_parser()
+    argv: list[str] = []
+    for pair in pairs:
+        argv += _as_cli(parser, pair)
+    given = argparse.Namespace(**dict.fromkeys(vars(parser.parse_args([])), _UNSET))
+    parser.parse_args([*argv, *cli_args], given)
+    values = {name: value for name, value in vars(given).items() if value is not _UNSET}
+    for name in values.keys() & OWNED.keys():
+        raise ValueError(f"engine argument {name}: set it with {OWNED[name]}")
+    return values
+
+
+def _engine_parser() -> argparse.ArgumentParser:
+    from vllm import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    class Parser(FlexibleArgumentParser):  # type: ignore[misc]
+        def error(self, message: str) -> Any:
+            raise ValueError(f"vLLM engine arguments: {message}")
+
+    parser: argparse.ArgumentParser = AsyncEngineArgs.add_cli_args(
+        Parser(add_help=False, allow_abbrev=False)
+    )
+    return parser
+
+
+def _as_cli(parser: argparse.ArgumentParser, pair: str) -> list[str]:
+    name, is_pair, value = pair.partition("=")
+    if not is_pair or not name:
+        raise ValueError(f"--engine-arg {pair!r}: expected NAME=VALUE")
+    option = "--" + name.strip().replace("_", "-")
+    # NOTE: argparse has no public lookup of an option's action.
+    actions = parser._option_string_actions
+    action = actions.get(option)
+    if action is None:
+        near = difflib.get_close_matches(option, actions, n=1)
+        hint = f" (did you mean {near[0][2:].replace('-', '_')}?)" if near else ""
+        raise ValueError(f"--engine-arg {name}: vLLM has no engine argument {name}{hint}")
+    if action.nargs != 0:
+        return [f"{option}={value}"]
+    flag = value.strip().lower()
+    if flag in TRUE:
+        return [option]
+    if flag in FALSE:
+        negative = "--no-" + option[2:]
+        # NOTE: a store_true flag has no negative form; false is its default.
+        return [negative] if negative in action.option_strings else []
+    raise ValueError(f"--engine-arg {name}={value}: expected true or false")

@@ -22,7 +22,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -79,7 +79,10 @@ class VllmOptions:
     (port 0: a free port). ``kv_lease_s``: how long a producer keeps KV blocks that no decode
     worker reads (a cancelled request's), the same on both sides. ``cpu_threads``: on CPU, the
     model's torch threads (None: every CPU this process may use but one, the layout vLLM's own
-    CPU executor uses, which keeps one core for its scheduling).
+    CPU executor uses, which keeps one core for its scheduling). ``overrides``: more
+    ``AsyncEngineArgs`` fields by name (``vllm_args.parse_engine_args``), applied over every
+    value epd computes from the settings above; ``start`` reads the prompt limits
+    (``max_model_len``, images per prompt) back from the engine when they override those.
     """
 
     device: str = "cpu"
@@ -97,6 +100,17 @@ class VllmOptions:
     side_channel: SideChannel = field(default_factory=SideChannel)
     kv_lease_s: int = 30
     cpu_threads: int | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _as_started(options: VllmOptions, model_config: Any) -> VllmOptions:
+    """``options`` with the prompt limits the engine settled on where overrides set them."""
+    if "max_model_len" in options.overrides:
+        options = replace(options, max_model_len=model_config.max_model_len)
+    multimodal = model_config.multimodal_config
+    if "limit_mm_per_prompt" in options.overrides and multimodal is not None:
+        options = replace(options, max_images_per_prompt=multimodal.get_limit_per_prompt("image"))
+    return options
 
 
 def _layout(model_dir: Path) -> VisionLayout:
@@ -154,6 +168,7 @@ class VllmEngine(Engine):
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
+        options = _as_started(options, llm.model_config)
         name = model_id or model_dir.name
         engine = cls(llm, name, _layout(model_dir), options, tracker, model_dir, rpc_dir)
         # NOTE: this frame may outlive the call: when it made the process's first vLLM import,

@@ -26,6 +26,8 @@ from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_op
 
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
+    from epd.server.engine.transformers_engine import TransformersOptions
+    from epd.server.engine.vllm_engine import VllmOptions
 
 DEFAULT_PORT = 50071
 ENGINES = ("auto", "vllm", "transformers")
@@ -103,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         )
         args.engine = resolve_engine(args.engine, config.hands_off_kv)
         args.device = resolve_device(args.device)
+        engine_settings = _engine_settings(args, config)
     except ValueError as e:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
@@ -112,12 +115,26 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    return asyncio.run(_serve(args, config, options))
+    return asyncio.run(_serve(args, config, engine_settings, options))
 
 
-async def _serve(args: argparse.Namespace, config: PrefillConfig, options: ServerOptions) -> int:
+def _engine_settings(
+    args: argparse.Namespace, config: PrefillConfig
+) -> VllmOptions | TransformersOptions:
+    if args.engine == "transformers":
+        return transformers_options(args, args.device)
+    kv_role = "kv_producer" if config.hands_off_kv else None
+    return engine_options(args, kv_role, args.device)
+
+
+async def _serve(
+    args: argparse.Namespace,
+    config: PrefillConfig,
+    engine_settings: VllmOptions | TransformersOptions,
+    options: ServerOptions,
+) -> int:
     try:
-        engine = await _start_engine(args, config)
+        engine = await _start_engine(args, engine_settings)
     except ValueError as e:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
@@ -139,16 +156,15 @@ async def _serve(args: argparse.Namespace, config: PrefillConfig, options: Serve
     return 0
 
 
-async def _start_engine(args: argparse.Namespace, config: PrefillConfig) -> Engine:
-    if args.engine == "transformers":
+async def _start_engine(
+    args: argparse.Namespace, settings: VllmOptions | TransformersOptions
+) -> Engine:
+    from epd.server.engine.transformers_engine import TransformersOptions
+
+    if isinstance(settings, TransformersOptions):
         from epd.server.engine.transformers_engine import TransformersEngine
 
-        return await TransformersEngine.start(
-            args.model, model_id=args.model_id, options=transformers_options(args, args.device)
-        )
+        return await TransformersEngine.start(args.model, model_id=args.model_id, options=settings)
     from epd.server.engine.vllm_engine import VllmEngine
 
-    kv_role = "kv_producer" if config.hands_off_kv else None
-    return await VllmEngine.start(
-        args.model, model_id=args.model_id, options=engine_options(args, kv_role, args.device)
-    )
+    return await VllmEngine.start(args.model, model_id=args.model_id, options=settings)
