@@ -41,6 +41,7 @@ from epd.server.engine.device import (
     resolve_device,
     xpu_available,
 )
+from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
 DEFAULT_MAX_RESTARTS = 3
@@ -49,13 +50,15 @@ SPAN_FILE = "spans.jsonl"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epd up``."""
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=DEFAULT_MODEL,
-        help=f"model directory (default {DEFAULT_MODEL}; the tiny model is built there if absent)",
+    add_model_arguments(
+        parser,
+        required=False,
+        what=f"resolved once and passed to every service as a directory; default {DEFAULT_MODEL}, "
+        "the tiny model, built there if absent",
     )
-    parser.add_argument("--model-id", default="", help="model name (default: directory name)")
+    parser.add_argument(
+        "--model-id", default="", help="model name (default: the hub id, or the directory name)"
+    )
     parser.add_argument(
         "--topology",
         choices=sorted(TOPOLOGIES),
@@ -244,13 +247,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
-    if args.model == DEFAULT_MODEL and not (args.model / "config.json").exists():
+    if args.model is None and not (DEFAULT_MODEL / "config.json").exists():
         from epd.server.engine.tiny_model import build_tiny_model
 
-        print(f"building the tiny model in {args.model} ...", flush=True)
-        build_tiny_model(args.model)
-    if not (args.model / "config.json").exists():
-        print(f"epd up: {args.model} is not a model directory (no config.json)", file=sys.stderr)
+        print(f"building the tiny model in {DEFAULT_MODEL} ...", flush=True)
+        build_tiny_model(DEFAULT_MODEL)
+    try:
+        args.model = args.model or str(DEFAULT_MODEL)
+        resolve_model_arguments(args)
+    except ValueError as e:
+        print(f"epd up: {e}", file=sys.stderr)
         return 2
     run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +309,7 @@ def _report(line: str) -> None:
 
 async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tuple[Child, int]:
     """Start the deployment and, unless --no-demo, ask the demo question; (route, exit status)."""
-    model_id = args.model_id or args.model.resolve().name
+    model_id: str = args.model_id
     num_engines = Topology(args.topology).num_engines
     plan: dict[str, list[int]] = args.cpu_plan
     kv_cache_mb, engine_flags = engine_settings(

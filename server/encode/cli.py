@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
@@ -15,7 +14,7 @@ from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.media.media_cli import add_media_arguments, media_policy
-from epd.server.models.model_dir import require_model_dir
+from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50061
@@ -24,15 +23,15 @@ DEFAULT_PORT = 50061
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Encoder flags, then media, data-plane, server and telemetry flags."""
     env = os.environ.get
-    parser.add_argument(
-        "--model",
-        type=Path,
+    add_model_arguments(
+        parser,
         required=True,
-        help="model directory (a checkpoint of a supported family; only its vision "
-        "tower is loaded)",
+        what="a checkpoint of a supported family; only its vision tower is loaded",
     )
     parser.add_argument(
-        "--model-id", default="", help="model name clients use (default: the directory name)"
+        "--model-id",
+        default="",
+        help="model name clients use (default: the hub id, or the directory name)",
     )
     parser.add_argument(
         "--device",
@@ -167,7 +166,7 @@ def non_negative_ms(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
-        require_model_dir(args.model)
+        resolve_model_arguments(args)
         inline = args.max_inline_ms
         max_inline_ms = None if inline == "auto" else non_negative_ms(inline)
         if args.max_batch_size < 0 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epd.server.engine.device import (
@@ -22,7 +21,7 @@ from epd.server.engine.device import (
 )
 from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
-from epd.server.models.model_dir import require_model_dir
+from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 if TYPE_CHECKING:
     from epd.server.engine.transformers_engine import TransformersOptions
@@ -62,8 +61,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
     add = parser.add_argument
-    add("--model", type=Path, required=True, help="model directory")
-    add("--model-id", default="", help="model name clients use (default: the directory name)")
+    add_model_arguments(parser, required=True, what="the whole checkpoint is loaded")
+    add(
+        "--model-id",
+        default="",
+        help="model name clients use (default: the hub id, or the directory name)",
+    )
     add(
         "--worker-id",
         default=env("EPD_WORKER_ID", ""),
@@ -196,8 +199,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
-    """ValueError naming the first engine flag with a value no engine accepts."""
-    require_model_dir(args.model)
+    """ValueError naming the first engine flag with a value no engine accepts; resolves
+    ``--model`` to its directory (``resolve_model_arguments``) last, once the flags are sound."""
     if args.kv_lease_s < MIN_KV_LEASE_S:
         raise ValueError(
             f"--kv-lease-s must be at least {MIN_KV_LEASE_S} (decode workers renew "
@@ -211,6 +214,7 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+    resolve_model_arguments(args)
 
 
 def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -> VllmOptions:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from epd.server.models.model_cli import add_model_arguments
+from epd.server.models.model_dir import resolve_model
+
 DEFAULT_MODEL_DIR = Path(".epd/models/tiny")
 
 
@@ -24,12 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="Describe this picture.",
         help="the user's question (default: 'Describe this picture.')",
     )
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help=f"model directory (default: the tiny model in {DEFAULT_MODEL_DIR}, "
-        "built there if absent)",
+    add_model_arguments(
+        parser,
+        required=False,
+        what=f"default: the tiny model in {DEFAULT_MODEL_DIR}, built there if absent",
     )
     parser.add_argument(
         "--image",
@@ -75,16 +76,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"epd generate: {e}", file=sys.stderr)
         return 2
-    model_dir = args.model or DEFAULT_MODEL_DIR
-    if args.model is None and not (model_dir / "config.json").exists():
+    if args.model is None and not (DEFAULT_MODEL_DIR / "config.json").exists():
         from epd.server.engine.tiny_model import build_tiny_model
 
-        print(f"building the tiny model in {model_dir} ...", file=sys.stderr)
-        build_tiny_model(model_dir)
-    if not (model_dir / "config.json").exists():
-        print(
-            f"epd generate: {model_dir} is not a model directory (no config.json)", file=sys.stderr
-        )
+        print(f"building the tiny model in {DEFAULT_MODEL_DIR} ...", file=sys.stderr)
+        build_tiny_model(DEFAULT_MODEL_DIR)
+    try:
+        model_dir = resolve_model(args.model or str(DEFAULT_MODEL_DIR), args.revision).path
+    except ValueError as e:
+        print(f"epd generate: {e}", file=sys.stderr)
         return 2
     from epd.server.engine.reference import ReferenceEngine
 

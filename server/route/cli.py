@@ -6,13 +6,12 @@ import argparse
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.media.media_cli import add_media_arguments, media_policy
-from epd.server.models.model_dir import require_model_dir
+from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.openai_schema import RequestLimits
@@ -24,16 +23,11 @@ DEFAULT_PORT = 50050
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Route flags, then media, host id, server and telemetry flags."""
     env = os.environ.get
-    parser.add_argument(
-        "--model",
-        type=Path,
-        required=True,
-        help="model directory (tokenizer, chat template, processor settings)",
-    )
+    add_model_arguments(parser, required=True, what="tokenizer, chat template, processor settings")
     parser.add_argument(
         "--model-id",
         default="",
-        help="model name the workers registered (default: the directory name)",
+        help="model name the workers registered (default: the hub id, or the directory name)",
     )
     parser.add_argument(
         "--scheduler",
@@ -150,7 +144,7 @@ def request_limits(args: argparse.Namespace) -> RequestLimits:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     try:
-        require_model_dir(args.model)
+        resolve_model_arguments(args)
         options = server_options(args)
         pin_to_cpus(args)
         config = RouteConfig(

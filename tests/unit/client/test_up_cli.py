@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
 
 from epd.client import up_cli
+from tests.hub_cache import place_in_hub_cache
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -82,3 +85,24 @@ def test_encoders_follow_the_accelerator_of_the_machine(monkeypatch: pytest.Monk
     without_gpu = up_cli.Topology("e-pd")
     monkeypatch.setattr(up_cli, "cuda_device_index", lambda: None)
     assert len(up_cli.cpu_plan(parse("--cpu-layout", "split"), without_gpu)["encode0"]) > 2
+
+
+def test_a_hub_id_is_resolved_once_and_its_directory_handed_on(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The services get the snapshot directory (no hub look-up of their own) and the hub id as
+    --model-id, the name the demo request and clients use."""
+    cache = tmp_path / "hub"
+    snapshot = place_in_hub_cache(tiny_model_dir, cache, "epd-test/tiny", commit="d" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    handed_on: list[tuple[Path, str]] = []
+
+    async def up(args: argparse.Namespace, deployment: up_cli.Deployment) -> int:
+        handed_on.append((args.model, args.model_id))
+        return 0
+
+    monkeypatch.setattr(up_cli, "_up", up)
+    flags = ("--model", "epd-test/tiny", "--device", "cpu", "--run-dir", str(tmp_path / "run"))
+    assert up_cli.run(parse(*flags)) == 0
+    assert handed_on == [(snapshot, "epd-test/tiny")]
