@@ -41,6 +41,8 @@ OTHER_VARIABLES = {
     "EPD_VENV": "scripts/*.sh: the virtual environment whose `epd` the launch scripts run "
     "(default .venv)",
     "EPD_INSTALL_TARGET": "scripts/install.sh: `--target` when not given: cpu, cuda or auto",
+    "EPD_TORCH_CPU_INDEX": "scripts/install.sh: where torch's and torchvision's CPU builds come "
+    "from when no configured pip source has them (default https://download.pytorch.org/whl/cpu)",
     "EPD_TEST_MODEL_DIR": "tests/conftest.py: a tiny model directory the tests use instead of "
     "building one",
 }
