@@ -267,6 +267,9 @@ def run(args: argparse.Namespace) -> int:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if getattr(args, "config", None):
+        # NOTE: each service applies the file's keys it has a flag for, and its own section.
+        env["EPD_CONFIG"] = str(Path(args.config).resolve())
     cap = f"at most {args.trace_max_mb} MiB with {SPAN_FILE}.1" if args.trace_max_mb else "no cap"
     print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
     deployment = Deployment(run_dir, env, base_port=args.base_port or None, metrics=args.metrics)

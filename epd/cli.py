@@ -9,7 +9,9 @@ service never imports what another one needs (torch, vLLM).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = subparsers.add_parser(args[0], help=summary, description=summary)
         try:
             module.add_arguments(sub)
-        except ValueError as e:  # NOTE: a malformed EPD_* fallback, read while adding flags
+            add_config_argument(sub)
+            args = [args[0], *file_arguments(args[0], sub, args[1:]), *args[1:]]
+        except ValueError as e:  # NOTE: a malformed EPD_* fallback or --config file
             print(f"epd {args[0]}: {e}", file=sys.stderr)
             return 2
         parsed = parser.parse_args(args)
@@ -54,6 +58,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         subparsers.add_parser(name, help=summary)
     parser.parse_args(args)
     return 2
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` on every command (``common/config_file.py`` says what the file holds)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get("EPD_CONFIG"),
+        help="YAML file of flag values: top-level keys are flags (max-batch-size: 8), a key "
+        "naming a command holds that command's own (encode: {...}); flags on the command line "
+        "and EPD_* variables override it (env EPD_CONFIG; epd up hands it to its services)",
+    )
+
+
+def file_arguments(command: str, parser: argparse.ArgumentParser, args: Sequence[str]) -> list[str]:
+    """The arguments ``--config`` (or EPD_CONFIG) adds for ``command``; [] without a file."""
+    from epd.common.config_file import config_arguments, load_config
+
+    path = config_path(args) or os.environ.get("EPD_CONFIG")
+    if not path:
+        return []
+    document = load_config(path)
+    try:
+        return config_arguments(
+            document,
+            command,
+            parser,
+            commands=COMMANDS,
+            environ=os.environ,
+            is_flag_elsewhere=functools.partial(is_flag_of_another_command, command),
+        )
+    except ValueError as e:
+        raise ValueError(f"--config {path}: {e}") from None
+
+
+def config_path(args: Sequence[str]) -> str | None:
+    """The last ``--config FILE`` (or ``--config=FILE``) of ``args``, before any ``--``."""
+    path = None
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--config" and index + 1 < len(args):
+            path = args[index + 1]
+        elif arg.startswith("--config="):
+            path = arg.removeprefix("--config=")
+    return path
+
+
+def is_flag_of_another_command(command: str, key: str) -> bool:
+    """Whether a command other than ``command`` has flag ``key``."""
+    return "--" + key.strip().replace("_", "-") in options_of_other_commands(command)
+
+
+@functools.cache
+def options_of_other_commands(command: str) -> frozenset[str]:
+    """The option strings of every command but ``command`` (imports their flag modules)."""
+    options: set[str] = set()
+    for name, (module_name, _) in COMMANDS.items():
+        if name != command:
+            parser = argparse.ArgumentParser(add_help=False)
+            importlib.import_module(module_name).add_arguments(parser)
+            options.update(o for action in parser._actions for o in action.option_strings)
+    return frozenset(options)
 
 
 if __name__ == "__main__":

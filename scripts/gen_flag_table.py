@@ -33,11 +33,19 @@ edit by hand (`tests/unit/common/test_flag_table.py` fails when this file is sta
 is a flag; an `EPD_*` variable is only ever the fallback of the flag beside it (the flag wins), read
 by the command's `cli` module when it builds its parser, never by library code. Defaults are those
 of a shell with no `EPD_*` variable set.
+
+Every command also takes `--config FILE` (env `EPD_CONFIG`): a YAML mapping whose keys are the
+flags below without their dashes (`max-batch-size: 8`; a switch takes `true`/`false`, a repeatable
+flag a list), and whose keys naming a command hold that command's own (`encode: {cache-mb: 512}`).
+A command applies the keys it has a flag for, then its section; a key no command has is a usage
+error. The command line wins over the `EPD_*` variable, which wins over the file, which wins over
+the default. `epd up --config FILE` hands the file to every service it starts.
 """
 
 
 # Variables of the shell scripts and of the tests, which are not `epd` commands.
 OTHER_VARIABLES = {
+    "EPD_CONFIG": "every command: `--config FILE` when not given (see above)",
     "EPD_VENV": "scripts/*.sh: the virtual environment whose `epd` the launch scripts run "
     "(default .venv)",
     "EPD_INSTALL_TARGET": "scripts/install.sh: `--target` when not given: cpu, cuda or auto",

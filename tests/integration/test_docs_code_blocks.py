@@ -17,6 +17,7 @@ files are written into the block's working folder.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import asyncio
 import base64
@@ -36,11 +37,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-LANGUAGES = {"python", "bash", "text"}
+LANGUAGES = {"python", "bash", "text", "yaml"}
 BIN = Path(sys.executable).parent
 EPD_PROGRAMS = {"epd", ".venv/bin/epd"}
 PYTHON_PROGRAMS = {"python", ".venv/bin/python"}
@@ -74,6 +76,7 @@ def fenced_blocks(path: Path) -> Iterator[Block]:
 BLOCKS = [block for path in DOCUMENTS for block in fenced_blocks(path)]
 PYTHON = [b for b in BLOCKS if b.language == "python"]
 BASH = [b for b in BLOCKS if b.language == "bash"]
+YAML = [b for b in BLOCKS if b.language == "yaml"]
 
 
 def by_place(blocks: list[Block]) -> pytest.MarkDecorator:
@@ -154,6 +157,31 @@ def test_every_block_names_its_language(block: Block) -> None:
 @by_place(PYTHON)
 def test_python_blocks_compile_and_their_imports_resolve(block: Block) -> None:
     assert import_problems(block.code) == [], block.where
+
+
+@by_place(YAML)
+def test_yaml_blocks_are_config_files_every_command_takes(block: Block) -> None:
+    """Every YAML block is an ``epd --config`` file: each command finds its keys flags of its
+    own or of another command, and parses their values (required flags aside)."""
+    from epd.cli import COMMANDS, add_config_argument, is_flag_of_another_command
+    from epd.common.config_file import config_arguments
+
+    document = yaml.safe_load(block.code)
+    for command, (module_name, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser(exit_on_error=False)
+        importlib.import_module(module_name).add_arguments(parser)
+        add_config_argument(parser)
+        for action in parser._actions:
+            action.required = False
+        arguments = config_arguments(
+            document,
+            command,
+            parser,
+            commands=COMMANDS,
+            environ={},
+            is_flag_elsewhere=lambda key, command=command: is_flag_of_another_command(command, key),
+        )
+        parser.parse_args(arguments)
 
 
 # --- bash: programs, subcommands and flags -------------------------------------------------------
