@@ -14,7 +14,7 @@ set -euo pipefail
 SRC="${1:-/src}"
 VENV=/opt/epd
 # NOTE: the user the image runs as; a fixed id so volumes and pod securityContexts can name it.
-USER_ID=1000
+USER_ID=10001
 
 # Python 3.11 with venv (Debian bookworm's); libnuma1 for vLLM's CPU kernels (vllm/_C*.so link
 # it; torch's wheel brings its own libgomp); ca-certificates for https image URLs and the hub.
