@@ -25,6 +25,8 @@ DIR="${EPD_IMAGE_DIR:-/var/tmp/epd-image}"
 ROOTFS="$DIR/rootfs"
 IMAGE="${EPD_IMAGE:-epd:0.1.0}"
 BUILD_CA="${EPD_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}"
+# Dockerfile.cpu's EXPOSE.
+EXPOSE="50050 8000 50051 50061 50071 50081 5600 9400"
 
 apt_mirror() {
   local uri
@@ -70,15 +72,19 @@ build_rootfs() {
   du -sh "$ROOTFS"
 }
 
-# An OCI image of the rootfs with Dockerfile.cpu's settings.
+# An OCI image of the rootfs with Dockerfile.cpu's settings, without what `run` left behind.
 import_image() {
-  tar -C "$ROOTFS" --exclude=./proc/* --exclude=./sys/* --exclude=./dev/* -cf - . \
+  local expose=()
+  # NOTE: podman import takes one port per EXPOSE change.
+  for port in $EXPOSE; do expose+=(--change "EXPOSE $port"); done
+  tar -C "$ROOTFS" --exclude='./proc/*' --exclude='./sys/*' --exclude='./dev/*' \
+      --exclude='./tmp/*' --exclude=./home/epd/.epd --exclude=./home/epd/.cache -cf - . \
     | podman import \
       --change 'ENV PATH=/opt/epd/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
       --change 'ENV PYTHONUNBUFFERED=1' \
       --change 'USER epd' \
       --change 'WORKDIR /home/epd' \
-      --change 'EXPOSE 50050 8000 50051 50061 50071 50081 5600 9400' \
+      "${expose[@]}" \
       --change 'ENTRYPOINT ["epd"]' \
       --change 'CMD ["--help"]' \
       - "$IMAGE"
