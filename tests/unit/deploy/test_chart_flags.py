@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from epd.cli import COMMANDS
+from epd.cli import COMMANDS, add_config_argument
 from epd.common.server_cli import server_options
 from tests.integration.e2e.netns import UCX_ENV, Host
 from tests.unit.deploy.chart import (
@@ -63,6 +63,7 @@ def help_variables(command: str) -> frozenset[str]:
     """EPD_* variables `epd COMMAND --help` names as fallbacks of its flags."""
     parser = argparse.ArgumentParser()
     importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    add_config_argument(parser)
     return frozenset(ENV_IN_HELP.findall(" ".join(parser.format_help().split())))
 
 
