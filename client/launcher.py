@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from epd.client.cpu_layout import Service
+from epd.client.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
+from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
 from epd.common.cpus import format_cpu_list
 from epd.server.transfer.shm_orphans import cleanup_orphans
@@ -37,7 +39,8 @@ def free_port() -> int:
 
 @dataclass
 class Child:
-    """One running service."""
+    """One running service, reached at ``host`` (with TLS verified by ``tls_ca_file`` when set);
+    ``env``: its variables beyond the deployment's."""
 
     name: str
     port: int
@@ -48,17 +51,20 @@ class Child:
     metrics_port: int | None = None
     num_restarts: int = 0
     is_reported: bool = False
+    host: str = LOOPBACK
+    tls_ca_file: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return endpoint(self.host, self.port)
 
     @property
     def metrics_url(self) -> str | None:
         """Where Prometheus scrapes this service (None: metrics off)."""
-        return (
-            None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
-        )
+        if self.metrics_port is None:
+            return None
+        return f"http://{endpoint(self.host, self.metrics_port)}/metrics"
 
     def describe_exit(self) -> str:
         """One line: which child ended, how, and where its log is."""
@@ -84,10 +90,18 @@ class Deployment:
         """Port for the service at ``offset`` (base port + offset, or a free one)."""
         return self.base_port + offset if self.base_port else free_port()
 
-    def start(self, name: str, offset: int, *args: str, tail: Sequence[str] = ()) -> Child:
+    def start(
+        self,
+        name: str,
+        offset: int,
+        *args: str,
+        tail: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> Child:
         """Start ``python -m epd <args> --port P <tail>`` with its output in
         ``run_dir/name.log``; with ``metrics``, also ``--metrics-port`` (base port + 20 +
-        offset, or a free one). ``tail``: what must end the command (``-- VLLM_ARG ...``)."""
+        offset, or a free one). ``tail``: what must end the command (``-- VLLM_ARG ...``);
+        ``env``: variables of this child beyond the deployment's."""
         port = self.port(offset)
         command = [sys.executable, "-m", "epd", *args, "--port", str(port)]
         metrics_port = self.port(20 + offset) if self.metrics else None
@@ -95,13 +109,15 @@ class Deployment:
             command += ["--metrics-port", str(metrics_port)]
         command += tail
         log = self.run_dir / f"{name}.log"
+        env = env or {}
         child = Child(
             name,
             port,
-            self._spawn(command, log, "wb"),
+            self._spawn(command, log, "wb", env),
             log,
             command=command,
             metrics_port=metrics_port,
+            env=env,
         )
         self.children.append(child)
         return child
@@ -110,14 +126,20 @@ class Deployment:
         """Start ``child``'s command again (same port), appending to its log."""
         with open(child.log, "ab") as out:
             out.write(f"\n--- epd up: {child.describe_exit()}; restarting it ---\n".encode())
-        child.process = self._spawn(child.command, child.log, "ab")
+        child.process = self._spawn(child.command, child.log, "ab", child.env)
         child.num_restarts += 1
         child.is_reported = False
 
-    def _spawn(self, command: list[str], log: Path, mode: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, command: list[str], log: Path, mode: str, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         with open(log, mode) as out:
             return subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**self.env, **env},
+                start_new_session=True,
             )
 
     def reap_dead(self) -> list[Child]:
@@ -140,7 +162,7 @@ class Deployment:
                 child.is_reported = True
                 raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
             try:
-                await wait_for_health(child.endpoint, timeout_s=2.0)
+                await wait_for_health(child.endpoint, timeout_s=2.0, tls_ca_file=child.tls_ca_file)
                 return
             except Exception:  # noqa: BLE001 - keep polling until the deadline
                 continue
@@ -345,20 +367,28 @@ class Topology:
 
 
 async def start_topology(
-    deployment: Deployment, model_dir: Path, model_id: str, topology: Topology
+    deployment: Deployment,
+    model_dir: Path,
+    model_id: str,
+    topology: Topology,
+    entry: PublicEntry | None = None,
 ) -> Child:
     """Start the scheduler, then the workers of ``topology`` in parallel (engines take ~35 s),
     then the route once they are healthy; ports: route BASE, scheduler +1, prefill +2,
-    decode +3, encoders +4.., OpenAI HTTP +10. Returns the route."""
+    decode +3, encoders +4.., OpenAI HTTP +10. The route listens as ``entry`` says (default:
+    on loopback, plaintext), the others on loopback (``INTERNAL_SERVER_ARGS``). Returns the
+    route."""
+    entry = entry or PublicEntry()
+    internal = INTERNAL_SERVER_ARGS
     model = ["--model", str(model_dir), "--model-id", model_id]
     policy = ["--default-policy", topology.policy]
     if topology.split_ratio:
         policy += ["--split-ratio", topology.split_ratio]
     pin = topology.cpu_args
-    scheduler = deployment.start("scheduler", 1, "scheduler", *policy, *pin("scheduler"))
+    scheduler = deployment.start("scheduler", 1, "scheduler", *internal, *policy, *pin("scheduler"))
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
-    engine = [*model, *registry, *topology.engine_args()]
+    engine = [*internal, *model, *registry, *topology.engine_args()]
     workers = [
         deployment.start(
             "prefill",
@@ -393,6 +423,7 @@ async def start_topology(
                 f"encode{i}",
                 4 + i,
                 "encode",
+                *internal,
                 *model,
                 *registry,
                 "--worker-id",
@@ -405,7 +436,18 @@ async def start_topology(
         *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
     )
     http = ["--http-port", str(deployment.port(10))] if topology.http else []
-    route = deployment.start("route", 0, "route", *model, *registry, *http, *pin("route"))
+    route = deployment.start(
+        "route",
+        0,
+        "route",
+        *entry.route_args(),
+        *model,
+        *registry,
+        *http,
+        *pin("route"),
+        env=entry.route_env(),
+    )
     route.http_port = int(http[1]) if http else None
+    route.host, route.tls_ca_file = entry.dial_host, entry.ca_file
     await deployment.wait_healthy(route, 60)
     return route

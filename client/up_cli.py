@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from epd.client.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
+from epd.client.entry_cli import add_entry_arguments, public_entry
 from epd.client.errors import EpdClientError
 from epd.client.launcher import (
     ENGINES,
@@ -26,6 +27,7 @@ from epd.client.launcher import (
 )
 from epd.client.messages import user
 from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
+from epd.client.public_entry import PublicEntry, child_env
 from epd.client.sdk import AsyncEpdClient
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, check_engine_args, engine_settings
@@ -131,6 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
         "encoders BASE+4.., OpenAI HTTP BASE+10 (default 0: free ports)",
     )
+    add_entry_arguments(parser)
     parser.add_argument(
         "--question", default="What is in this picture?", help="the question of the demo request"
     )
@@ -244,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         check_engine_args(args)
         args.device = resolve_device(args.device)
         args.cpu_plan = cpu_plan(args, topology)
+        args.entry = public_entry(args)
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **child_env(os.environ),
         "EPD_TRACE_EXPORTER": f"json:{run_dir / SPAN_FILE}",
         "EPD_TRACE_FILE_MAX_MB": str(args.trace_max_mb),
         "HF_HUB_OFFLINE": "1",
@@ -296,12 +300,14 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     route, status = await until_a_child_dies(deployment, _start_and_ask(args, deployment))
     if status != 0 or not args.keep:
         return status
-    chat = f"epd chat --endpoint {route.endpoint} --image PATH 'question'"
-    print(f"\nrunning; route at {route.endpoint} ({chat}); Ctrl-C stops everything", flush=True)
+    entry: PublicEntry = args.entry
+    at = entry.public_endpoint(route.port)
+    chat = entry.chat_command(route.port)
+    print(f"\nrunning; route at {at} ({chat}); Ctrl-C stops everything", flush=True)
 
     def rewrite_endpoints(child: Child) -> None:
         if args.endpoints_file:
-            _write_endpoints(args.endpoints_file, deployment, route.http_port)
+            _write_endpoints(args.endpoints_file, deployment, route, entry)
 
     await watch(deployment, WatchOptions(args.max_restarts), _report, rewrite_endpoints)
 
@@ -334,16 +340,20 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
     print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)
     start = time.monotonic()
-    route = await start_topology(deployment, args.model.resolve(), model_id, topology)
+    entry: PublicEntry = args.entry
+    route = await start_topology(deployment, args.model.resolve(), model_id, topology, entry)
     print(f"ready in {time.monotonic() - start:.0f}s; logs in {deployment.run_dir}")
     for child in deployment.children:
-        print(f"  {child.name:<10} {child.endpoint}  (log {child.log.name})")
-    print(f"  {'openai':<10} http://127.0.0.1:{route.http_port}/v1 (chat/completions, models)")
+        at = entry.public_endpoint(child.port) if child is route else child.endpoint
+        print(f"  {child.name:<10} {at}  (log {child.log.name})")
+    if route.http_port:
+        url = entry.http_url(route.http_port)
+        print(f"  {'openai':<10} {url} (chat/completions, models)")
     for child in deployment.children:
         if child.metrics_url:
             print(f"  {child.name:<10} metrics {child.metrics_url}")
     if args.endpoints_file:
-        _write_endpoints(args.endpoints_file, deployment, route.http_port)
+        _write_endpoints(args.endpoints_file, deployment, route, entry)
     if not args.no_demo and await _demo(args, route.endpoint, model_id) != 0:
         return route, 1
     return route, 0
@@ -352,8 +362,11 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
 async def _demo(args: argparse.Namespace, endpoint: str, model_id: str) -> int:
     deployment_dir = args.run_dir_resolved
     image = args.image or _demo_image(deployment_dir / "demo.png")
+    entry: PublicEntry = args.entry
     print(f"\nuser: [image {image}] {args.question}\nassistant: ", end="", flush=True)
-    async with AsyncEpdClient(endpoint) as client:
+    async with AsyncEpdClient(
+        endpoint, auth_token=entry.auth_token, tls_ca_file=entry.ca_file
+    ) as client:
         try:
             tokens: list[int] = []
             async for chunk in client.stream(
@@ -379,9 +392,10 @@ def cpu_plan(args: argparse.Namespace, topology: Topology) -> dict[str, list[int
     return lay_out(services, allowed_cpus(), args.cpu_layout, pins)
 
 
-def _write_endpoints(path: Path, deployment: Deployment, http_port: int | None) -> None:
+def _write_endpoints(path: Path, deployment: Deployment, route: Child, entry: PublicEntry) -> None:
     endpoints: dict[str, object] = {c.name: c.endpoint for c in deployment.children}
-    endpoints["http"] = f"http://127.0.0.1:{http_port}/v1" if http_port else None
+    endpoints["route"] = entry.public_endpoint(route.port)
+    endpoints["http"] = entry.http_url(route.http_port) if route.http_port else None
     endpoints["pids"] = {c.name: c.process.pid for c in deployment.children}
     endpoints["run_dir"] = str(deployment.run_dir)
     endpoints["metrics"] = {c.name: c.metrics_url for c in deployment.children if c.metrics_url}

@@ -96,6 +96,25 @@ def advertised_host(bind_host: str, advertise_host: str | None, scheduler: str |
     return primary_address()
 
 
+def is_local_address(host: str) -> bool:
+    """Whether a server can listen on ``host``: a wildcard, or a name or address of this host."""
+    bare = host.strip().strip("[]")
+    if not bare:
+        return False
+    try:
+        infos = socket.getaddrinfo(bare, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, protocol, _, address in infos:
+        with socket.socket(family, kind, protocol) as probe:
+            try:
+                probe.bind(address)
+            except OSError:
+                continue
+        return True
+    return False
+
+
 def endpoint(host: str, port: int) -> str:
     """host:port, an IPv6 host bracketed."""
     bare = host.strip("[]")
