@@ -134,7 +134,7 @@ def test_epd_up_passes_engine_args_to_every_vllm_engine(tmp_path: Path, monkeypa
     assert flags[-2:] == ("--engine-arg", "max_num_seqs=3")
     topology = Topology("epd", vllm_args=tuple(args.vllm_args))
     deployment = Deployment(tmp_path, {}, base_port=41000)
-    monkeypatch.setattr(deployment, "_spawn", lambda command, log, mode: None)
+    monkeypatch.setattr(deployment, "_spawn", lambda command, log, mode, env: None)
     child = deployment.start("decode", 3, "decode", *flags, tail=topology.engine_tail())
     assert child.command[-2:] == ["--", "--enable-prefix-caching"]
     assert "--port" in child.command[: child.command.index("--")]
