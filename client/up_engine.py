@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
-from epd.server.engine.engine_cli import has_engine_args, vllm_installed
+from epd.server.engine.engine_cli import has_engine_args, refuse_engine_args, vllm_installed
 from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_process import model_cpus
 
@@ -94,10 +94,7 @@ def check_engine_args(args: argparse.Namespace) -> None:
     if not has_engine_args(args):
         return
     if args.engine == "transformers":
-        raise ValueError(
-            "--engine-arg and arguments after -- are vLLM engine arguments; the transformers "
-            "engine takes none (use --engine vllm)"
-        )
+        refuse_engine_args(args)
     if vllm_installed():
         parse_engine_args(args.engine_arg, args.vllm_args)
 

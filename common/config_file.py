@@ -62,24 +62,26 @@ def config_arguments(
     command has flag ``key`` (called only for top-level keys this one lacks). ValueError names
     the key."""
     commands = set(commands)
-    shared: dict[str, Any] = {}
+    shared: list[tuple[str, Any, argparse.Action]] = []
     section: dict[str, Any] = {}
     for key, value in document.items():
         if key in commands and isinstance(value, dict):
             if key == command:
                 section = value
             continue
-        if _action_of(parser, key) is not None:
-            shared[key] = value
+        action = _action_of(parser, key)
+        if action is not None:
+            shared.append((key, value, action))
         elif not is_flag_elsewhere(key):
             raise ValueError(f"{key}: no epd command has a flag --{_option_name(key)}")
-    for key in section:
-        if not isinstance(key, str) or _action_of(parser, key) is None:
+    own: list[tuple[str, Any, argparse.Action]] = []
+    for key, value in section.items():
+        action = _action_of(parser, key) if isinstance(key, str) else None
+        if action is None:
             raise ValueError(f"{command}.{key}: epd {command} has no flag --{_option_name(key)}")
+        own.append((key, value, action))
     arguments: list[str] = []
-    for key, value in [*shared.items(), *section.items()]:
-        action = _action_of(parser, key)
-        assert action is not None
+    for key, value, action in [*shared, *own]:
         variable = ENV_IN_HELP.search(action.help or "")
         if variable and variable[1] in environ:
             continue

@@ -73,10 +73,11 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def file_arguments(command: str, parser: argparse.ArgumentParser, args: Sequence[str]) -> list[str]:
-    """The arguments ``--config`` (or EPD_CONFIG) adds for ``command``; [] without a file."""
+    """The arguments ``--config`` (or EPD_CONFIG, the flag's default) adds for ``command``; []
+    without a file."""
     from epd.common.config_file import config_arguments, load_config
 
-    path = config_path(args) or os.environ.get("EPD_CONFIG")
+    path = config_path(args) or parser.get_default("config")
     if not path:
         return []
     document = load_config(path)

@@ -56,6 +56,15 @@ def has_engine_args(args: argparse.Namespace) -> bool:
     return bool(args.engine_arg or args.vllm_args)
 
 
+def refuse_engine_args(args: argparse.Namespace) -> None:
+    """ValueError when vLLM engine arguments were given to the transformers engine."""
+    if has_engine_args(args):
+        raise ValueError(
+            "--engine-arg and arguments after -- are vLLM engine arguments; the transformers "
+            "engine takes none (use --engine vllm)"
+        )
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine flags, each with an ``EPD_*`` environment fallback."""
     env = os.environ.get
@@ -252,12 +261,7 @@ def transformers_options(args: argparse.Namespace, device: str) -> TransformersO
     arguments were given (this engine has no use for them)."""
     from epd.server.engine.transformers_engine import TransformersOptions
 
-    if has_engine_args(args):
-        raise ValueError(
-            "--engine-arg and arguments after -- are vLLM engine arguments; the transformers "
-            "engine takes none (use --engine vllm)"
-        )
-
+    refuse_engine_args(args)
     defaults = defaults_for(device)
     kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb or TRANSFORMERS_KV_CACHE_MB
     return TransformersOptions(
