@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epd.server.engine.generate_cli import demo_image
+from epd.server.engine.reference import ReferenceEngine
 from epd.server.transfer import shm
+
+DEMO_TOKENS = re.compile(r"\(tokens (\[[^\]]*\])")
 
 
 @dataclass
@@ -73,13 +79,29 @@ def running_stack(
             time.sleep(1)
         yield Stack(json.loads(endpoints_file.read_text()), launcher)
     finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(90)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher)
         log.close()
+
+
+def stop(launcher: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to ``epd up``; killed if it has not stopped its deployment within 90 s."""
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(90)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+
+
+def assert_demo_answered(output: str, model_dir: Path, question: str, max_tokens: int) -> None:
+    """``epd up``'s printed demo answer has the reference engine's tokens for ``question``
+    about the demo picture."""
+    match = DEMO_TOKENS.search(output)
+    assert match, output
+    content = [{"type": "image"}, {"type": "text", "text": question}]
+    messages = [{"role": "user", "content": content}]
+    expected = ReferenceEngine(model_dir).generate(messages, [demo_image()], max_tokens=max_tokens)
+    assert ast.literal_eval(match.group(1)) == expected.token_ids
 
 
 def is_alive(pid: int) -> bool:

@@ -4,18 +4,15 @@ vLLM workers stop without a traceback or a resource_tracker warning in their log
 
 from __future__ import annotations
 
-import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from epd.server.engine.generate_cli import demo_image
-from epd.server.engine.reference import ReferenceEngine
 from epd.server.models.registry import FAMILIES
 from epd.server.transfer import shm
+from tests.integration.e2e.launcher import assert_demo_answered
 
 pytestmark = pytest.mark.vllm
 # NOTE: every family's `epd up` takes 1-2 min here; CI runs the family least like Qwen2-VL
@@ -49,17 +46,7 @@ def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Pa
         timeout=400,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
-    assert match, result.stdout
-    tokens = ast.literal_eval(match.group(1))
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}],
-        }
-    ]
-    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
-    assert tokens == expected.token_ids
+    assert_demo_answered(result.stdout, tiny_model_dir, "What is in this picture?", max_tokens=8)
     for service in ("epd-route", "epd-scheduler", "epd-encode", "epd-prefill"):
         assert service in result.stdout
     leftovers = subprocess.run(
@@ -110,10 +97,4 @@ def test_epd_up_serves_each_family_with_the_reference_tokens(
         timeout=400,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
-    assert match, result.stdout
-    messages = [
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
-    ]
-    expected = ReferenceEngine(model_dir).generate(messages, [demo_image()], max_tokens=8)
-    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    assert_demo_answered(result.stdout, model_dir, QUESTION, max_tokens=8)

@@ -3,15 +3,12 @@ the keys it has a flag for and its own section of the same file."""
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from epd.server.engine.generate_cli import demo_image
-from epd.server.engine.reference import ReferenceEngine
+from tests.integration.e2e.launcher import assert_demo_answered
 
 QUESTION = "What is in this picture?"
 
@@ -41,12 +38,7 @@ def test_a_config_file_starts_epd_up_and_reaches_its_services(
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
-    assert match, result.stdout
-    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
-    messages = [{"role": "user", "content": content}]
-    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
-    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    assert_demo_answered(result.stdout, tiny_model_dir, QUESTION, max_tokens=8)
     (run_dir,) = (tmp_path / "run").iterdir()
     assert " DEBUG " in (run_dir / "encode0.log").read_text()
     assert " DEBUG " not in (run_dir / "prefill.log").read_text()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.grpc.common.servicers import self_signed_cert
+from tests.integration.e2e.launcher import stop
 
 TOKEN = "s3cret-token"
 
@@ -92,9 +92,4 @@ def test_the_route_is_reachable_with_token_and_tls_and_the_rest_stays_on_loopbac
         assert get(models, cert) == 401
         assert get(models, cert, TOKEN) == 200
     finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(90)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher)

@@ -4,11 +4,9 @@ vLLM (decode workers, KV hand-off topologies) says so instead of failing with a 
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,10 +17,13 @@ import pytest
 
 from epd.client import EpdClient, user
 from epd.common.channels import wait_for_health
-from epd.server.engine.generate_cli import demo_image
-from epd.server.engine.reference import ReferenceEngine
 from epd.server.transfer import shm
-from tests.integration.e2e.launcher import is_alive, running_stack, segments_of
+from tests.integration.e2e.launcher import (
+    assert_demo_answered,
+    is_alive,
+    running_stack,
+    segments_of,
+)
 from tests.pictures import picture, png
 
 QUESTION = "What is in this picture?"
@@ -78,12 +79,7 @@ def test_e_pd_answers_on_the_transformers_engine(
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    match = re.search(r"\(tokens (\[[^\]]*\])", result.stdout)
-    assert match, result.stdout
-    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
-    messages = [{"role": "user", "content": content}]
-    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
-    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    assert_demo_answered(result.stdout, tiny_model_dir, QUESTION, max_tokens=8)
     prefill_log = next((tmp_path / "run").glob("*/prefill.log")).read_text()
     assert "(prefill_decode, transformers)" in prefill_log
     assert "epd-encode" in result.stdout and "epd-prefill" in result.stdout

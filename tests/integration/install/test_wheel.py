@@ -4,17 +4,14 @@ environment with pip's own sources (nothing of this checkout or its venv on the 
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 import subprocess
 import sys
 import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from epd.server.engine.generate_cli import demo_image
-from epd.server.engine.reference import ReferenceEngine
+from tests.integration.e2e.launcher import assert_demo_answered
 
 ROOT = Path(__file__).resolve().parents[3]
 QUESTION = "What is in this picture?"
@@ -91,11 +88,6 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
         cwd=tmp_path,
     )
     assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-2000:]
-    match = re.search(r"\(tokens (\[[^\]]*\])", served.stdout)
-    assert match, served.stdout
-    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
-    messages = [{"role": "user", "content": content}]
-    expected = ReferenceEngine(tiny_model_dir).generate(messages, [demo_image()], max_tokens=8)
-    assert ast.literal_eval(match.group(1)) == expected.token_ids
+    assert_demo_answered(served.stdout, tiny_model_dir, QUESTION, max_tokens=8)
     location = run(venv / "bin" / "python", "-c", "import epd; print(epd.__file__)", cwd=tmp_path)
     assert location.stdout.startswith(str(venv)), location.stdout
