@@ -18,11 +18,12 @@ class BackgroundCalls:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def start(self, call: Awaitable[Any]) -> None:
-        """Run ``call``, which must handle its own errors, in the background."""
+    def start(self, call: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run ``call``, which must handle its own errors, in the background; returns its task."""
         task = asyncio.ensure_future(call)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def settle(self) -> None:
         """Wait for every call started so far."""

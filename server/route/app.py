@@ -18,6 +18,7 @@ from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.worker import RouteWorker
 from epd.server.transfer.metrics import register_plane_metrics
@@ -40,6 +41,8 @@ class RouteConfig:
     http: HttpOptions = field(default_factory=HttpOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
     transfer: TransferOptions = field(default_factory=TransferOptions)
+    # times a stream may move to another replica when its worker fails mid-stream
+    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
 
 
 @dataclass
@@ -89,6 +92,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         grids=ImageGridder(config.model_dir),
         plane=plane,
         metrics=metrics,
+        max_resumptions=config.max_resumptions,
     )
     binding = ServiceBinding(
         SERVICE_NAME, RouteServicer(worker), pb_grpc.add_RouteServiceServicer_to_server

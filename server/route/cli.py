@@ -15,6 +15,7 @@ from epd.server.models.model_cli import add_model_arguments, resolve_model_argum
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.openai_schema import RequestLimits
+from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50050
@@ -42,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, "
         "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
         "off)",
+    )
+    parser.add_argument(
+        "--max-resumptions",
+        type=int,
+        default=int(env("EPD_MAX_RESUMPTIONS", DEFAULT_MAX_RESUMPTIONS)),
+        help="times one request's stream may move to another replica when the worker streaming "
+        "it dies or drains mid-stream (the new one continues after the tokens already sent); 0: "
+        f"such a failure ends the stream (env EPD_MAX_RESUMPTIONS; default "
+        f"{DEFAULT_MAX_RESUMPTIONS})",
     )
     add_http_arguments(parser)
     add_media_arguments(parser)
@@ -146,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         resolve_model_arguments(args)
         options = server_options(args)
+        if args.max_resumptions < 0:
+            raise ValueError("--max-resumptions must not be negative")
         pin_to_cpus(args)
         config = RouteConfig(
             args.model,
@@ -156,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             http=http_options(args),
             limits=request_limits(args),
             transfer=transfer_options(args),
+            max_resumptions=args.max_resumptions,
         )
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The engine hops of a request: choose a prefill worker, then stream PrefillDecode, or Prefill
 and Decode on a decode worker (P/D). A failure before the first token is retried on another
-prefill worker; after it, the failure ends the stream with its status.
+prefill worker; after it, another replica continues the stream from the tokens already sent
+(``resumption``).
 
 Scheduler calls stay off the critical path where they can: the route chooses the first prefill
 worker while the images are encoded (``choose_prefill`` beside the encoding, ``concurrently``), and
@@ -8,17 +9,20 @@ the decode worker while the prompt is prefilled; each call costs about a millise
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 
-from epd.common.errors import EpdError, Unavailable
+from epd.common.errors import EpdError
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
+from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS, Progress, is_resumable
 from epd.server.route.topology import Plan, Role, hands_off_kv
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import generation_pb2
@@ -27,7 +31,10 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 logger = logging.getLogger(__name__)
 MAX_PREFILL_ATTEMPTS = 3
+RESUMED_EVENT = "epd.resumed"
 OnPrefilled = Callable[[], Awaitable[None]]
+# told of each resumption: the failed worker's role ("prefill" or "decode"), tokens sent before
+OnResumed = Callable[[str, int], None]
 # the prompt for a chosen prefill worker (embeddings the worker can read from its host)
 PromptFor = Callable[[scheduler_pb.WorkerInfo], Awaitable[generation_pb2.Prompt]]
 
@@ -75,56 +82,146 @@ async def stream_tokens(
     on_prefilled: OnPrefilled,
     first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
     prompt_for: PromptFor | None = None,
+    *,
+    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS,
+    on_resumed: OnResumed | None = None,
 ) -> AsyncGenerator[Piece, None]:
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
     ``first_choice``: the prefill worker already chosen for the first attempt, if any; up to
-    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token. ``prompt_for``: the
-    prompt for each chosen worker (a retry on another host needs its embeddings there), else
-    ``call.prompt``."""
-    excluded: list[str] = []
-    for attempt in range(MAX_PREFILL_ATTEMPTS):
-        started, worker = False, None
+    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token. A worker that fails
+    after it (its stream ends UNAVAILABLE or CANCELLED: it died, or drained past its grace) is
+    replaced by another replica that continues the request (``resumption``), up to
+    ``max_resumptions`` times; ``on_resumed`` is told each time (the failed role's name, tokens
+    sent so far). ``prompt_for``: the prompt for each chosen worker (a retry on another host needs
+    its embeddings there, a resumption needs them again), else ``call.prompt``."""
+    progress = Progress(call)
+    excluded = Excluded()
+    choice = first_choice
+    num_failures = num_resumptions = 0
+    while True:
+        attempt = Attempt()
         try:
-            choice = (
-                first_choice
-                if first_choice and not attempt
-                else (await choose_prefill(peers, call, excluded))
-            )
-            worker = choice.worker
-            if prompt_for is not None:
-                call = replace(call, prompt=await prompt_for(worker))
-            span = trace.get_current_span()
-            span.set_attribute("epd.prefill_id", worker.id)
-            span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
-            if hands_off_kv(worker.role, call.live_roles):
-                pieces = _prefill_then_decode(peers, call, worker, on_prefilled)
-            else:
-                pieces = _prefill_decode(peers, call, worker.endpoint)
-            async for piece in pieces:
-                if not started:
-                    started = True
-                    span.add_event(FIRST_TOKEN_EVENT)
-                    peers.background.start(on_prefilled())
+            async for piece in _attempt(peers, progress, attempt, choice, excluded, prompt_for):
+                if attempt.release is None:
+                    attempt.release = peers.background.start(on_prefilled())
                 yield piece
             return
-        except EpdError as e:
-            error = e
-        if (
-            started
-            or worker is None
-            or not isinstance(error, Unavailable)
-            or attempt + 1 == MAX_PREFILL_ATTEMPTS
-        ):
-            raise error
+        except EpdError as error:
+            if progress.is_finished:
+                return
+            resuming = bool(progress.sent)
+            if (
+                attempt.prefill is None
+                or not is_resumable(error)
+                or (not resuming and num_failures + 1 >= MAX_PREFILL_ATTEMPTS)
+                or (resuming and num_resumptions >= max_resumptions)
+            ):
+                raise
+            await _settle(attempt.release)
+            failed = excluded.add(attempt)
+            num_failures += 1
+            num_resumptions += resuming
+            _log_failure(call.request_id, attempt, failed, error, len(progress.sent))
+            if resuming:
+                trace.get_current_span().add_event(
+                    RESUMED_EVENT,
+                    {"epd.failed_worker": failed, "epd.tokens_sent": len(progress.sent)},
+                )
+                if on_resumed is not None:
+                    on_resumed(attempt.failed_role, len(progress.sent))
+        if not progress.remaining:
+            yield Piece([], generation_pb2.FINISH_REASON_LENGTH)
+            return
+        choice = None
+
+
+@dataclass
+class Attempt:
+    """One attempt at a request: its workers, where it failed, its release of the embeddings."""
+
+    prefill: scheduler_pb.WorkerInfo | None = None
+    decode_id: str = ""
+    # the decode worker's stream had started when the attempt failed
+    in_decode: bool = False
+    release: asyncio.Future[Any] | None = None
+
+    @property
+    def failed_role(self) -> str:
+        """The role of the worker whose failure ended the attempt."""
+        return "decode" if self.in_decode else "prefill"
+
+
+@dataclass
+class Excluded:
+    """Workers that failed this request, not chosen again for it."""
+
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+
+    def add(self, attempt: Attempt) -> str:
+        """Exclude the worker that failed ``attempt``; returns its id."""
+        if attempt.in_decode:
+            self.decode.append(attempt.decode_id)
+            return attempt.decode_id
+        assert attempt.prefill is not None
+        self.prefill.append(attempt.prefill.id)
+        return attempt.prefill.id
+
+
+async def _attempt(
+    peers: Peers,
+    progress: Progress,
+    attempt: Attempt,
+    choice: scheduler_pb.ChoosePrefillResponse | None,
+    excluded: Excluded,
+    prompt_for: PromptFor | None,
+) -> AsyncIterator[Piece]:
+    """The pieces of one attempt, each recorded in ``progress``."""
+    call = progress.call
+    if choice is None:
+        choice = await choose_prefill(peers, call, excluded.prefill)
+    worker = attempt.prefill = choice.worker
+    prompt = call.prompt if prompt_for is None else await prompt_for(worker)
+    call = progress.continued(prompt)
+    span = trace.get_current_span()
+    span.set_attribute("epd.prefill_id", worker.id)
+    span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
+    if hands_off_kv(worker.role, call.live_roles):
+        pieces = _prefill_then_decode(peers, call, worker, attempt, excluded.decode)
+    else:
+        pieces = _prefill_decode(peers, call, worker.endpoint)
+    async for piece in pieces:
+        if not progress.sent:
+            span.add_event(FIRST_TOKEN_EVENT)
+        yield progress.record(piece)
+
+
+async def _settle(release: asyncio.Future[Any] | None) -> None:
+    """Wait for an attempt's release of the embeddings before the next attempt reads them."""
+    if release is not None:
+        await asyncio.shield(release)
+
+
+def _log_failure(
+    request_id: str, attempt: Attempt, failed: str, error: EpdError, sent: int
+) -> None:
+    if sent:
         logger.warning(
-            "request %s: prefill on %s failed before the first token (%s); retrying elsewhere",
-            call.request_id,
-            worker.id,
+            "request %s: %s worker %s failed after %d tokens (%s); resuming on another",
+            request_id,
+            attempt.failed_role,
+            failed,
+            sent,
             error,
         )
-        excluded.append(worker.id)
-    raise Unavailable("no prefill worker could serve the request", reason="PREFILL_FAILED")
+    else:
+        logger.warning(
+            "request %s: prefill on %s failed before the first token (%s); retrying elsewhere",
+            request_id,
+            failed,
+            error,
+        )
 
 
 async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> AsyncIterator[Piece]:
@@ -146,11 +243,15 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
 
 
 async def _prefill_then_decode(
-    peers: Peers, call: EngineCall, worker: scheduler_pb.WorkerInfo, on_prefilled: OnPrefilled
+    peers: Peers,
+    call: EngineCall,
+    worker: scheduler_pb.WorkerInfo,
+    attempt: Attempt,
+    excluded: Sequence[str],
 ) -> AsyncIterator[Piece]:
     try:
         reply, decoder = await concurrently(
-            _prefill(peers, call, worker.endpoint), _choose_decode(peers, call)
+            _prefill(peers, call, worker.endpoint), _choose_decode(peers, call, excluded)
         )
     except EpdError as error:
         if error.reason != "WRONG_MODE":
@@ -159,8 +260,8 @@ async def _prefill_then_decode(
         async for piece in _prefill_decode(peers, call, worker.endpoint):
             yield piece
         return
+    attempt.decode_id = decoder.worker.id
     trace.get_current_span().set_attribute("epd.decode_id", decoder.worker.id)
-    peers.background.start(on_prefilled())
     if reply.finish_reason:
         yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
         return
@@ -176,6 +277,7 @@ async def _prefill_then_decode(
         ),
         timeout=call.deadline.remaining(),
     )
+    attempt.in_decode = True
     try:
         async for response in stream:
             yield Piece(
@@ -194,6 +296,10 @@ async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.
     return await peers.prefill(endpoint).Prefill(request, timeout=call.deadline.remaining())
 
 
-async def _choose_decode(peers: Peers, call: EngineCall) -> scheduler_pb.ChooseDecodeResponse:
-    request = scheduler_pb.ChooseDecodeRequest(request_id=call.request_id, model=call.model)
+async def _choose_decode(
+    peers: Peers, call: EngineCall, excluded: Sequence[str]
+) -> scheduler_pb.ChooseDecodeResponse:
+    request = scheduler_pb.ChooseDecodeRequest(
+        request_id=call.request_id, model=call.model, exclude_worker_ids=excluded
+    )
     return await peers.scheduler.ChooseDecode(request, timeout=call.deadline.remaining())

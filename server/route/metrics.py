@@ -67,6 +67,14 @@ class RouteMetrics:
             "Images sent to another encoder after their encoder failed (UNAVAILABLE or died)",
             registry=registry,
         )
+        self.resumptions = Counter(
+            "epd_route_resumptions",
+            "Streams moved to another replica after their worker failed mid-stream, by the "
+            "failed worker's role (prefill: the worker that prefilled and streamed or handed KV "
+            "over; decode: the decode worker)",
+            ["role"],
+            registry=registry,
+        )
 
     def observe(self, num_images: int) -> RequestObservation:
         """Start observing a request with ``num_images`` images."""

@@ -37,6 +37,7 @@ from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, PromptBuilder
 from epd.server.route.request_ids import ensure_request_id
+from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import Plan, Role, RoleView, plan_for
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, tensor_pb2
@@ -81,10 +82,13 @@ class RouteWorker:
         grids: ImageGridder,
         plane: DataPlane | None = None,
         metrics: RouteMetrics | None = None,
+        max_resumptions: int = DEFAULT_MAX_RESUMPTIONS,
     ) -> None:
         """``plane``: where the decoded pixels of images go for the encoders (None: encoders
         load each image from its source again). ``metrics``: where requests are counted and
-        timed (None: nowhere)."""
+        timed (None: nowhere). ``max_resumptions``: how many times a request's stream may move
+        to another replica when its worker fails mid-stream (``hops.stream_tokens``)."""
+        self.max_resumptions = max_resumptions
         self.metrics = metrics
         self.plane = plane
         self.peers = peers
@@ -248,7 +252,8 @@ class RouteWorker:
 
             async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
                 # NOTE: only another host needs new references; any is readable into any device.
-                if (worker.host_id or self.host_id) != stage.consumer_host_id:
+                # A resumption finds them released once its predecessor had prefilled.
+                if not stage.results or (worker.host_id or self.host_id) != stage.consumer_host_id:
                     await self._encode_again_for(worker, stage, call.deadline)
                 return self._embedded(token_ids, stage, grids)
 
@@ -267,12 +272,14 @@ class RouteWorker:
         self, worker: scheduler_pb.WorkerInfo, stage: EncodeStage, deadline: Deadline
     ) -> None:
         """A retry moved the prefill to ``worker`` on another host, where the embeddings'
-        references (shared memory on the old one) cannot be read: release them and encode again
-        for it (the encoders' caches answer by mm_hash)."""
+        references (shared memory on the old one) cannot be read, or a resumption needs them
+        after they were released: release them and encode again for it (the encoders' caches
+        answer by mm_hash)."""
         self._set_consumer(stage, worker)
         logger.info(
-            "request %s: prefill moved to host %s; encoding its images again for it",
+            "request %s: prefill on %s (host %s); encoding its images again for it",
             stage.request_id,
+            worker.id,
             stage.consumer_host_id,
         )
         await release_all(self.peers, stage)
@@ -288,7 +295,19 @@ class RouteWorker:
     ) -> AsyncGenerator[Piece, None]:
         """The engine's tokens for ``prompt``; the stage's leases go once it is prefilled."""
         release = partial(release_all, self.peers, stage, read=True)
-        return stream_tokens(self.peers, replace(call, prompt=prompt), release, choice, prompt_for)
+        return stream_tokens(
+            self.peers,
+            replace(call, prompt=prompt),
+            release,
+            choice,
+            prompt_for,
+            max_resumptions=self.max_resumptions,
+            on_resumed=self._count_resumption,
+        )
+
+    def _count_resumption(self, role: str, num_sent: int) -> None:
+        if self.metrics is not None:
+            self.metrics.resumptions.labels(role=role).inc()
 
     def _chat(self, request: route_service_pb2.GenerateRequest) -> tuple[Chat, list[Media]]:
         messages: Chat = []

@@ -143,8 +143,11 @@ class FakeScheduler:
     async def ChooseDecode(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ChooseDecode", request))
         self.decode_chosen.set()
+        live = [d for d in self.decoders if d not in request.exclude_worker_ids]
+        if not live:
+            raise Unavailable("no decode worker", reason="NO_DECODE_WORKER")
         return scheduler_pb.ChooseDecodeResponse(
-            worker=scheduler_pb.WorkerInfo(id=self.decoders[0], endpoint=self.decoders[0])
+            worker=scheduler_pb.WorkerInfo(id=live[0], endpoint=live[0])
         )
 
 
@@ -239,13 +242,60 @@ class FakeEngine:
         return self._stream(self.tokens[1:], decode_service_pb2.DecodeResponse)
 
 
+SCRIPT = list(range(100, 140))
+
+
+@dataclass
+class ScriptedEngine:
+    """A prefill or decode worker whose model continues ``SCRIPT`` from wherever its prompt (two
+    tokens, then tokens of the script already generated) stops, as greedy decoding of a real
+    model continues its sequence; it fails with ``error`` after ``num_before_error`` tokens of
+    each stream, if set, as a worker that died mid-stream. Records every call."""
+
+    error: EpdError | None = None
+    num_before_error: int = 0
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+
+    def _due(self, request: Any) -> list[int]:
+        done = len(request.prompt.token_ids) - 2
+        assert list(request.prompt.token_ids)[2:] == SCRIPT[:done], "not a continuation"
+        return SCRIPT[done : done + (request.sampling.max_tokens or 16)]
+
+    def _stream(self, request: Any, tokens: list[int], response_type: Any) -> FakeStream:
+        count = min(self.num_before_error, len(tokens)) if self.error else len(tokens)
+        responses = [response_type(token_ids=[t]) for t in tokens[:count]]
+        if not self.error and responses:
+            responses[-1].finish_reason = generation_pb2.FINISH_REASON_LENGTH
+            responses[-1].usage.prompt_tokens = len(request.prompt.token_ids)
+            responses[-1].usage.completion_tokens = len(self._due(request))
+        return FakeStream(responses, self.error)
+
+    def PrefillDecode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        self.calls.append(("PrefillDecode", request))
+        return self._stream(request, self._due(request), prefill_pb.PrefillDecodeResponse)
+
+    async def Prefill(self, request: Any, timeout: float | None = None) -> Any:
+        self.calls.append(("Prefill", request))
+        if self.error is not None and not self.num_before_error:
+            raise self.error
+        return prefill_pb.PrefillResponse(first_token_id=self._due(request)[0])
+
+    def Decode(self, request: Any, timeout: float | None = None) -> FakeStream:
+        from epd.v1 import decode_service_pb2
+
+        self.calls.append(("Decode", request))
+        tokens = self._due(request)
+        assert request.first_token_id == tokens[0]
+        return self._stream(request, tokens[1:], decode_service_pb2.DecodeResponse)
+
+
 @dataclass
 class FakePeers:
     """``Peers`` with fakes behind each endpoint."""
 
     scheduler: FakeScheduler = field(default_factory=FakeScheduler)
     encoders: dict[str, FakeEncoder] = field(default_factory=dict)
-    engines: dict[str, FakeEngine] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)
     background: BackgroundCalls = field(default_factory=BackgroundCalls)
 
     def encoder(self, endpoint: str) -> FakeEncoder:

@@ -168,14 +168,15 @@ async def test_the_first_token_does_not_wait_for_the_release(roles: frozenset[in
     assert released.is_set()
 
 
-async def test_failure_after_the_first_token_ends_the_stream() -> None:
+async def test_failure_after_the_first_token_ends_the_stream_without_resumptions() -> None:
     peers = FakePeers(
         FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)]),
         engines={"pd0": FakeEngine(error=Unavailable("down"), num_before_error=1)},
     )
     received = []
+    call = engine_call(frozenset({PREFILL_DECODE}))
     with pytest.raises(Unavailable):
-        async for piece in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})), _nothing):  # type: ignore[arg-type]
+        async for piece in stream_tokens(peers, call, _nothing, max_resumptions=0):  # type: ignore[arg-type]
             received.extend(piece.token_ids)
     assert received == [7]
     assert "pd1" not in peers.engines
