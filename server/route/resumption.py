@@ -42,6 +42,7 @@ class Progress:
     is_finished: bool = False
     # tokens already sent when the current attempt started (its engine counts them as prompt)
     offset: int = 0
+    num_resumed: int = 0
 
     @property
     def max_tokens(self) -> int:
@@ -55,17 +56,20 @@ class Progress:
 
     def continued(self, prompt: generation_pb2.Prompt) -> EngineCall:
         """The call for the next attempt: ``prompt`` followed by the tokens already sent, with
-        the budget left."""
+        the budget left, under a request id of its own (``-resumed-N``: an engine may still hold
+        the interrupted one)."""
         self.offset = len(self.sent)
         if not self.sent:
             return replace(self.call, prompt=prompt)
+        self.num_resumed += 1
         extended = generation_pb2.Prompt()
         extended.CopyFrom(prompt)
         extended.token_ids.extend(self.sent)
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(self.call.sampling)
         sampling.max_tokens = self.remaining
-        return replace(self.call, prompt=extended, sampling=sampling)
+        request_id = f"{self.call.request_id}-resumed-{self.num_resumed}"
+        return replace(self.call, request_id=request_id, prompt=extended, sampling=sampling)
 
     def record(self, piece: Piece) -> Piece:
         """Note ``piece`` as sent; its usage counted as the uninterrupted request's."""

@@ -66,6 +66,7 @@ async def test_a_prefill_decode_worker_dying_mid_stream_is_continued_on_another(
     [(_, resumed)] = peers.engines["pd1"].calls
     assert list(resumed.prompt.token_ids) == [1, 2, *SCRIPT[:2]]
     assert resumed.sampling.max_tokens == 4
+    assert resumed.request_id == "req-resumed-1"
     chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
     assert list(chooses[-1].exclude_worker_ids) == ["pd0"]
     assert pieces[-1].usage is not None
