@@ -129,6 +129,7 @@ class EpdServer:
     options: ServerOptions
     _drain_callbacks: list[DrainCallback] = field(default_factory=list)
     _drain_holds: list[DrainHold] = field(default_factory=list)
+    _is_cut_short: bool = False
     _drain_task: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
 
@@ -159,6 +160,12 @@ class EpdServer:
             self._drain_task = asyncio.ensure_future(self._drain(grace))
         await asyncio.shield(self._drain_task)
 
+    async def stop_now(self) -> None:
+        """Stop at once: a drain under way stops waiting for its holds, running RPCs are
+        cancelled."""
+        self._is_cut_short = True
+        await self.grpc_server.stop(0)
+
     async def wait_for_termination(self) -> None:
         """Wait until the server has stopped."""
         await self.grpc_server.wait_for_termination()
@@ -172,7 +179,7 @@ class EpdServer:
             except Exception:
                 logger.exception("drain callback failed")
         while not all(is_settled() for is_settled in self._drain_holds):
-            if time.monotonic() >= deadline:
+            if self._is_cut_short or time.monotonic() >= deadline:
                 logger.warning("drain grace ended with work still held")
                 break
             await asyncio.sleep(HOLD_POLL_S)
@@ -270,7 +277,7 @@ async def serve(server: EpdServer) -> None:
     def on_signal() -> None:
         if stop_requested.is_set() and not stop_now:
             logger.warning("second signal: stopping without grace")
-            stop_now.append(loop.create_task(server.grpc_server.stop(0)))
+            stop_now.append(loop.create_task(server.stop_now()))
         stop_requested.set()
 
     for sig in signals:

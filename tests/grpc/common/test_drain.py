@@ -68,3 +68,12 @@ async def test_a_stream_cut_by_the_grace_fails_unavailable() -> None:
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert isinstance(error, errors.Unavailable)
     assert servicer.encode_exits == ["CancelledError"]
+
+
+async def test_stop_now_ends_a_drain_waiting_for_its_holds() -> None:
+    server, _ = await start(ScriptedEncodeService(), drain_grace_s=30.0)
+    server.add_drain_hold(lambda: False)
+    draining = asyncio.ensure_future(server.drain_and_stop())
+    await asyncio.sleep(0.1)
+    await server.stop_now()  # what a second SIGTERM does
+    await asyncio.wait_for(draining, 2.0)
