@@ -27,6 +27,7 @@ from epd.client.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
 from epd.common.cpus import format_cpu_list
+from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
 
@@ -145,13 +146,14 @@ class Deployment:
     def reap_dead(self) -> list[Child]:
         """Children that exited since the last call: each is waited for, what is left of its
         process group (vLLM's engine core) is killed, and dead processes' shared memory is
-        removed. Each dead child is returned once."""
+        removed (``shm_orphans``, ``shm_leftovers``). Each dead child is returned once."""
         dead = [c for c in self.children if not c.is_reported and c.process.poll() is not None]
         for child in dead:
             child.is_reported = True
             _signal_group(child.process.pid, signal.SIGKILL)
         if dead:
             cleanup_orphans()
+            cleanup_leftovers()
         return dead
 
     async def wait_healthy(self, child: Child, timeout_s: float) -> None:
@@ -192,6 +194,7 @@ class Deployment:
                 time.sleep(0.05)
         self.children.clear()
         cleanup_orphans()
+        cleanup_leftovers()
 
 
 def _signal_group(pgid: int, signum: int) -> None:

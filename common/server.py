@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
 DrainCallback = Callable[[], Awaitable[None]]
+DrainHold = Callable[[], bool]
+# How often a drain asks its holds whether what they keep has been taken.
+HOLD_POLL_S = 0.05
 
 
 # NOTE: health and reflection are not traced: probes would flood traces, and the
@@ -124,6 +128,8 @@ class EpdServer:
     health_servicer: health.aio.HealthServicer
     options: ServerOptions
     _drain_callbacks: list[DrainCallback] = field(default_factory=list)
+    _drain_holds: list[DrainHold] = field(default_factory=list)
+    _is_cut_short: bool = False
     _drain_task: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
 
@@ -139,26 +145,45 @@ class EpdServer:
         """Run ``callback`` when draining starts, before in-flight RPCs finish (e.g. deregister)."""
         self._drain_callbacks.append(callback)
 
+    def add_drain_hold(self, is_settled: DrainHold) -> None:
+        """Keep serving after the drain callbacks until ``is_settled()`` is true (e.g. every
+        payload this server lent was released by its consumer) or the grace runs out; only then
+        are new RPCs refused. The service refuses new work itself meanwhile (a drain callback)."""
+        self._drain_holds.append(is_settled)
+
     async def drain_and_stop(self, grace: float | None = None) -> None:
-        """Stop taking work: health NOT_SERVING, drain callbacks, then let in-flight RPCs finish
-        within ``grace`` seconds (default: options.drain_grace_s) while refusing new ones.
-        Idempotent: later calls wait for the first drain to finish."""
+        """Stop taking work: health NOT_SERVING, drain callbacks, wait for the drain holds,
+        then let in-flight RPCs finish while refusing new ones; all within ``grace`` seconds
+        (default: options.drain_grace_s). RPCs still running when the grace ends are cancelled:
+        their callers see UNAVAILABLE. Idempotent: later calls wait for the first drain."""
         if self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain(grace))
         await asyncio.shield(self._drain_task)
+
+    async def stop_now(self) -> None:
+        """Stop at once: a drain under way stops waiting for its holds, running RPCs are
+        cancelled."""
+        self._is_cut_short = True
+        await self.grpc_server.stop(0)
 
     async def wait_for_termination(self) -> None:
         """Wait until the server has stopped."""
         await self.grpc_server.wait_for_termination()
 
     async def _drain(self, grace: float | None) -> None:
+        deadline = time.monotonic() + (self.options.drain_grace_s if grace is None else grace)
         await self.health_servicer.enter_graceful_shutdown()
         for callback in self._drain_callbacks:
             try:
                 await callback()
             except Exception:
                 logger.exception("drain callback failed")
-        await self.grpc_server.stop(self.options.drain_grace_s if grace is None else grace)
+        while not all(is_settled() for is_settled in self._drain_holds):
+            if self._is_cut_short or time.monotonic() >= deadline:
+                logger.warning("drain grace ended with work still held")
+                break
+            await asyncio.sleep(HOLD_POLL_S)
+        await self.grpc_server.stop(max(0.0, deadline - time.monotonic()))
         if self.metrics is not None:
             self.metrics.close()
 
@@ -252,7 +277,7 @@ async def serve(server: EpdServer) -> None:
     def on_signal() -> None:
         if stop_requested.is_set() and not stop_now:
             logger.warning("second signal: stopping without grace")
-            stop_now.append(loop.create_task(server.grpc_server.stop(0)))
+            stop_now.append(loop.create_task(server.stop_now()))
         stop_requested.set()
 
     for sig in signals:

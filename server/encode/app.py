@@ -213,6 +213,9 @@ async def build_encode_server(
         keepalive_s=options.keepalive_s,
     )
     server.add_drain_callback(registration.stop)
+    # NOTE: a consumer reads the embeddings after Encode returned, and releases them once read.
+    server.add_drain_callback(worker.stop_taking_work)
+    server.add_drain_hold(worker.is_settled)
     await registration.start()
     await server.mark_serving()
     logger.info(

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from epd.common.errors import EpdError, InvalidArgument
+from epd.common.errors import EpdError, InvalidArgument, Unavailable
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.vision import Prepared
@@ -126,6 +126,7 @@ class EncodeWorker:
         self.model_id = model_id
         self._encoding: dict[str, asyncio.Task[_Encoded | None]] = {}
         self.num_in_flight = 0
+        self.is_draining = False
 
     async def encode(
         self,
@@ -138,7 +139,11 @@ class EncodeWorker:
     ) -> AsyncIterator[EncodedItem]:
         """Encode ``items`` for a consumer on ``consumer_host_id`` that reads the embeddings into
         ``consumer_device`` (empty: host memory); yields one result per item, in completion
-        order."""
+        order. Refused (UNAVAILABLE, reason DRAINING) once draining."""
+        if self.is_draining:
+            raise Unavailable(
+                f"encoder {self.worker_id} is draining; ask another", reason="DRAINING"
+            )
         self._validate(items, model)
         if len(items) == 1:
             # NOTE: one item needs no task of its own: each costs a turn of the event loop.
@@ -190,6 +195,15 @@ class EncodeWorker:
             computed.seconds,
             computed.batch_size,
         )
+
+    async def stop_taking_work(self) -> None:
+        """Refuse new ``encode`` calls (drain); those in flight finish."""
+        self.is_draining = True
+
+    def is_settled(self) -> bool:
+        """Whether nothing is in flight and every payload handed over was released (or its
+        lease expired): a draining encoder may then stop without failing a consumer."""
+        return self.num_in_flight == 0 and not self.plane.held()
 
     async def close(self) -> None:
         """Stop the tower's batcher and the preparing pool (waiting items fail)."""

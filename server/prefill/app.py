@@ -90,6 +90,10 @@ async def build_prefill_server(
         SERVICE_NAME, PrefillServicer(worker), pb_grpc.add_PrefillServiceServicer_to_server
     )
     server, port = await build_server([binding], options, registry)
+    if worker.hands_off_kv:
+        # NOTE: a decode worker pulls the KV after Prefill returned, from the engine's memory.
+        server.add_drain_callback(worker.stop_taking_work)
+        server.add_drain_hold(worker.is_settled)
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
         role=ROLES[config.mode],

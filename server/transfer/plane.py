@@ -36,6 +36,7 @@ from epd.server.transfer.nixl_agent import process_agent
 from epd.server.transfer.nixl_consumer import NixlConsumer
 from epd.server.transfer.options import NixlOptions, TransferOptions
 from epd.server.transfer.shm import ShmConsumer, ShmProducer
+from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_mappings import DEFAULT_MAX_BYTES
 from epd.v1 import tensor_pb2
 
@@ -276,9 +277,11 @@ class DataPlane:
         return shm_producer.num_segments if isinstance(shm_producer, ShmProducer) else 0
 
     def remove_orphans(self) -> list[str]:
-        """Unlink shared-memory segments of dead producers on this host; returns their names."""
+        """Unlink shared-memory segments of dead producers on this host, and what dead engines
+        left in /dev/shm (``shm_leftovers``); returns their names."""
         shm_producer = self.producers.get(tensor_pb2.TRANSFER_KIND_SHM)
-        return shm_producer.remove_orphans() if isinstance(shm_producer, ShmProducer) else []
+        removed = shm_producer.remove_orphans() if isinstance(shm_producer, ShmProducer) else []
+        return removed + cleanup_leftovers()
 
     def trim(self) -> None:
         """Let consumers drop cached state that no longer serves (shm: mappings of segments
@@ -290,7 +293,8 @@ class DataPlane:
         self, interval_s: float = 1.0, orphan_interval_s: float = ORPHAN_SWEEP_S
     ) -> None:
         """Reap expired leases (and trim consumers) every ``interval_s``, and remove dead
-        producers' segments every ``orphan_interval_s``, in a daemon thread until ``close``."""
+        producers' segments and dead engines' leftovers every ``orphan_interval_s``, in a daemon
+        thread until ``close``."""
         if self._reaper is not None:
             return
 
@@ -303,7 +307,7 @@ class DataPlane:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + orphan_interval_s
                     if removed := self.remove_orphans():
-                        logger.info("removed shared memory of dead producers: %s", removed)
+                        logger.info("removed shared memory of dead processes: %s", removed)
 
         self._reaper = threading.Thread(target=loop, name="epd-lease-reaper", daemon=True)
         self._reaper.start()

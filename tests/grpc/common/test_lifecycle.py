@@ -92,7 +92,9 @@ async def test_sigterm_drains_in_flight_work_then_serve_returns() -> None:
         call = encode_grpc.EncodeServiceStub(channel).Encode(encode_request(5))
         first = await call.read()
         os.kill(os.getpid(), signal.SIGTERM)
-        rest = [r.mm_hash async for r in call]
+        rest = []
+        while (response := await call.read()) is not grpc.aio.EOF:
+            rest.append(response.mm_hash)
     await asyncio.wait_for(running, 5.0)
     assert [first.mm_hash, *rest] == ["0", "1", "2", "3", "4"]
     assert drained == [True] and servicer.encode_exits == ["done"]
@@ -114,7 +116,7 @@ async def test_second_signal_stops_without_waiting_for_the_grace() -> None:
         os.kill(os.getpid(), signal.SIGINT)
         await asyncio.wait_for(running, 5.0)
         with pytest.raises(grpc.aio.AioRpcError):
-            async for _ in call:
+            while await call.read() is not grpc.aio.EOF:
                 pass
     assert asyncio.get_running_loop().time() - started < 5.0
 
