@@ -18,6 +18,7 @@ from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.worker import RouteWorker
 from epd.server.transfer.metrics import register_plane_metrics
@@ -40,6 +41,8 @@ class RouteConfig:
     http: HttpOptions = field(default_factory=HttpOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
     transfer: TransferOptions = field(default_factory=TransferOptions)
+    # seconds the route routes from its last view of the workers while the scheduler is away
+    scheduler_fallback_s: float = DEFAULT_FALLBACK_S
 
 
 @dataclass
@@ -80,8 +83,16 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         metrics = RouteMetrics(registry)
         register_media_metrics(loader, registry)
         register_plane_metrics(plane, registry)
+    peers = Peers(
+        config.scheduler,
+        options.auth_token,
+        keepalive_s=options.keepalive_s,
+        scheduler_fallback_s=config.scheduler_fallback_s,
+        metrics=metrics,
+    )
+    peers.start()
     worker = RouteWorker(
-        Peers(config.scheduler, options.auth_token, keepalive_s=options.keepalive_s),
+        peers,
         prompts,
         loader,
         model_id=model_id,
