@@ -66,6 +66,18 @@ def listed_workers(scheduler: str) -> list[pb.WorkerInfo]:
         return [w.info for w in reply.workers]
 
 
+def reported_item_ms(scheduler: str) -> float:
+    """The per-item time the encoders last reported to ``scheduler`` (what adaptive learns)."""
+    with grpc.insecure_channel(scheduler) as channel:
+        try:
+            reply = pb_grpc.SchedulerServiceStub(channel).ListWorkers(
+                pb.ListWorkersRequest(role=pb.WORKER_ROLE_ENCODE), timeout=2
+            )
+        except grpc.RpcError:
+            return 0.0
+        return max((w.load.item_latency_ms for w in reply.workers), default=0.0)
+
+
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
     """Seconds until ``condition()`` holds; AssertionError naming ``what`` after ``timeout_s``."""
     started = time.monotonic()
@@ -169,6 +181,12 @@ def test_the_route_answers_while_the_scheduler_is_away(
         REREGISTER_AFTER_RETURN_S,
         "both workers registered again",
     )
+    learned_s = took_s + wait_for(
+        lambda: reported_item_ms(scheduler) > 0, 10, "the encoder's speed reported again"
+    )
     with EpdClient(route, timeout_s=120) as client:
         assert client.generate(question, max_tokens=4, ignore_eos=True).token_ids == expected
-    print(f"5 requests answered in {away_s:.1f} s without scheduler; back in {took_s:.1f} s")
+    print(
+        f"5 requests answered in {away_s:.1f} s without scheduler; workers back in {took_s:.1f} s,"
+        f" the encoder's measured speed in {learned_s:.1f} s"
+    )
