@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epd.common.status import from_rpc_error
 from epd.v1 import decode_service_pb2 as decode_pb
@@ -168,3 +169,20 @@ class DecodeClient:
         self, request: decode_pb.DecodeRequest, *, timeout: float | None = None
     ) -> Responses[decode_pb.DecodeResponse]:
         return Responses(self._stub.Decode(request, timeout=timeout), self.endpoint)
+
+
+class HealthClient:
+    """``grpc.health.v1`` Check of the server at ``endpoint`` (its overall status)."""
+
+    def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
+        self._stub = health_pb2_grpc.HealthStub(channel)
+        self.endpoint = endpoint
+
+    async def is_serving(self, *, timeout: float | None = None) -> bool:
+        """Whether the server answers SERVING; False when it answers anything else (a draining
+        server: NOT_SERVING) or cannot be reached. Never raises."""
+        try:
+            reply = await self._stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

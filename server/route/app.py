@@ -19,6 +19,7 @@ from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
+from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.worker import RouteWorker
 from epd.server.transfer.metrics import register_plane_metrics
@@ -43,6 +44,8 @@ class RouteConfig:
     transfer: TransferOptions = field(default_factory=TransferOptions)
     # times a stream may move to another replica when its worker fails mid-stream
     max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
+    # seconds the route routes from its last view of the workers while the scheduler is away
+    scheduler_fallback_s: float = DEFAULT_FALLBACK_S
 
 
 @dataclass
@@ -83,8 +86,16 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         metrics = RouteMetrics(registry)
         register_media_metrics(loader, registry)
         register_plane_metrics(plane, registry)
+    peers = Peers(
+        config.scheduler,
+        options.auth_token,
+        keepalive_s=options.keepalive_s,
+        scheduler_fallback_s=config.scheduler_fallback_s,
+        metrics=metrics,
+    )
+    peers.start()
     worker = RouteWorker(
-        Peers(config.scheduler, options.auth_token, keepalive_s=options.keepalive_s),
+        peers,
         prompts,
         loader,
         model_id=model_id,

@@ -16,6 +16,7 @@ from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
+from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50050
@@ -34,6 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scheduler",
         default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
         help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--scheduler-fallback-s",
+        type=float,
+        default=float(env("EPD_SCHEDULER_FALLBACK_S", DEFAULT_FALLBACK_S)),
+        help="while the scheduler cannot be reached, route from its last listing of the "
+        "workers (health-checked every second, round robin) for up to this many seconds after "
+        "it was fetched; then fail UNAVAILABLE; 0 = never (env EPD_SCHEDULER_FALLBACK_S; "
+        f"default {DEFAULT_FALLBACK_S:g})",
     )
     http_port = env("EPD_HTTP_PORT")
     parser.add_argument(
@@ -151,6 +161,12 @@ def request_limits(args: argparse.Namespace) -> RequestLimits:
     return RequestLimits(max_prompt_chars=args.max_prompt_chars, max_images=args.max_images)
 
 
+def _fallback_s(seconds: float) -> float:
+    if not seconds >= 0:
+        raise ValueError(f"--scheduler-fallback-s must be 0 or more, not {seconds:g}")
+    return seconds
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     try:
@@ -169,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             limits=request_limits(args),
             transfer=transfer_options(args),
             max_resumptions=args.max_resumptions,
+            scheduler_fallback_s=_fallback_s(args.scheduler_fallback_s),
         )
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)

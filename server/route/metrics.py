@@ -75,6 +75,16 @@ class RouteMetrics:
             ["role"],
             registry=registry,
         )
+        self.scheduler_fallback = Gauge(
+            "epd_route_scheduler_fallback",
+            "1 while the scheduler is unreachable and the route routes from its own last view",
+            registry=registry,
+        )
+        self.locally_routed = Counter(
+            "epd_route_locally_routed",
+            "Prefill workers the route chose from its own view while the scheduler was away",
+            registry=registry,
+        )
 
     def observe(self, num_images: int) -> RequestObservation:
         """Start observing a request with ``num_images`` images."""

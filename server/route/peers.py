@@ -3,13 +3,30 @@ They raise domain errors (``clients``): the route's logic never sees a gRPC erro
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from epd.common.channels import DEFAULT_KEEPALIVE_S, ChannelPool
-from epd.common.clients import DecodeClient, EncoderClient, PrefillClient, SchedulerClient
+from epd.common.clients import (
+    DecodeClient,
+    EncoderClient,
+    HealthClient,
+    PrefillClient,
+    SchedulerClient,
+)
 from epd.common.tasks import BackgroundCalls
+from epd.server.route.metrics import RouteMetrics
+from epd.server.route.scheduler_fallback import (
+    DEFAULT_FALLBACK_S,
+    HEALTH_TIMEOUT_S,
+    FallbackScheduler,
+)
 
 
 class Peers:
-    """Lazily opened channels keyed by endpoint, with their clients."""
+    """Lazily opened channels keyed by endpoint, with their clients. ``scheduler`` answers from
+    its last listing while the scheduler is unreachable, for up to ``scheduler_fallback_s``
+    (``scheduler_fallback``)."""
 
     def __init__(
         self,
@@ -17,10 +34,23 @@ class Peers:
         auth_token: str | None = None,
         *,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        scheduler_fallback_s: float = DEFAULT_FALLBACK_S,
+        metrics: RouteMetrics | None = None,
     ) -> None:
         self._channels = ChannelPool(auth_token, keepalive_s=keepalive_s)
         self.background = BackgroundCalls()
-        self.scheduler = SchedulerClient(self._channels.get(scheduler_endpoint))
+        self.scheduler = FallbackScheduler(
+            SchedulerClient(self._channels.get(scheduler_endpoint)),
+            self.is_serving,
+            scheduler_fallback_s,
+            metrics=metrics,
+        )
+        self._watch: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Keep the scheduler's listing fresh in the background (nothing with fallback off)."""
+        if self._watch is None and self.scheduler.fallback_s > 0:
+            self._watch = asyncio.create_task(self.scheduler.watch())
 
     def encoder(self, endpoint: str) -> EncoderClient:
         """Client of the encoder at ``endpoint``."""
@@ -34,7 +64,17 @@ class Peers:
         """Client of the decode worker at ``endpoint``."""
         return self._channels.client(endpoint, DecodeClient)
 
+    async def is_serving(self, endpoint: str) -> bool:
+        """Whether the worker at ``endpoint`` answers its health check SERVING."""
+        client = self._channels.client(endpoint, HealthClient)
+        return await client.is_serving(timeout=HEALTH_TIMEOUT_S)
+
     async def close(self) -> None:
-        """Wait for background calls, then close every channel."""
+        """Stop the listing's refresh, wait for background calls, then close every channel."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
         await self.background.settle()
         await self._channels.close()
