@@ -40,10 +40,11 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive,
         default=os.environ.get("EPD_PREFILL_WORKERS", "1"),
         metavar="N",
-        help="replicas of the prefill-side engine worker (prefill+decode for e-pd and "
-        "dual-encoder, encode+prefill(+decode) for ep-d and epd1): services prefill, prefill1.., "
-        "worker ids prefill0.., sharing the accelerator; the scheduler picks among them by KV "
-        "cache (env EPD_PREFILL_WORKERS; default 1)",
+        help="replicas of the prefill-side engine worker (prefill for epd, encode+prefill for "
+        "ep-d, prefill+decode for e-pd and dual-encoder, encode+prefill+decode for epd1): "
+        "services prefill, prefill1.., worker ids prefill0.., sharing the accelerator; the "
+        "scheduler picks among them by cached prefix, then load (env EPD_PREFILL_WORKERS; "
+        "default 1)",
     )
     add(
         "--decode-workers",

@@ -10,6 +10,7 @@ from huggingface_hub import constants
 
 from epd.client import topology_cli, up_cli
 from epd.client.topology import Topology
+from epd.common.config_file import config_arguments
 from tests.hub_cache import place_in_hub_cache
 
 
@@ -168,3 +169,17 @@ def test_each_replica_is_a_service_of_the_cpu_layout(monkeypatch: pytest.MonkeyP
     args = parse("--prefill-workers", "2", "--cpus", "prefill1=12-15", "--cpu-layout", "split")
     plan = up_cli.cpu_plan(args, topology_cli.topology_of(args))
     assert plan["prefill1"] == [12, 13, 14, 15] and not set(plan["prefill"]) & {12, 13, 14, 15}
+
+
+def test_replica_counts_come_from_a_config_file_unless_their_variables_say() -> None:
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    document = {"prefill-workers": 2, "up": {"decode-workers": 3}}
+
+    def arguments(environ: dict[str, str]) -> list[str]:
+        return config_arguments(
+            document, "up", parser, commands=["up"], environ=environ, is_flag_elsewhere=bool
+        )
+
+    assert arguments({}) == ["--prefill-workers=2", "--decode-workers=3"]
+    assert arguments({"EPD_PREFILL_WORKERS": "4"}) == ["--decode-workers=3"]
