@@ -12,21 +12,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from epd.client.cpu_layout import Service
 from epd.client.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
+from epd.client.topology import (
+    ENCODER_OFFSET,
+    HTTP_OFFSET,
+    METRICS_OFFSET,
+    PREFILL_MODES,
+    ROUTE_OFFSET,
+    SCHEDULER_OFFSET,
+    EngineWorker,
+    Topology,
+)
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
-from epd.common.cpus import format_cpu_list
 from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
@@ -100,12 +107,12 @@ class Deployment:
         env: dict[str, str] | None = None,
     ) -> Child:
         """Start ``python -m epd <args> --port P <tail>`` with its output in
-        ``run_dir/name.log``; with ``metrics``, also ``--metrics-port`` (base port + 20 +
-        offset, or a free one). ``tail``: what must end the command (``-- VLLM_ARG ...``);
-        ``env``: variables of this child beyond the deployment's."""
+        ``run_dir/name.log``; with ``metrics``, also ``--metrics-port`` (base port +
+        ``METRICS_OFFSET`` + offset, or a free one). ``tail``: what must end the command
+        (``-- VLLM_ARG ...``); ``env``: variables of this child beyond the deployment's."""
         port = self.port(offset)
         command = [sys.executable, "-m", "epd", *args, "--port", str(port)]
-        metrics_port = self.port(20 + offset) if self.metrics else None
+        metrics_port = self.port(METRICS_OFFSET + offset) if self.metrics else None
         if metrics_port is not None:
             command += ["--metrics-port", str(metrics_port)]
         command += tail
@@ -226,149 +233,6 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-TOPOLOGIES = {
-    "epd": "E/P/D: encoder(s), a prefill worker handing KV to a decode worker",
-    "e-pd": "E/PD: encoder(s), an aggregated prefill+decode worker",
-    "ep-d": "EP/D: a worker that encodes and prefills, handing KV to a decode worker",
-    "epd1": "EPD: one worker that encodes, prefills and decodes",
-    "dual-encoder": "E/PD with two encoders: one on the accelerator (where there is one), one "
-    "on CPU",
-}
-PREFILL_MODES = {
-    "epd": ["--mode", "prefill"],
-    "e-pd": ["--mode", "prefill_decode"],
-    "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
-    "epd1": ["--mode", "encode_prefill"],
-    "dual-encoder": ["--mode", "prefill_decode"],
-}
-ENGINES = ("auto", "vllm", "transformers")
-AUTO_DEVICE = "auto"
-CPU_DEVICE = "cpu"
-ENCODER_DEVICE = re.compile(r"auto|cpu|(cuda|xpu)(:\d+)?")
-
-
-@dataclass(frozen=True, slots=True)
-class Topology:
-    """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings.
-
-    ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
-    memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
-    ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
-    ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
-    ``devices``: the device of each encoder, in order (their count follows it); empty: every
-    encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
-    on ``auto`` and one on CPU.
-    """
-
-    name: str = "epd"
-    num_encoders: int = 1
-    policy: str = "adaptive"
-    split_ratio: str = ""
-    kv_cache_mb: int | None = 128
-    http: bool = True
-    encoder_threads: tuple[int, ...] = ()
-    engine: str = "auto"
-    engine_flags: tuple[str, ...] = ()
-    vllm_args: tuple[str, ...] = ()
-    cpus: tuple[tuple[str, str], ...] = ()
-    devices: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.name not in TOPOLOGIES:
-            raise ValueError(f"unknown topology {self.name!r}; one of {sorted(TOPOLOGIES)}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
-        if self.engine == "transformers" and self.has_decode:
-            raise ValueError(
-                f"the transformers engine does not hand KV to decode workers; "
-                f"topology {self.name} needs vllm (or use e-pd, epd1, "
-                "dual-encoder)"
-            )
-        if self.devices and self.name in ("ep-d", "epd1"):
-            raise ValueError(
-                f"topology {self.name} starts no encoder (its worker encodes); encoder devices "
-                "apply to epd, e-pd and dual-encoder"
-            )
-        for device in self.devices:
-            if not ENCODER_DEVICE.fullmatch(device):
-                raise ValueError(
-                    f"encoder device {device!r}: expected auto, cpu, cuda, cuda:N, xpu or xpu:N"
-                )
-        if any(t < 0 for t in self.encoder_threads):
-            raise ValueError("encoder threads must be 0 (torch's default) or more")
-        if len(self.encoder_threads) > len(self.encoder_devices):
-            raise ValueError(
-                f"{len(self.encoder_threads)} encoder thread counts for "
-                f"{len(self.encoder_devices)} encoders"
-            )
-
-    def encoder_args(self, index: int) -> list[str]:
-        """Extra flags of encoder ``index``: its device and, when given, its thread count."""
-        flags = ["--device", self.encoder_devices[index]]
-        if index < len(self.encoder_threads) and self.encoder_threads[index]:
-            flags += ["--threads", str(self.encoder_threads[index])]
-        return flags
-
-    @property
-    def encoder_devices(self) -> list[str]:
-        """Device of each encoder to start (none where the prefill worker encodes)."""
-        if self.name in ("ep-d", "epd1"):
-            return []
-        if self.devices:
-            return list(self.devices)
-        if self.name == "dual-encoder":
-            return [AUTO_DEVICE, CPU_DEVICE]
-        return [AUTO_DEVICE] * self.num_encoders
-
-    @property
-    def has_decode(self) -> bool:
-        """Whether a decode worker is started."""
-        return self.name in ("epd", "ep-d")
-
-    @property
-    def num_engines(self) -> int:
-        """Engine workers started (they share the machine's accelerator)."""
-        return 2 if self.has_decode else 1
-
-    def services(
-        self, accelerator: bool, engines_on_accelerator: bool | None = None
-    ) -> list[Service]:
-        """The services ``start_topology`` starts, on a machine with an ``accelerator`` (where
-        encoders on ``auto`` go) or not; engines work on it when ``engines_on_accelerator``
-        (default: when there is one), encoders when their device is not CPU."""
-        engines = ["prefill", "decode"] if self.has_decode else ["prefill"]
-        on_accelerator = accelerator if engines_on_accelerator is None else engines_on_accelerator
-        encoders = [
-            Service(f"encode{i}", device != CPU_DEVICE and (device != AUTO_DEVICE or accelerator))
-            for i, device in enumerate(self.encoder_devices)
-        ]
-        return [
-            Service("scheduler"),
-            Service("route"),
-            *(Service(name, on_accelerator) for name in engines),
-            *encoders,
-        ]
-
-    def with_cpus(self, plan: dict[str, list[int]]) -> Topology:
-        """This topology with the services of ``plan`` pinned to its CPU lists."""
-        pins = tuple((name, format_cpu_list(cpus)) for name, cpus in plan.items())
-        return replace(self, cpus=pins)
-
-    def cpu_args(self, name: str) -> list[str]:
-        """``--cpus LIST`` for service ``name`` when it is pinned."""
-        pinned = dict(self.cpus)
-        return ["--cpus", pinned[name]] if name in pinned else []
-
-    def engine_args(self) -> list[str]:
-        """The engine settings every engine worker gets."""
-        size = [] if self.kv_cache_mb is None else ["--kv-cache-mb", str(self.kv_cache_mb)]
-        return [*size, *self.engine_flags]
-
-    def engine_tail(self) -> list[str]:
-        """What ends every engine worker's command: ``--`` and the vLLM arguments, if any."""
-        return ["--", *self.vllm_args] if self.vllm_args else []
-
-
 async def start_topology(
     deployment: Deployment,
     model_dir: Path,
@@ -377,10 +241,11 @@ async def start_topology(
     entry: PublicEntry | None = None,
 ) -> Child:
     """Start the scheduler, then the workers of ``topology`` in parallel (engines take ~35 s),
-    then the route once they are healthy; ports: route BASE, scheduler +1, prefill +2,
-    decode +3, encoders +4.., OpenAI HTTP +10. The route listens as ``entry`` says (default:
-    on loopback, plaintext), the others on loopback (``INTERNAL_SERVER_ARGS``). Returns the
-    route."""
+    then the route once they are all healthy. Ports (``client.topology``): route BASE,
+    scheduler +1, prefill +2, decode +3, encoders +4.., OpenAI HTTP +10, the other engine
+    replicas (prefill1.., then decode1..) +11.., metrics +20 plus each offset. The route listens
+    as ``entry`` says (default: on loopback, plaintext), the others on loopback
+    (``INTERNAL_SERVER_ARGS``). Returns the route."""
     entry = entry or PublicEntry()
     internal = INTERNAL_SERVER_ARGS
     model = ["--model", str(model_dir), "--model-id", model_id]
@@ -388,43 +253,20 @@ async def start_topology(
     if topology.split_ratio:
         policy += ["--split-ratio", topology.split_ratio]
     pin = topology.cpu_args
-    scheduler = deployment.start("scheduler", 1, "scheduler", *internal, *policy, *pin("scheduler"))
+    scheduler = deployment.start(
+        "scheduler", SCHEDULER_OFFSET, "scheduler", *internal, *policy, *pin("scheduler")
+    )
     await deployment.wait_healthy(scheduler, 60)
     registry = ["--scheduler", scheduler.endpoint]
     engine = [*internal, *model, *registry, *topology.engine_args()]
     workers = [
-        deployment.start(
-            "prefill",
-            2,
-            "prefill",
-            *engine,
-            "--worker-id",
-            "prefill0",
-            *PREFILL_MODES[topology.name],
-            "--engine",
-            topology.engine,
-            *pin("prefill"),
-            tail=topology.engine_tail(),
-        )
+        _start_engine(deployment, topology, worker, engine) for worker in topology.engine_workers
     ]
-    if topology.has_decode:
-        workers.append(
-            deployment.start(
-                "decode",
-                3,
-                "decode",
-                *engine,
-                "--worker-id",
-                "decode0",
-                *pin("decode"),
-                tail=topology.engine_tail(),
-            )
-        )
     for i in range(len(topology.encoder_devices)):
         workers.append(
             deployment.start(
                 f"encode{i}",
-                4 + i,
+                ENCODER_OFFSET + i,
                 "encode",
                 *internal,
                 *model,
@@ -438,10 +280,10 @@ async def start_topology(
     await asyncio.gather(
         *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
     )
-    http = ["--http-port", str(deployment.port(10))] if topology.http else []
+    http = ["--http-port", str(deployment.port(HTTP_OFFSET))] if topology.http else []
     route = deployment.start(
         "route",
-        0,
+        ROUTE_OFFSET,
         "route",
         *entry.route_args(),
         *model,
@@ -454,3 +296,23 @@ async def start_topology(
     route.host, route.tls_ca_file = entry.dial_host, entry.ca_file
     await deployment.wait_healthy(route, 60)
     return route
+
+
+def _start_engine(
+    deployment: Deployment, topology: Topology, worker: EngineWorker, engine: list[str]
+) -> Child:
+    if worker.command == "prefill":
+        role = [*PREFILL_MODES[topology.name], "--engine", topology.engine]
+    else:
+        role = []
+    return deployment.start(
+        worker.name,
+        worker.offset,
+        worker.command,
+        *engine,
+        "--worker-id",
+        worker.worker_id,
+        *role,
+        *topology.cpu_args(worker.name),
+        tail=topology.engine_tail(),
+    )

@@ -11,24 +11,19 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from epd.client.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
 from epd.client.entry_cli import add_entry_arguments, public_entry
 from epd.client.errors import EpdClientError
-from epd.client.launcher import (
-    ENGINES,
-    TOPOLOGIES,
-    Child,
-    Deployment,
-    Topology,
-    start_topology,
-)
+from epd.client.launcher import Child, Deployment, start_topology
 from epd.client.messages import user
 from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.client.public_entry import PublicEntry, child_env
 from epd.client.sdk import AsyncEpdClient
+from epd.client.topology import ENGINES, TOPOLOGIES, Topology, check_ports
+from epd.client.topology_cli import add_topology_arguments, topology_of
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, check_engine_args, engine_settings
 from epd.common.cpus import allowed_cpus
@@ -36,8 +31,6 @@ from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
 from epd.server.engine.device import (
     CPU,
-    CUDA,
-    XPU,
     cuda_device_index,
     device_type,
     resolve_device,
@@ -61,44 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-id", default="", help="model name (default: the hub id, or the directory name)"
     )
-    parser.add_argument(
-        "--topology",
-        choices=sorted(TOPOLOGIES),
-        default="epd",
-        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items()) + " (default epd)",
-    )
-    parser.add_argument(
-        "--encoders",
-        type=int,
-        default=1,
-        help="number of encoders for epd and e-pd, each on --encoder-devices' default (default 1)",
-    )
-    parser.add_argument(
-        "--encoder-devices",
-        default="",
-        metavar="LIST",
-        help="the device of each encoder, in order, e.g. cuda,cuda,cpu (the number of encoders "
-        "follows the list; several may share one GPU): auto, cpu, cuda, cuda:N, xpu or xpu:N "
-        "(default: every encoder on auto, the accelerator where there is one, else CPU; "
-        "dual-encoder: auto,cpu)",
-    )
-    parser.add_argument(
-        "--policy",
-        choices=["per_image", "per_request", "adaptive"],
-        default="adaptive",
-        help="encoder assignment policy (default adaptive)",
-    )
-    parser.add_argument(
-        "--split-ratio",
-        default="",
-        help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)",
-    )
-    parser.add_argument(
-        "--encoder-threads",
-        default="",
-        help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
-        "encoder of dual-encoder the slower one (default: torch's default)",
-    )
+    add_topology_arguments(parser)
     parser.add_argument(
         "--cpu-layout",
         choices=LAYOUTS,
@@ -114,14 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=LIST",
         help="pin one service by hand, e.g. --cpus prefill=0-7 --cpus encode0=8-11 (names: "
-        "scheduler, route, prefill, decode, encode0..); the layout places the others on the "
-        "CPUs left (repeatable)",
+        "scheduler, route, prefill, prefill1.., decode, decode1.., encode0..); the layout "
+        "places the others on the CPUs left (repeatable)",
     )
     parser.add_argument(
         "--engine",
         choices=ENGINES,
         default="auto",
-        help="prefill worker's engine: vllm, transformers (no vLLM needed; "
+        help="prefill workers' engine: vllm, transformers (no vLLM needed; "
         "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
         "(default auto)",
     )
@@ -131,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
-        "encoders BASE+4.., OpenAI HTTP BASE+10 (default 0: free ports)",
+        "encoders BASE+4..BASE+9, OpenAI HTTP BASE+10, the other engine replicas (prefill1.., "
+        "then decode1..) BASE+11..BASE+19 (default 0: free ports)",
     )
     add_entry_arguments(parser)
     parser.add_argument(
@@ -190,41 +147,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_devices(text: str, num_encoders: int) -> tuple[str, ...]:
-    """``"cuda,cuda,cpu"`` -> ("cuda", "cuda", "cpu"); ValueError when ``--encoders`` (if not
-    its default of 1) says another count."""
-    devices = tuple(part.strip() for part in text.split(",") if part.strip())
-    if devices and num_encoders not in (1, len(devices)):
-        raise ValueError(
-            f"--encoders {num_encoders} but --encoder-devices names {len(devices)}: give one"
-        )
-    return devices
-
-
-def check_encoder_devices(
-    devices: list[str], cuda_index: Callable[[], int | None] = cuda_device_index
-) -> None:
-    """ValueError naming an encoder device this machine lacks (CUDA or XPU)."""
-    for device in devices:
-        kind = device_type(device)
-        if kind == CUDA and cuda_index() is None:
-            raise ValueError(
-                f"--encoder-devices: {device} asked for, but CUDA is not available here"
-            )
-        if kind == XPU and not xpu_available():
-            raise ValueError(
-                f"--encoder-devices: {device} asked for, but XPU is not available here"
-            )
-
-
-def parse_counts(text: str) -> tuple[int, ...]:
-    """``"2,1"`` -> (2, 1); ValueError names what is wrong."""
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"--encoder-threads {text!r}: expected integers like 2,1") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Start, ask, print, stop (or keep)."""
     if args.encoders < 1 or args.max_tokens < 1:
@@ -234,16 +156,9 @@ def run(args: argparse.Namespace) -> int:
         print("epd up: --max-restarts must be 0 or more", file=sys.stderr)
         return 2
     try:
-        args.encoder_threads = parse_counts(args.encoder_threads)
-        args.encoder_devices = parse_devices(args.encoder_devices, args.encoders)
-        topology = Topology(
-            args.topology,
-            args.encoders,
-            encoder_threads=args.encoder_threads,
-            engine=args.engine,
-            devices=args.encoder_devices,
-        )
-        check_encoder_devices(topology.encoder_devices)
+        topology = args.planned_topology = topology_of(args)
+        if args.base_port:
+            check_ports(topology, args.metrics)
         check_engine_args(args)
         args.device = resolve_device(args.device)
         args.cpu_plan = cpu_plan(args, topology)
@@ -319,22 +234,16 @@ def _report(line: str) -> None:
 async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tuple[Child, int]:
     """Start the deployment and, unless --no-demo, ask the demo question; (route, exit status)."""
     model_id: str = args.model_id
-    num_engines = Topology(args.topology).num_engines
+    planned: Topology = args.planned_topology
     plan: dict[str, list[int]] = args.cpu_plan
     kv_cache_mb, engine_flags = engine_settings(
-        args, args.device, num_engines, engines_pinned="prefill" in plan
+        args, args.device, planned.num_engines, engines_pinned="prefill" in plan
     )
-    topology = Topology(
-        args.topology,
-        args.encoders,
-        args.policy,
-        args.split_ratio,
-        kv_cache_mb,
-        encoder_threads=args.encoder_threads,
-        engine=args.engine,
+    topology = replace(
+        planned,
+        kv_cache_mb=kv_cache_mb,
         engine_flags=engine_flags,
         vllm_args=tuple(args.vllm_args),
-        devices=args.encoder_devices,
     ).with_cpus(plan)
     print(f"CPUs: {describe(plan)}", flush=True)
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"

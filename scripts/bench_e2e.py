@@ -51,7 +51,8 @@ from process_cpu import cpu_by_process
 from vllm_servers import start_vllm, start_vllm_ec
 
 from epd.client.cpu_layout import LAYOUTS, describe, lay_out
-from epd.client.launcher import Deployment, Topology, start_topology
+from epd.client.launcher import Deployment, start_topology
+from epd.client.topology import Topology
 from epd.common.cpus import allowed_cpus
 from epd.server.engine.device import resolve_device
 

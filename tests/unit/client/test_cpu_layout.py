@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from epd.client.cpu_layout import Service, describe, lay_out, parse_pins
-from epd.client.launcher import Topology
+from epd.client.topology import Topology
 
 E_P_D = Topology("epd").services(accelerator=False)
 NAMES = [service.name for service in E_P_D]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
 
-from epd.client.launcher import PREFILL_MODES, TOPOLOGIES, Deployment, Topology
+from epd.client.launcher import Deployment, start_topology
+from epd.client.topology import PREFILL_MODES, TOPOLOGIES, Topology, check_ports
+from tests.unit.client.test_public_entry import Unstarted, flag
 
 
 @pytest.mark.parametrize(
@@ -91,3 +95,72 @@ def test_encoders_on_the_accelerator_get_no_cpus_of_their_own() -> None:
     }
     without = {s.name: s.on_accelerator for s in Topology("e-pd").services(False)}
     assert without["encode0"] is False and without["prefill"] is False
+
+
+def test_replicas_get_names_worker_ids_and_the_port_block_after_http() -> None:
+    workers = Topology("epd", num_prefill=3, num_decode=2).engine_workers
+    assert [(w.name, w.worker_id, w.command, w.offset) for w in workers] == [
+        ("prefill", "prefill0", "prefill", 2),
+        ("prefill1", "prefill1", "prefill", 11),
+        ("prefill2", "prefill2", "prefill", 12),
+        ("decode", "decode0", "decode", 3),
+        ("decode1", "decode1", "decode", 13),
+    ]
+    assert Topology("epd", num_prefill=3, num_decode=2).num_engines == 5
+    assert [w.name for w in Topology("epd1", num_prefill=2).engine_workers] == [
+        "prefill",
+        "prefill1",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_no_two_ports_meet_for_any_combination_that_fits(name: str) -> None:
+    """Every count of encoders and replicas that ``check_ports`` lets through has distinct
+    ports (with and without metrics), and the first one that does not fit is refused."""
+    num_decodes = range(1, 11) if Topology(name).has_decode else [1]
+    for num_encoders, num_prefill, num_decode in itertools.product(
+        range(1, 8), range(1, 11), num_decodes
+    ):
+        topology = Topology(
+            name, num_encoders=num_encoders, num_prefill=num_prefill, num_decode=num_decode
+        )
+        for metrics in (True, False):
+            offsets = [offset for _, offset in topology.port_offsets(metrics)]
+            fits = len(topology.encoder_devices) <= 6 and num_prefill + num_decode <= 11
+            is_distinct = len(offsets) == len(set(offsets))
+            assert (is_distinct == fits) if metrics else (is_distinct or not fits)
+            if is_distinct:
+                check_ports(topology, metrics)
+            else:
+                with pytest.raises(ValueError, match="would share a port"):
+                    check_ports(topology, metrics)
+
+
+def test_a_decode_worker_count_needs_a_decode_side() -> None:
+    with pytest.raises(ValueError, match="starts no decode worker"):
+        Topology("e-pd", num_decode=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        Topology("epd", num_prefill=0)
+
+
+def test_every_replica_is_started_with_its_worker_id_port_and_cpus(tmp_path: Path) -> None:
+    topology = Topology("epd", num_prefill=2, num_decode=2, cpus=(("decode1", "3"),))
+    deployment = Unstarted(tmp_path, {}, base_port=41000)
+    asyncio.run(start_topology(deployment, tmp_path, "tiny", topology))
+    children = {child.name: child for child in deployment.children}
+    assert set(children) == {"scheduler", "route", "prefill", "prefill1", "decode"} | {
+        "decode1",
+        "encode0",
+    }
+    for name, worker_id, port in [
+        ("prefill", "prefill0", 41002),
+        ("prefill1", "prefill1", 41011),
+        ("decode", "decode0", 41003),
+        ("decode1", "decode1", 41012),
+    ]:
+        command = children[name].command
+        assert flag(command, "--worker-id") == worker_id and children[name].port == port
+        assert command[3] == name.rstrip("1") and children[name].log.name == f"{name}.log"
+    assert flag(children["prefill1"].command, "--mode") == "prefill"
+    assert flag(children["decode1"].command, "--cpus") == "3"
+    assert "--cpus" not in children["decode"].command

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from epd.client import up_cli
-from epd.client.launcher import Child, Deployment, Topology, start_topology
+from epd.client.launcher import Child, Deployment, start_topology
 from epd.client.public_entry import INTERNAL_SERVER_ARGS, PublicEntry, child_env
+from epd.client.topology import Topology
 from epd.common.server_cli import add_server_arguments, server_options
 from tests.grpc.common.servicers import self_signed_cert
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from epd.client import up_cli
+from epd.client import topology_cli, up_cli
+from epd.client.topology import Topology
+from epd.common.config_file import config_arguments
 from tests.hub_cache import place_in_hub_cache
 
 
@@ -76,13 +78,13 @@ def test_encoders_follow_the_accelerator_of_the_machine(monkeypatch: pytest.Monk
     monkeypatch.setattr(up_cli, "cuda_device_index", lambda: 0)
     monkeypatch.setattr(up_cli, "allowed_cpus", lambda: list(range(16)))
     args = parse("--topology", "e-pd", "--encoder-devices", "auto,cuda,cpu", "--device", "cpu")
-    args.encoder_devices = up_cli.parse_devices(args.encoder_devices, args.encoders)
-    up_cli.check_encoder_devices(list(args.encoder_devices), lambda: 0)
-    topology = up_cli.Topology("e-pd", devices=args.encoder_devices)
+    args.encoder_devices = topology_cli.parse_devices(args.encoder_devices, args.encoders)
+    topology_cli.check_encoder_devices(list(args.encoder_devices), lambda: 0)
+    topology = Topology("e-pd", devices=args.encoder_devices)
     plan = up_cli.cpu_plan(args, topology)
     assert len(plan["encode0"]) == len(plan["encode1"]) == 2
     assert len(plan["encode2"]) > 2 and len(plan["prefill"]) > 2
-    without_gpu = up_cli.Topology("e-pd")
+    without_gpu = Topology("e-pd")
     monkeypatch.setattr(up_cli, "cuda_device_index", lambda: None)
     assert len(up_cli.cpu_plan(parse("--cpu-layout", "split"), without_gpu)["encode0"]) > 2
 
@@ -106,3 +108,78 @@ def test_a_hub_id_is_resolved_once_and_its_directory_handed_on(
     flags = ("--model", "epd-test/tiny", "--device", "cpu", "--run-dir", str(tmp_path / "run"))
     assert up_cli.run(parse(*flags)) == 0
     assert handed_on == [(snapshot, "epd-test/tiny")]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--prefill-workers", "0"), "argument --prefill-workers: expected at least 1, got 0"),
+        (("--decode-workers", "two"), "argument --decode-workers: expected a whole number"),
+    ],
+)
+def test_replica_counts_below_one_are_a_usage_error(
+    flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("topology", ["e-pd", "epd1", "dual-encoder"])
+def test_decode_workers_without_a_decode_side_are_a_usage_error(
+    topology: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ("--topology", topology, "--decode-workers", "2", "--engine", "transformers")
+    assert up_cli.run(parse(*flags, "--model", "nowhere", "--device", "cpu")) == 2
+    err = capsys.readouterr().err
+    assert f"topology {topology} starts no decode worker" in err and "Traceback" not in err
+
+
+def test_replicas_that_overflow_the_fixed_ports_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flags = ("--base-port", "40000", "--prefill-workers", "6", "--decode-workers", "6")
+    assert up_cli.run(parse(*flags, "--model", "nowhere", "--device", "cpu")) == 2
+    assert "decode5 and route metrics would share a port" in capsys.readouterr().err
+
+
+def test_replica_counts_come_from_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (parse().prefill_workers, parse().decode_workers) == (1, 1)
+    monkeypatch.setenv("EPD_PREFILL_WORKERS", "3")
+    monkeypatch.setenv("EPD_DECODE_WORKERS", "2")
+    args = parse()
+    assert (args.prefill_workers, args.decode_workers) == (3, 2)
+    assert parse("--prefill-workers", "1").prefill_workers == 1
+    assert topology_cli.topology_of(args).num_engines == 5
+
+
+def test_each_replica_is_a_service_of_the_cpu_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 CPUs, no GPU, E/P/D with 2 prefill and 2 decode workers split: every engine replica
+    gets CPUs of its own, and --cpus pins a replica by its name."""
+    monkeypatch.setattr(up_cli, "cuda_device_index", lambda: None)
+    monkeypatch.setattr(up_cli, "xpu_available", lambda: False)
+    monkeypatch.setattr(up_cli, "allowed_cpus", lambda: list(range(16)))
+    args = parse("--prefill-workers", "2", "--decode-workers", "2", "--cpu-layout", "split")
+    plan = up_cli.cpu_plan(args, topology_cli.topology_of(args))
+    engines = ["prefill", "prefill1", "decode", "decode1"]
+    assert all(len(plan[name]) >= 2 for name in [*engines, "encode0"])
+    pinned = [cpu for name in [*engines, "encode0"] for cpu in plan[name]]
+    assert len(pinned) == len(set(pinned))
+    args = parse("--prefill-workers", "2", "--cpus", "prefill1=12-15", "--cpu-layout", "split")
+    plan = up_cli.cpu_plan(args, topology_cli.topology_of(args))
+    assert plan["prefill1"] == [12, 13, 14, 15] and not set(plan["prefill"]) & {12, 13, 14, 15}
+
+
+def test_replica_counts_come_from_a_config_file_unless_their_variables_say() -> None:
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    document = {"prefill-workers": 2, "up": {"decode-workers": 3}}
+
+    def arguments(environ: dict[str, str]) -> list[str]:
+        return config_arguments(
+            document, "up", parser, commands=["up"], environ=environ, is_flag_elsewhere=bool
+        )
+
+    assert arguments({}) == ["--prefill-workers=2", "--decode-workers=3"]
+    assert arguments({"EPD_PREFILL_WORKERS": "4"}) == ["--decode-workers=3"]

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from epd.client import up_cli
-from epd.client.launcher import Topology
+from epd.client.topology import Topology
 from epd.client.up_engine import engine_settings
 from epd.server.engine.engine_cli import engine_options
 from epd.server.engine.vllm_process import model_cpus

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from epd.client import up_cli
-from epd.client.launcher import Deployment, Topology
+from epd.client.launcher import Deployment
+from epd.client.topology import Topology
 from epd.client.up_engine import engine_settings
 from epd.server.decode import cli as decode_cli
 from epd.server.engine.engine_cli import engine_options, transformers_options

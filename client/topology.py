@@ -1,0 +1,232 @@
+"""What ``epd up`` starts: the topologies, their services, their engine replicas and ports.
+
+Ports, from ``--base-port`` BASE: route BASE, scheduler +1, the first prefill worker +2, the
+first decode worker +3, encoders +4..+9, OpenAI HTTP +10, then the other engine replicas from +11
+(``prefill1..``, then ``decode1..``), and each service's Prometheus metrics at +20 plus its own
+offset. ``port_offsets`` lists them; ``check_ports`` refuses a combination where two would meet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from epd.client.cpu_layout import Service
+from epd.common.cpus import format_cpu_list
+
+TOPOLOGIES = {
+    "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",
+    "e-pd": "E/PD: encoder(s), aggregated prefill+decode worker(s)",
+    "ep-d": "EP/D: worker(s) that encode and prefill, handing KV to decode worker(s)",
+    "epd1": "EPD: worker(s) that encode, prefill and decode",
+    "dual-encoder": "E/PD with two encoders: one on the accelerator (where there is one), one "
+    "on CPU",
+}
+PREFILL_MODES = {
+    "epd": ["--mode", "prefill"],
+    "e-pd": ["--mode", "prefill_decode"],
+    "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
+    "epd1": ["--mode", "encode_prefill"],
+    "dual-encoder": ["--mode", "prefill_decode"],
+}
+ENGINES = ("auto", "vllm", "transformers")
+AUTO_DEVICE = "auto"
+CPU_DEVICE = "cpu"
+ENCODER_DEVICE = re.compile(r"auto|cpu|(cuda|xpu)(:\d+)?")
+ROUTE_OFFSET = 0
+SCHEDULER_OFFSET = 1
+PREFILL_OFFSET = 2
+DECODE_OFFSET = 3
+ENCODER_OFFSET = 4
+HTTP_OFFSET = 10
+REPLICA_OFFSET = 11
+METRICS_OFFSET = 20
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWorker:
+    """One engine worker to start: ``name`` of its service (log, ``--cpus``, endpoints file),
+    ``worker_id`` it registers as, ``command`` (``prefill`` or ``decode``), port ``offset``."""
+
+    name: str
+    worker_id: str
+    command: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings.
+
+    ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
+    memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
+    ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
+    ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
+    ``devices``: the device of each encoder, in order (their count follows it); empty: every
+    encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
+    on ``auto`` and one on CPU. ``num_prefill``: replicas of the prefill-side worker (whatever
+    its mode); ``num_decode``: replicas of the decode worker, 1 where there is none.
+    """
+
+    name: str = "epd"
+    num_encoders: int = 1
+    policy: str = "adaptive"
+    split_ratio: str = ""
+    kv_cache_mb: int | None = 128
+    http: bool = True
+    encoder_threads: tuple[int, ...] = ()
+    engine: str = "auto"
+    engine_flags: tuple[str, ...] = ()
+    vllm_args: tuple[str, ...] = ()
+    cpus: tuple[tuple[str, str], ...] = ()
+    devices: tuple[str, ...] = ()
+    num_prefill: int = 1
+    num_decode: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {self.name!r}; one of {sorted(TOPOLOGIES)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; one of {', '.join(ENGINES)}")
+        if self.engine == "transformers" and self.has_decode:
+            raise ValueError(
+                f"the transformers engine does not hand KV to decode workers; "
+                f"topology {self.name} needs vllm (or use e-pd, epd1, "
+                "dual-encoder)"
+            )
+        if self.num_prefill < 1 or self.num_decode < 1:
+            raise ValueError("prefill and decode workers: at least 1 of each")
+        if self.num_decode != 1 and not self.has_decode:
+            raise ValueError(
+                f"topology {self.name} starts no decode worker (its prefill workers decode); "
+                "decode workers apply to epd and ep-d"
+            )
+        if self.devices and self.name in ("ep-d", "epd1"):
+            raise ValueError(
+                f"topology {self.name} starts no encoder (its worker encodes); encoder devices "
+                "apply to epd, e-pd and dual-encoder"
+            )
+        for device in self.devices:
+            if not ENCODER_DEVICE.fullmatch(device):
+                raise ValueError(
+                    f"encoder device {device!r}: expected auto, cpu, cuda, cuda:N, xpu or xpu:N"
+                )
+        if any(t < 0 for t in self.encoder_threads):
+            raise ValueError("encoder threads must be 0 (torch's default) or more")
+        if len(self.encoder_threads) > len(self.encoder_devices):
+            raise ValueError(
+                f"{len(self.encoder_threads)} encoder thread counts for "
+                f"{len(self.encoder_devices)} encoders"
+            )
+
+    def encoder_args(self, index: int) -> list[str]:
+        """Extra flags of encoder ``index``: its device and, when given, its thread count."""
+        flags = ["--device", self.encoder_devices[index]]
+        if index < len(self.encoder_threads) and self.encoder_threads[index]:
+            flags += ["--threads", str(self.encoder_threads[index])]
+        return flags
+
+    @property
+    def encoder_devices(self) -> list[str]:
+        """Device of each encoder to start (none where the prefill worker encodes)."""
+        if self.name in ("ep-d", "epd1"):
+            return []
+        if self.devices:
+            return list(self.devices)
+        if self.name == "dual-encoder":
+            return [AUTO_DEVICE, CPU_DEVICE]
+        return [AUTO_DEVICE] * self.num_encoders
+
+    @property
+    def has_decode(self) -> bool:
+        """Whether decode workers are started."""
+        return self.name in ("epd", "ep-d")
+
+    @property
+    def engine_workers(self) -> list[EngineWorker]:
+        """The engine workers to start: ``prefill`` (worker ``prefill0``), ``prefill1``..,
+        then ``decode`` (``decode0``), ``decode1``.. where the topology has decode workers."""
+        prefill = [
+            _replica("prefill", i, PREFILL_OFFSET, REPLICA_OFFSET) for i in range(self.num_prefill)
+        ]
+        if not self.has_decode:
+            return prefill
+        after = REPLICA_OFFSET + self.num_prefill - 1
+        decode = [_replica("decode", i, DECODE_OFFSET, after) for i in range(self.num_decode)]
+        return prefill + decode
+
+    @property
+    def num_engines(self) -> int:
+        """Engine workers started (they share the machine's accelerator)."""
+        return len(self.engine_workers)
+
+    def port_offsets(self, metrics: bool = True) -> list[tuple[str, int]]:
+        """(what, offset from the base port) of every port the deployment listens on."""
+        services = [
+            ("route", ROUTE_OFFSET),
+            ("scheduler", SCHEDULER_OFFSET),
+            *((w.name, w.offset) for w in self.engine_workers),
+            *((f"encode{i}", ENCODER_OFFSET + i) for i in range(len(self.encoder_devices))),
+        ]
+        http = [("OpenAI HTTP", HTTP_OFFSET)] if self.http else []
+        scraped = [(f"{n} metrics", METRICS_OFFSET + o) for n, o in services] if metrics else []
+        return [*services, *http, *scraped]
+
+    def services(
+        self, accelerator: bool, engines_on_accelerator: bool | None = None
+    ) -> list[Service]:
+        """The services ``start_topology`` starts, on a machine with an ``accelerator`` (where
+        encoders on ``auto`` go) or not; engines work on it when ``engines_on_accelerator``
+        (default: when there is one), encoders when their device is not CPU."""
+        on_accelerator = accelerator if engines_on_accelerator is None else engines_on_accelerator
+        encoders = [
+            Service(f"encode{i}", device != CPU_DEVICE and (device != AUTO_DEVICE or accelerator))
+            for i, device in enumerate(self.encoder_devices)
+        ]
+        return [
+            Service("scheduler"),
+            Service("route"),
+            *(Service(worker.name, on_accelerator) for worker in self.engine_workers),
+            *encoders,
+        ]
+
+    def with_cpus(self, plan: dict[str, list[int]]) -> Topology:
+        """This topology with the services of ``plan`` pinned to its CPU lists."""
+        pins = tuple((name, format_cpu_list(cpus)) for name, cpus in plan.items())
+        return replace(self, cpus=pins)
+
+    def cpu_args(self, name: str) -> list[str]:
+        """``--cpus LIST`` for service ``name`` when it is pinned."""
+        pinned = dict(self.cpus)
+        return ["--cpus", pinned[name]] if name in pinned else []
+
+    def engine_args(self) -> list[str]:
+        """The engine settings every engine worker gets."""
+        size = [] if self.kv_cache_mb is None else ["--kv-cache-mb", str(self.kv_cache_mb)]
+        return [*size, *self.engine_flags]
+
+    def engine_tail(self) -> list[str]:
+        """What ends every engine worker's command: ``--`` and the vLLM arguments, if any."""
+        return ["--", *self.vllm_args] if self.vllm_args else []
+
+
+def check_ports(topology: Topology, metrics: bool) -> None:
+    """ValueError when, from a fixed base port, two of ``topology``'s ports would be the same
+    (too many encoders or engine replicas for their blocks)."""
+    offsets = topology.port_offsets(metrics)
+    taken = Counter(offset for _, offset in offsets)
+    clashes = [name for name, offset in offsets if taken[offset] > 1]
+    if clashes:
+        raise ValueError(
+            f"--base-port: {' and '.join(clashes[:2])} would share a port (fixed ports fit "
+            f"{HTTP_OFFSET - ENCODER_OFFSET} encoders and {METRICS_OFFSET - REPLICA_OFFSET} "
+            "engine replicas beyond the first prefill and decode workers; without --base-port "
+            "every port is a free one)"
+        )
+
+
+def _replica(command: str, index: int, first_offset: int, block_start: int) -> EngineWorker:
+    if index == 0:
+        return EngineWorker(command, f"{command}0", command, first_offset)
+    return EngineWorker(f"{command}{index}", f"{command}{index}", command, block_start + index - 1)
