@@ -4,7 +4,6 @@ its engine workers, the encoder policy; read into a ``Topology`` by ``topology_o
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 
 from epd.client.topology import TOPOLOGIES, Topology
@@ -38,21 +37,20 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--prefill-workers",
         type=positive,
-        default=os.environ.get("EPD_PREFILL_WORKERS", "1"),
+        default=1,
         metavar="N",
         help="replicas of the prefill-side engine worker (prefill for epd, encode+prefill for "
         "ep-d, prefill+decode for e-pd and dual-encoder, encode+prefill+decode for epd1): "
         "services prefill, prefill1.., worker ids prefill0.., sharing the accelerator; the "
-        "scheduler picks among them by cached prefix, then load (env EPD_PREFILL_WORKERS; "
-        "default 1)",
+        "scheduler picks among them by cached prefix, then load (default 1)",
     )
     add(
         "--decode-workers",
         type=positive,
-        default=os.environ.get("EPD_DECODE_WORKERS", "1"),
+        default=1,
         metavar="N",
         help="replicas of the decode worker of epd and ep-d: services decode, decode1.., worker "
-        "ids decode0.. (env EPD_DECODE_WORKERS; default 1)",
+        "ids decode0.. (default 1)",
     )
     add(
         "--policy",

@@ -144,13 +144,9 @@ def test_replicas_that_overflow_the_fixed_ports_are_a_usage_error(
     assert "decode5 and route metrics would share a port" in capsys.readouterr().err
 
 
-def test_replica_counts_come_from_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replica_counts_default_to_one_each() -> None:
     assert (parse().prefill_workers, parse().decode_workers) == (1, 1)
-    monkeypatch.setenv("EPD_PREFILL_WORKERS", "3")
-    monkeypatch.setenv("EPD_DECODE_WORKERS", "2")
-    args = parse()
-    assert (args.prefill_workers, args.decode_workers) == (3, 2)
-    assert parse("--prefill-workers", "1").prefill_workers == 1
+    args = parse("--prefill-workers", "3", "--decode-workers", "2")
     assert topology_cli.topology_of(args).num_engines == 5
 
 
@@ -171,7 +167,7 @@ def test_each_replica_is_a_service_of_the_cpu_layout(monkeypatch: pytest.MonkeyP
     assert plan["prefill1"] == [12, 13, 14, 15] and not set(plan["prefill"]) & {12, 13, 14, 15}
 
 
-def test_replica_counts_come_from_a_config_file_unless_their_variables_say() -> None:
+def test_replica_counts_come_from_a_config_file() -> None:
     parser = argparse.ArgumentParser(prog="epd up")
     up_cli.add_arguments(parser)
     document = {"prefill-workers": 2, "up": {"decode-workers": 3}}
@@ -182,4 +178,3 @@ def test_replica_counts_come_from_a_config_file_unless_their_variables_say() -> 
         )
 
     assert arguments({}) == ["--prefill-workers=2", "--decode-workers=3"]
-    assert arguments({"EPD_PREFILL_WORKERS": "4"}) == ["--decode-workers=3"]
