@@ -1,0 +1,120 @@
+"""The pure logic of ``scripts/bench_soak.py``: the kill schedule, the check of a stream against
+its reference (a piece missing or repeated is corruption), the latency of the requests a kill moved,
+memory trends, and which new /dev/shm names are this deployment's."""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import pytest
+
+from tests.unit.scripts.loader import load
+
+check = load("soak_check")
+REFERENCE = ["The", " cat", " sat", " on", " the", " mat"]
+
+
+@pytest.mark.parametrize(
+    ("text", "role", "after", "signum"),
+    [
+        ("encoder@100", "encoder", 100, signal.SIGKILL),
+        ("prefill@0:TERM", "prefill", 0, signal.SIGTERM),
+        ("decode@7:SIGKILL", "decode", 7, signal.SIGKILL),
+        ("scheduler@3:term", "scheduler", 3, signal.SIGTERM),
+    ],
+)
+def test_kill_is_parsed(text: str, role: str, after: int, signum: int) -> None:
+    assert check.parse_kill(text) == check.Kill(role, after, signum)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("gpu@1", "ROLE one of"),
+        ("encoder", "ROLE one of"),
+        ("encoder@soon", "request number"),
+        ("encoder@-1", "request number"),
+        ("encoder@5:HUP", "signal 'HUP'"),
+    ],
+)
+def test_a_bad_kill_is_refused_with_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        check.parse_kill(text)
+
+
+def test_chaos_kills_each_role_with_each_signal_once_spread_inside_the_run() -> None:
+    kills = check.chaos_schedule(1000)
+    assert [(k.role, k.signum) for k in kills] == [
+        (role, signum)
+        for signum in (signal.SIGKILL, signal.SIGTERM)
+        for role in ("encoder", "prefill", "decode", "scheduler")
+    ]
+    moments = [k.after_requests for k in kills]
+    assert moments == sorted(set(moments))
+    assert moments[0] >= 100 and moments[-1] < 900
+
+
+def test_the_same_text_cut_otherwise_is_ok() -> None:
+    assert check.check_stream(REFERENCE, ["The cat", " sat on", " the mat"]).is_ok
+
+
+@pytest.mark.parametrize(
+    ("pieces", "kind", "at"),
+    [
+        (["The", " cat", " on", " the", " mat"], "missing", 2),
+        (["The", " cat", " sat", " on", " the"], "missing", 5),
+        (["The", " cat", " sat", " sat", " on", " the", " mat"], "repeated", 2),
+        (["The", " cat", " sat", " on", " the", " mat", " mat"], "repeated", 6),
+        (["The", " cat", " sat", " under", " the", " mat"], "changed", 3),
+        (["The", " cat", " sat", " on", " the", " mat", " again"], "changed", 6),
+        ([], "missing", 0),
+    ],
+)
+def test_a_stream_with_a_missing_or_repeated_piece_is_corrupted(
+    pieces: list[str], kind: str, at: int
+) -> None:
+    assert check.check_stream(REFERENCE, pieces) == check.StreamVerdict(kind, at)
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert check.percentile(values, 0.5) == 50
+    assert check.percentile(values, 0.99) == 99
+    assert check.percentile([7.0], 0.99) == 7
+    assert math.isnan(check.percentile([], 0.5))
+
+
+def test_requests_in_flight_at_a_kill_are_the_moved_ones() -> None:
+    spans = [(0.0, 1.0), (1.5, 4.0), (2.0, 2.5), (4.5, 9.0), (5.5, 6.0)]
+    groups = check.latency_groups(spans, kill_times=[2.2, 5.0])
+    assert groups["moved"] == {"count": 3, "p50_ms": 2500.0, "p99_ms": 4500.0}
+    assert groups["undisturbed"] == {"count": 2, "p50_ms": 500.0, "p99_ms": 1000.0}
+    assert not check.is_moved(0.0, 2.2, [2.2])
+    assert check.is_moved(2.2, 3.0, [2.2])
+
+
+@pytest.mark.parametrize(
+    ("samples", "trend"),
+    [
+        ([(1, 100), (1, 105), (1, 109)], "flat"),
+        ([(1, 100), (1, 150), (1, 200)], "growing"),
+        ([(1, 100), (2, 300)], "restarted"),
+        ([(1, 100), (2, 100), (2, 200)], "growing"),
+        ([(1, 100)], "unknown"),
+        ([], "unknown"),
+    ],
+)
+def test_memory_is_flat_or_growing_per_process(samples: list[tuple[int, int]], trend: str) -> None:
+    assert check.memory_trend(samples) == trend
+
+
+def test_new_shm_names_of_other_deployments_pids_are_not_ours() -> None:
+    deploy = load("soak_deploy")
+    names = {"epd-10-555-0", "epd-11-556-3", "epd-99-1-0", "psm_abc", "libpod_lock"}
+    assert deploy.ours(names, {10, 11}) == {
+        "epd-10-555-0",
+        "epd-11-556-3",
+        "psm_abc",
+        "libpod_lock",
+    }
