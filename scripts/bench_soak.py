@@ -19,7 +19,8 @@ with SIGKILL and then with SIGTERM, spread over the run. Requests in flight at a
 moved ones: their latency p50/p99 is shown beside the others'. Memory: each service's RSS (its
 process tree, vLLM's engine processes included) after the references (warm-up), every
 ``--sample-s`` and at the end, flat or growing. Leaks: names in /dev/shm after the deployment
-stopped that were not there before it started (epd segments of other processes' pids aside).
+stopped that were not there before it started and that this deployment made (epd segments of
+its pids, names its processes were seen mapping); other new names are listed, not counted.
 Exit status 1 when a request failed or was corrupted or a segment leaked.
 
     .venv/bin/python scripts/bench_soak.py [--requests 10000] [--concurrency 64] [--tokens 16]
@@ -148,11 +149,11 @@ def run(args: argparse.Namespace, up_args: list[str]) -> dict[str, Any]:
     figures["deployment"] = args.url or " ".join(up_args)
     figures["launcher_exit"] = launcher_status
     figures["restarts"] = restarts(served.log)
-    figures["leaked_segments"] = (
-        sorted(soak_deploy.ours(soak_deploy.shm_names() - before, served.pids_seen))
-        if served.launcher is not None
-        else None
-    )
+    new = soak_deploy.shm_names() - before
+    leaked = soak_deploy.ours(new, served.pids_seen, served.shm_mapped)
+    attached = served.launcher is None
+    figures["leaked_segments"] = None if attached else sorted(leaked)
+    figures["new_shm_of_unknown_owner"] = None if attached else sorted(new - leaked)
     figures["logs"] = str(work_dir)
     return figures
 
@@ -208,6 +209,8 @@ def print_report(figures: dict[str, Any]) -> None:
     )
     for name in leaked or []:
         print(f"  {name}")
+    for name in figures["new_shm_of_unknown_owner"] or []:
+        print(f"  new in /dev/shm, not seen in this deployment's processes (not counted): {name}")
     print(f"logs in {figures['logs']}")
 
 

@@ -38,6 +38,7 @@ class Served:
     launcher: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     pids_seen: set[int] = field(default_factory=set)
+    shm_mapped: set[str] = field(default_factory=set)
     kills_by_role: dict[str, int] = field(default_factory=dict)
 
     def pids(self) -> dict[str, int]:
@@ -65,13 +66,27 @@ class Served:
 
     def memory(self) -> dict[str, tuple[int, int]]:
         """(pid, RSS bytes summed over its process tree) of each service; the pids of the trees
-        are remembered in ``pids_seen`` (their segments are this deployment's)."""
+        are remembered in ``pids_seen`` and the /dev/shm names they map in ``shm_mapped``
+        (these segments are this deployment's)."""
         found = {}
         for name, pid in self.pids().items():
             tree = process_tree(pid)
             self.pids_seen.update(tree)
+            self.shm_mapped.update(shm_mapped_by(tree))
             found[name] = (pid, tree_rss(tree))
         return found
+
+
+def shm_mapped_by(tree: list[int]) -> set[str]:
+    """The /dev/shm names the processes of ``tree`` map now (segments, named semaphores)."""
+    names = set()
+    for process in tree:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{process}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1]
+                if path.startswith(f"{SHM_DIR}/"):
+                    names.add(path.removeprefix(f"{SHM_DIR}/").removesuffix(" (deleted)"))
+    return names
 
 
 def tree_rss(tree: list[int]) -> int:
@@ -90,16 +105,15 @@ def shm_names() -> set[str]:
     return set(os.listdir(SHM_DIR))
 
 
-def ours(names: set[str], pids: set[int]) -> set[str]:
-    """The names of ``names`` not made by another deployment: epd segments
-    (``epd-PID-...``) of ``pids``, and every name of another form."""
+def ours(names: set[str], pids: set[int], mapped: set[str]) -> set[str]:
+    """The names of ``names`` this deployment made: epd segments (``epd-PID-...``) of ``pids``,
+    and names its processes were seen mapping (``mapped``). Others may be another program's
+    on a shared machine."""
     kept = set()
     for name in names:
         parts = name.split("-")
-        if parts[0] == "epd" and len(parts) > 1 and parts[1].isdigit():
-            if int(parts[1]) in pids:
-                kept.add(name)
-        else:
+        is_epd = parts[0] == "epd" and len(parts) > 1 and parts[1].isdigit()
+        if name in mapped or (is_epd and int(parts[1]) in pids):
             kept.add(name)
     return kept
 

@@ -109,12 +109,12 @@ def test_memory_is_flat_or_growing_per_process(samples: list[tuple[int, int]], t
     assert check.memory_trend(samples) == trend
 
 
-def test_new_shm_names_of_other_deployments_pids_are_not_ours() -> None:
+def test_new_shm_names_are_ours_by_pid_or_by_mapping() -> None:
     deploy = load("soak_deploy")
-    names = {"epd-10-555-0", "epd-11-556-3", "epd-99-1-0", "psm_abc", "libpod_lock"}
-    assert deploy.ours(names, {10, 11}) == {
+    names = {"epd-10-555-0", "epd-11-556-3", "epd-99-1-0", "sem.mp-ab", "sem.mp-cd", "lock"}
+    assert deploy.ours(names, {10, 11}, {"sem.mp-ab", "epd-99-1-0"}) == {
         "epd-10-555-0",
         "epd-11-556-3",
-        "psm_abc",
-        "libpod_lock",
+        "epd-99-1-0",
+        "sem.mp-ab",
     }
