@@ -126,13 +126,12 @@ def latency_groups(
 
 def memory_trend(samples: Sequence[tuple[int, int]], tolerance: float = 0.1) -> str:
     """``flat``, ``growing`` or ``restarted`` from one service's (pid, RSS bytes) samples, the
-    first taken after warm-up: the last sample against the first of the same process; growth
-    beyond ``tolerance`` (a fraction) is growing. ``restarted``: the process of the first
-    sample is gone and its successor was sampled once."""
-    if not samples:
+    first taken after warm-up: the last sample against the first, growth beyond ``tolerance`` (a
+    fraction) is growing. ``restarted``: the process sampled last is not the one warmed up, so
+    it has no warm-up to compare with."""
+    if len(samples) < 2:
         return "unknown"
-    last_pid, last_rss = samples[-1]
-    same = [rss for pid, rss in samples if pid == last_pid]
-    if len(same) < 2:
-        return "restarted" if samples[0][0] != last_pid else "unknown"
-    return "growing" if last_rss > same[0] * (1 + tolerance) else "flat"
+    (first_pid, first_rss), (last_pid, last_rss) = samples[0], samples[-1]
+    if first_pid != last_pid:
+        return "restarted"
+    return "growing" if last_rss > first_rss * (1 + tolerance) else "flat"
