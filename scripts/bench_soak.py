@@ -2,9 +2,9 @@
 services are killed, with every answer checked against its reference, each service's memory
 sampled, and the shared-memory segments left behind listed.
 
-The deployment is started by ``epd up --keep --no-demo`` as a child process (every flag this
-script does not know goes to it: ``--topology e-pd --engine transformers --encoders 2``; its
-launcher restarts a service that dies), or attached to with ``--url`` (``--endpoints-file``: the
+The deployment is started by ``epd up --keep --no-demo`` as a child process (the flags after
+``--`` go to it: ``-- --topology e-pd --engine transformers --encoders 2``; its launcher
+restarts a service that dies), or attached to with ``--url`` (``--endpoints-file``: the
 file ``epd up --endpoints-file`` wrote, for its pids; without it, no kills and no memory). Before
 the load, each distinct prompt (``--images`` pictures x 2 questions, greedy, ``--tokens`` tokens)
 is answered once, one at a time: its reference. Then ``--requests`` requests go at
@@ -25,7 +25,7 @@ Exit status 1 when a request failed or was corrupted or a segment leaked.
 
     .venv/bin/python scripts/bench_soak.py [--requests 10000] [--concurrency 64] [--tokens 16]
         [--images 4] [--kill encoder@100[:TERM]]... [--chaos] [--json]
-        [--url URL [--endpoints-file FILE]] [EPD UP FLAGS: --topology e-pd --engine ...]
+        [--url URL [--endpoints-file FILE]] [-- EPD UP FLAGS: --topology e-pd --engine ...]
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def log(args: argparse.Namespace, message: str) -> None:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """This script's flags, and the rest for ``epd up``."""
+    """This script's flags, and those after ``--`` for ``epd up``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000, help="requests (default 10000)")
     parser.add_argument("--concurrency", type=int, default=64, help="at once (default 64)")
@@ -248,7 +248,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--url", help="attach to this OpenAI base URL instead of starting one")
     parser.add_argument("--endpoints-file", type=Path, help="with --url: epd up's endpoints")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args, up_args = parser.parse_known_args(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, up_args = parser.parse_args(argv[:split]), argv[split + 1 :]
     if args.chaos:
         args.kills += chaos_schedule(args.requests)
     if not args.url and "--max-restarts" not in up_args:

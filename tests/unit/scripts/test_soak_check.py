@@ -119,3 +119,15 @@ def test_new_shm_names_are_ours_by_pid_or_by_mapping() -> None:
         "epd-99-1-0",
         "sem.mp-ab",
     }
+
+
+def test_the_flags_after_a_double_dash_go_to_epd_up_with_restarts_for_every_kill() -> None:
+    bench = load("bench_soak")
+    args, up = bench.parse_args(
+        ["--requests", "1000", "--chaos", "--kill", "route@5", "--", "--topology", "e-pd"]
+    )
+    assert len(args.kills) == 9 and args.kills[0] == check.Kill("route", 5)
+    assert up == ["--topology", "e-pd", "--max-restarts", "9"]
+    assert bench.parse_args(["--", "--max-restarts", "1"])[1] == ["--max-restarts", "1"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--topology", "e-pd"])
