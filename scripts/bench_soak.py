@@ -16,11 +16,12 @@ changed, or a usage count other than ``--tokens``).
 SIGNAL KILL, the default, or TERM) signals one service of ROLE as request number N starts
 (replicas of a role in turn); ``--chaos`` kills each of encoder, prefill, decode and scheduler
 with SIGKILL and then with SIGTERM, spread over the run. Requests in flight at a kill are the
-moved ones: their latency p50/p99 is shown beside the others'. Memory: each service's RSS (its
-process tree, vLLM's engine processes included) after the references (warm-up), every
-``--sample-s`` and at the end, flat or growing. Leaks: names in /dev/shm after the deployment
-stopped that were not there before it started and that this deployment made (epd segments of
-its pids, names its processes were seen mapping); other new names are listed, not counted.
+moved ones: their latency p50/p99 is shown beside the others' (latencies and TTFTs are of ok
+requests only). Memory: each service's RSS (its process tree, vLLM's engine processes included)
+after the references (warm-up), every ``--sample-s`` and at the end, flat or growing. Leaks:
+names in /dev/shm after the deployment stopped that were not there before it started and that
+this deployment made (epd segments of its pids, names its processes were seen mapping); other
+new names are listed, not counted.
 Exit status 1 when a request failed or was corrupted or a segment leaked.
 
     .venv/bin/python scripts/bench_soak.py [--requests 10000] [--concurrency 64] [--tokens 16]
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import tempfile
 import time
@@ -86,8 +88,9 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
         sampler.cancel()
     for name, sample in served.memory().items():
         samples.setdefault(name, []).append(sample)
-    latencies = [(o.end - o.start) * 1000 for o in outcomes]
-    ttfts = [o.ttft_s * 1000 for o in outcomes if o.ttft_s is not None]
+    answered = [o for o in outcomes if o.status == "ok"]
+    latencies = [(o.end - o.start) * 1000 for o in answered]
+    ttfts = [o.ttft_s * 1000 for o in answered if o.ttft_s is not None]
     statuses = Counter(o.status for o in outcomes)
     return {
         "requests": len(outcomes),
@@ -116,7 +119,7 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
             for f in fired
         ],
         "latency_by_group": latency_groups(
-            [(o.start, o.end) for o in outcomes], [f.at for f in fired if f.pid]
+            [(o.start, o.end) for o in answered], [f.at for f in fired if f.pid]
         ),
         "memory": {
             name: {
@@ -214,6 +217,15 @@ def print_report(figures: dict[str, Any]) -> None:
     print(f"logs in {figures['logs']}")
 
 
+def without_nan(value: Any) -> Any:
+    """``value`` with every NaN (a percentile of no request) as None, so JSON readers take it."""
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nan(item) for item in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def is_clean(figures: dict[str, Any]) -> bool:
     """No request failed or corrupted and no segment leaked."""
     return not (figures["failed"] or figures["corrupted"] or figures["leaked_segments"])
@@ -263,7 +275,7 @@ def main(argv: list[str]) -> int:
     args, up_args = parse_args(argv)
     figures = run(args, up_args)
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(without_nan(figures)))
     else:
         print_report(figures)
     return 0 if is_clean(figures) else 1

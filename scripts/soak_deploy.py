@@ -65,15 +65,16 @@ class Served:
         return name, pid
 
     def memory(self) -> dict[str, tuple[int, int]]:
-        """(pid, RSS bytes summed over its process tree) of each service; the pids of the trees
-        are remembered in ``pids_seen`` and the /dev/shm names they map in ``shm_mapped``
+        """(pid, RSS bytes summed over its process tree) of each service alive; the pids of the
+        trees are remembered in ``pids_seen`` and the /dev/shm names they map in ``shm_mapped``
         (these segments are this deployment's)."""
         found = {}
         for name, pid in self.pids().items():
             tree = process_tree(pid)
             self.pids_seen.update(tree)
             self.shm_mapped.update(shm_mapped_by(tree))
-            found[name] = (pid, tree_rss(tree))
+            if rss := tree_rss(tree):  # NOTE: 0 when dead and not restarted yet
+                found[name] = (pid, rss)
         return found
 
 

@@ -131,3 +131,12 @@ def test_the_flags_after_a_double_dash_go_to_epd_up_with_restarts_for_every_kill
     assert bench.parse_args(["--", "--max-restarts", "1"])[1] == ["--max-restarts", "1"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--topology", "e-pd"])
+
+
+def test_json_figures_carry_none_where_a_group_had_no_request() -> None:
+    bench = load("bench_soak")
+    figures = {"moved": {"count": 0, "p50_ms": math.nan}, "kills": [{"at_s": 1.5}]}
+    assert bench.without_nan(figures) == {
+        "moved": {"count": 0, "p50_ms": None},
+        "kills": [{"at_s": 1.5}],
+    }
