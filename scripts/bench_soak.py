@@ -14,15 +14,16 @@ changed, or a usage count other than ``--tokens``).
 
 ``--kill ROLE@N[:SIGNAL]`` (repeatable; ROLE encoder, prefill, decode, scheduler or route;
 SIGNAL KILL, the default, or TERM) signals one service of ROLE as request number N starts
-(replicas of a role in turn); ``--chaos`` kills each of encoder, prefill, decode and scheduler
-with SIGKILL and then with SIGTERM, spread over the run. Requests in flight at a kill are the
-moved ones: their latency p50/p99 is shown beside the others' (latencies and TTFTs are of ok
-requests only). Memory: each service's RSS (its process tree, vLLM's engine processes included)
-after the references (warm-up), every ``--sample-s`` and at the end, flat or growing. Leaks:
-names in /dev/shm after the deployment stopped that were not there before it started and that
-this deployment made (epd segments of its pids, names its processes were seen mapping); other
-new names are listed, not counted.
-Exit status 1 when a request failed or was corrupted or a segment leaked.
+(replicas of a role in turn), once the service of the kill before is back (restarted, and a
+probe request answered; one kill at a time); ``--chaos`` kills each of encoder, prefill,
+decode and scheduler with SIGKILL and then with SIGTERM, spread over the run. Requests in
+flight at a kill are the moved ones: their latency p50/p99 is shown beside the others' (latencies
+and TTFTs are of ok requests only). Memory: each service's RSS (its process tree, vLLM's engine
+processes included) after the references (warm-up), every ``--sample-s`` and at the end, flat or
+growing. Leaks: names in /dev/shm after the deployment stopped that were not there before it
+started and that this deployment made (epd segments of its pids, names its processes were seen
+mapping); other new names are listed, not counted. Exit status 1 when a request failed or was
+corrupted or a segment leaked.
 
     .venv/bin/python scripts/bench_soak.py [--requests 10000] [--concurrency 64] [--tokens 16]
         [--images 4] [--kill encoder@100[:TERM]]... [--chaos] [--json]
@@ -45,7 +46,16 @@ from typing import Any
 import aiohttp
 import soak_deploy
 from soak_check import Kill, chaos_schedule, latency_groups, memory_trend, parse_kill, percentile
-from soak_load import Fired, LoadOptions, chat_bodies, drive, model_id, references
+from soak_load import (
+    Chaos,
+    Fired,
+    LoadOptions,
+    chat_bodies,
+    drive,
+    model_id,
+    references,
+    stream_chat,
+)
 
 MIB = 1024 * 1024
 
@@ -76,6 +86,11 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
         )
         return Fired(kill, service, pid, time.monotonic())
 
+    heal_s: list[float | None] = []
+
+    async def healed(previous: Fired) -> None:
+        heal_s.append(await back_again(args, served, session, bodies[0], previous))
+
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         bodies = chat_bodies(await model_id(session, served.url), args.images, args.tokens)
@@ -83,8 +98,11 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
         sampler = asyncio.create_task(sample_memory(served, samples, args.sample_s))
         options = LoadOptions(args.requests, args.concurrency, args.timeout_s, tuple(args.kills))
         start = time.monotonic()
-        outcomes, fired = await drive(session, served.url, bodies, answers, options, fire)
+        chaos = Chaos(fire, healed)
+        outcomes, fired = await drive(session, served.url, bodies, answers, options, chaos)
         elapsed = time.monotonic() - start
+        if fired:
+            await healed(fired[-1])
         sampler.cancel()
     for name, sample in served.memory().items():
         samples.setdefault(name, []).append(sample)
@@ -115,8 +133,9 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
                 "pid": f.pid,
                 "at_request": f.kill.after_requests,
                 "at_s": round(f.at - start, 1),
+                "back_after_s": back,
             }
-            for f in fired
+            for f, back in zip(fired, heal_s, strict=True)
         ],
         "latency_by_group": latency_groups(
             [(o.start, o.end) for o in answered], [f.at for f in fired if f.pid]
@@ -132,6 +151,27 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
             for name, series in sorted(samples.items())
         },
     }
+
+
+async def back_again(
+    args: argparse.Namespace,
+    served: soak_deploy.Served,
+    session: aiohttp.ClientSession,
+    probe: dict[str, Any],
+    kill: Fired,
+) -> float | None:
+    """Seconds from ``kill`` until its service runs as another process and a ``probe`` request
+    is answered; None when it was not sent or is not back within ``--heal-timeout-s``."""
+    if not kill.pid:
+        return None
+    while time.monotonic() < kill.at + args.heal_timeout_s:
+        if served.pids().get(kill.service, kill.pid) != kill.pid:
+            answer = await stream_chat(session, served.url, probe, args.timeout_s)
+            if not answer.error:
+                return round(time.monotonic() - kill.at, 1)
+        await asyncio.sleep(0.5)
+    log(args, f"  {kill.service} not back {args.heal_timeout_s:.0f} s after its kill")
+    return None
 
 
 def run(args: argparse.Namespace, up_args: list[str]) -> dict[str, Any]:
@@ -189,7 +229,7 @@ def print_report(figures: dict[str, Any]) -> None:
         for kill in figures["kills"]:
             print(
                 f"  {kill['signal']:<8} {kill['service']:<10} pid {kill['pid']:<8} at request "
-                f"{kill['at_request']:<6} ({kill['at_s']} s)"
+                f"{kill['at_request']:<6} ({kill['at_s']} s), back after {kill['back_after_s']} s"
             )
         print("latency of the requests in flight at a kill (moved) and of the others")
         for group, row in figures["latency_by_group"].items():
@@ -256,6 +296,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--sample-s", type=float, default=10.0, help="memory sampling period")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="one request's limit")
+    parser.add_argument(
+        "--heal-timeout-s",
+        type=float,
+        default=180.0,
+        help="the longest wait for a killed service to serve again before the next kill",
+    )
     parser.add_argument("--start-timeout-s", type=float, default=900.0, help="epd up's limit")
     parser.add_argument("--url", help="attach to this OpenAI base URL instead of starting one")
     parser.add_argument("--endpoints-file", type=Path, help="with --url: epd up's endpoints")

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,8 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Fired:
-    """A kill as it happened: the service and pid signalled, at ``time.monotonic`` ``at``."""
+    """A kill as it happened: the service and pid signalled (pid 0: none was, the role has no
+    service), at ``time.monotonic`` ``at``."""
 
     kill: Kill
     service: str
@@ -150,20 +151,28 @@ async def drive(
     bodies: Sequence[dict[str, Any]],
     answers: Sequence[list[str]],
     options: LoadOptions,
-    fire: Callable[[Kill], Fired],
+    chaos: Chaos,
 ) -> tuple[list[Outcome], list[Fired]]:
     """Send ``options.num_requests`` requests (prompts in turn) from ``options.concurrency``
-    workers; each kill fires as its request number starts."""
+    workers. The worker that takes request number N of a kill first waits for the service of
+    the kill before to be back (one kill at a time), fires it, then sends request N; the other
+    workers go on meanwhile. Kills numbered past the last request are not fired."""
     outcomes: list[Outcome] = []
     fired: list[Fired] = []
-    pending = sorted(options.kills, key=lambda k: k.after_requests)
+    kills_at: dict[int, list[Kill]] = {}
+    for kill in options.kills:
+        kills_at.setdefault(kill.after_requests, []).append(kill)
+    one_at_a_time = asyncio.Lock()
     counter = iter(range(options.num_requests))
     every = max(1, options.num_requests // 10)
 
     async def worker() -> None:
         for index in counter:
-            while pending and pending[0].after_requests <= index:
-                fired.append(fire(pending.pop(0)))
+            for kill in kills_at.get(index, []):
+                async with one_at_a_time:
+                    if fired:
+                        await chaos.healed(fired[-1])
+                    fired.append(chaos.fire(kill))
             prompt = index % len(bodies)
             start = time.monotonic()
             answer = await stream_chat(session, url, bodies[prompt], options.timeout_s)
@@ -177,6 +186,15 @@ async def drive(
 
     await asyncio.gather(*(worker() for _ in range(options.concurrency)))
     return outcomes, fired
+
+
+@dataclass(frozen=True, slots=True)
+class Chaos:
+    """How kills happen: ``fire`` signals the service of a kill; ``healed`` returns once the
+    service a fired kill hit serves again."""
+
+    fire: Callable[[Kill], Fired]
+    healed: Callable[[Fired], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from tests.unit.scripts.loader import load
 
 soak_load = load("soak_load")
+check = load("soak_check")
 TOKENS = 3
 REFERENCE = ["a", "b", "c"]
 
@@ -53,6 +54,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def app() -> web.Application:
+    application = web.Application()
+    application.router.add_post("/v1/chat/completions", chat)
+    return application
+
+
 @pytest.mark.parametrize(
     ("model", "status", "detail"),
     [
@@ -68,9 +75,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 async def test_each_break_of_a_stream_is_a_failed_or_corrupted_request(
     model: str, status: str, detail: str
 ) -> None:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+    async with TestServer(app()) as server, aiohttp.ClientSession() as session:
         url = str(server.make_url("/v1"))
         answer = await soak_load.stream_chat(session, url, {"model": model}, timeout_s=10)
     judged = soak_load.judge(answer, REFERENCE, TOKENS)
@@ -83,3 +88,25 @@ async def test_a_refused_connection_is_a_failed_request() -> None:
         answer = await soak_load.stream_chat(session, "http://127.0.0.1:9/v1", {}, timeout_s=5)
     assert soak_load.judge(answer, REFERENCE, TOKENS)[0] == "failed"
     assert "ClientConnectorError" in answer.error
+
+
+async def test_kills_fire_one_at_a_time_after_their_request_number() -> None:
+    events: list[str] = []
+
+    def fire(kill: Any) -> Any:
+        events.append(f"fire {kill.role}")
+        return soak_load.Fired(kill, kill.role, 1, 0.0)
+
+    async def healed(fired: Any) -> None:
+        events.append(f"healed {fired.service}")
+
+    kills = (check.Kill("prefill", 6), check.Kill("encoder", 5), check.Kill("decode", 99))
+    options = soak_load.LoadOptions(20, 4, 10.0, kills)
+    body = {"model": "whole", "max_tokens": TOKENS}
+    async with TestServer(app()) as server, aiohttp.ClientSession() as session:
+        url = str(server.make_url("/v1"))
+        chaos = soak_load.Chaos(fire, healed)
+        outcomes, fired = await soak_load.drive(session, url, [body], [REFERENCE], options, chaos)
+    assert [o.status for o in outcomes] == ["ok"] * 20
+    assert events == ["fire encoder", "healed encoder", "fire prefill"]
+    assert [f.kill.role for f in fired] == ["encoder", "prefill"]
