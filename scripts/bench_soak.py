@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from soak_load import (
     Chaos,
     Fired,
     LoadOptions,
+    Outcome,
     chat_bodies,
     drive,
     model_id,
@@ -70,9 +72,24 @@ async def sample_memory(
         await asyncio.sleep(every_s)
 
 
-async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str, Any]:
-    """References, then the load with its kills and memory samples; the figures."""
+@dataclass
+class Soaked:
+    """What one soak gave: each request's outcome, each kill fired and its time back (s), each
+    service's (pid, RSS) samples, and the load's start (``time.monotonic``) and length."""
+
+    outcomes: list[Outcome]
+    fired: list[Fired]
+    back_s: list[float | None]
+    samples: dict[str, list[tuple[int, int]]]
+    start: float
+    elapsed_s: float
+    num_prompts: int
+
+
+async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> Soaked:
+    """References, then the load with its kills and memory samples."""
     samples: dict[str, list[tuple[int, int]]] = {}
+    back_s: list[float | None] = []
 
     def fire(kill: Kill) -> Fired:
         try:
@@ -80,51 +97,52 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
         except (RuntimeError, OSError) as e:
             log(args, f"  {kill.signal_name} to {kill.role} not sent: {e}")
             return Fired(kill, "(not sent)", 0, time.monotonic())
-        log(
-            args,
-            f"  sent {kill.signal_name} to {service} (pid {pid}), request {kill.after_requests}",
-        )
+        log(args, f"  sent {kill.signal_name} to {service} (pid {pid}), at {kill.after_requests}")
         return Fired(kill, service, pid, time.monotonic())
 
-    heal_s: list[float | None] = []
-
     async def healed(previous: Fired) -> None:
-        heal_s.append(await back_again(args, served, session, bodies[0], previous))
+        back_s.append(await back_again(args, served, session, bodies[0], previous))
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         bodies = chat_bodies(await model_id(session, served.url), args.images, args.tokens)
         answers = await references(session, served.url, bodies, args.timeout_s)
         sampler = asyncio.create_task(sample_memory(served, samples, args.sample_s))
         options = LoadOptions(args.requests, args.concurrency, args.timeout_s, tuple(args.kills))
         start = time.monotonic()
-        chaos = Chaos(fire, healed)
-        outcomes, fired = await drive(session, served.url, bodies, answers, options, chaos)
+        outcomes, fired = await drive(
+            session, served.url, bodies, answers, options, Chaos(fire, healed)
+        )
         elapsed = time.monotonic() - start
         if fired:
             await healed(fired[-1])
         sampler.cancel()
     for name, sample in served.memory().items():
         samples.setdefault(name, []).append(sample)
-    answered = [o for o in outcomes if o.status == "ok"]
+    return Soaked(outcomes, fired, back_s, samples, start, elapsed, len(bodies))
+
+
+def summarise(args: argparse.Namespace, run: Soaked) -> dict[str, Any]:
+    """The figures of a soak (latencies and TTFTs of ok requests)."""
+    answered = [o for o in run.outcomes if o.status == "ok"]
     latencies = [(o.end - o.start) * 1000 for o in answered]
     ttfts = [o.ttft_s * 1000 for o in answered if o.ttft_s is not None]
-    statuses = Counter(o.status for o in outcomes)
+    statuses = Counter(o.status for o in run.outcomes)
+    reasons = Counter(o.detail for o in run.outcomes if o.status != "ok")
     return {
-        "requests": len(outcomes),
+        "requests": len(run.outcomes),
         "concurrency": args.concurrency,
         "tokens": args.tokens,
-        "prompts": len(bodies),
+        "prompts": run.num_prompts,
         "ok": statuses["ok"],
         "failed": statuses["failed"],
         "corrupted": statuses["corrupted"],
-        "elapsed_s": round(elapsed, 1),
-        "req_s": round(len(outcomes) / elapsed, 2),
+        "elapsed_s": round(run.elapsed_s, 1),
+        "req_s": round(len(run.outcomes) / run.elapsed_s, 2),
         "latency_p50_ms": percentile(latencies, 0.5),
         "latency_p99_ms": percentile(latencies, 0.99),
         "ttft_p50_ms": percentile(ttfts, 0.5),
         "ttft_p99_ms": percentile(ttfts, 0.99),
-        "reasons": dict(Counter(o.detail for o in outcomes if o.status != "ok").most_common(8)),
+        "reasons": dict(reasons.most_common(8)),
         "kills": [
             {
                 "role": f.kill.role,
@@ -132,24 +150,26 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> dict[str
                 "service": f.service,
                 "pid": f.pid,
                 "at_request": f.kill.after_requests,
-                "at_s": round(f.at - start, 1),
+                "at_s": round(f.at - run.start, 1),
                 "back_after_s": back,
             }
-            for f, back in zip(fired, heal_s, strict=True)
+            for f, back in zip(run.fired, run.back_s, strict=True)
         ],
         "latency_by_group": latency_groups(
-            [(o.start, o.end) for o in answered], [f.at for f in fired if f.pid]
+            [(o.start, o.end) for o in answered], [f.at for f in run.fired if f.pid]
         ),
-        "memory": {
-            name: {
-                "warm_mib": round(series[0][1] / MIB, 1),
-                "end_mib": round(series[-1][1] / MIB, 1),
-                "max_mib": round(max(rss for _, rss in series) / MIB, 1),
-                "samples": len(series),
-                "trend": memory_trend(series),
-            }
-            for name, series in sorted(samples.items())
-        },
+        "memory": {name: memory_row(series) for name, series in sorted(run.samples.items())},
+    }
+
+
+def memory_row(series: list[tuple[int, int]]) -> dict[str, Any]:
+    """One service's RSS after warm-up, at the end and at most (MiB), and its trend."""
+    return {
+        "warm_mib": round(series[0][1] / MIB, 1),
+        "end_mib": round(series[-1][1] / MIB, 1),
+        "max_mib": round(max(rss for _, rss in series) / MIB, 1),
+        "samples": len(series),
+        "trend": memory_trend(series),
     }
 
 
@@ -184,7 +204,7 @@ def run(args: argparse.Namespace, up_args: list[str]) -> dict[str, Any]:
         log(args, f"starting epd up {' '.join(up_args)} (logs in {work_dir})")
         served = soak_deploy.start(up_args, work_dir, args.start_timeout_s)
     try:
-        figures = asyncio.run(soak(args, served))
+        figures = summarise(args, asyncio.run(soak(args, served)))
     finally:
         launcher_status = None
         if served.launcher is not None:

@@ -140,3 +140,34 @@ def test_json_figures_carry_none_where_a_group_had_no_request() -> None:
         "moved": {"count": 0, "p50_ms": None},
         "kills": [{"at_s": 1.5}],
     }
+
+
+def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
+    bench, load_module = load("bench_soak"), load("soak_load")
+    outcomes = [
+        load_module.Outcome(0, 0, "ok", 10.0, 11.0, 0.2),
+        load_module.Outcome(1, 1, "ok", 10.5, 13.0, 0.3),
+        load_module.Outcome(2, 0, "failed", 12.0, 12.1, None, "HTTP 503: no worker"),
+        load_module.Outcome(3, 1, "corrupted", 12.0, 14.0, 0.1, "repeated from piece 2"),
+    ]
+    fired = [load_module.Fired(check.Kill("prefill", 1), "prefill", 42, 12.0)]
+    samples = {"prefill": [(42, 100 * 2**20), (43, 50 * 2**20)]}
+    run = bench.Soaked(outcomes, fired, [3.5], samples, 10.0, 4.0, 2)
+    args = bench.parse_args(["--concurrency", "2", "--tokens", "3"])[0]
+    figures = bench.summarise(args, run)
+    assert (figures["ok"], figures["failed"], figures["corrupted"]) == (2, 1, 1)
+    assert figures["latency_p50_ms"] == 1000 and figures["latency_p99_ms"] == 2500
+    assert figures["reasons"] == {"HTTP 503: no worker": 1, "repeated from piece 2": 1}
+    assert figures["kills"][0] == {
+        "role": "prefill",
+        "signal": "SIGKILL",
+        "service": "prefill",
+        "pid": 42,
+        "at_request": 1,
+        "at_s": 2.0,
+        "back_after_s": 3.5,
+    }
+    assert figures["latency_by_group"]["moved"]["count"] == 1
+    assert figures["memory"]["prefill"]["trend"] == "restarted"
+    assert not bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": ["x"]})
+    assert bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": []})
