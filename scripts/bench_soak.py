@@ -96,7 +96,7 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> Soaked:
             service, pid = served.kill(kill.role, kill.signum)
         except (RuntimeError, OSError) as e:
             log(args, f"  {kill.signal_name} to {kill.role} not sent: {e}")
-            return Fired(kill, "(not sent)", 0, time.monotonic())
+            return Fired(kill, f"(no {kill.role})", 0, time.monotonic())
         log(args, f"  sent {kill.signal_name} to {service} (pid {pid}), at {kill.after_requests}")
         return Fired(kill, service, pid, time.monotonic())
 
@@ -249,7 +249,7 @@ def print_report(figures: dict[str, Any]) -> None:
         for kill in figures["kills"]:
             print(
                 f"  {kill['signal']:<8} {kill['service']:<10} pid {kill['pid']:<8} at request "
-                f"{kill['at_request']:<6} ({kill['at_s']} s), back after {kill['back_after_s']} s"
+                f"{kill['at_request']:<6} ({kill['at_s']} s), {back(kill)}"
             )
         print("latency of the requests in flight at a kill (moved) and of the others")
         for group, row in figures["latency_by_group"].items():
@@ -284,6 +284,14 @@ def without_nan(value: Any) -> Any:
     if isinstance(value, list):
         return [without_nan(item) for item in value]
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def back(kill: dict[str, Any]) -> str:
+    """How soon a killed service served again, in words."""
+    if not kill["pid"]:
+        return "not sent"
+    seconds = kill["back_after_s"]
+    return "not back" if seconds is None else f"back after {seconds} s"
 
 
 def is_clean(figures: dict[str, Any]) -> bool:
