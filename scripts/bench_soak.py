@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import sys
 import tempfile
 import time
@@ -101,11 +102,12 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> Soaked:
         return Fired(kill, service, pid, time.monotonic())
 
     async def healed(previous: Fired) -> None:
-        back_s.append(await back_again(args, served, session, bodies[0], previous))
+        back_s.append(await back_again(args, served, session, bodies[0], previous, num_workers))
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         bodies = chat_bodies(await model_id(session, served.url), args.images, args.tokens)
         answers = await references(session, served.url, bodies, args.timeout_s)
+        num_workers = await soak_deploy.live_workers(served.endpoints().get("scheduler", ""))
         sampler = asyncio.create_task(sample_memory(served, samples, args.sample_s))
         options = LoadOptions(args.requests, args.concurrency, args.timeout_s, tuple(args.kills))
         start = time.monotonic()
@@ -179,13 +181,18 @@ async def back_again(
     session: aiohttp.ClientSession,
     probe: dict[str, Any],
     kill: Fired,
+    num_workers: int,
 ) -> float | None:
-    """Seconds from ``kill`` until its service runs as another process and a ``probe`` request
-    is answered; None when it was not sent or is not back within ``--heal-timeout-s``."""
+    """Seconds from ``kill`` until its service runs as another process, every service answers
+    SERVING, the scheduler lists all ``num_workers`` workers again and a ``probe`` request is
+    answered; None when it was not sent or is not back within ``--heal-timeout-s``. The next
+    kill waits for it, so that each kill finds a replica of its role serving."""
     if not kill.pid:
         return None
     while time.monotonic() < kill.at + args.heal_timeout_s:
-        if served.pids().get(kill.service, kill.pid) != kill.pid:
+        if served.pids().get(kill.service, kill.pid) != kill.pid and await served.is_whole(
+            num_workers
+        ):
             answer = await stream_chat(session, served.url, probe, args.timeout_s)
             if not answer.error:
                 return round(time.monotonic() - kill.at, 1)
@@ -347,6 +354,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     args, up_args = parse_args(argv)
+    # NOTE: SIGTERM (timeout, a CI runner) unwinds like Ctrl-C, so the deployment is stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     figures = run(args, up_args)
     if args.json:
         print(json.dumps(without_nan(figures)))

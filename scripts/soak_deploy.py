@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 from process_cpu import process_tree
+
+from epd.common.channels import create_channel
+from epd.common.clients import HealthClient
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 
 SHM_DIR = Path("/dev/shm")
 ROLE_PREFIXES = {
@@ -51,6 +57,31 @@ class Served:
             self.pids_seen.update(pids.values())
             return pids
         return {}
+
+    def endpoints(self) -> dict[str, str]:
+        """gRPC endpoint of each service now (service name: host:port)."""
+        if self.endpoints_file is None:
+            return {}
+        with contextlib.suppress(OSError, ValueError):
+            found = json.loads(self.endpoints_file.read_text())
+            return {
+                name: endpoint
+                for name, endpoint in found.items()
+                if name != "http" and isinstance(endpoint, str) and ":" in endpoint
+            }
+        return {}
+
+    async def is_whole(self, num_workers: int) -> bool:
+        """Whether every service answers SERVING and the scheduler lists ``num_workers`` live
+        workers: the deployment is as it was before a kill, not merely answering."""
+        endpoints = self.endpoints()
+        if "scheduler" not in endpoints:
+            return False
+        for endpoint in endpoints.values():
+            async with create_channel(endpoint) as channel:
+                if not await HealthClient(channel, endpoint).is_serving(timeout=2):
+                    return False
+        return await live_workers(endpoints["scheduler"]) >= num_workers
 
     def kill(self, role: str, signum: int) -> tuple[str, int]:
         """Send ``signum`` to one service of ``role`` (replicas in turn); (service, pid)."""
@@ -162,3 +193,16 @@ def tail(path: Path, lines: int = 20) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     return "(no log)"
+
+
+async def live_workers(scheduler: str) -> int:
+    """Live workers the scheduler at ``scheduler`` lists (0 when it cannot be asked)."""
+    if not scheduler:
+        return 0
+    async with create_channel(scheduler) as channel:
+        stub = scheduler_grpc.SchedulerServiceStub(channel)
+        try:
+            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            return 0
+    return sum(w.state == scheduler_pb.WORKER_STATE_LIVE for w in listing.workers)
