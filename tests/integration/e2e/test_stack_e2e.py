@@ -1,8 +1,9 @@
-"""A whole E/P/D deployment with two encoders as real processes, started by the launcher the
-scripts use (``epd up --keep``): answers equal the monolithic reference token for token, every
-service answers reflection, an encoder SIGKILLed under load costs no request, bad inputs get clear
-errors and leave the stack up, one request's spans form one tree across every service, and
-nothing is left running or in /dev/shm after shutdown."""
+"""A whole E/P/D deployment with two encoders and two decode workers as real processes, started by
+the launcher the scripts use (``epd up --keep``): answers equal the monolithic reference token for
+token, every service answers reflection, an encoder and a decode worker SIGKILLed under load cost
+no request (the decode worker's streams resume through the other one, token for token), bad
+inputs get clear errors and leave the stack up, one request's spans form one tree across every
+service, and nothing is left running or in /dev/shm after shutdown."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ QUESTION = "describe this picture"
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work_dir = tmp_path_factory.mktemp("stack")
     with running_stack(
-        tiny_model_dir, work_dir, "--topology", "epd", "--encoders", "2", "--policy", "per_image"
+        tiny_model_dir,
+        work_dir,
+        *("--topology", "epd", "--encoders", "2", "--policy", "per_image"),
+        *("--decode-workers", "2"),
     ) as running:
         yield running
     children = list(running.pids.values())
@@ -282,9 +286,12 @@ def test_vllm_bench_serve_openai_chat_runs_against_the_route(
     assert all(s["attributes"]["epd.images"] == 1 for s in benched)
 
 
-def test_an_encoder_killed_under_load_fails_no_request(stack: Stack, tiny_model_dir: Path) -> None:
-    """Runs last in this module: it leaves one encoder dead."""
-    num_requests, concurrency = 10, 4
+def test_an_encoder_and_a_decode_worker_killed_under_load_fail_no_request(
+    stack: Stack, tiny_model_dir: Path
+) -> None:
+    """Runs last in this module: it leaves an encoder and a decode worker dead (the launcher
+    restarts them). Each answer equals its reference, those resumed mid-stream too."""
+    num_requests, concurrency, max_tokens = 12, 4, 24
     images = [picture(100 + i) for i in range(num_requests)]
 
     async def load() -> list[list[int]]:
@@ -296,7 +303,7 @@ def test_an_encoder_killed_under_load_fails_no_request(stack: Stack, tiny_model_
             nonlocal finished
             async with semaphore:
                 answer = await client.generate(
-                    [user(QUESTION, image=png(image))], max_tokens=2, ignore_eos=True
+                    [user(QUESTION, image=png(image))], max_tokens=max_tokens, ignore_eos=True
                 )
             finished += 1
             if finished == 2:
@@ -307,9 +314,11 @@ def test_an_encoder_killed_under_load_fails_no_request(stack: Stack, tiny_model_
             tasks = [asyncio.create_task(one(client, image)) for image in images]
             await done.wait()
             os.kill(stack.pids["encode0"], signal.SIGKILL)
-            _KILLED.add("encode0")
+            os.kill(stack.pids["decode"], signal.SIGKILL)
+            _KILLED.update({"encode0", "decode"})
             return list(await asyncio.gather(*tasks))
 
     answers = asyncio.run(load())
-    assert len(answers) == num_requests and all(len(a) == 2 for a in answers)
-    assert answers[-1] == reference_tokens(tiny_model_dir, [images[-1]], 2)
+    assert len(answers) == num_requests
+    for image, answer in zip(images, answers, strict=True):
+        assert answer == reference_tokens(tiny_model_dir, [image], max_tokens)
