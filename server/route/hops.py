@@ -22,7 +22,12 @@ from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
-from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS, Progress, is_resumable
+from epd.server.route.resumption import (
+    DEFAULT_MAX_RESUMPTIONS,
+    Progress,
+    is_no_worker,
+    is_resumable,
+)
 from epd.server.route.topology import Plan, Role, hands_off_kv
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import generation_pb2
@@ -99,6 +104,7 @@ async def stream_tokens(
     excluded = Excluded()
     choice = first_choice
     num_failures = num_resumptions = 0
+    lost: EpdError | None = None  # the failure being resumed from
     while True:
         attempt = Attempt()
         try:
@@ -111,6 +117,8 @@ async def stream_tokens(
             if progress.is_finished:
                 return
             resuming = bool(progress.sent)
+            if resuming and lost is not None and (attempt.prefill is None or is_no_worker(error)):
+                raise lost from error  # NOTE: no replica to resume on: the loss is the news
             if (
                 attempt.prefill is None
                 or not is_resumable(error)
@@ -119,6 +127,7 @@ async def stream_tokens(
             ):
                 raise
             await _settle(attempt.release)
+            lost = error
             failed = excluded.add(attempt)
             num_failures += 1
             num_resumptions += resuming

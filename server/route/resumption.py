@@ -25,12 +25,19 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RESUMPTIONS = 3
 # failures a resumption answers: the worker is gone or its server ended the call
 RESUMABLE = (Unavailable, Cancelled)
+NO_WORKER_REASONS = frozenset({"NO_PREFILL_WORKER", "NO_DECODE_WORKER"})
 
 
 def is_resumable(error: EpdError) -> bool:
     """Whether ``error`` from an engine hop means its worker is gone, not that the request is
     wrong."""
     return isinstance(error, RESUMABLE)
+
+
+def is_no_worker(error: EpdError) -> bool:
+    """Whether ``error`` is the scheduler's (or the route's own view's) answer that no worker of a
+    role is live: nobody to resume on."""
+    return error.reason in NO_WORKER_REASONS
 
 
 @dataclass

@@ -187,3 +187,23 @@ def test_a_continued_call_asks_for_the_rest_after_the_tokens_sent() -> None:
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (6, 7)
     assert last.usage.cached_prompt_tokens == 6
     assert progress.is_finished
+
+
+async def test_with_no_replica_to_resume_on_the_stream_ends_with_the_worker_s_loss() -> None:
+    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE)])
+    lost = Unavailable("pd0 is unreachable", reason="PEER_UNREACHABLE")
+    peers = FakePeers(scheduler, engines={"pd0": ScriptedEngine(lost, 2)})
+    with pytest.raises(Unavailable) as caught:
+        await pieces_of(peers, call_of(E_PD))
+    assert caught.value.reason == "PEER_UNREACHABLE"
+
+
+async def test_with_no_decode_worker_left_the_stream_ends_with_the_decode_worker_s_loss() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL)], decoders=["dec0"])
+    lost = Unavailable("dec0 is unreachable", reason="PEER_UNREACHABLE")
+    engines = {"p0": ScriptedEngine(), "dec0": ScriptedEngine(lost, 2)}
+    peers = FakePeers(scheduler, engines=engines)
+    with pytest.raises(Unavailable) as caught:
+        await pieces_of(peers, call_of(E_P_D))
+    assert caught.value.reason == "PEER_UNREACHABLE"
+    assert len([name for name, _ in engines["p0"].calls if name == "Prefill"]) == 2
