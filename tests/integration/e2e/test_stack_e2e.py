@@ -1,7 +1,8 @@
 """A whole E/P/D deployment with two encoders and two decode workers as real processes, started by
 the launcher the scripts use (``epd up --keep``): answers equal the monolithic reference token for
-token, every service answers reflection, an encoder and a decode worker SIGKILLed under load cost
-no request (the decode worker's streams resume through the other one, token for token), bad
+token, every service answers reflection, an encoder and a decode worker SIGKILLed under load, then
+the other decode worker SIGTERMed, cost no request (their streams resume through the other decode
+worker, token for token), bad
 inputs get clear errors and leave the stack up, one request's spans form one tree across every
 service, and nothing is left running or in /dev/shm after shutdown."""
 
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,12 @@ import pytest
 from PIL import Image
 
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, user
+from epd.common.channels import create_channel
+from epd.common.clients import HealthClient
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.engine.reference import ReferenceEngine
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 from tests.integration.e2e.launcher import (
     Stack,
     is_alive,
@@ -286,39 +291,78 @@ def test_vllm_bench_serve_openai_chat_runs_against_the_route(
     assert all(s["attributes"]["epd.images"] == 1 for s in benched)
 
 
-def test_an_encoder_and_a_decode_worker_killed_under_load_fail_no_request(
+def test_decode_workers_killed_and_drained_under_load_fail_no_request(
     stack: Stack, tiny_model_dir: Path
 ) -> None:
-    """Runs last in this module: it leaves an encoder and a decode worker dead (the launcher
-    restarts them). Each answer equals its reference, those resumed mid-stream too."""
-    num_requests, concurrency, max_tokens = 12, 4, 24
-    images = [picture(100 + i) for i in range(num_requests)]
+    """Runs last in this module. Under load, encode0 and the first decode worker are SIGKILLed
+    (their streams resume through the other decode worker); once the launcher has both decode
+    workers serving again, the second is SIGTERMed under load (its streams finish or resume).
+    Every answer equals its reference, those resumed mid-stream too."""
+    max_tokens = 24
+    images = [picture(100 + i) for i in range(12)]
 
-    async def load() -> list[list[int]]:
-        semaphore = asyncio.Semaphore(concurrency)
-        done = asyncio.Event()
-        finished = 0
+    def kill_encode0_and_decode0() -> None:
+        os.kill(stack.pids["encode0"], signal.SIGKILL)
+        os.kill(stack.pids["decode"], signal.SIGKILL)
+        _KILLED.update({"encode0", "decode"})
 
-        async def one(client: AsyncEpdClient, image: Image.Image) -> list[int]:
-            nonlocal finished
-            async with semaphore:
-                answer = await client.generate(
-                    [user(QUESTION, image=png(image))], max_tokens=max_tokens, ignore_eos=True
-                )
-            finished += 1
-            if finished == 2:
-                done.set()
-            return answer.token_ids
-
-        async with AsyncEpdClient(stack.route, timeout_s=300) as client:
-            tasks = [asyncio.create_task(one(client, image)) for image in images]
-            await done.wait()
-            os.kill(stack.pids["encode0"], signal.SIGKILL)
-            os.kill(stack.pids["decode"], signal.SIGKILL)
-            _KILLED.update({"encode0", "decode"})
-            return list(await asyncio.gather(*tasks))
-
-    answers = asyncio.run(load())
-    assert len(answers) == num_requests
-    for image, answer in zip(images, answers, strict=True):
+    answers = asyncio.run(load(stack, images, max_tokens, kill_encode0_and_decode0))
+    asyncio.run(wait_until_restarted(stack, "decode", "decode0", 240))
+    more = [picture(200 + i) for i in range(12)]
+    answers += asyncio.run(
+        load(stack, more, max_tokens, lambda: os.kill(stack.pids["decode1"], signal.SIGTERM))
+    )
+    for image, answer in zip(images + more, answers, strict=True):
         assert answer == reference_tokens(tiny_model_dir, [image], max_tokens)
+
+
+async def load(
+    stack: Stack, images: list[Image.Image], max_tokens: int, disturb: Callable[[], None]
+) -> list[list[int]]:
+    """Ask about each of ``images``, 4 at once; ``disturb`` once two have been answered."""
+    semaphore = asyncio.Semaphore(4)
+    done = asyncio.Event()
+    finished = 0
+
+    async def one(client: AsyncEpdClient, image: Image.Image) -> list[int]:
+        nonlocal finished
+        async with semaphore:
+            answer = await client.generate(
+                [user(QUESTION, image=png(image))], max_tokens=max_tokens, ignore_eos=True
+            )
+        finished += 1
+        if finished == 2:
+            done.set()
+        return answer.token_ids
+
+    async with AsyncEpdClient(stack.route, timeout_s=300) as client:
+        tasks = [asyncio.create_task(one(client, image)) for image in images]
+        await done.wait()
+        disturb()
+        return list(await asyncio.gather(*tasks))
+
+
+async def wait_until_restarted(
+    stack: Stack, service: str, worker_id: str, timeout_s: float
+) -> None:
+    """Wait until the launcher has started ``service`` again (a new pid in the endpoints file),
+    the new process answers SERVING and the scheduler lists its ``worker_id`` live."""
+    endpoints_file = stack.run_dir.parent.parent / "endpoints.json"
+    deadline = time.monotonic() + timeout_s
+    while json.loads(endpoints_file.read_text())["pids"][service] == stack.pids[service]:
+        assert time.monotonic() < deadline, f"{service} not restarted"
+        await asyncio.sleep(1)
+    endpoint = stack.endpoints[service]
+    async with create_channel(endpoint) as channel:
+        while not await HealthClient(channel, endpoint).is_serving(timeout=5):
+            assert time.monotonic() < deadline, f"{service} not serving again"
+            await asyncio.sleep(1)
+    async with create_channel(stack.endpoints["scheduler"]) as channel:
+        stub = scheduler_grpc.SchedulerServiceStub(channel)
+        while True:
+            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest(), timeout=10)
+            live = {w.info.id for w in listing.workers if w.state == scheduler_pb.WORKER_STATE_LIVE}
+            if worker_id in live:
+                return
+            assert time.monotonic() < deadline, f"{worker_id} not registered again"
+            await asyncio.sleep(1)
