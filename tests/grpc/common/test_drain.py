@@ -67,12 +67,12 @@ async def test_a_stream_cut_by_the_grace_fails_unavailable() -> None:
     error = from_rpc_error(caught.value)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert isinstance(error, errors.Unavailable)
-    # NOTE: the handler's task may run its cancellation after the server has stopped
+    # NOTE: the handler may be cut (cancelled, or its stream closed) after the server stopped
     for _ in range(100):
         if servicer.encode_exits:
             break
         await asyncio.sleep(0.02)
-    assert servicer.encode_exits == ["CancelledError"]
+    assert servicer.encode_exits in (["CancelledError"], ["GeneratorExit"])  # cut, not finished
 
 
 async def test_stop_now_ends_a_drain_waiting_for_its_holds() -> None:
