@@ -85,7 +85,9 @@ def server_ping_options(keepalive_s: float) -> list[tuple[str, int]]:
 
 # NOTE: gRPC backs off reconnects to a peer that went away by 1.6x per failed attempt up to
 # 120 s, so a worker whose scheduler was down for a minute would register again up to two
-# minutes after it came back; capped, within about this (plus 20 % jitter).
+# minutes after it came back; capped, within about this (plus 20 % jitter). Each channel has its
+# own connection (``grpc.use_local_subchannel_pool``): gRPC otherwise shares one among channels
+# alike, and a channel opened to replace one in backoff would inherit the backoff.
 MAX_RECONNECT_BACKOFF_MS = 5000
 
 
@@ -116,6 +118,7 @@ def channel_spec(
         ("grpc.max_receive_message_length", max_message_bytes),
         *keepalive_options(keepalive_s),
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+        ("grpc.use_local_subchannel_pool", 1),
     )
     if not (tls_ca_file or tls_cert_file):
         return ChannelSpec(endpoint, options, None)
@@ -194,7 +197,12 @@ Client = TypeVar("Client")
 
 class ChannelPool:
     """Channels to peers, opened on first use (one per endpoint, same token and keepalive) and
-    closed together, and the clients made over them (one per endpoint and kind)."""
+    closed together, and the clients made over them (one per endpoint and kind).
+
+    A channel whose peer went away waits out gRPC's reconnect backoff (up to
+    ``MAX_RECONNECT_BACKOFF_MS``) and fails every call at once meanwhile, even after the peer is
+    back on the same address (a restarted worker); so a channel found in TRANSIENT_FAILURE is
+    replaced by a new one, which connects on its first call, and the old one closed."""
 
     def __init__(
         self, auth_token: str | None = None, *, keepalive_s: float = DEFAULT_KEEPALIVE_S
@@ -202,22 +210,36 @@ class ChannelPool:
         self._auth_token = auth_token
         self._keepalive_s = keepalive_s
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._clients: dict[tuple[str, type], object] = {}
+        self._clients: dict[tuple[str, type], tuple[grpc.aio.Channel, object]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel, str], Client]) -> Client:
-        """The ``kind`` client of ``endpoint``, made as ``kind(channel, endpoint)`` at first."""
+        """The ``kind`` client of ``endpoint``, made as ``kind(channel, endpoint)`` over its
+        current channel."""
         key = (endpoint, cast(type, kind))
-        if key not in self._clients:
-            self._clients[key] = kind(self.get(endpoint), endpoint)
-        return cast(Client, self._clients[key])
+        channel = self.get(endpoint)
+        made = self._clients.get(key)
+        if made is None or made[0] is not channel:
+            made = self._clients[key] = (channel, kind(channel, endpoint))
+        return cast(Client, made[1])
 
     def get(self, endpoint: str) -> grpc.aio.Channel:
-        """The channel to ``endpoint``, opened now if it is the first call."""
-        if endpoint not in self._channels:
-            self._channels[endpoint] = create_channel(
-                endpoint, auth_token=self._auth_token, keepalive_s=self._keepalive_s
-            )
-        return self._channels[endpoint]
+        """The channel to ``endpoint``, opened now if it is the first call or the last one is in
+        TRANSIENT_FAILURE."""
+        channel = self._channels.get(endpoint)
+        if channel is not None:
+            if channel.get_state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                return channel
+            self._retire(channel)
+        channel = self._channels[endpoint] = create_channel(
+            endpoint, auth_token=self._auth_token, keepalive_s=self._keepalive_s
+        )
+        return channel
+
+    def _retire(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         """Close every channel opened so far (calls still on them end CANCELLED)."""
@@ -225,6 +247,8 @@ class ChannelPool:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 async def wait_for_health(
