@@ -165,11 +165,15 @@ def summarise(args: argparse.Namespace, run: Soaked) -> dict[str, Any]:
 
 
 def memory_row(series: list[tuple[int, int]]) -> dict[str, Any]:
-    """One service's RSS after warm-up, at the end and at most (MiB), and its trend."""
+    """One service's RSS after warm-up, at the end and at most (MiB), the largest of each quarter
+    of the run (a leak climbs from quarter to quarter; a high-water mark of in-flight work does
+    not), and its trend."""
+    quarters = [series[len(series) * i // 4 : len(series) * (i + 1) // 4] for i in range(4)]
     return {
         "warm_mib": round(series[0][1] / MIB, 1),
         "end_mib": round(series[-1][1] / MIB, 1),
         "max_mib": round(max(rss for _, rss in series) / MIB, 1),
+        "quarter_max_mib": [round(max(rss for _, rss in q) / MIB, 1) for q in quarters if q],
         "samples": len(series),
         "trend": memory_trend(series),
     }
@@ -264,11 +268,15 @@ def print_report(figures: dict[str, Any]) -> None:
                 f"  {group:<12} {row['count']:>6} requests  p50 {row['p50_ms']:>8.0f} ms  "
                 f"p99 {row['p99_ms']:>8.0f} ms"
             )
-    print(f"{'memory (RSS, MiB)':<20}{'warm':>9}{'end':>9}{'max':>9}{'samples':>9}  trend")
+    print(
+        f"{'memory (RSS, MiB)':<20}{'warm':>9}{'end':>9}{'max':>9}{'samples':>9}  trend"
+        "  (largest of each quarter)"
+    )
     for name, row in figures["memory"].items():
+        quarters = " ".join(f"{mib:.0f}" for mib in row["quarter_max_mib"])
         print(
             f"  {name:<18}{row['warm_mib']:>9}{row['end_mib']:>9}{row['max_mib']:>9}"
-            f"{row['samples']:>9}  {row['trend']}"
+            f"{row['samples']:>9}  {row['trend']}  ({quarters})"
         )
     for line in figures["restarts"]:
         print(f"  {line}")

@@ -33,6 +33,9 @@ Grid = tuple[int, int, int]
 # Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a
 # decode worker can lay out positions even when the prompt's images were raw pictures.
 IMAGE_GRIDS_KEY = "epd_image_grids"
+# Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
+# be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
+KV_LOAD_FAILED = "KV_LOAD_FAILED"
 
 
 @dataclass(frozen=True, slots=True)

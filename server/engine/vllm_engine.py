@@ -35,6 +35,7 @@ from epd.common.errors import (
 )
 from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
+    KV_LOAD_FAILED,
     Engine,
     EngineImage,
     EngineLoad,
@@ -300,6 +301,8 @@ class VllmEngine(Engine):
         try:
             prompt = await self._render(request_id, prompt_token_ids, images)
             async for output in self._llm.generate(prompt, params, request_id):
+                if output.finished and output.outputs[0].finish_reason == "error":
+                    raise _request_failed(params)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
@@ -380,6 +383,19 @@ class VllmEngine(Engine):
             # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
             # its three sockets (/tmp/<uuid>) behind.
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+
+
+def _request_failed(params: Any) -> Unavailable:
+    """The error for a request vLLM finished with reason ``error`` (retryable, request-level):
+    on a decode worker, the KV it was to read from its prefill worker could not be loaded (the
+    prefill worker died or dropped it; vLLM's ``kv_load_failure_policy`` is ``fail``)."""
+    kv_params = (params.extra_args or {}).get("kv_transfer_params") or {}
+    if kv_params.get("do_remote_prefill"):
+        return Unavailable(
+            "the request's KV could not be loaded from its prefill worker",
+            reason=KV_LOAD_FAILED,
+        )
+    return Unavailable("the engine failed the request", reason="ENGINE_REQUEST_FAILED")
 
 
 def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:

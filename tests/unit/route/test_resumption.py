@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epd.common.errors import Cancelled, InvalidArgument, Unavailable
+from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.route.deadline import Deadline
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
 from epd.server.route.metrics import RouteMetrics
@@ -207,3 +208,27 @@ async def test_with_no_decode_worker_left_the_stream_ends_with_the_decode_worker
         await pieces_of(peers, call_of(E_P_D))
     assert caught.value.reason == "PEER_UNREACHABLE"
     assert len([name for name, _ in engines["p0"].calls if name == "Prefill"]) == 2
+
+
+class FailsItsFirstDecode(ScriptedEngine):
+    """A decode worker whose first stream could not read its KV."""
+
+    def Decode(self, request: Any, timeout: float | None = None) -> Any:
+        stream = super().Decode(request, timeout)
+        self.error = None
+        return stream
+
+
+async def test_a_kv_load_failure_is_the_prefill_worker_s_and_resumes_on_another() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", PREFILL), ("p1", PREFILL)], decoders=["dec0"])
+    lost_kv = Unavailable("the KV could not be loaded", reason=KV_LOAD_FAILED)
+    engines = {"p0": ScriptedEngine(), "p1": ScriptedEngine(), "dec0": FailsItsFirstDecode(lost_kv)}
+    peers = FakePeers(scheduler, engines=engines)
+    pieces = await pieces_of(peers, call_of(E_P_D, max_tokens=8))
+    assert tokens(pieces) == SCRIPT[:8]
+    chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
+    assert [list(r.exclude_worker_ids) for r in chooses] == [[], ["p0"]]
+    decodes = [r for name, r in scheduler.calls if name == "ChooseDecode"]
+    assert [list(r.exclude_worker_ids) for r in decodes] == [[], []]
+    [(_, resumed)] = [c for c in engines["p1"].calls if c[0] == "Prefill"]
+    assert list(resumed.prompt.token_ids) == [1, 2, SCRIPT[0]]

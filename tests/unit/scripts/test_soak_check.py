@@ -171,3 +171,12 @@ def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
     assert figures["memory"]["prefill"]["trend"] == "restarted"
     assert not bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": ["x"]})
     assert bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": []})
+
+
+def test_memory_rows_carry_the_largest_rss_of_each_quarter() -> None:
+    bench = load("bench_soak")
+    series = [(7, mib * 2**20) for mib in (100, 140, 110, 120, 150, 115, 118, 119)]
+    row = bench.memory_row(series)
+    assert row["quarter_max_mib"] == [140.0, 120.0, 150.0, 119.0]
+    assert (row["warm_mib"], row["end_mib"], row["max_mib"]) == (100.0, 119.0, 150.0)
+    assert bench.memory_row(series[:2])["quarter_max_mib"] == [100.0, 140.0]
