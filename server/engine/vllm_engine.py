@@ -46,6 +46,7 @@ from epd.server.engine.base import (
     Usage,
 )
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
@@ -163,7 +164,7 @@ class VllmEngine(Engine):
             options = replace(options, side_channel=SideChannel(host, side_channel_port(host)))
         args = engine_args(model_dir, model_id, options)
         tracker = LoadTracker()
-        rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
+        rpc_dir = Path(tempfile.mkdtemp(prefix=rpc_dir_prefix(os.getpid())))
         try:
             llm = await asyncio.to_thread(create_llm, args, options, tracker, rpc_dir)
         except BaseException:
