@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry import trace
 
 from epd.common.errors import EpdError
+from epd.common.roles import Role, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.engine.base import KV_LOAD_FAILED
@@ -29,7 +30,7 @@ from epd.server.route.resumption import (
     is_no_worker,
     is_resumable,
 )
-from epd.server.route.topology import Plan, Role, hands_off_kv
+from epd.server.route.topology import Plan, hands_off_kv
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -77,7 +78,7 @@ async def choose_prefill(
         model=call.model,
         block_hashes=call.block_hashes,
         exclude_worker_ids=excluded,
-        roles=call.plan.prefill_roles,
+        roles=[role_to_proto(role) for role in call.plan.prefill_roles],
     )
     return await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
 
@@ -197,7 +198,7 @@ async def _attempt(
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
-    if hands_off_kv(worker.role, call.live_roles):
+    if hands_off_kv(role_from_proto(worker.role), call.live_roles):
         pieces = _prefill_then_decode(peers, call, worker, attempt, excluded.decode)
     else:
         pieces = _prefill_decode(peers, call, worker.endpoint)

@@ -349,7 +349,7 @@ class RouteThread:
         from epd.server.route.openai_http import OpenAiHttp
         from epd.server.route.prompt import PromptBuilder
         from epd.server.route.servicer import RouteServicer
-        from epd.server.route.worker import RouteWorker
+        from epd.server.route.worker import Router
         from epd.v1 import route_service_pb2_grpc
         from tests.unit.route.fakes import FakeEngine, FakePeers
 
@@ -358,7 +358,7 @@ class RouteThread:
         words = prompts.tokenizer(" a red square", add_special_tokens=False)["input_ids"]
         peers.engines["pd0"] = FakeEngine(tokens=list(words))
         loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-        worker = RouteWorker(
+        worker = Router(
             peers,
             prompts,
             loader,

@@ -14,6 +14,7 @@ from PIL import Image
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
 from epd.common.errors import InvalidArgument as InvalidArgumentError
 from epd.common.errors import Unavailable as ServerUnavailable
+from epd.common.roles import Role
 from epd.common.server import ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
@@ -21,7 +22,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
@@ -43,7 +44,7 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-    worker = RouteWorker(
+    worker = Router(
         peers,
         prompts,
         loader,
@@ -158,7 +159,7 @@ async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:
 
 async def test_an_engine_dying_before_the_first_token_is_retried(route) -> None:
     endpoint, peers, _ = route
-    peers.scheduler.prefills.insert(0, ("pd-dead", 4))
+    peers.scheduler.prefills.insert(0, ("pd-dead", Role.PREFILL_DECODE))
     peers.engines["pd-dead"] = FakeEngine(error=ServerUnavailable("down"))
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         answer = await client.generate([user("hi")])

@@ -9,10 +9,10 @@ import asyncio
 import grpc
 import pytest
 
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
@@ -33,7 +33,7 @@ async def stubs(tiny_model_dir, engines):
     stubs = Stubs(engines)
     stubs.prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer
+            PrefillConfig(tiny_model_dir, mode=Role.PREFILL), stubs.producer
         ),
         prefill_grpc.PrefillServiceStub,
     )
@@ -43,7 +43,7 @@ async def stubs(tiny_model_dir, engines):
     )
     stubs.encode_prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
+            PrefillConfig(tiny_model_dir, mode=Role.ENCODE_PREFILL, hands_off_kv=True),
             stubs.producer,
         ),
         prefill_grpc.PrefillServiceStub,

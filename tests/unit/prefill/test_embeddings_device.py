@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
+from epd.common.roles import Role
 from epd.server.engine.base import Engine, EngineImage, Sampling, TokenChunk
-from epd.server.prefill.worker import Mode, PrefillWorker
+from epd.server.prefill.worker import PrefillWorker
 from epd.v1 import generation_pb2, multimodal_pb2, tensor_pb2
 
 
@@ -47,7 +48,7 @@ class DeviceEngine(Engine):
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 async def test_embeddings_are_read_into_the_engines_embeddings_device(device: str) -> None:
     plane, engine = RecordingPlane(), DeviceEngine(device)
-    worker = PrefillWorker(engine, plane, Mode.PREFILL_DECODE)  # type: ignore[arg-type]
+    worker = PrefillWorker(engine, plane, Role.PREFILL_DECODE)  # type: ignore[arg-type]
     image = multimodal_pb2.ImageInput(
         mm_hash="h",
         grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2),
