@@ -12,9 +12,11 @@ before ``generate`` yields its first chunk, so callers may release the producer'
 
 Disaggregated prefill/decode (P/D) is two optional calls on two engines: ``prefill`` on a KV
 producer computes the prompt's KV cache and the first token and returns ``kv_transfer_params``
-(opaque, JSON-like); ``decode`` on a KV consumer, given the same prompt and those params, pulls
-the KV cache from the producer and streams the tokens after the first one. The producer keeps
-the blocks until the consumer has read them or its KV lease expires; a handle is single-use.
+(opaque to the workers, JSON-serialisable with string keys: they carry it as the KvHandle's JSON
+payload, so it comes back exactly, tuples as lists); ``decode`` on a KV consumer, given the same
+prompt and those params, pulls the KV cache from the producer and streams the tokens after the
+first one. The producer keeps the blocks until the consumer has read them or its KV lease
+expires; a handle is single-use.
 """
 
 from __future__ import annotations

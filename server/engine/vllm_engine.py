@@ -49,12 +49,7 @@ from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
-from epd.server.engine.vllm_inputs import (
-    SideChannel,
-    picture_data,
-    restore_ints,
-    sampling_params,
-)
+from epd.server.engine.vllm_inputs import SideChannel, picture_data, sampling_params
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_stats import LoadTracker
 
@@ -247,13 +242,13 @@ class VllmEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         self._require_role("kv_consumer", "decode")
         self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
-        kv_params = restore_ints(dict(kv_transfer_params))
-        if not kv_params.get("do_remote_prefill"):
+        kv_params = dict(kv_transfer_params)
+        seed = kv_params.pop(SEED_KEY, sampling.seed)
+        kv_params.pop(IMAGE_GRIDS_KEY, None)
+        if not kv_params.get("do_remote_prefill") or not (seed is None or type(seed) is int):
             raise InvalidArgument(
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
             )
-        seed = kv_params.pop(SEED_KEY, sampling.seed)
-        kv_params.pop(IMAGE_GRIDS_KEY, None)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
         async with contextlib.aclosing(

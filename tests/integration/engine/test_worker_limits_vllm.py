@@ -129,7 +129,7 @@ async def test_a_prefill_decode_past_its_deadline_is_aborted(stubs, oracle) -> N
 async def test_a_decode_past_its_deadline_is_aborted(stubs, oracle) -> None:
     prompt = text_prompt(oracle, "recite the alphabet two thousand times")
     first = await prefill(stubs, "deadline-d", prompt, LONG)
-    assert first.kv_handle.params.fields, "a 2000-token request goes on at a decode worker"
+    assert first.kv_handle.payload, "a 2000-token request goes on at a decode worker"
     call = stubs.decode.Decode(
         decode_request("deadline-d", prompt, LONG, first), timeout=DEADLINE_S
     )

@@ -179,6 +179,20 @@ async def test_a_decode_stream_closed_early_aborts_its_request(llm) -> None:
     assert engine.load().num_running == 0
 
 
+@pytest.mark.parametrize("seed", ["7", 7.5, True, [7]])
+async def test_a_handle_with_a_malformed_seed_is_refused_before_the_engine_runs(
+    llm, seed: object
+) -> None:
+    options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
+    engine = VllmEngine(llm, "tiny", LAYOUT, options)
+    handle = {"do_remote_prefill": True, "epd_seed": seed}
+    stream = engine.decode("d", PROMPT, [], SAMPLING, first_token_id=7, kv_transfer_params=handle)
+    with pytest.raises(InvalidArgument) as caught:
+        await anext(stream)
+    assert caught.value.reason == "BAD_KV_HANDLE"
+    assert llm.started == [] and engine.load().num_running == 0
+
+
 async def test_finished_requests_leave_room_and_are_not_aborted(engine, llm) -> None:
     consumers = await running(engine, "a", "b")
     llm.release.set()
