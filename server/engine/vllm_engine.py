@@ -1,15 +1,22 @@
-"""The vLLM backend: AsyncLLM in the worker process (it runs its EngineCore in a child process).
+"""The vLLM backend: an AsyncLLM in the worker process, its EngineCore in a child process
+(``vllm_process.create_llm``; on CPU the model runs inside that EngineCore, with no worker process
+of its own).
 
-Image embeddings (and decode's grid-only images) go in as a rendered ``EngineInput`` built by
-``vllm_embeds`` (vLLM's own processing of an embeddings prompt cost ~2 ms per request), named by a
-hash of their bytes; raw pictures go in as a list of images, and vLLM runs its own processor and
-vision tower. Outputs stream as deltas.
+A request's token ids and images become vLLM's input through vLLM's own renderer
+(``Renderer.render_cmpl_async``). Raw pictures go in as ``multi_modal_data`` images, and vLLM runs
+its processor and vision tower. Embeddings, and decode's grid-only images, go in as vLLM's public
+input for embeddings, built by ``vllm_embeds.embeddings_prompt`` and named through
+``multi_modal_uuids``; only a family whose items vLLM's renderer makes wrongly
+(``ModelFamily.vllm_items``) skips the renderer: ``vllm_embeds`` builds its input as the renderer
+would, and the engine puts its items into vLLM's processor cache. Admission is bounded (requests
+running, images per prompt), outputs stream as deltas, and a stream closed early aborts its
+request.
 
-P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer in host
-memory. ``prefill`` asks for one token with ``do_remote_decode``; the connector keeps the blocks
-and returns ``kv_transfer_params``; ``decode`` on the consumer passes them back, vLLM pulls the
-blocks over NIXL, recomputes the last prompt token (so it samples the first token again, with
-the same seed) and goes on.
+P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer on the
+engine's device (``vllm_args.engine_args``). ``prefill`` asks for one token with
+``do_remote_decode``; the connector keeps the blocks and returns ``kv_transfer_params``;
+``decode`` on the consumer passes them back, vLLM pulls the blocks over NIXL, recomputes the last
+prompt token (so it samples the first token again, with the same seed) and goes on.
 """
 
 from __future__ import annotations
