@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import (
@@ -24,7 +25,6 @@ from epd.server.engine.base import (
     Usage,
 )
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2, multimodal_pb2
@@ -87,7 +87,7 @@ class HandOverEngine(Engine):
 @pytest.fixture
 async def ports(tiny_model_dir) -> AsyncIterator[tuple[int, int, HandOverEngine]]:
     engine = HandOverEngine()
-    producer = await build_prefill_server(PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), engine)
+    producer = await build_prefill_server(PrefillConfig(tiny_model_dir, mode=Role.PREFILL), engine)
     consumer = await build_decode_server(DecodeConfig(), engine)
     yield producer.port, consumer.port, engine
     await consumer.stop()
