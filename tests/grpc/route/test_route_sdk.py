@@ -15,15 +15,17 @@ from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticate
 from epd.common.errors import InvalidArgument as InvalidArgumentError
 from epd.common.errors import Unavailable as ServerUnavailable
 from epd.common.server import ServerOptions, ServiceBinding, build_server
-from epd.server.media.grid import ImageGridder
-from epd.server.media.loader import MediaLoader
-from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import RouteWorker
 from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import (
+    FakeEncoder,
+    FakeEngine,
+    FakePeers,
+    FakeScheduler,
+    model_worker,
+)
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]
@@ -42,15 +44,7 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
     peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
-    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-    worker = RouteWorker(
-        peers,
-        prompts,
-        loader,
-        model_id="tiny",
-        host_id="h",  # type: ignore[arg-type]
-        grids=ImageGridder(tiny_model_dir),
-    )
+    worker = model_worker(peers, prompts, tiny_model_dir)
     binding = ServiceBinding(
         SERVICE_NAME,
         RouteServicer(worker),

@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, models
 
 from epd.common.errors import EpdError, Unavailable
 from epd.common.tasks import BackgroundCalls
+from epd.server.media.grid import ImageGridder
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.prompt import PromptBuilder
 from epd.server.route.worker import RouteWorker
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
@@ -334,6 +339,14 @@ def text_worker(peers: FakePeers) -> RouteWorker:
     prompts: Any = StubPrompts()
     unused: Any = None  # NOTE: text only: no media to load, no image grids
     return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
+
+
+def model_worker(peers: FakePeers, prompts: PromptBuilder, model_dir: Path) -> RouteWorker:
+    """A route worker for the model ``tiny`` over ``peers``, with the real prompt builder, media
+    rules and image grids of ``model_dir``."""
+    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
+    grids = ImageGridder(model_dir)
+    return RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h", grids=grids)  # type: ignore[arg-type]
 
 
 def generate_request(model: str) -> route_pb.GenerateRequest:
