@@ -6,10 +6,9 @@ import argparse
 import asyncio
 import os
 import sys
-from pathlib import Path
 
 from epd.client.errors import EpdClientError
-from epd.client.messages import user
+from epd.client.messages import local_path, user
 from epd.client.sdk import AsyncEpdClient
 
 
@@ -55,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Stream the answer to stdout; errors to stderr with their reason."""
     for image in args.image:
-        if not image.startswith(("http://", "https://", "data:")) and not Path(image).is_file():
+        try:
+            path = local_path(image)
+        except ValueError as e:
+            print(f"epd chat: {e}", file=sys.stderr)
+            return 2
+        if path is not None and not path.is_file():
             print(f"epd chat: no such image file: {image}", file=sys.stderr)
             return 2
     return asyncio.run(_chat(args))

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import io
+import re
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
 
+from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 ImageLike = str | Path | bytes | Image.Image
+# URL schemes the server fetches (in any case, as URLs allow).
+SERVER_SCHEMES = frozenset({"http", "https", "data"})
+# A URL's scheme (RFC 3986): a letter, then letters, digits, + - or ., before the first colon.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_IMAGE_FORMS = (
+    "an image is bytes, a PIL image, a Path or path string of a file, a file: URL, "
+    "or an http(s) or data: URL"
+)
 POLICIES = {
     "": scheduler_pb.ENCODER_POLICY_UNSPECIFIED,
     "per_image": scheduler_pb.ENCODER_POLICY_PER_IMAGE,
@@ -23,8 +34,11 @@ POLICIES = {
 
 @dataclass(frozen=True, slots=True)
 class Picture:
-    """An image part of a message: a file path, encoded bytes, a PIL image, or an http(s) or
-    data: URL (the server fetches URLs under its media rules)."""
+    """An image part of a message: encoded bytes, a PIL image, a local file (a ``Path``, a
+    string without a URL scheme, or a ``file:`` URL: read here, on the client), or an http(s)
+    or data: URL (sent as it is; the server fetches it under its media rules). Schemes are read
+    in any case; a string with any other scheme is refused (pass a ``Path`` for a file whose
+    name holds a colon)."""
 
     source: ImageLike
 
@@ -66,28 +80,52 @@ class Chunk:
     request_id: str = ""
 
 
+def local_path(source: str | Path) -> Path | None:
+    """The client's file ``source`` names (see ``Picture``), or None for a URL the server
+    fetches; ValueError for a string with another scheme or a file: URL of another host."""
+    if isinstance(source, Path):
+        return source
+    match = _SCHEME.match(source)
+    scheme = match.group(1).lower() if match else ""
+    if scheme in SERVER_SCHEMES:
+        return None
+    if not scheme:
+        return Path(source)
+    parts = urllib.parse.urlsplit(source)
+    if scheme != "file" or parts.netloc not in ("", "localhost"):
+        raise ValueError(f"cannot send image {_shown(source)!r}: {_IMAGE_FORMS}")
+    return Path(urllib.parse.unquote(parts.path))
+
+
 def media_item(source: ImageLike) -> multimodal_pb2.MediaItem:
-    """A MediaItem for a path, bytes, PIL image or URL (files are read here, on the client)."""
+    """A MediaItem for ``source`` (see ``Picture``): local files are read here; ValueError for a
+    source that is none of the forms, or a file that does not exist."""
     if isinstance(source, Image.Image):
         buffer = io.BytesIO()
         source.save(buffer, format="PNG")
         return multimodal_pb2.MediaItem(data=buffer.getvalue())
     if isinstance(source, bytes):
         return multimodal_pb2.MediaItem(data=source)
-    text = str(source)
-    if text.startswith(("http://", "https://", "data:")):
-        return multimodal_pb2.MediaItem(url=text)
-    return multimodal_pb2.MediaItem(data=Path(text).read_bytes())
+    path = local_path(source)
+    if path is None:
+        return multimodal_pb2.MediaItem(url=str(source))
+    if not path.is_file():
+        raise ValueError(f"no image file {_shown(str(path))!r}: {_IMAGE_FORMS}")
+    return multimodal_pb2.MediaItem(data=path.read_bytes())
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def build_request(
     messages: Sequence[Message],
     *,
     model: str = "",
-    max_tokens: int = 64,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
+    max_tokens: int | None = None,
+    temperature: float = SAMPLING_DEFAULTS.temperature,
+    top_p: float = SAMPLING_DEFAULTS.top_p,
+    top_k: int = SAMPLING_DEFAULTS.top_k,
     seed: int | None = None,
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
@@ -97,12 +135,17 @@ def build_request(
 ) -> route_service_pb2.GenerateRequest:
     """The GenerateRequest for ``messages`` and these options.
 
-    ``model`` empty: the deployment's only model. ``temperature`` 0: greedy. ``seed``: fixed
-    seed for reproducible sampling. ``encoder_policy``: "per_image", "per_request", "adaptive"
-    or "" (the deployment's default). ``request_id`` empty: the route makes one up.
+    ``model`` empty: the deployment's only model. ``max_tokens`` None: the route's default, as
+    over its OpenAI HTTP port: the rest of the model's context (the answer ends at the model's
+    end of sequence or at the engine's length limit); more than the context is refused.
+    ``temperature`` 0: greedy. ``seed``: fixed seed for reproducible sampling.
+    ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's default).
+    ``request_id`` empty: the route makes one up. Images: see ``Picture``.
     """
     if encoder_policy not in POLICIES:
         raise ValueError(f"encoder_policy must be one of {sorted(POLICIES)}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 (None: the route's default): {max_tokens}")
     chat = []
     for message in messages:
         content = [
@@ -113,7 +156,7 @@ def build_request(
         ]
         chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
     sampling = generation_pb2.SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=max_tokens or 0,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -134,10 +177,7 @@ def build_request(
 
 def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
     """The SDK's view of one GenerateResponse."""
-    reason = None
-    if response.finish_reason:
-        reason = generation_pb2.FinishReason.Name(response.finish_reason)
-        reason = reason.removeprefix("FINISH_REASON_").lower()
+    reason = finish_reason_name(response.finish_reason)
     usage = {}
     if response.HasField("usage"):
         usage = {

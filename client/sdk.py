@@ -8,8 +8,11 @@ exported here too, so one import is enough.
         async for chunk in client.stream([user("What is in this picture?", image="cat.png")]):
             print(chunk.text, end="", flush=True)
 
-Images may be paths, bytes, PIL images or URLs (http(s) or data:). Failures raise
-``EpdClientError`` subclasses carrying the status code and the server's ErrorInfo reason.
+Images may be bytes, PIL images, local files (a path, or a file: URL; read by the client) or
+URLs the server fetches (http(s) or data:); schemes in any case, any other is refused
+(``Picture``). ``max_tokens`` left out is the route's default, the same as over its OpenAI HTTP
+port: the rest of the model's context. Failures raise ``EpdClientError`` subclasses carrying the
+status code and the server's ErrorInfo reason.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from epd.common.errors import FailedPrecondition
+from epd.common.generation import SAMPLING_DEFAULTS
 
 Grid = tuple[int, int, int]
 # Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a
@@ -55,12 +56,12 @@ class EngineImage:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Token selection; defaults are greedy with 16 tokens."""
+    """Token selection; defaults are ``SAMPLING_DEFAULTS`` (greedy, 16 tokens)."""
 
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_tokens: int = SAMPLING_DEFAULTS.max_tokens
+    temperature: float = SAMPLING_DEFAULTS.temperature
+    top_p: float = SAMPLING_DEFAULTS.top_p
+    top_k: int = SAMPLING_DEFAULTS.top_k
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

@@ -102,13 +102,14 @@ def url_scheme(url: str) -> str:
 
 
 def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
-    """Payload of a ``data:[<mime>][;base64],<data>`` URL."""
+    """Payload of a ``data:[<mime>][;base64],<data>`` URL (scheme, media type and ``;base64``
+    in any case, as RFC 2397 reads them)."""
     header, sep, payload = url[5:].partition(",")
     if not sep:
         raise _refuse("data URL has no ',' before its payload", "BAD_DATA_URL")
     if len(payload) * 3 // 4 > policy.max_bytes:
         raise _refuse(f"data URL payload exceeds {policy.max_bytes} bytes", "IMAGE_TOO_LARGE")
-    if not header.endswith(";base64"):
+    if not header.lower().endswith(";base64"):
         if not is_clean(payload):
             raise _bad_characters()
         return urllib.parse.unquote_to_bytes(payload)

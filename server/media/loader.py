@@ -14,7 +14,7 @@ from PIL import Image
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import declared_pixels, decode_image
-from epd.server.media.fetch import fetch_url
+from epd.server.media.fetch import fetch_url, url_scheme
 from epd.server.media.hashing import mm_hash
 from epd.server.media.policy import MediaPolicy
 
@@ -89,7 +89,7 @@ class MediaLoader:
             raise InvalidArgument(
                 "a media item needs exactly one of url or data", reason="BAD_MEDIA_ITEM"
             )
-        if url and not url.startswith(("data:", "file:")):
+        if url and url_scheme(url) not in ("data", "file"):
             key = "url:" + url
         else:
             key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()

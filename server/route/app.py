@@ -15,9 +15,9 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.route.http_guard import HttpOptions
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.openai_schema import RequestLimits
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.request_check import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
@@ -79,7 +79,9 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     # NOTE: shared memory only: the pixels are for encoders on this host; others load the source.
     plane = DataPlane.from_options(config.transfer, kinds=("shm",))
     plane.start_reaper()
-    prompts = PromptBuilder(config.model_dir, max_prompt_chars=config.limits.max_prompt_chars)
+    prompts = PromptBuilder(config.model_dir)
+    # NOTE: one set of limits for both doors: gRPC and HTTP judge a request alike.
+    limits = config.limits.with_context(prompts.max_context_tokens)
     registry = new_registry() if options.exports_metrics else None
     metrics = None
     if registry is not None:
@@ -106,16 +108,12 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         max_resumptions=config.max_resumptions,
     )
     binding = ServiceBinding(
-        SERVICE_NAME, RouteServicer(router), pb_grpc.add_RouteServiceServicer_to_server
+        SERVICE_NAME, RouteServicer(router, limits), pb_grpc.add_RouteServiceServicer_to_server
     )
     server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:
-        http = OpenAiHttp(
-            router,
-            _secured_like(config.http, options),
-            _with_context(config.limits, prompts.max_context_tokens),
-        )
+        http = OpenAiHttp(router, _secured_like(config.http, options), limits)
         await http.start(options.host, config.http_port)
     await server.mark_serving()
     return RouteApp(server, port, router, http)
@@ -131,9 +129,3 @@ def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:
         tls_key_file=options.tls_key_file,
         tls_client_ca_file=options.tls_client_ca_file,
     )
-
-
-def _with_context(limits: RequestLimits, context_tokens: int | None) -> RequestLimits:
-    if limits.max_context_tokens is not None or context_tokens is None:
-        return limits
-    return replace(limits, max_context_tokens=context_tokens)

@@ -14,7 +14,7 @@ from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
-from epd.server.route.openai_schema import RequestLimits
+from epd.server.route.request_check import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_http_arguments(parser: argparse.ArgumentParser) -> None:
-    """Limits of the OpenAI HTTP port and of one request (the prompt limit holds for gRPC too).
+    """Limits of the OpenAI HTTP port and of one request (those hold for gRPC too).
     Token and TLS are the server group's: --auth-token and --tls-* cover both ports."""
     env = os.environ.get
     http, limits = HttpOptions(), RequestLimits()
@@ -136,7 +136,8 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-images",
         type=int,
         default=int(env("EPD_MAX_IMAGES", limits.max_images)),
-        help=f"images one HTTP request may hold (env EPD_MAX_IMAGES; default {limits.max_images})",
+        help="images one request may hold, over HTTP and gRPC (env EPD_MAX_IMAGES; default "
+        f"{limits.max_images})",
     )
 
 

@@ -114,7 +114,16 @@ def auth_middleware(token: str) -> Any:
     return check_token
 
 
-async def read_json(request: web.Request, options: HttpOptions) -> Any:
+@dataclass(frozen=True, slots=True)
+class JsonBody:
+    """A request's parsed JSON body, and whether it was large (over ``INLINE_PARSE_BYTES``):
+    work that grows with it belongs off the event loop too."""
+
+    value: Any
+    is_large: bool
+
+
+async def read_json(request: web.Request, options: HttpOptions) -> JsonBody:
     """The request's JSON body, read within the body timeout and size limit, refused before
     parsing if it holds more than ``max_json_values`` values, and parsed off the event loop when
     large. Raises HttpError (413, 408 or 400)."""
@@ -130,8 +139,8 @@ async def read_json(request: web.Request, options: HttpOptions) -> Any:
             408, f"the body did not arrive within {options.body_timeout_s:g}s", "request_timeout"
         ) from None
     if len(body) <= INLINE_PARSE_BYTES:
-        return parse_json(body, options.max_json_values)
-    return await asyncio.to_thread(parse_json, body, options.max_json_values)
+        return JsonBody(parse_json(body, options.max_json_values), is_large=False)
+    return JsonBody(await asyncio.to_thread(parse_json, body, options.max_json_values), True)
 
 
 def parse_json(body: bytes, max_values: int) -> Any:

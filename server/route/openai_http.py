@@ -16,13 +16,13 @@ from epd.common.errors import EpdError
 from epd.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
 from epd.server.route.http_guard import (
-    INLINE_PARSE_BYTES,
     GuardedSite,
     HttpError,
     HttpOptions,
     auth_middleware,
     read_json,
 )
+from epd.server.route.request_check import RequestLimits
 from epd.server.route.worker import Router
 
 logger = logging.getLogger(__name__)
@@ -35,13 +35,13 @@ class OpenAiHttp:
         self,
         router: Router,
         options: HttpOptions | None = None,
-        limits: schema.RequestLimits | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
         chat-completions body may hold."""
         self.router = router
         self.options = options or HttpOptions()
-        self.limits = limits or schema.RequestLimits()
+        self.limits = limits or RequestLimits()
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -97,9 +97,10 @@ class OpenAiHttp:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await read_json(request, self.options)
+            read = await read_json(request, self.options)
         except HttpError as e:
             return e.response()
+        body = read.value
         convert = functools.partial(
             schema.to_generate_request,
             body,
@@ -108,8 +109,7 @@ class OpenAiHttp:
             self.limits,
         )
         try:
-            large = len(await request.read()) > INLINE_PARSE_BYTES
-            generate = await asyncio.to_thread(convert) if large else convert()
+            generate = await asyncio.to_thread(convert) if read.is_large else convert()
         except EpdError as e:
             return _error(e)
         if body.get("stream"):

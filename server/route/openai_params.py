@@ -3,7 +3,8 @@
 Each check takes the JSON value and the parameter's name, and returns the value to use or raises
 ``InvalidArgument`` naming the parameter. Ranges fit the protobuf fields the values land in
 (``SamplingParams``: uint32, uint64, float), so a body that passes never fails to serialize.
-A null value is the same as an absent one. ``messages`` is checked by ``openai_schema``.
+A null value is the same as an absent one. ``messages`` is checked by ``openai_schema``. The
+sampling ranges here are also those ``request_check`` holds a gRPC request to.
 """
 
 from __future__ import annotations

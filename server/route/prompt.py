@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epd.common.errors import InvalidArgument
-
 BLOCK_SIZE = 16
-ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +29,7 @@ class ChatPart:
 class PromptBuilder:
     """The model's tokenizer and chat template, loaded once."""
 
-    def __init__(self, model_dir: str | Path, max_prompt_chars: int | None = None) -> None:
-        """``max_prompt_chars``: text characters a chat may hold, refused before tokenising
-        (None: unbounded)."""
+    def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         from epd.server.models.registry import family_of_config
@@ -45,7 +40,6 @@ class PromptBuilder:
         start_ids, end_ids = family_of_config(config).image_delimiters(config, self.tokenizer)
         self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
-        self.max_prompt_chars = max_prompt_chars
         context = getattr(config.get_text_config(), "max_position_embeddings", None)
         self.max_context_tokens: int | None = int(context) if context else None
 
@@ -54,36 +48,20 @@ class PromptBuilder:
         return sum(len(part.text or "") for _, parts in messages for part in parts)
 
     def token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
-        """Token ids of the rendered chat with the assistant's turn opened."""
-        if not messages:
-            raise InvalidArgument("the chat has no messages", reason="EMPTY_CHAT")
-        num_chars = self.num_chars(messages)
-        if self.max_prompt_chars is not None and num_chars > self.max_prompt_chars:
-            raise InvalidArgument(
-                f"the messages hold {num_chars} characters of text, the limit is "
-                f"{self.max_prompt_chars}",
-                reason="PROMPT_TOO_LONG",
-                metadata={"param": "messages"},
-            )
-        chat = []
-        for role, parts in messages:
-            if role not in ROLES:
-                raise InvalidArgument(
-                    f"unknown role {role!r}; use system, user or assistant", reason="BAD_ROLE"
-                )
-            if not parts:
-                raise InvalidArgument(f"a {role} message has no content", reason="EMPTY_MESSAGE")
-            chat.append(
-                {
-                    "role": role,
-                    "content": [
-                        {"type": "image"}
-                        if part.image_index is not None
-                        else {"type": "text", "text": part.text or ""}
-                        for part in parts
-                    ],
-                }
-            )
+        """Token ids of the rendered chat with the assistant's turn opened. The chat is one
+        ``request_check.check_request`` passed: messages, roles and sizes are not checked again."""
+        chat = [
+            {
+                "role": role,
+                "content": [
+                    {"type": "image"}
+                    if part.image_index is not None
+                    else {"type": "text", "text": part.text or ""}
+                    for part in parts
+                ],
+            }
+            for role, parts in messages
+        ]
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from epd.common.status import handle_errors
+from epd.server.route.request_check import RequestLimits, check_request
 from epd.server.route.request_ids import ensure_request_id
 from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2 as pb
@@ -19,13 +20,17 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     """Thin adapter over ``Router``; deadlines propagate to every hop."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, limits: RequestLimits | None = None) -> None:
+        """``limits``: what one request may hold, as over HTTP (None: the defaults with the
+        context of the router's model)."""
         self.router = router
+        self.limits = limits or RequestLimits().with_context(router.prompts.max_context_tokens)
 
     @handle_errors
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
+        check_request(request, self.limits)
         request_id = ensure_request_id(request)
         async for chunk in self.router.generate(request, timeout_s=context.time_remaining()):
             response = pb.GenerateResponse(

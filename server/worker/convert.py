@@ -4,36 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
 from epd.server.engine.base import Sampling, TokenChunk, Usage
 from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
-FINISH_REASONS = {
-    "stop": generation_pb2.FINISH_REASON_STOP,
-    "length": generation_pb2.FINISH_REASON_LENGTH,
-    "abort": generation_pb2.FINISH_REASON_ABORT,
-}
+# An engine's finish reason (None: not finished) as a FinishReason value, by the one map.
+finish_reason_to_proto = finish_reason_value
 
 
 def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
-    """Proto sampling with its documented defaults (0 max_tokens = 16, 0 top_p = 1)."""
+    """Proto sampling with ``SAMPLING_DEFAULTS`` for the fields left at zero (max_tokens, top_p;
+    the others' defaults are their zero values)."""
     return Sampling(
-        max_tokens=params.max_tokens or 16,
+        max_tokens=params.max_tokens or SAMPLING_DEFAULTS.max_tokens,
         temperature=params.temperature,
-        top_p=params.top_p or 1.0,
+        top_p=params.top_p or SAMPLING_DEFAULTS.top_p,
         top_k=params.top_k,
         seed=params.seed if params.HasField("seed") else None,
         stop=tuple(params.stop),
         stop_token_ids=tuple(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
     )
-
-
-def finish_reason_to_proto(reason: str | None) -> int:
-    """FinishReason value of an engine finish reason (None: not finished)."""
-    if reason is None:
-        return generation_pb2.FINISH_REASON_UNSPECIFIED
-    return FINISH_REASONS.get(reason, generation_pb2.FINISH_REASON_STOP)
 
 
 def usage_to_proto(usage: Usage) -> generation_pb2.Usage:

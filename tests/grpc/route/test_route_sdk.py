@@ -1,4 +1,4 @@
-"""The real RouteService (servicer, worker, prompt, media rules) over gRPC with in-memory fakes
+"""The real RouteService (servicer, router, prompt, media rules) over gRPC with in-memory fakes
 behind it, driven by the SDK: streaming, typed errors, auth, cancellation releasing leases."""
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from epd.common.errors import InvalidArgument as InvalidArgumentError
 from epd.common.errors import Unavailable as ServerUnavailable
 from epd.common.roles import Role
 from epd.common.server import ServerOptions, ServiceBinding, build_server
-from epd.server.media.grid import ImageGridder
-from epd.server.media.loader import MediaLoader
-from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fakes import (
+    FakeEncoder,
+    FakeEngine,
+    FakePeers,
+    FakeScheduler,
+    model_router,
+)
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]
@@ -43,18 +45,10 @@ async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
     peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
     words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
-    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-    worker = Router(
-        peers,
-        prompts,
-        loader,
-        model_id="tiny",
-        host_id="h",  # type: ignore[arg-type]
-        grids=ImageGridder(tiny_model_dir),
-    )
+    router = model_router(peers, prompts, tiny_model_dir)
     binding = ServiceBinding(
         SERVICE_NAME,
-        RouteServicer(worker),
+        RouteServicer(router),
         route_service_pb2_grpc.add_RouteServiceServicer_to_server,
     )
     server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import urllib.parse
 from pathlib import Path
 
 import grpc
@@ -61,6 +62,68 @@ def test_images_of_every_kind_become_media_items(tmp_path: Path) -> None:
     assert request.messages[0].role == "system" and parts[6].text == "what?"
     assert request.sampling.max_tokens == 3 and request.sampling.seed == 5
     assert request.encoder_policy == scheduler_pb.ENCODER_POLICY_PER_REQUEST
+
+
+def test_url_schemes_are_read_in_any_case_and_file_urls_are_local_files(tmp_path: Path) -> None:
+    path = tmp_path / "p q.png"
+    path.write_bytes(b"\x89PNG local")
+    request = build_request(
+        [
+            user(
+                "what?",
+                images=[
+                    "HTTPS://example.com/a.png",
+                    "DATA:IMAGE/PNG;BASE64,AAAA",
+                    path.as_uri(),
+                    "FILE://localhost" + urllib.parse.quote(str(path)),
+                ],
+            )
+        ]
+    )
+    images = [part.image for part in request.messages[0].content[:4]]
+    assert [image.url for image in images[:2]] == [
+        "HTTPS://example.com/a.png",
+        "DATA:IMAGE/PNG;BASE64,AAAA",
+    ]
+    assert images[2].data == images[3].data == b"\x89PNG local"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "ftp://example.com/a.png",
+        "gopher:x",
+        "file://otherhost/etc/hostname",
+        "no/such/picture.png",
+    ],
+)
+def test_a_string_that_is_no_file_and_no_server_url_is_refused_clearly(source: str) -> None:
+    """Any string but a lower-case http(s) or data: URL used to be opened as a local file."""
+    with pytest.raises(ValueError) as caught:
+        build_request([user("what?", image=source)])
+    assert "an image is bytes" in str(caught.value) and source[:12] in str(caught.value)
+
+
+def test_a_path_is_a_file_whatever_its_name_holds(tmp_path: Path) -> None:
+    path = tmp_path / "ftp:x.png"
+    path.write_bytes(b"\x89PNG colon")
+    assert build_request([user("x", image=path)]).messages[0].content[0].image.data == (
+        b"\x89PNG colon"
+    )
+
+
+def test_max_tokens_left_out_is_the_routes_default_as_over_http() -> None:
+    """The SDK used to ask for 64 tokens where an HTTP body without max_tokens gets the rest of
+    the context: unset now (0 on the wire), given its default by the route's one check."""
+    assert build_request([user("hi")]).sampling.max_tokens == 0
+    assert build_request([user("hi")], max_tokens=5).sampling.max_tokens == 5
+    with pytest.raises(ValueError):
+        build_request([user("hi")], max_tokens=0)
+
+
+def test_a_finish_reason_a_newer_server_sends_reads_as_stop() -> None:
+    unknown = route_service_pb2.GenerateResponse(finish_reason=7)  # type: ignore[arg-type]
+    assert to_chunk(unknown).finish_reason == "stop"
 
 
 def test_unset_seed_stays_unset_and_bad_policy_is_refused() -> None:

@@ -59,6 +59,23 @@ async def test_private_and_loopback_addresses_are_refused(url: str) -> None:
     assert await reason_of(url, GUARDED) == "PRIVATE_ADDRESS"
 
 
+@pytest.mark.parametrize(
+    "head", ["DATA:IMAGE/PNG;BASE64", "data:image/png;BASE64", "Data:Image/Png;Base64"]
+)
+async def test_a_data_urls_scheme_and_parameters_are_read_in_any_case(head: str) -> None:
+    """RFC 2397 (and RFC 2045's media types) read them case-insensitively; ``;BASE64`` was read
+    as percent-encoded bytes and the image refused as bad."""
+    assert await fetch.fetch_url(f"{head}," + base64.b64encode(PNG).decode(), GUARDED) == PNG
+
+
+async def test_an_upper_case_data_url_loads_as_its_lower_case_twin() -> None:
+    loader = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p")
+    payload = base64.b64encode(PNG).decode()
+    lower = await loader.load(url="data:image/png;base64," + payload)
+    upper = await loader.load(url="DATA:IMAGE/PNG;BASE64," + payload)
+    assert upper.mm_hash == lower.mm_hash
+
+
 async def test_unsupported_schemes_are_refused() -> None:
     assert await reason_of("ftp://example.com/x.png", GUARDED) == "UNSUPPORTED_SCHEME"
     assert await reason_of("x.png", GUARDED) == "UNSUPPORTED_SCHEME"

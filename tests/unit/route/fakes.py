@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, models
@@ -13,6 +14,10 @@ from tokenizers import Tokenizer, models
 from epd.common.errors import EpdError, Unavailable
 from epd.common.roles import Role, role_to_proto
 from epd.common.tasks import BackgroundCalls
+from epd.server.media.grid import ImageGridder
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.prompt import PromptBuilder
 from epd.server.route.worker import Router
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
@@ -335,6 +340,14 @@ def text_router(peers: FakePeers) -> Router:
     prompts: Any = StubPrompts()
     unused: Any = None  # NOTE: text only: no media to load, no image grids
     return Router(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
+
+
+def model_router(peers: FakePeers, prompts: PromptBuilder, model_dir: Path) -> Router:
+    """A router for the model ``tiny`` over ``peers``, with the real prompt builder, media rules
+    and image grids of ``model_dir``."""
+    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
+    grids = ImageGridder(model_dir)
+    return Router(peers, prompts, loader, model_id="tiny", host_id="h", grids=grids)  # type: ignore[arg-type]
 
 
 def generate_request(model: str) -> route_pb.GenerateRequest:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from epd.common.errors import InvalidArgument
 from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
 
 
@@ -25,20 +24,6 @@ def test_prompt_has_one_placeholder_group_per_image(builder: PromptBuilder) -> N
     assert text.rstrip().endswith("assistant")
 
 
-@pytest.mark.parametrize(
-    ("messages", "reason"),
-    [
-        ([], "EMPTY_CHAT"),
-        ([("robot", [ChatPart(text="hi")])], "BAD_ROLE"),
-        ([("user", [])], "EMPTY_MESSAGE"),
-    ],
-)
-def test_bad_chats_are_invalid_arguments(builder: PromptBuilder, messages, reason) -> None:
-    with pytest.raises(InvalidArgument) as caught:
-        builder.token_ids(messages)
-    assert caught.value.reason == reason
-
-
 def test_block_hashes_share_prefixes_and_tell_images_apart(builder: PromptBuilder) -> None:
     pad = builder.image_pad_id
     prompt = [1] * 20 + [pad] + [2] * 40
@@ -53,19 +38,13 @@ def test_block_hashes_share_prefixes_and_tell_images_apart(builder: PromptBuilde
     assert all(a != b for a, b in zip(changed_text, same, strict=True))
 
 
-def test_a_chat_over_the_character_limit_is_refused_before_tokenising(
-    tiny_model_dir: Path,
+def test_the_builder_knows_the_models_context_and_counts_characters(
+    builder: PromptBuilder,
 ) -> None:
-    limited = PromptBuilder(tiny_model_dir, max_prompt_chars=100)
-    calls = []
-    limited.tokenizer.apply_chat_template = lambda *a, **k: calls.append(a) or ""
+    """(Chats are checked before they reach the builder: ``test_request_check``.)"""
     chat = [("system", [ChatPart(text="x" * 60)]), ("user", [ChatPart(text="y" * 41)])]
-    with pytest.raises(InvalidArgument) as caught:
-        limited.token_ids(chat)
-    assert caught.value.reason == "PROMPT_TOO_LONG"
-    assert "101 characters" in caught.value.message and "100" in caught.value.message
-    assert calls == []
-    assert limited.max_context_tokens == 4096
+    assert builder.num_chars(chat) == 101
+    assert builder.max_context_tokens == 4096
 
 
 def test_llava_prompts_hold_one_image_token_per_image_and_hash_images_apart(

@@ -1,0 +1,150 @@
+"""One check of a GenerateRequest, whichever door it came in by (no I/O).
+
+The OpenAI HTTP door turns a JSON body into a GenerateRequest (JSON types, parameter names:
+``openai_schema``); the gRPC door (and the SDK behind it) sends one as it is. Both pass it to
+``check_request`` before any work (tokenising, fetching images), so a request is judged the same
+way whichever door it came in by: sizes against ``RequestLimits``, roles, parts, sampling ranges
+(``openai_params.PARAMS``, the ranges written once) and ``max_tokens`` against the model's
+context. A refusal is an ``InvalidArgument`` whose ``param`` metadata names the field
+(``messages[1].content[0].image``, ``max_tokens``): a 400 over HTTP, INVALID_ARGUMENT over gRPC.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from epd.common.generation import SAMPLING_DEFAULTS
+from epd.server.route.openai_params import PARAMS, bad
+from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+# Roles a chat may hold -> the role the chat templates know ("developer" is OpenAI's newer name
+# for "system").
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Client-chosen request ids (the X-Request-Id header vLLM's clients and benchmarks send).
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Sizes a request may have, checked before any work (tokenising, fetching images)."""
+
+    max_messages: int = 2048
+    max_parts_per_message: int = 256
+    # Text characters over all messages: refuses text far beyond any context untokenised.
+    max_prompt_chars: int = 1 << 20
+    max_images: int = 16
+    # The model's context in tokens: max_tokens above it is refused, and a request without
+    # max_tokens gets it (the engine stops at the end of the context). None: unchecked, and
+    # SAMPLING_DEFAULTS.max_tokens.
+    max_context_tokens: int | None = None
+
+    def with_context(self, num_tokens: int | None) -> RequestLimits:
+        """These limits with the model's context ``num_tokens`` where they name none."""
+        if self.max_context_tokens is not None or num_tokens is None:
+            return self
+        return replace(self, max_context_tokens=num_tokens)
+
+
+def check_request_id(request_id: str, param: str) -> None:
+    """Refuse a request id that is not 1-128 letters, digits or . _ : -"""
+    if not REQUEST_ID.fullmatch(request_id):
+        raise bad(f"{param} must be 1-128 letters, digits or . _ : -", param)
+
+
+def check_request(
+    request: route_service_pb2.GenerateRequest,
+    limits: RequestLimits,
+    *,
+    max_tokens_param: str = "max_tokens",
+) -> None:
+    """Refuse ``request`` unless every rule holds, then give it its defaults in place: each role
+    its template name, an unset ``max_tokens`` the model's context. ``max_tokens_param``: the
+    name the caller gave max_tokens (OpenAI's ``max_completion_tokens``), for the error."""
+    if request.request_id:
+        check_request_id(request.request_id, "request_id")
+    if request.model:
+        PARAMS["model"](request.model, "model")
+    if request.encoder_policy not in scheduler_pb.EncoderPolicy.values():
+        raise bad(f"unknown encoder_policy {request.encoder_policy}", "encoder_policy")
+    _check_chat(request.messages, limits)
+    _check_sampling(request.sampling, limits, max_tokens_param)
+
+
+def _check_chat(messages: Sequence[route_service_pb2.ChatMessage], limits: RequestLimits) -> None:
+    if not messages:
+        raise bad("the chat has no messages", "messages", "EMPTY_CHAT")
+    if len(messages) > limits.max_messages:
+        raise bad(f"at most {limits.max_messages} messages", "messages", "LIMIT_EXCEEDED")
+    num_chars = num_images = 0
+    for index, message in enumerate(messages):
+        chars, images = _check_message(message, f"messages[{index}]", limits)
+        num_chars, num_images = num_chars + chars, num_images + images
+    if num_chars > limits.max_prompt_chars:
+        raise bad(
+            f"the messages hold {num_chars} characters of text, the limit is "
+            f"{limits.max_prompt_chars}",
+            "messages",
+            "LIMIT_EXCEEDED",
+        )
+    if num_images > limits.max_images:
+        raise bad(f"at most {limits.max_images} images a request", "messages", "LIMIT_EXCEEDED")
+
+
+def _check_message(
+    message: route_service_pb2.ChatMessage, param: str, limits: RequestLimits
+) -> tuple[int, int]:
+    """Check ``message`` and name its role as templates do; (text characters, images) in it."""
+    if message.role not in ROLES:
+        raise bad("role must be system, developer, user or assistant", f"{param}.role", "BAD_ROLE")
+    message.role = ROLES[message.role]
+    if not message.content:
+        raise bad(f"a {message.role} message has no content", f"{param}.content", "EMPTY_MESSAGE")
+    if len(message.content) > limits.max_parts_per_message:
+        raise bad(
+            f"a message has at most {limits.max_parts_per_message} parts",
+            f"{param}.content",
+            "LIMIT_EXCEEDED",
+        )
+    num_chars = num_images = 0
+    for index, part in enumerate(message.content):
+        kind = part.WhichOneof("part")
+        if kind is None:
+            raise bad("a content part needs text or an image", f"{param}.content[{index}]")
+        if kind == "image":
+            _check_image(part.image, f"{param}.content[{index}].image")
+            num_images += 1
+        else:
+            num_chars += len(part.text)
+    return num_chars, num_images
+
+
+def _check_image(media: multimodal_pb2.MediaItem, param: str) -> None:
+    if not (media.url or media.data):
+        raise bad("an image part needs a url or data", param, "BAD_MEDIA_ITEM")
+    if media.HasField("pixels"):
+        # NOTE: the route shares decoded pixels with encoders on its host; a caller naming
+        # shared memory of its choosing has no business here.
+        raise bad("an image's pixels are the route's to set", f"{param}.pixels", "BAD_MEDIA_ITEM")
+
+
+def _check_sampling(
+    sampling: generation_pb2.SamplingParams, limits: RequestLimits, max_tokens_param: str
+) -> None:
+    context = limits.max_context_tokens
+    if not sampling.max_tokens:
+        sampling.max_tokens = context or SAMPLING_DEFAULTS.max_tokens
+    elif context is not None and sampling.max_tokens > context:
+        raise bad(
+            f"{max_tokens_param} is {sampling.max_tokens} but the model's context is "
+            f"{context} tokens",
+            max_tokens_param,
+        )
+    PARAMS["temperature"](sampling.temperature, "temperature")
+    if sampling.top_p:
+        PARAMS["top_p"](sampling.top_p, "top_p")
+    PARAMS["top_k"](sampling.top_k, "top_k")
+    PARAMS["stop"](list(sampling.stop), "stop")
+    PARAMS["stop_token_ids"](list(sampling.stop_token_ids), "stop_token_ids")
