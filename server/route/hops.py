@@ -287,7 +287,7 @@ async def _prefill_then_decode(
             yield piece
 
 
-async def _pieces(stream: Any) -> AsyncIterator[Piece]:
+async def _pieces(stream: Any) -> AsyncGenerator[Piece, None]:
     """The pieces of a PrefillDecode or Decode response stream; the call is cancelled when
     they end, however (callers close this at once: ``contextlib.aclosing``)."""
     try:

@@ -19,11 +19,13 @@ Who frees what:
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
+from typing import Generic
 
 import torch
 
-from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, Payload, attach_lease
 from epd.v1 import tensor_pb2
 
 
@@ -52,6 +54,68 @@ class TensorProducer(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free everything this producer holds. The producer is unusable afterwards."""
+
+
+class LeasedProducer(TensorProducer, Generic[Payload]):
+    """A producer that holds each payload under a lease (shm, NIXL): the lease table, the
+    default lease ``ttl_s``, and what its references tell holders (``host_id``, and
+    ``producer_endpoint``, where to release). Subclasses say how a payload is freed."""
+
+    def __init__(
+        self,
+        host_id: str,
+        *,
+        producer_endpoint: str = "",
+        ttl_s: float = 60.0,
+        clock: Clock = time.time,
+    ) -> None:
+        self.host_id = host_id
+        self.producer_endpoint = producer_endpoint
+        self.ttl_s = ttl_s
+        self._leases: LeaseTable[Payload] = LeaseTable(clock)
+
+    @abstractmethod
+    def _free(self, payload: Payload) -> None:
+        """Give ``payload``'s memory back (its lease is gone already)."""
+
+    def _lease(
+        self,
+        ref: tensor_pb2.TensorRef,
+        payload: Payload,
+        location: str,
+        ttl_s: float | None,
+    ) -> LeaseInfo:
+        """Hold ``payload`` (``ref``'s bytes, at ``location``) under a new lease of ``ttl_s``
+        (None: the default) and fill in ``ref``'s holder-facing fields."""
+        info = self._leases.add(
+            payload,
+            kind=self.kind,
+            byte_size=ref.byte_size,
+            location=location,
+            ttl_s=ttl_s or self.ttl_s,
+        )
+        attach_lease(ref, info, self.host_id, self.producer_endpoint)
+        return info
+
+    def release(self, lease_id: str) -> bool:
+        payload = self._leases.pop(lease_id)
+        if payload is None:
+            return False
+        self._free(payload)
+        return True
+
+    def held(self) -> list[LeaseInfo]:
+        return self._leases.held()
+
+    def reap_expired(self) -> int:
+        expired = self._leases.pop_expired()
+        for payload in expired:
+            self._free(payload)
+        return len(expired)
+
+    def close(self) -> None:
+        for payload in self._leases.pop_all():
+            self._free(payload)
 
 
 class TensorConsumer(ABC):

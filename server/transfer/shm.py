@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.base import LeasedProducer, TensorConsumer
 from epd.server.transfer.idle_pool import IdlePool
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
+from epd.server.transfer.leases import Clock
 from epd.server.transfer.payload_layout import (
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
@@ -136,7 +136,7 @@ class SegmentPool:
             segment.buffer.close()
 
 
-class ShmProducer(TensorProducer):
+class ShmProducer(LeasedProducer[Segment]):
     """Puts tensors into pooled segments under leases; removes dead processes' leftovers."""
 
     kind = "shm"
@@ -151,13 +151,10 @@ class ShmProducer(TensorProducer):
         shm_dir: str = SHM_DIR,
         max_idle_bytes: int = 1 << 30,
     ) -> None:
-        self.host_id = host_id
-        self.producer_endpoint = producer_endpoint
-        self.ttl_s = ttl_s
+        super().__init__(host_id, producer_endpoint=producer_endpoint, ttl_s=ttl_s, clock=clock)
         self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
         self._pool = SegmentPool(shm_dir, max_idle_bytes)
-        self._leases: LeaseTable[Segment] = LeaseTable(clock)
 
     def put(
         self, tensor: torch.Tensor, *, ttl_s: float | None = None, content_tag: bytes = b""
@@ -167,42 +164,22 @@ class ShmProducer(TensorProducer):
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
         copy_payload(segment.address + HEADER_BYTES, tensor)
-        info = self._leases.add(
-            segment,
-            kind=self.kind,
-            byte_size=ref.byte_size,
-            location=segment.name,
-            ttl_s=ttl_s or self.ttl_s,
-        )
+        info = self._lease(ref, segment, segment.name, ttl_s)
         segment.stamp(info.lease_id, content_tag)
         ref.shm.CopyFrom(
             tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES, size=ref.byte_size)
         )
-        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
+        return ref
 
-    def release(self, lease_id: str) -> bool:
-        segment = self._leases.pop(lease_id)
-        if segment is None:
-            return False
+    def _free(self, segment: Segment) -> None:
         self._pool.give_back(segment)
-        return True
-
-    def held(self) -> list[LeaseInfo]:
-        return self._leases.held()
 
     def remove_orphans(self) -> list[str]:
         """Unlink the segments of dead producers on this host (see ``shm_orphans``)."""
         return cleanup_orphans(self._dir)
 
-    def reap_expired(self) -> int:
-        expired = self._leases.pop_expired()
-        for segment in expired:
-            self._pool.give_back(segment)
-        return len(expired)
-
     def close(self) -> None:
-        for segment in self._leases.pop_all():
-            self._pool.give_back(segment)
+        super().close()
         self._pool.close()
 
     @property
