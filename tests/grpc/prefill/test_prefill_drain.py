@@ -4,43 +4,26 @@ until the decode worker pulled the KV it handed off (or the grace ends)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 
 from epd.common.channels import create_channel
 from epd.common.status import from_rpc_error
-from epd.server.engine.base import (
-    Engine,
-    EngineImage,
-    EngineLoad,
-    PrefillResult,
-    Sampling,
-    TokenChunk,
-    Usage,
-)
+from epd.server.engine.base import EngineImage, EngineLoad, PrefillResult, Sampling, Usage
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.worker import Mode
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from tests.engines import CannedEngine
 
 
-class KvProducerEngine(Engine):
+class KvProducerEngine(CannedEngine):
     """Prefills at once; holds the KV (usage above zero) until ``pull`` is called."""
 
     def __init__(self) -> None:
-        self.model_id = "tiny"
+        super().__init__()
         self.num_held = 0
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> AsyncIterator[TokenChunk]:
-        yield TokenChunk(finish_reason="stop")
 
     async def prefill(
         self,
