@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Generic
+from typing import TYPE_CHECKING, Generic, TypedDict
 
 import torch
 
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, Payload, attach_lease
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class TensorProducer(ABC):
@@ -56,23 +59,26 @@ class TensorProducer(ABC):
         """Free everything this producer holds. The producer is unusable afterwards."""
 
 
-class LeasedProducer(TensorProducer, Generic[Payload]):
-    """A producer that holds each payload under a lease (shm, NIXL): the lease table, the
-    default lease ``ttl_s``, and what its references tell holders (``host_id``, and
-    ``producer_endpoint``, where to release). Subclasses say how a payload is freed."""
+class LeaseSettings(TypedDict, total=False):
+    """The keyword arguments of a ``LeasedProducer`` that its subclasses pass on as they are:
+    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (60) and ``clock``
+    (``time.time``)."""
 
-    def __init__(
-        self,
-        host_id: str,
-        *,
-        producer_endpoint: str = "",
-        ttl_s: float = 60.0,
-        clock: Clock = time.time,
-    ) -> None:
+    producer_endpoint: str
+    ttl_s: float
+    clock: Clock
+
+
+class LeasedProducer(TensorProducer, Generic[Payload]):
+    """A producer that holds each payload under a lease (shm, NIXL): the lease table on
+    ``clock``, the default lease ``ttl_s``, and what its references tell holders (``host_id``,
+    and ``producer_endpoint``, where to release). Subclasses say how a payload is freed."""
+
+    def __init__(self, host_id: str, **settings: Unpack[LeaseSettings]) -> None:
         self.host_id = host_id
-        self.producer_endpoint = producer_endpoint
-        self.ttl_s = ttl_s
-        self._leases: LeaseTable[Payload] = LeaseTable(clock)
+        self.producer_endpoint = settings.get("producer_endpoint", "")
+        self.ttl_s = settings.get("ttl_s", 60.0)
+        self._leases: LeaseTable[Payload] = LeaseTable(settings.get("clock", time.time))
 
     @abstractmethod
     def _free(self, payload: Payload) -> None:

@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from epd.server.transfer.base import LeasedProducer
-from epd.server.transfer.leases import Clock, LeaseInfo
+from epd.server.transfer.base import LeasedProducer, LeaseSettings
+from epd.server.transfer.leases import LeaseInfo
 from epd.server.transfer.nixl_agent import NixlAgent, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
 from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.server.transfer.tensors import copy_payload, describe
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +112,13 @@ class NixlProducer(LeasedProducer[Block | Lent]):
         self,
         host_id: str,
         *,
-        producer_endpoint: str = "",
-        ttl_s: float = 60.0,
-        clock: Clock = time.time,
         agent_factory: AgentFactory = process_agent,
         max_idle_bytes: int = 1 << 30,
         zero_copy_min_bytes: int = 1 << 20,
+        **lease: Unpack[LeaseSettings],
     ) -> None:
-        super().__init__(host_id, producer_endpoint=producer_endpoint, ttl_s=ttl_s, clock=clock)
+        """``lease``: ``LeaseSettings`` (endpoint, default lease, clock)."""
+        super().__init__(host_id, **lease)
         self.zero_copy_min_bytes = zero_copy_min_bytes
         self._nixl = StartedOnUse(
             agent_factory,

@@ -20,16 +20,15 @@ import itertools
 import mmap
 import os
 import threading
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import LeasedProducer, TensorConsumer
+from epd.server.transfer.base import LeasedProducer, LeaseSettings, TensorConsumer
 from epd.server.transfer.idle_pool import IdlePool
-from epd.server.transfer.leases import Clock
 from epd.server.transfer.payload_layout import (
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
@@ -55,6 +54,9 @@ from epd.server.transfer.shm_orphans import orphans as orphans
 from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 # NOTE: list_segments and orphans are re-exported above: tests and tools call them as shm.*.
 
@@ -145,13 +147,12 @@ class ShmProducer(LeasedProducer[Segment]):
         self,
         host_id: str,
         *,
-        producer_endpoint: str = "",
-        ttl_s: float = 60.0,
-        clock: Clock = time.time,
         shm_dir: str = SHM_DIR,
         max_idle_bytes: int = 1 << 30,
+        **lease: Unpack[LeaseSettings],
     ) -> None:
-        super().__init__(host_id, producer_endpoint=producer_endpoint, ttl_s=ttl_s, clock=clock)
+        """``lease``: ``LeaseSettings`` (endpoint, default lease, clock)."""
+        super().__init__(host_id, **lease)
         self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
         self._pool = SegmentPool(shm_dir, max_idle_bytes)
