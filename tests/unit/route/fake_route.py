@@ -1,0 +1,55 @@
+"""The real RouteService (servicer, worker, prompt, media rules) served over gRPC with in-memory
+fakes behind it (``fakes``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.server.media.grid import ImageGridder
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
+from epd.server.route.app import SERVICE_NAME
+from epd.server.route.prompt import PromptBuilder
+from epd.server.route.servicer import RouteServicer
+from epd.server.route.worker import RouteWorker
+from epd.v1 import route_service_pb2_grpc
+from tests.unit.route.fakes import FakeEngine, FakePeers
+
+
+@dataclass
+class FakeRoute:
+    """A serving route over fakes and the pieces tests reach into."""
+
+    server: EpdServer
+    port: int
+    worker: RouteWorker
+    prompts: PromptBuilder
+
+
+async def serve_route(
+    model_dir: Path, peers: FakePeers, answer: str, options: ServerOptions
+) -> FakeRoute:
+    """The route of ``model_dir``'s model over ``peers``, whose worker ``pd0`` answers the
+    tokens of ``answer``; SERVING."""
+    prompts = PromptBuilder(model_dir)
+    words = prompts.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    peers.engines["pd0"] = FakeEngine(tokens=list(words))
+    loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
+    worker = RouteWorker(
+        peers,
+        prompts,
+        loader,
+        model_id="tiny",
+        host_id="h",  # type: ignore[arg-type]
+        grids=ImageGridder(model_dir),
+    )
+    binding = ServiceBinding(
+        SERVICE_NAME,
+        RouteServicer(worker),
+        route_service_pb2_grpc.add_RouteServiceServicer_to_server,
+    )
+    server, port = await build_server([binding], options)
+    await server.mark_serving()
+    return FakeRoute(server, port, worker, prompts)
