@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Generic, TypedDict
 
 import torch
 
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES
 from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, Payload, attach_lease
 from epd.v1 import tensor_pb2
 
@@ -59,25 +60,29 @@ class TensorProducer(ABC):
         """Free everything this producer holds. The producer is unusable afterwards."""
 
 
-class LeaseSettings(TypedDict, total=False):
+class ProducerSettings(TypedDict, total=False):
     """The keyword arguments of a ``LeasedProducer`` that its subclasses pass on as they are:
-    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (60) and ``clock``
-    (``time.time``)."""
+    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (60), ``clock``
+    (``time.time``) and ``max_idle_bytes``, the idle budget of its pool of payload memory
+    (``DEFAULT_MAX_IDLE_BYTES``)."""
 
     producer_endpoint: str
     ttl_s: float
     clock: Clock
+    max_idle_bytes: int
 
 
 class LeasedProducer(TensorProducer, Generic[Payload]):
-    """A producer that holds each payload under a lease (shm, NIXL): the lease table on
-    ``clock``, the default lease ``ttl_s``, and what its references tell holders (``host_id``,
-    and ``producer_endpoint``, where to release). Subclasses say how a payload is freed."""
+    """A producer that holds each payload under a lease (shm, NIXL), in memory it pools: the
+    lease table on ``clock``, the default lease ``ttl_s``, what its references tell holders
+    (``host_id``, and ``producer_endpoint``, where to release) and its pool's idle budget
+    ``max_idle_bytes``. Subclasses say how a payload is freed."""
 
-    def __init__(self, host_id: str, **settings: Unpack[LeaseSettings]) -> None:
+    def __init__(self, host_id: str, **settings: Unpack[ProducerSettings]) -> None:
         self.host_id = host_id
         self.producer_endpoint = settings.get("producer_endpoint", "")
         self.ttl_s = settings.get("ttl_s", 60.0)
+        self.max_idle_bytes = settings.get("max_idle_bytes", DEFAULT_MAX_IDLE_BYTES)
         self._leases: LeaseTable[Payload] = LeaseTable(settings.get("clock", time.time))
 
     @abstractmethod

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from epd.server.transfer.base import LeasedProducer, LeaseSettings
+from epd.server.transfer.base import LeasedProducer, ProducerSettings
 from epd.server.transfer.leases import LeaseInfo
 from epd.server.transfer.nixl_agent import NixlAgent, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
@@ -113,16 +113,14 @@ class NixlProducer(LeasedProducer[Block | Lent]):
         host_id: str,
         *,
         agent_factory: AgentFactory = process_agent,
-        max_idle_bytes: int = 1 << 30,
         zero_copy_min_bytes: int = 1 << 20,
-        **lease: Unpack[LeaseSettings],
+        **settings: Unpack[ProducerSettings],
     ) -> None:
-        """``lease``: ``LeaseSettings`` (endpoint, default lease, clock)."""
-        super().__init__(host_id, **lease)
+        super().__init__(host_id, **settings)
         self.zero_copy_min_bytes = zero_copy_min_bytes
         self._nixl = StartedOnUse(
             agent_factory,
-            max_idle_bytes,
+            self.max_idle_bytes,
             on_start=lambda agent: agent.add_listener(self._on_notification),
         )
         self._stamps: dict[torch.device | None, StampArena] = {}

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import LeasedProducer, LeaseSettings, TensorConsumer
-from epd.server.transfer.idle_pool import IdlePool
+from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorConsumer
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, IdlePool
 from epd.server.transfer.payload_layout import (
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
@@ -84,7 +84,9 @@ class SegmentPool:
     """Segments by power-of-two size class, reused after release (creating one per transfer is
     several times slower). Idle segments beyond ``max_idle_bytes`` are unlinked."""
 
-    def __init__(self, shm_dir: str = SHM_DIR, max_idle_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, shm_dir: str = SHM_DIR, max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES
+    ) -> None:
         self._dir = shm_dir
         self._prefix = process_prefix()
         self._idle: IdlePool[Segment] = IdlePool(max_idle_bytes)
@@ -148,14 +150,12 @@ class ShmProducer(LeasedProducer[Segment]):
         host_id: str,
         *,
         shm_dir: str = SHM_DIR,
-        max_idle_bytes: int = 1 << 30,
-        **lease: Unpack[LeaseSettings],
+        **settings: Unpack[ProducerSettings],
     ) -> None:
-        """``lease``: ``LeaseSettings`` (endpoint, default lease, clock)."""
-        super().__init__(host_id, **lease)
+        super().__init__(host_id, **settings)
         self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
-        self._pool = SegmentPool(shm_dir, max_idle_bytes)
+        self._pool = SegmentPool(shm_dir, self.max_idle_bytes)
 
     def put(
         self, tensor: torch.Tensor, *, ttl_s: float | None = None, content_tag: bytes = b""
