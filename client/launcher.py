@@ -34,6 +34,7 @@ from epd.client.topology import (
 )
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
+from epd.server.engine.rpc_leftovers import cleanup_rpc_dirs
 from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
@@ -152,8 +153,9 @@ class Deployment:
 
     def reap_dead(self) -> list[Child]:
         """Children that exited since the last call: each is waited for, what is left of its
-        process group (vLLM's engine core) is killed, and dead processes' shared memory is
-        removed (``shm_orphans``, ``shm_leftovers``). Each dead child is returned once."""
+        process group (vLLM's engine core) is killed, and dead processes' shared memory and
+        engine socket folders are removed (``shm_orphans``, ``shm_leftovers``,
+        ``rpc_leftovers``). Each dead child is returned once."""
         dead = [c for c in self.children if not c.is_reported and c.process.poll() is not None]
         for child in dead:
             child.is_reported = True
@@ -161,6 +163,7 @@ class Deployment:
         if dead:
             cleanup_orphans()
             cleanup_leftovers()
+            cleanup_rpc_dirs()
         return dead
 
     async def wait_healthy(self, child: Child, timeout_s: float) -> None:
@@ -202,6 +205,7 @@ class Deployment:
         self.children.clear()
         cleanup_orphans()
         cleanup_leftovers()
+        cleanup_rpc_dirs()
 
 
 def _signal_group(pgid: int, signum: int) -> None:

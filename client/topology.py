@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from epd.client.cpu_layout import Service
 from epd.common.cpus import format_cpu_list
+from epd.common.roles import Role
 
 TOPOLOGIES = {
     "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",
@@ -24,11 +25,11 @@ TOPOLOGIES = {
     "on CPU",
 }
 PREFILL_MODES = {
-    "epd": ["--mode", "prefill"],
-    "e-pd": ["--mode", "prefill_decode"],
-    "ep-d": ["--mode", "encode_prefill", "--kv-transfer"],
-    "epd1": ["--mode", "encode_prefill"],
-    "dual-encoder": ["--mode", "prefill_decode"],
+    "epd": ["--mode", Role.PREFILL.label],
+    "e-pd": ["--mode", Role.PREFILL_DECODE.label],
+    "ep-d": ["--mode", Role.ENCODE_PREFILL.label, "--kv-transfer"],
+    "epd1": ["--mode", Role.ENCODE_PREFILL.label],
+    "dual-encoder": ["--mode", Role.PREFILL_DECODE.label],
 }
 ENGINES = ("auto", "vllm", "transformers")
 AUTO_DEVICE = "auto"

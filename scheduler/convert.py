@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 from epd.common.errors import InvalidArgument
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, Worker, WorkerSpec
+from epd.common.roles import role_from_proto, role_to_proto
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, RegisteredWorker, WorkerSpec
 from epd.v1 import scheduler_service_pb2 as pb
 
-ROLES: dict[int, Role] = {
-    pb.WORKER_ROLE_ENCODE: Role.ENCODE,
-    pb.WORKER_ROLE_PREFILL: Role.PREFILL,
-    pb.WORKER_ROLE_DECODE: Role.DECODE,
-    pb.WORKER_ROLE_PREFILL_DECODE: Role.PREFILL_DECODE,
-    pb.WORKER_ROLE_ENCODE_PREFILL: Role.ENCODE_PREFILL,
-}
-ROLE_VALUES = {role: value for value, role in ROLES.items()}
 POLICIES: dict[int, Policy] = {
     pb.ENCODER_POLICY_PER_IMAGE: Policy.PER_IMAGE,
     pb.ENCODER_POLICY_PER_REQUEST: Policy.PER_REQUEST,
     pb.ENCODER_POLICY_ADAPTIVE: Policy.ADAPTIVE,
 }
 POLICY_VALUES = {policy: value for value, policy in POLICIES.items()}
-
-
-def role_from_proto(value: int) -> Role:
-    """The Role of a WorkerRole value; InvalidArgument for UNSPECIFIED or unknown values."""
-    if value not in ROLES:
-        raise InvalidArgument(
-            "worker role must be set (encode, prefill, decode, prefill_decode or encode_prefill)",
-            reason="BAD_ROLE",
-        )
-    return ROLES[value]
 
 
 def policy_from_proto(value: int) -> Policy | None:
@@ -60,7 +43,7 @@ def spec_to_proto(spec: WorkerSpec) -> pb.WorkerInfo:
     """``spec`` as a WorkerInfo message."""
     return pb.WorkerInfo(
         id=spec.id,
-        role=ROLE_VALUES[spec.role],  # type: ignore[arg-type]
+        role=role_to_proto(spec.role),
         endpoint=spec.endpoint,
         device=spec.device,
         weight=spec.weight,
@@ -103,7 +86,7 @@ def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
     return [ItemOutcome(o.item_index, o.latency_ms, o.cache_hit, o.failed) for o in outcomes]
 
 
-def status_to_proto(worker: Worker, heartbeat_age_s: float) -> pb.WorkerStatus:
+def status_to_proto(worker: RegisteredWorker, heartbeat_age_s: float) -> pb.WorkerStatus:
     """One ListWorkers entry."""
     state = pb.WORKER_STATE_DRAINING if worker.draining else pb.WORKER_STATE_LIVE
     return pb.WorkerStatus(

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
     ItemOutcome,
     Load,
     Policy,
-    Role,
-    Worker,
+    RegisteredWorker,
     WorkerSpec,
 )
 from epd.scheduler.policies.encoders import (
@@ -34,12 +34,10 @@ from epd.scheduler.policies.routing import PrefixIndex
 from epd.scheduler.policies.stats import Ewma, ServiceTimes
 from epd.scheduler.registry import Clock, Registry
 
-PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
-
 
 @dataclass(slots=True)
 class _Group:
-    worker: Worker
+    worker: RegisteredWorker
     item_indices: list[int]
     backlog_at_assign: int
 
@@ -100,7 +98,7 @@ class Scheduler:
         self.num_assigned: Counter[tuple[Policy, str]] = Counter()
 
     # ---- registry
-    def register(self, spec: WorkerSpec) -> Worker:
+    def register(self, spec: WorkerSpec) -> RegisteredWorker:
         """Register (or re-register) a worker."""
         with self._lock:
             worker = self.registry.register(spec)
@@ -113,7 +111,7 @@ class Scheduler:
         load: Load | None = None,
         stored_blocks: Sequence[int] = (),
         removed_blocks: Sequence[int] = (),
-    ) -> Worker:
+    ) -> RegisteredWorker:
         """Renew a lease, record load, cache contents and KV events."""
         with self._lock:
             worker = self.registry.heartbeat(lease_id, load)
@@ -130,7 +128,7 @@ class Scheduler:
         with self._lock:
             self.registry.deregister(lease_id)
 
-    def list_workers(self, role: Role | None = None, model: str = "") -> list[Worker]:
+    def list_workers(self, role: Role | None = None, model: str = "") -> list[RegisteredWorker]:
         """Registered workers (draining ones included) of ``role`` and ``model`` (None / "" =
         any), by id."""
         with self._lock:
@@ -212,12 +210,14 @@ class Scheduler:
         *,
         model: str = "",
         exclude: Sequence[str] = (),
-        roles: Sequence[Role] = PREFILL_ROLES,
-    ) -> tuple[Worker, int]:
+        roles: Sequence[Role] = DEFAULT_PREFILL_ROLES,
+    ) -> tuple[RegisteredWorker, int]:
         """The worker with the longest cached prefix (ties and misses by load); records the
         prompt's blocks there. Returns (worker, number of cached leading blocks)."""
         with self._lock:
-            workers = self.registry.live(roles or PREFILL_ROLES, self._model(model), exclude)
+            workers = self.registry.live(
+                roles or DEFAULT_PREFILL_ROLES, self._model(model), exclude
+            )
             if not workers:
                 raise Unavailable(
                     f"no live prefill worker for model {model or '(any)'}",
@@ -231,7 +231,7 @@ class Scheduler:
             self._prefixes.store(best.id, block_hashes)
             return best, overlap
 
-    def choose_decode(self, *, model: str = "", exclude: Sequence[str] = ()) -> Worker:
+    def choose_decode(self, *, model: str = "", exclude: Sequence[str] = ()) -> RegisteredWorker:
         """The least-loaded live decode worker."""
         with self._lock:
             workers = self.registry.live([Role.DECODE], self._model(model), exclude)
@@ -255,7 +255,9 @@ class Scheduler:
             )
         return models[0] if models else ""
 
-    def _view(self, worker: Worker, mm_hashes: frozenset[str] = frozenset()) -> EncoderView:
+    def _view(
+        self, worker: RegisteredWorker, mm_hashes: frozenset[str] = frozenset()
+    ) -> EncoderView:
         """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
         cached = {
             h
@@ -279,7 +281,7 @@ class Scheduler:
         return now - self._sampled_at.get(worker_id, now) > self.config.probe_after_s
 
     @staticmethod
-    def _load_key(worker: Worker) -> tuple[float, float, str]:
+    def _load_key(worker: RegisteredWorker) -> tuple[float, float, str]:
         load = worker.load
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
@@ -303,7 +305,11 @@ class Scheduler:
         return adaptive
 
     def _record(
-        self, ids: list[str], items: Sequence[EncodeItem], workers: list[Worker], policy: Policy
+        self,
+        ids: list[str],
+        items: Sequence[EncodeItem],
+        workers: list[RegisteredWorker],
+        policy: Policy,
     ) -> Assignment:
         by_id = {w.id: w for w in workers}
         groups: dict[str, _Group] = {}
@@ -332,7 +338,7 @@ class Scheduler:
     def _finish_group(
         self, group: _Group, outcomes: dict[int, ItemOutcome], pending: _Pending
     ) -> None:
-        # NOTE: the group holds the Worker object it was given to, so a worker that left and
+        # NOTE: the group holds the registry entry it was given to, so a worker that left and
         # registered again is not charged for its predecessor's work.
         worker = group.worker
         worker.num_assigned_in_flight = max(
@@ -359,7 +365,7 @@ class Scheduler:
                 self._remember_home(mm_hash, worker.id)
         self.registry.finish_drain(worker)
 
-    def _forget(self, worker: Worker) -> None:
+    def _forget(self, worker: RegisteredWorker) -> None:
         """Drop what is known about a worker that left (its caches left with it)."""
         self._service.forget(worker.id)
         self._prefixes.forget(worker.id)

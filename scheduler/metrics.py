@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from epd.common.metrics import ScrapeCollector, counter, labelled_counter, labelled_gauge
+from epd.common.roles import Role
 from epd.scheduler.core import Scheduler
-from epd.scheduler.model import Role
 
 
 def register_scheduler_metrics(scheduler: Scheduler, registry: CollectorRegistry) -> None:
@@ -22,9 +22,9 @@ def register_scheduler_metrics(scheduler: Scheduler, registry: CollectorRegistry
 def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     by_state: Counter[tuple[str, ...]] = Counter()
     for worker in scheduler.list_workers():
-        by_state[worker.spec.role.value, "draining" if worker.draining else "live"] += 1
+        by_state[worker.spec.role.label, "draining" if worker.draining else "live"] += 1
     every_state: dict[tuple[str, ...], float] = {
-        (role.value, state): 0 for role in Role for state in ("live", "draining")
+        (role.label, state): 0 for role in Role for state in ("live", "draining")
     }
     yield labelled_gauge(
         "epd_scheduler_workers",
@@ -38,7 +38,7 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
         "epd_scheduler_registrations",
         "Worker registrations accepted (re-registrations included), by role",
         ["role"],
-        {(role.value,): registry.num_registered[role] for role in Role},
+        {(role.label,): registry.num_registered[role] for role in Role},
     )
     yield counter(
         "epd_scheduler_evictions",

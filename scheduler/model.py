@@ -5,15 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-
-class Role(enum.Enum):
-    """What a worker serves (mirrors epd.v1.WorkerRole)."""
-
-    ENCODE = "encode"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    PREFILL_DECODE = "prefill_decode"
-    ENCODE_PREFILL = "encode_prefill"
+from epd.common.roles import Role
 
 
 class Policy(enum.Enum):
@@ -51,7 +43,7 @@ class Load:
 
 
 @dataclass(slots=True)
-class Worker:
+class RegisteredWorker:
     """One registry entry: the registration, its lease and what the scheduler tracks."""
 
     spec: WorkerSpec

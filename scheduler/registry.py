@@ -9,10 +9,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from epd.common.errors import AlreadyExists, InvalidArgument, NotFound
-from epd.scheduler.model import Load, Role, Worker, WorkerSpec
+from epd.common.roles import Role
+from epd.scheduler.model import Load, RegisteredWorker, WorkerSpec
 
 Clock = Callable[[], float]
-OnRemove = Callable[[Worker], None]
+OnRemove = Callable[[RegisteredWorker], None]
 
 
 def validate_endpoint(endpoint: str) -> None:
@@ -58,13 +59,13 @@ class Registry:
         self.ttl_s = ttl_s
         self._clock = clock
         self._on_remove = on_remove or (lambda worker: None)
-        self._by_id: dict[str, Worker] = {}
+        self._by_id: dict[str, RegisteredWorker] = {}
         self._by_lease: dict[str, str] = {}
         self._lock = lock or threading.RLock()
         self.num_registered: Counter[Role] = Counter()  # registrations accepted, by role
         self.num_evicted = 0  # workers removed for missing heartbeats
 
-    def register(self, spec: WorkerSpec) -> Worker:
+    def register(self, spec: WorkerSpec) -> RegisteredWorker:
         """Add ``spec`` (or replace its earlier entry: same endpoint, or an expired one)."""
         validate_spec(spec)
         with self._lock:
@@ -78,13 +79,13 @@ class Registry:
                 )
             if old is not None:
                 self._remove(old)
-            worker = Worker(spec, uuid.uuid4().hex, self._clock())
+            worker = RegisteredWorker(spec, uuid.uuid4().hex, self._clock())
             self._by_id[spec.id] = worker
             self._by_lease[worker.lease_id] = spec.id
             self.num_registered[spec.role] += 1
             return worker
 
-    def heartbeat(self, lease_id: str, load: Load | None = None) -> Worker:
+    def heartbeat(self, lease_id: str, load: Load | None = None) -> RegisteredWorker:
         """Renew ``lease_id``; NotFound when unknown or expired (the worker must re-register)."""
         with self._lock:
             self.evict_expired()
@@ -94,7 +95,7 @@ class Registry:
                 worker.load = load
             return worker
 
-    def deregister(self, lease_id: str) -> Worker | None:
+    def deregister(self, lease_id: str) -> RegisteredWorker | None:
         """End the lease of ``lease_id`` (unknown leases are ignored). A worker with assigned
         work in flight stays listed as draining (never chosen) until ``finish_drain`` or its TTL;
         others leave at once."""
@@ -106,14 +107,14 @@ class Registry:
                 self.finish_drain(worker)
             return worker
 
-    def finish_drain(self, worker: Worker) -> None:
+    def finish_drain(self, worker: RegisteredWorker) -> None:
         """Remove ``worker`` if it is draining and has nothing assigned in flight."""
         with self._lock:
             is_current = self._by_id.get(worker.id) is worker
             if is_current and worker.draining and worker.num_assigned_in_flight == 0:
                 self._remove(worker)
 
-    def evict_expired(self) -> list[Worker]:
+    def evict_expired(self) -> list[RegisteredWorker]:
         """Remove workers whose last heartbeat is older than the TTL; returns them."""
         deadline = self._clock() - self.ttl_s
         with self._lock:
@@ -125,7 +126,7 @@ class Registry:
 
     def live(
         self, roles: Iterable[Role], model: str = "", exclude: Iterable[str] = ()
-    ) -> list[Worker]:
+    ) -> list[RegisteredWorker]:
         """Live workers of ``roles`` serving ``model`` ("" = any), by id, minus ``exclude``."""
         wanted, excluded = set(roles), set(exclude)
         with self._lock:
@@ -142,13 +143,13 @@ class Registry:
                 key=lambda w: w.id,
             )
 
-    def all(self) -> list[Worker]:
+    def all(self) -> list[RegisteredWorker]:
         """Every registered worker, by id."""
         with self._lock:
             self.evict_expired()
             return sorted(self._by_id.values(), key=lambda w: w.id)
 
-    def get(self, worker_id: str) -> Worker | None:
+    def get(self, worker_id: str) -> RegisteredWorker | None:
         """The worker with ``worker_id``, if registered."""
         with self._lock:
             return self._by_id.get(worker_id)
@@ -158,16 +159,16 @@ class Registry:
         with self._lock:
             return sorted({w.spec.model for w in self._by_id.values()})
 
-    def heartbeat_age(self, worker: Worker) -> float:
+    def heartbeat_age(self, worker: RegisteredWorker) -> float:
         """Seconds since ``worker``'s latest heartbeat."""
         return self._clock() - worker.last_heartbeat
 
-    def _remove(self, worker: Worker) -> None:
+    def _remove(self, worker: RegisteredWorker) -> None:
         del self._by_id[worker.id]
         self._by_lease.pop(worker.lease_id, None)
         self._on_remove(worker)
 
-    def _worker_of(self, lease_id: str) -> Worker:
+    def _worker_of(self, lease_id: str) -> RegisteredWorker:
         worker_id = self._by_lease.get(lease_id)
         if worker_id is None:
             raise NotFound("unknown or expired lease; register again", reason="LEASE_NOT_FOUND")

@@ -6,6 +6,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from epd.common.roles import role_from_proto
 from epd.common.status import handle_errors
 from epd.scheduler import convert
 from epd.scheduler.core import Scheduler
@@ -84,7 +85,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def ChoosePrefill(
         self, request: pb.ChoosePrefillRequest, context: Context
     ) -> pb.ChoosePrefillResponse:
-        roles = [convert.role_from_proto(role) for role in request.roles]
+        roles = [role_from_proto(role) for role in request.roles]
         kwargs = {"roles": roles} if roles else {}
         worker, cached = self.scheduler.choose_prefill(
             list(request.block_hashes),
@@ -109,11 +110,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
-        role = (
-            convert.role_from_proto(request.role)
-            if request.role != pb.WORKER_ROLE_UNSPECIFIED
-            else None
-        )
+        role = role_from_proto(request.role) if request.role != pb.WORKER_ROLE_UNSPECIFIED else None
         workers = self.scheduler.list_workers(role, request.model)
         age = self.scheduler.registry.heartbeat_age
         return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])

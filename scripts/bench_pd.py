@@ -74,6 +74,7 @@ class Bench:
     async def start(self, with_pd: bool) -> None:
         from epd.common.channels import create_channel
         from epd.common.clients import DecodeClient, EncoderClient, PrefillClient
+        from epd.common.roles import Role
         from epd.server.decode.app import DecodeConfig, build_decode_server
         from epd.server.encode.app import EncodeConfig, build_encode_server
         from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
@@ -82,7 +83,6 @@ class Bench:
         from epd.server.media.loader import MediaLoader
         from epd.server.media.policy import MediaPolicy
         from epd.server.prefill.app import PrefillConfig, build_prefill_server
-        from epd.server.prefill.worker import Mode
 
         def options(role: str | None) -> VllmOptions:
             return VllmOptions(kv_role=role, kv_cache_bytes=128 << 20, max_model_len=4096)
@@ -120,12 +120,12 @@ class Bench:
         aggregated = await build_prefill_server(PrefillConfig(self.model_dir), self.engine)
         self.plane = aggregated.worker.plane
         self.aggregated = await serve(aggregated, PrefillClient)
-        raw_config = PrefillConfig(self.model_dir, mode=Mode.ENCODE_PREFILL)
+        raw_config = PrefillConfig(self.model_dir, mode=Role.ENCODE_PREFILL)
         self.epd = await serve(await build_prefill_server(raw_config, self.engine), PrefillClient)
         if with_pd:
             self.prefill = await serve(
                 await build_prefill_server(
-                    PrefillConfig(self.model_dir, mode=Mode.PREFILL), engines[1]
+                    PrefillConfig(self.model_dir, mode=Role.PREFILL), engines[1]
                 ),
                 PrefillClient,
             )

@@ -41,13 +41,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import soak_deploy
-from soak_check import Kill, chaos_schedule, latency_groups, memory_trend, parse_kill, percentile
+from soak_check import (
+    Kill,
+    chaos_schedule,
+    latency_groups,
+    memory_trend,
+    parse_kill,
+    percentile,
+    transfer_state,
+)
 from soak_load import (
     Chaos,
     Fired,
@@ -85,6 +93,8 @@ class Soaked:
     start: float
     elapsed_s: float
     num_prompts: int
+    # each data-plane service's leases and regions after the load (``transfer_state``)
+    transfers: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> Soaked:
@@ -118,9 +128,32 @@ async def soak(args: argparse.Namespace, served: soak_deploy.Served) -> Soaked:
         if fired:
             await healed(fired[-1])
         sampler.cancel()
+        transfers = await settled_transfers(session, served, args.heal_timeout_s)
     for name, sample in served.memory().items():
         samples.setdefault(name, []).append(sample)
-    return Soaked(outcomes, fired, back_s, samples, start, elapsed, len(bodies))
+    return Soaked(outcomes, fired, back_s, samples, start, elapsed, len(bodies), transfers)
+
+
+async def settled_transfers(
+    session: aiohttp.ClientSession, served: soak_deploy.Served, timeout_s: float
+) -> dict[str, dict[str, float]]:
+    """Each data-plane service's transfer figures once the load is over: read until no lease is
+    outstanding anywhere (releases run in the background) or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {}
+        for name, url in sorted(served.metrics_urls().items()):
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as reply:
+                    state = transfer_state(await reply.text())
+            except (TimeoutError, aiohttp.ClientError):
+                continue
+            if state:
+                states[name] = state
+        outstanding = sum(s.get("leases_outstanding", 0) for s in states.values())
+        if not outstanding or time.monotonic() > deadline:
+            return states
+        await asyncio.sleep(0.5)
 
 
 def summarise(args: argparse.Namespace, run: Soaked) -> dict[str, Any]:
@@ -145,6 +178,17 @@ def summarise(args: argparse.Namespace, run: Soaked) -> dict[str, Any]:
         "ttft_p50_ms": percentile(ttfts, 0.5),
         "ttft_p99_ms": percentile(ttfts, 0.99),
         "reasons": dict(reasons.most_common(8)),
+        "not_ok": [
+            {
+                "index": o.index,
+                "status": o.status,
+                "at_s": round(o.start - run.start, 1),
+                "took_s": round(o.end - o.start, 2),
+                "detail": o.detail,
+            }
+            for o in run.outcomes
+            if o.status != "ok"
+        ][:20],
         "kills": [
             {
                 "role": f.kill.role,
@@ -161,15 +205,21 @@ def summarise(args: argparse.Namespace, run: Soaked) -> dict[str, Any]:
             [(o.start, o.end) for o in answered], [f.at for f in run.fired if f.pid]
         ),
         "memory": {name: memory_row(series) for name, series in sorted(run.samples.items())},
+        "transfers": run.transfers,
+        "leases_outstanding": sum(s.get("leases_outstanding", 0) for s in run.transfers.values()),
     }
 
 
 def memory_row(series: list[tuple[int, int]]) -> dict[str, Any]:
-    """One service's RSS after warm-up, at the end and at most (MiB), and its trend."""
+    """One service's RSS after warm-up, at the end and at most (MiB), the largest of each quarter
+    of the run (a leak climbs from quarter to quarter; a high-water mark of in-flight work does
+    not), and its trend."""
+    quarters = [series[len(series) * i // 4 : len(series) * (i + 1) // 4] for i in range(4)]
     return {
         "warm_mib": round(series[0][1] / MIB, 1),
         "end_mib": round(series[-1][1] / MIB, 1),
         "max_mib": round(max(rss for _, rss in series) / MIB, 1),
+        "quarter_max_mib": [round(max(rss for _, rss in q) / MIB, 1) for q in quarters if q],
         "samples": len(series),
         "trend": memory_trend(series),
     }
@@ -251,6 +301,11 @@ def print_report(figures: dict[str, Any]) -> None:
     )
     for reason, count in figures["reasons"].items():
         print(f"  {count:>6} x {reason}")
+    for row in figures["not_ok"]:
+        print(
+            f"    request {row['index']} {row['status']} at {row['at_s']} s after "
+            f"{row['took_s']} s: {row['detail']}"
+        )
     if figures["kills"]:
         print("kills")
         for kill in figures["kills"]:
@@ -264,14 +319,26 @@ def print_report(figures: dict[str, Any]) -> None:
                 f"  {group:<12} {row['count']:>6} requests  p50 {row['p50_ms']:>8.0f} ms  "
                 f"p99 {row['p99_ms']:>8.0f} ms"
             )
-    print(f"{'memory (RSS, MiB)':<20}{'warm':>9}{'end':>9}{'max':>9}{'samples':>9}  trend")
+    print(
+        f"{'memory (RSS, MiB)':<20}{'warm':>9}{'end':>9}{'max':>9}{'samples':>9}  trend"
+        "  (largest of each quarter)"
+    )
     for name, row in figures["memory"].items():
+        quarters = " ".join(f"{mib:.0f}" for mib in row["quarter_max_mib"])
         print(
             f"  {name:<18}{row['warm_mib']:>9}{row['end_mib']:>9}{row['max_mib']:>9}"
-            f"{row['samples']:>9}  {row['trend']}"
+            f"{row['samples']:>9}  {row['trend']}  ({quarters})"
         )
     for line in figures["restarts"]:
         print(f"  {line}")
+    print("data planes after the load (leases lent and not back, freed unreleased, regions)")
+    for name, state in figures["transfers"].items():
+        print(
+            f"  {name:<18} outstanding {state.get('leases_outstanding', 0):>4.0f}  expired "
+            f"{state.get('leases_expired', 0):>4.0f}  shm segments "
+            f"{state.get('shm_segments', 0):>4.0f}  NIXL regions "
+            f"{state.get('nixl_regions', 0):>4.0f}"
+        )
     leaked = figures["leaked_segments"]
     print(
         "leaked /dev/shm segments: "
@@ -302,8 +369,14 @@ def back(kill: dict[str, Any]) -> str:
 
 
 def is_clean(figures: dict[str, Any]) -> bool:
-    """No request failed or corrupted and no segment leaked."""
-    return not (figures["failed"] or figures["corrupted"] or figures["leaked_segments"])
+    """No request failed or corrupted, no lease left outstanding after the load and no segment
+    leaked."""
+    return not (
+        figures["failed"]
+        or figures["corrupted"]
+        or figures["leases_outstanding"]
+        or figures["leaked_segments"]
+    )
 
 
 def log(args: argparse.Namespace, message: str) -> None:

@@ -135,3 +135,28 @@ def memory_trend(samples: Sequence[tuple[int, int]], tolerance: float = 0.1) -> 
     if first_pid != last_pid:
         return "restarted"
     return "growing" if last_rss > first_rss * (1 + tolerance) else "flat"
+
+
+TRANSFER_GAUGES = {
+    "epd_transfer_leases_outstanding": "leases_outstanding",
+    "epd_transfer_leases_expired": "leases_expired",
+    "epd_transfer_shm_segments": "shm_segments",
+    "epd_transfer_nixl_registered_regions": "nixl_regions",
+}
+
+
+def transfer_state(metrics_text: str) -> dict[str, float]:
+    """A service's data-plane figures from its Prometheus text: leases it has lent and not had
+    back, leases its reaper freed unreleased (expired), shared-memory segments and NIXL regions it
+    holds now; each summed over its labels. Empty for a service without a data plane."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    state: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            name = TRANSFER_GAUGES.get(sample.name) or TRANSFER_GAUGES.get(
+                sample.name.removesuffix("_total")
+            )
+            if name is not None:
+                state[name] = state.get(name, 0.0) + sample.value
+    return state

@@ -71,6 +71,15 @@ class Served:
             }
         return {}
 
+    def metrics_urls(self) -> dict[str, str]:
+        """Prometheus URL of each service now (service name: URL)."""
+        if self.endpoints_file is None:
+            return {}
+        with contextlib.suppress(OSError, ValueError):
+            urls: dict[str, str] = json.loads(self.endpoints_file.read_text()).get("metrics", {})
+            return urls
+        return {}
+
     async def is_whole(self, num_workers: int) -> bool:
         """Whether every service answers SERVING and the scheduler lists ``num_workers`` live
         workers: the deployment is as it was before a kill, not merely answering."""

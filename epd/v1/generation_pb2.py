@@ -23,24 +23,23 @@ _sym_db = _symbol_database.Default()
 
 
 from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
-from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/generation.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xad\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"?\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\"F\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/generation.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\"\xad\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"?\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\"<\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0cJ\x04\x08\x02\x10\x03R\x06params*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=492
-  _globals['_FINISHREASON']._serialized_end=612
-  _globals['_SAMPLINGPARAMS']._serialized_start=91
-  _globals['_SAMPLINGPARAMS']._serialized_end=264
-  _globals['_USAGE']._serialized_start=266
-  _globals['_USAGE']._serialized_end=353
-  _globals['_PROMPT']._serialized_start=355
-  _globals['_PROMPT']._serialized_end=418
-  _globals['_KVHANDLE']._serialized_start=420
-  _globals['_KVHANDLE']._serialized_end=490
+  _globals['_FINISHREASON']._serialized_start=452
+  _globals['_FINISHREASON']._serialized_end=572
+  _globals['_SAMPLINGPARAMS']._serialized_start=61
+  _globals['_SAMPLINGPARAMS']._serialized_end=234
+  _globals['_USAGE']._serialized_start=236
+  _globals['_USAGE']._serialized_end=323
+  _globals['_PROMPT']._serialized_start=325
+  _globals['_PROMPT']._serialized_end=388
+  _globals['_KVHANDLE']._serialized_start=390
+  _globals['_KVHANDLE']._serialized_end=450
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,4 @@
 from epd.v1 import multimodal_pb2 as _multimodal_pb2
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -59,9 +58,9 @@ class Prompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_multimodal_pb2.ImageInput, _Mapping]]] = ...) -> None: ...
 
 class KvHandle(_message.Message):
-    __slots__ = ("engine_id", "params")
+    __slots__ = ("engine_id", "payload")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
-    params: _struct_pb2.Struct
-    def __init__(self, engine_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    payload: bytes
+    def __init__(self, engine_id: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...

@@ -8,8 +8,9 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from epd.common.roles import Role
 from epd.scheduler.core import Scheduler, SchedulerConfig
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role, WorkerSpec
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, WorkerSpec
 from epd.scheduler.sim.model import REFERENCE_TOKENS, Scenario, SimEncoder
 
 HEARTBEAT_S = 1.0

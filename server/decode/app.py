@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from epd.common.metrics import new_registry
+from epd.common.roles import Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.decode.servicer import DecodeServicer
 from epd.server.decode.worker import DecodeWorker
@@ -62,7 +63,7 @@ async def build_decode_server(
     host_id = config.host_id or default_host_id()
     info = scheduler_pb.WorkerInfo(
         id=config.worker_id or f"decode-{host_id}-{port}",
-        role=scheduler_pb.WORKER_ROLE_DECODE,
+        role=role_to_proto(Role.DECODE),
         endpoint=options.advertised_endpoint(port, config.scheduler),
         device=engine.device,
         weight=config.weight,

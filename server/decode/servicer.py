@@ -36,7 +36,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
             request.prompt,
             convert.sampling_from_proto(request.sampling),
             request.first_token_id,
-            convert.kv_params_from_proto(request.kv_handle),
+            request.kv_handle.payload,
         ):
             num_tokens += len(chunk.token_ids)
             yield pb.DecodeResponse(**convert.chunk_fields(chunk))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import IMAGE_GRIDS_KEY, Engine, Sampling, TokenChunk
+from epd.server.engine.base import Engine, Sampling, TokenChunk
 from epd.server.worker.images import check_request, grids_only
+from epd.server.worker.kv_handle import decode_kv_params, image_grids
 from epd.v1 import generation_pb2
 
 
@@ -24,18 +24,20 @@ class DecodeWorker:
         prompt: generation_pb2.Prompt,
         sampling: Sampling,
         first_token_id: int,
-        kv_params: dict[str, Any],
+        kv_handle: bytes,
     ) -> AsyncIterator[TokenChunk]:
         """Stream the tokens after ``first_token_id`` (usage on the last chunk covers it too).
 
+        ``kv_handle`` is the payload of the KvHandle Prefill returned, decoded here once.
         Images need only their grids: taken from the prompt, else from the prefill's handle.
         """
         check_request(request_id, model, self.engine.model_id)
-        if not kv_params:
+        if not kv_handle:
             raise InvalidArgument(
                 "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"
             )
-        images = grids_only(prompt.images, kv_params.get(IMAGE_GRIDS_KEY) or ())
+        kv_params = decode_kv_params(kv_handle)
+        images = grids_only(prompt.images, image_grids(kv_params))
         async for chunk in self.engine.decode(
             request_id, list(prompt.token_ids), images, sampling, first_token_id, kv_params
         ):

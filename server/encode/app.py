@@ -11,6 +11,7 @@ import torch
 
 from epd.common.cpus import allowed_cpus
 from epd.common.metrics import new_registry
+from epd.common.roles import Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
@@ -187,7 +188,7 @@ async def build_encode_server(
     worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
     info = scheduler_pb.WorkerInfo(
         id=worker.worker_id,
-        role=scheduler_pb.WORKER_ROLE_ENCODE,
+        role=role_to_proto(Role.ENCODE),
         endpoint=endpoint,
         device=str(encoder.device),
         weight=config.weight,

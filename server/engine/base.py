@@ -12,9 +12,11 @@ before ``generate`` yields its first chunk, so callers may release the producer'
 
 Disaggregated prefill/decode (P/D) is two optional calls on two engines: ``prefill`` on a KV
 producer computes the prompt's KV cache and the first token and returns ``kv_transfer_params``
-(opaque, JSON-like); ``decode`` on a KV consumer, given the same prompt and those params, pulls
-the KV cache from the producer and streams the tokens after the first one. The producer keeps
-the blocks until the consumer has read them or its KV lease expires; a handle is single-use.
+(opaque to the workers, JSON-serialisable with string keys: they carry it as the KvHandle's JSON
+payload, so it comes back exactly, tuples as lists); ``decode`` on a KV consumer, given the same
+prompt and those params, pulls the KV cache from the producer and streams the tokens after the
+first one. The producer keeps the blocks until the consumer has read them or its KV lease
+expires; a handle is single-use.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ Grid = tuple[int, int, int]
 # Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a
 # decode worker can lay out positions even when the prompt's images were raw pictures.
 IMAGE_GRIDS_KEY = "epd_image_grids"
+# Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
+# be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
+KV_LOAD_FAILED = "KV_LOAD_FAILED"
 
 
 @dataclass(frozen=True, slots=True)

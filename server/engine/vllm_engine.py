@@ -1,15 +1,22 @@
-"""The vLLM backend: AsyncLLM in the worker process (it runs its EngineCore in a child process).
+"""The vLLM backend: an AsyncLLM in the worker process, its EngineCore in a child process
+(``vllm_process.create_llm``; on CPU the model runs inside that EngineCore, with no worker process
+of its own).
 
-Image embeddings (and decode's grid-only images) go in as a rendered ``EngineInput`` built by
-``vllm_embeds`` (vLLM's own processing of an embeddings prompt cost ~2 ms per request), named by a
-hash of their bytes; raw pictures go in as a list of images, and vLLM runs its own processor and
-vision tower. Outputs stream as deltas.
+A request's token ids and images become vLLM's input through vLLM's own renderer
+(``Renderer.render_cmpl_async``). Raw pictures go in as ``multi_modal_data`` images, and vLLM runs
+its processor and vision tower. Embeddings, and decode's grid-only images, go in as vLLM's public
+input for embeddings, built by ``vllm_embeds.embeddings_prompt`` and named through
+``multi_modal_uuids``; only a family whose items vLLM's renderer makes wrongly
+(``ModelFamily.vllm_items``) skips the renderer: ``vllm_embeds`` builds its input as the renderer
+would, and the engine puts its items into vLLM's processor cache. Admission is bounded (requests
+running, images per prompt), outputs stream as deltas, and a stream closed early aborts its
+request.
 
-P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer in host
-memory. ``prefill`` asks for one token with ``do_remote_decode``; the connector keeps the blocks
-and returns ``kv_transfer_params``; ``decode`` on the consumer passes them back, vLLM pulls the
-blocks over NIXL, recomputes the last prompt token (so it samples the first token again, with
-the same seed) and goes on.
+P/D: an engine started with ``kv_role`` runs vLLM's NixlConnector with the KV buffer on the
+engine's device (``vllm_args.engine_args``). ``prefill`` asks for one token with
+``do_remote_decode``; the connector keeps the blocks and returns ``kv_transfer_params``;
+``decode`` on the consumer passes them back, vLLM pulls the blocks over NIXL, recomputes the last
+prompt token (so it samples the first token again, with the same seed) and goes on.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from epd.common.errors import (
 )
 from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
+    KV_LOAD_FAILED,
     Engine,
     EngineImage,
     EngineLoad,
@@ -45,14 +53,10 @@ from epd.server.engine.base import (
     Usage,
 )
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
-from epd.server.engine.vllm_inputs import (
-    SideChannel,
-    picture_data,
-    restore_ints,
-    sampling_params,
-)
+from epd.server.engine.vllm_inputs import SideChannel, picture_data, sampling_params
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_stats import LoadTracker
 
@@ -162,7 +166,7 @@ class VllmEngine(Engine):
             options = replace(options, side_channel=SideChannel(host, side_channel_port(host)))
         args = engine_args(model_dir, model_id, options)
         tracker = LoadTracker()
-        rpc_dir = Path(tempfile.mkdtemp(prefix=f"vllm-rpc-{os.getpid()}-"))
+        rpc_dir = Path(tempfile.mkdtemp(prefix=rpc_dir_prefix(os.getpid())))
         try:
             llm = await asyncio.to_thread(create_llm, args, options, tracker, rpc_dir)
         except BaseException:
@@ -245,13 +249,13 @@ class VllmEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         self._require_role("kv_consumer", "decode")
         self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
-        kv_params = restore_ints(dict(kv_transfer_params))
-        if not kv_params.get("do_remote_prefill"):
+        kv_params = dict(kv_transfer_params)
+        seed = kv_params.pop(SEED_KEY, sampling.seed)
+        kv_params.pop(IMAGE_GRIDS_KEY, None)
+        if not kv_params.get("do_remote_prefill") or not (seed is None or type(seed) is int):
             raise InvalidArgument(
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
             )
-        seed = kv_params.pop(SEED_KEY, sampling.seed)
-        kv_params.pop(IMAGE_GRIDS_KEY, None)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
         async with contextlib.aclosing(
@@ -300,6 +304,8 @@ class VllmEngine(Engine):
         try:
             prompt = await self._render(request_id, prompt_token_ids, images)
             async for output in self._llm.generate(prompt, params, request_id):
+                if output.finished and output.outputs[0].finish_reason == "error":
+                    raise _request_failed(params)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
@@ -380,6 +386,19 @@ class VllmEngine(Engine):
             # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
             # its three sockets (/tmp/<uuid>) behind.
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+
+
+def _request_failed(params: Any) -> Unavailable:
+    """The error for a request vLLM finished with reason ``error`` (retryable, request-level):
+    on a decode worker, the KV it was to read from its prefill worker could not be loaded (the
+    prefill worker died or dropped it; vLLM's ``kv_load_failure_policy`` is ``fail``)."""
+    kv_params = (params.extra_args or {}).get("kv_transfer_params") or {}
+    if kv_params.get("do_remote_prefill"):
+        return Unavailable(
+            "the request's KV could not be loaded from its prefill worker",
+            reason=KV_LOAD_FAILED,
+        )
+    return Unavailable("the engine failed the request", reason="ENGINE_REQUEST_FAILED")
 
 
 def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:

@@ -94,21 +94,6 @@ def kv_transfer_config(
     )
 
 
-def restore_ints(value: Any) -> Any:
-    """``value`` with integral floats turned back into ints, recursively.
-
-    KV transfer params travel in a ``google.protobuf.Struct``, which stores every number as a
-    double; vLLM's connector needs its block ids and ports back as ints.
-    """
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {key: restore_ints(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [restore_ints(item) for item in value]
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class SideChannel:
     """Where this engine's NIXL handshake listener binds (one free port per engine on a host)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.common.metrics import new_registry
+from epd.common.roles import PREFILL_MODES, Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.engine.base import Engine
 from epd.server.media.hashing import processor_fingerprint
@@ -15,7 +16,7 @@ from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.servicer import PrefillServicer
-from epd.server.prefill.worker import Mode, PrefillWorker
+from epd.server.prefill.worker import PrefillWorker
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
@@ -25,20 +26,16 @@ from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.PrefillService"
-ROLES = {
-    Mode.PREFILL: scheduler_pb.WORKER_ROLE_PREFILL,
-    Mode.PREFILL_DECODE: scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
-    Mode.ENCODE_PREFILL: scheduler_pb.WORKER_ROLE_ENCODE_PREFILL,
-}
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class PrefillConfig:
-    """Everything a prefill server needs besides its engine and network options."""
+    """Everything a prefill server needs besides its engine and network options; ``mode``: the
+    role it serves and registers as, one of ``PREFILL_MODES`` (ValueError for another)."""
 
     model_dir: Path
-    mode: Mode = Mode.PREFILL_DECODE
+    mode: Role = Role.PREFILL_DECODE
     worker_id: str = ""
     weight: float = 1.0
     capacity: int = 8
@@ -46,6 +43,10 @@ class PrefillConfig:
     media: MediaPolicy = field(default_factory=MediaPolicy)
     hands_off_kv: bool = False
     transfer: TransferOptions = field(default_factory=TransferOptions)
+
+    def __post_init__(self) -> None:
+        if self.mode not in PREFILL_MODES:
+            raise ValueError(f"a prefill worker cannot serve the {self.mode.label} role")
 
 
 @dataclass
@@ -95,8 +96,8 @@ async def build_prefill_server(
         server.add_drain_callback(worker.stop_taking_work)
         server.add_drain_hold(worker.is_settled)
     info = scheduler_pb.WorkerInfo(
-        id=config.worker_id or f"{config.mode.value}-{plane.host_id}-{port}",
-        role=ROLES[config.mode],
+        id=config.worker_id or f"{config.mode.label}-{plane.host_id}-{port}",
+        role=role_to_proto(config.mode),
         endpoint=options.advertised_endpoint(port, config.scheduler),
         device=engine.device,
         weight=config.weight,
@@ -109,7 +110,7 @@ async def build_prefill_server(
     logger.info(
         "prefill worker %s (%s) serving %s on %s",
         info.id,
-        config.mode.value,
+        config.mode.label,
         engine.model_id,
         info.endpoint,
     )

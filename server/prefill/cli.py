@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from epd.common.roles import PREFILL_MODES, Role
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
@@ -21,7 +22,6 @@ from epd.server.engine.engine_cli import (
 )
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.transfer_cli import (
     add_transfer_arguments,
     set_nixl_log_level,
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Prefill flags, then engine, media, data-plane, server and telemetry flags."""
     parser.add_argument(
         "--mode",
-        choices=[m.value for m in Mode],
+        choices=[mode.label for mode in PREFILL_MODES],
         default="prefill_decode",
         help="prefill: first token + KV handle for a decode worker; "
         "prefill_decode: aggregated prefill + decode from image embeddings; "
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         check_engine_arguments(args)
         options = server_options(args)
         cpus = pin_to_cpus(args)
-        mode = Mode(args.mode)
+        mode = Role.from_label(args.mode)
         config = PrefillConfig(
             args.model,
             mode,
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             args.max_pending,
             args.scheduler,
             media_policy(args),
-            hands_off_kv=args.kv_transfer or mode is Mode.PREFILL,
+            hands_off_kv=args.kv_transfer or mode is Role.PREFILL,
             transfer=transfer_options(args),
         )
         args.engine = resolve_engine(args.engine, config.hands_off_kv)
@@ -150,7 +150,7 @@ async def _serve(
             print(f"epd prefill: {e}", file=sys.stderr)
             return 2
         print(
-            f"epd prefill listening on {options.host}:{app.port} ({config.mode.value}, "
+            f"epd prefill listening on {options.host}:{app.port} ({config.mode.label}, "
             f"{args.engine})",
             flush=True,
         )

@@ -1,6 +1,6 @@
 """The prefill worker's logic (no grpc): resolve a prompt's images, run the engine.
 
-Modes (chosen at start-up):
+Modes (the worker's role, chosen at start-up):
 - ``prefill``: ``prefill`` only (first token + KV handle for a decode worker), from embeddings.
 - ``prefill_decode``: ``generate`` only (aggregated PD), from embeddings.
 - ``encode_prefill``: ``generate`` from embeddings or raw images (the engine runs its own vision
@@ -9,13 +9,13 @@ Modes (chosen at start-up):
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import AsyncIterator
 
 from opentelemetry import trace
 
 from epd.common.errors import FailedPrecondition, Unavailable
+from epd.common.roles import Role
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
 from epd.server.prefill.metrics import PrefillMetrics
@@ -27,14 +27,6 @@ IMAGES_RESOLVED = "epd.images_resolved"
 """Span event: the prompt's images are ready for the engine (embeddings read, or pictures)."""
 
 
-class Mode(enum.Enum):
-    """What a prefill worker serves."""
-
-    PREFILL = "prefill"
-    PREFILL_DECODE = "prefill_decode"
-    ENCODE_PREFILL = "encode_prefill"
-
-
 class PrefillWorker:
     """Runs prefills (KV handed to decode) or whole generations on one engine."""
 
@@ -42,22 +34,23 @@ class PrefillWorker:
         self,
         engine: Engine,
         plane: DataPlane,
-        mode: Mode,
+        mode: Role,
         loader: MediaLoader | None = None,
         *,
         hands_off_kv: bool = False,
         metrics: PrefillMetrics | None = None,
     ) -> None:
-        """``hands_off_kv``: the engine is a KV producer (always so in prefill mode);
-        ``metrics``: where image hand-off times go (None: nowhere)."""
+        """``mode``: the role served, one of ``PREFILL_MODES``; ``hands_off_kv``: the engine is
+        a KV producer (always so in prefill mode); ``metrics``: where image hand-off times go
+        (None: nowhere)."""
         self.metrics = metrics
         self.engine = engine
         self.plane = plane
         self.mode = mode
-        self.hands_off_kv = hands_off_kv or mode is Mode.PREFILL
+        self.hands_off_kv = hands_off_kv or mode is Role.PREFILL
         self.images = ImageResolver(
             plane,
-            loader if mode is Mode.ENCODE_PREFILL else None,
+            loader if mode is Role.ENCODE_PREFILL else None,
             device=engine.embeddings_device,
         )
         self.is_draining = False
@@ -85,7 +78,7 @@ class PrefillWorker:
         self, request_id: str, model: str, prompt: generation_pb2.Prompt, sampling: Sampling
     ) -> AsyncIterator[TokenChunk]:
         """Stream the whole generation of ``prompt`` (prefill_decode, encode_prefill)."""
-        if self.mode is Mode.PREFILL:
+        if self.mode is Role.PREFILL:
             raise FailedPrecondition(
                 "this worker runs in prefill mode: call Prefill and hand "
                 "the KV handle to a decode worker",
@@ -105,7 +98,7 @@ class PrefillWorker:
         """First token and KV transfer parameters (prefill, encode_prefill with KV hand-off)."""
         if not self.hands_off_kv:
             raise FailedPrecondition(
-                f"this worker runs in {self.mode.value} mode without KV hand-off and serves "
+                f"this worker runs in {self.mode.label} mode without KV hand-off and serves "
                 "PrefillDecode; Prefill needs a worker in prefill mode",
                 reason="WRONG_MODE",
             )

@@ -21,7 +21,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
@@ -54,7 +54,7 @@ class RouteApp:
 
     server: EpdServer
     port: int
-    worker: RouteWorker
+    router: Router
     http: OpenAiHttp | None = None
 
     async def stop(self, grace: float | None = 0) -> None:
@@ -62,9 +62,9 @@ class RouteApp:
         if self.http is not None:
             await self.http.stop()
         await self.server.drain_and_stop(grace)
-        await self.worker.peers.close()
-        if self.worker.plane is not None:
-            self.worker.plane.close()
+        await self.router.peers.close()
+        if self.router.plane is not None:
+            self.router.plane.close()
 
 
 async def build_route_server(config: RouteConfig, options: ServerOptions | None = None) -> RouteApp:
@@ -94,7 +94,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         metrics=metrics,
     )
     peers.start()
-    worker = RouteWorker(
+    router = Router(
         peers,
         prompts,
         loader,
@@ -106,19 +106,19 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         max_resumptions=config.max_resumptions,
     )
     binding = ServiceBinding(
-        SERVICE_NAME, RouteServicer(worker), pb_grpc.add_RouteServiceServicer_to_server
+        SERVICE_NAME, RouteServicer(router), pb_grpc.add_RouteServiceServicer_to_server
     )
     server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:
         http = OpenAiHttp(
-            worker,
+            router,
             _secured_like(config.http, options),
             _with_context(config.limits, prompts.max_context_tokens),
         )
         await http.start(options.host, config.http_port)
     await server.mark_serving()
-    return RouteApp(server, port, worker, http)
+    return RouteApp(server, port, router, http)
 
 
 def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:

@@ -201,7 +201,7 @@ async def _serve(config: RouteConfig, options: ServerOptions) -> int:
         http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"
     print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
     await serve(app.server)
-    await app.worker.peers.close()
-    if app.worker.plane is not None:
-        app.worker.plane.close()  # NOTE: unlinks the segments of the images' pixels
+    await app.router.peers.close()
+    if app.router.plane is not None:
+        app.router.plane.close()  # NOTE: unlinks the segments of the images' pixels
     return 0

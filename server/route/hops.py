@@ -19,8 +19,10 @@ from typing import Any
 from opentelemetry import trace
 
 from epd.common.errors import EpdError
+from epd.common.roles import Role, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
+from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
 from epd.server.route.resumption import (
@@ -29,7 +31,7 @@ from epd.server.route.resumption import (
     is_no_worker,
     is_resumable,
 )
-from epd.server.route.topology import Plan, Role, hands_off_kv
+from epd.server.route.topology import Plan, hands_off_kv
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -77,7 +79,7 @@ async def choose_prefill(
         model=call.model,
         block_hashes=call.block_hashes,
         exclude_worker_ids=excluded,
-        roles=call.plan.prefill_roles,
+        roles=[role_to_proto(role) for role in call.plan.prefill_roles],
     )
     return await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
 
@@ -129,7 +131,7 @@ async def stream_tokens(
                 raise
             await _settle(attempt.release)
             lost = error
-            failed = excluded.add(attempt)
+            failed = excluded.add(attempt, error)
             num_failures += 1
             num_resumptions += resuming
             _log_failure(call.request_id, attempt, failed, error, len(progress.sent))
@@ -139,7 +141,7 @@ async def stream_tokens(
                     {"epd.failed_worker": failed, "epd.tokens_sent": len(progress.sent)},
                 )
                 if on_resumed is not None:
-                    on_resumed(attempt.failed_role, len(progress.sent))
+                    on_resumed(attempt.failed_role(error), len(progress.sent))
         if not progress.remaining:
             yield Piece([], generation_pb2.FINISH_REASON_LENGTH)
             return
@@ -156,10 +158,10 @@ class Attempt:
     in_decode: bool = False
     release: asyncio.Future[Any] | None = None
 
-    @property
-    def failed_role(self) -> str:
-        """The role of the worker whose failure ended the attempt."""
-        return "decode" if self.in_decode else "prefill"
+    def failed_role(self, error: EpdError) -> str:
+        """The role of the worker whose failure, ``error``, ended the attempt: a decode stream
+        that could not read its KV failed for want of the prefill worker."""
+        return "decode" if self.in_decode and error.reason != KV_LOAD_FAILED else "prefill"
 
 
 @dataclass
@@ -169,9 +171,9 @@ class Excluded:
     prefill: list[str] = field(default_factory=list)
     decode: list[str] = field(default_factory=list)
 
-    def add(self, attempt: Attempt) -> str:
-        """Exclude the worker that failed ``attempt``; returns its id."""
-        if attempt.in_decode:
+    def add(self, attempt: Attempt, error: EpdError) -> str:
+        """Exclude the worker whose ``error`` failed ``attempt``; returns its id."""
+        if attempt.failed_role(error) == "decode":
             self.decode.append(attempt.decode_id)
             return attempt.decode_id
         assert attempt.prefill is not None
@@ -197,7 +199,7 @@ async def _attempt(
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
-    if hands_off_kv(worker.role, call.live_roles):
+    if hands_off_kv(role_from_proto(worker.role), call.live_roles):
         pieces = _prefill_then_decode(peers, call, worker, attempt, excluded.decode)
     else:
         pieces = _prefill_decode(peers, call, worker.endpoint)
@@ -220,7 +222,7 @@ def _log_failure(
         logger.warning(
             "request %s: %s worker %s failed after %d tokens (%s); resuming on another",
             request_id,
-            attempt.failed_role,
+            attempt.failed_role(error),
             failed,
             sent,
             error,

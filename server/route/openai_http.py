@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP in the route process: /v1/chat/completions (with SSE streaming),
-/v1/models and /health, served by aiohttp on its own port and driving the same RouteWorker as
+/v1/models and /health, served by aiohttp on its own port and driving the same Router as
 gRPC, so the official ``openai`` client and OpenAI-speaking benchmarks work unchanged."""
 
 from __future__ import annotations
@@ -23,23 +23,23 @@ from epd.server.route.http_guard import (
     auth_middleware,
     read_json,
 )
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 
 logger = logging.getLogger(__name__)
 
 
 class OpenAiHttp:
-    """The HTTP front of one RouteWorker."""
+    """The HTTP front of one Router."""
 
     def __init__(
         self,
-        worker: RouteWorker,
+        router: Router,
         options: HttpOptions | None = None,
         limits: schema.RequestLimits | None = None,
     ) -> None:
         """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
         chat-completions body may hold."""
-        self.worker = worker
+        self.router = router
         self.options = options or HttpOptions()
         self.limits = limits or schema.RequestLimits()
         self._runner: web.AppRunner | None = None
@@ -82,10 +82,10 @@ class OpenAiHttp:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            served = await self.worker.list_models()
+            served = await self.router.list_models()
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
-        models = sorted(set(served) | {self.worker.model_id})
+        models = sorted(set(served) | {self.router.model_id})
         return web.json_response(
             {
                 "object": "list",
@@ -103,7 +103,7 @@ class OpenAiHttp:
         convert = functools.partial(
             schema.to_generate_request,
             body,
-            self.worker.model_id,
+            self.router.model_id,
             request.headers.get("X-Request-Id"),
             self.limits,
         )
@@ -117,7 +117,7 @@ class OpenAiHttp:
             return await self._stream(request, generate, include_usage)
         texts, finish, usage = [], 0, None
         try:
-            async for piece in self.worker.generate(
+            async for piece in self.router.generate(
                 generate, timeout_s=self.options.request_timeout_s
             ):
                 texts.append(piece.text)
@@ -132,7 +132,7 @@ class OpenAiHttp:
     async def _stream(
         self, request: web.Request, generate: Any, include_usage: bool
     ) -> web.StreamResponse:
-        pieces = self.worker.generate(generate, timeout_s=self.options.request_timeout_s)
+        pieces = self.router.generate(generate, timeout_s=self.options.request_timeout_s)
         try:
             first = await anext(pieces)
         except StopAsyncIteration:

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from epd.common.errors import DeadlineExceeded, EpdError, Unavailable
+from epd.common.roles import DEFAULT_PREFILL_ROLES, Role, known_role, role_from_proto
 from epd.server.route.metrics import RouteMetrics
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
@@ -45,7 +46,6 @@ REJOIN_GRACE_S = 15.0
 LOCAL_ASSIGNMENT_PREFIX = "local-"
 # reasons of an Unavailable that mean "no answer from the scheduler" (no ErrorInfo of its own)
 UNREACHABLE_REASONS = frozenset({"UNAVAILABLE", "PEER_UNREACHABLE"})
-DEFAULT_PREFILL_ROLES = (scheduler_pb.WORKER_ROLE_PREFILL_DECODE, scheduler_pb.WORKER_ROLE_PREFILL)
 HealthCheck = Callable[[str], Awaitable[bool]]
 Reply = TypeVar("Reply")
 logger = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class FallbackScheduler:
             )
 
     def _usable(
-        self, roles: Sequence[int] = (), model: str = "", exclude: Sequence[str] = ()
+        self, roles: Sequence[Role] = (), model: str = "", exclude: Sequence[str] = ()
     ) -> list[scheduler_pb.WorkerStatus]:
         """Live, healthy workers of the listing of ``roles`` (any) and ``model`` (any), by id."""
         workers = self._listing.workers if self._listing is not None else []
@@ -284,7 +284,7 @@ class FallbackScheduler:
             w
             for w in workers
             if w.state == scheduler_pb.WORKER_STATE_LIVE
-            and (not roles or w.info.role in roles)
+            and (not roles or known_role(w.info.role) in roles)
             and (not model or w.info.model == model)
             and w.info.id not in exclude
             and w.info.id not in self._unhealthy
@@ -313,8 +313,7 @@ class FallbackScheduler:
     def _local_assignment(
         self, request: scheduler_pb.AssignEncodersRequest
     ) -> scheduler_pb.AssignEncodersResponse:
-        roles = (scheduler_pb.WORKER_ROLE_ENCODE,)
-        encoders = self._usable(roles, request.model, request.exclude_worker_ids)
+        encoders = self._usable((Role.ENCODE,), request.model, request.exclude_worker_ids)
         if not encoders:
             raise _none_left("encoder", request.model, "NO_ENCODER")
         assignments = []
@@ -335,7 +334,7 @@ class FallbackScheduler:
     def _local_prefill(
         self, request: scheduler_pb.ChoosePrefillRequest
     ) -> scheduler_pb.ChoosePrefillResponse:
-        roles = list(request.roles) or DEFAULT_PREFILL_ROLES
+        roles = [role_from_proto(role) for role in request.roles] or DEFAULT_PREFILL_ROLES
         workers = self._usable(roles, request.model, request.exclude_worker_ids)
         if not workers:
             raise _none_left("prefill worker", request.model, "NO_PREFILL_WORKER")
@@ -347,8 +346,7 @@ class FallbackScheduler:
     def _local_decode(
         self, request: scheduler_pb.ChooseDecodeRequest
     ) -> scheduler_pb.ChooseDecodeResponse:
-        roles = (scheduler_pb.WORKER_ROLE_DECODE,)
-        workers = self._usable(roles, request.model, request.exclude_worker_ids)
+        workers = self._usable((Role.DECODE,), request.model, request.exclude_worker_ids)
         if not workers:
             raise _none_left("decode worker", request.model, "NO_DECODE_WORKER")
         return scheduler_pb.ChooseDecodeResponse(worker=self._next("decode", workers))

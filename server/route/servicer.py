@@ -9,7 +9,7 @@ import grpc
 
 from epd.common.status import handle_errors
 from epd.server.route.request_ids import ensure_request_id
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 
@@ -17,17 +17,17 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
-    """Thin adapter over ``RouteWorker``; deadlines propagate to every hop."""
+    """Thin adapter over ``Router``; deadlines propagate to every hop."""
 
-    def __init__(self, worker: RouteWorker) -> None:
-        self.worker = worker
+    def __init__(self, router: Router) -> None:
+        self.router = router
 
     @handle_errors
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         request_id = ensure_request_id(request)
-        async for chunk in self.worker.generate(request, timeout_s=context.time_remaining()):
+        async for chunk in self.router.generate(request, timeout_s=context.time_remaining()):
             response = pb.GenerateResponse(
                 request_id=request_id,
                 text=chunk.text,
@@ -42,6 +42,6 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     async def ListModels(
         self, request: pb.ListModelsRequest, context: Context
     ) -> pb.ListModelsResponse:
-        models = await self.worker.list_models()
+        models = await self.router.list_models()
         cards = [pb.ModelCard(id=model, worker_counts=roles) for model, roles in models.items()]
         return pb.ListModelsResponse(models=cards)

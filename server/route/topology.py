@@ -20,16 +20,11 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from epd.common.errors import EpdError
+from epd.common.roles import Role, known_role
 from epd.common.tasks import BackgroundCalls
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
-Role: TypeAlias = scheduler_pb.WorkerRole
-ENCODE = scheduler_pb.WORKER_ROLE_ENCODE
-PREFILL = scheduler_pb.WORKER_ROLE_PREFILL
-DECODE = scheduler_pb.WORKER_ROLE_DECODE
-PREFILL_DECODE = scheduler_pb.WORKER_ROLE_PREFILL_DECODE
-ENCODE_PREFILL = scheduler_pb.WORKER_ROLE_ENCODE_PREFILL
-EMBEDDING_CONSUMERS: tuple[Role, ...] = (PREFILL_DECODE, PREFILL, ENCODE_PREFILL)
+EMBEDDING_CONSUMERS = (Role.PREFILL_DECODE, Role.PREFILL, Role.ENCODE_PREFILL)
 # A view older than this many TTLs is not served: the request waits for a fresh one. 10 TTLs
 # (10 s at the default TTL) is the scheduler's default lease TTL: a worker that died stays live
 # in its listing that long anyway, and the route's retries cover a worker gone since.
@@ -50,14 +45,14 @@ class Plan:
 
 def plan_for(live_roles: frozenset[Role], num_images: int) -> Plan:
     """The plan for a request with ``num_images`` images given the roles live now."""
-    if num_images and ENCODE not in live_roles and ENCODE_PREFILL in live_roles:
-        return Plan(uses_encoders=False, prefill_roles=(ENCODE_PREFILL,))
+    if num_images and Role.ENCODE not in live_roles and Role.ENCODE_PREFILL in live_roles:
+        return Plan(uses_encoders=False, prefill_roles=(Role.ENCODE_PREFILL,))
     return Plan(uses_encoders=num_images > 0, prefill_roles=EMBEDDING_CONSUMERS)
 
 
 def hands_off_kv(role: Role, live_roles: frozenset[Role]) -> bool:
     """Whether a worker of ``role`` should Prefill and hand its KV to a decode worker."""
-    return role == PREFILL or (role == ENCODE_PREFILL and DECODE in live_roles)
+    return role is Role.PREFILL or (role is Role.ENCODE_PREFILL and Role.DECODE in live_roles)
 
 
 class RoleView:
@@ -113,11 +108,13 @@ class RoleView:
         background.start(self._refresh_quietly(list_workers))
 
     def update(self, listing: scheduler_pb.ListWorkersResponse, now: float | None = None) -> None:
-        """Replace the view with the live workers of ``listing``."""
+        """Replace the view with the live workers of ``listing`` (those of a role this build
+        does not know left out)."""
         roles: dict[str, set[Role]] = {}
         for worker in listing.workers:
-            if worker.state == scheduler_pb.WORKER_STATE_LIVE:
-                roles.setdefault(worker.info.model, set()).add(worker.info.role)
+            role = known_role(worker.info.role)
+            if worker.state == scheduler_pb.WORKER_STATE_LIVE and role is not None:
+                roles.setdefault(worker.info.model, set()).add(role)
         self._roles = {model: frozenset(found) for model, found in roles.items()}
         self._models = frozenset(worker.info.model for worker in listing.workers)
         self._fetched_at = time.monotonic() if now is None else now

@@ -25,6 +25,7 @@ import torch
 from opentelemetry import trace
 
 from epd.common.errors import EpdError, NotFound
+from epd.common.roles import Role, known_role
 from epd.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import pixels_tag
@@ -38,7 +39,7 @@ from epd.server.route.peers import Peers
 from epd.server.route.prompt import ChatPart, PromptBuilder
 from epd.server.route.request_ids import ensure_request_id
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
-from epd.server.route.topology import Plan, Role, RoleView, plan_for
+from epd.server.route.topology import Plan, RoleView, plan_for
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, tensor_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -47,10 +48,6 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 # less than a hand-off to a thread.
 INLINE_TOKENIZE_CHARS = 4096
 LIST_MODELS_TIMEOUT_S = 5.0
-ROLE_NAMES = {
-    value: name.removeprefix("WORKER_ROLE_").lower()
-    for name, value in scheduler_pb.WorkerRole.items()
-}
 logger = logging.getLogger(__name__)
 
 Chat = list[tuple[str, list[ChatPart]]]
@@ -68,8 +65,9 @@ class RouteChunk:
     usage: generation_pb2.Usage | None = None
 
 
-class RouteWorker:
-    """Runs requests for one model against the services the scheduler knows."""
+class Router:
+    """Runs requests for one model against the services the scheduler knows (the route's logic;
+    not a worker: it registers with no scheduler)."""
 
     def __init__(
         self,
@@ -121,14 +119,15 @@ class RouteWorker:
         observation.end(None)
 
     async def list_models(self) -> dict[str, dict[str, int]]:
-        """The models the scheduler's workers serve, each with its worker count by role name
-        (``ROLE_NAMES``), sorted by model."""
+        """The models the scheduler's workers serve, each with its worker count by role
+        (``Role.label``; ``unknown`` for a role this build does not know), sorted by model."""
         listing = await self.peers.scheduler.ListWorkers(
             scheduler_pb.ListWorkersRequest(), timeout=LIST_MODELS_TIMEOUT_S
         )
         counts: dict[str, Counter[str]] = defaultdict(Counter)
         for worker in listing.workers:
-            counts[worker.info.model][ROLE_NAMES.get(worker.info.role, "unknown")] += 1
+            role = known_role(worker.info.role)
+            counts[worker.info.model][role.label if role is not None else "unknown"] += 1
         return {model: dict(roles) for model, roles in sorted(counts.items())}
 
     async def _answer(

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
-
 from epd.server.engine.base import Sampling, TokenChunk, Usage
+from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
 FINISH_REASONS = {
@@ -59,14 +58,8 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
 
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
     """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
-    handle = generation_pb2.KvHandle()
-    if params:
-        handle.engine_id = str(params.get("remote_engine_id", ""))
-        handle.params.update(params)
-    return handle
-
-
-def kv_params_from_proto(handle: generation_pb2.KvHandle) -> dict[str, Any]:
-    """The KV transfer parameters in ``handle`` (numbers come back as floats; engines fix them)."""
-    params: dict[str, Any] = json_format.MessageToDict(handle.params)
-    return params
+    if not params:
+        return generation_pb2.KvHandle()
+    return generation_pb2.KvHandle(
+        engine_id=str(params.get("remote_engine_id", "")), payload=encode_kv_params(params)
+    )

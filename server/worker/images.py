@@ -41,15 +41,14 @@ def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
 
 
 def grids_only(
-    images: Sequence[multimodal_pb2.ImageInput], fallback: Sequence[Sequence[float]] = ()
+    images: Sequence[multimodal_pb2.ImageInput], fallback: Sequence[Grid] = ()
 ) -> list[EngineImage]:
     """Images as grids (their KV is pulled, never recomputed); ``fallback`` fills absent grids."""
     resolved = []
     for i, image in enumerate(images):
         grid = grid_of(image)
-        if grid is None and i < len(fallback) and len(fallback[i]) == 3:
-            t, h, w = (int(v) for v in fallback[i])  # NOTE: Struct numbers arrive as floats
-            grid = (t, h, w)
+        if grid is None and i < len(fallback):
+            grid = fallback[i]
         resolved.append(EngineImage(image.mm_hash, grid))
     return resolved
 

@@ -34,7 +34,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import FakePeers
@@ -223,7 +223,7 @@ async def start_route(model_dir: Path) -> EpdServer:
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
     peers: Any = FakePeers()
     grids = ImageGridder(model_dir)
-    worker = RouteWorker(peers, prompts, loader, model_id="tiny", host_id="h", grids=grids)
+    worker = Router(peers, prompts, loader, model_id="tiny", host_id="h", grids=grids)
     binding = ServiceBinding(
         SERVICE_NAME,
         RouteServicer(worker),

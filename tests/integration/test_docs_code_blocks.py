@@ -1,4 +1,4 @@
-"""Every fenced code block in README.md and docs/*.md runs as written.
+"""Every fenced code block in README.md and docs/ (benchmark pages included) runs as written.
 
 - Each block names its language: ``python``, ``bash`` or ``text`` (diagrams, sample output).
 - python: compiles, every ``import`` / ``from ... import`` resolves, and the block runs in a
@@ -41,7 +41,7 @@ import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LANGUAGES = {"python", "bash", "text", "yaml"}
 BIN = Path(sys.executable).parent
 EPD_PROGRAMS = {"epd", ".venv/bin/epd"}

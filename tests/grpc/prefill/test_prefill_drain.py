@@ -8,10 +8,10 @@ import asyncio
 import grpc
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, EngineLoad, PrefillResult, Sampling, Usage
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
@@ -53,7 +53,7 @@ async def prefill(port: int, request_id: str) -> pb.PrefillResponse:
 
 async def test_handed_off_kv_keeps_the_worker_up_until_pulled(tiny_model_dir) -> None:
     engine = KvProducerEngine()
-    app = await build_prefill_server(PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), engine)
+    app = await build_prefill_server(PrefillConfig(tiny_model_dir, mode=Role.PREFILL), engine)
     response = await prefill(app.port, "one")
     assert response.first_token_id == 7
     stopping = asyncio.ensure_future(app.stop(grace=10.0))

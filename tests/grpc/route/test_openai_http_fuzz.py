@@ -38,7 +38,7 @@ VALID = {
 
 
 class EchoWorker:
-    """A RouteWorker stand-in: serializes the request (as the gRPC hop would), answers 'ab'."""
+    """A Router stand-in: serializes the request (as the gRPC hop would), answers 'ab'."""
 
     model_id = "tiny"
 

@@ -26,7 +26,7 @@ TOKEN = "s3cret-token"
 
 
 class EchoWorker:
-    """A RouteWorker stand-in answering 'ok'."""
+    """A Router stand-in answering 'ok'."""
 
     model_id = "tiny"
 

@@ -14,6 +14,7 @@ from PIL import Image
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticated, Unavailable, user
 from epd.common.errors import InvalidArgument as InvalidArgumentError
 from epd.common.errors import Unavailable as ServerUnavailable
+from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.server.route.prompt import PromptBuilder
 from tests.unit.route.fake_route import serve_route
@@ -136,7 +137,7 @@ async def test_no_prefill_worker_is_unavailable_with_a_reason(route) -> None:
 
 async def test_an_engine_dying_before_the_first_token_is_retried(route) -> None:
     endpoint, peers, _ = route
-    peers.scheduler.prefills.insert(0, ("pd-dead", 4))
+    peers.scheduler.prefills.insert(0, ("pd-dead", Role.PREFILL_DECODE))
     peers.engines["pd-dead"] = FakeEngine(error=ServerUnavailable("down"))
     async with AsyncEpdClient(endpoint, auth_token=TOKEN) as client:
         answer = await client.generate([user("hi")])

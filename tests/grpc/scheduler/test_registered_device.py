@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
 from epd.server.decode.app import DecodeConfig, build_decode_server
@@ -15,7 +16,6 @@ from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.transformers_engine import TransformersEngine
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -49,7 +49,7 @@ async def test_workers_register_their_engines_device_and_embeddings_device(
     scheduler, port = await build_scheduler_server(ServerOptions(port=0))
     endpoint = f"127.0.0.1:{port}"
     prefill = await build_prefill_server(
-        PrefillConfig(tiny_model_dir, Mode.PREFILL, "p-gpu", scheduler=endpoint, hands_off_kv=True),
+        PrefillConfig(tiny_model_dir, Role.PREFILL, "p-gpu", scheduler=endpoint, hands_off_kv=True),
         engine("cuda:0", "kv_producer"),
     )
     decode = await build_decode_server(

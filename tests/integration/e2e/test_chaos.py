@@ -1,9 +1,10 @@
 """The chaos test: ``epd up --encoders 2 --prefill-workers 2`` (E/PD, transformers engine) under a
 steady load through the OpenAI port while each role is killed -9 once and SIGTERMed once, one at a
 time, each kill waiting for the deployment to be whole again (``scripts/bench_soak.py --chaos``):
-no request fails, no stream has a token repeated, missing or changed, and nothing is left in
-/dev/shm. Before it: both engine replicas register under their own ids and ports, and answers
-equal the reference tokens, through the other replica once the first is killed.
+no request fails, no stream has a token repeated, missing or changed, every lease the encoders
+lent is back once the load is over, and nothing is left in /dev/shm. Before it: both engine
+replicas register under their own ids and ports, and answers equal the reference tokens, through
+the other replica once the first is killed.
 
 The decode role is E/P/D's (vLLM): ``test_stack_e2e`` kills one under load, and the whole chaos
 over E/P/D is ``scripts/bench_soak.py --chaos -- --topology epd --prefill-workers 2
@@ -88,6 +89,8 @@ def test_every_role_killed_and_drained_under_load_fails_no_request(
         for signal_name in ("SIGKILL", "SIGTERM")
     )
     assert all(k["back_after_s"] is not None for k in figures["kills"] if k["pid"])
+    assert {"encode0", "encode1"} <= set(figures["transfers"]), "the encoders' data planes"
+    assert figures["leases_outstanding"] == 0, figures["transfers"]
     assert not [pid for pid in pids_seen if is_alive(pid)]
     assert segments_of(pids_seen) == []
 

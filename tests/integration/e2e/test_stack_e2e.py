@@ -2,7 +2,8 @@
 the launcher the scripts use (``epd up --keep``): answers equal the monolithic reference token for
 token, every service answers reflection, an encoder and a decode worker SIGKILLed under load, then
 the other decode worker SIGTERMed, cost no request (their streams resume through the other decode
-worker, token for token), bad
+worker, token for token), a decode worker whose prefill worker died before it read the KV fails
+its stream UNAVAILABLE KV_LOAD_FAILED (never a short answer), bad
 inputs get clear errors and leave the stack up, one request's spans form one tree across every
 service, and nothing is left running or in /dev/shm after shutdown."""
 
@@ -25,9 +26,14 @@ from PIL import Image
 
 from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, user
 from epd.common.channels import create_channel
-from epd.common.clients import HealthClient
+from epd.common.clients import DecodeClient, HealthClient, PrefillClient
+from epd.common.errors import Unavailable
 from epd.common.telemetry import FIRST_TOKEN_EVENT
+from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.engine.reference import ReferenceEngine
+from epd.v1 import decode_service_pb2 as decode_pb
+from epd.v1 import generation_pb2
+from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 from tests.integration.e2e.launcher import (
@@ -314,6 +320,43 @@ def test_decode_workers_killed_and_drained_under_load_fail_no_request(
     )
     for image, answer in zip(images + more, answers, strict=True):
         assert answer == reference_tokens(tiny_model_dir, [image], max_tokens)
+
+
+def test_a_decode_worker_whose_prefill_worker_died_before_its_kv_was_read_fails_unavailable(
+    stack: Stack,
+) -> None:
+    """Runs after the decode kills. The prefill worker (and its engine) is SIGKILLed after its
+    Prefill returned, before a decode worker read the KV: the Decode stream fails UNAVAILABLE
+    KV_LOAD_FAILED (which the route resumes on another prefill worker), never a short answer."""
+    prompt = generation_pb2.Prompt(token_ids=list(range(100, 140)))
+    sampling = generation_pb2.SamplingParams(max_tokens=8, ignore_eos=True)
+
+    async def prefill_kill_decode() -> list[int]:
+        async with (
+            create_channel(stack.endpoints["prefill"]) as p_channel,
+            create_channel(stack.endpoints["decode"]) as d_channel,
+        ):
+            first = await PrefillClient(p_channel, "prefill").Prefill(
+                prefill_pb.PrefillRequest(request_id="lost-kv", prompt=prompt, sampling=sampling),
+                timeout=60,
+            )
+            os.killpg(stack.pids["prefill"], signal.SIGKILL)
+            _KILLED.add("prefill")
+            decode = DecodeClient(d_channel, "decode").Decode(
+                decode_pb.DecodeRequest(
+                    request_id="lost-kv",
+                    prompt=prompt,
+                    sampling=sampling,
+                    first_token_id=first.first_token_id,
+                    kv_handle=first.kv_handle,
+                ),
+                timeout=120,
+            )
+            return [t async for response in decode for t in response.token_ids]
+
+    with pytest.raises(Unavailable) as caught:
+        asyncio.run(prefill_kill_decode())
+    assert caught.value.reason == KV_LOAD_FAILED
 
 
 async def load(

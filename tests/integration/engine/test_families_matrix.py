@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from epd.common.roles import Role
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.models.registry import FAMILIES
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
@@ -52,7 +52,7 @@ async def served(
     )
     stubs = Stubs((engines[0], engines[1]))
     stubs.prefill = await stubs.serve(
-        await build_prefill_server(PrefillConfig(model_dir, mode=Mode.PREFILL), engines[0]),
+        await build_prefill_server(PrefillConfig(model_dir, mode=Role.PREFILL), engines[0]),
         prefill_grpc.PrefillServiceStub,
     )
     stubs.aggregated = await stubs.serve(
@@ -61,7 +61,7 @@ async def served(
     )
     stubs.encode_prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True), engines[0]
+            PrefillConfig(model_dir, mode=Role.ENCODE_PREFILL, hands_off_kv=True), engines[0]
         ),
         prefill_grpc.PrefillServiceStub,
     )

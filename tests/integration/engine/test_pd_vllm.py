@@ -9,10 +9,10 @@ import asyncio
 import grpc
 import pytest
 
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
@@ -33,7 +33,7 @@ async def stubs(tiny_model_dir, engines):
     stubs = Stubs(engines)
     stubs.prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer
+            PrefillConfig(tiny_model_dir, mode=Role.PREFILL), stubs.producer
         ),
         prefill_grpc.PrefillServiceStub,
     )
@@ -43,7 +43,7 @@ async def stubs(tiny_model_dir, engines):
     )
     stubs.encode_prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL, hands_off_kv=True),
+            PrefillConfig(tiny_model_dir, mode=Role.ENCODE_PREFILL, hands_off_kv=True),
             stubs.producer,
         ),
         prefill_grpc.PrefillServiceStub,
@@ -138,7 +138,7 @@ async def test_finish_reasons_at_the_first_token_and_mid_stream(stubs, oracle) -
         prefill_pb.PrefillRequest(request_id="f1", prompt=prompt, sampling=one)
     )
     assert first.finish_reason == generation_pb2.FINISH_REASON_LENGTH
-    assert not first.HasField("kv_handle") or not first.kv_handle.params.fields
+    assert not first.HasField("kv_handle") or not first.kv_handle.payload
     assert first.usage.completion_tokens == 1
 
     tokens, _ = await prefill_then_decode(stubs, stubs.prefill, "f2", prompt)
@@ -215,9 +215,10 @@ async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
 
     await expect_error(decode(kv_handle=None), invalid, "MISSING_KV_HANDLE")
     await expect_error(decode(model="llama"), invalid, "WRONG_MODEL")
-    not_prefilled = generation_pb2.KvHandle()
-    not_prefilled.params.update({"remote_engine_id": "x"})
+    not_prefilled = generation_pb2.KvHandle(payload=b'{"remote_engine_id": "x"}')
     await expect_error(decode(kv_handle=not_prefilled), invalid, "BAD_KV_HANDLE")
+    not_json = generation_pb2.KvHandle(payload=b"remote_engine_id=x")
+    await expect_error(decode(kv_handle=not_json), invalid, "BAD_KV_HANDLE")
     text_only = generation_pb2.Prompt(token_ids=prompt.token_ids)
     await expect_error(decode(prompt=text_only), invalid, "IMAGE_COUNT_MISMATCH")
 

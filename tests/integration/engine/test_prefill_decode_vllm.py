@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as pb
@@ -180,7 +180,7 @@ async def test_raw_images_need_an_encode_prefill_worker(stack, oracle) -> None:
 async def test_encode_prefill_mode_takes_raw_images(stack, oracle, tiny_model_dir) -> None:
     _, producer, app = stack
     raw_app = await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.ENCODE_PREFILL), app.worker.engine
+        PrefillConfig(tiny_model_dir, mode=Role.ENCODE_PREFILL), app.worker.engine
     )
     images = [picture(6, 96, 64), picture(7, 60, 90)]
     request, expected = build_request(oracle, producer, images, "describe this picture", "ep1")

@@ -11,11 +11,11 @@ import pytest
 
 from epd.common.channels import create_channel
 from epd.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
@@ -50,7 +50,7 @@ async def stack(tiny_model_dir):
     stack.engine = await TransformersEngine.start(tiny_model_dir, model_id="tiny")
     apps = [
         await build_prefill_server(PrefillConfig(tiny_model_dir, mode=mode), stack.engine)
-        for mode in (Mode.PREFILL_DECODE, Mode.ENCODE_PREFILL)
+        for mode in (Role.PREFILL_DECODE, Role.ENCODE_PREFILL)
     ]
     channels = [create_channel(f"127.0.0.1:{app.port}") for app in apps]
     stack.aggregated, stack.encode_prefill = (pb_grpc.PrefillServiceStub(c) for c in channels)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.server.encode.vision import VisionEncoder
 from epd.server.engine.reference import ReferenceEngine
 from epd.server.engine.transformers_engine import TransformersEngine
 from epd.server.models.registry import FAMILIES
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
@@ -33,10 +33,10 @@ OTHER_FAMILIES = [family.name for family in FAMILIES[1:]]
 @pytest.fixture(scope="module", params=OTHER_FAMILIES)
 async def served(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
-) -> AsyncIterator[tuple[dict[Mode, Any], DataPlane, tuple[ReferenceEngine, VisionEncoder]]]:
+) -> AsyncIterator[tuple[dict[Role, Any], DataPlane, tuple[ReferenceEngine, VisionEncoder]]]:
     model_dir = tiny_family_dir(request.param)
     engine = await TransformersEngine.start(model_dir, model_id="tiny")
-    modes = (Mode.PREFILL_DECODE, Mode.ENCODE_PREFILL)
+    modes = (Role.PREFILL_DECODE, Role.ENCODE_PREFILL)
     apps = [await build_prefill_server(PrefillConfig(model_dir, mode=m), engine) for m in modes]
     channels = [create_channel(f"127.0.0.1:{app.port}") for app in apps]
     stubs = {m: pb_grpc.PrefillServiceStub(c) for m, c in zip(modes, channels, strict=True)}
@@ -62,8 +62,8 @@ async def test_e_pd_and_epd_give_the_reference_tokens(served) -> None:
     expected = expected_tokens(oracle, images, text, NUM_TOKENS)
     embedded = embedded_prompt(oracle, plane, images, text)
     try:
-        assert await generate(stubs[Mode.PREFILL_DECODE], "e-pd", embedded) == expected, "E/PD"
+        assert await generate(stubs[Role.PREFILL_DECODE], "e-pd", embedded) == expected, "E/PD"
     finally:
         release(plane, embedded)
     raw = media_prompt(oracle, images, text)
-    assert await generate(stubs[Mode.ENCODE_PREFILL], "epd", raw) == expected, "EPD"
+    assert await generate(stubs[Role.ENCODE_PREFILL], "epd", raw) == expected, "EPD"

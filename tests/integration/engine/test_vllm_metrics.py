@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
+from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
@@ -67,7 +67,7 @@ async def test_prefill_and_decode_export_vllms_metrics_and_their_own(
     stubs = Stubs(fresh_engines)
     options = ServerOptions(metrics_port=0)
     prefill_app = await build_prefill_server(
-        PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer, options
+        PrefillConfig(tiny_model_dir, mode=Role.PREFILL), stubs.producer, options
     )
     decode_app = await build_decode_server(DecodeConfig(), stubs.consumer, options)
     prefill = await stubs.serve(prefill_app, prefill_grpc.PrefillServiceStub)

@@ -20,12 +20,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epd.common.channels import create_channel
+from epd.common.roles import Role
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import Engine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.prefill.worker import Mode
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2
@@ -53,7 +53,7 @@ async def stubs(tiny_model_dir, engines):
     )
     stubs.prefill = await stubs.serve(
         await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL), stubs.producer
+            PrefillConfig(tiny_model_dir, mode=Role.PREFILL), stubs.producer
         ),
         prefill_grpc.PrefillServiceStub,
     )
@@ -129,7 +129,7 @@ async def test_a_prefill_decode_past_its_deadline_is_aborted(stubs, oracle) -> N
 async def test_a_decode_past_its_deadline_is_aborted(stubs, oracle) -> None:
     prompt = text_prompt(oracle, "recite the alphabet two thousand times")
     first = await prefill(stubs, "deadline-d", prompt, LONG)
-    assert first.kv_handle.params.fields, "a 2000-token request goes on at a decode worker"
+    assert first.kv_handle.payload, "a 2000-token request goes on at a decode worker"
     call = stubs.decode.Decode(
         decode_request("deadline-d", prompt, LONG, first), timeout=DEADLINE_S
     )
@@ -234,7 +234,7 @@ async def test_workers_register_heartbeat_their_load_and_leave(
     stubs = Stubs(engines)
     try:
         prefill_app = await build_prefill_server(
-            PrefillConfig(tiny_model_dir, mode=Mode.PREFILL, worker_id="p-reg", scheduler=endpoint),
+            PrefillConfig(tiny_model_dir, mode=Role.PREFILL, worker_id="p-reg", scheduler=endpoint),
             stubs.producer,
         )
         stubs.prefill = await stubs.serve(prefill_app, prefill_grpc.PrefillServiceStub)

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from epd.server.engine.base import EngineImage, Sampling, TokenChunk
+from epd.server.engine.base import KV_LOAD_FAILED, EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
@@ -33,9 +33,9 @@ PROMPT = [1, 2, 3]
 SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 
 
-def output(token_id: int, finished: bool) -> SimpleNamespace:
-    """A delta RequestOutput as vLLM streams it."""
-    completion = SimpleNamespace(token_ids=[token_id], finish_reason="length" if finished else None)
+def output(token_id: int, finished: bool, reason: str = "length") -> SimpleNamespace:
+    """A delta RequestOutput as vLLM streams it; ``reason`` ends it when ``finished``."""
+    completion = SimpleNamespace(token_ids=[token_id], finish_reason=reason if finished else None)
     return SimpleNamespace(
         outputs=[completion], finished=finished, prompt_token_ids=PROMPT, num_cached_tokens=0
     )
@@ -49,6 +49,7 @@ class FakeLlm:
         self.started: list[str] = []
         self.aborted: list[str] = []
         self.release = asyncio.Event()
+        self.final_reason = "length"
         self.is_shut_down = False
         self.prompts: list[dict[str, Any]] = []
         self.injected: list[dict[str, list[str]]] = []
@@ -71,7 +72,7 @@ class FakeLlm:
         self.prompts.append(prompt)
         yield output(7, finished=False)
         await self.release.wait()
-        yield output(8, finished=True)
+        yield output(8, finished=True, reason=self.final_reason)
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
@@ -178,6 +179,20 @@ async def test_a_decode_stream_closed_early_aborts_its_request(llm) -> None:
     assert engine.load().num_running == 0
 
 
+@pytest.mark.parametrize("seed", ["7", 7.5, True, [7]])
+async def test_a_handle_with_a_malformed_seed_is_refused_before_the_engine_runs(
+    llm, seed: object
+) -> None:
+    options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
+    engine = VllmEngine(llm, "tiny", LAYOUT, options)
+    handle = {"do_remote_prefill": True, "epd_seed": seed}
+    stream = engine.decode("d", PROMPT, [], SAMPLING, first_token_id=7, kv_transfer_params=handle)
+    with pytest.raises(InvalidArgument) as caught:
+        await anext(stream)
+    assert caught.value.reason == "BAD_KV_HANDLE"
+    assert llm.started == [] and engine.load().num_running == 0
+
+
 async def test_finished_requests_leave_room_and_are_not_aborted(engine, llm) -> None:
     consumers = await running(engine, "a", "b")
     llm.release.set()
@@ -249,3 +264,19 @@ async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
         await first_chunk(engine, "a", [1, *[5, 6, 7] * 3], images)
     assert caught.value.reason == "TOO_MANY_IMAGES"
     assert llm.started == [] and engine.load().num_running == 0
+
+
+async def test_a_request_vllm_finishes_with_an_error_fails_unavailable(llm) -> None:
+    """vLLM's retryable request-level error (e.g. a KV load failure) is not a finished answer."""
+    llm.final_reason = "error"
+    llm.release.set()
+    options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
+    engine = VllmEngine(llm, "tiny", LAYOUT, options)
+    kv = {"do_remote_prefill": True}
+    with pytest.raises(Unavailable) as caught:
+        [c async for c in engine.decode("d", PROMPT, [], SAMPLING, 7, kv_transfer_params=kv)]
+    assert caught.value.reason == KV_LOAD_FAILED
+    with pytest.raises(Unavailable) as caught:
+        [c async for c in engine.generate("g", PROMPT, [], SAMPLING)]
+    assert caught.value.reason == "ENGINE_REQUEST_FAILED"
+    assert engine.load().num_running == 0 and llm.aborted == []

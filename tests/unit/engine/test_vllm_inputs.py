@@ -1,4 +1,4 @@
-"""Conversions to vLLM inputs and back from protobuf: multimodal data, sampling, KV handles."""
+"""Conversions to vLLM inputs and back from protobuf: multimodal data, sampling, image grids."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from PIL import Image
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import IMAGE_GRIDS_KEY, EngineImage, Sampling
+from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data, restore_ints
+from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data
 from epd.server.worker import convert
 from epd.server.worker.images import grids_only
 from epd.v1 import generation_pb2, multimodal_pb2
@@ -26,29 +26,12 @@ def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
     assert caught.value.reason == "MIXED_IMAGE_INPUTS"
 
 
-def test_kv_handle_survives_a_struct_round_trip() -> None:
-    params = {
-        "do_remote_prefill": True,
-        "remote_block_ids": [[1, 2]],
-        "remote_port": 5601,
-        "remote_engine_id": "e1",
-        "remote_blocks_expiry_time": None,
-        IMAGE_GRIDS_KEY: [[1, 4, 6]],
-        "ratio": 0.5,
-    }
-    handle = convert.kv_handle_to_proto(params)
-    assert handle.engine_id == "e1"
-    wire = generation_pb2.KvHandle.FromString(handle.SerializeToString())
-    assert restore_ints(convert.kv_params_from_proto(wire)) == params
-    assert convert.kv_handle_to_proto(None) == generation_pb2.KvHandle()
-
-
 def test_decode_grids_come_from_the_prompt_else_from_the_handle() -> None:
     images = [
         multimodal_pb2.ImageInput(mm_hash="a", grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2)),
         multimodal_pb2.ImageInput(mm_hash="b"),
     ]
-    resolved = grids_only(images, [[1.0, 9.0, 9.0], [1.0, 4.0, 6.0]])
+    resolved = grids_only(images, [(1, 9, 9), (1, 4, 6)])
     assert [(i.mm_hash, i.grid) for i in resolved] == [("a", (1, 2, 2)), ("b", (1, 4, 6))]
     assert grids_only(images[1:])[0].grid is None
 

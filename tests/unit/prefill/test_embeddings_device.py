@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from epd.common.roles import Role
 from epd.server.engine.base import Sampling
-from epd.server.prefill.worker import Mode, PrefillWorker
+from epd.server.prefill.worker import PrefillWorker
 from epd.v1 import generation_pb2, multimodal_pb2, tensor_pb2
 from tests.engines import CannedEngine
 
@@ -27,7 +28,7 @@ class RecordingPlane:
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 async def test_embeddings_are_read_into_the_engines_embeddings_device(device: str) -> None:
     plane, engine = RecordingPlane(), CannedEngine(embeddings_device=device)
-    worker = PrefillWorker(engine, plane, Mode.PREFILL_DECODE)  # type: ignore[arg-type]
+    worker = PrefillWorker(engine, plane, Role.PREFILL_DECODE)  # type: ignore[arg-type]
     image = multimodal_pb2.ImageInput(
         mm_hash="h",
         grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2),

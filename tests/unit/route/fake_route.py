@@ -13,7 +13,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEngine, FakePeers
 
@@ -24,7 +24,7 @@ class FakeRoute:
 
     server: EpdServer
     port: int
-    worker: RouteWorker
+    worker: Router
     prompts: PromptBuilder
 
 
@@ -37,7 +37,7 @@ async def serve_route(
     words = prompts.tokenizer(answer, add_special_tokens=False)["input_ids"]
     peers.engines["pd0"] = FakeEngine(tokens=list(words))
     loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-    worker = RouteWorker(
+    worker = Router(
         peers,
         prompts,
         loader,

@@ -11,8 +11,9 @@ from typing import Any
 from tokenizers import Tokenizer, models
 
 from epd.common.errors import EpdError, Unavailable
+from epd.common.roles import Role, role_to_proto
 from epd.common.tasks import BackgroundCalls
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -68,9 +69,7 @@ class FakeScheduler:
     """Assigns encoders round robin over ``encoders`` minus exclusions; prefill likewise."""
 
     encoders: list[str] = field(default_factory=lambda: ["enc0", "enc1"])
-    prefills: list[tuple[str, int]] = field(
-        default_factory=lambda: [("pd0", scheduler_pb.WORKER_ROLE_PREFILL_DECODE)]
-    )
+    prefills: list[tuple[str, Role]] = field(default_factory=lambda: [("pd0", Role.PREFILL_DECODE)])
     decoders: list[str] = field(default_factory=lambda: ["dec0"])
     prefill_host_id: str = ""
     # host ids of particular prefill workers (the others: prefill_host_id)
@@ -102,12 +101,14 @@ class FakeScheduler:
 
     async def ListWorkers(self, request: Any, timeout: float | None = None) -> Any:
         self.calls.append(("ListWorkers", request))
-        workers = [(e, scheduler_pb.WORKER_ROLE_ENCODE) for e in self.encoders] + self.prefills
-        workers += [(d, scheduler_pb.WORKER_ROLE_DECODE) for d in self.decoders]
+        workers = [(e, Role.ENCODE) for e in self.encoders] + self.prefills
+        workers += [(d, Role.DECODE) for d in self.decoders]
         return scheduler_pb.ListWorkersResponse(
             workers=[
                 scheduler_pb.WorkerStatus(
-                    info=scheduler_pb.WorkerInfo(id=w, role=r, endpoint=w, model="tiny"),  # type: ignore[arg-type]
+                    info=scheduler_pb.WorkerInfo(
+                        id=w, role=role_to_proto(r), endpoint=w, model="tiny"
+                    ),
                     state=scheduler_pb.WORKER_STATE_LIVE,
                 )
                 for w, r in workers
@@ -125,7 +126,7 @@ class FakeScheduler:
         live = [
             (w, r)
             for w, r in self.prefills
-            if w not in request.exclude_worker_ids and r in request.roles
+            if w not in request.exclude_worker_ids and role_to_proto(r) in request.roles
         ]
         if not live:
             raise Unavailable("no prefill worker", reason="NO_WORKER")
@@ -133,7 +134,7 @@ class FakeScheduler:
         return scheduler_pb.ChoosePrefillResponse(
             worker=scheduler_pb.WorkerInfo(
                 id=worker,
-                role=role,
+                role=role_to_proto(role),
                 endpoint=worker,
                 host_id=self.prefill_hosts.get(worker, self.prefill_host_id),
                 embeddings_device=self.prefill_devices.get(worker, ""),
@@ -329,11 +330,11 @@ class StubPrompts:
         return []
 
 
-def text_worker(peers: FakePeers) -> RouteWorker:
-    """A route worker for the model ``tiny`` serving text-only requests over ``peers``."""
+def text_router(peers: FakePeers) -> Router:
+    """A router for the model ``tiny`` serving text-only requests over ``peers``."""
     prompts: Any = StubPrompts()
     unused: Any = None  # NOTE: text only: no media to load, no image grids
-    return RouteWorker(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
+    return Router(peers, prompts, unused, model_id="tiny", host_id="h", grids=unused)  # type: ignore[arg-type]
 
 
 def generate_request(model: str) -> route_pb.GenerateRequest:
@@ -342,5 +343,5 @@ def generate_request(model: str) -> route_pb.GenerateRequest:
     return route_pb.GenerateRequest(model=model, messages=[chat])
 
 
-async def generate(worker: RouteWorker, model: str) -> list[Any]:
+async def generate(worker: Router, model: str) -> list[Any]:
     return [chunk async for chunk in worker.generate(generate_request(model), timeout_s=5)]

@@ -8,14 +8,14 @@ import asyncio
 import pytest
 
 from epd.common.errors import InvalidArgument
+from epd.common.roles import Role
 from epd.server.route.hops import stream_tokens
-from epd.server.route.topology import PREFILL, PREFILL_DECODE
 from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler
 from tests.unit.route.test_resumption import E_P_D, E_PD, _nothing, call_of
 
 TOPOLOGIES = [
-    (E_PD, FakeScheduler(prefills=[("pd0", PREFILL_DECODE)]), "pd0"),
-    (E_P_D, FakeScheduler(prefills=[("p0", PREFILL)], decoders=["dec0"]), "dec0"),
+    (E_PD, FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE)]), "pd0"),
+    (E_P_D, FakeScheduler(prefills=[("p0", Role.PREFILL)], decoders=["dec0"]), "dec0"),
 ]
 
 
@@ -25,7 +25,7 @@ def peers_of(scheduler: FakeScheduler, streaming: str, engine: FakeEngine) -> Fa
 
 @pytest.mark.parametrize(("live_roles", "scheduler", "streaming"), TOPOLOGIES)
 async def test_closing_the_pieces_early_cancels_the_engine_stream(
-    live_roles: frozenset[int], scheduler: FakeScheduler, streaming: str
+    live_roles: frozenset[Role], scheduler: FakeScheduler, streaming: str
 ) -> None:
     engine = FakeEngine(tokens=[7, 8, 9, 10])
     pieces = stream_tokens(
@@ -44,7 +44,7 @@ async def test_closing_the_pieces_early_cancels_the_engine_stream(
 
 @pytest.mark.parametrize(("live_roles", "scheduler", "streaming"), TOPOLOGIES)
 async def test_a_stream_read_to_its_end_or_failed_is_cancelled_too(
-    live_roles: frozenset[int], scheduler: FakeScheduler, streaming: str
+    live_roles: frozenset[Role], scheduler: FakeScheduler, streaming: str
 ) -> None:
     engine = FakeEngine(tokens=[7, 8, 9])
     peers = peers_of(scheduler, streaming, engine)

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from epd.common.errors import InvalidArgument, NotFound, Unavailable
+from epd.common.roles import Role
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
 from epd.server.route.hops import EngineCall, stream_tokens
-from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, plan_for
+from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import (
@@ -20,7 +21,7 @@ from tests.unit.route.fakes import (
     FakePeers,
     FakeScheduler,
     generate,
-    text_worker,
+    text_router,
 )
 
 
@@ -77,8 +78,8 @@ async def test_nixl_leases_are_left_to_the_consumers_notification_once_it_has_pr
     retry elsewhere) it releases every lease."""
     encoders = {"enc0": FakeEncoder("enc0", location="nixl"), "enc1": FakeEncoder("enc1")}
     peers = FakePeers(encoders=encoders)
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
-    pieces = [p async for p in text_worker(peers)._handed_over(call, stage_of(2), TWO_GRIDS)]
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
+    pieces = [p async for p in text_router(peers)._handed_over(call, stage_of(2), TWO_GRIDS)]
     await peers.background.settle()
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     assert [len(e.requests) for e in encoders.values()] == [1, 1]
@@ -130,7 +131,7 @@ async def test_every_encoder_failing_is_unavailable() -> None:
 
 
 async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     released: list[bool] = []
 
@@ -139,7 +140,9 @@ async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> 
 
     pieces = [
         p
-        async for p in stream_tokens(peers, engine_call(frozenset({PREFILL_DECODE})), on_prefilled)
+        async for p in stream_tokens(
+            peers, engine_call(frozenset({Role.PREFILL_DECODE})), on_prefilled
+        )
     ]  # type: ignore[arg-type]
     assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
     assert pieces[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
@@ -149,9 +152,13 @@ async def test_prefill_failing_before_the_first_token_is_retried_elsewhere() -> 
     assert released == [True]
 
 
-@pytest.mark.parametrize("roles", [frozenset({PREFILL_DECODE}), frozenset({PREFILL, DECODE})])
+@pytest.mark.parametrize(
+    "roles", [frozenset({Role.PREFILL_DECODE}), frozenset({Role.PREFILL, Role.DECODE})]
+)
 async def test_the_first_token_does_not_wait_for_the_release(roles: frozenset[int]) -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL if DECODE in roles else PREFILL_DECODE)])
+    scheduler = FakeScheduler(
+        prefills=[("p0", Role.PREFILL if Role.DECODE in roles else Role.PREFILL_DECODE)]
+    )
     peers = FakePeers(scheduler, engines={"p0": FakeEngine(), "dec0": FakeEngine()})
     may_release, released = asyncio.Event(), asyncio.Event()
 
@@ -170,11 +177,11 @@ async def test_the_first_token_does_not_wait_for_the_release(roles: frozenset[in
 
 async def test_failure_after_the_first_token_ends_the_stream_without_resumptions() -> None:
     peers = FakePeers(
-        FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)]),
+        FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)]),
         engines={"pd0": FakeEngine(error=Unavailable("down"), num_before_error=1)},
     )
     received = []
-    call = engine_call(frozenset({PREFILL_DECODE}))
+    call = engine_call(frozenset({Role.PREFILL_DECODE}))
     with pytest.raises(Unavailable):
         async for piece in stream_tokens(peers, call, _nothing, max_resumptions=0):  # type: ignore[arg-type]
             received.extend(piece.token_ids)
@@ -183,10 +190,13 @@ async def test_failure_after_the_first_token_ends_the_stream_without_resumptions
 
 
 async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)])
     peers = FakePeers(scheduler, engines={"p0": FakeEngine(), "dec0": FakeEngine()})
     pieces = [
-        p async for p in stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)
+        p
+        async for p in stream_tokens(
+            peers, engine_call(frozenset({Role.PREFILL, Role.DECODE})), _nothing
+        )
     ]  # type: ignore[arg-type]
     assert [t for p in pieces for t in p.token_ids] == [7, 8, 9]
     assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill"]
@@ -194,13 +204,13 @@ async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
     assert decode[0] == "Decode" and decode[1].first_token_id == 7
     assert list(scheduler.calls[0][1].roles) == [
         scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
-        PREFILL,
+        scheduler_pb.WORKER_ROLE_PREFILL,
         scheduler_pb.WORKER_ROLE_ENCODE_PREFILL,
     ]
 
 
 async def test_the_decode_worker_is_chosen_while_the_prompt_is_prefilled() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)])
     prefill = FakeEngine(hold=scheduler.decode_chosen)
     peers = FakePeers(scheduler, engines={"p0": prefill, "dec0": FakeEngine()})
     choose_decode = scheduler.ChooseDecode
@@ -211,13 +221,13 @@ async def test_the_decode_worker_is_chosen_while_the_prompt_is_prefilled() -> No
         return await choose_decode(request, timeout)
 
     scheduler.ChooseDecode = once_prefill_started  # type: ignore[method-assign]
-    stream = stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)  # type: ignore[arg-type]
+    stream = stream_tokens(peers, engine_call(frozenset({Role.PREFILL, Role.DECODE})), _nothing)  # type: ignore[arg-type]
     assert (await asyncio.wait_for(anext(stream), 5)).token_ids == [7]
     assert [t async for p in stream for t in p.token_ids] == [8, 9]
 
 
 async def test_no_decode_worker_cancels_the_prefill() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL)])
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)])
     never = asyncio.Event()
     peers = FakePeers(scheduler, engines={"p0": FakeEngine(hold=never), "dec0": FakeEngine()})
 
@@ -227,7 +237,10 @@ async def test_no_decode_worker_cancels_the_prefill() -> None:
     scheduler.ChooseDecode = no_decoder  # type: ignore[method-assign]
     with pytest.raises(Unavailable):
         await asyncio.wait_for(
-            anext(stream_tokens(peers, engine_call(frozenset({PREFILL, DECODE})), _nothing)), 5
+            anext(
+                stream_tokens(peers, engine_call(frozenset({Role.PREFILL, Role.DECODE})), _nothing)
+            ),
+            5,
         )  # type: ignore[arg-type]
     assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill", "Prefill cancelled"]
     assert not peers.engines["dec0"].calls
@@ -253,7 +266,7 @@ def test_media_items_keep_their_source_when_hashed() -> None:
 async def test_an_unknown_model_is_not_found_and_names_the_served_models() -> None:
     peers = FakePeers()
     with pytest.raises(NotFound) as caught:
-        await generate(text_worker(peers), "x")
+        await generate(text_router(peers), "x")
     assert caught.value.reason == "MODEL_NOT_FOUND"
     assert caught.value.message == "model 'x' is not served here; served models: tiny"
     assert [name for name, _ in peers.scheduler.calls] == ["ListWorkers"]
@@ -261,7 +274,7 @@ async def test_an_unknown_model_is_not_found_and_names_the_served_models() -> No
 
 async def test_the_name_of_an_unknown_model_is_shortened_in_the_error() -> None:
     with pytest.raises(NotFound) as caught:
-        await generate(text_worker(FakePeers()), "x" * 100_000)
+        await generate(text_router(FakePeers()), "x" * 100_000)
     assert len(caught.value.message) < 300
     assert all(len(value) < 300 for value in caught.value.metadata.values())
 
@@ -279,13 +292,13 @@ async def test_a_model_whose_workers_are_all_draining_is_unavailable_not_unknown
 
     peers.scheduler.ListWorkers = all_draining  # type: ignore[method-assign]
     with pytest.raises(Unavailable) as caught:
-        await generate(text_worker(peers), "big")
+        await generate(text_router(peers), "big")
     assert caught.value.reason == "NO_WORKER"
 
 
 async def test_the_route_s_own_model_before_any_worker_registered_is_unavailable() -> None:
     peers = FakePeers(FakeScheduler(encoders=[], prefills=[], decoders=[]))
-    worker = text_worker(peers)
+    worker = text_router(peers)
     for model in ("", "tiny"):
         with pytest.raises(Unavailable):
             await generate(worker, model)
@@ -295,7 +308,7 @@ async def test_the_route_s_own_model_before_any_worker_registered_is_unavailable
 
 
 async def test_a_known_model_answers() -> None:
-    chunks = await generate(text_worker(FakePeers()), "tiny")
+    chunks = await generate(text_router(FakePeers()), "tiny")
     assert [token for chunk in chunks for token in chunk.token_ids] == [7, 8, 9]
 
 
@@ -306,9 +319,9 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     # NOTE: encoders were told the route's host, so a prefill worker on another host got
     # shared-memory references it cannot read (FOREIGN_HOST).
     peers = FakePeers(FakeScheduler(prefill_host_id=prefill_host))
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
     grids = TWO_GRIDS
-    worker = text_worker(peers)
+    worker = text_router(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
@@ -319,8 +332,8 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 async def test_images_are_encoded_for_the_device_of_the_chosen_prefill_worker(device: str) -> None:
     peers = FakePeers(FakeScheduler(prefill_host_id="host-a", prefill_devices={"pd0": device}))
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
-    worker = text_worker(peers)
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
+    worker = text_router(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), TWO_GRIDS)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
@@ -332,14 +345,14 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     where the references encoded for host a (shared memory there) cannot be read: the images
     are encoded again for host b and the first leases released, and the request answers."""
     scheduler = FakeScheduler(
-        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)],
+        prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)],
         prefill_hosts={"pd0": "host-a", "pd1": "host-b"},
         prefill_devices={"pd0": "cuda:0", "pd1": "cpu"},
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
     grids = TWO_GRIDS
-    worker = text_worker(peers)
+    worker = text_router(peers)
     pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
     await peers.background.settle()
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
@@ -360,14 +373,14 @@ async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
     """Even where the retry's worker reads embeddings into another device: any reference is
     readable into any device."""
     scheduler = FakeScheduler(
-        prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)],
+        prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)],
         prefill_host_id="host-a",
         prefill_devices={"pd0": "cuda:0", "pd1": "cuda:1"},
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
     grids = TWO_GRIDS
-    pieces = [piece async for piece in text_worker(peers)._handed_over(call, stage_of(2), grids)]
+    pieces = [piece async for piece in text_router(peers)._handed_over(call, stage_of(2), grids)]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for e in peers.encoders.values() for r in e.requests]
     assert [r.consumer_device for r in requests] == ["cuda:0", "cuda:0"]
@@ -387,8 +400,8 @@ class RecordingPlane:
 
 async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer() -> None:
     peers = FakePeers()
-    call = engine_call(frozenset({ENCODE, PREFILL_DECODE}), 2)
-    worker = text_worker(peers)
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
+    worker = text_router(peers)
     plane = RecordingPlane()
     worker.plane = plane  # type: ignore[assignment]
     stage = stage_of(2)

@@ -9,23 +9,25 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epd.common.errors import Cancelled, InvalidArgument, Unavailable
+from epd.common.roles import Role
+from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.route.deadline import Deadline
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.resumption import Progress
-from epd.server.route.topology import DECODE, ENCODE, PREFILL, PREFILL_DECODE, plan_for
+from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from tests.unit.route.fakes import (
     SCRIPT,
     FakePeers,
     FakeScheduler,
     ScriptedEngine,
-    text_worker,
+    text_router,
 )
 from tests.unit.route.test_orchestration import TWO_GRIDS, stage_of
 
-E_PD = frozenset({PREFILL_DECODE})
-E_P_D = frozenset({PREFILL, DECODE})
+E_PD = frozenset({Role.PREFILL_DECODE})
+E_P_D = frozenset({Role.PREFILL, Role.DECODE})
 
 
 def call_of(live_roles: frozenset[int], max_tokens: int = 6, num_images: int = 0) -> EngineCall:
@@ -57,7 +59,7 @@ def tokens(pieces: list[Piece]) -> list[int]:
 async def test_a_prefill_decode_worker_dying_mid_stream_is_continued_on_another(
     error: Exception,
 ) -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     dying = ScriptedEngine(error=error, num_before_error=2)  # type: ignore[arg-type]
     peers = FakePeers(scheduler, engines={"pd0": dying, "pd1": ScriptedEngine()})
     pieces = await pieces_of(peers, call_of(E_PD))
@@ -74,7 +76,7 @@ async def test_a_prefill_decode_worker_dying_mid_stream_is_continued_on_another(
 
 
 async def test_a_decode_worker_dying_mid_stream_is_continued_through_another_prefill() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL)], decoders=["dec0", "dec1"])
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)], decoders=["dec0", "dec1"])
     dying = ScriptedEngine(error=Unavailable("down"), num_before_error=3)
     engines = {"p0": ScriptedEngine(), "dec0": dying, "dec1": ScriptedEngine()}
     peers = FakePeers(scheduler, engines=engines)
@@ -88,7 +90,7 @@ async def test_a_decode_worker_dying_mid_stream_is_continued_through_another_pre
 
 
 async def test_the_resumptions_of_a_request_are_limited() -> None:
-    scheduler = FakeScheduler(prefills=[(f"pd{i}", PREFILL_DECODE) for i in range(4)])
+    scheduler = FakeScheduler(prefills=[(f"pd{i}", Role.PREFILL_DECODE) for i in range(4)])
     engines = {f"pd{i}": ScriptedEngine(Unavailable("down"), num_before_error=1) for i in range(4)}
     peers = FakePeers(scheduler, engines=engines)
     received: list[int] = []
@@ -100,7 +102,7 @@ async def test_the_resumptions_of_a_request_are_limited() -> None:
 
 
 async def test_an_error_that_is_not_a_lost_worker_is_not_resumed() -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     engines = {"pd0": ScriptedEngine(InvalidArgument("bad"), 1), "pd1": ScriptedEngine()}
     peers = FakePeers(scheduler, engines=engines)
     with pytest.raises(InvalidArgument):
@@ -111,7 +113,7 @@ async def test_an_error_that_is_not_a_lost_worker_is_not_resumed() -> None:
 async def test_a_failure_after_the_last_piece_is_not_resumed() -> None:
     """The worker sent every token due (the last with its finish reason), then its stream
     failed: the request is complete."""
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     peers = FakePeers(scheduler, engines={"pd1": ScriptedEngine()})
 
     def finished_then_lost(request: Any, timeout: float | None = None) -> Any:
@@ -129,7 +131,7 @@ async def test_a_failure_after_the_last_piece_is_not_resumed() -> None:
 
 
 async def test_a_worker_lost_after_every_token_due_ends_the_stream_without_another() -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     engines = {"pd0": ScriptedEngine(Unavailable("down"), 6), "pd1": ScriptedEngine()}
     peers = FakePeers(scheduler, engines=engines)
     pieces = await pieces_of(peers, call_of(E_PD))
@@ -142,11 +144,11 @@ async def test_a_resumption_encodes_the_images_again_and_releases_every_lease() 
     """The first worker prefilled (its embeddings were released) and died mid-stream: the
     images are encoded again (the encoders' caches answer) for the next worker, whose prompt
     has them, and every lease is released."""
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     engines = {"pd0": ScriptedEngine(Unavailable("down"), 2), "pd1": ScriptedEngine()}
     peers = FakePeers(scheduler, engines=engines)
-    worker = text_worker(peers)
-    call = call_of(frozenset({ENCODE, PREFILL_DECODE}), num_images=2)
+    worker = text_router(peers)
+    call = call_of(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), num_images=2)
     pieces = [p async for p in worker._handed_over(call, stage_of(2), TWO_GRIDS)]
     await peers.background.settle()
     assert tokens(pieces) == SCRIPT[:6]
@@ -160,9 +162,9 @@ async def test_a_resumption_encodes_the_images_again_and_releases_every_lease() 
 
 
 async def test_resumptions_are_counted_by_the_failed_role() -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE), ("pd1", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
     engines = {"pd0": ScriptedEngine(Unavailable("down"), 2), "pd1": ScriptedEngine()}
-    worker = text_worker(FakePeers(scheduler, engines=engines))
+    worker = text_router(FakePeers(scheduler, engines=engines))
     registry = CollectorRegistry()
     worker.metrics = RouteMetrics(registry)
     call = call_of(E_PD)
@@ -190,7 +192,7 @@ def test_a_continued_call_asks_for_the_rest_after_the_tokens_sent() -> None:
 
 
 async def test_with_no_replica_to_resume_on_the_stream_ends_with_the_worker_s_loss() -> None:
-    scheduler = FakeScheduler(prefills=[("pd0", PREFILL_DECODE)])
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE)])
     lost = Unavailable("pd0 is unreachable", reason="PEER_UNREACHABLE")
     peers = FakePeers(scheduler, engines={"pd0": ScriptedEngine(lost, 2)})
     with pytest.raises(Unavailable) as caught:
@@ -199,7 +201,7 @@ async def test_with_no_replica_to_resume_on_the_stream_ends_with_the_worker_s_lo
 
 
 async def test_with_no_decode_worker_left_the_stream_ends_with_the_decode_worker_s_loss() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", PREFILL)], decoders=["dec0"])
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)], decoders=["dec0"])
     lost = Unavailable("dec0 is unreachable", reason="PEER_UNREACHABLE")
     engines = {"p0": ScriptedEngine(), "dec0": ScriptedEngine(lost, 2)}
     peers = FakePeers(scheduler, engines=engines)
@@ -207,3 +209,29 @@ async def test_with_no_decode_worker_left_the_stream_ends_with_the_decode_worker
         await pieces_of(peers, call_of(E_P_D))
     assert caught.value.reason == "PEER_UNREACHABLE"
     assert len([name for name, _ in engines["p0"].calls if name == "Prefill"]) == 2
+
+
+class FailsItsFirstDecode(ScriptedEngine):
+    """A decode worker whose first stream could not read its KV."""
+
+    def Decode(self, request: Any, timeout: float | None = None) -> Any:
+        stream = super().Decode(request, timeout)
+        self.error = None
+        return stream
+
+
+async def test_a_kv_load_failure_is_the_prefill_worker_s_and_resumes_on_another() -> None:
+    scheduler = FakeScheduler(
+        prefills=[("p0", Role.PREFILL), ("p1", Role.PREFILL)], decoders=["dec0"]
+    )
+    lost_kv = Unavailable("the KV could not be loaded", reason=KV_LOAD_FAILED)
+    engines = {"p0": ScriptedEngine(), "p1": ScriptedEngine(), "dec0": FailsItsFirstDecode(lost_kv)}
+    peers = FakePeers(scheduler, engines=engines)
+    pieces = await pieces_of(peers, call_of(E_P_D, max_tokens=8))
+    assert tokens(pieces) == SCRIPT[:8]
+    chooses = [r for name, r in scheduler.calls if name == "ChoosePrefill"]
+    assert [list(r.exclude_worker_ids) for r in chooses] == [[], ["p0"]]
+    decodes = [r for name, r in scheduler.calls if name == "ChooseDecode"]
+    assert [list(r.exclude_worker_ids) for r in decodes] == [[], []]
+    [(_, resumed)] = [c for c in engines["p1"].calls if c[0] == "Prefill"]
+    assert list(resumed.prompt.token_ids) == [1, 2, SCRIPT[0]]

@@ -13,9 +13,9 @@ import pytest
 
 from epd.common.errors import Unavailable
 from epd.server.route.topology import MAX_AGE_TTLS, RoleView
-from epd.server.route.worker import RouteWorker
+from epd.server.route.worker import Router
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakePeers, generate, generate_request, text_worker
+from tests.unit.route.fakes import FakePeers, generate, generate_request, text_router
 
 TTL_S = RoleView().ttl_s
 
@@ -40,12 +40,12 @@ class HeldListWorkers:
         return await self.answer(request, timeout)
 
 
-async def worker_with_view(
+async def router_with_view(
     age_s: float, listing: scheduler_pb.ListWorkersResponse | None = None
-) -> tuple[RouteWorker, FakePeers]:
-    """A text worker whose view is ``listing`` (default: the fake scheduler's) of ``age_s`` ago."""
+) -> tuple[Router, FakePeers]:
+    """A text router whose view is ``listing`` (default: the fake scheduler's) of ``age_s`` ago."""
     peers = FakePeers()
-    worker = text_worker(peers)
+    worker = text_router(peers)
     if listing is None:
         listing = await peers.scheduler.ListWorkers(scheduler_pb.ListWorkersRequest())
     worker.roles.update(listing, now=time.monotonic() - age_s)
@@ -53,7 +53,7 @@ async def worker_with_view(
 
 
 async def test_a_stale_view_is_served_and_refreshed_after_the_first_token() -> None:
-    worker, peers = await worker_with_view(age_s=2 * TTL_S)
+    worker, peers = await router_with_view(age_s=2 * TTL_S)
     list_workers = HeldListWorkers(peers)
     stream = worker.generate(generate_request("tiny"))
     first = await asyncio.wait_for(anext(stream), 5)
@@ -70,7 +70,7 @@ async def test_a_stale_view_is_served_and_refreshed_after_the_first_token() -> N
 
 
 async def test_an_expired_view_makes_the_request_wait_for_the_listing() -> None:
-    worker, peers = await worker_with_view(age_s=(MAX_AGE_TTLS + 1) * TTL_S)
+    worker, peers = await router_with_view(age_s=(MAX_AGE_TTLS + 1) * TTL_S)
     list_workers = HeldListWorkers(peers)
     request = asyncio.ensure_future(generate(worker, "tiny"))
     await asyncio.sleep(0.05)
@@ -80,7 +80,7 @@ async def test_an_expired_view_makes_the_request_wait_for_the_listing() -> None:
 
 
 async def test_a_stale_view_without_a_live_role_of_the_model_waits_for_the_listing() -> None:
-    worker, peers = await worker_with_view(2 * TTL_S, scheduler_pb.ListWorkersResponse())
+    worker, peers = await router_with_view(2 * TTL_S, scheduler_pb.ListWorkersResponse())
     list_workers = HeldListWorkers(peers)
     request = asyncio.ensure_future(generate(worker, "tiny"))
     await asyncio.sleep(0.05)
@@ -92,7 +92,7 @@ async def test_a_stale_view_without_a_live_role_of_the_model_waits_for_the_listi
 async def test_a_failed_background_refresh_keeps_the_view_and_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    worker, peers = await worker_with_view(age_s=2 * TTL_S)
+    worker, peers = await router_with_view(age_s=2 * TTL_S)
     list_workers = HeldListWorkers(peers, Unavailable("scheduler down"))
     list_workers.go.set()
     with caplog.at_level(logging.WARNING):

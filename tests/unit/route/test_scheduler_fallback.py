@@ -11,13 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epd.common.errors import NotFound, Unavailable
+from epd.common.roles import Role
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import encode_all
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.scheduler_fallback import REJOIN_GRACE_S, FallbackScheduler
-from epd.server.route.topology import PREFILL_DECODE
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakePeers, FakeScheduler, generate, text_worker
+from tests.unit.route.fakes import FakePeers, FakeScheduler, generate, text_router
 from tests.unit.route.test_orchestration import stage_of
 
 FALLBACK_S = 60.0
@@ -78,7 +78,7 @@ async def setup(
 ) -> Setup:
     """A fallback over a reachable fake scheduler that has listed its workers once (pd0, pd1,
     enc0, enc1, dec0 of model tiny)."""
-    fake = FakeScheduler(prefills=[(w, PREFILL_DECODE) for w in prefills or ["pd0", "pd1"]])
+    fake = FakeScheduler(prefills=[(w, Role.PREFILL_DECODE) for w in prefills or ["pd0", "pd1"]])
     remote, clock, health = DownableScheduler(fake), Clock(), Health()
     metrics = RouteMetrics(CollectorRegistry())
     fallback = FallbackScheduler(remote, health, fallback_s, metrics=metrics, clock=clock)
@@ -88,7 +88,8 @@ async def setup(
 
 
 def choose(
-    exclude: tuple[str, ...] = (), roles: tuple[int, ...] = (PREFILL_DECODE,)
+    exclude: tuple[str, ...] = (),
+    roles: tuple[int, ...] = (scheduler_pb.WORKER_ROLE_PREFILL_DECODE,),
 ) -> scheduler_pb.ChoosePrefillRequest:
     return scheduler_pb.ChoosePrefillRequest(
         model="tiny",
@@ -99,7 +100,7 @@ def choose(
 
 async def test_requests_are_served_on_the_listed_workers_in_turn_while_it_is_down() -> None:
     s = await setup()
-    worker = text_worker(s.peers)
+    worker = text_router(s.peers)
     s.remote.is_down = True
     answers = [await generate(worker, "tiny") for _ in range(4)]
     assert all([t for c in a for t in c.token_ids] == [7, 8, 9] for a in answers)
@@ -121,7 +122,9 @@ async def test_exclusions_roles_and_models_are_honoured() -> None:
     assert caught.value.reason == "NO_PREFILL_WORKER"
     with pytest.raises(Unavailable):
         await s.fallback.ChoosePrefill(choose(roles=(scheduler_pb.WORKER_ROLE_PREFILL,)))
-    other = scheduler_pb.ChoosePrefillRequest(model="other", roles=[PREFILL_DECODE])
+    other = scheduler_pb.ChoosePrefillRequest(
+        model="other", roles=[scheduler_pb.WORKER_ROLE_PREFILL_DECODE]
+    )
     with pytest.raises(Unavailable):
         await s.fallback.ChoosePrefill(other)
     decode = await s.fallback.ChooseDecode(scheduler_pb.ChooseDecodeRequest(model="tiny"))
@@ -161,7 +164,7 @@ async def test_images_are_encoded_without_the_scheduler() -> None:
 
 async def test_the_view_is_not_served_past_the_staleness_bound() -> None:
     s = await setup()
-    worker = text_worker(s.peers)
+    worker = text_router(s.peers)
     s.remote.is_down = True
     await generate(worker, "tiny")
     s.clock.now += FALLBACK_S + 1
@@ -243,7 +246,7 @@ async def test_a_worker_never_registering_again_holds_the_route_back_only_for_th
     s = await setup()
     s.remote.is_down = True
     await s.fallback.refresh()
-    s.remote.scheduler.prefills = [("pd1", PREFILL_DECODE)]  # pd0 healthy but not registered
+    s.remote.scheduler.prefills = [("pd1", Role.PREFILL_DECODE)]  # pd0 healthy but not registered
     s.remote.is_down = False
     await s.fallback.refresh()
     assert s.fallback.is_degraded

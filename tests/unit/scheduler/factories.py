@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from epd.common.roles import Role
 from epd.scheduler.core import Scheduler, SchedulerConfig
-from epd.scheduler.model import Role, WorkerSpec
+from epd.scheduler.model import WorkerSpec
 
 
 class FakeClock:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from epd.common.roles import Role
 from epd.scheduler.convert import spec_from_proto, spec_to_proto
-from epd.scheduler.model import Role, WorkerSpec
+from epd.scheduler.model import WorkerSpec
 from epd.v1 import scheduler_service_pb2 as pb
 
 

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.roles import Role
 from epd.scheduler.core import Scheduler, SchedulerConfig
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, Role
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from epd.common.errors import AlreadyExists, InvalidArgument, NotFound
-from epd.scheduler.model import Load, Role
+from epd.common.roles import Role
+from epd.scheduler.model import Load
 from epd.scheduler.registry import Registry
 from tests.unit.scheduler.factories import FakeClock, spec
 

@@ -171,3 +171,42 @@ def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
     assert figures["memory"]["prefill"]["trend"] == "restarted"
     assert not bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": ["x"]})
     assert bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": []})
+
+
+def test_memory_rows_carry_the_largest_rss_of_each_quarter() -> None:
+    bench = load("bench_soak")
+    series = [(7, mib * 2**20) for mib in (100, 140, 110, 120, 150, 115, 118, 119)]
+    row = bench.memory_row(series)
+    assert row["quarter_max_mib"] == [140.0, 120.0, 150.0, 119.0]
+    assert (row["warm_mib"], row["end_mib"], row["max_mib"]) == (100.0, 119.0, 150.0)
+    assert bench.memory_row(series[:2])["quarter_max_mib"] == [100.0, 140.0]
+
+
+def test_a_service_s_transfer_state_is_read_from_its_metrics() -> None:
+    text = "\n".join(
+        [
+            "# TYPE epd_transfer_leases_outstanding gauge",
+            'epd_transfer_leases_outstanding{kind="shm"} 2.0',
+            'epd_transfer_leases_outstanding{kind="nixl"} 1.0',
+            "# TYPE epd_transfer_leases_expired counter",
+            'epd_transfer_leases_expired_total{kind="shm"} 3.0',
+            'epd_transfer_leases_expired_created{kind="shm"} 1.7e9',
+            "# TYPE epd_transfer_nixl_registered_regions gauge",
+            "epd_transfer_nixl_registered_regions 4.0",
+            "# TYPE epd_route_requests gauge",
+            "epd_route_requests 9.0",
+        ]
+    )
+    assert check.transfer_state(text + "\n") == {
+        "leases_outstanding": 3.0,
+        "leases_expired": 3.0,
+        "nixl_regions": 4.0,
+    }
+    assert check.transfer_state("# TYPE epd_route_requests gauge\nepd_route_requests 1\n") == {}
+
+
+def test_a_lease_outstanding_after_the_load_makes_the_soak_fail() -> None:
+    bench = load("bench_soak")
+    clean = {"failed": 0, "corrupted": 0, "leaked_segments": [], "leases_outstanding": 0}
+    assert bench.is_clean(clean)
+    assert not bench.is_clean({**clean, "leases_outstanding": 1})

@@ -1,0 +1,76 @@
+"""The worker role: what a worker serves, one enum for the scheduler, the route, the workers and
+``epd up``.
+
+A member's value is its number in ``epd.v1.WorkerRole`` (``Role.PREFILL`` is
+``WORKER_ROLE_PREFILL``); its ``label`` (the name in lower case) is how ``epd prefill --mode``,
+the metrics and ListModels spell it. Code passes ``Role`` members around and converts at the
+gRPC boundary only: ``role_from_proto`` for a number read from a message, ``role_to_proto`` for
+one written into a message.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import cast
+
+from epd.common.errors import InvalidArgument
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+
+class Role(enum.Enum):
+    """What a worker serves (``epd.v1.WorkerRole`` without UNSPECIFIED)."""
+
+    ENCODE = 1  # EncodeService: images to embeddings
+    PREFILL = 2  # PrefillService handing its KV to a decode worker
+    DECODE = 3  # DecodeService
+    PREFILL_DECODE = 4  # PrefillService, aggregated
+    ENCODE_PREFILL = 5  # PrefillService running the vision tower itself
+
+    @property
+    def label(self) -> str:
+        """The role as the CLI, the metrics and ListModels spell it (``prefill_decode``)."""
+        return self.name.lower()
+
+    @classmethod
+    def from_label(cls, label: str) -> Role:
+        """The role spelled ``label``; ValueError for any other spelling."""
+        for role in cls:
+            if role.label == label:
+                return role
+        raise ValueError(f"unknown worker role {label!r}; one of {_spelled(list(cls))}")
+
+
+# The roles a PrefillService serves, in the order of ``epd prefill --mode``'s choices.
+PREFILL_MODES = (Role.PREFILL, Role.PREFILL_DECODE, Role.ENCODE_PREFILL)
+# The roles ChoosePrefill picks from when its request names none.
+DEFAULT_PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
+
+
+def known_role(value: int) -> Role | None:
+    """The role numbered ``value`` in a message; None for UNSPECIFIED or a number this build
+    does not know (a listing from a newer scheduler)."""
+    try:
+        return Role(value)
+    except ValueError:
+        return None
+
+
+def role_from_proto(value: int) -> Role:
+    """The role numbered ``value`` in a message; InvalidArgument (BAD_ROLE) for UNSPECIFIED or
+    a number this build does not know."""
+    role = known_role(value)
+    if role is None:
+        raise InvalidArgument(
+            f"worker role must be set ({_spelled(list(Role))})", reason="BAD_ROLE"
+        )
+    return role
+
+
+def role_to_proto(role: Role) -> scheduler_pb.WorkerRole:
+    """``role``'s number in ``epd.v1.WorkerRole``."""
+    return cast("scheduler_pb.WorkerRole", role.value)
+
+
+def _spelled(roles: list[Role]) -> str:
+    labels = [role.label for role in roles]
+    return f"{', '.join(labels[:-1])} or {labels[-1]}"

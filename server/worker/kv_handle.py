@@ -1,0 +1,61 @@
+"""The KV handle's payload: an engine's KV transfer parameters as opaque bytes (no grpc).
+
+The prefill worker encodes its engine's ``kv_transfer_params`` once, the route passes the bytes
+on untouched, and the decode worker decodes them once for its engine. The encoding is a UTF-8
+JSON object: it keeps ints as ints (block ids, ports), floats exact (Python writes the shortest
+repr that reads back to the same double), strings, booleans, None and nesting; tuples come back
+as lists. Keys must be strings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from epd.common.errors import InvalidArgument
+from epd.server.engine.base import IMAGE_GRIDS_KEY, Grid
+
+
+def encode_kv_params(params: dict[str, Any] | None) -> bytes:
+    """The payload of ``params``; empty when there is no handle (nothing to decode)."""
+    if not params:
+        return b""
+    return json.dumps(params, separators=(",", ":")).encode()
+
+
+def decode_kv_params(payload: bytes) -> dict[str, Any]:
+    """The KV transfer parameters in ``payload``; INVALID_ARGUMENT ``BAD_KV_HANDLE`` when it is
+    not a JSON object (a caller's mistake, never an engine's: reported without a traceback)."""
+    try:
+        params = json.loads(payload)
+    except (ValueError, RecursionError) as e:
+        raise InvalidArgument(
+            f"kv_handle.payload is not the JSON a prefill worker returned: {e}",
+            reason="BAD_KV_HANDLE",
+        ) from e
+    if not isinstance(params, dict):
+        raise InvalidArgument(
+            f"kv_handle.payload must be a JSON object, not {type(params).__name__}",
+            reason="BAD_KV_HANDLE",
+        )
+    return params
+
+
+def image_grids(params: dict[str, Any]) -> list[Grid]:
+    """The prompt's image grids the prefill engine listed in ``params`` (none listed: empty);
+    INVALID_ARGUMENT ``BAD_KV_HANDLE`` when they are not lists of three positive ints."""
+    grids = params.get(IMAGE_GRIDS_KEY) or []
+    if not isinstance(grids, list) or not all(_is_grid(grid) for grid in grids):
+        raise InvalidArgument(
+            f"kv_handle.payload's {IMAGE_GRIDS_KEY} must list [t, h, w] grids of positive ints",
+            reason="BAD_KV_HANDLE",
+        )
+    return [(t, h, w) for t, h, w in grids]
+
+
+def _is_grid(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(type(number) is int and number > 0 for number in value)
+    )

@@ -1,0 +1,32 @@
+"""A prefill worker's mode is its role: ``epd prefill --mode`` keeps its spellings, and a role no
+PrefillService serves is refused when the configuration is built."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from epd.common.roles import Role
+from epd.server.prefill.app import PrefillConfig
+from epd.server.prefill.cli import add_arguments
+
+
+def mode_flag() -> argparse.Action:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    (action,) = [a for a in parser._actions if "--mode" in a.option_strings]
+    return action
+
+
+def test_the_mode_flag_keeps_its_spellings_and_default() -> None:
+    flag = mode_flag()
+    assert flag.choices == ["prefill", "prefill_decode", "encode_prefill"]
+    assert flag.default == "prefill_decode" == PrefillConfig(Path("/m")).mode.label
+
+
+@pytest.mark.parametrize("role", [Role.ENCODE, Role.DECODE])
+def test_a_role_no_prefill_worker_serves_is_refused(role: Role) -> None:
+    with pytest.raises(ValueError, match=f"cannot serve the {role.label} role"):
+        PrefillConfig(Path("/m"), role)

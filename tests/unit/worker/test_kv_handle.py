@@ -1,0 +1,67 @@
+"""The KV handle's payload: the prefill side encodes its engine's kv_transfer_params once, the
+decode side decodes them once, exactly (ints stay ints: a Struct turned them into doubles), and
+a payload that is not a handle is refused with INVALID_ARGUMENT ``BAD_KV_HANDLE``."""
+
+from __future__ import annotations
+
+import pytest
+
+from epd.common.errors import InvalidArgument
+from epd.server.engine.base import IMAGE_GRIDS_KEY
+from epd.server.worker import convert
+from epd.server.worker.kv_handle import decode_kv_params, encode_kv_params, image_grids
+from epd.v1 import generation_pb2
+
+HANDLE = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [[1, 2], [3]],
+    "remote_port": 5601,
+    "remote_engine_id": "e1",
+    "remote_host": "10.0.0.7",
+    "remote_blocks_expiry_time": None,
+    "tp_size": 1,
+    "lease": {"seconds": 30, "renew_every": 5.0, "ratio": 0.1},
+    "epd_seed": 2**62 + 1,
+    IMAGE_GRIDS_KEY: [[1, 4, 6]],
+}
+
+
+def through_the_wire(handle: generation_pb2.KvHandle) -> generation_pb2.KvHandle:
+    return generation_pb2.KvHandle.FromString(handle.SerializeToString())
+
+
+def test_a_handle_crosses_the_wire_exactly_with_ints_as_ints() -> None:
+    handle = through_the_wire(convert.kv_handle_to_proto(HANDLE))
+    assert handle.engine_id == "e1"
+    params = decode_kv_params(handle.payload)
+    assert params == HANDLE
+    assert type(params["remote_port"]) is int and type(params["epd_seed"]) is int
+    assert all(type(n) is int for ids in params["remote_block_ids"] for n in ids)
+    assert type(params["lease"]["seconds"]) is int and type(params["lease"]["ratio"]) is float
+
+
+def test_no_handle_is_an_empty_payload() -> None:
+    assert convert.kv_handle_to_proto(None) == generation_pb2.KvHandle()
+    assert convert.kv_handle_to_proto({}) == generation_pb2.KvHandle()
+    assert encode_kv_params(None) == b""
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"not json", b"\xff\xfe\xfd", b"[1, 2]", b'"text"', b"7", b"null", b"{" * 100_000],
+    ids=["text", "not-utf8", "list", "string", "number", "null", "too-deep"],
+)
+def test_a_payload_that_is_not_a_json_object_is_a_bad_handle(payload: bytes) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        decode_kv_params(payload)
+    assert caught.value.reason == "BAD_KV_HANDLE"
+
+
+def test_grids_come_back_as_tuples_and_malformed_ones_are_a_bad_handle() -> None:
+    assert image_grids(HANDLE) == [(1, 4, 6)]
+    assert image_grids({}) == []
+    for grids in ([[1, 4]], [[1, 4, "6"]], [[1.0, 4.0, 6.0]], [[1, 0, 6]], [[True, 4, 6]], 5):
+        with pytest.raises(InvalidArgument) as caught:
+            image_grids({IMAGE_GRIDS_KEY: grids})
+        assert caught.value.reason == "BAD_KV_HANDLE", grids
