@@ -10,7 +10,7 @@ import grpc
 from epd.common.channels import create_channel
 from epd.common.roles import Role
 from epd.common.status import from_rpc_error
-from epd.server.engine.base import EngineImage, EngineLoad, PrefillResult, Sampling, Usage
+from epd.server.engine.base import EngineLoad
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
@@ -22,24 +22,14 @@ class KvProducerEngine(CannedEngine):
     """Prefills at once; holds the KV (usage above zero) until ``pull`` is called."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.num_held = 0
-
-    async def prefill(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> PrefillResult:
-        self.num_held += 1
-        return PrefillResult(7, None, {"remote_block_ids": [1]}, Usage(len(prompt_token_ids), 1))
+        super().__init__(kv_transfer_params={"remote_block_ids": [1]})
+        self.num_pulled = 0
 
     def pull(self) -> None:
-        self.num_held -= 1
+        self.num_pulled += 1
 
     def load(self) -> EngineLoad:
-        return EngineLoad(kv_usage=0.25 * self.num_held)
+        return EngineLoad(kv_usage=0.25 * (self.num_prefilled - self.num_pulled))
 
 
 async def prefill(port: int, request_id: str) -> pb.PrefillResponse:
