@@ -256,3 +256,18 @@ class ModelFamily(ABC):
     def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
         """A random-weight model (transformers' class for the family, float32, eval mode);
         ``token_ids`` maps special token strings to ids."""
+
+
+class SeparatelyBatchedFamily(ModelFamily):
+    """A family whose images enter vLLM as one ``image_embeds`` [rows, hidden] tensor each, in
+    items of their own (``separately_batched_items``), so that images of different row counts
+    (InternVL's tile counts, LLaVA-OneVision's sizes) are never batched together."""
+
+    vllm_extra_keys = (ROWS_KEY,)
+
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        return separately_batched_items(embeddings)
+
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as the image data itself.
+        return list(embeddings)

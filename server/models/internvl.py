@@ -15,7 +15,7 @@ prompt update), so the family names those delimiters (``image_delimiters``). Emb
 (``InternS1ForConditionalGeneration`` serves the architecture) as ``image_embeds``, one [rows,
 hidden] tensor per image (a batched field), with the rows as a shared field so that vLLM never
 batches images of different rows, which its schema refuses
-(``family.separately_batched_items``). Hub checkpoints name the weights as transformers 5 saves
+(``family.SeparatelyBatchedFamily``). Hub checkpoints name the weights as transformers 5 saves
 them (``model.vision_tower.*``, ``model.multi_modal_projector.*``, ``model.language_model.*``,
 ``lm_head.*``).
 """
@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import (
-    ROWS_KEY,
     Grid,
-    ModelFamily,
+    SeparatelyBatchedFamily,
     TinySizes,
     device_argument,
-    separately_batched_items,
     tiny_text_config,
 )
+from epd.server.models.projected_tower import projected_tower, tiny_vision_config
 
 PATCH_SIZE = 14
 CONTEXT_TOKEN = "<IMG_CONTEXT>"
@@ -62,7 +61,7 @@ CHAT_TEMPLATE = (
 )
 
 
-class InternVl(ModelFamily):
+class InternVl(SeparatelyBatchedFamily):
     """InternVL, transformers format (``InternVLForConditionalGeneration``)."""
 
     name = "internvl"
@@ -77,7 +76,6 @@ class InternVl(ModelFamily):
     chat_template = CHAT_TEMPLATE
     # NOTE: the hub's added tokens; vLLM's prompt update needs <video> to be one token too.
     tiny_special_tokens = (START_TOKEN, END_TOKEN, CONTEXT_TOKEN, VIDEO_TOKEN, *HUB_EXTRA_TOKENS)
-    vllm_extra_keys = (ROWS_KEY,)
     tiny_named_tokens = (
         ("start_image_token", START_TOKEN),
         ("end_image_token", END_TOKEN),
@@ -86,18 +84,14 @@ class InternVl(ModelFamily):
     )
 
     def vision_tower(self, config: Any) -> Any:
-        from torch import nn
         from transformers import InternVLVisionModel
         from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
 
-        tower = nn.ModuleDict(
-            {
-                "vision_tower": InternVLVisionModel._from_config(config.vision_config),
-                "multi_modal_projector": InternVLMultiModalProjector(config),
-            }
+        return projected_tower(
+            config,
+            InternVLVisionModel._from_config(config.vision_config),
+            InternVLMultiModalProjector(config),
         )
-        tower.config = config
-        return tower
 
     def visual_weight_name(self, key: str) -> str | None:
         name = key.removeprefix("model.")
@@ -151,14 +145,6 @@ class InternVl(ModelFamily):
         grids = [(1, 1, int(num_tiles) * rows) for num_tiles in inputs["num_patches"]]
         return inputs["pixel_values"], torch.tensor(grids)
 
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        return separately_batched_items(embeddings)
-
-    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
-        # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as embeddings (images of
-        # different tile counts have different rows).
-        return list(embeddings)
-
     def save_tiny_processor(
         self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
     ) -> None:
@@ -190,15 +176,7 @@ class InternVl(ModelFamily):
         }
         config = InternVLConfig(
             text_config=text_config,
-            vision_config=dict(
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_TILE_SIZE,
-                patch_size=PATCH_SIZE,
-                initializer_range=sizes.init_range,
-            ),
+            vision_config=tiny_vision_config(sizes, TINY_TILE_SIZE, PATCH_SIZE),
             image_token_id=token_ids[CONTEXT_TOKEN],
             image_seq_length=_tiny_rows_per_tile(),
             downsample_ratio=0.5,

@@ -27,6 +27,7 @@ from epd.server.models.family import (
     image_size,
     tiny_text_config,
 )
+from epd.server.models.projected_tower import projected_tower, tiny_vision_config
 
 PATCH_SIZE = 14
 IMAGE_TOKEN = "<image>"
@@ -65,18 +66,14 @@ class Llava(ModelFamily):
     tiny_special_tokens = (IMAGE_TOKEN,)
 
     def vision_tower(self, config: Any) -> Any:
-        from torch import nn
         from transformers import CLIPVisionModel
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
-        tower = nn.ModuleDict(
-            {
-                "vision_tower": CLIPVisionModel._from_config(config.vision_config),
-                "multi_modal_projector": LlavaMultiModalProjector(config),
-            }
+        return projected_tower(
+            config,
+            CLIPVisionModel._from_config(config.vision_config),
+            LlavaMultiModalProjector(config),
         )
-        tower.config = config
-        return tower
 
     def visual_weight_name(self, key: str) -> str | None:
         name = key.removeprefix("model.")
@@ -154,16 +151,12 @@ class Llava(ModelFamily):
 
         config = LlavaConfig(
             text_config=_tiny_text_config(token_ids, vocab_size, sizes),
-            vision_config=dict(
+            vision_config=tiny_vision_config(
+                sizes,
+                TINY_IMAGE_SIZE,
+                PATCH_SIZE,
                 model_type="clip_vision_model",
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_IMAGE_SIZE,
-                patch_size=PATCH_SIZE,
                 projection_dim=sizes.vision_embed_dim,
-                initializer_range=sizes.init_range,
             ),
             image_token_index=token_ids[IMAGE_TOKEN],
             image_seq_length=(TINY_IMAGE_SIZE // PATCH_SIZE) ** 2,

@@ -20,7 +20,7 @@ Every image is tiled, however many a prompt holds, as vLLM 0.32 tiles them and a
 processor does given one flat list of images (given a list per text, it shows the images of a
 text that holds several untiled: the base tile and one newline row). vLLM 0.32's embeddings
 schema refuses a batch of images of different row counts, so ``vllm_items`` keeps them apart
-(``family.separately_batched_items``).
+(``family.SeparatelyBatchedFamily``).
 
 Hub checkpoints name the tower's weights ``vision_tower.vision_model.*``, the projector's
 ``multi_modal_projector.*``, the newline row ``image_newline`` and the language model's
@@ -35,16 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import (
-    ROWS_KEY,
     Grid,
-    ModelFamily,
+    SeparatelyBatchedFamily,
     TinySizes,
     device_argument,
     image_size,
-    separately_batched_items,
     tiny_text_config,
 )
 from epd.server.models.llava import name_tower_as_hub
+from epd.server.models.projected_tower import projected_tower, tiny_vision_config
 
 PATCH_SIZE = 14
 IMAGE_TOKEN = "<image>"
@@ -72,7 +71,7 @@ CHAT_TEMPLATE = (
 )
 
 
-class LlavaOnevision(ModelFamily):
+class LlavaOnevision(SeparatelyBatchedFamily):
     """LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``, SigLIP tower, anyres)."""
 
     name = "llava_onevision"
@@ -88,7 +87,6 @@ class LlavaOnevision(ModelFamily):
     )
     chat_template = CHAT_TEMPLATE
     tiny_special_tokens = (IMAGE_TOKEN, VIDEO_TOKEN)
-    vllm_extra_keys = (ROWS_KEY,)
 
     def vision_tower(self, config: Any) -> Any:
         import torch
@@ -98,11 +96,12 @@ class LlavaOnevision(ModelFamily):
             LlavaOnevisionMultiModalProjector,
         )
 
-        tower = nn.Module()
-        tower.vision_tower = AutoModel.from_config(config.vision_config)
-        tower.multi_modal_projector = LlavaOnevisionMultiModalProjector(config)
+        tower = projected_tower(
+            config,
+            AutoModel.from_config(config.vision_config),
+            LlavaOnevisionMultiModalProjector(config),
+        )
         tower.image_newline = nn.Parameter(torch.empty(config.text_config.hidden_size))
-        tower.config = config
         return tower
 
     def visual_weight_name(self, key: str) -> str | None:
@@ -184,14 +183,6 @@ class LlavaOnevision(ModelFamily):
     def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
         return 1, 1, num_image_rows(width, height, config, processor.image_grid_pinpoints)
 
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        return separately_batched_items(embeddings)
-
-    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
-        # NOTE: vLLM's parser takes embeddings as the image data itself; images of different
-        # sizes have different row counts, so one [rows, hidden] tensor per image.
-        return list(embeddings)
-
     def save_tiny_processor(
         self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
     ) -> None:
@@ -234,16 +225,12 @@ class LlavaOnevision(ModelFamily):
                 "model_type": "qwen2",
                 **tiny_text_config(token_ids, vocab_size, sizes, rope),
             },
-            vision_config=dict(
+            vision_config=tiny_vision_config(
+                sizes,
+                TINY_TILE,
+                PATCH_SIZE,
                 model_type="siglip_vision_model",
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_TILE,
-                patch_size=PATCH_SIZE,
                 vision_use_head=False,
-                initializer_range=sizes.init_range,
             ),
             image_token_index=token_ids[IMAGE_TOKEN],
             video_token_index=token_ids[VIDEO_TOKEN],
