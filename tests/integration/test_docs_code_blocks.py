@@ -348,7 +348,7 @@ class RouteThread:
 
         served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
         self.server = served.server
-        self.http = OpenAiHttp(served.worker)
+        self.http = OpenAiHttp(served.router)
         http_port = await self.http.start("127.0.0.1", 0)
         return f"127.0.0.1:{served.port}", f"http://127.0.0.1:{http_port}"
 
