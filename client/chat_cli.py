@@ -10,6 +10,7 @@ import sys
 from epd.client.errors import EpdClientError
 from epd.client.messages import local_path, user
 from epd.client.sdk import AsyncEpdClient
+from epd.scheduler.model import Policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default random)")
     parser.add_argument(
         "--policy",
-        choices=["per_image", "per_request", "adaptive"],
+        choices=[policy.value for policy in Policy],
         default="",
-        help="encoder assignment policy (default: the deployment's)",
+        help="this request's encoder assignment policy (default: the deployment's, its "
+        "scheduler's --default-policy)",
     )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline (default 300)")
     parser.add_argument(

@@ -23,12 +23,12 @@ class WatchOptions:
     """``max_restarts``: how many times one child is restarted (0: a dead child ends the
     deployment). ``interval_s``: how often children are checked."""
 
-    max_restarts: int = 0
+    max_restarts: int = 3
     interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
-            raise ValueError(f"max restarts must be 0 or more, got {self.max_restarts}")
+            raise ValueError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
 
 
 async def watch(

@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 
 from epd.client.cpu_layout import Service
 from epd.common.cpus import format_cpu_list
+from epd.common.options import field_default
 from epd.common.roles import Role
+from epd.scheduler.core import SchedulerConfig
 
 TOPOLOGIES = {
     "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",
@@ -43,6 +45,10 @@ ENCODER_OFFSET = 4
 HTTP_OFFSET = 10
 REPLICA_OFFSET = 11
 METRICS_OFFSET = 20
+# NOTE: the launcher's own choice, not `epd prefill`'s default (epd.server.engine.device's
+# CPU_KV_CACHE_MB, 256): it starts several engines (prefill, decode, replicas) on one machine,
+# each with a KV cache of this size on CPU.
+LAUNCHER_CPU_KV_CACHE_MB = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +67,8 @@ class Topology:
     """What ``start_topology`` starts: one of TOPOLOGIES, encoders, policy, engine settings.
 
     ``kv_cache_mb``: None leaves the KV cache size to the engines (on CUDA: sized from their
-    memory share). ``engine_flags``: more flags for every engine worker (prefill, decode).
+    memory share); ``epd up`` gives None on CUDA, ``LAUNCHER_CPU_KV_CACHE_MB`` on CPU.
+    ``engine_flags``: more flags for every engine worker (prefill, decode).
     ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
     ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
     ``devices``: the device of each encoder, in order (their count follows it); empty: every
@@ -72,9 +79,9 @@ class Topology:
 
     name: str = "epd"
     num_encoders: int = 1
-    policy: str = "adaptive"
+    policy: str = field_default(SchedulerConfig, "default_policy").value
     split_ratio: str = ""
-    kv_cache_mb: int | None = 128
+    kv_cache_mb: int | None = LAUNCHER_CPU_KV_CACHE_MB
     http: bool = True
     encoder_threads: tuple[int, ...] = ()
     engine: str = "auto"

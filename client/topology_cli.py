@@ -4,26 +4,32 @@ its engine workers, the encoder policy; read into a ``Topology`` by ``topology_o
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from typing import Any
 
 from epd.client.topology import TOPOLOGIES, Topology
+from epd.scheduler.cli import add_policy_argument
+from epd.scheduler.model import Policy
 from epd.server.engine.device import CUDA, XPU, cuda_device_index, device_type, xpu_available
 
 
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    """The topology flags of ``epd up``."""
+    """The topology flags of ``epd up``; ``Topology`` owns their defaults."""
     add = parser.add_argument
+    defaults = Topology()
     add(
         "--topology",
         choices=sorted(TOPOLOGIES),
-        default="epd",
-        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items()) + " (default epd)",
+        default=defaults.name,
+        help="; ".join(f"{k}: {v}" for k, v in TOPOLOGIES.items()) + f" (default {defaults.name})",
     )
     add(
         "--encoders",
         type=int,
-        default=1,
-        help="number of encoders for epd and e-pd, each on --encoder-devices' default (default 1)",
+        default=defaults.num_encoders,
+        help="number of encoders for epd and e-pd, each on --encoder-devices' default "
+        f"(default {defaults.num_encoders})",
     )
     add(
         "--encoder-devices",
@@ -37,30 +43,33 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--prefill-workers",
         type=positive,
-        default=1,
+        default=defaults.num_prefill,
         metavar="N",
         help="replicas of the prefill-side engine worker (prefill for epd, encode+prefill for "
         "ep-d, prefill+decode for e-pd and dual-encoder, encode+prefill+decode for epd1): "
         "services prefill, prefill1.., worker ids prefill0.., sharing the accelerator; the "
-        "scheduler picks among them by cached prefix, then load (default 1)",
+        f"scheduler picks among them by cached prefix, then load (default {defaults.num_prefill})",
     )
     add(
         "--decode-workers",
         type=positive,
-        default=1,
+        default=defaults.num_decode,
         metavar="N",
         help="replicas of the decode worker of epd and ep-d: services decode, decode1.., worker "
-        "ids decode0.. (default 1)",
+        f"ids decode0.. (default {defaults.num_decode})",
     )
+    add_policy_argument(parser, variable=None)
     add(
         "--policy",
-        choices=["per_image", "per_request", "adaptive"],
-        default="adaptive",
-        help="encoder assignment policy (default adaptive)",
+        action=DeprecatedPolicy,
+        choices=[policy.value for policy in Policy],
+        dest="default_policy",
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
     )
     add(
         "--split-ratio",
-        default="",
+        default=defaults.split_ratio,
         help="ACCELERATOR:CPU shares for per_request, e.g. 8:1 (default: weights)",
     )
     add(
@@ -69,6 +78,21 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU threads of each encoder in order, e.g. 2,1 makes the second "
         "encoder of dual-encoder the slower one (default: torch's default)",
     )
+
+
+class DeprecatedPolicy(argparse.Action):
+    """``--policy``, the old name of ``--default-policy`` (the scheduler's name for it): still
+    taken, with a warning, and hidden from ``--help``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print("epd up: --policy is deprecated: use --default-policy", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def positive(text: str) -> int:
@@ -88,7 +112,7 @@ def topology_of(args: argparse.Namespace) -> Topology:
     topology = Topology(
         args.topology,
         args.encoders,
-        args.policy,
+        args.default_policy,
         args.split_ratio,
         encoder_threads=parse_counts(args.encoder_threads),
         engine=args.engine,

@@ -27,6 +27,7 @@ from epd.client.topology_cli import add_topology_arguments, topology_of
 from epd.client.traces import summarise
 from epd.client.up_engine import add_engine_arguments, check_engine_args, engine_settings
 from epd.common.cpus import allowed_cpus
+from epd.common.options import field_default
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
 from epd.server.engine.device import (
@@ -39,12 +40,12 @@ from epd.server.engine.device import (
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
-DEFAULT_MAX_RESTARTS = 3
 SPAN_FILE = "spans.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epd up``."""
+    max_restarts = field_default(WatchOptions, "max_restarts")
     add_model_arguments(
         parser,
         required=False,
@@ -76,10 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
         choices=ENGINES,
-        default="auto",
+        default=field_default(Topology, "engine"),
         help="prefill workers' engine: vllm, transformers (no vLLM needed; "
         "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
-        "(default auto)",
+        f"(default {field_default(Topology, 'engine')})",
     )
     add_engine_arguments(parser)
     parser.add_argument(
@@ -133,9 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-restarts",
         type=int,
-        default=DEFAULT_MAX_RESTARTS,
+        default=max_restarts,
         help=f"with --keep: restarts of one service before the deployment stops (default "
-        f"{DEFAULT_MAX_RESTARTS}; 0: the first death stops it)",
+        f"{max_restarts}; 0: the first death stops it)",
     )
     parser.add_argument(
         "--trace-max-mb",
@@ -152,10 +153,8 @@ def run(args: argparse.Namespace) -> int:
     if args.encoders < 1 or args.max_tokens < 1:
         print("epd up: --encoders and --max-tokens must be at least 1", file=sys.stderr)
         return 2
-    if args.max_restarts < 0:
-        print("epd up: --max-restarts must be 0 or more", file=sys.stderr)
-        return 2
     try:
+        args.watch = WatchOptions(max_restarts=args.max_restarts)
         topology = args.planned_topology = topology_of(args)
         if args.base_port:
             check_ports(topology, args.metrics)
@@ -224,7 +223,7 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
         if args.endpoints_file:
             _write_endpoints(args.endpoints_file, deployment, route, entry)
 
-    await watch(deployment, WatchOptions(args.max_restarts), _report, rewrite_endpoints)
+    await watch(deployment, args.watch, _report, rewrite_endpoints)
 
 
 def _report(line: str) -> None:

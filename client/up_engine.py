@@ -2,7 +2,8 @@
 
 Flags left unset are not passed: each worker then applies its device's default (``epd prefill
 --help``), and ``EPD_*`` variables reach the workers through the environment. Two settings
-depend on the deployment: the KV cache of each engine (``UP_KV_CACHE_MB`` on CPU) and, when
+depend on the deployment: the KV cache of each engine (``LAUNCHER_CPU_KV_CACHE_MB`` on CPU, half of
+``epd prefill``'s default: the launcher runs several engines on one machine) and, when
 several engines share one GPU, each engine's share of its memory. vLLM engine arguments
 (``--engine-arg NAME=VALUE``, and those after ``--``) go to every vLLM engine as given, checked
 first by vLLM's parser.
@@ -12,12 +13,21 @@ from __future__ import annotations
 
 import argparse
 
-from epd.server.engine.device import CPU, DEVICE_CHOICES, DTYPE_CHOICES, device_type
+from epd.client.topology import LAUNCHER_CPU_KV_CACHE_MB
+from epd.server.engine.base import DEFAULT_MAX_MODEL_LEN
+from epd.server.engine.device import (
+    CPU,
+    CPU_KV_CACHE_MB,
+    DEFAULTS,
+    DEVICE_CHOICES,
+    DTYPE_CHOICES,
+    device_type,
+)
 from epd.server.engine.engine_cli import has_engine_args, refuse_engine_args, vllm_installed
 from epd.server.engine.vllm_args import parse_engine_args
+from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_process import model_cpus
 
-UP_KV_CACHE_MB = 128
 SHARED_GPU_MEMORY = 0.9
 PASSED_ON = (
     "dtype",
@@ -33,6 +43,7 @@ PASSED_ON = (
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine flags of ``epd up`` (passed to the prefill and decode workers)."""
     add = parser.add_argument
+    cpu, cuda, vllm = DEFAULTS[CPU], DEFAULTS["cuda"], VllmOptions()
     add(
         "--device",
         choices=DEVICE_CHOICES,
@@ -40,21 +51,35 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the engines run: cuda, cpu or auto: cuda where usable (default auto); "
         "encoders keep their own devices (--topology)",
     )
-    add("--dtype", choices=DTYPE_CHOICES, help="engine dtype (default: bfloat16 on CUDA, float32)")
+    add(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help=f"engine dtype (default: {cuda.dtype} on CUDA, {cpu.dtype} on CPU)",
+    )
     add(
         "--kv-cache-mb",
         type=int,
-        help=f"KV cache per engine in MiB (default {UP_KV_CACHE_MB} on CPU; on CUDA sized from "
-        "each engine's share of the GPU's memory)",
+        help=f"KV cache per engine in MiB (default {LAUNCHER_CPU_KV_CACHE_MB} on CPU, the "
+        f"launcher's choice for several engines on one machine where `epd prefill` alone takes "
+        f"{CPU_KV_CACHE_MB}; on CUDA sized from each engine's share of the GPU's memory)",
     )
     add(
         "--gpu-memory-utilization",
         type=float,
-        help="share of the GPU's memory of each engine (default: vLLM's 0.92 for one engine, "
-        f"{SHARED_GPU_MEMORY} split evenly when prefill and decode workers share the GPU)",
+        help="share of the GPU's memory of each engine (default: vLLM's "
+        f"{vllm.gpu_memory_utilization} for one engine, {SHARED_GPU_MEMORY} split evenly when "
+        "prefill and decode workers share the GPU)",
     )
-    add("--tensor-parallel-size", type=int, help="GPUs per engine (default 1)")
-    add("--max-model-len", type=int, help="longest prompt + output in tokens (default 4096)")
+    add(
+        "--tensor-parallel-size",
+        type=int,
+        help=f"GPUs per engine (default {vllm.tensor_parallel_size})",
+    )
+    add(
+        "--max-model-len",
+        type=int,
+        help=f"longest prompt + output in tokens (default {DEFAULT_MAX_MODEL_LEN})",
+    )
     add("--max-num-seqs", type=int, help="sequences per engine step (default: vLLM's)")
     add("--max-num-batched-tokens", type=int, help="tokens per engine step (default: vLLM's)")
     add(
@@ -67,8 +92,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--enforce-eager",
         action=argparse.BooleanOptionalAction,
-        help="eager engines, or compiled with --no-enforce-eager (default: eager on CPU, "
-        "compiled on CUDA)",
+        help="eager engines, or compiled with --no-enforce-eager (default: "
+        f"{'eager' if cpu.enforce_eager else 'compiled'} on CPU, "
+        f"{'eager' if cuda.enforce_eager else 'compiled'} on CUDA)",
     )
     add(
         "--engine-arg",
@@ -123,5 +149,5 @@ def engine_settings(
         flags += ["--engine-arg", pair]
     kv_cache_mb = args.kv_cache_mb
     if kv_cache_mb is None and kind == CPU:
-        kv_cache_mb = UP_KV_CACHE_MB
+        kv_cache_mb = LAUNCHER_CPU_KV_CACHE_MB
     return kv_cache_mb, tuple(flags)

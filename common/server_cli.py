@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from epd.common.channels import DEFAULT_KEEPALIVE_S
 from epd.common.cpus import check_available, parse_cpu_list, pin_threads
 from epd.common.env import float_env
 from epd.common.server import MiB, ServerOptions
@@ -13,13 +12,15 @@ from epd.common.server import MiB, ServerOptions
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0) -> None:
     """Add the server flags to ``parser``; each falls back to an EPD_* environment variable.
-    ValueError naming the variable when $EPD_GRPC_KEEPALIVE_S is malformed."""
+    ValueError naming the variable when $EPD_GRPC_KEEPALIVE_S is malformed. ``ServerOptions``
+    owns the defaults (``default_port`` aside: each service has its own)."""
     env = os.environ.get
+    defaults = ServerOptions()
     group = parser.add_argument_group("server")
     group.add_argument(
         "--host",
-        default=env("EPD_HOST", "127.0.0.1"),
-        help="address to listen on (env EPD_HOST; default 127.0.0.1; "
+        default=env("EPD_HOST", defaults.host),
+        help=f"address to listen on (env EPD_HOST; default {defaults.host}; "
         "0.0.0.0 or :: for all interfaces)",
     )
     group.add_argument(
@@ -31,8 +32,9 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0)
     group.add_argument(
         "--max-message-mb",
         type=float,
-        default=float(env("EPD_MAX_MESSAGE_MB", 64)),
-        help="largest gRPC message sent or received, in MiB (env EPD_MAX_MESSAGE_MB; default 64)",
+        default=float(env("EPD_MAX_MESSAGE_MB", defaults.max_message_bytes / MiB)),
+        help="largest gRPC message sent or received, in MiB (env EPD_MAX_MESSAGE_MB; default "
+        f"{defaults.max_message_bytes / MiB:g})",
     )
     group.add_argument(
         "--tls-cert",
@@ -66,16 +68,17 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int = 0)
     group.add_argument(
         "--drain-grace-s",
         type=float,
-        default=float(env("EPD_DRAIN_GRACE_S", 10.0)),
-        help="on SIGTERM, seconds in-flight RPCs get to finish (env EPD_DRAIN_GRACE_S; default 10)",
+        default=float(env("EPD_DRAIN_GRACE_S", defaults.drain_grace_s)),
+        help="on SIGTERM, seconds in-flight RPCs get to finish (env EPD_DRAIN_GRACE_S; default "
+        f"{defaults.drain_grace_s:g})",
     )
     group.add_argument(
         "--grpc-keepalive-s",
         type=float,
-        default=float_env("EPD_GRPC_KEEPALIVE_S", DEFAULT_KEEPALIVE_S),
+        default=float_env("EPD_GRPC_KEEPALIVE_S", defaults.keepalive_s),
         help="seconds between pings on this process's channels, and as long for an answer: a "
         "peer that went silent fails calls within about twice this; servers accept pings that "
-        f"often (env EPD_GRPC_KEEPALIVE_S; default {DEFAULT_KEEPALIVE_S:g})",
+        f"often (env EPD_GRPC_KEEPALIVE_S; default {defaults.keepalive_s:g})",
     )
     group.add_argument(
         "--cpus",

@@ -52,7 +52,8 @@ class _Pending:
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Deployment-level settings."""
+    """Deployment-level settings: the defaults of ``epd scheduler``'s flags (ValueError for a
+    TTL or probe interval that is not positive)."""
 
     default_policy: Policy = Policy.ADAPTIVE
     split_ratio: tuple[float, float] | None = None
@@ -63,6 +64,8 @@ class SchedulerConfig:
     probe_after_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if not self.ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
         if not self.probe_after_s > 0:
             raise ValueError(f"probe_after_s must be positive, got {self.probe_after_s}")
 

@@ -5,7 +5,7 @@
 #
 # Main flags (environment fallbacks in parentheses):
 #   --model DIR                 a supported checkpoint; only its vision weights are loaded
-#   --device cpu|cuda[:N]|xpu|auto   (EPD_ENCODER_DEVICE, default auto: the accelerator if any)
+#   --device cpu|cuda[:N]|xpu|auto   (EPD_DEVICE, default auto: the accelerator if any)
 #   --dtype auto|float32|float16|bfloat16   (auto: bfloat16 on an accelerator, float32 on CPU)
 #   --preprocess-threads N --preprocess-device auto|cpu   decode and prepare images beside the tower
 #   --vision-attention auto|packed|sdpa|eager   the tower's attention

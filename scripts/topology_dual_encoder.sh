@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Start a local two encoders (accelerator via --device auto, and CPU) + aggregated PD + route;
-#   pick the policy with --policy per_image|per_request|adaptive and --split-ratio 8:1
+#   pick the policy with --default-policy per_image|per_request|adaptive and --split-ratio 8:1
 # as child processes of one launcher (epd up --topology dual-encoder --keep): each service waits for what
 # it needs to be healthy, engines start in parallel, every endpoint is printed, Ctrl-C or SIGTERM
 # stops every child. Logs and spans (JSON lines) go to .epd/run/TIMESTAMP/.
 #
-#   scripts/topology_dual_encoder.sh [--model DIR] [--base-port N] [--policy P] [--encoders N] [--no-demo]
+#   scripts/topology_dual_encoder.sh [--model DIR] [--base-port N] [--default-policy P] [--encoders N] [--no-demo]
 #
 # Ports: --base-port N puts the route on N, scheduler N+1, prefill N+2, decode N+3, encoders
 # N+4.., OpenAI HTTP N+10; without it every service takes a free port. --model defaults to the

@@ -4,7 +4,7 @@
 # it needs to be healthy, engines start in parallel, every endpoint is printed, Ctrl-C or SIGTERM
 # stops every child. Logs and spans (JSON lines) go to .epd/run/TIMESTAMP/.
 #
-#   scripts/topology_e_pd.sh [--model DIR] [--base-port N] [--policy P] [--encoders N] [--no-demo]
+#   scripts/topology_e_pd.sh [--model DIR] [--base-port N] [--default-policy P] [--encoders N] [--no-demo]
 #
 # Ports: --base-port N puts the route on N, scheduler N+1, prefill N+2, decode N+3, encoders
 # N+4.., OpenAI HTTP N+10; without it every service takes a free port. --model defaults to the

@@ -10,7 +10,7 @@ from epd.common.roles import Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.decode.servicer import DecodeServicer
 from epd.server.decode.worker import DecodeWorker
-from epd.server.engine.base import Engine
+from epd.server.engine.base import DEFAULT_MAX_PENDING, Engine
 from epd.server.transfer.plane import default_host_id
 from epd.server.worker.engine_worker import register_and_serve, register_engine_metrics
 from epd.server.worker.registration import WorkerRegistration
@@ -23,11 +23,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DecodeConfig:
-    """Everything a decode server needs besides its engine and network options."""
+    """Everything a decode server needs besides its engine and network options; the defaults of
+    ``epd decode``'s flags. ``capacity``: requests the scheduler may place on it at once
+    (``--max-pending``, the engine's admission limit too)."""
 
     worker_id: str = ""
     weight: float = 1.0
-    capacity: int = 8
+    capacity: int = DEFAULT_MAX_PENDING
     scheduler: str | None = None
     host_id: str = ""  # empty: plane.default_host_id()
 

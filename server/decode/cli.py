@@ -23,6 +23,7 @@ from epd.server.transfer.transfer_cli import (
     add_transfer_arguments,
     set_nixl_log_level,
 )
+from epd.server.worker.worker_cli import add_worker_arguments
 
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
@@ -31,12 +32,24 @@ DEFAULT_PORT = 50081
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine, host id, NIXL log level, server and telemetry flags."""
+    """Engine, worker, host id, NIXL log level, server and telemetry flags."""
     add_engine_arguments(parser)
+    add_worker_arguments(parser, DecodeConfig, "decode")
     add_transfer_arguments(parser, shm=False, nixl=False)
     add_nixl_log_level_argument(parser)
     add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """The ``DecodeConfig`` of the flags."""
+    return DecodeConfig(
+        worker_id=args.worker_id,
+        weight=args.weight,
+        capacity=args.max_pending,
+        scheduler=args.scheduler,
+        host_id=args.host_id,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"epd decode: {e}", file=sys.stderr)
         return 2
-    config = DecodeConfig(
-        args.worker_id, args.weight, args.max_pending, args.scheduler, host_id=args.host_id
-    )
+    config = decode_config(args)
     configure_from_args("epd-decode", args)
     set_nixl_log_level(args)
     return asyncio.run(_serve(args, config, engine_settings, options))

@@ -24,6 +24,7 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EncodeConfig:
-    """Everything an encode server needs besides network options."""
+    """Everything an encode server needs besides network options; the defaults of ``epd
+    encode``'s flags (ValueError for a negative size, wait or thread count)."""
 
     model_dir: Path
     model_id: str = ""
@@ -45,14 +47,14 @@ class EncodeConfig:
     dtype: str = "auto"
     worker_id: str = ""
     weight: float = 1.0
-    # images per tower call at most (0: 8 on an accelerator, 1 on CPU: see max_batch_size_for)
+    # images per tower call at most (0: max_batch_size_for the device)
     max_batch_size: int = 0
     max_batch_wait_ms: float = 0.0
     cache_mb: float = 256.0
     media: MediaPolicy = field(default_factory=MediaPolicy)
     scheduler: str | None = None
     transfer_kind: str | None = None
-    lease_ttl_s: float = 60.0
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
     # batches expected within this many ms run on the event loop (None: see max_inline_ms_for)
     max_inline_ms: float | None = None
@@ -64,6 +66,15 @@ class EncodeConfig:
     # the tower's attention and patch embedding (fast_tower): auto (fast on an accelerator)
     attention: str = "auto"
     patch_embedding: str = "auto"
+
+    def __post_init__(self) -> None:
+        sizes = (self.max_batch_size, self.max_batch_wait_ms, self.cache_mb)
+        if min(sizes) < 0 or (self.max_inline_ms is not None and self.max_inline_ms < 0):
+            raise ValueError("batch size, batch wait, inline ms and cache must not be negative")
+        if self.preprocess_threads < 0:
+            raise ValueError("preprocess threads must be 0 (one per CPU) or more")
+        if not self.lease_ttl_s > 0:
+            raise ValueError(f"lease TTL must be positive, got {self.lease_ttl_s}")
 
 
 @dataclass
@@ -89,9 +100,10 @@ CPU_MAX_INLINE_MS = 10.0
 
 
 def max_batch_size_for(device_type: str) -> int:
-    """Images per tower call by default: several on an accelerator, where a batch of 8 costs a
-    fraction of 8 single calls; one on CPU, where a tower of real size is compute-bound, a batch
-    costs its images' sum or more, and only delays the first image's result."""
+    """Images per tower call by default: several on an accelerator, where a batch of
+    ``ACCELERATOR_BATCH_SIZE`` costs a fraction of as many single calls; one on CPU, where a
+    tower of real size is compute-bound, a batch costs its images' sum or more, and only delays
+    the first image's result."""
     return 1 if device_type == "cpu" else ACCELERATOR_BATCH_SIZE
 
 

@@ -43,7 +43,7 @@ class DynamicBatcher(Generic[Item, Result]):
         self,
         run: Callable[[list[Item]], list[Result]],
         *,
-        max_items: int = 8,
+        max_items: int,
         max_wait_s: float = 0.0,
         inline_below_s: float = 0.0,
         on_batch: BatchObserver | None = None,

@@ -6,11 +6,18 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Any
 
+from epd.common.options import field_default
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
-from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.encode.app import (
+    ACCELERATOR_BATCH_SIZE,
+    CPU_MAX_INLINE_MS,
+    EncodeConfig,
+    build_encode_server,
+)
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.media.media_cli import add_media_arguments, media_policy
@@ -20,8 +27,31 @@ from epd.server.transfer.transfer_cli import (
     set_nixl_log_level,
     transfer_options,
 )
+from epd.server.worker.worker_cli import add_worker_arguments
 
 DEFAULT_PORT = 50061
+# NOTE: the encoder's --device read this variable before every service's --device read
+# EPD_DEVICE; when set it still wins, so a shell setting both keeps its encoders where they were.
+DEPRECATED_DEVICE_VARIABLE = "EPD_ENCODER_DEVICE"
+
+
+def default_of(name: str) -> Any:
+    """The default of ``EncodeConfig``'s field ``name``: the default of the flag that sets it."""
+    return field_default(EncodeConfig, name)
+
+
+def device_fallback() -> str:
+    """``--device``'s fallback: $EPD_ENCODER_DEVICE (deprecated, with a warning), else
+    $EPD_DEVICE, else EncodeConfig's default."""
+    deprecated = os.environ.get(DEPRECATED_DEVICE_VARIABLE)
+    if deprecated:
+        print(
+            f"epd encode: ${DEPRECATED_DEVICE_VARIABLE} is deprecated: set EPD_DEVICE (or "
+            "--device) instead",
+            file=sys.stderr,
+        )
+        return deprecated
+    return os.environ.get("EPD_DEVICE") or default_of("device")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,20 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model-id",
-        default="",
+        default=default_of("model_id"),
         help="model name clients use (default: the hub id, or the directory name)",
     )
     parser.add_argument(
         "--device",
-        default=env("EPD_ENCODER_DEVICE", "auto"),
+        default=device_fallback(),
         help="cpu, cuda, cuda:N, xpu or auto: the accelerator where there is one, else CPU "
-        "(env EPD_ENCODER_DEVICE; default auto)",
+        f"(env EPD_DEVICE; the old env {DEPRECATED_DEVICE_VARIABLE}, deprecated, wins when "
+        f"set; default {default_of('device')})",
     )
     parser.add_argument(
         "--dtype",
-        default="auto",
+        default=default_of("dtype"),
         choices=["auto", *DTYPES],
-        help="vision tower dtype (default auto: bfloat16 on an accelerator, float32 on CPU)",
+        help=f"vision tower dtype (default {default_of('dtype')}: bfloat16 on an accelerator, "
+        "float32 on CPU)",
     )
     parser.add_argument(
         "--threads",
@@ -60,81 +92,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preprocess-threads",
         type=int,
-        default=int(env("EPD_PREPROCESS_THREADS", "0")),
+        default=int(env("EPD_PREPROCESS_THREADS", default_of("preprocess_threads"))),
         help="threads that decode images and run the model's image processor, in parallel with "
-        "the tower (env EPD_PREPROCESS_THREADS; default 0: one per CPU this process may use)",
+        f"the tower (env EPD_PREPROCESS_THREADS; default {default_of('preprocess_threads')}: "
+        "one per CPU this process may use)",
     )
     parser.add_argument(
         "--preprocess-device",
         choices=PREPROCESS_DEVICES,
-        default="auto",
+        default=default_of("preprocess_device"),
         help="where the image processor runs: auto (the tower's device where the processor can "
-        "run there: transformers' torchvision backend; else CPU) or cpu (default auto)",
+        "run there: transformers' torchvision backend; else CPU) or cpu "
+        f"(default {default_of('preprocess_device')})",
     )
     parser.add_argument(
         "--vision-attention",
         choices=ATTENTIONS,
-        default="auto",
+        default=default_of("attention"),
         help="the tower's attention: packed (one SDPA call per run of equally long images or "
         "windows of a batch packed in one sequence), sdpa or eager (transformers' own, per "
         "image or window) or auto: packed on an accelerator where the family's tower packs "
-        "images (Qwen), else transformers' default (default auto)",
+        f"images (Qwen), else transformers' default (default {default_of('attention')})",
     )
     parser.add_argument(
         "--patch-embedding",
         choices=PATCH_EMBEDDINGS,
-        default="auto",
+        default=default_of("patch_embedding"),
         help="a patch-embedding convolution whose stride is its kernel (Qwen's) runs as a "
         "matrix product (matmul, as vLLM runs it) or as the convolution (conv); auto: matmul "
-        "on an accelerator, conv on CPU (default auto)",
+        f"on an accelerator, conv on CPU (default {default_of('patch_embedding')})",
     )
-    parser.add_argument(
-        "--worker-id",
-        default=env("EPD_WORKER_ID", ""),
-        help="id in the scheduler's registry (env EPD_WORKER_ID; default encode-HOST-PORT)",
-    )
-    parser.add_argument(
-        "--weight",
-        type=float,
-        default=1.0,
-        help="share of work under weighted policies (default 1)",
-    )
-    parser.add_argument(
-        "--scheduler",
-        default=env("EPD_SCHEDULER"),
-        help="scheduler host:port to register with (env EPD_SCHEDULER; "
-        "default: none, serve direct calls only)",
-    )
+    add_worker_arguments(parser, EncodeConfig, "encode")
     parser.add_argument(
         "--max-batch-size",
         type=int,
-        default=0,
-        help="images per vision-tower call at most (default 0: 8 on an accelerator, 1 on CPU, "
-        "where a batch costs its images' sum and only delays the first)",
+        default=default_of("max_batch_size"),
+        help=f"images per vision-tower call at most (default {default_of('max_batch_size')}: "
+        f"{ACCELERATOR_BATCH_SIZE} on an accelerator, 1 on CPU, where a batch costs its images' "
+        "sum and only delays the first)",
     )
     parser.add_argument(
         "--max-batch-wait-ms",
         type=float,
-        default=float(env("EPD_MAX_BATCH_WAIT_MS", "0")),
+        default=float(env("EPD_MAX_BATCH_WAIT_MS", default_of("max_batch_wait_ms"))),
         help="how long the first image of a batch waits for others (env "
-        "EPD_MAX_BATCH_WAIT_MS; default 0: a batch takes the images already "
-        "queued, which under load are those that arrived while the tower "
-        "ran)",
+        f"EPD_MAX_BATCH_WAIT_MS; default {default_of('max_batch_wait_ms'):g}: a batch takes the "
+        "images already queued, which under load are those that arrived while the tower ran)",
     )
     parser.add_argument(
         "--max-inline-ms",
         default=env("EPD_MAX_INLINE_MS", "auto"),
         help="batches expected to finish within this many ms run on the event "
         "loop instead of the tower's thread, whose hand-off costs more than "
-        "that on small CPU machines (env EPD_MAX_INLINE_MS; default auto: 10 "
-        "on CPU, 0 on an accelerator; 0: always the tower's thread)",
+        "that on small CPU machines (env EPD_MAX_INLINE_MS; default auto: "
+        f"{CPU_MAX_INLINE_MS:g} on CPU, 0 on an accelerator; 0: always the tower's thread)",
     )
     parser.add_argument(
         "--cache-mb",
         type=float,
-        default=256.0,
+        default=default_of("cache_mb"),
         help="encoder cache budget in MiB, held in the memory of --device (GPU memory for a "
-        "GPU encoder), 0 disables (default 256)",
+        f"GPU encoder), 0 disables (default {default_of('cache_mb'):g})",
     )
     parser.add_argument(
         "--transfer",
@@ -147,8 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lease-ttl-s",
         type=float,
-        default=60.0,
-        help="seconds an unreleased result is kept (default 60)",
+        default=default_of("lease_ttl_s"),
+        help=f"seconds an unreleased result is kept (default {default_of('lease_ttl_s'):g})",
     )
     add_media_arguments(parser)
     add_transfer_arguments(parser)
@@ -167,37 +185,40 @@ def non_negative_ms(text: str) -> float:
     return value
 
 
+def encode_config(args: argparse.Namespace) -> EncodeConfig:
+    """The ``EncodeConfig`` of the flags (``--model`` resolved by the caller); ValueError names
+    a value out of range."""
+    inline = args.max_inline_ms
+    return EncodeConfig(
+        model_dir=args.model,
+        model_id=args.model_id,
+        device=args.device,
+        dtype=args.dtype,
+        worker_id=args.worker_id,
+        weight=args.weight,
+        max_batch_size=args.max_batch_size,
+        max_batch_wait_ms=args.max_batch_wait_ms,
+        cache_mb=args.cache_mb,
+        media=media_policy(args),
+        scheduler=args.scheduler,
+        transfer_kind=None if args.transfer == "auto" else args.transfer,
+        lease_ttl_s=args.lease_ttl_s,
+        max_inline_ms=None if inline == "auto" else non_negative_ms(inline),
+        transfer=transfer_options(args),
+        preprocess_threads=args.preprocess_threads,
+        preprocess_device=args.preprocess_device,
+        attention=args.vision_attention,
+        patch_embedding=args.patch_embedding,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; bad flags exit 2 with a message."""
     try:
         resolve_model_arguments(args)
-        inline = args.max_inline_ms
-        max_inline_ms = None if inline == "auto" else non_negative_ms(inline)
-        if args.max_batch_size < 0 or args.max_batch_wait_ms < 0 or args.cache_mb < 0:
-            raise ValueError("batch size, wait and cache must not be negative")
-        if args.threads < 0 or args.preprocess_threads < 0:
-            raise ValueError("--threads and --preprocess-threads must be 0 (the default) or more")
-        config = EncodeConfig(
-            args.model,
-            args.model_id,
-            args.device,
-            args.dtype,
-            args.worker_id,
-            args.weight,
-            args.max_batch_size,
-            args.max_batch_wait_ms,
-            args.cache_mb,
-            media_policy(args),
-            args.scheduler,
-            None if args.transfer == "auto" else args.transfer,
-            args.lease_ttl_s,
-            max_inline_ms=max_inline_ms,
-            transfer=transfer_options(args),
-            preprocess_threads=args.preprocess_threads,
-            preprocess_device=args.preprocess_device,
-            attention=args.vision_attention,
-            patch_embedding=args.patch_embedding,
-        )
+        if args.threads < 0:
+            raise ValueError("--threads must be 0 (the default) or more")
+        config = encode_config(args)
         options = server_options(args)
         cpus = pin_to_cpus(args)
     except ValueError as e:

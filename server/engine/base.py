@@ -39,6 +39,10 @@ IMAGE_GRIDS_KEY = "epd_image_grids"
 # Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
 # be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
 KV_LOAD_FAILED = "KV_LOAD_FAILED"
+# Defaults of every engine's options (``VllmOptions``, ``TransformersOptions``) and of the
+# workers serving one: tokens of prompt and output at most, requests admitted at once.
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_PENDING = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,10 +84,11 @@ class DeviceDefaults:
     kv_cache_mb: int | None
 
 
+# NOTE: vLLM's automatic KV sizing fails on small CPU machines.
+CPU_KV_CACHE_MB = 256
 DEFAULTS = {
-    # NOTE: vLLM's automatic KV sizing fails on small CPU machines; compiling costs more start
-    # time on CPU than it saves.
-    CPU: DeviceDefaults(dtype="float32", enforce_eager=True, kv_cache_mb=256),
+    # NOTE: compiling costs more start time on CPU than it saves.
+    CPU: DeviceDefaults(dtype="float32", enforce_eager=True, kv_cache_mb=CPU_KV_CACHE_MB),
     CUDA: DeviceDefaults(dtype="bfloat16", enforce_eager=False, kv_cache_mb=None),
 }
 

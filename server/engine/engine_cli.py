@@ -13,6 +13,7 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING
 
+from epd.common.options import field_default
 from epd.server.engine.device import (
     DEFAULTS,
     DEVICE_CHOICES,
@@ -20,16 +21,14 @@ from epd.server.engine.device import (
     defaults_for,
 )
 from epd.server.engine.vllm_args import parse_engine_args
+from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 if TYPE_CHECKING:
     from epd.server.engine.transformers_engine import TransformersOptions
-    from epd.server.engine.vllm_engine import VllmOptions
 
 MiB = 1 << 20
-GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default
-TRANSFORMERS_KV_CACHE_MB = 256  # its admission budget where the device leaves the size to vLLM
 
 
 def vllm_installed() -> bool:
@@ -66,26 +65,17 @@ def refuse_engine_args(args: argparse.Namespace) -> None:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine flags, each with an ``EPD_*`` environment fallback."""
+    """The engine flags, each with an ``EPD_*`` environment fallback; ``VllmOptions`` owns the
+    defaults of those that are not the device's (``epd.server.engine.device``)."""
     env = os.environ.get
     cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
+    vllm = VllmOptions()
     add = parser.add_argument
     add_model_arguments(parser, required=True, what="the whole checkpoint is loaded")
     add(
         "--model-id",
         default="",
         help="model name clients use (default: the hub id, or the directory name)",
-    )
-    add(
-        "--worker-id",
-        default=env("EPD_WORKER_ID", ""),
-        help="id in the scheduler's registry (env EPD_WORKER_ID)",
-    )
-    add("--weight", type=float, default=1.0, help="share of work (default 1)")
-    add(
-        "--scheduler",
-        default=env("EPD_SCHEDULER"),
-        help="scheduler host:port to register with (env EPD_SCHEDULER)",
     )
     add(
         "--device",
@@ -105,8 +95,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-model-len",
         type=int,
-        default=int(env("EPD_MAX_MODEL_LEN", "4096")),
-        help="longest prompt + output in tokens (env EPD_MAX_MODEL_LEN, default 4096)",
+        default=int(env("EPD_MAX_MODEL_LEN", vllm.max_model_len)),
+        help="longest prompt + output in tokens (env EPD_MAX_MODEL_LEN, default "
+        f"{vllm.max_model_len})",
     )
     add(
         "--kv-cache-mb",
@@ -119,16 +110,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--gpu-memory-utilization",
         type=float,
-        default=float(env("EPD_GPU_MEMORY_UTILIZATION", str(GPU_MEMORY_UTILIZATION))),
+        default=float(env("EPD_GPU_MEMORY_UTILIZATION", vllm.gpu_memory_utilization)),
         help="share of the GPU's memory this vLLM engine may use, weights and KV cache "
         "together; engines sharing a GPU need shares that add up to less than 1 (env "
-        f"EPD_GPU_MEMORY_UTILIZATION, default {GPU_MEMORY_UTILIZATION}; CUDA only)",
+        f"EPD_GPU_MEMORY_UTILIZATION, default {vllm.gpu_memory_utilization}: vLLM's; CUDA only)",
     )
     add(
         "--tensor-parallel-size",
         type=int,
-        default=int(env("EPD_TENSOR_PARALLEL_SIZE", "1")),
-        help="GPUs the model is split across (env EPD_TENSOR_PARALLEL_SIZE, default 1)",
+        default=int(env("EPD_TENSOR_PARALLEL_SIZE", vllm.tensor_parallel_size)),
+        help="GPUs the model is split across (env EPD_TENSOR_PARALLEL_SIZE, default "
+        f"{vllm.tensor_parallel_size})",
     )
     add(
         "--max-num-seqs",
@@ -155,8 +147,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-pending",
         type=int,
-        default=64,
-        help="requests admitted at once; more get RESOURCE_EXHAUSTED (default 64)",
+        default=vllm.max_pending_requests,
+        help="requests admitted at once; more get RESOURCE_EXHAUSTED (default "
+        f"{vllm.max_pending_requests})",
     )
     add(
         "--cpu-threads",
@@ -170,23 +163,24 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--kv-host",
-        default=env("EPD_KV_HOST", "127.0.0.1"),
+        default=env("EPD_KV_HOST", vllm.side_channel.host),
         help="address of this worker's NIXL KV handshake listener, reachable by its peers "
-        "(env EPD_KV_HOST, default 127.0.0.1)",
+        f"(env EPD_KV_HOST, default {vllm.side_channel.host})",
     )
     add(
         "--kv-port",
         type=int,
-        default=int(env("EPD_KV_PORT", "0")),
-        help="port of the NIXL handshake listener (env EPD_KV_PORT; default 0: a free port)",
+        default=int(env("EPD_KV_PORT", vllm.side_channel.port)),
+        help="port of the NIXL handshake listener (env EPD_KV_PORT; default "
+        f"{vllm.side_channel.port}: a free port)",
     )
     add(
         "--kv-lease-s",
         type=int,
-        default=int(env("EPD_KV_LEASE_S", "30")),
+        default=int(env("EPD_KV_LEASE_S", vllm.kv_lease_s)),
         help="seconds a prefill worker keeps KV blocks no decode worker has read (a request "
         "cancelled between prefill and decode); the same on prefill and decode workers, "
-        "at least 6 (env EPD_KV_LEASE_S, default 30)",
+        f"at least {MIN_KV_LEASE_S} (env EPD_KV_LEASE_S, default {vllm.kv_lease_s})",
     )
     add(
         "--engine-arg",
@@ -229,7 +223,6 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
 def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -> VllmOptions:
     """VllmOptions from the engine flags, on ``device`` (``resolve_device(args.device)``);
     ValueError naming an engine argument vLLM refuses (this imports vLLM when there are any)."""
-    from epd.server.engine.vllm_engine import VllmOptions
     from epd.server.engine.vllm_inputs import SideChannel
 
     defaults = defaults_for(device)
@@ -263,11 +256,13 @@ def transformers_options(args: argparse.Namespace, device: str) -> TransformersO
 
     refuse_engine_args(args)
     defaults = defaults_for(device)
-    kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb or TRANSFORMERS_KV_CACHE_MB
+    # NOTE: the transformers engine admits requests against a KV budget on every device.
+    kv_cache_mb = args.kv_cache_mb or defaults.kv_cache_mb
+    kv_cache_bytes = kv_cache_mb * MiB if kv_cache_mb else None
     return TransformersOptions(
         device=device,
         dtype=defaults.dtype if args.dtype == "auto" else args.dtype,
         max_model_len=args.max_model_len,
-        kv_cache_bytes=kv_cache_mb * MiB,
+        kv_cache_bytes=kv_cache_bytes or field_default(TransformersOptions, "kv_cache_bytes"),
         max_pending_requests=args.max_pending,
     )

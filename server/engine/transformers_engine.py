@@ -28,7 +28,17 @@ from typing import Any
 import torch
 
 from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from epd.server.engine.base import Engine, EngineImage, EngineLoad, Sampling, TokenChunk, Usage
+from epd.server.engine.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_PENDING,
+    Engine,
+    EngineImage,
+    EngineLoad,
+    Sampling,
+    TokenChunk,
+    Usage,
+)
+from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
 from epd.server.engine.kv_budget import KvBudget
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.sampler import StopChecker, TokenSampler
@@ -42,11 +52,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class TransformersOptions:
     """How to run the model: device, dtype and limits (see the module docstring)."""
 
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_model_len: int = 4096
-    kv_cache_bytes: int = 256 << 20
-    max_pending_requests: int = 64
+    device: str = CPU
+    dtype: str = DEFAULTS[CPU].dtype
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    kv_cache_bytes: int = CPU_KV_CACHE_MB << 20
+    max_pending_requests: int = DEFAULT_MAX_PENDING
 
 
 @dataclass(slots=True)

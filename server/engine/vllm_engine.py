@@ -41,6 +41,8 @@ from epd.common.errors import (
     Unavailable,
 )
 from epd.server.engine.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_PENDING,
     IMAGE_GRIDS_KEY,
     KV_LOAD_FAILED,
     Engine,
@@ -52,11 +54,17 @@ from epd.server.engine.base import (
     TokenChunk,
     Usage,
 )
+from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
-from epd.server.engine.vllm_inputs import SideChannel, picture_data, sampling_params
+from epd.server.engine.vllm_inputs import (
+    DEFAULT_KV_LEASE_S,
+    SideChannel,
+    picture_data,
+    sampling_params,
+)
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_stats import LoadTracker
 
@@ -89,20 +97,20 @@ class VllmOptions:
     (``max_model_len``, images per prompt) back from the engine when they override those.
     """
 
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_model_len: int = 4096
-    kv_cache_bytes: int | None = 256 << 20
-    gpu_memory_utilization: float = 0.92
+    device: str = CPU
+    dtype: str = DEFAULTS[CPU].dtype
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    kv_cache_bytes: int | None = CPU_KV_CACHE_MB << 20
+    gpu_memory_utilization: float = 0.92  # vLLM's default
     tensor_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_images_per_prompt: int = 8
-    max_pending_requests: int = 64
-    enforce_eager: bool = True
+    max_pending_requests: int = DEFAULT_MAX_PENDING
+    enforce_eager: bool = DEFAULTS[CPU].enforce_eager
     kv_role: str | None = None
     side_channel: SideChannel = field(default_factory=SideChannel)
-    kv_lease_s: int = 30
+    kv_lease_s: int = DEFAULT_KV_LEASE_S
     cpu_threads: int | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
 

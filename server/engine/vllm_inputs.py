@@ -57,10 +57,11 @@ def sampling_params(
 
 
 MIN_KV_LEASE_S = 6
+DEFAULT_KV_LEASE_S = 30
 
 
 def kv_transfer_config(
-    role: str, engine_id: str = "", lease_s: int = 30, buffer_device: str = "cpu"
+    role: str, engine_id: str = "", lease_s: int = DEFAULT_KV_LEASE_S, buffer_device: str = "cpu"
 ) -> Any:
     """NixlConnector config for ``role`` with the KV buffer on ``buffer_device`` (``cpu``: host
     memory, ``cuda``: GPU memory, NIXL registers it as VRAM).

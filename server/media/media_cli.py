@@ -5,54 +5,59 @@ from __future__ import annotations
 import argparse
 import os
 
-from epd.server.media.policy import DEFAULT_IMAGE_FORMATS, MediaPolicy, MiB
+from epd.server.media.policy import MediaPolicy, MiB
 
 
 def add_media_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the media flags; each falls back to an EPD_* environment variable."""
+    """Add the media flags; each falls back to an EPD_* environment variable. ``MediaPolicy``
+    owns their defaults."""
     env = os.environ.get
+    policy = MediaPolicy()
+    formats = ",".join(policy.image_formats)
     group = parser.add_argument_group("media")
     group.add_argument(
         "--media-max-mb",
         type=float,
-        default=float(env("EPD_MEDIA_MAX_MB", 20)),
-        help="largest encoded image accepted, in MiB (env EPD_MEDIA_MAX_MB; default 20)",
+        default=float(env("EPD_MEDIA_MAX_MB", policy.max_bytes / MiB)),
+        help="largest encoded image accepted, in MiB (env EPD_MEDIA_MAX_MB; default "
+        f"{policy.max_bytes / MiB:g})",
     )
     group.add_argument(
         "--media-max-pixels",
         type=int,
-        default=int(env("EPD_MEDIA_MAX_PIXELS", 32_000_000)),
+        default=int(env("EPD_MEDIA_MAX_PIXELS", policy.max_pixels)),
         help="largest decoded image, width x height; larger ones are refused before "
-        "decoding (env EPD_MEDIA_MAX_PIXELS; default 32000000)",
+        f"decoding (env EPD_MEDIA_MAX_PIXELS; default {policy.max_pixels})",
     )
     group.add_argument(
         "--media-fetch-timeout-s",
         type=float,
-        default=float(env("EPD_MEDIA_FETCH_TIMEOUT_S", 10)),
+        default=float(env("EPD_MEDIA_FETCH_TIMEOUT_S", policy.fetch_timeout_s)),
         help="time limit for fetching one URL, redirects included "
-        "(env EPD_MEDIA_FETCH_TIMEOUT_S; default 10)",
+        f"(env EPD_MEDIA_FETCH_TIMEOUT_S; default {policy.fetch_timeout_s:g})",
     )
     group.add_argument(
         "--media-max-url-chars",
         type=int,
-        default=int(env("EPD_MEDIA_MAX_URL_CHARS", 8192)),
+        default=int(env("EPD_MEDIA_MAX_URL_CHARS", policy.max_url_chars)),
         help="longest http(s) or file: URL, and longest data: URL header; a data: URL's "
         "payload is bounded by --media-max-mb instead (env EPD_MEDIA_MAX_URL_CHARS; "
-        "default 8192)",
+        f"default {policy.max_url_chars})",
     )
     group.add_argument(
         "--media-image-formats",
         type=_format_list,
-        default=_format_list(env("EPD_MEDIA_IMAGE_FORMATS", ",".join(DEFAULT_IMAGE_FORMATS))),
+        default=_format_list(env("EPD_MEDIA_IMAGE_FORMATS", formats)),
         help="comma-separated Pillow formats accepted; others are refused before decoding "
-        "(env EPD_MEDIA_IMAGE_FORMATS; default " + ",".join(DEFAULT_IMAGE_FORMATS) + ")",
+        f"(env EPD_MEDIA_IMAGE_FORMATS; default {formats})",
     )
     group.add_argument(
         "--media-max-jpeg-scans",
         type=int,
-        default=int(env("EPD_MEDIA_MAX_JPEG_SCANS", 100)),
+        default=int(env("EPD_MEDIA_MAX_JPEG_SCANS", policy.max_jpeg_scans)),
         help="most scans a JPEG may have; each costs a pass over the image, so this bounds "
-        "the decoding work per pixel (env EPD_MEDIA_MAX_JPEG_SCANS; default 100)",
+        f"the decoding work per pixel (env EPD_MEDIA_MAX_JPEG_SCANS; default "
+        f"{policy.max_jpeg_scans})",
     )
     group.add_argument(
         "--allow-local-files",

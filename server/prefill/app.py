@@ -9,7 +9,7 @@ from pathlib import Path
 from epd.common.metrics import new_registry
 from epd.common.roles import PREFILL_MODES, Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.server.engine.base import Engine
+from epd.server.engine.base import DEFAULT_MAX_PENDING, Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
@@ -31,14 +31,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PrefillConfig:
-    """Everything a prefill server needs besides its engine and network options; ``mode``: the
-    role it serves and registers as, one of ``PREFILL_MODES`` (ValueError for another)."""
+    """Everything a prefill server needs besides its engine and network options; the defaults of
+    ``epd prefill``'s flags. ``mode``: the role it serves and registers as, one of
+    ``PREFILL_MODES`` (ValueError for another). ``capacity``: requests the scheduler may place
+    on it at once (``--max-pending``, the engine's admission limit too)."""
 
     model_dir: Path
     mode: Role = Role.PREFILL_DECODE
     worker_id: str = ""
     weight: float = 1.0
-    capacity: int = 8
+    capacity: int = DEFAULT_MAX_PENDING
     scheduler: str | None = None
     media: MediaPolicy = field(default_factory=MediaPolicy)
     hands_off_kv: bool = False
@@ -47,6 +49,8 @@ class PrefillConfig:
     def __post_init__(self) -> None:
         if self.mode not in PREFILL_MODES:
             raise ValueError(f"a prefill worker cannot serve the {self.mode.label} role")
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {self.capacity}")
 
 
 @dataclass

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from epd.common.options import field_default
 from epd.common.roles import PREFILL_MODES, Role
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
@@ -27,6 +28,7 @@ from epd.server.transfer.transfer_cli import (
     set_nixl_log_level,
     transfer_options,
 )
+from epd.server.worker.worker_cli import add_worker_arguments
 
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
@@ -57,15 +59,16 @@ def resolve_engine(name: str, hands_off_kv: bool) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Prefill flags, then engine, media, data-plane, server and telemetry flags."""
+    """Prefill flags, then engine, worker, media, data-plane, server and telemetry flags."""
+    default_mode = field_default(PrefillConfig, "mode").label
     parser.add_argument(
         "--mode",
         choices=[mode.label for mode in PREFILL_MODES],
-        default="prefill_decode",
+        default=default_mode,
         help="prefill: first token + KV handle for a decode worker; "
         "prefill_decode: aggregated prefill + decode from image embeddings; "
         "encode_prefill: also takes raw images and encodes them itself "
-        "(default prefill_decode)",
+        f"(default {default_mode})",
     )
     parser.add_argument(
         "--kv-transfer",
@@ -83,10 +86,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default auto)",
     )
     add_engine_arguments(parser)
+    add_worker_arguments(parser, PrefillConfig, "MODE")
     add_media_arguments(parser)
     add_transfer_arguments(parser)
     add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
+
+
+def prefill_config(args: argparse.Namespace) -> PrefillConfig:
+    """The ``PrefillConfig`` of the flags (``--model`` resolved by the caller); ValueError names
+    a value out of range."""
+    mode = Role.from_label(args.mode)
+    return PrefillConfig(
+        model_dir=args.model,
+        mode=mode,
+        worker_id=args.worker_id,
+        weight=args.weight,
+        capacity=args.max_pending,
+        scheduler=args.scheduler,
+        media=media_policy(args),
+        hands_off_kv=args.kv_transfer or mode is Role.PREFILL,
+        transfer=transfer_options(args),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,18 +116,7 @@ def run(args: argparse.Namespace) -> int:
         check_engine_arguments(args)
         options = server_options(args)
         cpus = pin_to_cpus(args)
-        mode = Role.from_label(args.mode)
-        config = PrefillConfig(
-            args.model,
-            mode,
-            args.worker_id,
-            args.weight,
-            args.max_pending,
-            args.scheduler,
-            media_policy(args),
-            hands_off_kv=args.kv_transfer or mode is Role.PREFILL,
-            transfer=transfer_options(args),
-        )
+        config = prefill_config(args)
         args.engine = resolve_engine(args.engine, config.hands_off_kv)
         args.device = resolve_device(args.device)
         engine_settings = _engine_settings(args, config)

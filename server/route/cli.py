@@ -7,19 +7,20 @@ import asyncio
 import os
 import sys
 
+from epd.common.options import field_default
 from epd.common.server import ServerOptions, serve
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.scheduler.cli import DEFAULT_PORT as SCHEDULER_PORT
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions, MiB
 from epd.server.route.request_check import RequestLimits
-from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
-from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = 50050
+DEFAULT_SCHEDULER = f"127.0.0.1:{SCHEDULER_PORT}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,22 +29,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, required=True, what="tokenizer, chat template, processor settings")
     parser.add_argument(
         "--model-id",
-        default="",
+        default=field_default(RouteConfig, "model_id"),
         help="model name the workers registered (default: the hub id, or the directory name)",
     )
     parser.add_argument(
         "--scheduler",
-        default=env("EPD_SCHEDULER", "127.0.0.1:50051"),
-        help="scheduler host:port (env EPD_SCHEDULER; default 127.0.0.1:50051)",
+        default=env("EPD_SCHEDULER", DEFAULT_SCHEDULER),
+        help=f"scheduler host:port (env EPD_SCHEDULER; default {DEFAULT_SCHEDULER})",
     )
+    fallback_s = field_default(RouteConfig, "scheduler_fallback_s")
     parser.add_argument(
         "--scheduler-fallback-s",
         type=float,
-        default=float(env("EPD_SCHEDULER_FALLBACK_S", DEFAULT_FALLBACK_S)),
+        default=float(env("EPD_SCHEDULER_FALLBACK_S", fallback_s)),
         help="while the scheduler cannot be reached, route from its last listing of the "
         "workers (health-checked every second, round robin) for up to this many seconds after "
         "it was fetched; then fail UNAVAILABLE; 0 = never (env EPD_SCHEDULER_FALLBACK_S; "
-        f"default {DEFAULT_FALLBACK_S:g})",
+        f"default {fallback_s:g})",
     )
     http_port = env("EPD_HTTP_PORT")
     parser.add_argument(
@@ -54,14 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "/health) on this port, 0 = a free one (env EPD_HTTP_PORT; default: "
         "off)",
     )
+    max_resumptions = field_default(RouteConfig, "max_resumptions")
     parser.add_argument(
         "--max-resumptions",
         type=int,
-        default=int(env("EPD_MAX_RESUMPTIONS", DEFAULT_MAX_RESUMPTIONS)),
+        default=int(env("EPD_MAX_RESUMPTIONS", max_resumptions)),
         help="times one request's stream may move to another replica when the worker streaming "
         "it dies or drains mid-stream (the new one continues after the tokens already sent); 0: "
-        f"such a failure ends the stream (env EPD_MAX_RESUMPTIONS; default "
-        f"{DEFAULT_MAX_RESUMPTIONS})",
+        f"such a failure ends the stream (env EPD_MAX_RESUMPTIONS; default {max_resumptions})",
     )
     add_http_arguments(parser)
     add_media_arguments(parser)
@@ -168,6 +170,23 @@ def _fallback_s(seconds: float) -> float:
     return seconds
 
 
+def route_config(args: argparse.Namespace) -> RouteConfig:
+    """The ``RouteConfig`` of the flags (``--model`` resolved by the caller); ValueError names
+    a value out of range."""
+    return RouteConfig(
+        model_dir=args.model,
+        scheduler=args.scheduler,
+        model_id=args.model_id,
+        media=media_policy(args),
+        http_port=args.http_port,
+        http=http_options(args),
+        limits=request_limits(args),
+        transfer=transfer_options(args),
+        max_resumptions=args.max_resumptions,
+        scheduler_fallback_s=_fallback_s(args.scheduler_fallback_s),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     try:
@@ -176,18 +195,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_resumptions < 0:
             raise ValueError("--max-resumptions must not be negative")
         pin_to_cpus(args)
-        config = RouteConfig(
-            args.model,
-            args.scheduler,
-            args.model_id,
-            media_policy(args),
-            args.http_port,
-            http=http_options(args),
-            limits=request_limits(args),
-            transfer=transfer_options(args),
-            max_resumptions=args.max_resumptions,
-            scheduler_fallback_s=_fallback_s(args.scheduler_fallback_s),
-        )
+        config = route_config(args)
     except ValueError as e:
         print(f"epd route: {e}", file=sys.stderr)
         return 2

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Generic, TypedDict
 import torch
 
 from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, Payload, attach_lease
+from epd.server.transfer.leases import (
+    DEFAULT_LEASE_TTL_S,
+    Clock,
+    LeaseInfo,
+    LeaseTable,
+    Payload,
+    attach_lease,
+)
 from epd.v1 import tensor_pb2
 
 if TYPE_CHECKING:
@@ -62,9 +69,9 @@ class TensorProducer(ABC):
 
 class ProducerSettings(TypedDict, total=False):
     """The keyword arguments of a ``LeasedProducer`` that its subclasses pass on as they are:
-    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (60), ``clock``
-    (``time.time``) and ``max_idle_bytes``, the idle budget of its pool of payload memory
-    (``DEFAULT_MAX_IDLE_BYTES``)."""
+    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (``DEFAULT_LEASE_TTL_S``),
+    ``clock`` (``time.time``) and ``max_idle_bytes``, the idle budget of its pool of payload
+    memory (``DEFAULT_MAX_IDLE_BYTES``)."""
 
     producer_endpoint: str
     ttl_s: float
@@ -81,7 +88,7 @@ class LeasedProducer(TensorProducer, Generic[Payload]):
     def __init__(self, host_id: str, **settings: Unpack[ProducerSettings]) -> None:
         self.host_id = host_id
         self.producer_endpoint = settings.get("producer_endpoint", "")
-        self.ttl_s = settings.get("ttl_s", 60.0)
+        self.ttl_s = settings.get("ttl_s", DEFAULT_LEASE_TTL_S)
         self.max_idle_bytes = settings.get("max_idle_bytes", DEFAULT_MAX_IDLE_BYTES)
         self._leases: LeaseTable[Payload] = LeaseTable(settings.get("clock", time.time))
 

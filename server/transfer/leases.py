@@ -13,6 +13,8 @@ from epd.v1 import tensor_pb2
 
 Payload = TypeVar("Payload")
 Clock = Callable[[], float]
+# seconds a producer keeps a payload its consumer has not released (a consumer that died)
+DEFAULT_LEASE_TTL_S = 60.0
 
 
 class LeaseInfo(NamedTuple):

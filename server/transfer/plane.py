@@ -29,7 +29,7 @@ from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
 from epd.server.transfer.counts import TransferCounts
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
-from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S, LeaseInfo
 from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.nixl_agent import process_agent
@@ -86,7 +86,7 @@ class DataPlane:
         host_id: str | None = None,
         *,
         producer_endpoint: str = "",
-        lease_ttl_s: float = 60.0,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         max_inline_bytes: int = 8 << 20,
         forced_kind: str | None = None,
         kinds: tuple[str, ...] = ALL_KINDS,

@@ -45,7 +45,7 @@ def add_transfer_arguments(
             default=os.environ.get("EPD_NIXL_UCX_ERROR_HANDLING", defaults.ucx_error_handling),
             help="UCX error handling of the NIXL agent: none lets UCX use shared-memory "
             "transports on one host, peer detects failed peers instead "
-            "(env EPD_NIXL_UCX_ERROR_HANDLING; default none)",
+            f"(env EPD_NIXL_UCX_ERROR_HANDLING; default {defaults.ucx_error_handling})",
         )
         group.add_argument(
             "--nixl-poll-interval-s",

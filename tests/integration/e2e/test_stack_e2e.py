@@ -56,7 +56,7 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with running_stack(
         tiny_model_dir,
         work_dir,
-        *("--topology", "epd", "--encoders", "2", "--policy", "per_image"),
+        *("--topology", "epd", "--encoders", "2", "--default-policy", "per_image"),
         *("--decode-workers", "2"),
     ) as running:
         yield running

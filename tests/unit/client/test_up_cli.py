@@ -178,3 +178,20 @@ def test_replica_counts_come_from_a_config_file() -> None:
         )
 
     assert arguments({}) == ["--prefill-workers=2", "--decode-workers=3"]
+
+
+def test_the_scheduler_policy_has_the_schedulers_flag_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--default-policy``, as ``epd scheduler`` names it; ``--policy`` is its deprecated alias,
+    hidden from --help."""
+    assert parse().default_policy == Topology().policy == "adaptive"
+    assert topology_cli.topology_of(parse("--default-policy", "per_image")).policy == "per_image"
+    assert parse("--policy", "per_request").default_policy == "per_request"
+    assert "--policy is deprecated: use --default-policy" in capsys.readouterr().err
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    assert "--default-policy" in parser.format_help()
+    assert "--policy " not in parser.format_help() and "--policy\n" not in parser.format_help()
+    with pytest.raises(SystemExit):
+        parse("--policy", "fastest")

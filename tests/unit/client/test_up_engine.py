@@ -125,3 +125,19 @@ def test_cuda_asked_where_there_is_none_is_a_usage_error(
         pytest.skip("this machine has CUDA")
     assert up_cli.run(parse_up("--device", "cuda")) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_the_cpu_kv_cache_of_epd_up_is_a_named_launcher_choice() -> None:
+    """``epd up`` runs several engines on one machine: each gets LAUNCHER_CPU_KV_CACHE_MB on
+    CPU, its own named choice (Topology's default too), not `epd prefill`'s CPU default."""
+    from epd.client.topology import LAUNCHER_CPU_KV_CACHE_MB
+    from epd.server.engine.device import CPU_KV_CACHE_MB, DEFAULTS
+
+    kv_cache_mb, _ = engine_settings(parse_up(), "cpu", num_engines=2)
+    assert kv_cache_mb == LAUNCHER_CPU_KV_CACHE_MB == Topology().kv_cache_mb
+    assert DEFAULTS["cpu"].kv_cache_mb == CPU_KV_CACHE_MB != LAUNCHER_CPU_KV_CACHE_MB
+    parser = argparse.ArgumentParser(prog="epd up")
+    up_cli.add_arguments(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert f"default {LAUNCHER_CPU_KV_CACHE_MB} on CPU" in help_text
+    assert f"`epd prefill` alone takes {CPU_KV_CACHE_MB}" in help_text

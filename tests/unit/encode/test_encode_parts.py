@@ -81,7 +81,7 @@ async def test_short_batches_run_on_the_event_loop_long_ones_in_a_thread() -> No
         time.sleep(max(items))
         return items
 
-    batcher: DynamicBatcher[float, float] = DynamicBatcher(run, inline_below_s=0.05)
+    batcher: DynamicBatcher[float, float] = DynamicBatcher(run, max_items=8, inline_below_s=0.05)
     assert await batcher.submit(0.001) == 0.001  # NOTE: no history yet: a thread
     assert await batcher.submit(0.001) == 0.001
     assert await batcher.submit(0.2) == 0.2  # NOTE: expected short from the last one: inline
@@ -106,7 +106,7 @@ class SlowHandOff(ThreadPoolExecutor):
 async def test_a_slow_hand_off_to_a_thread_does_not_keep_short_batches_off_the_loop() -> None:
     executor = SlowHandOff(1)
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        lambda items: items, inline_below_s=0.05, executor=executor
+        lambda items: items, max_items=8, inline_below_s=0.05, executor=executor
     )
     assert await batcher.submit(1) == 1  # NOTE: no history yet: a thread
     assert batcher.stats.item_run_ms < 50 <= batcher.stats.item_latency_ms
@@ -119,8 +119,9 @@ async def test_a_slow_hand_off_to_a_thread_does_not_keep_short_batches_off_the_l
 async def test_without_an_inline_budget_every_batch_runs_in_a_thread() -> None:
     threads: list[int] = []
     batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        lambda items: threads.append(threading.get_ident()) or items
-    )  # type: ignore[func-returns-value]
+        lambda items: threads.append(threading.get_ident()) or items,  # type: ignore[func-returns-value]
+        max_items=8,
+    )
     assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 1, 2]
     assert await batcher.submit(3) == 3
     assert threading.get_ident() not in threads and batcher.num_inline_batches == 0
