@@ -12,9 +12,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from epd.client.cpu_layout import Service
 from epd.common.cpus import format_cpu_list
 from epd.common.roles import Role
+from epd.launch.cpu_layout import Service
 
 TOPOLOGIES = {
     "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from epd.client.topology import TOPOLOGIES, Topology
+from epd.launch.topology import TOPOLOGIES, Topology
 from epd.server.engine.device import CUDA, XPU, cuda_device_index, device_type, xpu_available
 
 

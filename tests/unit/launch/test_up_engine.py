@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from epd.client import up_cli
-from epd.client.topology import Topology
-from epd.client.up_engine import engine_settings
+from epd.launch import up_cli
+from epd.launch.topology import Topology
+from epd.launch.up_engine import engine_settings
 from epd.server.engine.engine_cli import engine_options
 from epd.server.engine.vllm_process import model_cpus
 from epd.server.prefill import cli as prefill_cli
