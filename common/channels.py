@@ -195,6 +195,10 @@ def create_blocking_channel(
 Client = TypeVar("Client")
 
 
+# How long a replaced channel's calls may still run before it is closed under them.
+RETIRE_GRACE_S = 60.0
+
+
 class ChannelPool:
     """Channels to peers, opened on first use (one per endpoint, same token and keepalive) and
     closed together, and the clients made over them (one per endpoint and kind).
@@ -211,7 +215,7 @@ class ChannelPool:
         self._keepalive_s = keepalive_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._clients: dict[tuple[str, type], tuple[grpc.aio.Channel, object]] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
 
     def client(self, endpoint: str, kind: Callable[[grpc.aio.Channel, str], Client]) -> Client:
         """The ``kind`` client of ``endpoint``, made as ``kind(channel, endpoint)`` over its
@@ -237,14 +241,17 @@ class ChannelPool:
         return channel
 
     def _retire(self, channel: grpc.aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        # NOTE: with a grace: closing a channel cancels its calls, and a cancelled call raises
+        # CancelledError in its caller, which no error handler expects (it ended HTTP streams).
+        task = asyncio.get_running_loop().create_task(channel.close(RETIRE_GRACE_S))
+        self._closing[task] = channel
+        task.add_done_callback(self._closing.pop)
 
     async def close(self) -> None:
-        """Close every channel opened so far (calls still on them end CANCELLED)."""
+        """Close every channel opened so far, those being replaced too (calls still on them end
+        CANCELLED)."""
         self._clients.clear()
-        for channel in self._channels.values():
+        for channel in [*self._channels.values(), *self._closing.values()]:
             await channel.close()
         self._channels.clear()
         if self._closing:

@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
@@ -118,17 +119,20 @@ def labelled_gauge(
     name: str, documentation: str, labels: list[str], values: dict[tuple[str, ...], float]
 ) -> GaugeMetricFamily:
     """A gauge family with one sample per label tuple of ``values``."""
-    family = GaugeMetricFamily(name, documentation, labels=labels)
-    for label_values, value in sorted(values.items()):
-        family.add_metric(list(label_values), value)
-    return family
+    return _with_samples(GaugeMetricFamily(name, documentation, labels=labels), values)
 
 
 def labelled_counter(
     name: str, documentation: str, labels: list[str], values: dict[tuple[str, ...], float]
 ) -> CounterMetricFamily:
     """A counter family with one sample per label tuple of ``values``."""
-    family = CounterMetricFamily(name, documentation, labels=labels)
+    return _with_samples(CounterMetricFamily(name, documentation, labels=labels), values)
+
+
+Family = TypeVar("Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _with_samples(family: Family, values: dict[tuple[str, ...], float]) -> Family:
     for label_values, value in sorted(values.items()):
         family.add_metric(list(label_values), value)
     return family

@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
     if args.model is None and not (DEFAULT_MODEL / "config.json").exists():
-        from epd.server.engine.tiny_model import build_tiny_model
+        from epd.server.models.tiny.build import build_tiny_model
 
         print(f"building the tiny model in {DEFAULT_MODEL} ...", flush=True)
         build_tiny_model(DEFAULT_MODEL)

@@ -84,6 +84,7 @@ class Scheduler:
             for p in Policy
         }
         self._service = ServiceTimes()
+        # NOTE: in creation order (created_at never decreases): expiry reads it from the front.
         self._pending: dict[str, _Pending] = {}
         self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
         self._prefixes = PrefixIndex()
@@ -384,6 +385,14 @@ class Scheduler:
             self._hash_homes.popitem(last=False)
 
     def _expire_assignments(self) -> None:
+        """Give up the assignments older than the timeout: the oldest first, in ``_pending``'s
+        order, stopping at the first younger one (not a scan of every pending assignment at
+        every call)."""
         limit = self._clock() - self.config.assignment_timeout_s
-        for assignment_id in [k for k, p in self._pending.items() if p.created_at < limit]:
+        expired = []
+        for assignment_id, pending in self._pending.items():
+            if pending.created_at >= limit:
+                break
+            expired.append(assignment_id)
+        for assignment_id in expired:
             self.complete_encoding(assignment_id, [], final=True)

@@ -100,7 +100,7 @@ def tiny_model_dir() -> Path:
     """The tiny model ``epd up`` uses by default, built there if absent."""
     model_dir = Path(".epd/models/tiny")
     if not (model_dir / "config.json").exists():
-        from epd.server.engine.tiny_model import build_tiny_model
+        from epd.server.models.tiny.build import build_tiny_model
 
         build_tiny_model(model_dir)
     return model_dir

@@ -50,10 +50,10 @@ from epd.common.channels import create_channel, wait_for_health
 from epd.launch.launcher import free_port
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import VisionEncoder
-from epd.server.engine.tiny_model import build_tiny_model, preset
 from epd.server.media.decode import decode_image
 from epd.server.media.hashing import mm_hash, processor_fingerprint
 from epd.server.media.policy import MediaPolicy
+from epd.server.models.tiny.build import build_tiny_model, preset
 from epd.server.transfer.plane import DataPlane, default_host_id
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc

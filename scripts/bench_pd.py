@@ -275,7 +275,7 @@ class Bench:
 async def measure(
     preset_name: str, num_requests: int, num_tokens: int, with_pd: bool, gap_s: float = 0.0
 ) -> dict[str, dict[str, float]]:
-    from epd.server.engine.tiny_model import build_tiny_model, preset
+    from epd.server.models.tiny.build import build_tiny_model, preset
 
     with tempfile.TemporaryDirectory() as folder:
         model_dir = build_tiny_model(Path(folder) / preset_name, preset(preset_name))

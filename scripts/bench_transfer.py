@@ -219,6 +219,8 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
+    # NOTE: as the services' command lines do (--nixl-log-level): NIXL's INFO lines are noise.
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     results = measure(args.repeats, args.copy)
     print(json.dumps(results) if args.json else table(results))
     return 0

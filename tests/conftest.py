@@ -121,7 +121,7 @@ def tiny_model_dir() -> Iterator[Path]:
     if preset_dir:
         yield Path(preset_dir)
         return
-    from epd.server.engine.tiny_model import build_tiny_model
+    from epd.server.models.tiny.build import build_tiny_model
 
     yield build_tiny_model(_SESSION_TMP / "tiny-qwen2-vl")
 
@@ -130,7 +130,7 @@ def tiny_model_dir() -> Iterator[Path]:
 def tiny_family_dir() -> Callable[[str], Path]:
     """Builds (once per session) and returns the tiny checkpoint of a family by name; the
     default family's is ``tiny_model_dir``'s build."""
-    from epd.server.engine.tiny_model import build_tiny_model, preset
+    from epd.server.models.tiny.build import build_tiny_model, preset
 
     built: dict[str, Path] = {}
 

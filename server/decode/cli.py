@@ -18,7 +18,11 @@ from epd.server.engine.engine_cli import (
     engine_options,
     vllm_installed,
 )
-from epd.server.transfer.transfer_cli import add_transfer_arguments
+from epd.server.transfer.transfer_cli import (
+    add_nixl_log_level_argument,
+    add_transfer_arguments,
+    set_nixl_log_level,
+)
 
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
@@ -27,9 +31,10 @@ DEFAULT_PORT = 50081
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine, host id, server and telemetry flags."""
+    """Engine, host id, NIXL log level, server and telemetry flags."""
     add_engine_arguments(parser)
     add_transfer_arguments(parser, shm=False, nixl=False)
+    add_nixl_log_level_argument(parser)
     add_server_arguments(parser, default_port=DEFAULT_PORT)
     add_telemetry_arguments(parser)
 
@@ -54,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         args.worker_id, args.weight, args.max_pending, args.scheduler, host_id=args.host_id
     )
     configure_from_args("epd-decode", args)
+    set_nixl_log_level(args)
     return asyncio.run(_serve(args, config, engine_settings, options))
 
 

@@ -27,7 +27,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
-from epd.server.worker.registration import WorkerRegistration
+from epd.server.worker.registration import WorkerRegistration, start_registration
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
@@ -205,19 +205,12 @@ async def build_encode_server(
             cached_mm_hashes=cache.hashes(256),
         )
 
-    registration = WorkerRegistration(
-        config.scheduler,
-        info,
-        load,
-        interval_s=config.heartbeat_interval_s,
-        auth_token=options.auth_token,
-        keepalive_s=options.keepalive_s,
+    registration = await start_registration(
+        server, info, load, config.scheduler, options, interval_s=config.heartbeat_interval_s
     )
-    server.add_drain_callback(registration.stop)
     # NOTE: a consumer reads the embeddings after Encode returned, and releases them once read.
     server.add_drain_callback(worker.stop_taking_work)
     server.add_drain_hold(worker.is_settled)
-    await registration.start()
     await server.mark_serving()
     logger.info(
         "encoder %s serving %s on %s (device %s)",

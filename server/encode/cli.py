@@ -15,7 +15,11 @@ from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
-from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
+from epd.server.transfer.transfer_cli import (
+    add_transfer_arguments,
+    set_nixl_log_level,
+    transfer_options,
+)
 
 DEFAULT_PORT = 50061
 
@@ -200,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd encode: {e}", file=sys.stderr)
         return 2
     configure_from_args("epd-encode", args)
+    set_nixl_log_level(args)
     threads = args.threads or (len(cpus) if cpus else 0)
     if threads:
         import torch

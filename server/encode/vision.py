@@ -19,13 +19,15 @@ from typing import Any
 import torch
 
 from epd.server.encode.fast_tower import use_attention, use_patch_embedding
-from epd.server.engine.device import xpu_available
+from epd.server.engine.device import CUDA, XPU, resolve_device
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 AUTO = "auto"
 PREPROCESS_DEVICES = (AUTO, "cpu")
+# the device types a tower runs on besides the CPU, in the order ``auto`` tries them
+ACCELERATORS = (CUDA, XPU)
 Grid = tuple[int, int, int]
 
 
@@ -43,21 +45,6 @@ def _preprocess_device(processor: Any, device: torch.device, asked: str) -> str 
     if asked == "cpu" or device.type == "cpu":
         return None
     return str(device) if getattr(processor, "backend", None) == "torchvision" else None
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda, else xpu, else cpu; other names are checked to be usable. An accelerator
-    comes with its index (``cuda`` -> ``cuda:0``, the current device): the name registered."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "xpu" if xpu_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name} asked for, but CUDA is not available here")
-    if device.type == "xpu" and not xpu_available():
-        raise ValueError(f"device {name} asked for, but XPU is not available here")
-    if device.index is None and device.type in ("cuda", "xpu"):
-        return torch.device(device.type, getattr(torch, device.type).current_device())
-    return device
 
 
 def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
@@ -117,7 +104,7 @@ class VisionEncoder:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
         family = family_of(self.model_dir)
-        self.device = resolve_device(device)
+        self.device = torch.device(resolve_device(device, accelerators=ACCELERATORS))
         self.dtype = DTYPES[dtype_for(self.device, dtype)]
         if self.device.type == "cuda" and self.dtype == torch.float32:
             # NOTE: cuDNN convolutions (the patch embedding) default to TF32 on Ampere and later,

@@ -33,22 +33,38 @@ def xpu_available() -> bool:
     return xpu is not None and bool(xpu.is_available())
 
 
-def resolve_device(name: str, cuda_index: Callable[[], int | None] = cuda_device_index) -> str:
-    """``cpu`` or ``cuda:N`` (the device torch names, as registered) for ``--device name``.
+def resolve_device(
+    name: str,
+    cuda_index: Callable[[], int | None] = cuda_device_index,
+    *,
+    accelerators: tuple[str, ...] = (CUDA,),
+) -> str:
+    """``cpu`` or ``TYPE:N`` (the device torch names, as registered) for ``--device name``.
 
-    ``auto``: CUDA where usable, else CPU. ``cuda`` where CUDA is not usable: ValueError.
-    ``cuda_index`` finds the CUDA device (None: none usable); tests pass their own.
+    ``accelerators``: the device types the caller runs on besides the CPU (engines: CUDA; the
+    encoder: CUDA, then XPU), each also with an index (``cuda:1``). ``auto``: the first of them
+    usable here, else CPU. An accelerator without an index gets the first visible one (vLLM's
+    rank 0, a fresh process's current device). One not usable here, or a name of another type:
+    ValueError. ``cuda_index`` finds the CUDA device (None: none usable); tests pass their own.
     """
-    if name not in DEVICE_CHOICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICE_CHOICES)}, not {name!r}")
-    if name == CPU:
+    choices = ("auto", CPU, *accelerators)
+    kind, _, index = name.partition(":")
+    if kind not in choices or (index and (kind in choices[:2] or not index.isdigit())):
+        raise ValueError(f"device must be one of {', '.join(choices)}, not {name!r}")
+    if kind == "auto":
+        kind = next((k for k in accelerators if _first_index(k, cuda_index) is not None), CPU)
+    if kind == CPU:
         return CPU
-    index = cuda_index()
-    if index is None:
-        if name == CUDA:
-            raise ValueError("--device cuda asked for, but CUDA is not available here")
-        return CPU
-    return f"{CUDA}:{index}"
+    first = _first_index(kind, cuda_index)
+    if first is None:
+        raise ValueError(f"--device {name} asked for, but {kind.upper()} is not available here")
+    return f"{kind}:{index or first}"
+
+
+def _first_index(kind: str, cuda_index: Callable[[], int | None]) -> int | None:
+    if kind == CUDA:
+        return cuda_index()
+    return 0 if xpu_available() else None
 
 
 def device_type(device: str) -> str:

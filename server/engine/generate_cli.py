@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd generate: {e}", file=sys.stderr)
         return 2
     if args.model is None and not (DEFAULT_MODEL_DIR / "config.json").exists():
-        from epd.server.engine.tiny_model import build_tiny_model
+        from epd.server.models.tiny.build import build_tiny_model
 
         print(f"building the tiny model in {DEFAULT_MODEL_DIR} ...", file=sys.stderr)
         build_tiny_model(DEFAULT_MODEL_DIR)

@@ -6,8 +6,8 @@ import argparse
 import sys
 import time
 
-from epd.server.engine.tiny_model import PRESETS, build_tiny_model, preset
 from epd.server.models.registry import FAMILIES
+from epd.server.models.tiny.build import PRESETS, build_tiny_model, preset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,9 @@ ask it for what differs between families: the vision tower to load alone and the
 prefixes of its weights, what running it gives (the embeddings handed to the language model, and
 their width), the prompt's placeholder scheme (an optional start token, then one image token per
 image that engines expand to the image's rows), how those embeddings enter vLLM and the language
-model in the transformers engine (with which positions), the rule that turns an image's size into
-its grid (no pixel work), and, for ``epd model tiny``, how to build a random-weight checkpoint
-laid out like the hub's.
+model in the transformers engine (with which positions), and the rule that turns an image's size
+into its grid (no pixel work). How to build a tiny random-weight checkpoint of a family, for
+``epd model tiny``, is the family's builder's (``tiny/``), which serving never imports.
 
 Grids are (t, h, w) in patches, and an image takes t x h x w / ``merge_size`` ** 2 rows.
 Families without a patch grid (LLaVA-1.5: a fixed number of rows per image, 1-D positions) say
@@ -17,56 +17,9 @@ Families without a patch grid (LLaVA-1.5: a fixed number of rows per image, 1-D 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 Grid = tuple[int, int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class TinySizes:
-    """Sizes of a tiny random-weight checkpoint (head dims stay 64: vLLM's CPU attention)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    vision_depth: int
-    vision_embed_dim: int
-    vision_num_heads: int
-    min_pixels: int
-    max_pixels: int
-    init_range: float
-    max_position_embeddings: int = 4096
-
-
-def tiny_text_config(
-    token_ids: dict[str, int],
-    vocab_size: int,
-    sizes: TinySizes,
-    rope_parameters: dict[str, Any],
-) -> dict[str, Any]:
-    """The language model's config of a tiny checkpoint: ``sizes``, untied head, the builder's
-    special tokens (``<|endoftext|>`` pads and begins, ``<|im_end|>`` ends) and the family's
-    rotary settings."""
-    return dict(
-        vocab_size=vocab_size,
-        hidden_size=sizes.hidden_size,
-        intermediate_size=sizes.intermediate_size,
-        num_hidden_layers=sizes.num_layers,
-        num_attention_heads=sizes.num_heads,
-        num_key_value_heads=sizes.num_kv_heads,
-        max_position_embeddings=sizes.max_position_embeddings,
-        rms_norm_eps=1e-6,
-        initializer_range=sizes.init_range,
-        tie_word_embeddings=False,
-        rope_parameters=rope_parameters,
-        bos_token_id=token_ids["<|endoftext|>"],
-        eos_token_id=token_ids["<|im_end|>"],
-        pad_token_id=token_ids["<|endoftext|>"],
-    )
 
 
 #: the key of an image's row count in ``separately_batched_items``
@@ -121,18 +74,11 @@ class ModelFamily(ABC):
     visual_prefixes: tuple[str, ...]
     #: the longest side over the shortest the resize rule takes (None: any)
     max_aspect_ratio: int | None = None
-    #: the chat template of a tiny checkpoint (the hub's for the family)
-    chat_template: str
-    #: special tokens a tiny checkpoint's tokenizer needs beside the builder's (Qwen's) ones
-    tiny_special_tokens: tuple[str, ...] = ()
     #: keys ``vllm_items`` adds beside those vLLM's renderer makes (vLLM's model ignores them)
     vllm_extra_keys: tuple[str, ...] = ()
     #: whether the vision tower packs a batch's images into one sequence and attends within
     #: each by sequence bounds (``cu_seqlens``): the encoder's packed attention applies
     packs_images: bool = False
-    #: named special tokens of a tiny checkpoint's tokenizer, (attribute, token) pairs its
-    #: processor reads (InternVL: ``context_image_token`` is ``<IMG_CONTEXT>``)
-    tiny_named_tokens: tuple[tuple[str, str], ...] = ()
 
     @abstractmethod
     def vision_tower(self, config: Any) -> Any:
@@ -241,18 +187,17 @@ class ModelFamily(ABC):
         """vLLM's public ``multi_modal_data["image"]`` for images given as embeddings (Qwen
         families: a dict of ``image_embeds`` and ``image_grid_thw``; LLaVA: a tensor)."""
 
-    @abstractmethod
-    def save_tiny_processor(
-        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
-    ) -> None:
-        """Write the processor configs of a tiny checkpoint to ``out``."""
 
-    def finish_tiny_checkpoint(self, out: Path) -> None:
-        """Rework the saved tiny checkpoint in ``out`` into the hub's layout (default: as
-        transformers saved it)."""
-        return None
+class SeparatelyBatchedFamily(ModelFamily):
+    """A family whose images enter vLLM as one ``image_embeds`` [rows, hidden] tensor each, in
+    items of their own (``separately_batched_items``), so that images of different row counts
+    (InternVL's tile counts, LLaVA-OneVision's sizes) are never batched together."""
 
-    @abstractmethod
-    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-        """A random-weight model (transformers' class for the family, float32, eval mode);
-        ``token_ids`` maps special token strings to ids."""
+    vllm_extra_keys = (ROWS_KEY,)
+
+    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
+        return separately_batched_items(embeddings)
+
+    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
+        # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as the image data itself.
+        return list(embeddings)

@@ -15,54 +15,28 @@ prompt update), so the family names those delimiters (``image_delimiters``). Emb
 (``InternS1ForConditionalGeneration`` serves the architecture) as ``image_embeds``, one [rows,
 hidden] tensor per image (a batched field), with the rows as a shared field so that vLLM never
 batches images of different rows, which its schema refuses
-(``family.separately_batched_items``). Hub checkpoints name the weights as transformers 5 saves
+(``family.SeparatelyBatchedFamily``). Hub checkpoints name the weights as transformers 5 saves
 them (``model.vision_tower.*``, ``model.multi_modal_projector.*``, ``model.language_model.*``,
 ``lm_head.*``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import (
-    ROWS_KEY,
     Grid,
-    ModelFamily,
-    TinySizes,
+    SeparatelyBatchedFamily,
     device_argument,
-    separately_batched_items,
-    tiny_text_config,
 )
+from epd.server.models.projected_tower import projected_tower
 
-PATCH_SIZE = 14
 CONTEXT_TOKEN = "<IMG_CONTEXT>"
 START_TOKEN = "<img>"
 END_TOKEN = "</img>"
-VIDEO_TOKEN = "<video>"
-HUB_EXTRA_TOKENS = ("<quad>", "</quad>", "<ref>", "</ref>", "<box>", "</box>")
-# NOTE: a tiny tile is 112 pixels (16 rows) and an image takes at most 4 tiles + the thumbnail;
-# the hub's tile is 448 pixels (256 rows), at most 12 tiles.
-TINY_TILE_SIZE = 112
-TINY_MAX_TILES = 4
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-# NOTE: the hub's InternVL -hf template: per message, its parts in order; an image is one
-# <IMG_CONTEXT> and a newline.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
-    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}{{'<|im_end|>\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
-class InternVl(ModelFamily):
+class InternVl(SeparatelyBatchedFamily):
     """InternVL, transformers format (``InternVLForConditionalGeneration``)."""
 
     name = "internvl"
@@ -74,30 +48,16 @@ class InternVl(ModelFamily):
         "vision_tower.",
         "multi_modal_projector.",
     )
-    chat_template = CHAT_TEMPLATE
-    # NOTE: the hub's added tokens; vLLM's prompt update needs <video> to be one token too.
-    tiny_special_tokens = (START_TOKEN, END_TOKEN, CONTEXT_TOKEN, VIDEO_TOKEN, *HUB_EXTRA_TOKENS)
-    vllm_extra_keys = (ROWS_KEY,)
-    tiny_named_tokens = (
-        ("start_image_token", START_TOKEN),
-        ("end_image_token", END_TOKEN),
-        ("context_image_token", CONTEXT_TOKEN),
-        ("video_token", VIDEO_TOKEN),
-    )
 
     def vision_tower(self, config: Any) -> Any:
-        from torch import nn
         from transformers import InternVLVisionModel
         from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
 
-        tower = nn.ModuleDict(
-            {
-                "vision_tower": InternVLVisionModel._from_config(config.vision_config),
-                "multi_modal_projector": InternVLMultiModalProjector(config),
-            }
+        return projected_tower(
+            config,
+            InternVLVisionModel._from_config(config.vision_config),
+            InternVLMultiModalProjector(config),
         )
-        tower.config = config
-        return tower
 
     def visual_weight_name(self, key: str) -> str | None:
         name = key.removeprefix("model.")
@@ -151,61 +111,6 @@ class InternVl(ModelFamily):
         grids = [(1, 1, int(num_tiles) * rows) for num_tiles in inputs["num_patches"]]
         return inputs["pixel_values"], torch.tensor(grids)
 
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        return separately_batched_items(embeddings)
-
-    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
-        # NOTE: vLLM's parser takes a list of [rows, hidden] tensors as embeddings (images of
-        # different tile counts have different rows).
-        return list(embeddings)
-
-    def save_tiny_processor(
-        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
-    ) -> None:
-        from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
-
-        size = {"height": TINY_TILE_SIZE, "width": TINY_TILE_SIZE}
-        normalise = dict(image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD))
-        image_processor = GotOcr2ImageProcessor(
-            size=size, min_patches=1, max_patches=TINY_MAX_TILES, **normalise
-        )
-        processor = InternVLProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=InternVLVideoProcessor(size=size, **normalise),
-            image_seq_length=_tiny_rows_per_tile(),
-            chat_template=chat_template,
-        )
-        processor.save_pretrained(out)
-        image_processor.save_pretrained(out)
-
-    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-        import torch
-        from transformers import InternVLConfig, InternVLForConditionalGeneration
-
-        rope = {"rope_type": "default", "rope_theta": 1000000.0}
-        text_config = {
-            "model_type": "qwen2",
-            **tiny_text_config(token_ids, vocab_size, sizes, rope),
-        }
-        config = InternVLConfig(
-            text_config=text_config,
-            vision_config=dict(
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_TILE_SIZE,
-                patch_size=PATCH_SIZE,
-                initializer_range=sizes.init_range,
-            ),
-            image_token_id=token_ids[CONTEXT_TOKEN],
-            image_seq_length=_tiny_rows_per_tile(),
-            downsample_ratio=0.5,
-            tie_word_embeddings=False,
-        )
-        return InternVLForConditionalGeneration(config).eval().to(torch.float32)
-
 
 def rows_per_tile(config: Any) -> int:
     """Embedding rows of one tile: the tower's patches, pixel-shuffled by ``downsample_ratio``."""
@@ -233,7 +138,3 @@ def _images_kwargs() -> dict[str, Any]:
     from transformers.models.internvl.processing_internvl import InternVLProcessorKwargs
 
     return dict(InternVLProcessorKwargs._defaults.get("images_kwargs", {}))
-
-
-def _tiny_rows_per_tile() -> int:
-    return (TINY_TILE_SIZE // PATCH_SIZE) ** 2 // 4

@@ -10,43 +10,20 @@ enter vLLM as ``image_embeds``, one [rows, hidden] tensor per image (a batched f
 
 Hub checkpoints name the tower's weights ``vision_tower.vision_model.*``, the projector's
 ``multi_modal_projector.*`` and the language model's ``language_model.*``, which both vLLM's
-loader and transformers 5 read; transformers 5.19 saves the tower without ``vision_model.``, so
-the tiny builder renames its weights to the hub's names.
+loader and transformers 5 read (the tiny builder, ``tiny/llava.py``, saves them so too).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import (
     Grid,
     ModelFamily,
-    TinySizes,
     device_argument,
     image_size,
-    tiny_text_config,
 )
-
-PATCH_SIZE = 14
-IMAGE_TOKEN = "<image>"
-# NOTE: a tiny tower sees 112 x 112 pixels (64 rows per image); the hub's sees 336 x 336 (576).
-TINY_IMAGE_SIZE = 112
-
-# NOTE: the hub's llava-1.5 template: per message, its images first, then its text.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] != 'system' %}"
-    "{{ message['role'].upper() + ': '}}{% endif %}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}"
-    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] + ' '}}{% endfor %}{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
-)
+from epd.server.models.projected_tower import projected_tower
 
 
 class Llava(ModelFamily):
@@ -61,22 +38,16 @@ class Llava(ModelFamily):
         "model.vision_tower.",
         "model.multi_modal_projector.",
     )
-    chat_template = CHAT_TEMPLATE
-    tiny_special_tokens = (IMAGE_TOKEN,)
 
     def vision_tower(self, config: Any) -> Any:
-        from torch import nn
         from transformers import CLIPVisionModel
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
-        tower = nn.ModuleDict(
-            {
-                "vision_tower": CLIPVisionModel._from_config(config.vision_config),
-                "multi_modal_projector": LlavaMultiModalProjector(config),
-            }
+        return projected_tower(
+            config,
+            CLIPVisionModel._from_config(config.vision_config),
+            LlavaMultiModalProjector(config),
         )
-        tower.config = config
-        return tower
 
     def visual_weight_name(self, key: str) -> str | None:
         name = key.removeprefix("model.")
@@ -127,78 +98,3 @@ class Llava(ModelFamily):
         # NOTE: vLLM's LLaVA parser takes embeddings as the image data itself, [images, rows,
         # hidden]; a dict ({"image_embeds": ...}) is taken for an image source and refused.
         return torch.stack(embeddings)
-
-    def save_tiny_processor(
-        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
-    ) -> None:
-        from transformers import CLIPImageProcessor, LlavaProcessor
-
-        image_processor = CLIPImageProcessor(
-            size={"shortest_edge": TINY_IMAGE_SIZE},
-            crop_size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE},
-        )
-        processor = LlavaProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            patch_size=PATCH_SIZE,
-            vision_feature_select_strategy="default",
-            num_additional_image_tokens=1,
-            chat_template=chat_template,
-        )
-        processor.save_pretrained(out)
-        image_processor.save_pretrained(out)
-
-    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-        import torch
-        from transformers import LlavaConfig, LlavaForConditionalGeneration
-
-        config = LlavaConfig(
-            text_config=_tiny_text_config(token_ids, vocab_size, sizes),
-            vision_config=dict(
-                model_type="clip_vision_model",
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_IMAGE_SIZE,
-                patch_size=PATCH_SIZE,
-                projection_dim=sizes.vision_embed_dim,
-                initializer_range=sizes.init_range,
-            ),
-            image_token_index=token_ids[IMAGE_TOKEN],
-            image_seq_length=(TINY_IMAGE_SIZE // PATCH_SIZE) ** 2,
-            vision_feature_layer=-2,
-            vision_feature_select_strategy="default",
-            tie_word_embeddings=False,
-        )
-        return LlavaForConditionalGeneration(config).eval().to(torch.float32)
-
-    def finish_tiny_checkpoint(self, out: Path) -> None:
-        name_tower_as_hub(out)
-
-
-def name_tower_as_hub(out: Path) -> None:
-    """Name the tower's weights of the checkpoint in ``out`` as the hub does
-    (``vision_tower.vision_model.*``; transformers 5.19 saves CLIP and SigLIP towers without
-    ``vision_model.``)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    path = out / "model.safetensors"
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata()
-        state = {_hub_name(key): f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-    save_file(state, str(path), metadata=metadata)
-
-
-def _hub_name(key: str) -> str:
-    if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
-        return "vision_tower.vision_model." + key.removeprefix("vision_tower.")
-    return key
-
-
-def _tiny_text_config(token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-    # NOTE: the hub's Vicuna takes theta 10000; at tiny sizes its greedy margins are narrow
-    # (0.006 on the tiny-model test's prompt), Qwen's 1e6 gives 0.27.
-    rope = {"rope_type": "default", "rope_theta": 1000000.0}
-    return {"model_type": "llama", **tiny_text_config(token_ids, vocab_size, sizes, rope)}

@@ -20,59 +20,28 @@ Every image is tiled, however many a prompt holds, as vLLM 0.32 tiles them and a
 processor does given one flat list of images (given a list per text, it shows the images of a
 text that holds several untiled: the base tile and one newline row). vLLM 0.32's embeddings
 schema refuses a batch of images of different row counts, so ``vllm_items`` keeps them apart
-(``family.separately_batched_items``).
+(``family.SeparatelyBatchedFamily``).
 
 Hub checkpoints name the tower's weights ``vision_tower.vision_model.*``, the projector's
 ``multi_modal_projector.*``, the newline row ``image_newline`` and the language model's
-``language_model.*``; transformers 5.19 saves the tower without ``vision_model.``, so the tiny
-builder renames its weights to the hub's names.
+``language_model.*`` (the tiny builder, ``tiny/llava_onevision.py``, saves them so too).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from epd.server.models.family import (
-    ROWS_KEY,
     Grid,
-    ModelFamily,
-    TinySizes,
+    SeparatelyBatchedFamily,
     device_argument,
     image_size,
-    separately_batched_items,
-    tiny_text_config,
 )
-from epd.server.models.llava import name_tower_as_hub
-
-PATCH_SIZE = 14
-IMAGE_TOKEN = "<image>"
-VIDEO_TOKEN = "<video>"
-# NOTE: a tiny tile is 56 pixels (16 rows), the hub's 384 (729); pinpoints are 1..6 tiles a side,
-# as the hub's, so large images take the shrinking branch (over 9 tiles' rows).
-TINY_TILE = 56
-TINY_PINPOINTS = [[TINY_TILE * i, TINY_TILE * j] for i in range(1, 7) for j in range(1, 7)]
-# NOTE: the hub's (transformers' conversion script's) template: per message, its images first.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}"
-    "{# Render all video then #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
-    "{{ '<video>\n' }}{% endfor %}"
-    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] }}{% endfor %}{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{% generation %}{{ content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
-    "{{'<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from epd.server.models.projected_tower import projected_tower
 
 
-class LlavaOnevision(ModelFamily):
+class LlavaOnevision(SeparatelyBatchedFamily):
     """LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``, SigLIP tower, anyres)."""
 
     name = "llava_onevision"
@@ -86,9 +55,6 @@ class LlavaOnevision(ModelFamily):
         "model.multi_modal_projector.",
         "model.image_newline",
     )
-    chat_template = CHAT_TEMPLATE
-    tiny_special_tokens = (IMAGE_TOKEN, VIDEO_TOKEN)
-    vllm_extra_keys = (ROWS_KEY,)
 
     def vision_tower(self, config: Any) -> Any:
         import torch
@@ -98,11 +64,12 @@ class LlavaOnevision(ModelFamily):
             LlavaOnevisionMultiModalProjector,
         )
 
-        tower = nn.Module()
-        tower.vision_tower = AutoModel.from_config(config.vision_config)
-        tower.multi_modal_projector = LlavaOnevisionMultiModalProjector(config)
+        tower = projected_tower(
+            config,
+            AutoModel.from_config(config.vision_config),
+            LlavaOnevisionMultiModalProjector(config),
+        )
         tower.image_newline = nn.Parameter(torch.empty(config.text_config.hidden_size))
-        tower.config = config
         return tower
 
     def visual_weight_name(self, key: str) -> str | None:
@@ -183,80 +150,6 @@ class LlavaOnevision(ModelFamily):
 
     def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
         return 1, 1, num_image_rows(width, height, config, processor.image_grid_pinpoints)
-
-    def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
-        return separately_batched_items(embeddings)
-
-    def vllm_data(self, embeddings: list[Any], grids: list[Grid]) -> Any:
-        # NOTE: vLLM's parser takes embeddings as the image data itself; images of different
-        # sizes have different row counts, so one [rows, hidden] tensor per image.
-        return list(embeddings)
-
-    def save_tiny_processor(
-        self, tokenizer: Any, sizes: TinySizes, chat_template: str, out: Path
-    ) -> None:
-        from transformers import (
-            LlavaOnevisionImageProcessor,
-            LlavaOnevisionProcessor,
-            LlavaOnevisionVideoProcessor,
-        )
-
-        image_processor = LlavaOnevisionImageProcessor(
-            size={"height": TINY_TILE, "width": TINY_TILE},
-            image_grid_pinpoints=TINY_PINPOINTS,
-            image_mean=[0.5, 0.5, 0.5],
-            image_std=[0.5, 0.5, 0.5],
-        )
-        video_processor = LlavaOnevisionVideoProcessor(
-            size={"height": TINY_TILE, "width": TINY_TILE},
-            image_mean=[0.5, 0.5, 0.5],
-            image_std=[0.5, 0.5, 0.5],
-        )
-        processor = LlavaOnevisionProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=video_processor,
-            num_image_tokens=(TINY_TILE // PATCH_SIZE) ** 2,
-            vision_feature_select_strategy="full",
-            vision_aspect_ratio="anyres_max_9",
-            chat_template=chat_template,
-        )
-        processor.save_pretrained(out)
-        image_processor.save_pretrained(out)
-
-    def tiny_model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
-        import torch
-        from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
-
-        rope = {"rope_type": "default", "rope_theta": 1000000.0}
-        config = LlavaOnevisionConfig(
-            text_config={
-                "model_type": "qwen2",
-                **tiny_text_config(token_ids, vocab_size, sizes, rope),
-            },
-            vision_config=dict(
-                model_type="siglip_vision_model",
-                hidden_size=sizes.vision_embed_dim,
-                intermediate_size=2 * sizes.vision_embed_dim,
-                num_hidden_layers=sizes.vision_depth,
-                num_attention_heads=sizes.vision_num_heads,
-                image_size=TINY_TILE,
-                patch_size=PATCH_SIZE,
-                vision_use_head=False,
-                initializer_range=sizes.init_range,
-            ),
-            image_token_index=token_ids[IMAGE_TOKEN],
-            video_token_index=token_ids[VIDEO_TOKEN],
-            image_grid_pinpoints=TINY_PINPOINTS,
-            vision_feature_layer=-1,
-            vision_feature_select_strategy="full",
-            vision_aspect_ratio="anyres_max_9",
-            tie_word_embeddings=False,
-        )
-        return LlavaOnevisionForConditionalGeneration(config).eval().to(torch.float32)
-
-    def finish_tiny_checkpoint(self, out: Path) -> None:
-        name_tower_as_hub(out)
 
 
 def num_image_rows(width: int, height: int, config: Any, pinpoints: list[list[int]]) -> int:

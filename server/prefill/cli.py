@@ -22,7 +22,11 @@ from epd.server.engine.engine_cli import (
 )
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
+from epd.server.transfer.transfer_cli import (
+    add_transfer_arguments,
+    set_nixl_log_level,
+    transfer_options,
+)
 
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
@@ -110,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd prefill: {e}", file=sys.stderr)
         return 2
     configure_from_args("epd-prefill", args)
+    set_nixl_log_level(args)
     threads = args.cpu_threads or (len(cpus) if cpus else 0)
     if args.engine == "transformers" and device_type(args.device) == CPU and threads:
         import torch

@@ -10,6 +10,7 @@ the decode worker while the prompt is prefilled; each call costs about a millise
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -242,15 +243,9 @@ async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> Asyn
         ),
         timeout=call.deadline.remaining(),
     )
-    try:
-        async for response in stream:
-            yield Piece(
-                list(response.token_ids),
-                response.finish_reason,
-                response.usage if response.HasField("usage") else None,
-            )
-    finally:
-        stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
+    async with contextlib.aclosing(_pieces(stream)) as pieces:
+        async for piece in pieces:
+            yield piece
 
 
 async def _prefill_then_decode(
@@ -289,6 +284,14 @@ async def _prefill_then_decode(
         timeout=call.deadline.remaining(),
     )
     attempt.in_decode = True
+    async with contextlib.aclosing(_pieces(stream)) as pieces:
+        async for piece in pieces:
+            yield piece
+
+
+async def _pieces(stream: Any) -> AsyncGenerator[Piece, None]:
+    """The pieces of a PrefillDecode or Decode response stream; the call is cancelled when
+    they end, however (callers close this at once: ``contextlib.aclosing``)."""
     try:
         async for response in stream:
             yield Piece(
@@ -297,7 +300,7 @@ async def _prefill_then_decode(
                 response.usage if response.HasField("usage") else None,
             )
     finally:
-        stream.cancel()
+        stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
 
 
 async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.PrefillResponse:

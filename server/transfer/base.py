@@ -19,12 +19,18 @@ Who frees what:
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Generic, TypedDict
 
 import torch
 
-from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES
+from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, Payload, attach_lease
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class TensorProducer(ABC):
@@ -52,6 +58,75 @@ class TensorProducer(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free everything this producer holds. The producer is unusable afterwards."""
+
+
+class ProducerSettings(TypedDict, total=False):
+    """The keyword arguments of a ``LeasedProducer`` that its subclasses pass on as they are:
+    ``producer_endpoint`` (default empty: not known yet), ``ttl_s`` (60), ``clock``
+    (``time.time``) and ``max_idle_bytes``, the idle budget of its pool of payload memory
+    (``DEFAULT_MAX_IDLE_BYTES``)."""
+
+    producer_endpoint: str
+    ttl_s: float
+    clock: Clock
+    max_idle_bytes: int
+
+
+class LeasedProducer(TensorProducer, Generic[Payload]):
+    """A producer that holds each payload under a lease (shm, NIXL), in memory it pools: the
+    lease table on ``clock``, the default lease ``ttl_s``, what its references tell holders
+    (``host_id``, and ``producer_endpoint``, where to release) and its pool's idle budget
+    ``max_idle_bytes``. Subclasses say how a payload is freed."""
+
+    def __init__(self, host_id: str, **settings: Unpack[ProducerSettings]) -> None:
+        self.host_id = host_id
+        self.producer_endpoint = settings.get("producer_endpoint", "")
+        self.ttl_s = settings.get("ttl_s", 60.0)
+        self.max_idle_bytes = settings.get("max_idle_bytes", DEFAULT_MAX_IDLE_BYTES)
+        self._leases: LeaseTable[Payload] = LeaseTable(settings.get("clock", time.time))
+
+    @abstractmethod
+    def _free(self, payload: Payload) -> None:
+        """Give ``payload``'s memory back (its lease is gone already)."""
+
+    def _lease(
+        self,
+        ref: tensor_pb2.TensorRef,
+        payload: Payload,
+        location: str,
+        ttl_s: float | None,
+    ) -> LeaseInfo:
+        """Hold ``payload`` (``ref``'s bytes, at ``location``) under a new lease of ``ttl_s``
+        (None: the default) and fill in ``ref``'s holder-facing fields."""
+        info = self._leases.add(
+            payload,
+            kind=self.kind,
+            byte_size=ref.byte_size,
+            location=location,
+            ttl_s=ttl_s or self.ttl_s,
+        )
+        attach_lease(ref, info, self.host_id, self.producer_endpoint)
+        return info
+
+    def release(self, lease_id: str) -> bool:
+        payload = self._leases.pop(lease_id)
+        if payload is None:
+            return False
+        self._free(payload)
+        return True
+
+    def held(self) -> list[LeaseInfo]:
+        return self._leases.held()
+
+    def reap_expired(self) -> int:
+        expired = self._leases.pop_expired()
+        for payload in expired:
+            self._free(payload)
+        return len(expired)
+
+    def close(self) -> None:
+        for payload in self._leases.pop_all():
+            self._free(payload)
 
 
 class TensorConsumer(ABC):

@@ -8,6 +8,8 @@ from collections import defaultdict
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
+# the idle budget of a pool of the data plane unless its owner says otherwise
+DEFAULT_MAX_IDLE_BYTES = 1 << 30
 
 
 class IdlePool(Generic[Item]):

@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from epd.server.transfer.base import TensorProducer
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
+from epd.server.transfer.base import LeasedProducer, ProducerSettings
+from epd.server.transfer.leases import LeaseInfo
 from epd.server.transfer.nixl_agent import NixlAgent, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
 from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.server.transfer.tensors import copy_payload, describe
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ class Lent:
     stamps: StampArena
 
 
-class NixlProducer(TensorProducer):
+class NixlProducer(LeasedProducer[Block | Lent]):
     """Puts tensors under leases; frees them on release, on the consumer's notification, or on
     expiry. The agent is created on the first ``put``.
 
@@ -109,24 +112,18 @@ class NixlProducer(TensorProducer):
         self,
         host_id: str,
         *,
-        producer_endpoint: str = "",
-        ttl_s: float = 60.0,
-        clock: Clock = time.time,
         agent_factory: AgentFactory = process_agent,
-        max_idle_bytes: int = 1 << 30,
         zero_copy_min_bytes: int = 1 << 20,
+        **settings: Unpack[ProducerSettings],
     ) -> None:
-        self.host_id = host_id
-        self.producer_endpoint = producer_endpoint
-        self.ttl_s = ttl_s
+        super().__init__(host_id, **settings)
         self.zero_copy_min_bytes = zero_copy_min_bytes
         self._nixl = StartedOnUse(
             agent_factory,
-            max_idle_bytes,
+            self.max_idle_bytes,
             on_start=lambda agent: agent.add_listener(self._on_notification),
         )
         self._stamps: dict[torch.device | None, StampArena] = {}
-        self._leases: LeaseTable[Block | Lent] = LeaseTable(clock)
         self._lock = threading.Lock()
         self.num_lent = 0
         self.lends_device_memory: bool | None = None
@@ -152,20 +149,14 @@ class NixlProducer(TensorProducer):
         """``tensor`` copied (a device tensor staged once) into a pooled host block."""
         block = pool.acquire(ref.byte_size)
         copy_payload(block.address + HEADER_BYTES, tensor)
-        info = self._leases.add(
-            block,
-            kind=self.kind,
-            byte_size=ref.byte_size,
-            location=block.location,
-            ttl_s=ttl_s or self.ttl_s,
-        )
+        info = self._lease(ref, block, block.location, ttl_s)
         block.stamp(info.lease_id)
         location = ref.nixl
         location.agent_name = agent.name
         location.agent_metadata = agent.metadata(block.address)
         location.memory_type = tensor_pb2.NIXL_MEMORY_TYPE_DRAM
         location.descriptors.add(address=block.address, length=HEADER_BYTES + ref.byte_size)
-        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
+        return ref
 
     def lend_from_device(
         self, tensor: torch.Tensor, *, ttl_s: float | None = None
@@ -212,13 +203,8 @@ class NixlProducer(TensorProducer):
         if not agent.share(address, byte_size, memory_type, device_id):
             return None
         lent = Lent(tensor, 0, stamps)
-        info = self._leases.add(
-            lent,
-            kind=self.kind,
-            byte_size=byte_size,
-            location=f"{agent.name}@{address:#x}",
-            ttl_s=ttl_s or self.ttl_s,
-        )
+        ref = describe(tensor)
+        info = self._lease(ref, lent, f"{agent.name}@{address:#x}", ttl_s)
         stamp = stamps.take(info.lease_id)
         if stamp is None:
             self._leases.pop(info.lease_id)
@@ -230,7 +216,6 @@ class NixlProducer(TensorProducer):
             # as soon as it holds the reference.
             torch.cuda.synchronize(tensor.device)
         self.num_lent += 1
-        ref = describe(tensor)
         location = ref.nixl
         location.agent_name = agent.name
         location.agent_metadata = agent.metadata_of([stamps.address, address])
@@ -239,14 +224,7 @@ class NixlProducer(TensorProducer):
         )
         location.descriptors.add(address=stamp, length=HEADER_BYTES, device_id=device_id)
         location.descriptors.add(address=address, length=byte_size, device_id=device_id)
-        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
-
-    def release(self, lease_id: str) -> bool:
-        payload = self._leases.pop(lease_id)
-        if payload is None:
-            return False
-        self._free(payload)
-        return True
+        return ref
 
     def _free(self, payload: Block | Lent) -> None:
         agent, pool = self._nixl.get()  # NOTE: made already: every payload came from them
@@ -260,24 +238,20 @@ class NixlProducer(TensorProducer):
     def held(self) -> list[LeaseInfo]:
         if self._nixl.started is not None:
             self._nixl.started[0].poll()
-        return self._leases.held()
+        return super().held()
 
     def reap_expired(self) -> int:
         if self._nixl.started is None:
             return 0
         self._nixl.started[0].poll()
-        expired = self._leases.pop_expired()
-        for payload in expired:
-            self._free(payload)
-        return len(expired)
+        return super().reap_expired()
 
     def close(self) -> None:
         if self._nixl.started is None:
             return
         agent, pool = self._nixl.started
         agent.remove_listener(self._on_notification)
-        for payload in self._leases.pop_all():
-            self._free(payload)
+        super().close()
         pool.close()
         for stamps in self._stamps.values():
             stamps.close()

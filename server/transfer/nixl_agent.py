@@ -39,9 +39,6 @@ from epd.server.transfer.nixl_notifications import NotificationListener, Notific
 from epd.server.transfer.options import NixlOptions
 
 logger = logging.getLogger(__name__)
-# NOTE: sets (does not read) the nixl library's own variable, read when nixl is first imported:
-# INFO lines on every agent start are noise in servers.
-os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
 Region = tuple[int, int, int]  # (address, length, device id)
 _SPINS_BEFORE_SLEEP = 2000

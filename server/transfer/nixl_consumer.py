@@ -13,6 +13,7 @@ import torch
 
 from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES
 from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory, StartedOnUse
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool
@@ -55,7 +56,7 @@ class NixlConsumer(TensorConsumer):
         agent_factory: AgentFactory = process_agent,
         release_after_read: bool = True,
         timeout_s: float = 30.0,
-        max_idle_bytes: int = 1 << 30,
+        max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES,
     ) -> None:
         self.release_after_read = release_after_read
         self.timeout_s = timeout_s

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from epd.server.transfer.idle_pool import IdlePool
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, IdlePool
 from epd.server.transfer.nixl_agent import NixlAgent
 from epd.server.transfer.payload_layout import HEADER_BYTES, size_class, stamp_of
 
@@ -43,7 +43,7 @@ class RegisteredPool:
     """Registered blocks by size class, reused after give_back; idle ones beyond
     ``max_idle_bytes`` (and all idle ones at ``close``) are deregistered."""
 
-    def __init__(self, agent: NixlAgent, max_idle_bytes: int = 1 << 30) -> None:
+    def __init__(self, agent: NixlAgent, max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES) -> None:
         self._agent = agent
         self._idle: IdlePool[Block] = IdlePool(max_idle_bytes)
         self._lock = threading.Lock()

@@ -20,16 +20,15 @@ import itertools
 import mmap
 import os
 import threading
-import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import TensorConsumer, TensorProducer
-from epd.server.transfer.idle_pool import IdlePool
-from epd.server.transfer.leases import Clock, LeaseInfo, LeaseTable, attach_lease
+from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorConsumer
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, IdlePool
 from epd.server.transfer.payload_layout import (
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
@@ -55,6 +54,9 @@ from epd.server.transfer.shm_orphans import orphans as orphans
 from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 # NOTE: list_segments and orphans are re-exported above: tests and tools call them as shm.*.
 
@@ -82,7 +84,9 @@ class SegmentPool:
     """Segments by power-of-two size class, reused after release (creating one per transfer is
     several times slower). Idle segments beyond ``max_idle_bytes`` are unlinked."""
 
-    def __init__(self, shm_dir: str = SHM_DIR, max_idle_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, shm_dir: str = SHM_DIR, max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES
+    ) -> None:
         self._dir = shm_dir
         self._prefix = process_prefix()
         self._idle: IdlePool[Segment] = IdlePool(max_idle_bytes)
@@ -136,7 +140,7 @@ class SegmentPool:
             segment.buffer.close()
 
 
-class ShmProducer(TensorProducer):
+class ShmProducer(LeasedProducer[Segment]):
     """Puts tensors into pooled segments under leases; removes dead processes' leftovers."""
 
     kind = "shm"
@@ -145,19 +149,13 @@ class ShmProducer(TensorProducer):
         self,
         host_id: str,
         *,
-        producer_endpoint: str = "",
-        ttl_s: float = 60.0,
-        clock: Clock = time.time,
         shm_dir: str = SHM_DIR,
-        max_idle_bytes: int = 1 << 30,
+        **settings: Unpack[ProducerSettings],
     ) -> None:
-        self.host_id = host_id
-        self.producer_endpoint = producer_endpoint
-        self.ttl_s = ttl_s
+        super().__init__(host_id, **settings)
         self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
-        self._pool = SegmentPool(shm_dir, max_idle_bytes)
-        self._leases: LeaseTable[Segment] = LeaseTable(clock)
+        self._pool = SegmentPool(shm_dir, self.max_idle_bytes)
 
     def put(
         self, tensor: torch.Tensor, *, ttl_s: float | None = None, content_tag: bytes = b""
@@ -167,42 +165,22 @@ class ShmProducer(TensorProducer):
         ref = describe(tensor)
         segment = self._pool.acquire(ref.byte_size)
         copy_payload(segment.address + HEADER_BYTES, tensor)
-        info = self._leases.add(
-            segment,
-            kind=self.kind,
-            byte_size=ref.byte_size,
-            location=segment.name,
-            ttl_s=ttl_s or self.ttl_s,
-        )
+        info = self._lease(ref, segment, segment.name, ttl_s)
         segment.stamp(info.lease_id, content_tag)
         ref.shm.CopyFrom(
             tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES, size=ref.byte_size)
         )
-        return attach_lease(ref, info, self.host_id, self.producer_endpoint)
+        return ref
 
-    def release(self, lease_id: str) -> bool:
-        segment = self._leases.pop(lease_id)
-        if segment is None:
-            return False
+    def _free(self, segment: Segment) -> None:
         self._pool.give_back(segment)
-        return True
-
-    def held(self) -> list[LeaseInfo]:
-        return self._leases.held()
 
     def remove_orphans(self) -> list[str]:
         """Unlink the segments of dead producers on this host (see ``shm_orphans``)."""
         return cleanup_orphans(self._dir)
 
-    def reap_expired(self) -> int:
-        expired = self._leases.pop_expired()
-        for segment in expired:
-            self._pool.give_back(segment)
-        return len(expired)
-
     def close(self) -> None:
-        for segment in self._leases.pop_all():
-            self._pool.give_back(segment)
+        super().close()
         self._pool.close()
 
     @property

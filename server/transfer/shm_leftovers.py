@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from epd.server.transfer.shm_orphans import SHM_DIR
+from epd.server.transfer.shm_orphans import SHM_DIR, unlink_files
 
 LEFTOVER = re.compile(r"^(sem\.mp-|psm_|torch_)")
 MIN_AGE_S = 5.0
@@ -102,11 +102,4 @@ def leftovers(shm_dir: str = SHM_DIR, min_age_s: float = MIN_AGE_S) -> list[str]
 def cleanup_leftovers(shm_dir: str = SHM_DIR, min_age_s: float = MIN_AGE_S) -> list[str]:
     """Unlink the engine leftovers no live process uses (see the module docstring); returns
     their names."""
-    removed = []
-    for name in leftovers(shm_dir, min_age_s):
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
+    return unlink_files(shm_dir, leftovers(shm_dir, min_age_s))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 SHM_DIR = "/dev/shm"
 NAME = re.compile(r"^epd-(\d+)-(\d+)-\d+$")
@@ -59,8 +60,14 @@ def orphans(shm_dir: str = SHM_DIR) -> list[str]:
 
 def cleanup_orphans(shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink segments whose creating process is gone (or whose pid was reused). Returns names."""
+    return unlink_files(shm_dir, orphans(shm_dir))
+
+
+def unlink_files(shm_dir: str, names: Iterable[str]) -> list[str]:
+    """Unlink the files ``names`` of ``shm_dir``; returns those this call removed (another
+    process may have removed some first)."""
     removed = []
-    for name in orphans(shm_dir):
+    for name in names:
         try:
             os.unlink(os.path.join(shm_dir, name))
             removed.append(name)

@@ -9,6 +9,10 @@ from epd.common.env import float_env, int_env
 from epd.server.transfer.options import UCX_ERROR_HANDLING_MODES, NixlOptions, TransferOptions
 from epd.server.transfer.shm_mappings import DEFAULT_MAX_BYTES
 
+NIXL_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL")
+# NOTE: NIXL logs every agent start at INFO, noise in servers and their engine processes.
+DEFAULT_NIXL_LOG_LEVEL = "WARN"
+
 
 def add_transfer_arguments(
     parser: argparse.ArgumentParser, *, shm: bool = True, nixl: bool = True
@@ -58,6 +62,33 @@ def add_transfer_arguments(
             help="NIXL's own progress thread instead of polling; it spins a whole core "
             "(env EPD_NIXL_PROGRESS_THREAD=1; default off)",
         )
+        add_nixl_log_level_argument(group)
+
+
+def add_nixl_log_level_argument(parser: argparse._ActionsContainer) -> None:
+    """Add --nixl-log-level, for a process that makes NIXL agents (ours, or vLLM's KV
+    connector's in its engine processes); ``set_nixl_log_level`` applies it. ValueError naming
+    the variable when its fallback is malformed."""
+    default = os.environ.get("EPD_NIXL_LOG_LEVEL", "") or "auto"
+    if default not in ("auto", *NIXL_LOG_LEVELS):
+        raise ValueError(f"$EPD_NIXL_LOG_LEVEL must be auto or one of {NIXL_LOG_LEVELS}")
+    parser.add_argument(
+        "--nixl-log-level",
+        choices=("auto", *NIXL_LOG_LEVELS),
+        default=default,
+        help="log level of the NIXL library in this process and the engine processes it starts "
+        "(env EPD_NIXL_LOG_LEVEL; default auto: NIXL's own NIXL_LOG_LEVEL when set, else "
+        f"{DEFAULT_NIXL_LOG_LEVEL})",
+    )
+
+
+def set_nixl_log_level(args: argparse.Namespace) -> None:
+    """Hand ``--nixl-log-level`` to NIXL, which reads NIXL_LOG_LEVEL when it is first imported:
+    call it before the server is built (child processes inherit it)."""
+    if args.nixl_log_level != "auto":
+        os.environ["NIXL_LOG_LEVEL"] = args.nixl_log_level
+    else:
+        os.environ.setdefault("NIXL_LOG_LEVEL", DEFAULT_NIXL_LOG_LEVEL)
 
 
 def transfer_options(args: argparse.Namespace) -> TransferOptions:

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from epd.common.server import EpdServer, ServerOptions
 from epd.server.engine.base import Engine
 from epd.server.engine.vllm_metrics import VllmMetrics
-from epd.server.worker.registration import WorkerRegistration
+from epd.server.worker.registration import WorkerRegistration, start_registration
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -34,10 +34,6 @@ async def register_and_serve(
             kv_usage=engine_load.kv_usage,
         )
 
-    registration = WorkerRegistration(
-        scheduler, info, load, auth_token=options.auth_token, keepalive_s=options.keepalive_s
-    )
-    server.add_drain_callback(registration.stop)
-    await registration.start()
+    registration = await start_registration(server, info, load, scheduler, options)
     await server.mark_serving()
     return registration

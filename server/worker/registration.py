@@ -16,6 +16,7 @@ from collections.abc import Callable
 import grpc
 
 from epd.common.channels import DEFAULT_KEEPALIVE_S, create_channel
+from epd.common.server import EpdServer, ServerOptions
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -142,3 +143,28 @@ class WorkerRegistration:
         request = pb.HeartbeatRequest(lease_id=self._lease_id, load=self._load_fn())
         reply = await stub.Heartbeat(request, timeout=RPC_TIMEOUT_S)
         self._ttl_s = reply.ttl_ms / 1000
+
+
+async def start_registration(
+    server: EpdServer,
+    info: pb.WorkerInfo,
+    load_fn: LoadFn,
+    scheduler_endpoint: str | None,
+    options: ServerOptions,
+    *,
+    interval_s: float | None = None,
+) -> WorkerRegistration:
+    """Start keeping ``server``'s worker ``info`` registered (``WorkerRegistration`` with the
+    server's token and keepalive), leaving the registry first when the server drains. The
+    caller marks the server SERVING once the rest of its drain is set up."""
+    registration = WorkerRegistration(
+        scheduler_endpoint,
+        info,
+        load_fn,
+        interval_s=interval_s,
+        auth_token=options.auth_token,
+        keepalive_s=options.keepalive_s,
+    )
+    server.add_drain_callback(registration.stop)
+    await registration.start()
+    return registration

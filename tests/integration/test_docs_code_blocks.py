@@ -341,41 +341,16 @@ class RouteThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
 
     async def _start(self, model_dir: Path) -> tuple[str, str]:
-        from epd.common.server import ServerOptions, ServiceBinding, build_server
-        from epd.server.media.grid import ImageGridder
-        from epd.server.media.loader import MediaLoader
-        from epd.server.media.policy import MediaPolicy
-        from epd.server.route.app import SERVICE_NAME
+        from epd.common.server import ServerOptions
         from epd.server.route.openai_http import OpenAiHttp
-        from epd.server.route.prompt import PromptBuilder
-        from epd.server.route.servicer import RouteServicer
-        from epd.server.route.worker import Router
-        from epd.v1 import route_service_pb2_grpc
-        from tests.unit.route.fakes import FakeEngine, FakePeers
+        from tests.unit.route.fake_route import serve_route
+        from tests.unit.route.fakes import FakePeers
 
-        prompts = PromptBuilder(model_dir)
-        peers = FakePeers()
-        words = prompts.tokenizer(" a red square", add_special_tokens=False)["input_ids"]
-        peers.engines["pd0"] = FakeEngine(tokens=list(words))
-        loader = MediaLoader(MediaPolicy(), model_id="tiny", processor_fingerprint="x")
-        worker = Router(
-            peers,
-            prompts,
-            loader,
-            model_id="tiny",
-            host_id="h",  # type: ignore[arg-type]
-            grids=ImageGridder(model_dir),
-        )
-        binding = ServiceBinding(
-            SERVICE_NAME,
-            RouteServicer(worker),
-            route_service_pb2_grpc.add_RouteServiceServicer_to_server,
-        )
-        self.server, port = await build_server([binding], ServerOptions())
-        await self.server.mark_serving()
-        self.http = OpenAiHttp(worker)
+        served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
+        self.server = served.server
+        self.http = OpenAiHttp(served.router)
         http_port = await self.http.start("127.0.0.1", 0)
-        return f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}"
+        return f"127.0.0.1:{served.port}", f"http://127.0.0.1:{http_port}"
 
     async def _stop(self) -> None:
         await self.http.stop()

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from epd.server.engine.reference import ReferenceEngine
-from epd.server.engine.tiny_model import build_tiny_model, preset
 from epd.server.models.registry import FAMILIES, family_of
+from epd.server.models.tiny.build import build_tiny_model, preset
 from tests.families import skip_unless_run
 
 NUM_TOKENS = 24

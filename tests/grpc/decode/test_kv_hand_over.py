@@ -17,9 +17,7 @@ from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
-    Engine,
     EngineImage,
-    PrefillResult,
     Sampling,
     TokenChunk,
     Usage,
@@ -30,6 +28,7 @@ from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.engines import CannedEngine
 
 HANDLE = {
     "do_remote_prefill": True,
@@ -46,30 +45,12 @@ TEXT_PROMPT = generation_pb2.Prompt(token_ids=[1, 2, 3])
 PROMPT = generation_pb2.Prompt(token_ids=[1, 2, 3], images=[multimodal_pb2.ImageInput(mm_hash="a")])
 
 
-class HandOverEngine(Engine):
+class HandOverEngine(CannedEngine):
     """A KV producer returning ``HANDLE`` and a KV consumer recording what it was given."""
 
     def __init__(self) -> None:
-        self.model_id = "tiny"
+        super().__init__(kv_transfer_params=HANDLE)
         self.received: list[tuple[list[EngineImage], dict[str, Any]]] = []
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> AsyncIterator[TokenChunk]:
-        yield TokenChunk(finish_reason="stop")
-
-    async def prefill(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> PrefillResult:
-        return PrefillResult(7, None, dict(HANDLE), Usage(len(prompt_token_ids), 1))
 
     async def decode(
         self,

@@ -4,59 +4,32 @@ until the decode worker pulled the KV it handed off (or the grace ends)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import grpc
 
 from epd.common.channels import create_channel
 from epd.common.roles import Role
 from epd.common.status import from_rpc_error
-from epd.server.engine.base import (
-    Engine,
-    EngineImage,
-    EngineLoad,
-    PrefillResult,
-    Sampling,
-    TokenChunk,
-    Usage,
-)
+from epd.server.engine.base import EngineLoad
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from tests.engines import CannedEngine
 
 
-class KvProducerEngine(Engine):
+class KvProducerEngine(CannedEngine):
     """Prefills at once; holds the KV (usage above zero) until ``pull`` is called."""
 
     def __init__(self) -> None:
-        self.model_id = "tiny"
-        self.num_held = 0
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> AsyncIterator[TokenChunk]:
-        yield TokenChunk(finish_reason="stop")
-
-    async def prefill(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> PrefillResult:
-        self.num_held += 1
-        return PrefillResult(7, None, {"remote_block_ids": [1]}, Usage(len(prompt_token_ids), 1))
+        super().__init__(kv_transfer_params={"remote_block_ids": [1]})
+        self.num_pulled = 0
 
     def pull(self) -> None:
-        self.num_held -= 1
+        self.num_pulled += 1
 
     def load(self) -> EngineLoad:
-        return EngineLoad(kv_usage=0.25 * self.num_held)
+        return EngineLoad(kv_usage=0.25 * (self.num_prefilled - self.num_pulled))
 
 
 async def prefill(port: int, request_id: str) -> pb.PrefillResponse:

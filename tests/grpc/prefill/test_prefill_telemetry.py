@@ -3,7 +3,6 @@ when its first token was, once each, in that order."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import torch
@@ -12,35 +11,22 @@ from opentelemetry.trace import SpanKind
 
 from epd.common.channels import create_channel
 from epd.common.telemetry import FIRST_TOKEN_EVENT
-from epd.server.engine.base import Engine, EngineImage, Sampling, TokenChunk
+from epd.server.engine.base import TokenChunk
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.prefill.worker import IMAGES_RESOLVED
 from epd.server.transfer.inline import InlineProducer
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
+from tests.engines import CannedEngine
 
-
-class ThreeTokens(Engine):
-    """Streams three one-token chunks, whatever the prompt."""
-
-    model_id = "tiny"
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> AsyncIterator[TokenChunk]:
-        for token in (5, 6, 7):
-            yield TokenChunk(token_ids=[token], finish_reason="length" if token == 7 else "")
+THREE_TOKENS = [TokenChunk([5], ""), TokenChunk([6], ""), TokenChunk([7], "length")]
 
 
 async def test_prefill_decode_marks_images_resolved_then_first_token(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
-    app = await build_prefill_server(PrefillConfig(tmp_path), ThreeTokens())
+    app = await build_prefill_server(PrefillConfig(tmp_path), CannedEngine(THREE_TOKENS))
     image = multimodal_pb2.ImageInput(
         mm_hash="h",
         grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2),

@@ -15,18 +15,10 @@ from epd.client import AsyncEpdClient, EpdClient, InvalidRequest, Unauthenticate
 from epd.common.errors import InvalidArgument as InvalidArgumentError
 from epd.common.errors import Unavailable as ServerUnavailable
 from epd.common.roles import Role
-from epd.common.server import ServerOptions, ServiceBinding, build_server
-from epd.server.route.app import SERVICE_NAME
+from epd.common.server import ServerOptions
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.servicer import RouteServicer
-from epd.v1 import route_service_pb2_grpc
-from tests.unit.route.fakes import (
-    FakeEncoder,
-    FakeEngine,
-    FakePeers,
-    FakeScheduler,
-    model_router,
-)
+from tests.unit.route.fake_route import serve_route
+from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]
@@ -41,20 +33,12 @@ def png(width: int = 64, height: int = 48) -> bytes:
 @pytest.fixture
 async def route(tiny_model_dir: Path) -> AsyncIterator[Route]:
     """A route over fakes."""
-    prompts = PromptBuilder(tiny_model_dir)
     peers = FakePeers(FakeScheduler(encoders=["enc0", "enc1"]))
-    words = prompts.tokenizer("a red square", add_special_tokens=False)["input_ids"]
-    peers.engines["pd0"] = FakeEngine(tokens=list(words))
-    router = model_router(peers, prompts, tiny_model_dir)
-    binding = ServiceBinding(
-        SERVICE_NAME,
-        RouteServicer(router),
-        route_service_pb2_grpc.add_RouteServiceServicer_to_server,
+    served = await serve_route(
+        tiny_model_dir, peers, "a red square", ServerOptions(auth_token=TOKEN)
     )
-    server, port = await build_server([binding], ServerOptions(auth_token=TOKEN))
-    await server.mark_serving()
-    yield f"127.0.0.1:{port}", peers, prompts
-    await server.drain_and_stop(0)
+    yield f"127.0.0.1:{served.port}", peers, served.prompts
+    await served.server.drain_and_stop(0)
 
 
 async def test_async_stream_delivers_text_tokens_and_usage(route) -> None:

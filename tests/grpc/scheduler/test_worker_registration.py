@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from epd.common.channels import create_channel
+from epd.common.server import ServerOptions, build_server
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.core import SchedulerConfig
-from epd.server.worker.registration import WorkerRegistration
+from epd.server.worker.registration import WorkerRegistration, start_registration
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -43,6 +44,23 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float 
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.02)
+
+
+async def test_a_started_registration_leaves_the_registry_when_its_server_drains(
+    endpoint: str,
+) -> None:
+    server, port = await build_server([], ServerOptions())
+    registration = await start_registration(
+        server, info(port), pb.WorkerLoad, endpoint, ServerOptions(), interval_s=0.05
+    )
+
+    async def registered() -> bool:
+        return registration.is_registered and len(await list_workers(endpoint)) == 1
+
+    await wait_until(registered)
+    await server.drain_and_stop(0)
+    assert not registration.is_registered
+    assert await list_workers(endpoint) == []
 
 
 async def test_heartbeats_at_a_third_of_the_ttl_keep_the_lease(endpoint: str) -> None:

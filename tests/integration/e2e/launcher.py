@@ -42,6 +42,21 @@ class Stack:
         return dict(self.endpoints["pids"])
 
 
+def epd_command(command: str, model_dir: Path, *args: str) -> list[str]:
+    """``epd COMMAND --model MODEL_DIR --model-id tiny ARGS`` in this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "epd",
+        command,
+        "--model",
+        str(model_dir),
+        "--model-id",
+        "tiny",
+        *args,
+    ]
+
+
 @contextlib.contextmanager
 def running_stack(
     model_dir: Path, work_dir: Path, *args: str, timeout_s: float = 480
@@ -50,15 +65,9 @@ def running_stack(
     endpoints_file = work_dir / "endpoints.json"
     log = open(work_dir / "launcher.log", "wb")  # noqa: SIM115 - closed below
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "epd",
+        epd_command(
             "up",
-            "--model",
-            str(model_dir),
-            "--model-id",
-            "tiny",
+            model_dir,
             "--keep",
             "--no-demo",
             "--endpoints-file",
@@ -66,7 +75,7 @@ def running_stack(
             "--run-dir",
             str(work_dir / "run"),
             *args,
-        ],
+        ),
         cwd=work_dir,
         stdout=log,
         stderr=subprocess.STDOUT,

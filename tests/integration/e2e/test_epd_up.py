@@ -12,7 +12,7 @@ import pytest
 
 from epd.server.models.registry import FAMILIES
 from epd.server.transfer import shm
-from tests.integration.e2e.launcher import assert_demo_answered
+from tests.integration.e2e.launcher import assert_demo_answered, epd_command
 
 pytestmark = pytest.mark.vllm
 # NOTE: every family's `epd up` takes 1-2 min here; CI runs the family least like Qwen2-VL
@@ -24,29 +24,16 @@ QUESTION = "What is in this picture?"
 def test_epd_up_answers_through_every_service(tiny_model_dir: Path, tmp_path: Path) -> None:
     before = set(shm.orphans())
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "epd",
-            "up",
-            "--model",
-            str(tiny_model_dir),
-            "--model-id",
-            "tiny",
-            "--max-tokens",
-            "8",
-            "--question",
-            "What is in this picture?",
-            "--encoders",
-            "2",
-        ],
+        epd_command(
+            "up", tiny_model_dir, "--max-tokens", "8", "--question", QUESTION, "--encoders", "2"
+        ),
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=400,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert_demo_answered(result.stdout, tiny_model_dir, "What is in this picture?", max_tokens=8)
+    assert_demo_answered(result.stdout, tiny_model_dir, QUESTION, max_tokens=8)
     for service in ("epd-route", "epd-scheduler", "epd-encode", "epd-prefill"):
         assert service in result.stdout
     leftovers = subprocess.run(
@@ -77,20 +64,7 @@ def test_epd_up_serves_each_family_with_the_reference_tokens(
     )
     assert built.returncode == 0, built.stderr[-2000:]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "epd",
-            "up",
-            "--model",
-            str(model_dir),
-            "--model-id",
-            "tiny",
-            "--max-tokens",
-            "8",
-            "--question",
-            QUESTION,
-        ],
+        epd_command("up", model_dir, "--max-tokens", "8", "--question", QUESTION),
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from epd.client import EpdClient, user
 from epd.common.channels import wait_for_health
 from epd.launch.launcher import free_port
 from epd.launch.up_cli import SPAN_FILE
-from tests.integration.e2e.launcher import running_stack
+from tests.integration.e2e.launcher import epd_command, running_stack
 from tests.pictures import picture, png
 
 QUESTION = "What is in this picture?"
@@ -28,20 +27,14 @@ def test_an_untraced_route_serves_with_traced_workers(tiny_model_dir: Path, tmp_
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPD_TRACE")}
         log = open(tmp_path / "route-by-hand.log", "wb")  # noqa: SIM115 - closed below
         route = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "epd",
+            epd_command(
                 "route",
-                "--model",
-                str(tiny_model_dir),
-                "--model-id",
-                "tiny",
+                tiny_model_dir,
                 "--scheduler",
                 str(stack.endpoints["scheduler"]),
                 "--port",
                 str(port),
-            ],
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

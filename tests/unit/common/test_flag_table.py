@@ -27,8 +27,6 @@ ENVIRONMENT_ALLOWED = {
     "common/env.py",
     # Sets the variables vLLM reads around an engine's creation and restores them after.
     "server/engine/vllm_process.py",
-    # Sets the nixl library's NIXL_LOG_LEVEL (setdefault) before nixl is imported.
-    "server/transfer/nixl_agent.py",
 }
 
 

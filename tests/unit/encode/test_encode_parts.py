@@ -15,7 +15,8 @@ from PIL import Image
 
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache
-from epd.server.encode.vision import VisionEncoder, resolve_device
+from epd.server.encode.vision import ACCELERATORS, VisionEncoder
+from epd.server.engine.device import device_type, resolve_device
 
 
 def entry(num_floats: int) -> CachedEmbedding:
@@ -158,9 +159,9 @@ async def test_a_bad_item_in_a_batch_fails_alone() -> None:
 def test_unavailable_devices_are_refused() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            resolve_device("cuda")
-    assert resolve_device("cpu").type == "cpu"
-    assert resolve_device("auto").type in ("cpu", "cuda", "xpu")
+            resolve_device("cuda", accelerators=ACCELERATORS)
+    assert device_type(resolve_device("cpu", accelerators=ACCELERATORS)) == "cpu"
+    assert device_type(resolve_device("auto", accelerators=ACCELERATORS)) in ("cpu", "cuda", "xpu")
 
 
 def test_only_vision_weights_are_loaded(tiny_model_dir) -> None:

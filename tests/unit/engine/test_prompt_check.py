@@ -16,6 +16,16 @@ from epd.server.models.registry import UnsupportedModel
 
 LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 END = 7
+# InternVL's: image token 6 alone, each image's rows between <img> (10) and </img> (11)
+INTERNVL_LAYOUT = VisionLayout(
+    None,
+    6,
+    merge_size=1,
+    embedding_width=8,
+    family="internvl",
+    image_start_ids=(10,),
+    image_end_ids=(11,),
+)
 
 
 def prompt(num_images: int) -> list[int]:
@@ -118,15 +128,7 @@ def test_embeddings_without_the_deepstack_levels_are_refused() -> None:
 
 def test_delimiters_wrap_each_images_rows_and_count_toward_the_limit() -> None:
     """InternVL: ``<IMG_CONTEXT>`` alone per image, expanded to ``<img>``, the rows, ``</img>``."""
-    layout = VisionLayout(
-        None,
-        6,
-        merge_size=1,
-        embedding_width=8,
-        family="internvl",
-        image_start_ids=(10,),
-        image_end_ids=(11,),
-    )
+    layout = INTERNVL_LAYOUT
     images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
     token_ids = [1, 6, 2, 6, 3]
     assert layout.count_images(token_ids) == 2

@@ -7,11 +7,9 @@ from __future__ import annotations
 import torch
 
 from epd.server.engine.base import EngineImage
-from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX, embeddings_hash, embeddings_prompt
+from tests.unit.engine.test_prompt_check import END, INTERNVL_LAYOUT, LAYOUT
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
-END = 7
 PROMPT = [1, 5, 6, END, 2, 5, 6, END, 3]
 
 
@@ -70,15 +68,7 @@ def test_a_family_with_items_of_its_own_gets_them_rendered_delimiters_outside_th
     """InternVL (items of its own: vLLM 0.32 batches its embeddings wrongly): each placeholder
     range covers ``<img>`` ... ``</img>``, with the rows marked ``is_embed`` (as vLLM's prompt
     update marks them); grid-only images get zero rows only."""
-    layout = VisionLayout(
-        None,
-        6,
-        merge_size=1,
-        embedding_width=8,
-        family="internvl",
-        image_start_ids=(10,),
-        image_end_ids=(11,),
-    )
+    layout = INTERNVL_LAYOUT
     images = [EngineImage("a", (1, 1, 2), torch.ones(2, 8)), EngineImage("b", (1, 1, 3))]
     engine_input = embeddings_prompt("r", [1, 6, 2, 6], images, layout)
     assert engine_input["type"] == "multimodal"

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import torch
 
 from epd.common.roles import Role
-from epd.server.engine.base import Engine, EngineImage, Sampling, TokenChunk
+from epd.server.engine.base import Sampling
 from epd.server.prefill.worker import PrefillWorker
 from epd.v1 import generation_pb2, multimodal_pb2, tensor_pb2
+from tests.engines import CannedEngine
 
 
 class RecordingPlane:
@@ -26,28 +25,9 @@ class RecordingPlane:
         return torch.zeros(1, 8)
 
 
-class DeviceEngine(Engine):
-    """Answers one empty chunk; takes embeddings on ``embeddings_device``."""
-
-    def __init__(self, embeddings_device: str) -> None:
-        self.model_id = "tiny"
-        self.embeddings_device = embeddings_device
-        self.images: list[EngineImage] = []
-
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        images: list[EngineImage],
-        sampling: Sampling,
-    ) -> AsyncIterator[TokenChunk]:
-        self.images = images
-        yield TokenChunk(finish_reason="stop")
-
-
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 async def test_embeddings_are_read_into_the_engines_embeddings_device(device: str) -> None:
-    plane, engine = RecordingPlane(), DeviceEngine(device)
+    plane, engine = RecordingPlane(), CannedEngine(embeddings_device=device)
     worker = PrefillWorker(engine, plane, Role.PREFILL_DECODE)  # type: ignore[arg-type]
     image = multimodal_pb2.ImageInput(
         mm_hash="h",

@@ -4,13 +4,19 @@ the options reach the plane (host id, shm mapping budget) and the NIXL agent's s
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
 from epd.server.transfer.options import NixlOptions, TransferOptions
 from epd.server.transfer.plane import DataPlane, default_host_id
 from epd.server.transfer.shm import ShmConsumer
-from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
+from epd.server.transfer.transfer_cli import (
+    add_nixl_log_level_argument,
+    add_transfer_arguments,
+    set_nixl_log_level,
+    transfer_options,
+)
 
 VARIABLES = (
     "EPD_HOST_ID",
@@ -18,6 +24,7 @@ VARIABLES = (
     "EPD_NIXL_UCX_ERROR_HANDLING",
     "EPD_NIXL_POLL_INTERVAL_S",
     "EPD_NIXL_PROGRESS_THREAD",
+    "EPD_NIXL_LOG_LEVEL",
 )
 
 
@@ -79,7 +86,46 @@ def test_a_process_without_shm_or_nixl_takes_only_its_host_id() -> None:
     add_transfer_arguments(parser, shm=False, nixl=False)
     assert "--shm-mapped-bytes" not in parser.format_help()
     assert "--nixl-poll-interval-s" not in parser.format_help()
+    assert "--nixl-log-level" not in parser.format_help()
     assert transfer_options(parser.parse_args(["--host-id", "h"])) == TransferOptions("h")
+
+
+@pytest.mark.parametrize(
+    ("nixl_variable", "argv", "expected"),
+    [
+        (None, [], "WARN"),
+        ("DEBUG", [], "DEBUG"),
+        ("DEBUG", ["--nixl-log-level", "ERROR"], "ERROR"),
+        (None, ["--nixl-log-level", "INFO"], "INFO"),
+    ],
+)
+def test_the_nixl_log_level_is_handed_to_nixl_by_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, nixl_variable: str | None, argv: list[str], expected: str
+) -> None:
+    """NIXL reads NIXL_LOG_LEVEL itself: WARN unless it is set or the flag says otherwise."""
+    monkeypatch.delenv("NIXL_LOG_LEVEL", raising=False)
+    if nixl_variable is not None:
+        monkeypatch.setenv("NIXL_LOG_LEVEL", nixl_variable)
+    parser = argparse.ArgumentParser()
+    add_transfer_arguments(parser)
+    set_nixl_log_level(parser.parse_args(argv))
+    assert os.environ["NIXL_LOG_LEVEL"] == expected
+
+
+def test_a_process_without_a_plane_of_nixl_still_sets_nixls_log_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NIXL_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("EPD_NIXL_LOG_LEVEL", "ERROR")
+    parser = argparse.ArgumentParser()
+    add_transfer_arguments(parser, shm=False, nixl=False)
+    add_nixl_log_level_argument(parser)
+    assert "--nixl-log-level" in parser.format_help()
+    set_nixl_log_level(parser.parse_args([]))
+    assert os.environ["NIXL_LOG_LEVEL"] == "ERROR"
+    monkeypatch.setenv("EPD_NIXL_LOG_LEVEL", "loud")
+    with pytest.raises(ValueError, match=r"\$EPD_NIXL_LOG_LEVEL"):
+        add_nixl_log_level_argument(argparse.ArgumentParser())
 
 
 def test_the_plane_takes_the_options() -> None:

@@ -2,9 +2,9 @@
 
 No model weights can be downloaded on the machines this project is built on, so tests and the
 embedded default run on models made here: the real architecture of the family (transformers'
-own classes, from ``epd.server.models``), a byte-level BPE tokenizer trained on a generated
-corpus, the family's chat template and processor configs, saved as the hub's checkpoints are. Same
-family and config -> the same bytes on every run.
+own classes, from the family's builder: ``registry.builder_named``), a byte-level BPE tokenizer
+trained on a generated corpus, the family's chat template and processor configs, saved as the
+hub's checkpoints are. Same family and config -> the same bytes on every run.
 
 Random weights give near-uniform logits, and near-ties make greedy tokens flip between
 implementations (transformers vs vLLM kernels). The language model head is therefore scaled up
@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epd.server.models.family import TinySizes
-from epd.server.models.registry import family_named
+from epd.server.models.tiny.builder import TinySizes
+from epd.server.models.tiny.registry import builder_named
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -122,7 +122,7 @@ def preset(name: str, **overrides: Any) -> TinyModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
     config = replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
-    family_named(config.family)
+    builder_named(config.family)
     if config.hidden_size // config.num_heads != 64:
         raise ValueError("hidden_size / num_heads must be 64 (vLLM CPU attention head size)")
     return config
@@ -139,7 +139,7 @@ def build_tiny_model(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         report("training tokenizer")
-        chat_template = family_named(config.family).chat_template
+        chat_template = builder_named(config.family).chat_template
         tokenizer = _train_tokenizer(config, chat_template, _special_tokens(config))
         report("saving processor")
         _save_processor(tokenizer, config, chat_template, staging)
@@ -159,7 +159,7 @@ def build_tiny_model(
 
 
 def _special_tokens(config: TinyModelConfig) -> tuple[str, ...]:
-    return SPECIAL_TOKENS + family_named(config.family).tiny_special_tokens
+    return SPECIAL_TOKENS + builder_named(config.family).special_tokens
 
 
 def _train_tokenizer(
@@ -201,12 +201,12 @@ def _train_tokenizer(
 
 
 def _named_tokens(config: TinyModelConfig) -> dict[str, Any]:
-    named = dict(family_named(config.family).tiny_named_tokens)
+    named = dict(builder_named(config.family).named_tokens)
     return {"model_specific_special_tokens": named} if named else {}
 
 
 def _save_processor(tokenizer: Any, config: TinyModelConfig, template: str, out: Path) -> None:
-    family_named(config.family).save_tiny_processor(tokenizer, _sizes(config), template, out)
+    builder_named(config.family).save_processor(tokenizer, _sizes(config), out)
     tokenizer_config = out / "tokenizer_config.json"
     data = json.loads(tokenizer_config.read_text())
     data["chat_template"] = template
@@ -220,14 +220,14 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _special_tokens(config)}
     hf_logging.disable_progress_bar()
     torch.manual_seed(config.seed)
-    model = family_named(config.family).tiny_model(ids, len(tokenizer), _sizes(config))
+    model = builder_named(config.family).model(ids, len(tokenizer), _sizes(config))
     with torch.no_grad():
         model.lm_head.weight.mul_(config.lm_head_scale)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)
-    family_named(config.family).finish_tiny_checkpoint(out)
+    builder_named(config.family).finish_checkpoint(out)
 
 
 def _sizes(config: TinyModelConfig) -> TinySizes:
