@@ -1,9 +1,10 @@
 """Map the repository's top-level folders under one import namespace.
 
-server/ -> epd.server, common/ -> epd.common (what server, scheduler and client share),
-client/ -> epd.client, scheduler/ -> epd.scheduler, epd/ -> epd (epd/v1 holds the generated
-protobuf stubs). Everything else lives in pyproject.toml; this file only exists because
-pyproject.toml cannot remap folders found by package discovery.
+server/ -> epd.server, common/ -> epd.common (what server, scheduler, client and launch share),
+client/ -> epd.client (the SDK), launch/ -> epd.launch (`epd up`), scheduler/ -> epd.scheduler,
+epd/ -> epd (epd/v1 holds the generated protobuf stubs). Everything else lives in
+pyproject.toml; this file only exists because pyproject.toml cannot remap folders found by
+package discovery.
 """
 
 from setuptools import find_packages, setup
@@ -13,6 +14,7 @@ FOLDERS = {
     "epd.server": "server",
     "epd.common": "common",
     "epd.client": "client",
+    "epd.launch": "launch",
     "epd.scheduler": "scheduler",
 }
 

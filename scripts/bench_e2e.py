@@ -50,10 +50,10 @@ from PIL import Image
 from process_cpu import cpu_by_process
 from vllm_servers import start_vllm, start_vllm_ec
 
-from epd.client.cpu_layout import LAYOUTS, describe, lay_out
-from epd.client.launcher import Deployment, start_topology
-from epd.client.topology import Topology
 from epd.common.cpus import allowed_cpus
+from epd.launch.cpu_layout import LAYOUTS, describe, lay_out
+from epd.launch.launcher import Deployment, start_topology
+from epd.launch.topology import Topology
 from epd.server.engine.device import resolve_device
 
 FIELDS = [

@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from epd.client.launcher import free_port
 from epd.common.channels import create_channel, wait_for_health
+from epd.launch.launcher import free_port
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.vision import VisionEncoder
 from epd.server.media.decode import decode_image

@@ -37,8 +37,8 @@ from bench_e2e import one_request, pictures_of, tiny_model_dir
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from vllm_servers import start_vllm
 
-from epd.client.launcher import Deployment, start_topology
-from epd.client.topology import Topology
+from epd.launch.launcher import Deployment, start_topology
+from epd.launch.topology import Topology
 
 SPAN_FILE = "spans.jsonl"
 WARM_UP = 3

@@ -27,7 +27,7 @@ from typing import Any
 
 from bench_e2e import log, serving, tiny_model_dir
 
-from epd.client.cpu_layout import LAYOUTS
+from epd.launch.cpu_layout import LAYOUTS
 
 BENCH_SERVE = """import sys
 from vllm.benchmarks.serve import add_cli_args, main

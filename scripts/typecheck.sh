@@ -8,6 +8,6 @@ MYPY="${MYPY:-$ROOT/.venv/bin/mypy}"
 TREE="$ROOT/build/typecheck"
 rm -rf "$TREE" && mkdir -p "$TREE/epd"
 for item in "$ROOT"/epd/*; do ln -s "$item" "$TREE/epd/$(basename "$item")"; done
-for folder in server common client scheduler; do ln -s "$ROOT/$folder" "$TREE/epd/$folder"; done
+for folder in server common client launch scheduler; do ln -s "$ROOT/$folder" "$TREE/epd/$folder"; done
 cd "$TREE"
 "$MYPY" --config-file "$ROOT/pyproject.toml" -p epd "$@"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epd.client.launcher import Child, Deployment, free_port
+from epd.launch.launcher import Child, Deployment, free_port
 
 
 async def start_vllm(

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 from epd.client import EpdClient, user
-from epd.client.launcher import free_port
-from epd.client.up_cli import SPAN_FILE
 from epd.common.channels import wait_for_health
+from epd.launch.launcher import free_port
+from epd.launch.up_cli import SPAN_FILE
 from tests.integration.e2e.launcher import epd_command, running_stack
 from tests.pictures import picture, png
 

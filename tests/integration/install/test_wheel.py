@@ -52,6 +52,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
         names = archive.namelist()
         info = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     assert "epd/server/encode/app.py" in names and "epd/v1/encode_service_pb2.py" in names
+    assert "epd/launch/up_cli.py" in names and "epd/client/sdk.py" in names
     assert b"Name: epd-serve" in info and b"Requires-Python: <3.14,>=3.11" in info
 
     venv = tmp_path / "venv"

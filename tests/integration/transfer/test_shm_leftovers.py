@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epd.client.launcher import Child, Deployment
+from epd.launch.launcher import Child, Deployment
 from epd.server.transfer import shm_leftovers
 
 HOLDER = """

@@ -19,7 +19,7 @@ import pytest
 from epd.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGE_FOLDERS = ("server", "common", "scheduler", "client", "epd")
+PACKAGE_FOLDERS = ("server", "common", "scheduler", "client", "launch", "epd")
 ENV_NAME = re.compile(r"EPD_[A-Z0-9_]+")
 # Modules besides cli modules that may touch os.environ, and why.
 ENVIRONMENT_ALLOWED = {

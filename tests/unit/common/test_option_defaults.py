@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from epd.cli import COMMANDS
-from epd.client.monitor import WatchOptions
-from epd.client.topology import Topology
 from epd.common.server import ServerOptions
+from epd.launch.monitor import WatchOptions
+from epd.launch.topology import Topology
 from epd.scheduler.core import SchedulerConfig
 from epd.server.decode.app import DecodeConfig
 from epd.server.encode.app import EncodeConfig

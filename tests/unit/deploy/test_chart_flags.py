@@ -32,7 +32,7 @@ from tests.unit.deploy.chart import (
 VALUES = [None, *EXAMPLES]
 ENV_IN_HELP = re.compile(r"env (EPD_[A-Z0-9_]+)")
 ENV_LITERAL = re.compile(r"^EPD_[A-Z0-9_]+$")
-SOURCE_FOLDERS = ("server", "common", "scheduler", "client", "epd")
+SOURCE_FOLDERS = ("server", "common", "scheduler", "client", "launch", "epd")
 
 
 class ParserError(AssertionError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from epd.client import up_cli
-from epd.client.launcher import Deployment
-from epd.client.topology import Topology
-from epd.client.up_engine import engine_settings
+from epd.launch import up_cli
+from epd.launch.launcher import Deployment
+from epd.launch.topology import Topology
+from epd.launch.up_engine import engine_settings
 from epd.server.decode import cli as decode_cli
 from epd.server.engine.engine_cli import engine_options, transformers_options
 from epd.server.prefill import cli as prefill_cli

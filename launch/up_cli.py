@@ -14,22 +14,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from epd.client.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
-from epd.client.entry_cli import add_entry_arguments, public_entry
 from epd.client.errors import EpdClientError
-from epd.client.launcher import Child, Deployment, start_topology
 from epd.client.messages import user
-from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
-from epd.client.public_entry import PublicEntry, child_env
 from epd.client.sdk import AsyncEpdClient
-from epd.client.topology import ENGINES, TOPOLOGIES, Topology, check_ports
-from epd.client.topology_cli import add_topology_arguments, topology_of
-from epd.client.traces import summarise
-from epd.client.up_engine import add_engine_arguments, check_engine_args, engine_settings
 from epd.common.cpus import allowed_cpus
 from epd.common.options import field_default
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
+from epd.launch.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
+from epd.launch.entry_cli import add_entry_arguments, public_entry
+from epd.launch.launcher import Child, Deployment, start_topology
+from epd.launch.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
+from epd.launch.public_entry import PublicEntry, child_env
+from epd.launch.topology import ENGINES, TOPOLOGIES, Topology, check_ports
+from epd.launch.topology_cli import add_topology_arguments, topology_of
+from epd.launch.traces import summarise
+from epd.launch.up_engine import add_engine_arguments, check_engine_args, engine_settings
 from epd.server.engine.device import (
     CPU,
     cuda_device_index,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from epd.client.traces import ROOT_SPAN, load_spans, summarise
+from epd.launch.traces import ROOT_SPAN, load_spans, summarise
 
 
 def span(name: str, service: str, start: str, end: str) -> dict[str, object]:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from epd.client import up_cli
-from epd.client.launcher import Child, Deployment, start_topology
-from epd.client.public_entry import INTERNAL_SERVER_ARGS, PublicEntry, child_env
-from epd.client.topology import Topology
 from epd.common.server_cli import add_server_arguments, server_options
+from epd.launch import up_cli
+from epd.launch.launcher import Child, Deployment, start_topology
+from epd.launch.public_entry import INTERNAL_SERVER_ARGS, PublicEntry, child_env
+from epd.launch.topology import Topology
 from tests.grpc.common.servicers import self_signed_cert
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from epd.client import topology_cli, up_cli
-from epd.client.topology import Topology
 from epd.common.config_file import config_arguments
+from epd.launch import topology_cli, up_cli
+from epd.launch.topology import Topology
 from tests.hub_cache import place_in_hub_cache
 
 

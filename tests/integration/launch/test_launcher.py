@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from epd.client.launcher import Child, Deployment
-from epd.client.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
+from epd.launch.launcher import Child, Deployment
+from epd.launch.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.server.transfer import shm
 
 
@@ -26,7 +26,7 @@ def test_stop_ends_every_process_of_a_child_group(tmp_path: Path) -> None:
         "time.sleep(60)']); time.sleep(60)"
     )
     process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    from epd.client.launcher import Child, _group_alive
+    from epd.launch.launcher import Child, _group_alive
 
     deployment.children.append(Child("sleeper", 0, process, tmp_path / "log"))
     time.sleep(0.5)

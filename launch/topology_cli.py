@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from epd.client.topology import TOPOLOGIES, Topology
+from epd.launch.topology import TOPOLOGIES, Topology
 from epd.scheduler.cli import add_policy_argument
 from epd.scheduler.model import Policy
 from epd.server.engine.device import CUDA, XPU, cuda_device_index, device_type, xpu_available

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from epd.client import up_cli
-from epd.client.topology import Topology
-from epd.client.up_engine import engine_settings
+from epd.launch import up_cli
+from epd.launch.topology import Topology
+from epd.launch.up_engine import engine_settings
 from epd.server.engine.engine_cli import engine_options
 from epd.server.engine.vllm_process import model_cpus
 from epd.server.prefill import cli as prefill_cli
@@ -130,7 +130,7 @@ def test_cuda_asked_where_there_is_none_is_a_usage_error(
 def test_the_cpu_kv_cache_of_epd_up_is_a_named_launcher_choice() -> None:
     """``epd up`` runs several engines on one machine: each gets LAUNCHER_CPU_KV_CACHE_MB on
     CPU, its own named choice (Topology's default too), not `epd prefill`'s CPU default."""
-    from epd.client.topology import LAUNCHER_CPU_KV_CACHE_MB
+    from epd.launch.topology import LAUNCHER_CPU_KV_CACHE_MB
     from epd.server.engine.device import CPU_KV_CACHE_MB, DEFAULTS
 
     kv_cache_mb, _ = engine_settings(parse_up(), "cpu", num_engines=2)

@@ -7,8 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
-from epd.client.public_entry import LOOPBACK, PublicEntry
 from epd.common.advertise import is_local_address
+from epd.launch.public_entry import LOOPBACK, PublicEntry
 
 
 def add_entry_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from epd.client.cpu_layout import Service, describe, lay_out, parse_pins
-from epd.client.topology import Topology
+from epd.launch.cpu_layout import Service, describe, lay_out, parse_pins
+from epd.launch.topology import Topology
 
 E_P_D = Topology("epd").services(accelerator=False)
 NAMES = [service.name for service in E_P_D]

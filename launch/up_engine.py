@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from epd.client.topology import LAUNCHER_CPU_KV_CACHE_MB
+from epd.launch.topology import LAUNCHER_CPU_KV_CACHE_MB
 from epd.server.engine.base import DEFAULT_MAX_MODEL_LEN
 from epd.server.engine.device import (
     CPU,

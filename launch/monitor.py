@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from epd.client.launcher import Child, Deployment
+from epd.launch.launcher import Child, Deployment
 
 T = TypeVar("T")
 

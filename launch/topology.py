@@ -12,10 +12,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from epd.client.cpu_layout import Service
 from epd.common.cpus import format_cpu_list
 from epd.common.options import field_default
 from epd.common.roles import Role
+from epd.launch.cpu_layout import Service
 from epd.scheduler.core import SchedulerConfig
 
 TOPOLOGIES = {

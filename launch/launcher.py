@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epd.client.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
-from epd.client.topology import (
+from epd.common.advertise import endpoint
+from epd.common.channels import wait_for_health
+from epd.launch.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
+from epd.launch.topology import (
     ENCODER_OFFSET,
     HTTP_OFFSET,
     METRICS_OFFSET,
@@ -32,8 +34,6 @@ from epd.client.topology import (
     EngineWorker,
     Topology,
 )
-from epd.common.advertise import endpoint
-from epd.common.channels import wait_for_health
 from epd.server.engine.rpc_leftovers import cleanup_rpc_dirs
 from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans

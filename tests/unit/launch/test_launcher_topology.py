@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from epd.client.launcher import Deployment, start_topology
-from epd.client.topology import PREFILL_MODES, TOPOLOGIES, Topology, check_ports
-from tests.unit.client.test_public_entry import Unstarted, flag
+from epd.launch.launcher import Deployment, start_topology
+from epd.launch.topology import PREFILL_MODES, TOPOLOGIES, Topology, check_ports
+from tests.unit.launch.test_public_entry import Unstarted, flag
 
 
 @pytest.mark.parametrize(
