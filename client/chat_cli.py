@@ -8,9 +8,8 @@ import os
 import sys
 
 from epd.client.errors import EpdClientError
-from epd.client.messages import local_path, user
+from epd.client.messages import POLICIES, local_path, user
 from epd.client.sdk import AsyncEpdClient
-from epd.scheduler.model import Policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default random)")
     parser.add_argument(
         "--policy",
-        choices=[policy.value for policy in Policy],
+        choices=[name for name in POLICIES if name],
         default="",
         help="this request's encoder assignment policy (default: the deployment's, its "
         "scheduler's --default-policy)",

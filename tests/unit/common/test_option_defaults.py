@@ -257,7 +257,7 @@ def parse(command: str, *flags: str) -> argparse.Namespace:
 
 def built_options(command: str) -> list[Any]:
     """The options dataclasses ``epd COMMAND`` builds from its flags, as its cli builds them."""
-    from epd.client import topology_cli
+    from epd.launch import topology_cli
     from epd.common.server_cli import server_options
     from epd.scheduler.cli import scheduler_config
     from epd.server.decode.cli import decode_config
