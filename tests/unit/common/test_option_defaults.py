@@ -257,8 +257,8 @@ def parse(command: str, *flags: str) -> argparse.Namespace:
 
 def built_options(command: str) -> list[Any]:
     """The options dataclasses ``epd COMMAND`` builds from its flags, as its cli builds them."""
-    from epd.launch import topology_cli
     from epd.common.server_cli import server_options
+    from epd.launch import topology_cli
     from epd.scheduler.cli import scheduler_config
     from epd.server.decode.cli import decode_config
     from epd.server.encode.cli import encode_config
