@@ -121,4 +121,4 @@ async def test_a_worker_stopped_mid_stream_is_replaced_without_a_seam(
     assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     await asyncio.sleep(0.2)
     assert deployment["encoder"].plane.held() == []
-    assert deployment["route"].worker.plane.held() == []
+    assert deployment["route"].router.plane.held() == []

@@ -106,7 +106,7 @@ def assert_pixels_shared_and_released(deployment) -> None:
     """The encoders read the route's pixels (they decoded nothing), which it no longer holds."""
     _, encoders, route, _ = deployment
     assert all(len(encoder.worker.loader.cache) == 0 for encoder in encoders)
-    assert route.worker.plane.held() == []
+    assert route.router.plane.held() == []
 
 
 async def test_list_models_shows_the_deployment(deployment) -> None:
@@ -127,7 +127,7 @@ async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
     assert all(encoder.plane.held() == [] for encoder in encoders)
-    assert route.worker.plane.held() == []
+    assert route.router.plane.held() == []
 
 
 def data_url(image: Image.Image) -> str:
