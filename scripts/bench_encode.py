@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,8 @@ from epd.v1 import multimodal_pb2, tensor_pb2
 
 BATCH = 8
 INPUTS = ("bytes", "pixels")
+# the encoder's threads, as cpu_by_thread groups them
+THREAD_ROLES = ("event_loop", "tower", "prepare", "other")
 # the tower's execution (fast_tower), the same for the direct path and the service
 TOWER = {"attention": "auto", "patch_embedding": "auto"}
 
@@ -96,12 +100,14 @@ def direct(encoder: VisionEncoder, count: int) -> dict[str, float]:
     encoder.encode(images(BATCH, 0))
     single, batched = images(count, 1), images(count, 2)
     b1 = per_image_ms(count, lambda: [encoder.encode([image]) for image in single], encoder.device)
+    cpu_start = time.process_time()
     b8 = per_image_ms(
         count,
         lambda: [encoder.encode(batched[i : i + BATCH]) for i in range(0, count, BATCH)],
         encoder.device,
     )
-    return {"direct_b1_ips": 1000 / b1, "direct_b8_ips": 1000 / b8}
+    cpu_ms = (time.process_time() - cpu_start) * 1000 / count
+    return {"direct_b1_ips": 1000 / b1, "direct_b8_ips": 1000 / b8, "direct_b8_cpu_ms": cpu_ms}
 
 
 def stages(encoder: VisionEncoder, model_dir: Path, count: int) -> dict[str, float]:
@@ -165,25 +171,55 @@ def difference_from_cpu(model_dir: Path, device: str, dtype: str) -> float:
     )
 
 
-@contextlib.contextmanager
-def shared_pixels(pictures: list[Image.Image], model_dir: Path) -> Iterator[list[Any]]:
-    """Each picture as the route hands it over: PNG bytes, mm_hash, and its pixels in shared
-    memory tagged with the mm_hash (the client's own plane holds them)."""
-    plane = DataPlane(kinds=("shm",))
+@dataclass(frozen=True, slots=True)
+class Picture:
+    """One picture as the route holds it: PNG bytes, mm_hash and decoded pixels."""
+
+    data: bytes
+    mm_hash: str
+    pixels: np.ndarray
+
+
+def pictures_of(count: int, seed: int, model_dir: Path) -> list[Picture]:
     fingerprint = processor_fingerprint(model_dir)
-    items = []
+    return [
+        Picture(
+            png(image),
+            mm_hash(pixels, model_id=model_dir.name, processor_fingerprint=fingerprint),
+            pixels,
+        )
+        for image in images(count, seed)
+        for pixels in [np.array(image)]
+    ]
+
+
+@contextlib.contextmanager
+def shared_pixels(
+    given: str,
+) -> Iterator[Callable[[Picture], contextlib.AbstractContextManager[Any]]]:
+    """How a picture is sent: as PNG bytes, or (``pixels``) as the route sends it, its pixels put
+    into the client's pooled shared memory tagged with its mm_hash just before the request and
+    released after it (so segments are reused, as the route's are)."""
+    plane = DataPlane(kinds=("shm",))
+
+    @contextlib.contextmanager
+    def item(picture: Picture) -> Iterator[multimodal_pb2.MediaItem]:
+        if given != "pixels":
+            yield multimodal_pb2.MediaItem(data=picture.data)
+            return
+        ref = plane.put(
+            torch.from_numpy(picture.pixels),
+            plane.host_id,
+            preferred=tensor_pb2.TRANSFER_KIND_SHM,
+            content_tag=bytes.fromhex(picture.mm_hash),
+        )
+        try:
+            yield multimodal_pb2.MediaItem(mm_hash=picture.mm_hash, data=picture.data, pixels=ref)
+        finally:
+            plane.release([ref.lease_id])
+
     try:
-        for picture in pictures:
-            pixels = np.array(picture)
-            digest = mm_hash(pixels, model_id=model_dir.name, processor_fingerprint=fingerprint)
-            ref = plane.put(
-                torch.from_numpy(pixels),
-                plane.host_id,
-                preferred=tensor_pb2.TRANSFER_KIND_SHM,
-                content_tag=bytes.fromhex(digest),
-            )
-            items.append(multimodal_pb2.MediaItem(mm_hash=digest, data=png(picture), pixels=ref))
-        yield items
+        yield item
     finally:
         plane.close()
 
@@ -191,8 +227,8 @@ def shared_pixels(pictures: list[Image.Image], model_dir: Path) -> Iterator[list
 @contextlib.contextmanager
 def encoder_processes(
     model_dir: Path, on: tuple[str, str], max_batches: tuple[int, ...]
-) -> Iterator[list[str]]:
-    """One ``epd encode`` process per batch limit, started together; their endpoints."""
+) -> Iterator[list[tuple[str, int]]]:
+    """One ``epd encode`` process per batch limit, started together; their endpoints and pids."""
     device, dtype = on
     ports = [free_port() for _ in max_batches]
     servers = [
@@ -209,7 +245,9 @@ def encoder_processes(
         for port, max_batch in zip(ports, max_batches, strict=True)
     ]
     try:
-        yield [f"127.0.0.1:{port}" for port in ports]
+        yield [
+            (f"127.0.0.1:{port}", server.pid) for port, server in zip(ports, servers, strict=True)
+        ]
     finally:
         for server in servers:
             server.send_signal(signal.SIGTERM)
@@ -217,9 +255,28 @@ def encoder_processes(
             server.wait(60)
 
 
+def cpu_by_thread(pid: int) -> dict[str, float]:
+    """CPU seconds so far of process ``pid`` by the encoder's thread roles, read from /proc: the
+    event loop (the main thread), the tower's thread and the preparing pool (with the threads
+    torch started from them, which inherit their names) and the rest (gRPC's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = dict.fromkeys(THREAD_ROLES, 0.0)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        role = "event_loop" if int(tid) == pid else name.removeprefix("epd-")
+        seconds[role if role in seconds else "other"] += (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 async def service(
-    endpoint: str, model_dir: Path, count: int, seed: int, given: str, clients: int
-) -> dict[str, float]:
+    endpoint: str, pid: int, pictures: list[Picture], given: str, clients: int
+) -> dict[str, Any]:
+    """Throughput of ``pictures[:-5]`` sent by ``clients`` concurrent clients, the server's CPU
+    per image by thread role meanwhile, then cold and cache-hit latency of the last five."""
     host = default_host_id()
     await wait_for_health(endpoint, timeout_s=300)
     async with create_channel(endpoint) as channel:
@@ -233,22 +290,24 @@ async def service(
             return time.perf_counter() - start, responses[0]
 
         await one(multimodal_pb2.MediaItem(data=png(images(1, 99)[0])))
-        with shared_pixels(images(count + 5, seed), model_dir) as shared:
-            items = (
-                shared
-                if given == "pixels"
-                else [multimodal_pb2.MediaItem(data=item.data) for item in shared]
-            )
-            queue, later = items[:count], items[count:]
+        with shared_pixels(given) as sent:
+            queue, later = pictures[:-5], pictures[-5:]
+            count = len(queue)
 
             async def client() -> None:
                 while queue:
-                    await one(queue.pop())
+                    with sent(queue.pop()) as item:
+                        await one(item)
 
+            before = cpu_by_thread(pid)
             start = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(clients)))
             throughput = count / (time.perf_counter() - start)
-            cold = [await one(item) for item in later]
+            after = cpu_by_thread(pid)
+            cold = []
+            for picture in later:
+                with sent(picture) as item:
+                    cold.append(await one(item))
         hits = [
             (await one(multimodal_pb2.MediaItem(mm_hash=r.mm_hash)))[0]
             for _, r in cold
@@ -256,6 +315,7 @@ async def service(
         ]
     return {
         "ips": throughput,
+        "cpu_ms": {role: (after[role] - before[role]) * 1000 / count for role in THREAD_ROLES},
         "cold_ms": statistics.median(t for t, _ in cold) * 1000,
         "hit_ms": statistics.median(hits) * 1000,
     }
@@ -275,11 +335,13 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     del encoder
     with encoder_processes(model_dir, on, (1, BATCH)) as (b1_at, dynamic_at):
         for index, given in enumerate(INPUTS):
-            load = (model_dir, args.images)
-            b1 = asyncio.run(service(b1_at, *load, 10 + index, given, args.clients))
-            dynamic = asyncio.run(service(dynamic_at, *load, 20 + index, given, args.clients))
+            b1_pictures = pictures_of(args.images + 5, 10 + index, model_dir)
+            dynamic_pictures = pictures_of(args.images + 5, 20 + index, model_dir)
+            b1 = asyncio.run(service(*b1_at, b1_pictures, given, args.clients))
+            dynamic = asyncio.run(service(*dynamic_at, dynamic_pictures, given, args.clients))
             figures[f"service_{given}_b1_ips"] = b1["ips"]
             figures[f"service_{given}_dynamic_ips"] = dynamic["ips"]
+            figures[f"service_{given}_dynamic_cpu_ms"] = dynamic["cpu_ms"]
             figures[f"service_{given}_vs_direct_b8"] = dynamic["ips"] / figures["direct_b8_ips"]
             figures[f"service_{given}_b1_vs_direct_b1"] = b1["ips"] / figures["direct_b1_ips"]
             figures[f"{given}_cold_ms"] = dynamic["cold_ms"]
@@ -310,6 +372,13 @@ def print_table(figures: dict[str, Any]) -> None:
             f"service ({given}) dynamic / direct batch 8: "
             f"{figures[f'service_{given}_vs_direct_b8']:.2f}x; batch 1 / batch 1: "
             f"{figures[f'service_{given}_b1_vs_direct_b1']:.2f}x"
+        )
+    print(f"CPU ms per image: direct batch 8 {figures['direct_b8_cpu_ms']:.2f} (all threads)")
+    for given in INPUTS:
+        cpu = figures[f"service_{given}_dynamic_cpu_ms"]
+        print(
+            f"  service, {given}, dynamic {sum(cpu.values()):.2f}: "
+            + ", ".join(f"{role.replace('_', ' ')} {ms:.2f}" for role, ms in cpu.items())
         )
     print(
         "per image, one stage at a time: "

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import setproctitle
 import torch
 
 from epd.common.cpus import allowed_cpus
@@ -123,16 +124,23 @@ def threads_of(config: EncodeConfig) -> tuple[ThreadPoolExecutor, ThreadPoolExec
     pool = ThreadPoolExecutor(
         config.preprocess_threads or len(allowed_cpus()),
         thread_name_prefix="epd-prepare",
-        initializer=torch.set_num_threads,
-        initargs=(1,),
+        initializer=_start_thread,
+        initargs=("epd-prepare", 1),
     )
     tower = ThreadPoolExecutor(
         1,
         thread_name_prefix="epd-tower",
-        initializer=torch.set_num_threads,
-        initargs=(tower_threads,),
+        initializer=_start_thread,
+        initargs=("epd-tower", tower_threads),
     )
     return pool, tower
+
+
+def _start_thread(name: str, torch_threads: int) -> None:
+    """Name the calling pool thread ``name`` for the OS too (``top -H``, ``ps -L``, py-spy; the
+    threads torch starts from it inherit the name) and give it ``torch_threads``."""
+    setproctitle.setthreadtitle(name)
+    torch.set_num_threads(torch_threads)
 
 
 async def build_encode_server(

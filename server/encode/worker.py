@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -269,13 +270,20 @@ class EncodeWorker:
         route's shared pixels cannot be read here, or no longer hold the image they are tagged
         with once read (the lease was released meanwhile): then the source is loaded."""
         if isinstance(source, LoadedImage):
-            return await self._in_pool(torch.from_numpy(source.pixels))
+            pixels = torch.from_numpy(source.pixels)
+            return await self._in_pool(pixels.numel(), self.prepare, pixels)
         try:
-            prepared = await self._in_pool(self._shared_pixels(source))
-            self._shared_pixels(source)  # NOTE: still tagged so after the read: it read them
+            size = math.prod(source.ref.shape)
+            return await self._in_pool(size, self._prepare_shared, source)
         except EpdError as e:
             logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
             return None
+
+    def _prepare_shared(self, source: _Pixels) -> Prepared:
+        """The route's pixels of ``source`` read and prepared, then found still tagged so (their
+        lease was not released while they were read); EpdError otherwise."""
+        prepared = self.prepare(self._shared_pixels(source))
+        self._shared_pixels(source)
         return prepared
 
     def _shared_pixels(self, source: _Pixels) -> torch.Tensor:
@@ -285,10 +293,13 @@ class EncodeWorker:
         pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
         return check_pixels(pixels, self.loader.policy)
 
-    async def _in_pool(self, pixels: torch.Tensor) -> Prepared:
-        if pixels.numel() <= 3 * INLINE_DECODE_PIXELS:
-            return self.prepare(pixels)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self.prepare, pixels)
+    async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:
+        """``run(arg)`` in the preparing pool (reading and preparing pixels, off the event loop),
+        or at once for an image of ``num_values`` values small enough that the hand-off would
+        cost more."""
+        if num_values <= 3 * INLINE_DECODE_PIXELS:
+            return run(arg)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run, arg)
 
     async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
         """The embeddings of ``mm_hash`` from the cache or an encoding in flight."""

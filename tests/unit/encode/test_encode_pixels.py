@@ -4,7 +4,9 @@ read; the source otherwise."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -153,3 +155,22 @@ async def test_pixels_named_by_no_mm_hash_are_ignored_for_the_source(
     with pytest.raises(InvalidArgument) as caught:
         await encoded(worker, MediaSource(claimed, data=encode(image), pixels=ref))
     assert caught.value.reason == "MM_HASH_MISMATCH"
+
+
+async def test_shared_pixels_are_read_and_prepared_off_the_event_loop(worker, holder) -> None:
+    """The route's pixels of an image worth a hand-off are read (segment mapped, stamp checked
+    before and after) in the preparing pool with the preparing, not on the event loop, which
+    serves every request of the encoder (on a GPU it is the encoder's serial part)."""
+    image = noise(width=320, height=240, seed=10)
+    ref = put_pixels(holder, image)
+    read_on: list[str] = []
+    get = worker.plane.get
+
+    def recording_get(*args: Any, **kwargs: Any) -> torch.Tensor:
+        read_on.append(threading.current_thread().name)
+        return get(*args, **kwargs)
+
+    worker.plane.get = recording_get  # type: ignore[method-assign]
+    item = await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
+    assert item.mm_hash == hash_of(image) and not item.cache_hit
+    assert len(read_on) == 2 and threading.main_thread().name not in read_on
