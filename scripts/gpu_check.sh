@@ -7,7 +7,8 @@
 #      real-size tower (32 layers x 1280);
 #   4. E/PD (transformers engine) with GPU encoders only, CPU only, and GPU + CPU under
 #      per_image, per_request (equal split, 8:1 and the split the measured capacities give) and
-#      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e).
+#      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e);
+#   5. the small tower eager against torch.compile with CUDA graphs (bench_tower_compile).
 # Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
 # A step that fails or outlives its share of the budget is reported and the next one runs; the
 # exit status is the number of failed steps. --cpu-only runs the same steps on CPU with the tiny
@@ -108,6 +109,11 @@ print(f\"{max(1, round(rate['e-pd@cuda'] / rate['e-pd@cpu']))}:1\")" "$DEST/benc
   bounded 60 "bench_e2e_split_${measured/:/to}.json" "$PYTHON" scripts/bench_e2e.py \
     --model /tmp/epd-small --systems "e-pd:per_request@cuda/cpu" --split-ratio "$measured" \
     "${E2E[@]}" --csv "" --json
+fi
+if [[ $CPU_ONLY == 0 ]]; then  # NOTE: last: the step most likely to outlive its share
+  step "the small tower eager against torch.compile (CUDA graphs) at batch 1 and 8"
+  bounded 100 tower_compile_small.json "$PYTHON" scripts/bench_tower_compile.py \
+    --device "$DEVICE" --preset small --json
 fi
 step "figures in $DEST; $FAILED step(s) failed"
 exit "$FAILED"
