@@ -140,6 +140,9 @@ def _start_thread(name: str, torch_threads: int) -> None:
     """Name the calling pool thread ``name`` for the OS too (``top -H``, ``ps -L``, py-spy; the
     threads torch starts from it inherit the name) and give it ``torch_threads``."""
     setproctitle.setthreadtitle(name)
+    # NOTE: torch sets up a thread's threads at its first parallel call, to the number set last
+    # by any thread; set up now, so that the number set next is this thread's to keep.
+    torch.get_num_threads()
     torch.set_num_threads(torch_threads)
 
 
