@@ -9,7 +9,9 @@ little, as a GPU's does; ``small`` one whose CPU tower dominates; ``--model DIR`
   tower, the next ones queued and prepared meanwhile), one image per request, batch 1 and
   dynamic batching (at most 8, no waiting), embeddings handed over through shared memory and
   released; each picture either as PNG bytes (``bytes``: the encoder decodes and hashes it) or as
-  pixels the client shared tagged with their mm_hash, as the route shares them (``pixels``);
+  pixels the client shares tagged with their mm_hash just before the request and releases after
+  it, as the route shares them (``pixels``); under dynamic batching, the service's CPU per image
+  by thread (event loop, tower, preparing pool, the rest) beside the direct path's;
 - per image, in this process one stage at a time: PNG decode, mm_hash, preprocessing (the
   processor, one image), tower (batch of 8, per image) and hand-off (put into shared memory and
   release);
