@@ -400,19 +400,43 @@ def print_table(figures: dict[str, Any]) -> None:
         )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, device, dtype and output flags this benchmark shares with
+    bench_tower_compile.py."""
     parser.add_argument(
         "--preset", choices=["tiny", "small"], default="tiny", help="model to build (default tiny)"
     )
     parser.add_argument("--model", type=Path, help="a checkpoint directory instead of a preset")
-    parser.add_argument("--images", type=int, default=48, help="images per measurement")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
     parser.add_argument(
         "--dtype",
         default="auto",
         help="auto (bfloat16 on an accelerator, float32 on CPU), float32, bfloat16 or float16",
     )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+
+
+def report(
+    args: argparse.Namespace,
+    measure: Callable[[Path, argparse.Namespace], dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
+) -> int:
+    """Measure on ``--model`` (or the ``--preset`` built for the run), then print the figures as a
+    table or (``--json``) one JSON object."""
+    with tempfile.TemporaryDirectory() as folder:
+        model_dir = args.model or build_tiny_model(Path(folder) / args.preset, preset(args.preset))
+        figures = measure(model_dir, args)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_table(figures)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(parser)
+    parser.add_argument("--images", type=int, default=48, help="images per measurement")
     parser.add_argument(
         "--vision-attention",
         choices=ATTENTIONS,
@@ -431,20 +455,12 @@ def main() -> int:
         default=32,
         help="concurrent clients of the service, one image per request (default 32)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     if args.clients < 1:
         parser.error("--clients must be at least 1")
     if args.images < BATCH or args.images % BATCH:
         parser.error(f"--images must be a multiple of {BATCH}")
-    with tempfile.TemporaryDirectory() as folder:
-        model_dir = args.model or build_tiny_model(Path(folder) / args.preset, preset(args.preset))
-        figures = measure(model_dir, args)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_table(figures)
-    return 0
+    return report(args, measure, print_table)
 
 
 if __name__ == "__main__":

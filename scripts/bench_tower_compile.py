@@ -19,18 +19,16 @@ their largest value.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from bench_encode import add_model_arguments, report
 
 from epd.server.encode.vision import Prepared, VisionEncoder
-from epd.server.models.tiny.build import build_tiny_model, preset
 
 MODES = ("auto", "default", "reduce-overhead", "max-autotune")
 
@@ -115,16 +113,7 @@ def print_table(figures: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--preset", choices=["tiny", "small"], default="tiny", help="model to build (default tiny)"
-    )
-    parser.add_argument("--model", type=Path, help="a checkpoint directory instead of a preset")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (bfloat16 on an accelerator, float32 on CPU), float32, bfloat16 or float16",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--mode",
         choices=MODES,
@@ -140,7 +129,6 @@ def main() -> int:
     parser.add_argument(
         "--repeats", type=int, default=10, help="timed calls per measurement (default 10)"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args()
     try:
         args.batches = [int(size) for size in args.batches.split(",")]
@@ -148,14 +136,7 @@ def main() -> int:
         parser.error(f"--batches must be whole numbers, comma separated, not {args.batches!r}")
     if not args.batches or min(args.batches) < 1 or args.repeats < 1:
         parser.error("--batches and --repeats must be at least 1")
-    with tempfile.TemporaryDirectory() as folder:
-        model_dir = args.model or build_tiny_model(Path(folder) / args.preset, preset(args.preset))
-        figures = measure(model_dir, args)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_table(figures)
-    return 0
+    return report(args, measure, print_table)
 
 
 if __name__ == "__main__":
