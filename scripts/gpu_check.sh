@@ -3,8 +3,8 @@
 # with CUDA, no vLLM, no network; ../shared/GPU.md). Budget: under 5 minutes. Steps:
 #   1. install the carried wheels (--wheels DIR, default .whl) and this checkout into /tmp/site;
 #   2. the CUDA tests (the encoder and the embeddings device) and the suite's encoder tests;
-#   3. bench_encode on the GPU for the small preset (fast tower, and transformers' own) and a
-#      real-size tower (32 layers x 1280);
+#   3. bench_encode on the GPU for the small preset (fast tower, on one and on two encoder
+#      processes sharing the GPU, and transformers' own tower) and a real-size tower (32 x 1280);
 #   4. E/PD (transformers engine) with GPU encoders only, CPU only, and GPU + CPU under
 #      per_image, per_request (equal split, 8:1 and the split the measured capacities give) and
 #      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e);
@@ -78,8 +78,8 @@ step "encoder tests on $DEVICE"
 bounded 120 - "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" -k "not vllm"
 
 step "bench_encode on $DEVICE"
-bounded 90 bench_encode_small.json "$PYTHON" scripts/bench_encode.py --device "$DEVICE" \
-  "${SMALL[@]}" --json
+bounded 120 bench_encode_small.json "$PYTHON" scripts/bench_encode.py --device "$DEVICE" \
+  "${SMALL[@]}" --encoders 1,2 --json
 if [[ $CPU_ONLY == 0 ]]; then  # NOTE: on CPU, auto is transformers' own tower already
   bounded 90 bench_encode_small_stock_tower.json "$PYTHON" scripts/bench_encode.py \
     --device "$DEVICE" "${SMALL[@]}" --vision-attention sdpa --patch-embedding conv --json

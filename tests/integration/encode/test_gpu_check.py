@@ -22,6 +22,8 @@ def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> Non
     encode = json.loads((tmp_path / "bench_encode_small.json").read_text())
     for given in ("bytes", "pixels"):
         assert encode[f"service_{given}_vs_direct_b8"] > 0
+        assert encode[f"service_{given}_x2_vs_direct_b8"] > 0
+        assert encode[f"service_{given}_dynamic_x2_tower_slowdown"] > 0
     assert all(encode[f"{stage}_ms"] > 0 for stage in ("decode", "hash", "preprocess", "tower"))
     e2e = json.loads((tmp_path / "bench_e2e.json").read_text())
     systems = {row["system"] for row in e2e["rows"]}
