@@ -8,7 +8,9 @@
 #   4. E/PD (transformers engine) with GPU encoders only, CPU only, and GPU + CPU under
 #      per_image, per_request (equal split, 8:1 and the split the measured capacities give) and
 #      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e);
-#   5. the small tower eager against torch.compile with CUDA graphs (bench_tower_compile).
+#   5. JPEG decoding, Pillow against torchvision's CPU decoder and nvjpeg: time and whether the
+#      pixels equal Pillow's, which the mm_hash is a hash of (bench_jpeg_decode);
+#   6. the small tower eager against torch.compile with CUDA graphs (bench_tower_compile).
 # Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
 # A step that fails or outlives its share of the budget is reported and the next one runs; the
 # exit status is the number of failed steps. --cpu-only runs the same steps on CPU with the tiny
@@ -26,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --cpu-only) CPU_ONLY=1; shift ;;
     --wheels) WHEELS="$2"; shift 2 ;;
     --out) DEST="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -110,6 +112,8 @@ print(f\"{max(1, round(rate['e-pd@cuda'] / rate['e-pd@cpu']))}:1\")" "$DEST/benc
     --model /tmp/epd-small --systems "e-pd:per_request@cuda/cpu" --split-ratio "$measured" \
     "${E2E[@]}" --csv "" --json
 fi
+step "JPEG decoding on $DEVICE against Pillow's"
+bounded 60 jpeg_decode.json "$PYTHON" scripts/bench_jpeg_decode.py --device "$DEVICE" --json
 if [[ $CPU_ONLY == 0 ]]; then  # NOTE: last: the step most likely to outlive its share
   step "the small tower eager against torch.compile (CUDA graphs) at batch 1 and 8"
   bounded 100 tower_compile_small.json "$PYTHON" scripts/bench_tower_compile.py \

@@ -25,6 +25,10 @@ def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> Non
         assert encode[f"service_{given}_x2_vs_direct_b8"] > 0
         assert encode[f"service_{given}_dynamic_x2_tower_slowdown"] > 0
     assert all(encode[f"{stage}_ms"] > 0 for stage in ("decode", "hash", "preprocess", "tower"))
+    jpeg = json.loads((tmp_path / "jpeg_decode.json").read_text())
+    assert all(
+        row["pillow"]["ms"] > 0 and row["pillow"]["max_difference"] == 0 for row in jpeg["rows"]
+    )
     e2e = json.loads((tmp_path / "bench_e2e.json").read_text())
     systems = {row["system"] for row in e2e["rows"]}
     assert systems == {"e-pd@cpu", "e-pd:per_image@cpu/cpu"}
