@@ -47,7 +47,7 @@ bounded() {
 
 if [[ $CPU_ONLY == 1 ]]; then
   PYTHON="${EPD_VENV:-$ROOT/.venv}/bin/python"
-  DEVICE=cpu; GPU=cpu; SMALL=(--preset tiny --images 8); BIG=()
+  DEVICE=cpu; GPU=cpu; SMALL=(--preset tiny --images 8); BIG=(); JPEG=(--repeats 2)
   # NOTE: the suite runs every encoder test; here one file shows the step works.
   TESTS=(tests/unit/encode/test_fast_tower.py)
   SYSTEMS="e-pd@cpu,e-pd:per_image@cpu/cpu"
@@ -62,7 +62,7 @@ else
   "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
     --upgrade --ignore-requires-python .
   "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device here'"
-  DEVICE=cuda; GPU=cuda; SMALL=(--preset small --images 64)
+  DEVICE=cuda; GPU=cuda; SMALL=(--preset small --images 64); JPEG=()
   TESTS=(tests/unit/encode tests/unit/media)
   BIG=(--vision-depth 32 --vision-embed-dim 1280 --max-pixels 200704)
   SYSTEMS="e-pd@cuda,e-pd@cpu,e-pd:per_image@cuda/cpu,e-pd:per_request@cuda/cpu,e-pd:adaptive@cuda/cpu"
@@ -113,7 +113,8 @@ print(f\"{max(1, round(rate['e-pd@cuda'] / rate['e-pd@cpu']))}:1\")" "$DEST/benc
     "${E2E[@]}" --csv "" --json
 fi
 step "JPEG decoding on $DEVICE against Pillow's"
-bounded 60 jpeg_decode.json "$PYTHON" scripts/bench_jpeg_decode.py --device "$DEVICE" --json
+bounded 60 jpeg_decode.json "$PYTHON" scripts/bench_jpeg_decode.py --device "$DEVICE" \
+  "${JPEG[@]}" --json
 if [[ $CPU_ONLY == 0 ]]; then  # NOTE: last: the step most likely to outlive its share
   step "the small tower eager against torch.compile (CUDA graphs) at batch 1 and 8"
   bounded 100 tower_compile_small.json "$PYTHON" scripts/bench_tower_compile.py \
