@@ -149,6 +149,11 @@ def difference_from_cpu(model_dir: Path, device: str, dtype: str) -> float:
     )
 
 
+def encoders_suffix(count: int) -> str:
+    """What the figures of ``count`` encoder processes add to their keys ("" for one)."""
+    return f"_x{count}" if count > 1 else ""
+
+
 def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     on = (args.device, args.dtype)
     TOWER.update(attention=args.vision_attention, patch_embedding=args.patch_embedding)
@@ -164,17 +169,19 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     del encoder
     limits = [1] + [BATCH for count in args.encoders for _ in range(count)]
     with encoder_processes(model_dir, on, limits, TOWER) as started:
-        b1_at, dynamic_at = started[:1], started[1:]
+        b1_at, rest = started[:1], started[1:]
+        groups = {}
+        for count in args.encoders:
+            groups[count], rest = rest[:count], rest[count:]
         for index, given in enumerate(INPUTS):
             b1_pictures = pictures_of(args.images + 5, 10 + index, model_dir)
             b1 = asyncio.run(service(b1_at, b1_pictures, given, args.clients))
             figures[f"service_{given}_b1_ips"] = b1["ips"]
             figures[f"service_{given}_b1_vs_direct_b1"] = b1["ips"] / figures["direct_b1_ips"]
-            for count in args.encoders:
-                at, dynamic_at = dynamic_at[:count], dynamic_at[count:]
+            for count, at in groups.items():
                 pictures = pictures_of(args.images * count + 5, 20 + index, model_dir)
                 dynamic = asyncio.run(service(at, pictures, given, args.clients))
-                suffix = f"_x{count}" if count > 1 else ""
+                suffix = encoders_suffix(count)
                 key = f"service_{given}_dynamic{suffix}"
                 figures[f"{key}_ips"] = dynamic["ips"]
                 figures[f"{key}_cpu_ms"] = dynamic["cpu_ms"]
@@ -186,7 +193,6 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
                 if count == 1:
                     figures[f"{given}_cold_ms"] = dynamic["cold_ms"]
                     figures[f"{given}_cache_hit_ms"] = dynamic["hit_ms"]
-            dynamic_at = started[1:]
     figures["hit_vs_cold"] = figures["bytes_cache_hit_ms"] / figures["bytes_cold_ms"]
     if args.device != "cpu":
         figures["max_relative_difference_from_cpu"] = difference_from_cpu(model_dir, *on)
@@ -207,7 +213,7 @@ def print_table(figures: dict[str, Any]) -> None:
         ips = figures[f"service_{given}_b1_ips"]
         print(f"{f'service, {given}, batch 1':42} {ips:9.1f}")
         for count in counts:
-            suffix = f"_x{count}" if count > 1 else ""
+            suffix = encoders_suffix(count)
             key = f"service_{given}_dynamic{suffix}"
             label = f"service, {given}, dynamic (<=8)" + (f", {count} encoders" if suffix else "")
             print(
@@ -227,7 +233,7 @@ def print_table(figures: dict[str, Any]) -> None:
     print(f"CPU ms per image: direct batch 8 {figures['direct_b8_cpu_ms']:.2f} (all threads)")
     for given in INPUTS:
         for count in counts:
-            suffix = f"_x{count}" if count > 1 else ""
+            suffix = encoders_suffix(count)
             cpu = figures[f"service_{given}_dynamic{suffix}_cpu_ms"]
             print(
                 f"  service, {given}, dynamic{f', {count} encoders' if suffix else ''} "

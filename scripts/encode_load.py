@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from process_cpu import task_cpu
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd.common.channels import create_channel, wait_for_health
@@ -150,16 +151,14 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     """CPU seconds so far of process ``pid`` by the encoder's thread roles, read from /proc: the
     event loop (the main thread), the tower's thread and the preparing pool (with the threads
     torch started from them, which inherit their names) and the rest (gRPC's)."""
-    tick = os.sysconf("SC_CLK_TCK")
     seconds = dict.fromkeys(THREAD_ROLES, 0.0)
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
+            name, used = task_cpu(Path(f"/proc/{pid}/task/{tid}"))
+        except OSError:
             continue
         role = "event_loop" if int(tid) == pid else name.removeprefix("epd-")
-        seconds[role if role in seconds else "other"] += (int(fields[11]) + int(fields[12])) / tick
+        seconds[role if role in seconds else "other"] += used
     return seconds
 
 

@@ -25,7 +25,13 @@ def process_tree(pid: int) -> list[int]:
 
 def process_cpu(pid: int) -> tuple[str, float]:
     """(name, user+system CPU seconds so far) of ``pid``; OSError once it is gone."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    return task_cpu(Path(f"/proc/{pid}"))
+
+
+def task_cpu(task: Path) -> tuple[str, float]:
+    """(name, user+system CPU seconds so far) of the process or thread whose /proc folder is
+    ``task`` (``/proc/PID`` or ``/proc/PID/task/TID``); OSError once it is gone."""
+    stat = (task / "stat").read_text()
     fields = stat.rsplit(")", 1)[1].split()
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
