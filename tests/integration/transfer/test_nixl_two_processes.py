@@ -180,6 +180,11 @@ def test_bad_references_raise_typed_errors(plane: DataPlane, peer: Peer) -> None
     assert peer.read(ref)[0] == "ok"
 
 
+# NOTE: long enough that a loaded machine's kill and join do not expire it before the check
+# (1 s did, once, in the whole suite); the reaper frees it once it expires.
+NEVER_READ_TTL_S = 3.0
+
+
 def test_consumer_killed_mid_way_leaks_nothing(new_plane: list[DataPlane]) -> None:
     plane = DataPlane(HOST, lease_ttl_s=1.0)
     new_plane.append(plane)
@@ -190,14 +195,16 @@ def test_consumer_killed_mid_way_leaks_nothing(new_plane: list[DataPlane]) -> No
         plane.start_reaper(interval_s=0.05)
         viewed = plane.put(make_tensor(torch.float32, 4 * MiB, seed=8), REMOTE)
         assert victim.read(viewed, hold=True)[0] == "ok"
-        never_read = plane.put(make_tensor(torch.float32, 4 * MiB, seed=9), REMOTE)
+        never_read = plane.put(
+            make_tensor(torch.float32, 4 * MiB, seed=9), REMOTE, ttl_s=NEVER_READ_TTL_S
+        )
         os.kill(victim.process.pid, signal.SIGKILL)
         victim.process.join(10)
         deadline = time.monotonic() + 0.5
         while len(plane.held()) > 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [info.lease_id for info in plane.held()] == [never_read.lease_id]
-        wait_until_nothing_held(plane)
+        wait_until_nothing_held(plane, timeout_s=NEVER_READ_TTL_S + 5)
     finally:
         victim.stop()
 
