@@ -24,10 +24,12 @@ DEMO_TOKENS = re.compile(r"\(tokens (\[[^\]]*\])")
 
 @dataclass
 class Stack:
-    """A running deployment: endpoints by service name, child pids, run folder."""
+    """A running deployment: endpoints by service name, child pids, run folder; ``work_dir``
+    holds the launcher's log (``launcher.log``) and its endpoints file (``endpoints.json``)."""
 
     endpoints: dict[str, Any]
     launcher: subprocess.Popen[bytes]
+    work_dir: Path
 
     @property
     def route(self) -> str:
@@ -86,7 +88,7 @@ def running_stack(
             if launcher.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("epd up failed:\n" + (work_dir / "launcher.log").read_text())
             time.sleep(1)
-        yield Stack(json.loads(endpoints_file.read_text()), launcher)
+        yield Stack(json.loads(endpoints_file.read_text()), launcher, work_dir)
     finally:
         stop(launcher)
         log.close()

@@ -390,7 +390,7 @@ async def wait_until_restarted(
 ) -> None:
     """Wait until the launcher has started ``service`` again (a new pid in the endpoints file),
     the new process answers SERVING and the scheduler lists its ``worker_id`` live."""
-    endpoints_file = stack.run_dir.parent.parent / "endpoints.json"
+    endpoints_file = stack.work_dir / "endpoints.json"
     deadline = time.monotonic() + timeout_s
     while json.loads(endpoints_file.read_text())["pids"][service] == stack.pids[service]:
         assert time.monotonic() < deadline, f"{service} not restarted"

@@ -1,6 +1,10 @@
 """The package a user installs: the wheel built from this checkout goes into a fresh virtual
-environment with pip's own sources (nothing of this checkout or its venv on the path) and
-``epd up`` in it answers with the reference tokens on the transformers engine."""
+environment with pip's own sources (nothing of this checkout or its venv on the path, and no
+vLLM: it is an extra) and ``epd up --config FILE`` in it answers with the reference tokens. The
+same run shows two things more (one deployment serves all three checks): where vLLM is not
+installed the prefill worker falls back to the transformers engine on its own (``--engine
+auto``), and one YAML file starts the deployment, each service reading the keys it has a flag
+for and its own section of the file."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from epd.server.transfer import shm
 from tests.integration.e2e.launcher import assert_demo_answered
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -18,7 +23,11 @@ QUESTION = "What is in this picture?"
 
 
 def run(*command: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("EPD_")
+    }
     return subprocess.run(
         [str(part) for part in command],
         capture_output=True,
@@ -69,26 +78,32 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
     patched = run(venv / "bin" / "python", ROOT / "scripts" / "patch_torchvision.py", cwd=tmp_path)
     assert patched.returncode == 0, patched.stdout + patched.stderr
 
-    served = run(
-        venv / "bin" / "epd",
-        "up",
-        "--model",
-        tiny_model_dir,
-        "--model-id",
-        "tiny",
-        "--topology",
-        "e-pd",
-        "--engine",
-        "transformers",
-        "--max-tokens",
-        "8",
-        "--question",
-        QUESTION,
-        "--run-dir",
-        tmp_path / "run",
-        cwd=tmp_path,
+    no_vllm = run(venv / "bin" / "python", "-c", "import vllm", cwd=tmp_path)
+    assert "ModuleNotFoundError" in no_vllm.stderr, "the fallback below needs a venv without vLLM"
+    config = tmp_path / "epd.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\n"
+        "model-id: tiny\n"
+        "topology: e-pd\n"
+        "max-tokens: 8\n"
+        f"question: {QUESTION}\n"
+        f"run-dir: {tmp_path / 'run'}\n"
+        "encode:\n"
+        "  log-level: DEBUG\n"
     )
+    before = set(shm.orphans())
+    served = run(venv / "bin" / "epd", "up", "--config", config, cwd=tmp_path)
     assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-2000:]
     assert_demo_answered(served.stdout, tiny_model_dir, QUESTION, max_tokens=8)
+    assert "epd-encode" in served.stdout and "epd-prefill" in served.stdout
+    (run_dir,) = (tmp_path / "run").iterdir()
+    prefill_log = (run_dir / "prefill.log").read_text()
+    assert "(prefill_decode, transformers)" in prefill_log
+    assert " DEBUG " in (run_dir / "encode0.log").read_text() and " DEBUG " not in prefill_log
+    leftovers = subprocess.run(
+        ["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "], capture_output=True, text=True
+    )
+    assert leftovers.stdout.strip() == ""
+    assert set(shm.orphans()) <= before, "processes of epd up left shared memory behind"
     location = run(venv / "bin" / "python", "-c", "import epd; print(epd.__file__)", cwd=tmp_path)
     assert location.stdout.startswith(str(venv)), location.stdout
