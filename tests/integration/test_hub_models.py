@@ -1,5 +1,6 @@
 """Services started with ``--model ORG/NAME``: the model comes from the hub cache, offline, and
-clients name it by its hub id; an id the cache lacks is a one-line usage error."""
+clients name it by its hub id; an id the cache lacks is a one-line usage error. (``epd up`` of a
+hub id is in ``tests/integration/install/test_wheel.py``, on the installed wheel.)"""
 
 from __future__ import annotations
 
@@ -82,17 +83,3 @@ def test_a_hub_id_missing_from_the_cache_offline_is_a_usage_error(
         assert result.returncode == 2, (command, result.stderr[-1000:])
         assert "epd-test/absent (revision v2)" in result.stderr, command
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, command
-
-
-def test_epd_up_serves_a_model_given_by_hub_id(hub_env: dict[str, str], tmp_path: Path) -> None:
-    """Its services get the snapshot directory and the id; the demo request names the id."""
-    result = epd(
-        *("up", "--model", REPO_ID, "--topology", "e-pd", "--engine", "transformers"),
-        *("--max-tokens", "2", "--run-dir", str(tmp_path / "run")),
-        env=hub_env,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "(tokens [" in result.stdout
-    run_dir = next((tmp_path / "run").iterdir())
-    for log in ("encode0.log", "prefill.log"):
-        assert f"serving {REPO_ID} on" in (run_dir / log).read_text(), log

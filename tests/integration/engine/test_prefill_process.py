@@ -1,8 +1,9 @@
 """``scripts/prefill.sh --mode prefill`` and ``scripts/decode.sh`` as real processes, started
 together: warm engines -> SERVING, one P/D request whose KV crosses processes over NIXL gives
-the reference tokens, SIGTERM -> clean exit with no EngineCore left behind and no files either:
-nothing in the processes' own TMPDIR (vLLM's ZMQ sockets, its ``vllm_dist_*`` files), and nothing
-new in /tmp or /dev/shm named after their pids or that they held while serving.
+the reference tokens, SIGTERM -> clean exit with no EngineCore left behind, no traceback or
+resource_tracker warning in their logs, and no files either: nothing in the processes' own
+TMPDIR (vLLM's ZMQ sockets, its ``vllm_dist_*`` files), and nothing new in /tmp or /dev/shm
+named after their pids or that they held while serving.
 
 NOTE: the processes get a TMPDIR of their own so that what they leave is told apart from what
 other vLLM processes on the machine create meanwhile; names under /tmp and /dev/shm without a pid
@@ -41,30 +42,31 @@ SHARED_TMP = ("/tmp", "/dev/shm")
 
 
 def launch(
-    script: str, model_dir: Path, *flags: str, tmp_dir: Path | None = None
+    script: str, model_dir: Path, *flags: str, tmp_dir: Path, log: Path
 ) -> subprocess.Popen[str]:
-    env = {**os.environ, "EPD_VENV": str(Path(sys.executable).parents[1])}
-    if tmp_dir is not None:
-        env["TMPDIR"] = str(tmp_dir)
-    return subprocess.Popen(
-        [
-            "bash",
-            str(SCRIPTS / script),
-            "--model",
-            str(model_dir),
-            "--model-id",
-            "tiny",
-            "--port",
-            "0",
-            "--kv-cache-mb",
-            "64",
-            *flags,
-        ],
-        text=True,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    """``scripts/SCRIPT`` with TMPDIR ``tmp_dir``, its stdout piped, its stderr (the logs) to
+    ``log``."""
+    env = {**os.environ, "EPD_VENV": str(Path(sys.executable).parents[1]), "TMPDIR": str(tmp_dir)}
+    with open(log, "wb") as stderr:
+        return subprocess.Popen(
+            [
+                "bash",
+                str(SCRIPTS / script),
+                "--model",
+                str(model_dir),
+                "--model-id",
+                "tiny",
+                "--port",
+                "0",
+                "--kv-cache-mb",
+                "64",
+                *flags,
+            ],
+            text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
 
 
 def wait_listening(process: subprocess.Popen[str], name: str) -> str:
@@ -94,13 +96,18 @@ def left_behind(before: set[str], pids: list[int], held: set[str], tmp_dir: Path
     )
 
 
-def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle) -> None:
+def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(
+    tiny_model_dir, oracle, tmp_path: Path
+) -> None:
     # NOTE: short: vLLM's ZMQ socket paths under it must fit in 107 bytes.
     tmp_dir = Path(tempfile.mkdtemp(prefix="epd-p-", dir="/tmp"))
     before = entries(*SHARED_TMP)
+    logs = {name: tmp_path / f"{name}.log" for name in ("prefill", "decode")}
     processes = [
-        launch("prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir),
-        launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir),
+        launch(
+            "prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir, log=logs["prefill"]
+        ),
+        launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir, log=logs["decode"]),
     ]
     plane = DataPlane()
     try:
@@ -145,6 +152,10 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(tiny_model_dir, oracle
         wait_gone(engine_processes, timeout_s=15)
         assert not alive(engine_processes), [describe(pid) for pid in alive(engine_processes)]
         assert not left_behind(before, pids, held, tmp_dir)
+        for name, log in logs.items():
+            text = log.read_text()
+            for noise in ("Traceback", "TypeError", "leaked semaphore", "leaked shared_memory"):
+                assert noise not in text, f"{name}: {noise}\n{text[-3000:]}"
     finally:
         plane.close()
         for process in processes:

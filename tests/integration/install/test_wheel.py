@@ -1,10 +1,13 @@
 """The package a user installs: the wheel built from this checkout goes into a fresh virtual
 environment with pip's own sources (nothing of this checkout or its venv on the path, and no
 vLLM: it is an extra) and ``epd up --config FILE`` in it answers with the reference tokens. The
-same run shows two things more (one deployment serves all three checks): where vLLM is not
-installed the prefill worker falls back to the transformers engine on its own (``--engine
-auto``), and one YAML file starts the deployment, each service reading the keys it has a flag
-for and its own section of the file."""
+same deployment shows three things more (one deployment instead of four, for the suite's time):
+- where vLLM is not installed the prefill worker falls back to the transformers engine on its
+  own (``--engine auto``);
+- one YAML file starts the deployment, each service reading the keys it has a flag for and its
+  own section of the file;
+- the model is given by hub id: its services get the snapshot from the hub cache (offline) and
+  serve it under that id."""
 
 from __future__ import annotations
 
@@ -16,18 +19,23 @@ from importlib import metadata
 from pathlib import Path
 
 from epd.server.transfer import shm
+from tests.hub_cache import place_in_hub_cache
 from tests.integration.e2e.launcher import assert_demo_answered
 
 ROOT = Path(__file__).resolve().parents[3]
 QUESTION = "What is in this picture?"
+REPO_ID = "epd-test/tiny-from-the-hub"
 
 
-def run(*command: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run(
+    *command: str | Path, cwd: Path, timeout: float = 600, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("EPD_")
     }
+    env.update(extra_env)
     return subprocess.run(
         [str(part) for part in command],
         capture_output=True,
@@ -70,8 +78,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
     )
     assert run(base_python, "-m", "venv", venv, cwd=tmp_path).returncode == 0
     versions = [f"{name}=={metadata.version(name)}" for name in ("torch", "torchvision")]
+    # NOTE: --no-compile: byte-compiling every file of torch took 30 of pip's 90 s here; the
+    # processes of epd up compile what they import.
     installed = run(
-        venv / "bin" / "python", "-m", "pip", "install", "-q", wheel, *versions, cwd=tmp_path
+        *(venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile", wheel),
+        *versions,
+        cwd=tmp_path,
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
     # NOTE: as scripts/install.sh does where a CPU torch has no CPU torchvision beside it (here).
@@ -81,9 +93,10 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
     no_vllm = run(venv / "bin" / "python", "-c", "import vllm", cwd=tmp_path)
     assert "ModuleNotFoundError" in no_vllm.stderr, "the fallback below needs a venv without vLLM"
     config = tmp_path / "epd.yaml"
+    hub = tmp_path / "hub"
+    place_in_hub_cache(tiny_model_dir, hub, REPO_ID, commit="c" * 40)
     config.write_text(
-        f"model: {tiny_model_dir}\n"
-        "model-id: tiny\n"
+        f"model: {REPO_ID}\n"
         "topology: e-pd\n"
         "max-tokens: 8\n"
         f"question: {QUESTION}\n"
@@ -92,14 +105,21 @@ def test_the_wheel_installs_into_a_fresh_venv_and_epd_up_answers(
         "  log-level: DEBUG\n"
     )
     before = set(shm.orphans())
-    served = run(venv / "bin" / "epd", "up", "--config", config, cwd=tmp_path)
+    served = run(
+        venv / "bin" / "epd",
+        *("up", "--config", config),
+        cwd=tmp_path,
+        HF_HUB_CACHE=str(hub),
+        HF_HUB_OFFLINE="1",
+    )
     assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-2000:]
     assert_demo_answered(served.stdout, tiny_model_dir, QUESTION, max_tokens=8)
     assert "epd-encode" in served.stdout and "epd-prefill" in served.stdout
     (run_dir,) = (tmp_path / "run").iterdir()
-    prefill_log = (run_dir / "prefill.log").read_text()
+    prefill_log, encode_log = ((run_dir / f"{n}.log").read_text() for n in ("prefill", "encode0"))
     assert "(prefill_decode, transformers)" in prefill_log
-    assert " DEBUG " in (run_dir / "encode0.log").read_text() and " DEBUG " not in prefill_log
+    assert " DEBUG " in encode_log and " DEBUG " not in prefill_log
+    assert f"serving {REPO_ID} on" in encode_log and f"serving {REPO_ID} on" in prefill_log
     leftovers = subprocess.run(
         ["pgrep", "-f", "-m epd (scheduler|encode|prefill|route) "], capture_output=True, text=True
     )
