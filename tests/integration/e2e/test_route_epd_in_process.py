@@ -29,9 +29,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-async def deployment(tiny_model_dir):
-    from epd.server.engine.vllm_engine import VllmEngine
-
+async def deployment(tiny_model_dir, engines):
+    """The services around the session's vLLM producer (which serves whole generations too)."""
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
     encoders = [
@@ -40,7 +39,7 @@ async def deployment(tiny_model_dir):
         )
         for i in range(2)
     ]
-    engine = await VllmEngine.start(tiny_model_dir, model_id="tiny")
+    engine = engines[0]
     prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint), engine)
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
     async with create_channel(endpoint) as channel:
@@ -54,7 +53,6 @@ async def deployment(tiny_model_dir):
     await channel.close()
     await route.stop()
     await prefill.stop()
-    await engine.close()
     for encoder in encoders:
         await encoder.stop()
     await scheduler.drain_and_stop(0)

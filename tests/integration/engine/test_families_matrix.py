@@ -1,6 +1,8 @@
 """The topology matrix for every family beside the default one (whose matrix, and much more, is in
 test_pd_vllm.py): P/D with KV over NIXL, E/PD, EPD (raw images into vLLM) and EP/D each answer as
-transformers does on the same checkpoint, token for token."""
+transformers does on the same checkpoint, token for token; and E/PD through a route and an
+encoder over real gRPC, on the same engines (test_families_e_pd asks the same chat of the
+transformers engine)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.families import skip_unless_run
+from tests.integration.conftest import KV_CACHE_BYTES
+from tests.integration.e_pd_in_process import e_pd_answer, reference_answer
 from tests.pictures import picture
 
-from .conftest import KV_CACHE_BYTES
 from .helpers import Stubs, embedded_prompt, expected_tokens, media_prompt, release
 
 pytestmark = pytest.mark.vllm
@@ -37,7 +40,7 @@ OTHER_FAMILIES = [family.name for family in FAMILIES[1:]]
 @pytest.fixture(scope="module", params=OTHER_FAMILIES)
 async def served(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
-) -> AsyncIterator[tuple[Stubs, DataPlane, tuple[ReferenceEngine, VisionEncoder]]]:
+) -> AsyncIterator[tuple[Stubs, DataPlane, tuple[ReferenceEngine, VisionEncoder], Path]]:
     from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
 
     skip_unless_run(request, request.param)
@@ -69,7 +72,7 @@ async def served(
         await build_decode_server(DecodeConfig(), engines[1]), decode_grpc.DecodeServiceStub
     )
     plane = DataPlane(stubs.apps[0].worker.plane.host_id)
-    yield stubs, plane, (ReferenceEngine(model_dir), VisionEncoder(model_dir))
+    yield stubs, plane, (ReferenceEngine(model_dir), VisionEncoder(model_dir)), model_dir
     await stubs.close()
     plane.close()
     await asyncio.gather(engines[0].close(), engines[1].close())
@@ -104,7 +107,7 @@ async def aggregated(stub: object, request_id: str, prompt: generation_pb2.Promp
 
 
 async def test_every_topology_gives_the_reference_tokens(served) -> None:
-    stubs, plane, oracle = served
+    stubs, plane, oracle, _ = served
     images, text = [picture(3, 96, 64), picture(4, 60, 90)], "compare these pictures"
     expected = expected_tokens(oracle, images, text, NUM_TOKENS)
     embedded = embedded_prompt(oracle, plane, images, text)
@@ -120,3 +123,8 @@ async def test_every_topology_gives_the_reference_tokens(served) -> None:
             stubs.prefill = saved
     finally:
         release(plane, embedded)
+
+
+async def test_e_pd_through_a_route_equals_transformers(served) -> None:
+    stubs, _, _, model_dir = served
+    assert await e_pd_answer(model_dir, stubs.producer) == reference_answer(model_dir)

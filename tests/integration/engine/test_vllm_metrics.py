@@ -18,10 +18,10 @@ from epd.v1 import decode_service_pb2_grpc as decode_grpc
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
+from tests.integration.conftest import KV_CACHE_BYTES
 from tests.pictures import picture
 from tests.scrape import scrape
 
-from .conftest import KV_CACHE_BYTES
 from .helpers import Stubs, embedded_prompt, release
 
 pytestmark = pytest.mark.vllm
