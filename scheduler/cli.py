@@ -10,7 +10,7 @@ import sys
 
 from epd.common.errors import InvalidArgument
 from epd.common.options import field_default
-from epd.common.server import ServerOptions, serve
+from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.core import SchedulerConfig
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(options: ServerOptions, config: SchedulerConfig) -> int:
     from epd.scheduler.app import build_scheduler_server
 
-    server, port = await build_scheduler_server(options, config)
-    print(f"epd scheduler listening on {options.host}:{port}", flush=True)
-    await serve(server)
+    with stop_signals() as stop:
+        server, port = await build_scheduler_server(options, config)
+        print(f"epd scheduler listening on {options.host}:{port}", flush=True)
+        await serve(server, stop)
     return 0

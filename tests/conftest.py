@@ -64,7 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--all-pythons",
         action="store_true",
-        help="resolve the CUDA requirement set for every supported Python (CI: the running one)",
+        help="resolve the CUDA requirement set for the running and every supported Python "
+        "(about a minute each, against PyPI; CI resolves none)",
     )
 
 

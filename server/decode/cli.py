@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from epd.common.server import ServerOptions, serve
+from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
@@ -82,15 +82,18 @@ async def _serve(
 ) -> int:
     from epd.server.engine.vllm_engine import VllmEngine
 
-    try:
-        engine = await VllmEngine.start(args.model, model_id=args.model_id, options=engine_settings)
-    except ValueError as e:
-        print(f"epd decode: {e}", file=sys.stderr)
-        return 2
-    try:
-        app = await build_decode_server(config, engine, options)
-        print(f"epd decode listening on {options.host}:{app.port}", flush=True)
-        await serve(app.server)
-    finally:
-        await engine.close()
+    with stop_signals() as stop:
+        try:
+            engine = await VllmEngine.start(
+                args.model, model_id=args.model_id, options=engine_settings
+            )
+        except ValueError as e:
+            print(f"epd decode: {e}", file=sys.stderr)
+            return 2
+        try:
+            app = await build_decode_server(config, engine, options)
+            print(f"epd decode listening on {options.host}:{app.port}", flush=True)
+            await serve(app.server, stop)
+        finally:
+            await engine.close()
     return 0

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from epd.common.options import field_default
-from epd.common.server import ServerOptions, serve
+from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import (
@@ -235,17 +235,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
-    try:
-        app = await build_encode_server(config, options)
-    except ValueError as e:
-        print(f"epd encode: {e}", file=sys.stderr)
-        return 2
-    print(
-        f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
-        f"(device {app.device})",
-        flush=True,
-    )
-    await serve(app.server)
+    with stop_signals() as stop:
+        try:
+            app = await build_encode_server(config, options)
+        except ValueError as e:
+            print(f"epd encode: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
+            f"(device {app.device})",
+            flush=True,
+        )
+        await serve(app.server, stop)
     await app.worker.close()
     app.plane.close()
     return 0

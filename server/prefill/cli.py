@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from epd.common.options import field_default
 from epd.common.roles import PREFILL_MODES, Role
-from epd.common.server import ServerOptions, serve
+from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.engine.device import CPU, device_type, resolve_device
@@ -148,26 +148,27 @@ async def _serve(
     engine_settings: VllmOptions | TransformersOptions,
     options: ServerOptions,
 ) -> int:
-    try:
-        engine = await _start_engine(args, engine_settings)
-    except ValueError as e:
-        print(f"epd prefill: {e}", file=sys.stderr)
-        return 2
-    try:
+    with stop_signals() as stop:
         try:
-            app = await build_prefill_server(config, engine, options)
+            engine = await _start_engine(args, engine_settings)
         except ValueError as e:
             print(f"epd prefill: {e}", file=sys.stderr)
             return 2
-        print(
-            f"epd prefill listening on {options.host}:{app.port} ({config.mode.label}, "
-            f"{args.engine})",
-            flush=True,
-        )
-        await serve(app.server)
-        app.worker.plane.close()
-    finally:
-        await engine.close()
+        try:
+            try:
+                app = await build_prefill_server(config, engine, options)
+            except ValueError as e:
+                print(f"epd prefill: {e}", file=sys.stderr)
+                return 2
+            print(
+                f"epd prefill listening on {options.host}:{app.port} ({config.mode.label}, "
+                f"{args.engine})",
+                flush=True,
+            )
+            await serve(app.server, stop)
+            app.worker.plane.close()
+        finally:
+            await engine.close()
     return 0
 
 

@@ -8,7 +8,7 @@ import os
 import sys
 
 from epd.common.options import field_default
-from epd.common.server import ServerOptions, serve
+from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.cli import DEFAULT_PORT as SCHEDULER_PORT
@@ -204,12 +204,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: RouteConfig, options: ServerOptions) -> int:
-    app = await build_route_server(config, options)
-    http = ""
-    if app.http:
-        http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"
-    print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
-    await serve(app.server)
+    with stop_signals() as stop:
+        app = await build_route_server(config, options)
+        http = ""
+        if app.http:
+            http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"
+        print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
+        await serve(app.server, stop)
     await app.router.peers.close()
     if app.router.plane is not None:
         app.router.plane.close()  # NOTE: unlinks the segments of the images' pixels

@@ -18,8 +18,8 @@ from tests.integration.e2e.launcher import assert_demo_answered, epd_command
 
 pytestmark = pytest.mark.vllm
 # NOTE: none in CI (86 s each): every family's E/PD answer is checked on both engines over real
-# gRPC by test_families_e_pd, and the launcher names no family; --all-families runs them all
-# (the first family is test_stack_e2e's).
+# gRPC (test_families_e_pd, test_families_matrix), and the launcher names no family;
+# --all-families runs them all (the first family is test_stack_e2e's).
 CI_FAMILIES: tuple[str, ...] = ()
 QUESTION = "What is in this picture?"
 
@@ -31,7 +31,7 @@ def test_epd_up_serves_each_family_with_the_reference_tokens(
     """``epd model tiny --family F`` then ``epd up --model DIR``: the answer equals
     transformers' generate on the same checkpoint (and so monolithic vLLM's: test_tiny_model)."""
     if family not in CI_FAMILIES and not request.config.getoption("--all-families"):
-        pytest.skip(f"{family}: test_families_e_pd checks it in CI; --all-families runs this too")
+        pytest.skip(f"{family}: E/PD is checked in CI in-process; --all-families runs this too")
     model_dir = tmp_path / "model"
     built = subprocess.run(
         [sys.executable, "-m", "epd", "model", "tiny", "--family", family, "--out", str(model_dir)],

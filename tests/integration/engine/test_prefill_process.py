@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import grpc
@@ -69,6 +70,30 @@ def launch(
         )
 
 
+def stop_while_starting(process: subprocess.Popen[str]) -> list[int]:
+    """SIGTERM to ``process`` as soon as it handles SIGTERM (its event loop runs), while its
+    engine starts (tens of seconds for vLLM); then wait for its exit. The pids of the child
+    processes it had meanwhile (its EngineCore, started after the signal)."""
+    deadline = time.monotonic() + 120
+    while not handles_sigterm(process.pid):
+        assert process.poll() is None and time.monotonic() < deadline, "no SIGTERM handler"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    children: set[int] = set()
+    while process.poll() is None:
+        assert time.monotonic() < deadline + 120, "not stopped once started"
+        children.update(children_of(process.pid))
+        time.sleep(0.05)
+    return sorted(children)
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether ``pid`` catches SIGTERM (bit 15 of SigCgt in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(line for line in status if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (signal.SIGTERM - 1) & 1)
+
+
 def wait_listening(process: subprocess.Popen[str], name: str) -> str:
     assert process.stdout is not None
     for line in process.stdout:
@@ -102,15 +127,23 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(
     # NOTE: short: vLLM's ZMQ socket paths under it must fit in 107 bytes.
     tmp_dir = Path(tempfile.mkdtemp(prefix="epd-p-", dir="/tmp"))
     before = entries(*SHARED_TMP)
-    logs = {name: tmp_path / f"{name}.log" for name in ("prefill", "decode")}
+    logs = {name: tmp_path / f"{name}.log" for name in ("prefill", "decode", "stopped")}
     processes = [
         launch(
             "prefill.sh", tiny_model_dir, "--mode", "prefill", tmp_dir=tmp_dir, log=logs["prefill"]
         ),
         launch("decode.sh", tiny_model_dir, tmp_dir=tmp_dir, log=logs["decode"]),
     ]
+    stopped = launch("prefill.sh", tiny_model_dir, tmp_dir=tmp_dir, log=logs["stopped"])
+    processes.append(stopped)
     plane = DataPlane()
     try:
+        stopped_children = stop_while_starting(stopped)
+        assert stopped.returncode == 0, logs["stopped"].read_text()[-3000:]
+        assert "SIGTERM while starting: stopping once started" in logs["stopped"].read_text()
+        assert stopped_children, "its EngineCore started after the signal"
+        wait_gone(stopped_children, timeout_s=15)
+        assert not alive(stopped_children), [describe(pid) for pid in alive(stopped_children)]
         prefill_at = wait_listening(processes[0], "prefill")
         decode_at = wait_listening(processes[1], "decode")
         engine_processes = [pid for p in processes for pid in children_of(p.pid)]
@@ -146,9 +179,9 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(
         held = held_paths(pids, SHARED_TMP)
         plane.close()  # NOTE: the test's own segments, which the prefill worker mapped
         assert entries(str(tmp_dir)), "vLLM keeps its ZMQ sockets in TMPDIR while it runs"
-        for process in processes:
+        for process in processes[:2]:
             process.send_signal(signal.SIGTERM)
-        assert [process.wait(timeout=60) for process in processes] == [0, 0]
+        assert [process.wait(timeout=60) for process in processes[:2]] == [0, 0]
         wait_gone(engine_processes, timeout_s=15)
         assert not alive(engine_processes), [describe(pid) for pid in alive(engine_processes)]
         assert not left_behind(before, pids, held, tmp_dir)

@@ -207,8 +207,12 @@ def check_cuda_set(resolved: dict[str, dict[str, Any]]) -> str:
     return nixl_build
 
 
-def test_cuda_requirements_resolve(tmp_path: Path) -> None:
-    """pip resolves install.sh's CUDA command, as it is, for the running Python."""
+def test_cuda_requirements_resolve(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """pip resolves install.sh's CUDA command, as it is, for the running Python. About a minute
+    against PyPI, so ``--all-pythons`` runs it with the others below (run it before changing
+    requirements/ or install.sh); CI installs the CPU set for real (test_wheel, install.sh)."""
+    if not request.config.getoption("--all-pythons"):
+        pytest.skip("--all-pythons resolves the CUDA set for every Python, the running one too")
     (command,) = plan("--target", "cuda")[1]
     check_cuda_set(resolve(tmp_path, *command[2:]))
 
@@ -220,7 +224,7 @@ def test_the_project_s_wheel_resolves_to_cuda_builds_for_python(
     """The built wheel and the CUDA set resolve for ``python`` from binary wheels alone (what a
     GPU machine's Python 3.12 or 3.13 installs), torch and NIXL built for that Python: the
     project's Requires-Python admits it and every pin has a wheel for it. A minute each, so
-    ``--all-pythons`` runs it (CI resolves for the running Python above)."""
+    ``--all-pythons`` runs it."""
     if not request.config.getoption("--all-pythons"):
         pytest.skip("--all-pythons resolves for every supported Python")
     built = subprocess.run(
