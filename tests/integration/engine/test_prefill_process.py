@@ -11,6 +11,7 @@ other vLLM processes on the machine create meanwhile; names under /tmp and /dev/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -192,6 +193,10 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(
     finally:
         plane.close()
         for process in processes:
+            if process.poll() is None:  # NOTE: a failed check: its EngineCore would outlive it
+                for child in children_of(process.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
             process.kill()
             process.wait()
             assert process.stdout is not None
