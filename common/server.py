@@ -34,6 +34,7 @@ from epd.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.common.auth import BearerTokenInterceptor
 from epd.common.bad_messages import BadMessageInterceptor
 from epd.common.channels import DEFAULT_KEEPALIVE_S, server_ping_options
+from epd.common.flags import flag
 from epd.common.metrics import MetricsServer, start_metrics_server
 from epd.common.telemetry import traces_rpcs
 
@@ -62,17 +63,84 @@ _TRACED = filters.negate(
 class ServerOptions:
     """Network, security and shutdown settings shared by every epd server."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_message_bytes: int = 64 * MiB
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_client_ca_file: str | None = None
-    auth_token: str | None = None
-    drain_grace_s: float = 10.0
-    advertise_host: str | None = None
-    metrics_port: int | None = None
-    keepalive_s: float = DEFAULT_KEEPALIVE_S
+    host: str = field(
+        default="127.0.0.1",
+        metadata=flag(
+            "address to listen on; 0.0.0.0 or :: for all interfaces",
+            env="EPD_HOST",
+        ),
+    )
+    # NOTE: each service's cli gives its own default port.
+    port: int = field(
+        default=0, metadata=flag("port to listen on, 0 picks a free one", env="EPD_PORT")
+    )
+    max_message_bytes: int = field(
+        default=64 * MiB,
+        metadata=flag(
+            "largest gRPC message sent or received, in MiB",
+            env="EPD_MAX_MESSAGE_MB",
+            name="max-message-mb",
+            unit=MiB,
+        ),
+    )
+    tls_cert_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "PEM certificate chain; serves TLS when set", env="EPD_TLS_CERT", name="tls-cert"
+        ),
+    )
+    tls_key_file: str | None = field(
+        default=None,
+        metadata=flag("PEM private key for --tls-cert", env="EPD_TLS_KEY", name="tls-key"),
+    )
+    tls_client_ca_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "PEM CA bundle; requires and verifies client certificates (mTLS) when set",
+            env="EPD_TLS_CLIENT_CA",
+            name="tls-client-ca",
+        ),
+    )
+    auth_token: str | None = field(
+        default=None,
+        metadata=flag(
+            "require 'authorization: Bearer TOKEN' on every RPC except health checks",
+            env="EPD_AUTH_TOKEN",
+        ),
+    )
+    drain_grace_s: float = field(
+        default=10.0,
+        metadata=flag("on SIGTERM, seconds in-flight RPCs get to finish", env="EPD_DRAIN_GRACE_S"),
+    )
+    advertise_host: str | None = field(
+        default=None,
+        metadata=flag(
+            "address workers register for peers to reach them at",
+            env="EPD_ADVERTISE_HOST",
+            default_help="default: --host, or when --host is a wildcard such as 0.0.0.0 the "
+            "source address of this host's route towards --scheduler, else this host's "
+            "primary address",
+        ),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "serve Prometheus metrics (text format, any path, e.g. /metrics) on this port of "
+            "--host, 0 = a free one",
+            env="EPD_METRICS_PORT",
+            default_help="default: off",
+        ),
+    )
+    keepalive_s: float = field(
+        default=DEFAULT_KEEPALIVE_S,
+        metadata=flag(
+            "seconds between pings on this process's channels, and as long for an answer: a "
+            "peer that went silent fails calls within about twice this; servers accept pings "
+            "that often",
+            env="EPD_GRPC_KEEPALIVE_S",
+            name="grpc-keepalive-s",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -200,9 +268,13 @@ async def build_server(
     bindings: Sequence[ServiceBinding],
     options: ServerOptions | None = None,
     registry: CollectorRegistry | None = None,
+    *,
+    on_bound: Callable[[int], None] | None = None,
 ) -> tuple[EpdServer, int]:
     """Create, bind and start a server for ``bindings``; returns it and the bound port.
-    With ``options.metrics_port`` set, ``registry`` is served there until the server drains."""
+    With ``options.metrics_port`` set, ``registry`` is served there until the server drains.
+    ``on_bound`` is called with the bound port before the server takes its first RPC (e.g. to
+    name a worker after its port)."""
     options = options or ServerOptions()
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if traces_rpcs():
@@ -234,6 +306,8 @@ async def build_server(
         server,
     )
     port = _bind(server, options)
+    if on_bound is not None:
+        on_bound(port)
     epd_server = EpdServer(server, port, names, health_servicer, options)
     await epd_server.mark_not_serving()
     await server.start()

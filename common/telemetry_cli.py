@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from epd.common.flags import Flag, add_flag
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB, configure_logging, configure_tracing
 
 
@@ -21,29 +21,28 @@ def mebibytes(text: str) -> int:
     return value
 
 
+TRACE_EXPORTER = Flag(
+    "where spans go: none, console, otlp-grpc[=ENDPOINT], otlp-http[=ENDPOINT] or json:PATH",
+    env="EPD_TRACE_EXPORTER",
+)
+TRACE_FILE_MAX_MB = Flag(
+    "json:PATH keeps at most this many MiB of spans in PATH and PATH.1, rotated when PATH "
+    "reaches half; 0: no cap",
+    env="EPD_TRACE_FILE_MAX_MB",
+    type=mebibytes,
+)
+LOG_LEVEL = Flag(
+    "log level", env="EPD_LOG_LEVEL", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR")
+)
+
+
 def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --trace-exporter, --trace-file-max-mb and --log-level to ``parser``."""
+    """Add --trace-exporter, --trace-file-max-mb and --log-level to ``parser``; ValueError
+    naming an EPD_* variable whose value is malformed."""
     group = parser.add_argument_group("telemetry")
-    group.add_argument(
-        "--trace-exporter",
-        default=os.environ.get("EPD_TRACE_EXPORTER", "none"),
-        help="where spans go: none, console, otlp-grpc[=ENDPOINT], otlp-http[=ENDPOINT] or "
-        "json:PATH (env EPD_TRACE_EXPORTER; default none)",
-    )
-    group.add_argument(
-        "--trace-file-max-mb",
-        type=mebibytes,
-        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
-        help="json:PATH keeps at most this many MiB of spans in PATH and PATH.1 (rotated when "
-        f"PATH reaches half; 0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
-    )
-    group.add_argument(
-        "--log-level",
-        default=os.environ.get("EPD_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="log level (env EPD_LOG_LEVEL; default INFO)",
-    )
+    add_flag(group, "trace_exporter", TRACE_EXPORTER, default="none", kind=str)
+    add_flag(group, "trace_file_max_mb", TRACE_FILE_MAX_MB, default=DEFAULT_SPAN_FILE_MB, kind=int)
+    add_flag(group, "log_level", LOG_LEVEL, default="INFO", kind=str)
 
 
 def configure_from_args(service_name: str, args: argparse.Namespace) -> TracerProvider:

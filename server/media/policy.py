@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PIL import Image
+
+from epd.common.flags import flag
 
 MiB = 1 << 20
 
@@ -12,6 +14,11 @@ MiB = 1 << 20
 # Ghostscript on it) nor the long tail of rarely used plugins.
 DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 EXTERNAL_PROGRAM_FORMATS = frozenset({"EPS"})
+
+
+def format_list(text: str) -> tuple[str, ...]:
+    """Pillow format names from a comma-separated list, upper-cased."""
+    return tuple(name.strip().upper() for name in text.split(",") if name.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,15 +32,70 @@ class MediaPolicy:
     decoding work per pixel (real progressive JPEGs have about 10).
     """
 
-    max_bytes: int = 20 * MiB
-    max_pixels: int = 32_000_000
-    fetch_timeout_s: float = 10.0
+    max_bytes: int = field(
+        default=20 * MiB,
+        metadata=flag(
+            "largest encoded image accepted, in MiB",
+            env="EPD_MEDIA_MAX_MB",
+            name="media-max-mb",
+            unit=MiB,
+        ),
+    )
+    max_pixels: int = field(
+        default=32_000_000,
+        metadata=flag(
+            "largest decoded image, width x height; larger ones are refused before decoding",
+            env="EPD_MEDIA_MAX_PIXELS",
+            name="media-max-pixels",
+        ),
+    )
+    fetch_timeout_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "time limit for fetching one URL, redirects included",
+            env="EPD_MEDIA_FETCH_TIMEOUT_S",
+            name="media-fetch-timeout-s",
+        ),
+    )
     max_redirects: int = 5
-    allow_local_files: bool = False
-    allow_private_networks: bool = False
-    max_url_chars: int = 8 << 10
-    image_formats: tuple[str, ...] = DEFAULT_IMAGE_FORMATS
-    max_jpeg_scans: int = 100
+    allow_local_files: bool = field(
+        default=False, metadata=flag("accept file: URLs", env="EPD_ALLOW_LOCAL_FILES")
+    )
+    allow_private_networks: bool = field(
+        default=False,
+        metadata=flag(
+            "allow fetching from loopback, private and link-local addresses",
+            env="EPD_ALLOW_PRIVATE_NETWORKS",
+            default_help="default off: SSRF guard",
+        ),
+    )
+    max_url_chars: int = field(
+        default=8 << 10,
+        metadata=flag(
+            "longest http(s) or file: URL, and longest data: URL header; a data: URL's payload "
+            "is bounded by --media-max-mb instead",
+            env="EPD_MEDIA_MAX_URL_CHARS",
+            name="media-max-url-chars",
+        ),
+    )
+    image_formats: tuple[str, ...] = field(
+        default=DEFAULT_IMAGE_FORMATS,
+        metadata=flag(
+            "comma-separated Pillow formats accepted; others are refused before decoding",
+            env="EPD_MEDIA_IMAGE_FORMATS",
+            name="media-image-formats",
+            type=format_list,
+        ),
+    )
+    max_jpeg_scans: int = field(
+        default=100,
+        metadata=flag(
+            "most scans a JPEG may have; each costs a pass over the image, so this bounds the "
+            "decoding work per pixel",
+            env="EPD_MEDIA_MAX_JPEG_SCANS",
+            name="media-max-jpeg-scans",
+        ),
+    )
 
     def __post_init__(self) -> None:
         limits = (

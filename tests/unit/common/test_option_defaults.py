@@ -1,7 +1,7 @@
 """One default per option, owned by its options dataclass: every service's flags, parsed with no
 argument and no EPD_* variable set, build the dataclasses' own defaults, and no flag writes again,
 in its ``default=`` or in the ``default N`` of its help, a value that the dataclass field it sets
-already holds (it reads the field instead: ``common.options.field_default``)."""
+already holds (it reads the field instead: a flag declared on its field with ``common.flags``)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,12 @@ def command_flags(command: str) -> list[Defined]:
         __import__(COMMANDS[command][0], fromlist=["add_arguments"]).add_arguments(parser)
     finally:
         argparse._ActionsContainer.add_argument = add_argument  # type: ignore[method-assign]
-    return [place for place in places if place.action.help != argparse.SUPPRESS]
+    # NOTE: a flag common/flags.py generates takes its default from its field by construction.
+    return [
+        place
+        for place in places
+        if place.action.help != argparse.SUPPRESS and Path(place.path).name != "flags.py"
+    ]
 
 
 def fields_set_by(command: str, dest: str) -> Iterator[tuple[type, str, Any]]:

@@ -1,0 +1,219 @@
+"""Flags declared once, on the options dataclass field they fill.
+
+A field's ``metadata=flag(...)`` holds its help, its ``EPD_*`` environment variable and how the
+command line spells it; the field owns the default. ``add_dataclass_arguments`` generates the
+argparse flags of a dataclass from its fields, and ``from_arguments`` builds the dataclass back
+from the parsed namespace (as vLLM generates its CLI from ``EngineArgs``' fields). A flag that
+fills no field (``--cpus``) is declared with ``add_flag`` from the same ``Flag`` record.
+
+Every help ends with ``(env EPD_X; default D)``, which ``common/config_file.py`` and
+``scripts/gen_flag_table.py`` read. The variable is the flag's fallback: read here, while the
+parser is built, with the field's type; a malformed value is a ValueError naming the variable.
+This module and the ``cli`` modules are the only readers of the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+FLAG_KEY = "epd.flag"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How one field is spelled on the command line.
+
+    ``name``: the flag without its dashes when it is not the field's name. ``unit``: the field
+    holds the flag's value times ``unit`` (a flag in MiB for a field in bytes). ``type``: parses
+    the flag's and the variable's text, when the field's type cannot (a list in one text).
+    ``default_help``: how the help states the default when its value cannot ("default: off").
+    ``minimum``: the smallest value the variable may hold. ``negatable``: a switch that also has
+    ``--no-NAME``.
+    """
+
+    help: str
+    env: str | None = None
+    name: str | None = None
+    unit: int | None = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    default_help: str | None = None
+    minimum: float | None = None
+    negatable: bool = False
+
+
+def flag(help: str, **spelling: Any) -> dict[str, Flag]:
+    """The metadata of a field that a flag fills: ``field(default=..., metadata=flag(...))``;
+    ``spelling`` takes ``Flag``'s other fields."""
+    return {FLAG_KEY: Flag(help, **spelling)}
+
+
+def flag_of(field: dataclasses.Field[Any]) -> Flag | None:
+    """The flag that fills ``field``, or None when no flag does."""
+    return field.metadata.get(FLAG_KEY)
+
+
+def dest_of(field: dataclasses.Field[Any]) -> str:
+    """The namespace attribute of ``field``'s flag."""
+    spec = flag_of(field)
+    return (spec.name if spec and spec.name else field.name).replace("-", "_")
+
+
+def add_dataclass_arguments(
+    container: argparse._ActionsContainer,
+    cls: type,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    skip: tuple[str, ...] = (),
+) -> None:
+    """Add a flag for each field of dataclass ``cls`` that has one, in field order, but the
+    fields in ``skip``. ``defaults``: field name -> a default other than the field's (a
+    service's own port). ValueError naming a variable whose value is malformed."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        spec = flag_of(field)
+        if spec is None or field.name in skip:
+            continue
+        default = (defaults or {}).get(field.name, field_default(field))
+        if spec.unit and default is not None:
+            default = default / spec.unit
+        add_flag(
+            container, dest_of(field), spec, default=default, kind=scalar_type(hints[field.name])
+        )
+
+
+def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """``cls`` built from the flags ``add_dataclass_arguments`` added (in their field's unit),
+    and ``given`` for other fields; a field whose flag was not added keeps its default."""
+    values = dict(given)
+    for field in dataclasses.fields(cls):
+        spec = flag_of(field)
+        if spec is None or field.name in values or dest_of(field) not in vars(args):
+            continue
+        value = getattr(args, dest_of(field))
+        values[field.name] = int(value * spec.unit) if spec.unit and value is not None else value
+    return cls(**values)
+
+
+def add_flag(
+    container: argparse._ActionsContainer, dest: str, spec: Flag, *, default: Any, kind: type
+) -> argparse.Action:
+    """Add ``--DEST`` (dashes for underscores) of type ``kind`` (int, float, str, bool: a
+    switch, or an Enum); its default is ``spec.env``'s value when that is set, else
+    ``default``. ValueError naming the variable when its value is malformed."""
+    option = "--" + (spec.name or dest.replace("_", "-"))
+    parse = text_parser(spec, kind)
+    choices = spec.choices or (tuple(kind) if isinstance(kind, enum.EnumMeta) else None)
+    value = default
+    if spec.env and os.environ.get(spec.env):
+        value = environment_value(spec, os.environ[spec.env], parse, choices)
+    options: dict[str, Any] = {"dest": dest, "default": value, "help": help_text(spec, default)}
+    if kind is bool:
+        options["action"] = argparse.BooleanOptionalAction if spec.negatable else "store_true"
+    else:
+        options.update(type=parse, choices=choices, metavar=spec.metavar)
+    return container.add_argument(option, **options)
+
+
+def environment_value(
+    spec: Flag, text: str, parse: Callable[[str], Any], choices: tuple[Any, ...] | None
+) -> Any:
+    """The value of variable ``spec.env`` holding ``text``; ValueError naming it otherwise."""
+    try:
+        value = parse(text)
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        expected = EXPECTED.get(parse)
+        reason = f"must be {expected}, got {text!r}" if expected else f"{text!r}: {e}"
+        raise ValueError(f"${spec.env} {reason}") from None
+    if choices and value not in choices:
+        names = ", ".join(str(getattr(c, "value", c)) for c in choices)
+        raise ValueError(f"${spec.env} must be one of {names}, got {text!r}")
+    if spec.minimum is not None and value < spec.minimum:
+        raise ValueError(f"${spec.env} must be at least {spec.minimum:g}, got {value}")
+    return value
+
+
+def text_parser(spec: Flag, kind: type) -> Callable[[str], Any]:
+    """What turns the flag's or the variable's text into its value."""
+    if spec.type is not None:
+        return spec.type
+    if kind is bool:
+        return parse_bool
+    if spec.unit:
+        return float
+    return kind
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean variable's value: 1/true/yes/on or 0/false/no/off, any case."""
+    if text.lower() in TRUE_WORDS:
+        return True
+    if text.lower() in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+# What a variable read by each parser must hold, for the error naming it.
+EXPECTED: dict[Callable[[str], Any], str] = {
+    int: "an integer",
+    float: "a number",
+    parse_bool: "a boolean (1/0, true/false)",
+}
+
+
+def help_text(spec: Flag, default: Any) -> str:
+    """``spec.help`` followed by ``(env EPD_X; default D)``."""
+    parts = []
+    if spec.env:
+        switch = isinstance(default, bool) and not spec.negatable
+        parts.append(f"env {spec.env}=1" if switch else f"env {spec.env}")
+    if spec.default_help is not None:
+        parts.append(spec.default_help)
+    elif default is not None and default != "":
+        parts.append(f"default {shown(default)}")
+    return f"{spec.help} ({'; '.join(parts)})" if parts else spec.help
+
+
+def shown(value: Any) -> str:
+    """A default as the help writes it: 20 for 20.0, off for False, a list comma-separated."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple | list):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def field_default(field: dataclasses.Field[Any]) -> Any:
+    """``field``'s default (its factory's value for a field with one); None without one."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def scalar_type(hint: Any) -> type:
+    """The type a flag of a field annotated ``hint`` parses: ``int`` for ``int | None``."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    origin = typing.get_origin(hint)
+    return typing.cast(type, origin or hint)
