@@ -109,7 +109,7 @@ class Bench:
             return client
 
         encoder = await build_encode_server(EncodeConfig(self.model_dir, max_batch_wait_ms=0))
-        self.host_id = encoder.plane.host_id
+        self.host_id = encoder.worker.plane.host_id
         self.encode = await serve(encoder, EncoderClient)
         self.loader = MediaLoader(
             MediaPolicy(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from epd.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.server.engine.base import Engine, Sampling, TokenChunk
 from epd.server.worker.images import check_request, grids_only
 from epd.server.worker.kv_handle import decode_kv_params, image_grids
@@ -16,6 +16,25 @@ class DecodeWorker:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.is_draining = False
+
+    async def stop_taking_work(self) -> None:
+        """Refuse new ``decode`` calls (drain); those in flight finish."""
+        self.is_draining = True
+
+    def is_settled(self) -> bool:
+        """Whether the engine runs nothing: a draining worker may then stop without cutting a
+        stream short."""
+        load = self.engine.load()
+        return load.num_running == 0 and load.num_waiting == 0
+
+    def refuse_when_draining(self) -> None:
+        """Raise ``Unavailable`` (reason DRAINING) once draining: the caller asks another."""
+        if self.is_draining:
+            raise Unavailable(
+                f"decode worker for {self.engine.model_id} is draining; ask another",
+                reason="DRAINING",
+            )
 
     async def decode(
         self,
@@ -34,11 +53,17 @@ class DecodeWorker:
         check_request(request_id, model, self.engine.model_id)
         if not kv_handle:
             raise InvalidArgument(
-                "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"
+                "kv_handle is empty: pass the one Prefill returned",
+                reason="MISSING_KV_HANDLE",
             )
         kv_params = decode_kv_params(kv_handle)
         images = grids_only(prompt.images, image_grids(kv_params))
         async for chunk in self.engine.decode(
-            request_id, list(prompt.token_ids), images, sampling, first_token_id, kv_params
+            request_id,
+            list(prompt.token_ids),
+            images,
+            sampling,
+            first_token_id,
+            kv_params,
         ):
             yield chunk

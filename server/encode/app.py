@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import setproctitle
 import torch
+from prometheus_client import CollectorRegistry
 
 from epd.common.cpus import allowed_cpus
 from epd.common.metrics import new_registry
-from epd.common.roles import Role, role_to_proto
-from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.common.roles import Role
+from epd.common.server import ServerOptions, ServiceBinding
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.metrics import EncodeMetrics
@@ -29,12 +29,12 @@ from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
-from epd.server.worker.registration import WorkerRegistration, start_registration
+from epd.server.worker.registration import LoadFn
+from epd.server.worker.serve_worker import Named, WorkerApp, WorkerSpec, serve_worker
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.EncodeService"
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,22 +78,9 @@ class EncodeConfig:
             raise ValueError(f"lease TTL must be positive, got {self.lease_ttl_s}")
 
 
-@dataclass
-class EncodeApp:
-    """A running encode server and the pieces tests and the CLI reach into."""
-
-    server: EpdServer
-    port: int
-    worker: EncodeWorker
-    registration: WorkerRegistration
-    plane: DataPlane
-    device: str
-
-    async def stop(self, grace: float | None = 0) -> None:
-        """Drain, stop, free every payload."""
-        await self.server.drain_and_stop(grace)
-        await self.worker.close()
-        self.plane.close()
+EncodeApp = WorkerApp[EncodeWorker]
+"""A running encode server (``stop`` drains, stops, frees every payload; ``worker.plane`` holds
+them, ``info.device`` is the tower's device)."""
 
 
 ACCELERATOR_BATCH_SIZE = 8
@@ -159,19 +146,47 @@ async def build_encode_server(
         attention=config.attention,
         patch_embedding=config.patch_embedding,
     )
+    worker = encode_worker(config, encoder)
+    binding = ServiceBinding(
+        SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server
+    )
+    info = scheduler_pb.WorkerInfo(
+        device=str(encoder.device),
+        weight=config.weight,
+        capacity=worker.batcher.max_items,
+        model=worker.model_id,
+    )
+    spec = WorkerSpec(
+        Role.ENCODE,
+        worker,
+        binding,
+        info,
+        worker.plane.host_id,
+        _load_of(worker),
+        scheduler=config.scheduler,
+        requested_id=config.worker_id,
+        registry=_registry_of(worker) if options.exports_metrics else None,
+        # NOTE: a consumer reads the embeddings after Encode returned, and releases them once read.
+        drains=worker,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        on_named=_naming(worker),
+        close=lambda: _close(worker),
+    )
+    return await serve_worker(spec, options)
+
+
+def encode_worker(config: EncodeConfig, encoder: VisionEncoder) -> EncodeWorker:
+    """The worker around ``encoder``: its threads, batcher, media loader, data plane (reaping)
+    and cache, unnamed until it serves."""
     model_id = config.model_id or config.model_dir.name
     pool, tower_thread = threads_of(config)
-    max_batch_size = config.max_batch_size or max_batch_size_for(encoder.device.type)
+    device_type = encoder.device.type
+    inline_ms = config.max_inline_ms
     batcher = DynamicBatcher(
         encoder.run,
-        max_items=max_batch_size,
+        max_items=config.max_batch_size or max_batch_size_for(device_type),
         max_wait_s=config.max_batch_wait_ms / 1000,
-        inline_below_s=(
-            max_inline_ms_for(encoder.device.type)
-            if config.max_inline_ms is None
-            else config.max_inline_ms
-        )
-        / 1000,
+        inline_below_s=(max_inline_ms_for(device_type) if inline_ms is None else inline_ms) / 1000,
         executor=tower_thread,
     )
     loader = MediaLoader(
@@ -184,62 +199,47 @@ async def build_encode_server(
         config.transfer, lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind
     )
     plane.start_reaper()
-    cache = EmbeddingCache(int(config.cache_mb * (1 << 20)))
-    worker = EncodeWorker(
+    return EncodeWorker(
         batcher,
         encoder.prepare,
         loader,
         plane,
-        cache,
-        worker_id=config.worker_id,
+        EmbeddingCache(int(config.cache_mb * (1 << 20))),
+        worker_id="",
         model_id=model_id,
         gridder=ImageGridder(config.model_dir),
         pool=pool,
     )
-    binding = ServiceBinding(
-        SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server
-    )
-    registry = None
-    if options.exports_metrics:
-        registry = new_registry()
-        EncodeMetrics(worker, registry)
-        register_media_metrics(loader, registry)
-        register_plane_metrics(plane, registry)
-    server, port = await build_server([binding], options, registry)
-    endpoint = options.advertised_endpoint(port, config.scheduler)
-    plane.set_producer_endpoint(endpoint)
-    worker.worker_id = config.worker_id or f"encode-{plane.host_id}-{port}"
-    info = scheduler_pb.WorkerInfo(
-        id=worker.worker_id,
-        role=role_to_proto(Role.ENCODE),
-        endpoint=endpoint,
-        device=str(encoder.device),
-        weight=config.weight,
-        capacity=max_batch_size,
-        host_id=plane.host_id,
-        model=model_id,
-    )
 
+
+def _registry_of(worker: EncodeWorker) -> CollectorRegistry:
+    registry = new_registry()
+    EncodeMetrics(worker, registry)
+    register_media_metrics(worker.loader, registry)
+    register_plane_metrics(worker.plane, registry)
+    return registry
+
+
+def _load_of(worker: EncodeWorker) -> LoadFn:
     def load() -> scheduler_pb.WorkerLoad:
         return scheduler_pb.WorkerLoad(
-            queue_depth=batcher.queue_depth,
+            queue_depth=worker.batcher.queue_depth,
             num_in_flight=worker.num_in_flight,
-            item_latency_ms=batcher.stats.item_latency_ms,
-            cached_mm_hashes=cache.hashes(256),
+            item_latency_ms=worker.batcher.stats.item_latency_ms,
+            cached_mm_hashes=worker.cache.hashes(256),
         )
 
-    registration = await start_registration(
-        server, info, load, config.scheduler, options, interval_s=config.heartbeat_interval_s
-    )
-    # NOTE: a consumer reads the embeddings after Encode returned, and releases them once read.
-    server.add_drain_callback(worker.stop_taking_work)
-    server.add_drain_hold(worker.is_settled)
-    await server.mark_serving()
-    logger.info(
-        "encoder %s serving %s on %s (device %s)",
-        worker.worker_id,
-        model_id,
-        endpoint,
-        encoder.device,
-    )
-    return EncodeApp(server, port, worker, registration, plane, str(encoder.device))
+    return load
+
+
+def _naming(worker: EncodeWorker) -> Named:
+    def name(worker_id: str, endpoint: str) -> None:
+        worker.worker_id = worker_id
+        worker.plane.set_producer_endpoint(endpoint)
+
+    return name
+
+
+async def _close(worker: EncodeWorker) -> None:
+    await worker.close()
+    worker.plane.close()

@@ -242,11 +242,10 @@ async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
             print(f"epd encode: {e}", file=sys.stderr)
             return 2
         print(
-            f"epd encode listening on {options.host}:{app.port} as {app.worker.worker_id} "
-            f"(device {app.device})",
+            f"epd encode listening on {options.host}:{app.port} as {app.info.id} "
+            f"(device {app.info.device})",
             flush=True,
         )
         await serve(app.server, stop)
-    await app.worker.close()
-    app.plane.close()
+    await app.stop()  # NOTE: drained already: frees the worker's threads and payloads
     return 0

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.common.metrics import new_registry
-from epd.common.roles import PREFILL_MODES, Role, role_to_proto
-from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
+from epd.common.roles import PREFILL_MODES, Role
+from epd.common.server import ServerOptions, ServiceBinding
 from epd.server.engine.base import DEFAULT_MAX_PENDING, Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
@@ -20,13 +19,11 @@ from epd.server.prefill.worker import PrefillWorker
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
-from epd.server.worker.engine_worker import register_and_serve
-from epd.server.worker.registration import WorkerRegistration
+from epd.server.worker.engine_worker import engine_worker_spec
+from epd.server.worker.serve_worker import WorkerApp, serve_worker
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.PrefillService"
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,19 +50,8 @@ class PrefillConfig:
             raise ValueError(f"capacity must be at least 1, got {self.capacity}")
 
 
-@dataclass
-class PrefillApp:
-    """A running prefill server."""
-
-    server: EpdServer
-    port: int
-    worker: PrefillWorker
-    registration: WorkerRegistration
-
-    async def stop(self, grace: float | None = 0) -> None:
-        """Drain and stop the server (the engine is the caller's to close)."""
-        await self.server.drain_and_stop(grace)
-        self.worker.plane.close()
+PrefillApp = WorkerApp[PrefillWorker]
+"""A running prefill server (``stop`` closes its data plane, leaves the engine to the caller)."""
 
 
 async def build_prefill_server(
@@ -94,28 +80,16 @@ async def build_prefill_server(
     binding = ServiceBinding(
         SERVICE_NAME, PrefillServicer(worker), pb_grpc.add_PrefillServiceServicer_to_server
     )
-    server, port = await build_server([binding], options, registry)
-    if worker.hands_off_kv:
-        # NOTE: a decode worker pulls the KV after Prefill returned, from the engine's memory.
-        server.add_drain_callback(worker.stop_taking_work)
-        server.add_drain_hold(worker.is_settled)
-    info = scheduler_pb.WorkerInfo(
-        id=config.worker_id or f"{config.mode.label}-{plane.host_id}-{port}",
-        role=role_to_proto(config.mode),
-        endpoint=options.advertised_endpoint(port, config.scheduler),
-        device=engine.device,
-        weight=config.weight,
-        capacity=config.capacity,
+    spec = engine_worker_spec(
+        config.mode,
+        worker,
+        binding,
+        engine,
+        config,
         host_id=plane.host_id,
-        model=engine.model_id,
-        embeddings_device=engine.embeddings_device,
+        registry=registry,
+        # NOTE: a decode worker pulls the KV after Prefill returned, from the engine's memory.
+        drains=worker if worker.hands_off_kv else None,
+        close=plane.close,
     )
-    registration = await register_and_serve(server, info, engine, config.scheduler, options)
-    logger.info(
-        "prefill worker %s (%s) serving %s on %s",
-        info.id,
-        config.mode.label,
-        engine.model_id,
-        info.endpoint,
-    )
-    return PrefillApp(server, port, worker, registration)
+    return await serve_worker(spec, options)

@@ -1,15 +1,31 @@
 """An engine served as a worker, what prefill and decode servers share: the engine's own metrics
-re-exported, and registration with the scheduler heartbeating the engine's load."""
+re-exported, and the ``WorkerSpec`` of an engine (its device and model registered, its load
+heartbeated)."""
 
 from __future__ import annotations
 
+from typing import Protocol, TypeVar
+
 from prometheus_client import CollectorRegistry
 
-from epd.common.server import EpdServer, ServerOptions
+from epd.common.roles import Role
+from epd.common.server import ServiceBinding
 from epd.server.engine.base import Engine
 from epd.server.engine.vllm_metrics import VllmMetrics
-from epd.server.worker.registration import WorkerRegistration, start_registration
+from epd.server.worker.registration import LoadFn
+from epd.server.worker.serve_worker import Close, Drainable, WorkerSpec
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+W = TypeVar("W")
+
+
+class EngineWorkerConfig(Protocol):
+    """The registration settings prefill and decode configs share."""
+
+    worker_id: str
+    weight: float
+    capacity: int
+    scheduler: str | None
 
 
 def register_engine_metrics(registry: CollectorRegistry) -> None:
@@ -17,14 +33,8 @@ def register_engine_metrics(registry: CollectorRegistry) -> None:
     registry.register(VllmMetrics())
 
 
-async def register_and_serve(
-    server: EpdServer,
-    info: scheduler_pb.WorkerInfo,
-    engine: Engine,
-    scheduler: str | None,
-    options: ServerOptions,
-) -> WorkerRegistration:
-    """Register ``info`` (heartbeating the engine's load), then mark the server SERVING."""
+def engine_load(engine: Engine) -> LoadFn:
+    """The load an engine worker heartbeats: the engine's queue, running requests, KV usage."""
 
     def load() -> scheduler_pb.WorkerLoad:
         engine_load = engine.load()
@@ -34,6 +44,39 @@ async def register_and_serve(
             kv_usage=engine_load.kv_usage,
         )
 
-    registration = await start_registration(server, info, load, scheduler, options)
-    await server.mark_serving()
-    return registration
+    return load
+
+
+def engine_worker_spec(
+    role: Role,
+    worker: W,
+    binding: ServiceBinding,
+    engine: Engine,
+    config: EngineWorkerConfig,
+    *,
+    host_id: str,
+    registry: CollectorRegistry | None = None,
+    drains: Drainable | None = None,
+    close: Close | None = None,
+) -> WorkerSpec[W]:
+    """The ``WorkerSpec`` of ``worker`` serving ``engine`` (already started) as ``role``."""
+    info = scheduler_pb.WorkerInfo(
+        device=engine.device,
+        weight=config.weight,
+        capacity=config.capacity,
+        model=engine.model_id,
+        embeddings_device=engine.embeddings_device,
+    )
+    return WorkerSpec(
+        role,
+        worker,
+        binding,
+        info,
+        host_id,
+        engine_load(engine),
+        scheduler=config.scheduler,
+        requested_id=config.worker_id,
+        registry=registry,
+        drains=drains,
+        close=close,
+    )

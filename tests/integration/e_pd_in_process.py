@@ -48,7 +48,7 @@ async def e_pd_answer(model_dir: Path, engine: Engine) -> list[int]:
                 chat_request(model_id)
             )
             tokens = [t async for r in answers for t in r.token_ids]
-        assert encoder.plane.held() == []
+        assert encoder.worker.plane.held() == []
         return tokens
     finally:
         await route.stop()

@@ -22,7 +22,7 @@ from tests.grpc.encode.test_encode_service import png
 
 async def encoded(app: EncodeApp, seed: int) -> pb.EncodeResponse:
     request = pb.EncodeRequest(
-        items=[multimodal_pb2.MediaItem(data=png(seed))], consumer_host_id=app.plane.host_id
+        items=[multimodal_pb2.MediaItem(data=png(seed))], consumer_host_id=app.worker.plane.host_id
     )
     async with create_channel(f"127.0.0.1:{app.port}") as channel:
         (response,) = [r async for r in pb_grpc.EncodeServiceStub(channel).Encode(request)]
@@ -43,7 +43,7 @@ async def test_lent_embeddings_stay_readable_until_released(tiny_model_dir) -> N
         await encoded(app, 2)
     assert from_rpc_error(refused.value).reason == "DRAINING"
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    consumer = DataPlane(app.plane.host_id)
+    consumer = DataPlane(app.worker.plane.host_id)
     try:
         embeddings = consumer.get(response.embeddings, copy=True)
     finally:
@@ -54,7 +54,7 @@ async def test_lent_embeddings_stay_readable_until_released(tiny_model_dir) -> N
             pb.ReleaseRequest(lease_ids=[response.embeddings.lease_id])
         )
     await asyncio.wait_for(stopping, 2.0)
-    assert app.plane.held() == [] and own_segments() == []
+    assert app.worker.plane.held() == [] and own_segments() == []
 
 
 async def test_unreleased_embeddings_are_freed_when_the_grace_ends(tiny_model_dir) -> None:
@@ -63,4 +63,4 @@ async def test_unreleased_embeddings_are_freed_when_the_grace_ends(tiny_model_di
     started = time.monotonic()
     await asyncio.wait_for(app.stop(grace=0.5), 5.0)
     assert time.monotonic() - started >= 0.5
-    assert app.plane.held() == [] and own_segments() == []
+    assert app.worker.plane.held() == [] and own_segments() == []

@@ -60,7 +60,7 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
                     break
                 await asyncio.sleep(0.05)
         (worker,) = workers
-        assert worker.info.id == "enc-late" and worker.info.host_id == encoder.plane.host_id
+        assert worker.info.id == "enc-late" and worker.info.host_id == encoder.worker.plane.host_id
         assert worker.info.capacity == 8 and worker.info.endpoint.endswith(f":{encoder.port}")
         assert list(worker.load.cached_mm_hashes) == [response.mm_hash]
     finally:

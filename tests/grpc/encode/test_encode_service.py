@@ -80,14 +80,14 @@ async def test_embeddings_equal_the_reference_vision_tower(app, stub, reference)
     data = png(1)
     (response,) = await encode(stub, multimodal_pb2.MediaItem(data=data))
     assert response.embeddings.WhichOneof("location") == "shm" and not response.cache_hit
-    consumer = DataPlane(app.plane.host_id)
+    consumer = DataPlane(app.worker.plane.host_id)
     embeddings = consumer.get(response.embeddings, copy=True)
     assert torch.equal(embeddings, reference(data))
     assert (response.grid.t, response.grid.h, response.grid.w) == (1, 4, 6)
     assert response.encoder_id == app.worker.worker_id
     released = await stub.Release(pb.ReleaseRequest(lease_ids=[response.embeddings.lease_id]))
     assert released.num_released == 1
-    assert app.plane.held() == []
+    assert app.worker.plane.held() == []
 
 
 async def test_cache_hit_skips_the_tower(app, stub) -> None:
@@ -98,7 +98,7 @@ async def test_cache_hit_skips_the_tower(app, stub) -> None:
     (by_bytes,) = await encode(stub, multimodal_pb2.MediaItem(data=data))
     assert by_hash.cache_hit and by_bytes.cache_hit and by_hash.encode_seconds == 0
     assert app.worker.batcher.stats.num_batches == batches
-    consumer = DataPlane(app.plane.host_id)
+    consumer = DataPlane(app.worker.plane.host_id)
     assert torch.equal(consumer.get(by_hash.embeddings), consumer.get(first.embeddings))
     app.worker.release([r.embeddings.lease_id for r in (first, by_hash, by_bytes)])
 
@@ -110,7 +110,7 @@ async def test_concurrent_requests_share_tower_calls(app, stub, reference) -> No
         *(encode(stub, multimodal_pb2.MediaItem(data=d)) for d in images)
     )
     assert app.worker.batcher.stats.num_batches - batches < len(images)
-    consumer = DataPlane(app.plane.host_id)
+    consumer = DataPlane(app.worker.plane.host_id)
     for data, (response,) in zip(images, results, strict=True):
         assert torch.allclose(consumer.get(response.embeddings), reference(data), atol=1e-5)
     app.worker.release([r.embeddings.lease_id for (r,) in results])
@@ -147,9 +147,11 @@ async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
         embeddings = other_host.get(remote.embeddings, copy=True)
     finally:
         other_host.close()
-    assert torch.equal(embeddings, DataPlane(app.plane.host_id).get(local.embeddings, copy=True))
+    assert torch.equal(
+        embeddings, DataPlane(app.worker.plane.host_id).get(local.embeddings, copy=True)
+    )
     app.worker.release([local.embeddings.lease_id, remote.embeddings.lease_id])
-    assert app.plane.held() == []
+    assert app.worker.plane.held() == []
 
 
 async def test_the_request_can_ask_for_inline(app, stub) -> None:
@@ -157,7 +159,7 @@ async def test_the_request_can_ask_for_inline(app, stub) -> None:
         stub, multimodal_pb2.MediaItem(data=png(5)), transfer_kind=tensor_pb2.TRANSFER_KIND_INLINE
     )
     assert response.embeddings.WhichOneof("location") == "inline_data"
-    assert app.plane.held() == []
+    assert app.worker.plane.held() == []
 
 
 async def test_the_consumers_device_reaches_the_data_plane(app, stub, monkeypatch) -> None:
@@ -172,7 +174,7 @@ async def test_the_consumers_device_reaches_the_data_plane(app, stub, monkeypatc
         stub, multimodal_pb2.MediaItem(data=png(6)), consumer_device="cuda:0"
     )
     app.worker.release([response.embeddings.lease_id])
-    assert devices == ["cuda:0"] and app.plane.held() == []
+    assert devices == ["cuda:0"] and app.worker.plane.held() == []
 
 
 def bomb() -> bytes:
@@ -205,7 +207,7 @@ async def test_bad_inputs_are_invalid_argument(app, stub, items, fields, reason)
         await encode(stub, *items, **fields)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == reason
-    assert app.plane.held() == []
+    assert app.worker.plane.held() == []
 
 
 async def test_registers_with_the_scheduler(tiny_model_dir) -> None:

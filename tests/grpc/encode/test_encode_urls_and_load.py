@@ -83,7 +83,7 @@ async def test_urls_timeouts_and_redirects(tiny_model_dir, monkeypatch) -> None:
         for each, each_channel in ((app, channel), (guarded, guarded_channel)):
             await each_channel.close()
             await each.stop()
-    assert app.plane.held() == [] and guarded.plane.held() == []
+    assert app.worker.plane.held() == [] and guarded.worker.plane.held() == []
 
 
 async def test_concurrent_load_leaves_nothing_behind(tiny_model_dir) -> None:
@@ -93,7 +93,7 @@ async def test_concurrent_load_leaves_nothing_behind(tiny_model_dir) -> None:
         tiny_model_dir, MediaPolicy(), max_batch_size=4, max_batch_wait_ms=20, transfer_kind="shm"
     )
     stub = pb_grpc.EncodeServiceStub(channel)
-    consumer = DataPlane(app.plane.host_id)
+    consumer = DataPlane(app.worker.plane.host_id)
     images = [png(10 + i) for i in range(6)]
 
     async def one_request(index: int) -> tuple[int, set[str]]:
@@ -107,7 +107,7 @@ async def test_concurrent_load_leaves_nothing_behind(tiny_model_dir) -> None:
     assert {rows for rows, _ in results} == {3 * 6}  # 84x56 -> grid (1, 4, 6) -> 6 rows each
     assert len(set().union(*(hashes for _, hashes in results))) == 6
     assert app.worker.batcher.stats.num_items == 6  # each distinct image encoded once
-    assert app.plane.held() == [] and app.worker.num_in_flight == 0
+    assert app.worker.plane.held() == [] and app.worker.num_in_flight == 0
     consumer.close()
     await channel.close()
     await app.stop()

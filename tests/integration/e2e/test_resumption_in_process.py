@@ -120,5 +120,5 @@ async def test_a_worker_stopped_mid_stream_is_replaced_without_a_seam(
     assert responses[-1].usage.completion_tokens == MAX_TOKENS
     assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     await asyncio.sleep(0.2)
-    assert deployment["encoder"].plane.held() == []
+    assert deployment["encoder"].worker.plane.held() == []
     assert deployment["route"].router.plane.held() == []

@@ -96,7 +96,7 @@ async def test_two_images_answer_equals_the_reference(deployment, tiny_model_dir
     assert "".join(r.text for r in responses) == expected.text
     assert responses[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
     assert responses[-1].usage.completion_tokens == 12
-    assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert all(encoder.worker.plane.held() == [] for encoder in encoders)
     assert_pixels_shared_and_released(deployment)
 
 
@@ -124,7 +124,7 @@ async def test_bad_image_is_a_clear_error_and_holds_nothing(deployment) -> None:
         _ = [r async for r in stub.Generate(request)]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_IMAGE"
-    assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert all(encoder.worker.plane.held() == [] for encoder in encoders)
     assert route.router.plane.held() == []
 
 
@@ -190,7 +190,7 @@ async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> Non
         await client.chat.completions.create(model="tiny", messages=bad_image, max_tokens=4)
     assert caught.value.body["code"] == "PRIVATE_ADDRESS"
     await client.close()
-    assert all(encoder.plane.held() == [] for encoder in encoders)
+    assert all(encoder.worker.plane.held() == [] for encoder in encoders)
 
 
 async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
