@@ -10,6 +10,7 @@ import sys
 
 from epd.common.errors import InvalidArgument
 from epd.common.options import field_default
+from epd.common.ports import SCHEDULER_PORT
 from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
@@ -17,7 +18,7 @@ from epd.scheduler.core import SchedulerConfig
 from epd.scheduler.model import Policy
 from epd.scheduler.policies.encoders import parse_split_ratio
 
-DEFAULT_PORT = 50051
+DEFAULT_PORT = SCHEDULER_PORT
 logger = logging.getLogger(__name__)
 
 

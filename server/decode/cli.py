@@ -7,6 +7,7 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
+from epd.common.ports import DECODE_PORT
 from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
@@ -28,7 +29,7 @@ from epd.server.worker.worker_cli import add_worker_arguments
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
 
-DEFAULT_PORT = 50081
+DEFAULT_PORT = DECODE_PORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from epd.common.options import field_default
+from epd.common.ports import PREFILL_PORT
 from epd.common.roles import PREFILL_MODES, Role
 from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from epd.server.engine.transformers_engine import TransformersOptions
     from epd.server.engine.vllm_engine import VllmOptions
 
-DEFAULT_PORT = 50071
+DEFAULT_PORT = PREFILL_PORT
 ENGINES = ("auto", "vllm", "transformers")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from epd.common.flags import flag
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
@@ -35,17 +36,46 @@ class RouteConfig:
     """What the route needs: the model's tokenizer and processor settings, the scheduler."""
 
     model_dir: Path
-    scheduler: str
-    model_id: str = ""
+    # NOTE: epd route's flag defaults to the scheduler on this host (common.ports).
+    scheduler: str = field(metadata=flag("scheduler host:port", env="EPD_SCHEDULER"))
+    model_id: str = field(
+        default="",
+        metadata=flag(
+            "model name the workers registered",
+            default_help="default: the hub id, or the directory name",
+        ),
+    )
     media: MediaPolicy = field(default_factory=MediaPolicy)
-    http_port: int | None = None
+    http_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "also serve OpenAI-compatible HTTP (/v1/chat/completions, /v1/models, /health) on "
+            "this port, 0 = a free one",
+            env="EPD_HTTP_PORT",
+            default_help="default: off",
+        ),
+    )
     http: HttpOptions = field(default_factory=HttpOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
     transfer: TransferOptions = field(default_factory=TransferOptions)
-    # times a stream may move to another replica when its worker fails mid-stream
-    max_resumptions: int = DEFAULT_MAX_RESUMPTIONS
-    # seconds the route routes from its last view of the workers while the scheduler is away
-    scheduler_fallback_s: float = DEFAULT_FALLBACK_S
+    max_resumptions: int = field(
+        default=DEFAULT_MAX_RESUMPTIONS,
+        metadata=flag(
+            "times one request's stream may move to another replica when the worker streaming "
+            "it dies or drains mid-stream (the new one continues after the tokens already "
+            "sent); 0: such a failure ends the stream",
+            env="EPD_MAX_RESUMPTIONS",
+        ),
+    )
+    scheduler_fallback_s: float = field(
+        default=DEFAULT_FALLBACK_S,
+        metadata=flag(
+            "while the scheduler cannot be reached, route from its last listing of the workers "
+            "(health-checked every second, round robin) for up to this many seconds after it "
+            "was fetched; then fail UNAVAILABLE; 0 = never",
+            env="EPD_SCHEDULER_FALLBACK_S",
+        ),
+    )
 
 
 @dataclass

@@ -16,11 +16,13 @@ import json
 import re
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+
+from epd.common.flags import flag
 
 MiB = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -38,13 +40,65 @@ _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 class HttpOptions:
     """Limits, timeouts and security of the OpenAI HTTP port (flags in ``epd route --help``)."""
 
-    max_body_bytes: int = 48 * MiB
-    max_json_values: int = 100_000
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    idle_timeout_s: float = 75.0
-    max_connections: int = 512
-    request_timeout_s: float = 600.0
+    max_body_bytes: int = field(
+        default=48 * MiB,
+        metadata=flag(
+            "largest request body, in MiB; larger ones get 413",
+            env="EPD_HTTP_MAX_BODY_MB",
+            name="http-max-body-mb",
+            unit=MiB,
+        ),
+    )
+    max_json_values: int = field(
+        default=100_000,
+        metadata=flag(
+            "most JSON values (numbers, strings, arrays, objects) in one body, counted before "
+            "parsing",
+            env="EPD_HTTP_MAX_JSON_VALUES",
+            name="http-max-json-values",
+        ),
+    )
+    header_timeout_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "seconds from a request's first byte to the end of its headers; slower clients get "
+            "408 and are closed",
+            env="EPD_HTTP_HEADER_TIMEOUT_S",
+            name="http-header-timeout-s",
+        ),
+    )
+    body_timeout_s: float = field(
+        default=60.0,
+        metadata=flag(
+            "seconds a request's body may take to arrive",
+            env="EPD_HTTP_BODY_TIMEOUT_S",
+            name="http-body-timeout-s",
+        ),
+    )
+    idle_timeout_s: float = field(
+        default=75.0,
+        metadata=flag(
+            "seconds a connection may sit without a request before it is closed",
+            env="EPD_HTTP_IDLE_TIMEOUT_S",
+            name="http-idle-timeout-s",
+        ),
+    )
+    max_connections: int = field(
+        default=512,
+        metadata=flag(
+            "open connections the HTTP port holds; more are answered 503 and closed",
+            env="EPD_HTTP_MAX_CONNECTIONS",
+            name="http-max-connections",
+        ),
+    )
+    request_timeout_s: float = field(
+        default=600.0,
+        metadata=flag(
+            "time limit of one chat completion, streaming included",
+            env="EPD_HTTP_REQUEST_TIMEOUT_S",
+            name="http-request-timeout-s",
+        ),
+    )
     auth_token: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None

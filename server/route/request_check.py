@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from epd.common.flags import flag
 from epd.common.generation import SAMPLING_DEFAULTS
 from epd.server.route.openai_params import PARAMS, bad
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
@@ -34,8 +35,18 @@ class RequestLimits:
     max_messages: int = 2048
     max_parts_per_message: int = 256
     # Text characters over all messages: refuses text far beyond any context untokenised.
-    max_prompt_chars: int = 1 << 20
-    max_images: int = 16
+    max_prompt_chars: int = field(
+        default=1 << 20,
+        metadata=flag(
+            "text characters one request's messages may hold, refused before tokenising, over "
+            "HTTP and gRPC",
+            env="EPD_MAX_PROMPT_CHARS",
+        ),
+    )
+    max_images: int = field(
+        default=16,
+        metadata=flag("images one request may hold, over HTTP and gRPC", env="EPD_MAX_IMAGES"),
+    )
     # The model's context in tokens: max_tokens above it is refused, and a request without
     # max_tokens gets it (the engine stops at the end of the context). None: unchecked, and
     # SAMPLING_DEFAULTS.max_tokens.
