@@ -146,7 +146,7 @@ async def build_encode_server(
         attention=config.attention,
         patch_embedding=config.patch_embedding,
     )
-    worker = encode_worker(config, encoder)
+    worker = build_encode_worker(config, encoder)
     binding = ServiceBinding(
         SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server
     )
@@ -175,7 +175,7 @@ async def build_encode_server(
     return await serve_worker(spec, options)
 
 
-def encode_worker(config: EncodeConfig, encoder: VisionEncoder) -> EncodeWorker:
+def build_encode_worker(config: EncodeConfig, encoder: VisionEncoder) -> EncodeWorker:
     """The worker around ``encoder``: its threads, batcher, media loader, data plane (reaping)
     and cache, unnamed until it serves."""
     model_id = config.model_id or config.model_dir.name
