@@ -260,7 +260,7 @@ class Bench:
         call = self.decode.Decode(
             decode_pb.DecodeRequest(
                 request_id=request_id,
-                prompt=prompt,
+                prompt_token_ids=prompt.token_ids,
                 sampling=self.sampling(),
                 first_token_id=first.first_token_id,
                 kv_handle=first.kv_handle,

@@ -34,7 +34,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
         async for chunk in self.worker.decode(
             request.request_id,
             request.model,
-            request.prompt,
+            list(request.prompt_token_ids),
             convert.sampling_from_proto(request.sampling),
             request.first_token_id,
             request.kv_handle.payload,

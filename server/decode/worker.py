@@ -6,9 +6,8 @@ from collections.abc import AsyncIterator
 
 from epd.common.errors import InvalidArgument, Unavailable
 from epd.server.engine.base import Engine, Sampling, TokenChunk
-from epd.server.worker.images import check_request, grids_only
-from epd.server.worker.kv_handle import decode_kv_params, image_grids
-from epd.v1 import generation_pb2
+from epd.server.worker.images import check_addressed
+from epd.server.worker.kv_handle import decode_kv_params, handle_images
 
 
 class DecodeWorker:
@@ -40,30 +39,25 @@ class DecodeWorker:
         self,
         request_id: str,
         model: str,
-        prompt: generation_pb2.Prompt,
+        prompt_token_ids: list[int],
         sampling: Sampling,
         first_token_id: int,
         kv_handle: bytes,
     ) -> AsyncIterator[TokenChunk]:
         """Stream the tokens after ``first_token_id`` (usage on the last chunk covers it too).
 
-        ``kv_handle`` is the payload of the KvHandle Prefill returned, decoded here once.
-        Images need only their grids: taken from the prompt, else from the prefill's handle.
+        ``kv_handle`` is the payload of the KvHandle Prefill returned, decoded here once: the
+        one carrier of the prompt's image grids and names (its KV is pulled, so images need no
+        more) and of the seed the prefill sampled with.
         """
-        check_request(request_id, model, self.engine.model_id)
+        check_addressed(request_id, model, self.engine.model_id)
         if not kv_handle:
             raise InvalidArgument(
-                "kv_handle is empty: pass the one Prefill returned",
-                reason="MISSING_KV_HANDLE",
+                "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"
             )
         kv_params = decode_kv_params(kv_handle)
-        images = grids_only(prompt.images, image_grids(kv_params))
+        images = handle_images(kv_params)
         async for chunk in self.engine.decode(
-            request_id,
-            list(prompt.token_ids),
-            images,
-            sampling,
-            first_token_id,
-            kv_params,
+            request_id, prompt_token_ids, images, sampling, first_token_id, kv_params
         ):
             yield chunk

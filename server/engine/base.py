@@ -33,9 +33,11 @@ from epd.common.errors import FailedPrecondition
 from epd.common.generation import SAMPLING_DEFAULTS
 
 Grid = tuple[int, int, int]
-# Key of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids, so a
-# decode worker can lay out positions even when the prompt's images were raw pictures.
+# Keys of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids and names
+# (mm_hash), so a decode worker lays out positions and names the images as the prefill did, from
+# the handle alone, even when the prompt's images were raw pictures.
 IMAGE_GRIDS_KEY = "epd_image_grids"
+IMAGE_HASHES_KEY = "epd_image_hashes"
 # Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
 # be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
 KV_LOAD_FAILED = "KV_LOAD_FAILED"

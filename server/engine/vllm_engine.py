@@ -44,6 +44,7 @@ from epd.server.engine.base import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_PENDING,
     IMAGE_GRIDS_KEY,
+    IMAGE_HASHES_KEY,
     KV_LOAD_FAILED,
     Engine,
     EngineImage,
@@ -63,6 +64,7 @@ from epd.server.engine.vllm_inputs import (
     DEFAULT_KV_LEASE_S,
     SideChannel,
     picture_data,
+    picture_names,
     sampling_params,
 )
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
@@ -242,6 +244,7 @@ class VllmEngine(Engine):
         handle = None if reason else dict(final.kv_transfer_params or {})
         if handle is not None:
             handle[IMAGE_GRIDS_KEY] = [list(self._grid(image)) for image in images]
+            handle[IMAGE_HASHES_KEY] = [image.mm_hash for image in images]
             if seed is not None:
                 handle[SEED_KEY] = seed
         return PrefillResult(int(completion.token_ids[0]), reason, handle, usage)
@@ -256,14 +259,15 @@ class VllmEngine(Engine):
         kv_transfer_params: dict[str, Any],
     ) -> AsyncIterator[TokenChunk]:
         self._require_role("kv_consumer", "decode")
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
         kv_params = dict(kv_transfer_params)
         seed = kv_params.pop(SEED_KEY, sampling.seed)
         kv_params.pop(IMAGE_GRIDS_KEY, None)
+        kv_params.pop(IMAGE_HASHES_KEY, None)
         if not kv_params.get("do_remote_prefill") or not (seed is None or type(seed) is int):
             raise InvalidArgument(
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
             )
+        self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
         async with contextlib.aclosing(
@@ -336,6 +340,8 @@ class VllmEngine(Engine):
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
         if images and any(image.image is not None for image in images):
             prompt["multi_modal_data"] = picture_data(images)
+            if (names := picture_names(images)) is not None:
+                prompt["multi_modal_uuids"] = names
         elif images:
             prompt = embeddings_prompt(
                 request_id, prompt_token_ids, images, self.layout, self._hash_algorithm

@@ -14,6 +14,7 @@ from epd.server.engine.base import EngineImage, Sampling
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
+PICTURE_NAME_PREFIX = "epd-picture-"
 
 
 def picture_data(images: list[EngineImage]) -> dict[str, Any]:
@@ -23,6 +24,17 @@ def picture_data(images: list[EngineImage]) -> dict[str, Any]:
             "a prompt's images must be all embeddings or all pictures", reason="MIXED_IMAGE_INPUTS"
         )
     return {"image": [image.image for image in images]}
+
+
+def picture_names(images: list[EngineImage]) -> dict[str, Any] | None:
+    """``multi_modal_uuids`` naming pictures by their mm_hash, so that vLLM does not hash their
+    pixels again (the worker hashed them as it decoded them, or read them from a segment the
+    route tagged with it); None when one has no mm_hash. The names are apart from those of
+    embeddings and of a decode's grid-only images (``vllm_embeds``), which vLLM's caches hold
+    as other items."""
+    if not all(image.mm_hash for image in images):
+        return None
+    return {"image": [f"{PICTURE_NAME_PREFIX}{image.mm_hash}" for image in images]}
 
 
 def sampling_params(

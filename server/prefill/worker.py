@@ -20,7 +20,7 @@ from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling,
 from epd.server.media.loader import MediaLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
-from epd.server.worker.images import ImageResolver, check_request
+from epd.server.worker.images import ImageResolver, check_addressed
 from epd.v1 import generation_pb2
 
 IMAGES_RESOLVED = "epd.images_resolved"
@@ -85,7 +85,7 @@ class PrefillWorker:
                 reason="WRONG_MODE",
             )
         self._refuse_when_draining()
-        check_request(request_id, model, self.engine.model_id)
+        check_addressed(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
         async for chunk in self.engine.generate(
             request_id, list(prompt.token_ids), images, sampling
@@ -103,7 +103,7 @@ class PrefillWorker:
                 reason="WRONG_MODE",
             )
         self._refuse_when_draining()
-        check_request(request_id, model, self.engine.model_id)
+        check_addressed(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
         return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
 

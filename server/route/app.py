@@ -20,9 +20,9 @@ from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
+from epd.server.route.router import Router
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import Router
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane

@@ -276,7 +276,7 @@ async def _prefill_then_decode(
         decode_pb.DecodeRequest(
             request_id=call.request_id,
             model=call.model,
-            prompt=call.prompt,
+            prompt_token_ids=call.prompt.token_ids,
             sampling=call.sampling,
             first_token_id=reply.first_token_id,
             kv_handle=reply.kv_handle,

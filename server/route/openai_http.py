@@ -22,8 +22,9 @@ from epd.server.route.http_guard import (
     auth_middleware,
     read_json,
 )
+from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
-from epd.server.route.worker import Router
+from epd.server.route.router import Router
 
 logger = logging.getLogger(__name__)
 
@@ -102,37 +103,35 @@ class OpenAiHttp:
             return e.response()
         body = read.value
         convert = functools.partial(
-            schema.to_generate_request,
+            schema.to_chat_request,
             body,
             self.router.model_id,
             request.headers.get("X-Request-Id"),
             self.limits,
         )
         try:
-            generate = await asyncio.to_thread(convert) if read.is_large else convert()
+            chat = await asyncio.to_thread(convert) if read.is_large else convert()
         except EpdError as e:
             return _error(e)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._stream(request, generate, include_usage)
+            return await self._stream(request, chat, include_usage)
         texts, finish, usage = [], 0, None
         try:
-            async for piece in self.router.generate(
-                generate, timeout_s=self.options.request_timeout_s
-            ):
+            async for piece in self.router.generate(chat, timeout_s=self.options.request_timeout_s):
                 texts.append(piece.text)
                 finish, usage = piece.finish_reason or finish, piece.usage or usage
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
         return web.json_response(
-            schema.completion(generate.request_id, generate.model, "".join(texts), finish, usage),
-            headers={"X-Request-Id": generate.request_id},
+            schema.completion(chat.request_id, chat.model, "".join(texts), finish, usage),
+            headers={"X-Request-Id": chat.request_id},
         )
 
     async def _stream(
-        self, request: web.Request, generate: Any, include_usage: bool
+        self, request: web.Request, chat: ChatRequest, include_usage: bool
     ) -> web.StreamResponse:
-        pieces = self.router.generate(generate, timeout_s=self.options.request_timeout_s)
+        pieces = self.router.generate(chat, timeout_s=self.options.request_timeout_s)
         try:
             first = await anext(pieces)
         except StopAsyncIteration:
@@ -143,11 +142,11 @@ class OpenAiHttp:
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                "X-Request-Id": generate.request_id,
+                "X-Request-Id": chat.request_id,
             }
         )
         await response.prepare(request)
-        ident, model = generate.request_id, generate.model
+        ident, model = chat.request_id, chat.model
         await _send(
             response, schema.chunk(ident, model, {"role": "assistant", "content": ""}, None)
         )

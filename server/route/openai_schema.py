@@ -1,7 +1,7 @@
 """OpenAI chat-completions JSON <-> epd messages (no I/O).
 
 The whole body is checked before any work: its parameters' JSON types and ranges in
-``openai_params.PARAMS``, its messages' JSON shape here, and the GenerateRequest they make by
+``openai_params.PARAMS``, its messages' JSON shape here, and the ``ChatRequest`` they make by
 ``request_check.check_request``, the one check the gRPC door makes too. Anything malformed, out of
 range or not implemented is an ``InvalidArgument`` naming the parameter, which ``error_body``
 turns into a 400 OpenAI error object.
@@ -15,9 +15,15 @@ from typing import Any
 from epd.common.errors import Code, EpdError
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
 from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean, text
+from epd.server.route.request import (
+    ChatMessage,
+    ChatPart,
+    ChatRequest,
+    ImageSource,
+    new_request_id,
+)
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
-from epd.server.route.request_ids import ensure_request_id
-from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+from epd.v1 import generation_pb2
 
 HTTP_STATUS = {
     Code.INVALID_ARGUMENT: 400,
@@ -41,7 +47,7 @@ def _text(value: Any, param: str) -> str:
     return clean(value, param)
 
 
-def _image(part: dict[str, Any], param: str) -> route_service_pb2.ContentPart:
+def _image(part: dict[str, Any], param: str) -> ChatPart:
     image = part.get("image_url")
     url = image.get("url") if isinstance(image, dict) else image
     if not isinstance(url, str):
@@ -49,28 +55,27 @@ def _image(part: dict[str, Any], param: str) -> route_service_pb2.ContentPart:
     detail = image.get("detail") if isinstance(image, dict) else None
     if detail is not None and detail not in IMAGE_DETAILS:
         raise bad("image_url.detail must be auto, low or high", f"{param}.image_url.detail")
-    media = multimodal_pb2.MediaItem(url=clean(url, f"{param}.image_url.url"))
-    return route_service_pb2.ContentPart(image=media)
+    return ChatPart(image=ImageSource(url=clean(url, f"{param}.image_url.url")))
 
 
-def _part(part: Any, param: str) -> route_service_pb2.ContentPart:
+def _part(part: Any, param: str) -> ChatPart:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text":
-        return route_service_pb2.ContentPart(text=_text(part.get("text"), f"{param}.text"))
+        return ChatPart(text=_text(part.get("text"), f"{param}.text"))
     if kind == "image_url":
         return _image(part, param)
     raise bad(f"unsupported content part type {str(kind)[:64]!r} (use text or image_url)", param)
 
 
-def _content(content: Any, param: str) -> list[route_service_pb2.ContentPart]:
+def _content(content: Any, param: str) -> list[ChatPart]:
     if isinstance(content, str):
-        return [route_service_pb2.ContentPart(text=clean(content, param))]
+        return [ChatPart(text=clean(content, param))]
     if not isinstance(content, list):
         raise bad("message content must be a string or a non-empty list of parts", param)
     return [_part(part, f"{param}[{index}]") for index, part in enumerate(content)]
 
 
-def _message(message: Any, param: str) -> route_service_pb2.ChatMessage:
+def _message(message: Any, param: str) -> ChatMessage:
     if not isinstance(message, dict):
         raise bad("each message must be an object with a role and content", param)
     for key, value in message.items():
@@ -82,10 +87,10 @@ def _message(message: Any, param: str) -> route_service_pb2.ChatMessage:
     if message.get("name") is not None:
         text(MAX_NAME_CHARS)(message["name"], f"{param}.name")
     content = _content(message.get("content"), f"{param}.content")
-    return route_service_pb2.ChatMessage(role=role, content=content)
+    return ChatMessage(role, content)
 
 
-def _chat(messages: Any) -> list[route_service_pb2.ChatMessage]:
+def _chat(messages: Any) -> list[ChatMessage]:
     if not isinstance(messages, list):
         raise bad("messages must be a non-empty list", "messages")
     return [_message(m, f"messages[{index}]") for index, m in enumerate(messages)]
@@ -106,12 +111,12 @@ def _sampling(values: dict[str, Any]) -> generation_pb2.SamplingParams:
     )
 
 
-def to_generate_request(
+def to_chat_request(
     body: Any,
     default_model: str,
     request_id: str | None = None,
     limits: RequestLimits | None = None,
-) -> route_service_pb2.GenerateRequest:
+) -> ChatRequest:
     """Check a chat-completions body whole and convert it; ``request_id`` (the X-Request-Id
     header) names the request in every hop and trace, a fresh one is made when it is None.
     ``limits``: the request's limits (None: the defaults, the context unknown)."""
@@ -120,15 +125,14 @@ def to_generate_request(
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", "body")
     values = check_params(body)
-    request = route_service_pb2.GenerateRequest(
-        request_id=request_id or "",
-        model=values.get("model") or default_model,
-        messages=_chat(body.get("messages")),
-        sampling=_sampling(values),
+    request = ChatRequest(
+        new_request_id(request_id),
+        values.get("model") or default_model,
+        _chat(body.get("messages")),
+        _sampling(values),
     )
     name = "max_completion_tokens" if "max_completion_tokens" in values else "max_tokens"
     check_request(request, limits or RequestLimits(), max_tokens_param=name)
-    ensure_request_id(request)
     return request
 
 

@@ -11,19 +11,12 @@ share every token and image before it. Hashes chain block to block; only full bl
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epd.server.route.request import ChatMessage
+
 BLOCK_SIZE = 16
-
-
-@dataclass(frozen=True, slots=True)
-class ChatPart:
-    """One part of a message: text, or the index of an image in the request's image list."""
-
-    text: str | None = None
-    image_index: int | None = None
 
 
 class PromptBuilder:
@@ -43,24 +36,24 @@ class PromptBuilder:
         context = getattr(config.get_text_config(), "max_position_embeddings", None)
         self.max_context_tokens: int | None = int(context) if context else None
 
-    def num_chars(self, messages: list[tuple[str, list[ChatPart]]]) -> int:
+    def num_chars(self, messages: list[ChatMessage]) -> int:
         """Text characters of ``messages`` (what tokenising costs grows with)."""
-        return sum(len(part.text or "") for _, parts in messages for part in parts)
+        return sum(len(part.text or "") for message in messages for part in message.parts)
 
-    def token_ids(self, messages: list[tuple[str, list[ChatPart]]]) -> list[int]:
+    def token_ids(self, messages: list[ChatMessage]) -> list[int]:
         """Token ids of the rendered chat with the assistant's turn opened. The chat is one
         ``request_check.check_request`` passed: messages, roles and sizes are not checked again."""
         chat = [
             {
-                "role": role,
+                "role": message.role,
                 "content": [
                     {"type": "image"}
-                    if part.image_index is not None
+                    if part.image is not None
                     else {"type": "text", "text": part.text or ""}
-                    for part in parts
+                    for part in message.parts
                 ],
             }
-            for role, parts in messages
+            for message in messages
         ]
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

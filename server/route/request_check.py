@@ -1,7 +1,7 @@
-"""One check of a GenerateRequest, whichever door it came in by (no I/O).
+"""One check of a ``ChatRequest``, whichever door it came in by (no I/O).
 
-The OpenAI HTTP door turns a JSON body into a GenerateRequest (JSON types, parameter names:
-``openai_schema``); the gRPC door (and the SDK behind it) sends one as it is. Both pass it to
+The OpenAI HTTP door turns a JSON body into a ChatRequest (JSON types, parameter names:
+``openai_schema``), the gRPC door a GenerateRequest (``request.from_proto``). Both pass it to
 ``check_request`` before any work (tokenising, fetching images), so a request is judged the same
 way whichever door it came in by: sizes against ``RequestLimits``, roles, parts, sampling ranges
 (``openai_params.PARAMS``, the ranges written once) and ``max_tokens`` against the model's
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from epd.common.flags import flag
 from epd.common.generation import SAMPLING_DEFAULTS
 from epd.server.route.openai_params import PARAMS, bad
-from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+from epd.server.route.request import ChatMessage, ChatRequest, ImageSource
+from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Roles a chat may hold -> the role the chat templates know ("developer" is OpenAI's newer name
@@ -66,7 +67,7 @@ def check_request_id(request_id: str, param: str) -> None:
 
 
 def check_request(
-    request: route_service_pb2.GenerateRequest,
+    request: ChatRequest,
     limits: RequestLimits,
     *,
     max_tokens_param: str = "max_tokens",
@@ -74,8 +75,7 @@ def check_request(
     """Refuse ``request`` unless every rule holds, then give it its defaults in place: each role
     its template name, an unset ``max_tokens`` the model's context. ``max_tokens_param``: the
     name the caller gave max_tokens (OpenAI's ``max_completion_tokens``), for the error."""
-    if request.request_id:
-        check_request_id(request.request_id, "request_id")
+    check_request_id(request.request_id, "request_id")
     if request.model:
         PARAMS["model"](request.model, "model")
     if request.encoder_policy not in scheduler_pb.EncoderPolicy.values():
@@ -84,7 +84,7 @@ def check_request(
     _check_sampling(request.sampling, limits, max_tokens_param)
 
 
-def _check_chat(messages: Sequence[route_service_pb2.ChatMessage], limits: RequestLimits) -> None:
+def _check_chat(messages: Sequence[ChatMessage], limits: RequestLimits) -> None:
     if not messages:
         raise bad("the chat has no messages", "messages", "EMPTY_CHAT")
     if len(messages) > limits.max_messages:
@@ -104,41 +104,34 @@ def _check_chat(messages: Sequence[route_service_pb2.ChatMessage], limits: Reque
         raise bad(f"at most {limits.max_images} images a request", "messages", "LIMIT_EXCEEDED")
 
 
-def _check_message(
-    message: route_service_pb2.ChatMessage, param: str, limits: RequestLimits
-) -> tuple[int, int]:
+def _check_message(message: ChatMessage, param: str, limits: RequestLimits) -> tuple[int, int]:
     """Check ``message`` and name its role as templates do; (text characters, images) in it."""
     if message.role not in ROLES:
         raise bad("role must be system, developer, user or assistant", f"{param}.role", "BAD_ROLE")
     message.role = ROLES[message.role]
-    if not message.content:
+    if not message.parts:
         raise bad(f"a {message.role} message has no content", f"{param}.content", "EMPTY_MESSAGE")
-    if len(message.content) > limits.max_parts_per_message:
+    if len(message.parts) > limits.max_parts_per_message:
         raise bad(
             f"a message has at most {limits.max_parts_per_message} parts",
             f"{param}.content",
             "LIMIT_EXCEEDED",
         )
     num_chars = num_images = 0
-    for index, part in enumerate(message.content):
-        kind = part.WhichOneof("part")
-        if kind is None:
-            raise bad("a content part needs text or an image", f"{param}.content[{index}]")
-        if kind == "image":
+    for index, part in enumerate(message.parts):
+        if part.image is not None:
             _check_image(part.image, f"{param}.content[{index}].image")
             num_images += 1
-        else:
+        elif part.text is not None:
             num_chars += len(part.text)
+        else:
+            raise bad("a content part needs text or an image", f"{param}.content[{index}]")
     return num_chars, num_images
 
 
-def _check_image(media: multimodal_pb2.MediaItem, param: str) -> None:
-    if not (media.url or media.data):
+def _check_image(image: ImageSource, param: str) -> None:
+    if not (image.url or image.data):
         raise bad("an image part needs a url or data", param, "BAD_MEDIA_ITEM")
-    if media.HasField("pixels"):
-        # NOTE: the route shares decoded pixels with encoders on its host; a caller naming
-        # shared memory of its choosing has no business here.
-        raise bad("an image's pixels are the route's to set", f"{param}.pixels", "BAD_MEDIA_ITEM")
 
 
 def _check_sampling(

@@ -8,9 +8,9 @@ from typing import Any, TypeAlias
 import grpc
 
 from epd.common.status import handle_errors
+from epd.server.route.request import from_proto
 from epd.server.route.request_check import RequestLimits, check_request
-from epd.server.route.request_ids import ensure_request_id
-from epd.server.route.worker import Router
+from epd.server.route.router import Router
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 
@@ -30,11 +30,11 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        check_request(request, self.limits)
-        request_id = ensure_request_id(request)
-        async for chunk in self.router.generate(request, timeout_s=context.time_remaining()):
+        chat = from_proto(request)
+        check_request(chat, self.limits)
+        async for chunk in self.router.generate(chat, timeout_s=context.time_remaining()):
             response = pb.GenerateResponse(
-                request_id=request_id,
+                request_id=chat.request_id,
                 text=chunk.text,
                 token_ids=chunk.token_ids,
                 finish_reason=chunk.finish_reason,  # type: ignore[arg-type]

@@ -1,31 +1,40 @@
-"""ImageInput messages -> EngineImage (no grpc): pull embeddings, load raw images, or grids only.
+"""ImageInput messages -> EngineImage (no grpc): pull embeddings or load raw images.
 
 Embeddings are pulled through the data plane as private copies, onto the device the worker's
 engine takes them on, so the caller may release the encoder's leases as soon as the call returns.
 Embeddings in a shared-memory segment that their encoder tagged with the image's mm_hash are
 bound to that image (``EngineImage.is_bound``): engines name them by it, without hashing them.
-Raw images are loaded under the media rules.
+Raw images (an encode_prefill worker's) come as the route's decoded pixels where the route shared
+them on this host, in a segment it tagged with the image's mm_hash: neither decoded nor hashed
+again (one decode and one hash per image per deployment); else they are loaded under the media
+rules.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
+from PIL import Image
 
-from epd.common.errors import FailedPrecondition, InvalidArgument
+from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
-from epd.server.media.hashing import embeddings_tag
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
 from epd.server.media.loader import MediaLoader
+from epd.server.media.pixels import check_pixels
+from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane, is_accelerator
 from epd.v1 import multimodal_pb2, tensor_pb2
+
+logger = logging.getLogger(__name__)
 
 
 def _is_shared_memory(ref: tensor_pb2.TensorRef) -> bool:
     return bool(ref.WhichOneof("location") == "shm")
 
 
-def check_request(request_id: str, model: str, served_model: str) -> None:
+def check_addressed(request_id: str, model: str, served_model: str) -> None:
     """InvalidArgument for an empty request id or another model than ``served_model``."""
     if not request_id:
         raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
@@ -38,19 +47,6 @@ def check_request(request_id: str, model: str, served_model: str) -> None:
 def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
     """The image's (t, h, w) patch grid, or None when the message has none."""
     return (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
-
-
-def grids_only(
-    images: Sequence[multimodal_pb2.ImageInput], fallback: Sequence[Grid] = ()
-) -> list[EngineImage]:
-    """Images as grids (their KV is pulled, never recomputed); ``fallback`` fills absent grids."""
-    resolved = []
-    for i, image in enumerate(images):
-        grid = grid_of(image)
-        if grid is None and i < len(fallback):
-            grid = fallback[i]
-        resolved.append(EngineImage(image.mm_hash, grid))
-    return resolved
 
 
 class ImageResolver:
@@ -85,11 +81,32 @@ class ImageResolver:
                     "send raw images to an encode_prefill worker",
                     reason="RAW_IMAGES_UNSUPPORTED",
                 )
+            shared = self._shared_picture(image.media, self.loader.policy)
+            if shared is not None:
+                return EngineImage(image.media.mm_hash, grid_of(image), image=shared)
             loaded = await self.loader.load(url=image.media.url, data=image.media.data)
             return EngineImage(loaded.mm_hash, grid_of(image), image=loaded.image)
         raise InvalidArgument(
             f"image {index} has neither embeddings nor media", reason="MISSING_IMAGE_DATA"
         )
+
+    def _shared_picture(
+        self, media: multimodal_pb2.MediaItem, policy: MediaPolicy
+    ) -> Image.Image | None:
+        """The route's decoded pixels of ``media`` as a picture of the image its mm_hash names,
+        if the route shared them in a segment it tagged with that mm_hash (only the route
+        writes that tag) and they were still tagged so once copied (not released meanwhile);
+        else None (another host, released, none shared): then the source is loaded."""
+        if not (media.HasField("pixels") and is_mm_hash(media.mm_hash)):
+            return None
+        tag = pixels_tag(media.mm_hash)
+        try:
+            pixels = self.plane.get(media.pixels, copy=True, content_tag=tag)
+            self.plane.get(media.pixels, content_tag=tag)
+            return Image.fromarray(check_pixels(pixels, policy).numpy())
+        except EpdError as e:
+            logger.debug("pixels of %s unreadable here (%s): loading the source", media.mm_hash, e)
+            return None
 
     def _bound_embeddings(self, image: multimodal_pb2.ImageInput) -> torch.Tensor | None:
         """A copy of the embeddings of ``image`` if their shared-memory segment carries the

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import IMAGE_GRIDS_KEY, Grid
+from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
 
 
 def encode_kv_params(params: dict[str, Any] | None) -> bytes:
@@ -41,16 +41,28 @@ def decode_kv_params(payload: bytes) -> dict[str, Any]:
     return params
 
 
-def image_grids(params: dict[str, Any]) -> list[Grid]:
-    """The prompt's image grids the prefill engine listed in ``params`` (none listed: empty);
-    INVALID_ARGUMENT ``BAD_KV_HANDLE`` when they are not lists of three positive ints."""
+def handle_images(params: dict[str, Any]) -> list[EngineImage]:
+    """The prompt's images as the prefill engine listed them in ``params``: each image's grid
+    and name (mm_hash), all a decode engine needs (its KV is pulled, never recomputed); none
+    listed: empty. INVALID_ARGUMENT ``BAD_KV_HANDLE`` when the grids are not lists of three
+    positive ints or the names not one string per grid."""
     grids = params.get(IMAGE_GRIDS_KEY) or []
     if not isinstance(grids, list) or not all(_is_grid(grid) for grid in grids):
         raise InvalidArgument(
             f"kv_handle.payload's {IMAGE_GRIDS_KEY} must list [t, h, w] grids of positive ints",
             reason="BAD_KV_HANDLE",
         )
-    return [(t, h, w) for t, h, w in grids]
+    names = params.get(IMAGE_HASHES_KEY, [""] * len(grids))
+    if not (
+        isinstance(names, list)
+        and len(names) == len(grids)
+        and all(isinstance(name, str) for name in names)
+    ):
+        raise InvalidArgument(
+            f"kv_handle.payload's {IMAGE_HASHES_KEY} must list one string per image grid",
+            reason="BAD_KV_HANDLE",
+        )
+    return [EngineImage(name, (t, h, w)) for name, (t, h, w) in zip(names, grids, strict=True)]
 
 
 def _is_grid(value: Any) -> bool:

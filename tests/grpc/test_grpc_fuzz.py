@@ -33,8 +33,8 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.router import Router
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import Router
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import FakePeers

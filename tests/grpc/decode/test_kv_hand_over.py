@@ -17,6 +17,7 @@ from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
+    IMAGE_HASHES_KEY,
     EngineImage,
     Sampling,
     TokenChunk,
@@ -25,7 +26,7 @@ from epd.server.engine.base import (
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import decode_service_pb2_grpc as decode_grpc
-from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.engines import CannedEngine
@@ -38,11 +39,9 @@ HANDLE = {
     "remote_blocks_expiry_time": None,
     "lease": {"seconds": 30, "ratio": 0.5},
     IMAGE_GRIDS_KEY: [[1, 4, 6]],
+    IMAGE_HASHES_KEY: ["a"],
 }
 TEXT_PROMPT = generation_pb2.Prompt(token_ids=[1, 2, 3])
-# NOTE: the image as a decode worker sees a prefilled raw picture: its hash, no grid (the fake
-# producer does not care what it prefilled).
-PROMPT = generation_pb2.Prompt(token_ids=[1, 2, 3], images=[multimodal_pb2.ImageInput(mm_hash="a")])
 
 
 class HandOverEngine(CannedEngine):
@@ -77,7 +76,7 @@ async def ports(tiny_model_dir) -> AsyncIterator[tuple[int, int, HandOverEngine]
 
 async def decode(port: int, handle: generation_pb2.KvHandle) -> list[int]:
     request = decode_pb.DecodeRequest(
-        request_id="r", model="tiny", prompt=PROMPT, first_token_id=7, kv_handle=handle
+        request_id="r", model="tiny", prompt_token_ids=[1, 2, 3], first_token_id=7, kv_handle=handle
     )
     async with create_channel(f"127.0.0.1:{port}") as channel:
         stream = decode_grpc.DecodeServiceStub(channel).Decode(request)
@@ -95,7 +94,7 @@ async def test_the_decode_engine_gets_the_prefill_engine_s_params_exactly(ports)
     [(images, params)] = engine.received
     assert params == HANDLE
     assert type(params["remote_port"]) is int and type(params["lease"]["seconds"]) is int
-    assert [image.grid for image in images] == [(1, 4, 6)], "the grid came from the handle"
+    assert images == [EngineImage("a", (1, 4, 6))], "the image came from the handle alone"
 
 
 @pytest.mark.parametrize(
@@ -105,8 +104,9 @@ async def test_the_decode_engine_gets_the_prefill_engine_s_params_exactly(ports)
         (b"{not json", "BAD_KV_HANDLE"),
         (b"[1, 2, 3]", "BAD_KV_HANDLE"),
         (b'{"epd_image_grids": [[1, "4", 6]]}', "BAD_KV_HANDLE"),
+        (b'{"epd_image_grids": [[1, 4, 6]], "epd_image_hashes": ["a", "b"]}', "BAD_KV_HANDLE"),
     ],
-    ids=["empty", "not-json", "not-an-object", "bad-grid"],
+    ids=["empty", "not-json", "not-an-object", "bad-grid", "names-not-one-per-grid"],
 )
 async def test_a_handle_that_is_not_a_prefill_s_is_invalid_argument(
     ports, payload: bytes, reason: str

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.worker import RouteChunk
-from epd.v1 import generation_pb2, route_service_pb2
+from epd.server.route.request import ChatRequest
+from epd.server.route.router import RouteChunk
+from epd.v1 import generation_pb2
 
 VALID = {
     "model": "tiny",
@@ -38,14 +39,17 @@ VALID = {
 
 
 class EchoWorker:
-    """A Router stand-in: serializes the request (as the gRPC hop would), answers 'ab'."""
+    """A Router stand-in: serializes what the hops send of the request (its sampling, its
+    strings as UTF-8), answers 'ab'."""
 
     model_id = "tiny"
 
     async def generate(
-        self, request: route_service_pb2.GenerateRequest, timeout_s: float | None = None
+        self, request: ChatRequest, timeout_s: float | None = None
     ) -> AsyncIterator[RouteChunk]:
-        request.SerializeToString()
+        request.sampling.SerializeToString()
+        texts = [part.text or "" for message in request.messages for part in message.parts]
+        "".join([request.model, request.request_id, *texts]).encode()
         yield RouteChunk("a", [1])
         usage = generation_pb2.Usage(prompt_tokens=3, completion_tokens=2)
         yield RouteChunk("b", [2], generation_pb2.FINISH_REASON_LENGTH, usage)

@@ -17,7 +17,7 @@ import pytest
 
 from epd.server.route.http_guard import HttpOptions, count_json_values
 from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.worker import RouteChunk
+from epd.server.route.router import RouteChunk
 from epd.v1 import generation_pb2, route_service_pb2
 from tests.grpc.common.servicers import self_signed_cert
 

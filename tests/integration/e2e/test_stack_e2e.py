@@ -351,7 +351,7 @@ def test_a_decode_worker_whose_prefill_worker_died_before_its_kv_was_read_fails_
             decode = DecodeClient(d_channel, "decode").Decode(
                 decode_pb.DecodeRequest(
                     request_id="lost-kv",
-                    prompt=prompt,
+                    prompt_token_ids=prompt.token_ids,
                     sampling=sampling,
                     first_token_id=first.first_token_id,
                     kv_handle=first.kv_handle,

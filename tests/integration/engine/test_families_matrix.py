@@ -90,7 +90,7 @@ async def prefill_then_decode(
         decode_pb.DecodeRequest(
             request_id=request_id,
             model="tiny",
-            prompt=prompt,
+            prompt_token_ids=prompt.token_ids,
             sampling=GREEDY,
             first_token_id=first.first_token_id,
             kv_handle=first.kv_handle,

@@ -71,7 +71,7 @@ async def prefill_then_decode(
             decode_pb.DecodeRequest(
                 request_id=request_id,
                 model="tiny",
-                prompt=prompt,
+                prompt_token_ids=prompt.token_ids,
                 sampling=sampling,
                 first_token_id=first.first_token_id,
                 kv_handle=first.kv_handle,
@@ -160,7 +160,7 @@ async def test_decode_cancellation_aborts_the_engine_request(stubs, oracle) -> N
     call = stubs.decode.Decode(
         decode_pb.DecodeRequest(
             request_id="x",
-            prompt=prompt,
+            prompt_token_ids=prompt.token_ids,
             sampling=sampling,
             first_token_id=first.first_token_id,
             kv_handle=first.kv_handle,
@@ -199,7 +199,7 @@ async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
         request = decode_pb.DecodeRequest(
             request_id="b",
             model="tiny",
-            prompt=prompt,
+            prompt_token_ids=prompt.token_ids,
             sampling=GREEDY,
             first_token_id=first.first_token_id,
             kv_handle=first.kv_handle,

@@ -166,7 +166,7 @@ def test_pd_processes_serve_hand_kv_over_and_stop_cleanly(
             chunks = decode_grpc.DecodeServiceStub(d_channel).Decode(
                 decode_pb.DecodeRequest(
                     request_id="proc",
-                    prompt=prompt,
+                    prompt_token_ids=prompt.token_ids,
                     sampling=sampling,
                     first_token_id=first.first_token_id,
                     kv_handle=first.kv_handle,

@@ -88,7 +88,7 @@ async def test_prefill_and_decode_export_vllms_metrics_and_their_own(
                 decode_pb.DecodeRequest(
                     request_id="metrics-1",
                     model="tiny",
-                    prompt=prompt,
+                    prompt_token_ids=prompt.token_ids,
                     sampling=GREEDY,
                     first_token_id=first.first_token_id,
                     kv_handle=first.kv_handle,

@@ -82,7 +82,7 @@ def decode_request(
     return decode_pb.DecodeRequest(
         request_id=request_id,
         model="tiny",
-        prompt=prompt,
+        prompt_token_ids=prompt.token_ids,
         sampling=sampling,
         first_token_id=first.first_token_id,
         kv_handle=first.kv_handle,

@@ -26,7 +26,7 @@ def test_every_side_reads_the_same_sampling_defaults() -> None:
         SAMPLING_DEFAULTS.top_k,
     )
     body = {"messages": [{"role": "user", "content": "hi"}]}
-    over_http = schema.to_generate_request(body, "tiny").sampling
+    over_http = schema.to_chat_request(body, "tiny").sampling
     from_sdk = build_request([user("hi")]).sampling
     assert from_sdk.max_tokens == 0  # unset: the route gives it the same default as over HTTP
     assert over_http.max_tokens == SAMPLING_DEFAULTS.max_tokens  # the context unknown here

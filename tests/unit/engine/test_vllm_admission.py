@@ -24,6 +24,7 @@ from epd.server.engine.base import KV_LOAD_FAILED, EngineImage, Sampling, TokenC
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_inputs import PICTURE_NAME_PREFIX
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")
@@ -242,7 +243,10 @@ async def test_embeddings_and_pictures_go_through_vllms_renderer(engine, llm) ->
     assert llm.rendered[-1] == {
         "prompt_token_ids": grid_prompt,
         "multi_modal_data": {"image": [picture]},
-    }
+        "multi_modal_uuids": {"image": [f"{PICTURE_NAME_PREFIX}p"]},
+    }, "a picture is named by its mm_hash: vLLM does not hash its pixels again"
+    await first_chunk(engine, "c", grid_prompt, [EngineImage("", image=picture)])
+    assert "multi_modal_uuids" not in llm.rendered[-1], "unnamed: vLLM hashes it"
 
 
 async def test_a_family_with_items_of_its_own_skips_the_renderer(llm) -> None:

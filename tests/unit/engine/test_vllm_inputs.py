@@ -11,8 +11,7 @@ from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data
 from epd.server.worker import convert
-from epd.server.worker.images import grids_only
-from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import generation_pb2
 
 LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
 
@@ -24,16 +23,6 @@ def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
     with pytest.raises(InvalidArgument) as caught:
         picture_data(mixed)
     assert caught.value.reason == "MIXED_IMAGE_INPUTS"
-
-
-def test_decode_grids_come_from_the_prompt_else_from_the_handle() -> None:
-    images = [
-        multimodal_pb2.ImageInput(mm_hash="a", grid=multimodal_pb2.ImageGrid(t=1, h=2, w=2)),
-        multimodal_pb2.ImageInput(mm_hash="b"),
-    ]
-    resolved = grids_only(images, [(1, 9, 9), (1, 4, 6)])
-    assert [(i.mm_hash, i.grid) for i in resolved] == [("a", (1, 2, 2)), ("b", (1, 4, 6))]
-    assert grids_only(images[1:])[0].grid is None
 
 
 def test_sampling_defaults_and_ranges() -> None:

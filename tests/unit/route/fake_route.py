@@ -9,8 +9,8 @@ from pathlib import Path
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.router import Router
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.worker import Router
 from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEngine, FakePeers, model_router
 

@@ -18,11 +18,11 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.worker import Router
+from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, new_request_id
+from epd.server.route.router import Router
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, tensor_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
-from epd.v1 import route_service_pb2 as route_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -263,8 +263,9 @@ class ScriptedEngine:
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
     def _due(self, request: Any) -> list[int]:
-        done = len(request.prompt.token_ids) - 2
-        assert list(request.prompt.token_ids)[2:] == SCRIPT[:done], "not a continuation"
+        token_ids = _prompt_token_ids(request)
+        done = len(token_ids) - 2
+        assert token_ids[2:] == SCRIPT[:done], "not a continuation"
         return SCRIPT[done : done + (request.sampling.max_tokens or 16)]
 
     def _stream(self, request: Any, tokens: list[int], response_type: Any) -> FakeStream:
@@ -272,7 +273,7 @@ class ScriptedEngine:
         responses = [response_type(token_ids=[t]) for t in tokens[:count]]
         if not self.error and responses:
             responses[-1].finish_reason = generation_pb2.FINISH_REASON_LENGTH
-            responses[-1].usage.prompt_tokens = len(request.prompt.token_ids)
+            responses[-1].usage.prompt_tokens = len(_prompt_token_ids(request))
             responses[-1].usage.completion_tokens = len(self._due(request))
         return FakeStream(responses, self.error)
 
@@ -293,6 +294,13 @@ class ScriptedEngine:
         tokens = self._due(request)
         assert request.first_token_id == tokens[0]
         return self._stream(request, tokens[1:], decode_service_pb2.DecodeResponse)
+
+
+def _prompt_token_ids(request: Any) -> list[int]:
+    """The prompt's tokens of a Prefill, PrefillDecode or Decode request."""
+    if hasattr(request, "prompt_token_ids"):
+        return list(request.prompt_token_ids)
+    return list(request.prompt.token_ids)
 
 
 @dataclass
@@ -350,10 +358,9 @@ def model_router(peers: FakePeers, prompts: PromptBuilder, model_dir: Path) -> R
     return Router(peers, prompts, loader, model_id="tiny", host_id="h", grids=grids)  # type: ignore[arg-type]
 
 
-def generate_request(model: str) -> route_pb.GenerateRequest:
+def generate_request(model: str) -> ChatRequest:
     """A text-only request for ``model``."""
-    chat = route_pb.ChatMessage(role="user", content=[route_pb.ContentPart(text="hi")])
-    return route_pb.GenerateRequest(model=model, messages=[chat])
+    return ChatRequest(new_request_id(), model, [ChatMessage("user", [ChatPart(text="hi")])])
 
 
 async def generate(worker: Router, model: str) -> list[Any]:

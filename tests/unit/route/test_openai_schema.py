@@ -1,4 +1,4 @@
-"""OpenAI chat-completions bodies -> GenerateRequest: request ids, sampling, refusals."""
+"""OpenAI chat-completions bodies -> ChatRequest: request ids, sampling, refusals."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content
 def refusal(body: Any, limits: schema.RequestLimits | None = None) -> InvalidArgument:
     """The error ``body`` is refused with, after checking it maps to a 400 error object."""
     with pytest.raises(InvalidArgument) as caught:
-        schema.to_generate_request(body, "tiny", limits=limits or schema.RequestLimits())
+        schema.to_chat_request(body, "tiny", limits=limits or schema.RequestLimits())
     status, error = schema.error_body(caught.value)
     assert status == 400 and error["error"]["type"] == "invalid_request_error"
     assert error["error"]["param"] == caught.value.metadata["param"]
@@ -29,7 +29,7 @@ def user(content: Any) -> dict[str, Any]:
 
 
 def test_the_x_request_id_header_names_the_request_and_the_completion() -> None:
-    request = schema.to_generate_request(BODY, "tiny", "bench-7f3a-12")
+    request = schema.to_chat_request(BODY, "tiny", "bench-7f3a-12")
     assert request.request_id == "bench-7f3a-12"
     assert schema.completion(request.request_id, "tiny", "x", 0, None)["id"] == (
         "chatcmpl-bench-7f3a-12"
@@ -38,14 +38,14 @@ def test_the_x_request_id_header_names_the_request_and_the_completion() -> None:
 
 
 def test_without_the_header_each_request_gets_a_fresh_id() -> None:
-    first = schema.to_generate_request(BODY, "tiny").request_id
-    assert first and first != schema.to_generate_request(BODY, "tiny").request_id
+    first = schema.to_chat_request(BODY, "tiny").request_id
+    assert first and first != schema.to_chat_request(BODY, "tiny").request_id
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "x" * 129, "id\n", "ü"])
 def test_a_malformed_request_id_is_a_bad_request(bad: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        schema.to_generate_request(BODY, "tiny", bad)
+        schema.to_chat_request(BODY, "tiny", bad)
     assert caught.value.reason == "BAD_REQUEST"
     assert caught.value.metadata["param"] == "X-Request-Id"
     assert schema.error_body(caught.value)[0] == 400
@@ -53,7 +53,7 @@ def test_a_malformed_request_id_is_a_bad_request(bad: str) -> None:
 
 def test_vllm_extensions_reach_the_sampling_parameters() -> None:
     body = {**BODY, "ignore_eos": True, "top_k": 5, "stop_token_ids": [7], "seed": 3}
-    sampling = schema.to_generate_request({**body, "stop": "END"}, "tiny").sampling
+    sampling = schema.to_chat_request({**body, "stop": "END"}, "tiny").sampling
     assert (sampling.ignore_eos, sampling.top_k, list(sampling.stop_token_ids)) == (True, 5, [7])
     assert (sampling.seed, list(sampling.stop), sampling.max_tokens) == (3, ["END"], 3)
 
@@ -158,7 +158,7 @@ def test_roles_and_fields_of_echoed_assistant_messages() -> None:
         {"role": "assistant", "content": "hello", "tool_calls": None, "refusal": None},
         {"role": "user", "content": "again"},
     ]
-    request = schema.to_generate_request({**BODY, "messages": messages}, "tiny")
+    request = schema.to_chat_request({**BODY, "messages": messages}, "tiny")
     assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
     calls = {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}
     error = refusal({**BODY, "messages": [*messages, calls]})
@@ -215,7 +215,7 @@ def test_unimplemented_parameters_at_their_no_op_values_and_harmless_ones_pass()
         "stream_options": {"include_usage": True},
         "audio": None,
     }
-    assert schema.to_generate_request({**BODY, **no_ops}, "tiny").sampling.max_tokens == 3
+    assert schema.to_chat_request({**BODY, **no_ops}, "tiny").sampling.max_tokens == 3
 
 
 def test_an_unknown_parameter_is_refused_naming_it() -> None:
@@ -228,13 +228,13 @@ def test_an_unknown_parameter_is_refused_naming_it() -> None:
 def test_nulls_are_absent_and_defaults_are_greedy_up_to_the_context() -> None:
     nulls = {"temperature": None, "top_p": None, "seed": None, "stop": None, "max_tokens": None}
     body = {**BODY, **nulls}
-    sampling = schema.to_generate_request(body, "tiny").sampling
+    sampling = schema.to_chat_request(body, "tiny").sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (16, 0.0, 1.0)
     assert not sampling.HasField("seed") and not sampling.stop
     limits = schema.RequestLimits(max_context_tokens=4096)
-    assert schema.to_generate_request(body, "tiny", limits=limits).sampling.max_tokens == 4096
+    assert schema.to_chat_request(body, "tiny", limits=limits).sampling.max_tokens == 4096
     body = {**BODY, "max_completion_tokens": 9, "top_k": -1, "temperature": 2, "top_p": 0.5}
-    sampling = schema.to_generate_request(body, "tiny", limits=limits).sampling
+    sampling = schema.to_chat_request(body, "tiny", limits=limits).sampling
     assert (sampling.max_tokens, sampling.top_k, sampling.temperature, sampling.top_p) == (
         9,
         0,
@@ -264,7 +264,7 @@ def test_sizes_beyond_the_limits_are_refused_before_any_work(
 ) -> None:
     error = refusal(body, schema.RequestLimits(**limits))
     assert error.reason == "LIMIT_EXCEEDED" and error.metadata["param"].startswith("messages")
-    assert schema.to_generate_request(body, "tiny").messages
+    assert schema.to_chat_request(body, "tiny").messages
 
 
 def test_error_body_maps_model_not_found_to_openais_404() -> None:
@@ -309,10 +309,13 @@ KEYS = [
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(KEYS), JSON, max_size=6), st.sampled_from(KEYS))
 def test_any_body_is_refused_or_becomes_a_request_that_serializes(body: Any, key: str) -> None:
-    """Random values under known keys, over a valid body: InvalidArgument or a sendable request."""
+    """Random values under known keys, over a valid body: InvalidArgument or a sendable request
+    (its sampling serializes for the engines, its strings encode as UTF-8 for every hop)."""
     try:
-        request = schema.to_generate_request({**BODY, **body}, "tiny")
+        request = schema.to_chat_request({**BODY, **body}, "tiny")
     except InvalidArgument as e:
         assert schema.error_body(e)[0] == 400
         return
-    assert request.SerializeToString()
+    assert request.sampling.SerializeToString() is not None
+    texts = [part.text or "" for message in request.messages for part in message.parts]
+    assert "".join([request.model, request.request_id, *texts]).encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.common.roles import Role
 from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all
-from epd.server.route.hops import EngineCall, stream_tokens
+from epd.server.route.hops import EngineCall, Piece, stream_tokens
+from epd.server.route.router import RouteImage, Router
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -30,7 +32,13 @@ def stage_of(num_images: int) -> EncodeStage:
     return EncodeStage("req", "tiny", items, num_tokens=[4] * num_images)
 
 
-TWO_GRIDS = [multimodal_pb2.ImageGrid(t=1, h=4, w=4)] * 2
+GRID = multimodal_pb2.ImageGrid(t=1, h=4, w=4)
+
+
+def engine_pieces(router: Router, call: EngineCall, stage: EncodeStage) -> AsyncIterator[Piece]:
+    """The router's engine pieces for ``stage``'s images, each of grid ``GRID``."""
+    images = [RouteImage(item, None, GRID, 4) for item in stage.items]  # type: ignore[arg-type]
+    return router._engine_pieces(call, stage, images)
 
 
 def engine_call(live_roles: frozenset[int], num_images: int = 0) -> EngineCall:
@@ -79,7 +87,7 @@ async def test_nixl_leases_are_left_to_the_consumers_notification_once_it_has_pr
     encoders = {"enc0": FakeEncoder("enc0", location="nixl"), "enc1": FakeEncoder("enc1")}
     peers = FakePeers(encoders=encoders)
     call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
-    pieces = [p async for p in text_router(peers)._handed_over(call, stage_of(2), TWO_GRIDS)]
+    pieces = [p async for p in engine_pieces(text_router(peers), call, stage_of(2))]
     await peers.background.settle()
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     assert [len(e.requests) for e in encoders.values()] == [1, 1]
@@ -251,16 +259,14 @@ async def _nothing() -> None:
 
 
 def test_media_items_keep_their_source_when_hashed() -> None:
-    from epd.server.route.worker import _with_hash
+    from epd.server.route.request import ImageSource
+    from epd.server.route.router import _media_item
 
-    for item in (
-        multimodal_pb2.MediaItem(url="data:image/png;base64,AA"),
-        multimodal_pb2.MediaItem(data=b"png"),
-    ):
-        hashed = _with_hash(item, "abc")
-        assert hashed.mm_hash == "abc"
-        assert hashed.WhichOneof("source") == item.WhichOneof("source")
-        assert (hashed.url, hashed.data) == (item.url, item.data)
+    for source in (ImageSource(url="data:image/png;base64,AA"), ImageSource(data=b"png")):
+        item = _media_item(source, "abc")
+        assert item.mm_hash == "abc"
+        assert item.WhichOneof("source") == ("url" if source.url else "data")
+        assert (item.url, item.data) == (source.url, source.data)
 
 
 async def test_an_unknown_model_is_not_found_and_names_the_served_models() -> None:
@@ -320,9 +326,8 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     # shared-memory references it cannot read (FOREIGN_HOST).
     peers = FakePeers(FakeScheduler(prefill_host_id=prefill_host))
     call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
-    grids = TWO_GRIDS
     worker = text_router(peers)
-    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
+    pieces = [piece async for piece in engine_pieces(worker, call, stage_of(2))]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
     assert len(requests) == 2
@@ -334,7 +339,7 @@ async def test_images_are_encoded_for_the_device_of_the_chosen_prefill_worker(de
     peers = FakePeers(FakeScheduler(prefill_host_id="host-a", prefill_devices={"pd0": device}))
     call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
     worker = text_router(peers)
-    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), TWO_GRIDS)]
+    pieces = [piece async for piece in engine_pieces(worker, call, stage_of(2))]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
     assert [request.consumer_device for request in requests] == [device, device]
@@ -351,9 +356,8 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
-    grids = TWO_GRIDS
     worker = text_router(peers)
-    pieces = [piece async for piece in worker._handed_over(call, stage_of(2), grids)]
+    pieces = [piece async for piece in engine_pieces(worker, call, stage_of(2))]
     await peers.background.settle()
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for encoder in peers.encoders.values() for r in encoder.requests]
@@ -379,8 +383,7 @@ async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
     )
     peers = FakePeers(scheduler, engines={"pd0": FakeEngine(error=Unavailable("down"))})
     call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
-    grids = TWO_GRIDS
-    pieces = [piece async for piece in text_router(peers)._handed_over(call, stage_of(2), grids)]
+    pieces = [piece async for piece in engine_pieces(text_router(peers), call, stage_of(2))]
     assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
     requests = [r for e in peers.encoders.values() for r in e.requests]
     assert [r.consumer_device for r in requests] == ["cuda:0", "cuda:0"]
@@ -406,8 +409,7 @@ async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer
     worker.plane = plane  # type: ignore[assignment]
     stage = stage_of(2)
     stage.pixel_leases = ["pixels-0", "pixels-1"]
-    grids = TWO_GRIDS
-    pieces = worker._handed_over(call, stage, grids)
+    pieces = engine_pieces(worker, call, stage)
     first = await anext(pieces)
     assert first.token_ids == [7]
     assert plane.released == ["pixels-0", "pixels-1"] and stage.pixel_leases == []

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
+from epd.server.route.prompt import BLOCK_SIZE, PromptBuilder
+from epd.server.route.request import ChatMessage, ChatPart, ImageSource
+
+IMAGE = ImageSource(url="u")
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +19,11 @@ def builder(tiny_model_dir: Path) -> PromptBuilder:
 
 def test_prompt_has_one_placeholder_group_per_image(builder: PromptBuilder) -> None:
     ids = builder.token_ids(
-        [("user", [ChatPart(image_index=0), ChatPart(image_index=1), ChatPart(text="compare")])]
+        [
+            ChatMessage(
+                "user", [ChatPart(image=IMAGE), ChatPart(image=IMAGE), ChatPart(text="compare")]
+            )
+        ]
     )
     assert ids.count(builder.image_pad_id) == 2
     text = builder.tokenizer.decode(ids)
@@ -42,7 +49,10 @@ def test_the_builder_knows_the_models_context_and_counts_characters(
     builder: PromptBuilder,
 ) -> None:
     """(Chats are checked before they reach the builder: ``test_request_check``.)"""
-    chat = [("system", [ChatPart(text="x" * 60)]), ("user", [ChatPart(text="y" * 41)])]
+    chat = [
+        ChatMessage("system", [ChatPart(text="x" * 60)]),
+        ChatMessage("user", [ChatPart(text="y" * 41)]),
+    ]
     assert builder.num_chars(chat) == 101
     assert builder.max_context_tokens == 4096
 
@@ -53,8 +63,8 @@ def test_llava_prompts_hold_one_image_token_per_image_and_hash_images_apart(
     """LLaVA-1.5's template emits ``<image>`` alone per image (its images first); each is one
     image's placeholder, expanded to its rows for the block hashes."""
     llava = PromptBuilder(tiny_family_dir("llava"))
-    parts = [ChatPart(text="compare"), ChatPart(image_index=0), ChatPart(image_index=1)]
-    ids = llava.token_ids([("user", parts)])
+    parts = [ChatPart(text="compare"), ChatPart(image=IMAGE), ChatPart(image=IMAGE)]
+    ids = llava.token_ids([ChatMessage("user", parts)])
     assert ids.count(llava.image_pad_id) == 2
     assert llava.tokenizer.decode(ids).count("<image>") == 2
     rows = 64
@@ -68,8 +78,8 @@ def test_internvl_prompts_hash_each_image_between_its_delimiters(tiny_family_dir
     """InternVL's template emits ``<IMG_CONTEXT>`` alone per image; engines expand it to
     ``<img>``, the rows, ``</img>``, so the block hashes count the two delimiters too."""
     internvl = PromptBuilder(tiny_family_dir("internvl"))
-    parts = [ChatPart(image_index=0), ChatPart(text="compare"), ChatPart(image_index=1)]
-    ids = internvl.token_ids([("user", parts)])
+    parts = [ChatPart(image=IMAGE), ChatPart(text="compare"), ChatPart(image=IMAGE)]
+    ids = internvl.token_ids([ChatMessage("user", parts)])
     assert ids.count(internvl.image_pad_id) == 2
     assert internvl.tokenizer.decode(ids).count("<IMG_CONTEXT>\n") == 2
     start, end = internvl.tokenizer.convert_tokens_to_ids(["<img>", "</img>"])

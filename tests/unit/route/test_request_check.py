@@ -1,4 +1,4 @@
-"""The one check of a GenerateRequest both doors make: refusals, and the defaults it fills in.
+"""The one check of a ChatRequest both doors make: refusals, and the defaults it fills in.
 (Both doors judging a corpus alike: tests/grpc/route/test_request_doors.py.)"""
 
 from __future__ import annotations
@@ -7,25 +7,27 @@ import pytest
 
 from epd.common.errors import InvalidArgument
 from epd.common.generation import SAMPLING_DEFAULTS
+from epd.server.route.request import ChatRequest, from_proto
 from epd.server.route.request_check import RequestLimits, check_request
 from epd.v1 import generation_pb2, route_service_pb2
 
-Request = route_service_pb2.GenerateRequest
 
-
-def chat(*messages: tuple[str, list[str]], max_tokens: int = 0) -> Request:
-    return route_service_pb2.GenerateRequest(
-        messages=[
-            route_service_pb2.ChatMessage(
-                role=role, content=[route_service_pb2.ContentPart(text=t) for t in texts]
-            )
-            for role, texts in messages
-        ],
-        sampling=generation_pb2.SamplingParams(max_tokens=max_tokens),
+def chat(*messages: tuple[str, list[str]], max_tokens: int = 0) -> ChatRequest:
+    """A ChatRequest as the gRPC door makes it."""
+    return from_proto(
+        route_service_pb2.GenerateRequest(
+            messages=[
+                route_service_pb2.ChatMessage(
+                    role=role, content=[route_service_pb2.ContentPart(text=t) for t in texts]
+                )
+                for role, texts in messages
+            ],
+            sampling=generation_pb2.SamplingParams(max_tokens=max_tokens),
+        )
     )
 
 
-def refusal(request: route_service_pb2.GenerateRequest, **limits: int) -> InvalidArgument:
+def refusal(request: ChatRequest, **limits: int) -> InvalidArgument:
     with pytest.raises(InvalidArgument) as caught:
         check_request(request, RequestLimits(**limits))
     return caught.value
@@ -39,9 +41,7 @@ def refusal(request: route_service_pb2.GenerateRequest, **limits: int) -> Invali
         (chat(("user", [])), "EMPTY_MESSAGE"),
     ],
 )
-def test_bad_chats_are_invalid_arguments(
-    request_: route_service_pb2.GenerateRequest, reason: str
-) -> None:
+def test_bad_chats_are_invalid_arguments(request_: ChatRequest, reason: str) -> None:
     assert refusal(request_).reason == reason
 
 

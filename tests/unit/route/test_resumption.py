@@ -24,7 +24,7 @@ from tests.unit.route.fakes import (
     ScriptedEngine,
     text_router,
 )
-from tests.unit.route.test_orchestration import TWO_GRIDS, stage_of
+from tests.unit.route.test_orchestration import engine_pieces, stage_of
 
 E_PD = frozenset({Role.PREFILL_DECODE})
 E_P_D = frozenset({Role.PREFILL, Role.DECODE})
@@ -149,7 +149,7 @@ async def test_a_resumption_encodes_the_images_again_and_releases_every_lease() 
     peers = FakePeers(scheduler, engines=engines)
     worker = text_router(peers)
     call = call_of(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), num_images=2)
-    pieces = [p async for p in worker._handed_over(call, stage_of(2), TWO_GRIDS)]
+    pieces = [p async for p in engine_pieces(worker, call, stage_of(2))]
     await peers.background.settle()
     assert tokens(pieces) == SCRIPT[:6]
     [(_, resumed)] = engines["pd1"].calls
@@ -168,7 +168,7 @@ async def test_resumptions_are_counted_by_the_failed_role() -> None:
     registry = CollectorRegistry()
     worker.metrics = RouteMetrics(registry)
     call = call_of(E_PD)
-    assert tokens([p async for p in worker._stream(call, call.prompt, stage_of(0))]) == SCRIPT[:6]
+    assert tokens([p async for p in engine_pieces(worker, call, stage_of(0))]) == SCRIPT[:6]
     count = registry.get_sample_value("epd_route_resumptions_total", {"role": "prefill"})
     assert count == 1
 

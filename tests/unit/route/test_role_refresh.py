@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from epd.common.errors import Unavailable
+from epd.server.route.router import Router
 from epd.server.route.topology import MAX_AGE_TTLS, RoleView
-from epd.server.route.worker import Router
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import FakePeers, generate, generate_request, text_router
 

@@ -1,0 +1,94 @@
+"""The route's own request: what both doors make of a caller's chat (no I/O, no grpc).
+
+The OpenAI HTTP door makes a ``ChatRequest`` of a JSON body (``openai_schema``), the gRPC door of
+a ``GenerateRequest`` (``from_proto``); ``request_check.check_request`` then judges it the same
+way whichever door it came by, and the ``Router`` runs it. The request id is made here, once:
+the caller's (the gRPC field, the X-Request-Id header), else a fresh one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from epd.server.route.openai_params import bad
+from epd.v1 import generation_pb2, route_service_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSource:
+    """Where an image comes from: a URL (http(s), data:, file:) or its encoded bytes."""
+
+    url: str = ""
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPart:
+    """One part of a message: text, or an image."""
+
+    text: str | None = None
+    image: ImageSource | None = None
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    """One message of the chat; ``role`` becomes its chat-template name once checked."""
+
+    role: str
+    parts: list[ChatPart]
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """One chat to answer; ``sampling`` is what the engines get (an unset ``max_tokens`` is given
+    its default once checked)."""
+
+    request_id: str
+    model: str
+    messages: list[ChatMessage]
+    sampling: generation_pb2.SamplingParams = field(default_factory=generation_pb2.SamplingParams)
+    # the scheduler's EncoderPolicy value (0: its default policy)
+    encoder_policy: int = 0
+
+    @property
+    def images(self) -> list[ImageSource]:
+        """The chat's images in order of appearance."""
+        return [part.image for m in self.messages for part in m.parts if part.image is not None]
+
+
+def new_request_id(given: str | None = None) -> str:
+    """``given`` when the caller named the request, else a fresh id."""
+    return given or uuid.uuid4().hex
+
+
+def from_proto(request: route_service_pb2.GenerateRequest) -> ChatRequest:
+    """The ``ChatRequest`` of a gRPC ``GenerateRequest`` (unchecked, but for image parts naming
+    pixels: shared memory is the route's to name, never a caller's)."""
+    messages = [
+        ChatMessage(
+            message.role,
+            [_part(part, f"messages[{i}].content[{j}]") for j, part in enumerate(message.content)],
+        )
+        for i, message in enumerate(request.messages)
+    ]
+    return ChatRequest(
+        new_request_id(request.request_id),
+        request.model,
+        messages,
+        request.sampling,
+        int(request.encoder_policy),
+    )
+
+
+def _part(part: route_service_pb2.ContentPart, param: str) -> ChatPart:
+    kind = part.WhichOneof("part")
+    if kind == "text":
+        return ChatPart(text=part.text)
+    if kind is None:
+        return ChatPart()
+    if part.image.HasField("pixels"):
+        raise bad(
+            "an image's pixels are the route's to set", f"{param}.image.pixels", "BAD_MEDIA_ITEM"
+        )
+    return ChatPart(image=ImageSource(part.image.url, part.image.data))
