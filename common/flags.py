@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import enum
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -40,9 +41,11 @@ class Flag:
     ``name``: the flag without its dashes when it is not the field's name. ``unit``: the field
     holds the flag's value times ``unit`` (a flag in MiB for a field in bytes). ``type``: parses
     the flag's and the variable's text, when the field's type cannot (a list in one text).
-    ``default_help``: how the help states the default when its value cannot ("default: off").
-    ``minimum``: the smallest value the variable may hold. ``negatable``: a switch that also has
-    ``--no-NAME``.
+    ``default_help``: how the help states the default when its value cannot ("default: off");
+    ``default_means``: what the default does, after it ("default auto: ..."). ``none_word``: the
+    word that sets the field to None ("auto"). ``minimum``: the smallest value the variable may
+    hold. ``negatable``: a switch that also has ``--no-NAME``. ``old_env``: a deprecated name of
+    the variable, which wins when set (with a warning).
     """
 
     help: str
@@ -53,8 +56,11 @@ class Flag:
     choices: tuple[Any, ...] | None = None
     metavar: str | None = None
     default_help: str | None = None
+    default_means: str | None = None
+    none_word: str | None = None
     minimum: float | None = None
     negatable: bool = False
+    old_env: str | None = None
 
 
 def flag(help: str, **spelling: Any) -> dict[str, Flag]:
@@ -119,32 +125,83 @@ def add_flag(
     option = "--" + (spec.name or dest.replace("_", "-"))
     parse = text_parser(spec, kind)
     choices = spec.choices or (tuple(kind) if isinstance(kind, enum.EnumMeta) else None)
-    value = default
-    if spec.env and os.environ.get(spec.env):
-        value = environment_value(spec, os.environ[spec.env], parse, choices)
+    # NOTE: argparse passes a text default through the type, so the word gives None there too.
+    value = spec.none_word if default is None and spec.none_word else default
+    text, variable = environment_text(spec, option)
+    if text:
+        value = environment_value(variable, spec, text, parse, choices)
     options: dict[str, Any] = {"dest": dest, "default": value, "help": help_text(spec, default)}
     if kind is bool:
         options["action"] = argparse.BooleanOptionalAction if spec.negatable else "store_true"
+    elif spec.none_word:
+        words = WordAndChoices((spec.none_word, *choices)) if choices else None
+        options.update(type=NoneOr(spec.none_word, parse), choices=words, metavar=spec.metavar)
     else:
         options.update(type=parse, choices=choices, metavar=spec.metavar)
     return container.add_argument(option, **options)
 
 
+def environment_text(spec: Flag, option: str) -> tuple[str, str]:
+    """The text of the flag's variable (empty when unset) and the variable's name: the
+    deprecated ``old_env`` when it is set (with a warning), else ``env``."""
+    if spec.old_env and os.environ.get(spec.old_env):
+        print(
+            f"${spec.old_env} is deprecated: set {spec.env} (or {option}) instead",
+            file=sys.stderr,
+        )
+        return os.environ[spec.old_env], spec.old_env
+    if spec.env:
+        return os.environ.get(spec.env, ""), spec.env
+    return "", ""
+
+
+@dataclass(frozen=True, slots=True)
+class NoneOr:
+    """A flag's type whose ``word`` gives None, and any other text ``parse``'s value."""
+
+    word: str
+    parse: Callable[[str], Any]
+
+    def __call__(self, text: str) -> Any:
+        if text == self.word:
+            return None
+        try:
+            return self.parse(text)
+        except ValueError as e:
+            expected = EXPECTED.get(self.parse)
+            reason = f"{expected}, got {text!r}" if expected else f"a value: {e}"
+            raise argparse.ArgumentTypeError(f"expected {self.word} or {reason}") from None
+
+
+class WordAndChoices(tuple[Any, ...]):
+    """The choices of a flag whose first choice, a word, gives None (argparse checks the value
+    its type gave, None for the word)."""
+
+    def __contains__(self, value: object) -> bool:
+        return value is None or tuple.__contains__(self, value)
+
+
 def environment_value(
-    spec: Flag, text: str, parse: Callable[[str], Any], choices: tuple[Any, ...] | None
+    variable: str,
+    spec: Flag,
+    text: str,
+    parse: Callable[[str], Any],
+    choices: tuple[Any, ...] | None,
 ) -> Any:
-    """The value of variable ``spec.env`` holding ``text``; ValueError naming it otherwise."""
+    """The value of ``variable`` holding ``text``; ValueError naming it when malformed."""
+    if text == spec.none_word:
+        return None
     try:
         value = parse(text)
     except (ValueError, argparse.ArgumentTypeError) as e:
         expected = EXPECTED.get(parse)
         reason = f"must be {expected}, got {text!r}" if expected else f"{text!r}: {e}"
-        raise ValueError(f"${spec.env} {reason}") from None
+        raise ValueError(f"${variable} {reason}") from None
     if choices and value not in choices:
         names = ", ".join(str(getattr(c, "value", c)) for c in choices)
-        raise ValueError(f"${spec.env} must be one of {names}, got {text!r}")
+        raise ValueError(f"${variable} must be one of {names}, got {text!r}")
     if spec.minimum is not None and value < spec.minimum:
-        raise ValueError(f"${spec.env} must be at least {spec.minimum:g}, got {value}")
+        raise ValueError(f"${variable} must be at least {spec.minimum:g}, got {value}")
     return value
 
 
@@ -182,10 +239,15 @@ def help_text(spec: Flag, default: Any) -> str:
     if spec.env:
         switch = isinstance(default, bool) and not spec.negatable
         parts.append(f"env {spec.env}=1" if switch else f"env {spec.env}")
+    if spec.old_env:
+        parts.append(f"the old env {spec.old_env}, deprecated, wins when set")
+    if default is None and spec.none_word:
+        default = spec.none_word
     if spec.default_help is not None:
         parts.append(spec.default_help)
     elif default is not None and default != "":
-        parts.append(f"default {shown(default)}")
+        means = f": {spec.default_means}" if spec.default_means else ""
+        parts.append(f"default {shown(default)}{means}")
     return f"{spec.help} ({'; '.join(parts)})" if parts else spec.help
 
 

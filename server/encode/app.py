@@ -11,14 +11,16 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from epd.common.cpus import allowed_cpus
+from epd.common.flags import flag
 from epd.common.metrics import new_registry
 from epd.common.roles import Role
 from epd.common.server import ServerOptions, ServiceBinding
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
+from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
 from epd.server.encode.metrics import EncodeMetrics
 from epd.server.encode.servicer import EncodeServicer
-from epd.server.encode.vision import VisionEncoder
+from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES, VisionEncoder
 from epd.server.encode.worker import EncodeWorker
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
@@ -35,6 +37,16 @@ from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 SERVICE_NAME = "epd.v1.EncodeService"
+ACCELERATOR_BATCH_SIZE = 8
+CPU_MAX_INLINE_MS = 10.0
+
+
+def non_negative(text: str) -> float:
+    """A number of ms, 0 or more (``--max-inline-ms``)."""
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must not be negative, got {text!r}")
+    return value
 
 
 @dataclass
@@ -43,30 +55,125 @@ class EncodeConfig:
     encode``'s flags (ValueError for a negative size, wait or thread count)."""
 
     model_dir: Path
-    model_id: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
+    model_id: str = field(
+        default="",
+        metadata=flag(
+            "model name clients use", default_help="default: the hub id, or the directory name"
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=flag(
+            "cpu, cuda, cuda:N, xpu or auto: the accelerator where there is one, else CPU",
+            env="EPD_DEVICE",
+            old_env="EPD_ENCODER_DEVICE",
+        ),
+    )
+    dtype: str = field(
+        default="auto",
+        metadata=flag(
+            "vision tower dtype",
+            choices=("auto", *DTYPES),
+            default_means="bfloat16 on an accelerator, float32 on CPU",
+        ),
+    )
     worker_id: str = ""
     weight: float = 1.0
     # images per tower call at most (0: max_batch_size_for the device)
-    max_batch_size: int = 0
-    max_batch_wait_ms: float = 0.0
-    cache_mb: float = 256.0
+    max_batch_size: int = field(
+        default=0,
+        metadata=flag(
+            "images per vision-tower call at most",
+            default_means=f"{ACCELERATOR_BATCH_SIZE} on an accelerator, 1 on CPU, where a batch "
+            "costs its images' sum and only delays the first",
+        ),
+    )
+    max_batch_wait_ms: float = field(
+        default=0.0,
+        metadata=flag(
+            "how long the first image of a batch waits for others",
+            env="EPD_MAX_BATCH_WAIT_MS",
+            default_means="a batch takes the images already queued, which under load are those "
+            "that arrived while the tower ran",
+        ),
+    )
+    cache_mb: float = field(
+        default=256.0,
+        metadata=flag(
+            "encoder cache budget in MiB, held in the memory of --device (GPU memory for a GPU "
+            "encoder), 0 disables"
+        ),
+    )
     media: MediaPolicy = field(default_factory=MediaPolicy)
     scheduler: str | None = None
-    transfer_kind: str | None = None
-    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    transfer_kind: str | None = field(
+        default=None,
+        metadata=flag(
+            "data-plane backend for results, unless a request asks for one",
+            env="EPD_TRANSFER_KIND",
+            name="transfer",
+            choices=("shm", "nixl", "inline"),
+            none_word="auto",
+            default_means="shm on the same host, nixl to another host when nixl is installed, "
+            "else inline",
+        ),
+    )
+    lease_ttl_s: float = field(
+        default=DEFAULT_LEASE_TTL_S,
+        metadata=flag("seconds an unreleased result is kept"),
+    )
     heartbeat_interval_s: float | None = None  # None: a third of the scheduler's lease TTL
     # batches expected within this many ms run on the event loop (None: see max_inline_ms_for)
-    max_inline_ms: float | None = None
+    max_inline_ms: float | None = field(
+        default=None,
+        metadata=flag(
+            "batches expected to finish within this many ms run on the event loop instead of "
+            "the tower's thread, whose hand-off costs more than that on small CPU machines",
+            env="EPD_MAX_INLINE_MS",
+            type=non_negative,
+            none_word="auto",
+            default_means=f"{CPU_MAX_INLINE_MS:g} on CPU, 0 on an accelerator; 0: always the "
+            "tower's thread",
+        ),
+    )
     transfer: TransferOptions = field(default_factory=TransferOptions)
-    # threads that decode and prepare images beside the tower (0: one per CPU this process may use)
-    preprocess_threads: int = 0
-    # where the image processor runs: auto (the tower's device where it can) or cpu
-    preprocess_device: str = "auto"
-    # the tower's attention and patch embedding (fast_tower): auto (fast on an accelerator)
-    attention: str = "auto"
-    patch_embedding: str = "auto"
+    preprocess_threads: int = field(
+        default=0,
+        metadata=flag(
+            "threads that decode images and run the model's image processor, in parallel with "
+            "the tower",
+            env="EPD_PREPROCESS_THREADS",
+            default_means="one per CPU this process may use",
+        ),
+    )
+    preprocess_device: str = field(
+        default="auto",
+        metadata=flag(
+            "where the image processor runs: auto (the tower's device where the processor can "
+            "run there: transformers' torchvision backend; else CPU) or cpu",
+            choices=PREPROCESS_DEVICES,
+        ),
+    )
+    attention: str = field(
+        default="auto",
+        metadata=flag(
+            "the tower's attention: packed (one SDPA call per run of equally long images or "
+            "windows of a batch packed in one sequence), sdpa or eager (transformers' own, per "
+            "image or window) or auto: packed on an accelerator where the family's tower packs "
+            "images (Qwen), else transformers' default",
+            name="vision-attention",
+            choices=ATTENTIONS,
+        ),
+    )
+    patch_embedding: str = field(
+        default="auto",
+        metadata=flag(
+            "a patch-embedding convolution whose stride is its kernel (Qwen's) runs as a matrix "
+            "product (matmul, as vLLM runs it) or as the convolution (conv); auto: matmul on an "
+            "accelerator, conv on CPU",
+            choices=PATCH_EMBEDDINGS,
+        ),
+    )
 
     def __post_init__(self) -> None:
         sizes = (self.max_batch_size, self.max_batch_wait_ms, self.cache_mb)
@@ -81,10 +188,6 @@ class EncodeConfig:
 EncodeApp = WorkerApp[EncodeWorker]
 """A running encode server (``stop`` drains, stops, frees every payload; ``worker.plane`` holds
 them, ``info.device`` is the tower's device)."""
-
-
-ACCELERATOR_BATCH_SIZE = 8
-CPU_MAX_INLINE_MS = 10.0
 
 
 def max_batch_size_for(device_type: str) -> int:

@@ -124,7 +124,12 @@ def changed_value(action: argparse.Action) -> str:
         return next(str(c) for c in action.choices if str(c) != str(action.default))
     if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
         return "1"
-    return "7" if isinstance(action.default, int | float) or action.type in (int, float) else "v1"
+    if isinstance(action.default, int | float) or action.type in (int, float):
+        return "7"
+    try:
+        return str(action.type("7")) if action.type else "v1"  # type: ignore[operator]
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        return "v1"
 
 
 def parser_actions(command: str) -> dict[str, argparse.Action]:
