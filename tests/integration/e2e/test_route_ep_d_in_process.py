@@ -1,0 +1,100 @@
+"""Route -> Scheduler -> encode_prefill worker (-> decode worker) in one process over real gRPC,
+on the session's vLLM engines: EPD and EP/D decode and hash each image once per deployment, in
+the route. The worker reads the pixels the route shared, tagged with the image's mm_hash, and
+names the picture by it for vLLM, which hashes no pixels either; the answer equals the
+transformers reference token for token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from epd.common.channels import create_channel
+from epd.common.roles import Role
+from epd.scheduler.app import build_scheduler_server
+from epd.server.decode.app import DecodeConfig, build_decode_server
+from epd.server.engine.reference import ReferenceEngine
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.route.app import RouteConfig, build_route_server
+from epd.v1 import route_service_pb2_grpc
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.integration.e2e.test_route_epd_in_process import chat_request
+from tests.pictures import picture
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(params=["epd", "ep-d"])
+async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str, Any]]:
+    """A route, a scheduler and an encode_prefill worker on the session's producer engine; for
+    EP/D also a decode worker on its consumer."""
+    is_split = request.param == "ep-d"
+    scheduler, scheduler_port = await build_scheduler_server()
+    endpoint = f"127.0.0.1:{scheduler_port}"
+    config = PrefillConfig(
+        tiny_model_dir, mode=Role.ENCODE_PREFILL, hands_off_kv=is_split, scheduler=endpoint
+    )
+    prefill = await build_prefill_server(config, engines[0])
+    workers = [prefill]
+    if is_split:
+        workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
+    route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny"))
+    async with create_channel(endpoint) as channel:
+        stub = scheduler_grpc.SchedulerServiceStub(channel)
+        for _ in range(200):
+            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
+            if len(listing.workers) == len(workers):
+                break
+            await asyncio.sleep(0.05)
+    channel = create_channel(f"127.0.0.1:{route.port}")
+    yield {
+        "stub": route_service_pb2_grpc.RouteServiceStub(channel),
+        "route": route,
+        "prefill": prefill,
+    }
+    await channel.close()
+    await route.stop()
+    for worker in reversed(workers):
+        await worker.stop()
+    await scheduler.drain_and_stop(0)
+
+
+async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
+    deployment, tiny_model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.multimodal.hasher import MultiModalHasher
+
+    from epd.server.media import loader
+
+    counts: Counter[str] = Counter()
+
+    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(loader, "decode_image", counted("decode", loader.decode_image))
+    monkeypatch.setattr(loader, "mm_hash", counted("hash", loader.mm_hash))
+    vllm_hash = staticmethod(counted("vllm hash", MultiModalHasher.hash_kwargs))
+    monkeypatch.setattr(MultiModalHasher, "hash_kwargs", vllm_hash)
+    image = picture(41, 300, 260)
+    request = chat_request([image], "describe", max_tokens=4, ignore_eos=True)
+    responses = [r async for r in deployment["stub"].Generate(request)]
+    tokens = [t for r in responses for t in r.token_ids]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe"}]}
+    ]
+    expected = ReferenceEngine(tiny_model_dir).generate(
+        messages, [image], max_tokens=4, ignore_eos=True
+    )
+    assert tokens == expected.token_ids
+    assert counts == {"decode": 1, "hash": 1}, "the route's decode and hash, and nobody else's"
+    assert deployment["prefill"].worker.images.loader.num_decoded == 0
+    assert deployment["route"].router.plane.held() == [], "the route released the pixels"
