@@ -103,49 +103,78 @@ async def stream_tokens(
     ``max_resumptions`` times; ``on_resumed`` is told each time (the failed role's name, tokens
     sent so far). ``prompt_for``: the prompt for each chosen worker (a retry on another host needs
     its embeddings there, a resumption needs them again), else ``call.prompt``."""
-    progress = Progress(call)
-    excluded = Excluded()
+    recovery = Recovery(Progress(call), max_resumptions)
     choice = first_choice
-    num_failures = num_resumptions = 0
-    lost: EpdError | None = None  # the failure being resumed from
     while True:
         attempt = Attempt()
         try:
-            async for piece in _attempt(peers, progress, attempt, choice, excluded, prompt_for):
+            async for piece in _attempt(peers, recovery, attempt, choice, prompt_for):
                 if attempt.release is None:
                     attempt.release = peers.background.start(on_prefilled())
                 yield piece
             return
         except EpdError as error:
-            if progress.is_finished:
+            if recovery.progress.is_finished:
                 return
-            resuming = bool(progress.sent)
-            if resuming and lost is not None and (attempt.prefill is None or is_no_worker(error)):
-                raise lost from error  # NOTE: no replica to resume on: the loss is the news
-            if (
-                attempt.prefill is None
-                or not is_resumable(error)
-                or (not resuming and num_failures + 1 >= MAX_PREFILL_ATTEMPTS)
-                or (resuming and num_resumptions >= max_resumptions)
-            ):
-                raise
+            recovery.check_recoverable(attempt, error)
             await _settle(attempt.release)
-            lost = error
-            failed = excluded.add(attempt, error)
-            num_failures += 1
-            num_resumptions += resuming
-            _log_failure(call.request_id, attempt, failed, error, len(progress.sent))
-            if resuming:
-                trace.get_current_span().add_event(
-                    RESUMED_EVENT,
-                    {"epd.failed_worker": failed, "epd.tokens_sent": len(progress.sent)},
-                )
-                if on_resumed is not None:
-                    on_resumed(attempt.failed_role(error), len(progress.sent))
-        if not progress.remaining:
+            recovery.recover_from(attempt, error, on_resumed)
+        if not recovery.progress.remaining:
             yield Piece([], generation_pb2.FINISH_REASON_LENGTH)
             return
         choice = None
+
+
+@dataclass
+class Recovery:
+    """Where one request's stream stands between attempts: what it sent, the workers it excluded,
+    its failures and resumptions so far, the failure being recovered from. The transitions:
+    ``check_recoverable`` (raise what ends the request), then ``recover_from`` (exclude the
+    failed worker and count the failure)."""
+
+    progress: Progress
+    max_resumptions: int
+    excluded: Excluded = field(default_factory=lambda: Excluded())
+    num_failures: int = 0
+    num_resumptions: int = 0
+    lost: EpdError | None = None
+
+    @property
+    def is_resuming(self) -> bool:
+        """Whether the client has tokens already: the next attempt continues after them."""
+        return bool(self.progress.sent)
+
+    def check_recoverable(self, attempt: Attempt, error: EpdError) -> None:
+        """Raise what ends the request after ``attempt`` failed with ``error``: the loss being
+        resumed from when no replica is left to resume on, else ``error`` itself when it is not
+        a worker's loss (or no worker was reached) or the tries are spent."""
+        lost = self.lost if self.is_resuming else None
+        if lost is not None and (attempt.prefill is None or is_no_worker(error)):
+            raise lost from error
+        if attempt.prefill is None or not is_resumable(error) or self._tries_spent():
+            raise error
+
+    def recover_from(self, attempt: Attempt, error: EpdError, on_resumed: OnResumed | None) -> None:
+        """Exclude the worker whose ``error`` failed ``attempt`` and count the failure (a
+        resumption when tokens were sent: a span event, and ``on_resumed`` told)."""
+        self.lost = error
+        failed = self.excluded.add(attempt, error)
+        self.num_failures += 1
+        self.num_resumptions += self.is_resuming
+        num_sent = len(self.progress.sent)
+        _log_failure(self.progress.call.request_id, attempt, failed, error, num_sent)
+        if not self.is_resuming:
+            return
+        trace.get_current_span().add_event(
+            RESUMED_EVENT, {"epd.failed_worker": failed, "epd.tokens_sent": num_sent}
+        )
+        if on_resumed is not None:
+            on_resumed(attempt.failed_role(error), num_sent)
+
+    def _tries_spent(self) -> bool:
+        if self.is_resuming:
+            return self.num_resumptions >= self.max_resumptions
+        return self.num_failures + 1 >= MAX_PREFILL_ATTEMPTS
 
 
 @dataclass
@@ -183,16 +212,16 @@ class Excluded:
 
 async def _attempt(
     peers: Peers,
-    progress: Progress,
+    recovery: Recovery,
     attempt: Attempt,
     choice: scheduler_pb.ChoosePrefillResponse | None,
-    excluded: Excluded,
     prompt_for: PromptFor | None,
 ) -> AsyncIterator[Piece]:
-    """The pieces of one attempt, each recorded in ``progress``."""
+    """The pieces of one attempt, each recorded in ``recovery.progress``."""
+    progress = recovery.progress
     call = progress.call
     if choice is None:
-        choice = await choose_prefill(peers, call, excluded.prefill)
+        choice = await choose_prefill(peers, call, recovery.excluded.prefill)
     worker = attempt.prefill = choice.worker
     prompt = call.prompt if prompt_for is None else await prompt_for(worker)
     call = progress.continued(prompt)
@@ -200,7 +229,7 @@ async def _attempt(
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
     if hands_off_kv(role_from_proto(worker.role), call.live_roles):
-        pieces = _prefill_then_decode(peers, call, worker, attempt, excluded.decode)
+        pieces = _prefill_then_decode(peers, call, worker, attempt, recovery.excluded.decode)
     else:
         pieces = _prefill_decode(peers, call, worker.endpoint)
     async for piece in pieces:

@@ -21,6 +21,11 @@ class RouteMetrics:
     """The route's metrics, registered in ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._add_request_metrics(registry)
+        self._add_routing_metrics(registry)
+
+    def _add_request_metrics(self, registry: CollectorRegistry) -> None:
+        """Requests: outcomes, latencies, tokens and images."""
         self.requests = Counter(
             "epd_route_requests",
             "Generate requests ended, by outcome (ok, error, cancelled) and gRPC status code",
@@ -62,6 +67,9 @@ class RouteMetrics:
             buckets=COUNT_BUCKETS,
             registry=registry,
         )
+
+    def _add_routing_metrics(self, registry: CollectorRegistry) -> None:
+        """How requests were routed: encode retries, resumptions, the scheduler's absence."""
         self.encode_retries = Counter(
             "epd_route_encode_retries",
             "Images sent to another encoder after their encoder failed (UNAVAILABLE or died)",
