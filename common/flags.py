@@ -45,7 +45,8 @@ class Flag:
     ``default_means``: what the default does, after it ("default auto: ..."). ``none_word``: the
     word that sets the field to None ("auto"). ``minimum``: the smallest value the variable may
     hold. ``negatable``: a switch that also has ``--no-NAME``. ``old_env``: a deprecated name of
-    the variable, which wins when set (with a warning).
+    the variable, which wins when set (with a warning). ``repeatable``: the flag may be given
+    several times, each value one item of the field (no variable).
     """
 
     help: str
@@ -61,6 +62,7 @@ class Flag:
     minimum: float | None = None
     negatable: bool = False
     old_env: str | None = None
+    repeatable: bool = False
 
 
 def flag(help: str, **spelling: Any) -> dict[str, Flag]:
@@ -103,6 +105,28 @@ def add_dataclass_arguments(
         )
 
 
+def add_passed_on_arguments(
+    container: argparse._ActionsContainer, cls: type, names: Mapping[str, str | None]
+) -> None:
+    """Flags of dataclass ``cls``'s fields ``names`` for a command that hands them on, when
+    given, to the processes it starts (``epd up`` to its workers): they default to None and read
+    no variable (the processes read their own). The help states the default of the field, or
+    ``names[field]`` when that is not None."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        spec = flag_of(field)
+        if spec is None or field.name not in names:
+            continue
+        note = names[field.name]
+        spec = dataclasses.replace(
+            spec, env=None, old_env=None, default_help=note or spec.default_help
+        )
+        kind = scalar_type(hints[field.name])
+        add_flag(
+            container, dest_of(field), spec, default=field_default(field), kind=kind, unset=True
+        )
+
+
 def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     """``cls`` built from the flags ``add_dataclass_arguments`` added (in their field's unit),
     and ``given`` for other fields; a field whose flag was not added keeps its default."""
@@ -112,29 +136,46 @@ def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
         if spec is None or field.name in values or dest_of(field) not in vars(args):
             continue
         value = getattr(args, dest_of(field))
-        values[field.name] = int(value * spec.unit) if spec.unit and value is not None else value
+        if value == "" and field.default is None:
+            value = None  # NOTE: an empty text unsets a field that may be None, as in a variable
+        if spec.unit and value is not None:
+            value = int(value * spec.unit)
+        values[field.name] = tuple(value) if spec.repeatable else value
     return cls(**values)
 
 
 def add_flag(
-    container: argparse._ActionsContainer, dest: str, spec: Flag, *, default: Any, kind: type
+    container: argparse._ActionsContainer,
+    dest: str,
+    spec: Flag,
+    *,
+    default: Any,
+    kind: type,
+    unset: bool = False,
 ) -> argparse.Action:
     """Add ``--DEST`` (dashes for underscores) of type ``kind`` (int, float, str, bool: a
     switch, or an Enum); its default is ``spec.env``'s value when that is set, else
-    ``default``. ValueError naming the variable when its value is malformed."""
+    ``default``, or None when ``unset`` (the help still states ``default``). ValueError naming
+    the variable when its value is malformed."""
     option = "--" + (spec.name or dest.replace("_", "-"))
+    if isinstance(kind, enum.EnumMeta):
+        return add_enum_flag(container, option, dest, spec, default=default, kind=kind)
     parse = text_parser(spec, kind)
-    choices = spec.choices or (tuple(kind) if isinstance(kind, enum.EnumMeta) else None)
+    choices = spec.choices
     # NOTE: argparse passes a text default through the type, so the word gives None there too.
     value = spec.none_word if default is None and spec.none_word else default
     text, variable = environment_text(spec, option)
     if text:
         value = environment_value(variable, spec, text, parse, choices)
+    if unset:
+        value = None
     options: dict[str, Any] = {"dest": dest, "default": value, "help": help_text(spec, default)}
-    if kind is bool:
+    if spec.repeatable:
+        options.update(action="append", type=parse, default=list(value), metavar=spec.metavar)
+    elif kind is bool:
         options["action"] = argparse.BooleanOptionalAction if spec.negatable else "store_true"
     elif spec.none_word:
-        words = WordAndChoices((spec.none_word, *choices)) if choices else None
+        words = Choices((spec.none_word, *choices), (None,)) if choices else None
         options.update(type=NoneOr(spec.none_word, parse), choices=words, metavar=spec.metavar)
     else:
         options.update(type=parse, choices=choices, metavar=spec.metavar)
@@ -155,7 +196,7 @@ def environment_text(spec: Flag, option: str) -> tuple[str, str]:
     return "", ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class NoneOr:
     """A flag's type whose ``word`` gives None, and any other text ``parse``'s value."""
 
@@ -173,12 +214,61 @@ class NoneOr:
             raise argparse.ArgumentTypeError(f"expected {self.word} or {reason}") from None
 
 
-class WordAndChoices(tuple[Any, ...]):
-    """The choices of a flag whose first choice, a word, gives None (argparse checks the value
-    its type gave, None for the word)."""
+class Choices(tuple[str, ...]):
+    """A flag's choices as the command line spells them, which also holds the values its type
+    gives for them (argparse checks those): an enum's members, None for a word."""
+
+    accepted: frozenset[Any]
+
+    def __new__(cls, words: tuple[Any, ...], accepted: tuple[Any, ...]) -> Choices:
+        choices = super().__new__(cls, words)
+        choices.accepted = frozenset(accepted)
+        return choices
 
     def __contains__(self, value: object) -> bool:
-        return value is None or tuple.__contains__(self, value)
+        return value in self.accepted or tuple.__contains__(self, value)
+
+
+def add_enum_flag(
+    container: argparse._ActionsContainer,
+    option: str,
+    dest: str,
+    spec: Flag,
+    *,
+    default: enum.Enum,
+    kind: enum.EnumMeta,
+) -> argparse.Action:
+    """``add_flag`` for an enum field: its members (or ``spec.choices``) spelled by their label
+    or value."""
+    members: dict[str, Any] = {shown(member): member for member in (spec.choices or kind)}
+    parse = EnumWord(members)
+    value = shown(default)
+    text, variable = environment_text(spec, option)
+    if text:
+        value = shown(environment_value(variable, spec, text, parse, None))
+    return container.add_argument(
+        option,
+        dest=dest,
+        # NOTE: argparse passes the text default through the type.
+        default=value,
+        type=parse,
+        choices=Choices(tuple(members), tuple(members.values())),
+        metavar=spec.metavar,
+        help=help_text(spec, default),
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EnumWord:
+    """An enum flag's type: the member a word spells."""
+
+    members: Mapping[str, Any]
+
+    def __call__(self, text: str) -> Any:
+        if text not in self.members:
+            words = ", ".join(self.members)
+            raise argparse.ArgumentTypeError(f"expected one of {words}, got {text!r}")
+        return self.members[text]
 
 
 def environment_value(
@@ -208,12 +298,28 @@ def environment_value(
 def text_parser(spec: Flag, kind: type) -> Callable[[str], Any]:
     """What turns the flag's or the variable's text into its value."""
     if spec.type is not None:
-        return spec.type
+        return Explained(spec.type)
+    if spec.repeatable:
+        return str
     if kind is bool:
         return parse_bool
     if spec.unit:
         return float
     return kind
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Explained:
+    """A flag's own type, whose ValueError argparse shows (it shows only its own message for
+    ``int``'s and ``float``'s)."""
+
+    parse: Callable[[str], Any]
+
+    def __call__(self, text: str) -> Any:
+        try:
+            return self.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_bool(text: str) -> bool:
@@ -245,7 +351,7 @@ def help_text(spec: Flag, default: Any) -> str:
         default = spec.none_word
     if spec.default_help is not None:
         parts.append(spec.default_help)
-    elif default is not None and default != "":
+    elif default is not None and shown(default) != "":
         means = f": {spec.default_means}" if spec.default_means else ""
         parts.append(f"default {shown(default)}{means}")
     return f"{spec.help} ({'; '.join(parts)})" if parts else spec.help
@@ -258,7 +364,7 @@ def shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, enum.Enum):
-        return str(value.value)
+        return str(getattr(value, "label", value.value))
     if isinstance(value, tuple | list):
         return ",".join(str(item) for item in value)
     return str(value)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
+from epd.common.flags import flag
 from epd.launch.launcher import Child, Deployment
 
 T = TypeVar("T")
@@ -23,7 +24,13 @@ class WatchOptions:
     """``max_restarts``: how many times one child is restarted (0: a dead child ends the
     deployment). ``interval_s``: how often children are checked."""
 
-    max_restarts: int = 3
+    max_restarts: int = field(
+        default=3,
+        metadata=flag(
+            "with --keep: restarts of one service before the deployment stops; 0: the first "
+            "death stops it"
+        ),
+    )
     interval_s: float = 1.0
 
     def __post_init__(self) -> None:

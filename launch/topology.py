@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from epd.common.cpus import format_cpu_list
-from epd.common.options import field_default
+from epd.common.flags import flag
 from epd.common.roles import Role
 from epd.launch.cpu_layout import Service
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.core import DEFAULT_POLICY
+from epd.scheduler.model import Policy
 
 TOPOLOGIES = {
     "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",
@@ -51,6 +52,30 @@ METRICS_OFFSET = 20
 LAUNCHER_CPU_KV_CACHE_MB = 128
 
 
+def names(text: str) -> tuple[str, ...]:
+    """``"cuda,cuda,cpu"`` -> ("cuda", "cuda", "cpu")."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def counts(text: str) -> tuple[int, ...]:
+    """``"2,1"`` -> (2, 1); ValueError names what is wrong."""
+    try:
+        return tuple(int(part) for part in names(text))
+    except ValueError:
+        raise ValueError(f"{text!r}: expected integers like 2,1") from None
+
+
+def at_least_one(text: str) -> int:
+    """A whole number of at least 1; ValueError otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"expected at least 1, got {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class EngineWorker:
     """One engine worker to start: ``name`` of its service (log, ``--cpus``, endpoints file),
@@ -77,20 +102,91 @@ class Topology:
     its mode); ``num_decode``: replicas of the decode worker, 1 where there is none.
     """
 
-    name: str = "epd"
-    num_encoders: int = 1
-    policy: str = field_default(SchedulerConfig, "default_policy").value
-    split_ratio: str = ""
+    name: str = field(
+        default="epd",
+        metadata=flag(
+            "; ".join(f"{name}: {meaning}" for name, meaning in TOPOLOGIES.items()),
+            name="topology",
+            choices=tuple(sorted(TOPOLOGIES)),
+        ),
+    )
+    num_encoders: int = field(
+        default=1,
+        metadata=flag(
+            "number of encoders for epd and e-pd, each on --encoder-devices' default",
+            name="encoders",
+        ),
+    )
+    policy: str = field(
+        default=DEFAULT_POLICY.value,
+        metadata=flag(
+            "encoder assignment policy when a request names none",
+            name="default-policy",
+            choices=tuple(policy.value for policy in Policy),
+        ),
+    )
+    split_ratio: str = field(
+        default="",
+        metadata=flag(
+            "ACCELERATOR:CPU shares for per_request, e.g. 8:1", default_help="default: weights"
+        ),
+    )
     kv_cache_mb: int | None = LAUNCHER_CPU_KV_CACHE_MB
     http: bool = True
-    encoder_threads: tuple[int, ...] = ()
-    engine: str = "auto"
+    encoder_threads: tuple[int, ...] = field(
+        default=(),
+        metadata=flag(
+            "CPU threads of each encoder in order, e.g. 2,1 makes the second encoder of "
+            "dual-encoder the slower one",
+            type=counts,
+            default_help="default: torch's default",
+        ),
+    )
+    engine: str = field(
+        default="auto",
+        metadata=flag(
+            "prefill workers' engine: vllm, transformers (no vLLM needed; e-pd, epd1 and "
+            "dual-encoder only) or auto: vllm when installed",
+            choices=ENGINES,
+        ),
+    )
     engine_flags: tuple[str, ...] = ()
     vllm_args: tuple[str, ...] = ()
     cpus: tuple[tuple[str, str], ...] = ()
-    devices: tuple[str, ...] = ()
-    num_prefill: int = 1
-    num_decode: int = 1
+    devices: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "the device of each encoder, in order, e.g. cuda,cuda,cpu (the number of encoders "
+            "follows the list; several may share one GPU): auto, cpu, cuda, cuda:N, xpu or xpu:N",
+            name="encoder-devices",
+            type=names,
+            metavar="LIST",
+            default_help="default: every encoder on auto, the accelerator where there is one, "
+            "else CPU; dual-encoder: auto,cpu",
+        ),
+    )
+    num_prefill: int = field(
+        default=1,
+        metadata=flag(
+            "replicas of the prefill-side engine worker (prefill for epd, encode+prefill for "
+            "ep-d, prefill+decode for e-pd and dual-encoder, encode+prefill+decode for epd1): "
+            "services prefill, prefill1.., worker ids prefill0.., sharing the accelerator; the "
+            "scheduler picks among them by cached prefix, then load",
+            name="prefill-workers",
+            type=at_least_one,
+            metavar="N",
+        ),
+    )
+    num_decode: int = field(
+        default=1,
+        metadata=flag(
+            "replicas of the decode worker of epd and ep-d: services decode, decode1.., worker "
+            "ids decode0..",
+            name="decode-workers",
+            type=at_least_one,
+            metavar="N",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.name not in TOPOLOGIES:

@@ -11,14 +11,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from epd.client.errors import EpdClientError
 from epd.client.messages import user
 from epd.client.sdk import AsyncEpdClient
 from epd.common.cpus import allowed_cpus
-from epd.common.options import field_default
+from epd.common.flags import add_dataclass_arguments, flag
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
 from epd.launch.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
@@ -26,7 +26,7 @@ from epd.launch.entry_cli import add_entry_arguments, public_entry
 from epd.launch.launcher import Child, Deployment, start_topology
 from epd.launch.monitor import ChildDied, WatchOptions, until_a_child_dies, watch
 from epd.launch.public_entry import PublicEntry, child_env
-from epd.launch.topology import ENGINES, TOPOLOGIES, Topology, check_ports
+from epd.launch.topology import TOPOLOGIES, Topology, check_ports
 from epd.launch.topology_cli import add_topology_arguments, topology_of
 from epd.launch.traces import summarise
 from epd.launch.up_engine import add_engine_arguments, check_engine_args, engine_settings
@@ -43,109 +43,110 @@ DEFAULT_MODEL = Path(".epd/models/tiny")
 SPAN_FILE = "spans.jsonl"
 
 
+@dataclass(frozen=True, slots=True)
+class UpRun:
+    """The settings of one ``epd up`` run besides its model, topology and engines: how it lays
+    out and numbers its services, its demo request, where it writes. Its fields declare their
+    flags."""
+
+    model_id: str = field(
+        default="",
+        metadata=flag("model name", default_help="default: the hub id, or the directory name"),
+    )
+    cpu_layout: str = field(
+        default="auto",
+        metadata=flag(
+            "how the services share the CPUs this process may use: shared (every service on "
+            "every CPU), split (scheduler and route on the first CPUs, each engine and encoder "
+            "on its own, threads sized to them) or auto: split when each CPU-bound engine and "
+            f"encoder gets at least {MIN_SPLIT_CPUS} CPUs, else shared",
+            choices=LAYOUTS,
+        ),
+    )
+    cpus: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "pin one service by hand, e.g. --cpus prefill=0-7 --cpus encode0=8-11 (names: "
+            "scheduler, route, prefill, prefill1.., decode, decode1.., encode0..); the layout "
+            "places the others on the CPUs left (repeatable)",
+            metavar="NAME=LIST",
+            repeatable=True,
+        ),
+    )
+    base_port: int = field(
+        default=0,
+        metadata=flag(
+            "route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, encoders "
+            "BASE+4..BASE+9, OpenAI HTTP BASE+10, the other engine replicas (prefill1.., then "
+            "decode1..) BASE+11..BASE+19",
+            default_means="free ports",
+        ),
+    )
+    question: str = field(
+        default="What is in this picture?", metadata=flag("the question of the demo request")
+    )
+    image: Path | None = field(
+        default=None,
+        metadata=flag("image of the demo request", default_help="default: a generated picture"),
+    )
+    max_tokens: int = field(default=16, metadata=flag("tokens to generate"))
+    no_demo: bool = field(
+        default=False,
+        metadata=flag("skip the demo request (with --keep: just start the deployment)"),
+    )
+    endpoints_file: Path | None = field(
+        default=None,
+        metadata=flag(
+            "once ready, write the endpoints of every service there as JSON (its 'metrics' "
+            "maps each service to its Prometheus URL)"
+        ),
+    )
+    metrics: bool = field(
+        default=True,
+        metadata=flag(
+            "every service serves Prometheus metrics on a free port (BASE+20+its offset with "
+            "--base-port); the URLs are printed",
+            negatable=True,
+        ),
+    )
+    keep: bool = field(
+        default=False,
+        metadata=flag(
+            "leave the deployment running after the demo (Ctrl-C stops it). A service that "
+            "dies is reported in one line (name, pid, exit code or signal, log) and restarted, "
+            "up to --max-restarts times, then the deployment stops (exit 1). Without --keep a "
+            "service that dies stops the deployment at once (exit 1)"
+        ),
+    )
+    run_dir: Path = field(
+        default=Path(".epd/run"),
+        metadata=flag("logs and spans go to RUN_DIR/TIMESTAMP"),
+    )
+    trace_max_mb: int = field(
+        default=DEFAULT_SPAN_FILE_MB,
+        metadata=flag(
+            f"every service appends its spans to RUN_DIR/TIMESTAMP/{SPAN_FILE}, rotated to "
+            f"{SPAN_FILE}.1 when it reaches half this size: the two hold at most this many MiB; "
+            "0: no cap",
+            env="EPD_TRACE_FILE_MAX_MB",
+            type=mebibytes,
+        ),
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``epd up``."""
-    max_restarts = field_default(WatchOptions, "max_restarts")
+    """Flags of ``epd up``: ``UpRun``'s, ``Topology``'s, the engines' and ``WatchOptions``'."""
     add_model_arguments(
         parser,
         required=False,
         what=f"resolved once and passed to every service as a directory; default {DEFAULT_MODEL}, "
         "the tiny model, built there if absent",
     )
-    parser.add_argument(
-        "--model-id", default="", help="model name (default: the hub id, or the directory name)"
-    )
     add_topology_arguments(parser)
-    parser.add_argument(
-        "--cpu-layout",
-        choices=LAYOUTS,
-        default="auto",
-        help="how the services share the CPUs this process may use: shared (every service on "
-        "every CPU), split (scheduler and route on the first CPUs, each engine and encoder on "
-        "its own, threads sized to them) or auto: split when each CPU-bound engine and "
-        f"encoder gets at least {MIN_SPLIT_CPUS} CPUs, else shared (default auto)",
-    )
-    parser.add_argument(
-        "--cpus",
-        action="append",
-        default=[],
-        metavar="NAME=LIST",
-        help="pin one service by hand, e.g. --cpus prefill=0-7 --cpus encode0=8-11 (names: "
-        "scheduler, route, prefill, prefill1.., decode, decode1.., encode0..); the layout "
-        "places the others on the CPUs left (repeatable)",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default=field_default(Topology, "engine"),
-        help="prefill workers' engine: vllm, transformers (no vLLM needed; "
-        "e-pd, epd1 and dual-encoder only) or auto: vllm when installed "
-        f"(default {field_default(Topology, 'engine')})",
-    )
     add_engine_arguments(parser)
-    parser.add_argument(
-        "--base-port",
-        type=int,
-        default=0,
-        help="route on BASE, scheduler BASE+1, prefill BASE+2, decode BASE+3, "
-        "encoders BASE+4..BASE+9, OpenAI HTTP BASE+10, the other engine replicas (prefill1.., "
-        "then decode1..) BASE+11..BASE+19 (default 0: free ports)",
-    )
     add_entry_arguments(parser)
-    parser.add_argument(
-        "--question", default="What is in this picture?", help="the question of the demo request"
-    )
-    parser.add_argument(
-        "--image", type=Path, help="image of the demo request (default: a generated picture)"
-    )
-    parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate")
-    parser.add_argument(
-        "--no-demo",
-        action="store_true",
-        help="skip the demo request (with --keep: just start the deployment)",
-    )
-    parser.add_argument(
-        "--endpoints-file",
-        type=Path,
-        help="once ready, write the endpoints of every service there as JSON "
-        "(its 'metrics' maps each service to its Prometheus URL)",
-    )
-    parser.add_argument(
-        "--metrics",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="every service serves Prometheus metrics on a free port (BASE+20+its "
-        "offset with --base-port); the URLs are printed (default on)",
-    )
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="leave the deployment running after the demo (Ctrl-C stops it). A service that "
-        "dies is reported in one line (name, pid, exit code or signal, log) and restarted, up to "
-        "--max-restarts times, then the deployment stops (exit 1). Without --keep a service "
-        "that dies stops the deployment at once (exit 1)",
-    )
-    parser.add_argument(
-        "--run-dir",
-        type=Path,
-        default=Path(".epd/run"),
-        help="logs and spans go to RUN_DIR/TIMESTAMP (default .epd/run)",
-    )
-    parser.add_argument(
-        "--max-restarts",
-        type=int,
-        default=max_restarts,
-        help=f"with --keep: restarts of one service before the deployment stops (default "
-        f"{max_restarts}; 0: the first death stops it)",
-    )
-    parser.add_argument(
-        "--trace-max-mb",
-        type=mebibytes,
-        default=os.environ.get("EPD_TRACE_FILE_MAX_MB", str(DEFAULT_SPAN_FILE_MB)),
-        help=f"every service appends its spans to RUN_DIR/TIMESTAMP/{SPAN_FILE}, rotated to "
-        f"{SPAN_FILE}.1 when it reaches half this size: the two hold at most this many MiB "
-        f"(0: no cap; env EPD_TRACE_FILE_MAX_MB; default {DEFAULT_SPAN_FILE_MB})",
-    )
+    add_dataclass_arguments(parser, UpRun)
+    add_dataclass_arguments(parser, WatchOptions)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,104 +13,57 @@ from __future__ import annotations
 
 import argparse
 
+from epd.common.flags import add_passed_on_arguments
 from epd.launch.topology import LAUNCHER_CPU_KV_CACHE_MB
-from epd.server.engine.base import DEFAULT_MAX_MODEL_LEN
-from epd.server.engine.device import (
-    CPU,
-    CPU_KV_CACHE_MB,
-    DEFAULTS,
-    DEVICE_CHOICES,
-    DTYPE_CHOICES,
-    device_type,
+from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEVICE_CHOICES, device_type
+from epd.server.engine.engine_cli import (
+    add_vllm_arguments,
+    has_engine_args,
+    refuse_engine_args,
+    vllm_installed,
 )
-from epd.server.engine.engine_cli import has_engine_args, refuse_engine_args, vllm_installed
+from epd.server.engine.settings import EngineSettings
 from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_process import model_cpus
 
 SHARED_GPU_MEMORY = 0.9
-PASSED_ON = (
-    "dtype",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "cpu_threads",
-)
+_VLLM = VllmOptions()
+# The engine flags of epd up, each with the default it applies when it is not the workers' own
+# (None): the KV cache and --enforce-eager are passed on their own way, the others as given.
+ENGINE_FLAGS: dict[str, str | None] = {
+    "dtype": None,
+    "kv_cache_mb": f"default {LAUNCHER_CPU_KV_CACHE_MB} on CPU, the launcher's choice for several "
+    f"engines on one machine where `epd prefill` alone takes {CPU_KV_CACHE_MB}; on CUDA sized "
+    "from each engine's share of the GPU's memory",
+    "gpu_memory_utilization": f"default: vLLM's {_VLLM.gpu_memory_utilization} for one engine, "
+    f"{SHARED_GPU_MEMORY} split evenly when prefill and decode workers share the GPU",
+    "tensor_parallel_size": None,
+    "max_model_len": None,
+    "max_num_seqs": None,
+    "max_num_batched_tokens": None,
+    "cpu_threads": "default: vLLM's CPU binding, one per physical core of the first NUMA node "
+    "less those vLLM reserves and at most every CPU but one, split evenly between the engines",
+    "enforce_eager": None,
+}
+PASSED_ON = tuple(name for name in ENGINE_FLAGS if name not in ("kv_cache_mb", "enforce_eager"))
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Engine flags of ``epd up`` (passed to the prefill and decode workers)."""
-    add = parser.add_argument
-    cpu, cuda, vllm = DEFAULTS[CPU], DEFAULTS["cuda"], VllmOptions()
-    add(
+    """Engine flags of ``epd up``: ``EngineSettings``' flags, passed to the prefill and decode
+    workers when given (the launcher's own defaults in ``ENGINE_FLAGS``), and vLLM's arguments."""
+    parser.add_argument(
         "--device",
         choices=DEVICE_CHOICES,
         default="auto",
         help="where the engines run: cuda, cpu or auto: cuda where usable (default auto); "
         "encoders keep their own devices (--topology)",
     )
-    add(
-        "--dtype",
-        choices=DTYPE_CHOICES,
-        help=f"engine dtype (default: {cuda.dtype} on CUDA, {cpu.dtype} on CPU)",
-    )
-    add(
-        "--kv-cache-mb",
-        type=int,
-        help=f"KV cache per engine in MiB (default {LAUNCHER_CPU_KV_CACHE_MB} on CPU, the "
-        f"launcher's choice for several engines on one machine where `epd prefill` alone takes "
-        f"{CPU_KV_CACHE_MB}; on CUDA sized from each engine's share of the GPU's memory)",
-    )
-    add(
-        "--gpu-memory-utilization",
-        type=float,
-        help="share of the GPU's memory of each engine (default: vLLM's "
-        f"{vllm.gpu_memory_utilization} for one engine, {SHARED_GPU_MEMORY} split evenly when "
-        "prefill and decode workers share the GPU)",
-    )
-    add(
-        "--tensor-parallel-size",
-        type=int,
-        help=f"GPUs per engine (default {vllm.tensor_parallel_size})",
-    )
-    add(
-        "--max-model-len",
-        type=int,
-        help=f"longest prompt + output in tokens (default {DEFAULT_MAX_MODEL_LEN})",
-    )
-    add("--max-num-seqs", type=int, help="sequences per engine step (default: vLLM's)")
-    add("--max-num-batched-tokens", type=int, help="tokens per engine step (default: vLLM's)")
-    add(
-        "--cpu-threads",
-        type=int,
-        help="vLLM on CPU: each engine's model threads (default: vLLM's CPU binding, one per "
-        "physical core of the first NUMA node less those vLLM reserves and at most every CPU "
-        "but one, split evenly between the engines)",
-    )
-    add(
-        "--enforce-eager",
-        action=argparse.BooleanOptionalAction,
-        help="eager engines, or compiled with --no-enforce-eager (default: "
-        f"{'eager' if cpu.enforce_eager else 'compiled'} on CPU, "
-        f"{'eager' if cuda.enforce_eager else 'compiled'} on CUDA)",
-    )
-    add(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="any field of vLLM's AsyncEngineArgs for every vLLM engine, repeatable "
-        "(quantization=fp8, enable_prefix_caching=true); wins over the flags above (epd "
-        "prefill --help)",
-    )
-    add(
-        "vllm_args",
-        nargs="*",
-        metavar="-- VLLM_ARG",
-        help="after --: vLLM engine arguments in vLLM's spelling for every vLLM engine "
-        "(-- --max-num-seqs 4)",
+    add_passed_on_arguments(parser, EngineSettings, ENGINE_FLAGS)
+    add_vllm_arguments(
+        parser,
+        engines=" for every vLLM engine",
+        wins="It wins over the flags above (epd prefill --help)",
     )
 
 

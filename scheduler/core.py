@@ -11,9 +11,10 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.flags import flag
 from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
 from epd.scheduler.model import (
     Assignment,
@@ -29,10 +30,21 @@ from epd.scheduler.policies.encoders import (
     EncoderPolicy,
     EncoderView,
     make_policy,
+    parse_split_ratio,
 )
 from epd.scheduler.policies.routing import PrefixIndex
 from epd.scheduler.policies.stats import Ewma, ServiceTimes
 from epd.scheduler.registry import Clock, Registry
+
+DEFAULT_POLICY = Policy.ADAPTIVE
+
+
+def split_ratio(text: str) -> tuple[float, float]:
+    """``--split-ratio``'s shares (``parse_split_ratio``); ValueError when malformed."""
+    try:
+        return parse_split_ratio(text)
+    except InvalidArgument as e:
+        raise ValueError(e.message) from None
 
 
 @dataclass(slots=True)
@@ -55,13 +67,38 @@ class SchedulerConfig:
     """Deployment-level settings: the defaults of ``epd scheduler``'s flags (ValueError for a
     TTL or probe interval that is not positive)."""
 
-    default_policy: Policy = Policy.ADAPTIVE
-    split_ratio: tuple[float, float] | None = None
-    ttl_s: float = 10.0
+    default_policy: Policy = field(
+        default=DEFAULT_POLICY,
+        metadata=flag(
+            "encoder assignment policy when a request names none", env="EPD_SCHEDULER_POLICY"
+        ),
+    )
+    split_ratio: tuple[float, float] | None = field(
+        default=None,
+        metadata=flag(
+            "ACCELERATOR:CPU shares for per_request (and adaptive's prior), e.g. 8:1",
+            env="EPD_SPLIT_RATIO",
+            type=split_ratio,
+            metavar="SPLIT_RATIO",
+            default_help="default: the workers' weights",
+        ),
+    )
+    ttl_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "a worker missing heartbeats this long is evicted", env="EPD_SCHEDULER_TTL_S"
+        ),
+    )
     assignment_timeout_s: float = 300.0
     max_remembered_hashes: int = 100_000
-    # an encoder without a fresh service-time sample for this long is probed (adaptive)
-    probe_after_s: float = 5.0
+    probe_after_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "adaptive sends one item to an idle encoder whose service time has had no fresh "
+            "sample this long",
+            env="EPD_SCHEDULER_PROBE_AFTER_S",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.ttl_s > 0:

@@ -126,10 +126,14 @@ def changed_value(action: argparse.Action) -> str:
         return "1"
     if isinstance(action.default, int | float) or action.type in (int, float):
         return "7"
-    try:
-        return str(action.type("7")) if action.type else "v1"  # type: ignore[operator]
-    except (ValueError, TypeError, argparse.ArgumentTypeError):
-        return "v1"
+    for text in ("7", "v1", "8:1"):  # NOTE: the first text the flag's own type takes
+        try:
+            if action.type:
+                action.type(text)  # type: ignore[operator]
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            continue
+        return text
+    return "v1"
 
 
 def parser_actions(command: str) -> dict[str, argparse.Action]:

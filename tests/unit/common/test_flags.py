@@ -4,12 +4,20 @@ declared once on the field, the variable parsed with the field's type."""
 from __future__ import annotations
 
 import argparse
+import enum
 from dataclasses import dataclass, field
 
 import pytest
 
 from epd.common.config_file import config_arguments
-from epd.common.flags import Flag, add_dataclass_arguments, add_flag, flag, from_arguments
+from epd.common.flags import (
+    Flag,
+    add_dataclass_arguments,
+    add_flag,
+    add_passed_on_arguments,
+    flag,
+    from_arguments,
+)
 
 MiB = 1 << 20
 
@@ -153,3 +161,68 @@ def test_a_config_file_sets_generated_flags_and_the_variable_wins() -> None:
     built = from_arguments(Options, parser.parse_args(arguments))
     assert built.size_bytes == 3 * MiB and built.verbose and built.eager is False
     assert built.count == 3  # NOTE: the variable wins over the file (and is read by the parser)
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True, slots=True)
+class More:
+    color: Color = field(default=Color.RED, metadata=flag("a color", env="EPD_T_COLOR"))
+    kind: str | None = field(
+        default=None,
+        metadata=flag("a kind", env="EPD_T_KIND", choices=("x", "y"), none_word="auto"),
+    )
+    where: str = field(
+        default="here", metadata=flag("a place", env="EPD_T_WHERE", old_env="EPD_T_OLD")
+    )
+    items: tuple[str, ...] = field(default=(), metadata=flag("an item", repeatable=True))
+    label: str | None = field(default=None, metadata=flag("a label"))
+
+
+def parse_more(*argv: str) -> More:
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, More)
+    return from_arguments(More, parser.parse_args(list(argv)))
+
+
+@pytest.fixture
+def more_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("COLOR", "KIND", "WHERE", "OLD"):
+        monkeypatch.delenv(f"EPD_T_{name}", raising=False)
+    return monkeypatch
+
+
+def test_enums_words_and_repeatable_flags(more_variables: pytest.MonkeyPatch) -> None:
+    assert parse_more() == More()
+    built = parse_more("--color", "blue", "--kind", "y", "--items", "a", "--items", "b")
+    assert (built.color, built.kind, built.items) == (Color.BLUE, "y", ("a", "b"))
+    assert parse_more("--kind", "auto").kind is None and parse_more("--label", "").label is None
+    more_variables.setenv("EPD_T_COLOR", "blue")
+    more_variables.setenv("EPD_T_KIND", "x")
+    assert (parse_more().color, parse_more().kind) == (Color.BLUE, "x")
+    with pytest.raises(SystemExit):
+        parse_more("--kind", "z")
+
+
+def test_an_old_variable_wins_with_a_warning(
+    more_variables: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    more_variables.setenv("EPD_T_WHERE", "there")
+    assert parse_more().where == "there"
+    more_variables.setenv("EPD_T_OLD", "elsewhere")
+    assert parse_more().where == "elsewhere"
+    assert "$EPD_T_OLD is deprecated: set EPD_T_WHERE (or --where)" in capsys.readouterr().err
+
+
+def test_passed_on_flags_default_to_none_and_read_no_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EPD_T_COUNT", "5")
+    parser = argparse.ArgumentParser()
+    add_passed_on_arguments(parser, Options, {"count": None, "port": "default: theirs"})
+    assert vars(parser.parse_args([])) == {"count": None, "port": None}
+    found = {action.dest: action.help for action in parser._actions}
+    assert found["count"] == "how many (default 3)" and found["port"] == "a port (default: theirs)"

@@ -78,7 +78,6 @@ def test_encoders_follow_the_accelerator_of_the_machine(monkeypatch: pytest.Monk
     monkeypatch.setattr(up_cli, "cuda_device_index", lambda: 0)
     monkeypatch.setattr(up_cli, "allowed_cpus", lambda: list(range(16)))
     args = parse("--topology", "e-pd", "--encoder-devices", "auto,cuda,cpu", "--device", "cpu")
-    args.encoder_devices = topology_cli.parse_devices(args.encoder_devices, args.encoders)
     topology_cli.check_encoder_devices(list(args.encoder_devices), lambda: 0)
     topology = Topology("e-pd", devices=args.encoder_devices)
     plan = up_cli.cpu_plan(args, topology)
