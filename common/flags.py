@@ -370,6 +370,15 @@ def shown(value: Any) -> str:
     return str(value)
 
 
+def default_of(cls: type, name: str) -> Any:
+    """The default of dataclass ``cls``'s field ``name``, for a flag declared apart from it
+    (one flag for a field several dataclasses have); ValueError for a name that is not a field."""
+    for field in dataclasses.fields(cls):
+        if field.name == name:
+            return field_default(field)
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
+
+
 def field_default(field: dataclasses.Field[Any]) -> Any:
     """``field``'s default (its factory's value for a field with one); None without one."""
     if field.default is not dataclasses.MISSING:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epd.common.flags import flag
 from epd.common.metrics import new_registry
 from epd.common.roles import PREFILL_MODES, Role
 from epd.common.server import ServerOptions, ServiceBinding
@@ -34,13 +35,28 @@ class PrefillConfig:
     on it at once (``--max-pending``, the engine's admission limit too)."""
 
     model_dir: Path
-    mode: Role = Role.PREFILL_DECODE
+    mode: Role = field(
+        default=Role.PREFILL_DECODE,
+        metadata=flag(
+            "prefill: first token + KV handle for a decode worker; prefill_decode: aggregated "
+            "prefill + decode from image embeddings; encode_prefill: also takes raw images and "
+            "encodes them itself",
+            choices=tuple(PREFILL_MODES),
+        ),
+    )
     worker_id: str = ""
     weight: float = 1.0
     capacity: int = DEFAULT_MAX_PENDING
     scheduler: str | None = None
     media: MediaPolicy = field(default_factory=MediaPolicy)
-    hands_off_kv: bool = False
+    hands_off_kv: bool = field(
+        default=False,
+        metadata=flag(
+            "encode_prefill: also serve Prefill, handing KV to decode workers (EP/D); implied "
+            "by --mode prefill",
+            name="kv-transfer",
+        ),
+    )
     transfer: TransferOptions = field(default_factory=TransferOptions)
 
     def __post_init__(self) -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from typing import TYPE_CHECKING
 
-from epd.common.options import field_default
+from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
 from epd.common.ports import PREFILL_PORT
-from epd.common.roles import PREFILL_MODES, Role
+from epd.common.roles import Role
 from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
@@ -37,7 +36,13 @@ if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
 
 DEFAULT_PORT = PREFILL_PORT
-ENGINES = ("auto", "vllm", "transformers")
+# NOTE: no PrefillConfig field: the cli starts the engine it names.
+ENGINE = Flag(
+    "vllm: vLLM's engine (KV hand-off, batching); transformers: the model's transformers code "
+    "in-process (aggregated modes only, no vLLM needed); auto: vllm when installed",
+    env="EPD_ENGINE",
+    choices=("auto", "vllm", "transformers"),
+)
 
 
 def resolve_engine(name: str, hands_off_kv: bool) -> str:
@@ -60,32 +65,10 @@ def resolve_engine(name: str, hands_off_kv: bool) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Prefill flags, then engine, worker, media, data-plane, server and telemetry flags."""
-    default_mode = field_default(PrefillConfig, "mode").label
-    parser.add_argument(
-        "--mode",
-        choices=[mode.label for mode in PREFILL_MODES],
-        default=default_mode,
-        help="prefill: first token + KV handle for a decode worker; "
-        "prefill_decode: aggregated prefill + decode from image embeddings; "
-        "encode_prefill: also takes raw images and encodes them itself "
-        f"(default {default_mode})",
-    )
-    parser.add_argument(
-        "--kv-transfer",
-        action="store_true",
-        help="encode_prefill: also serve Prefill, handing KV to decode workers "
-        "(EP/D); implied by --mode prefill",
-    )
-    parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default=os.environ.get("EPD_ENGINE", "auto"),
-        help="vllm: vLLM's engine (KV hand-off, batching); transformers: the "
-        "model's transformers code in-process (aggregated modes only, "
-        "no vLLM needed); auto: vllm when installed (env EPD_ENGINE, "
-        "default auto)",
-    )
+    """Prefill flags (``PrefillConfig``'s fields declare them), then engine, worker, media,
+    data-plane, server and telemetry flags."""
+    add_dataclass_arguments(parser, PrefillConfig)
+    add_flag(parser, "engine", ENGINE, default="auto", kind=str)
     add_engine_arguments(parser)
     add_worker_arguments(parser, PrefillConfig, "MODE")
     add_media_arguments(parser)
@@ -97,16 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def prefill_config(args: argparse.Namespace) -> PrefillConfig:
     """The ``PrefillConfig`` of the flags (``--model`` resolved by the caller); ValueError names
     a value out of range."""
-    mode = Role.from_label(args.mode)
-    return PrefillConfig(
+    return from_arguments(
+        PrefillConfig,
+        args,
         model_dir=args.model,
-        mode=mode,
         worker_id=args.worker_id,
         weight=args.weight,
         capacity=args.max_pending,
         scheduler=args.scheduler,
         media=media_policy(args),
-        hands_off_kv=args.kv_transfer or mode is Role.PREFILL,
+        hands_off_kv=args.kv_transfer or args.mode is Role.PREFILL,
         transfer=transfer_options(args),
     )
 

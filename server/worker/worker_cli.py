@@ -4,30 +4,25 @@ scheduler, each defaulting to the field of the same name of the worker's config 
 from __future__ import annotations
 
 import argparse
-import os
 
-from epd.common.options import field_default
+from epd.common.flags import Flag, add_flag, default_of
+
+SCHEDULER = Flag(
+    "scheduler host:port to register with",
+    env="EPD_SCHEDULER",
+    default_help="default: none, serve direct calls only",
+)
+WEIGHT = Flag("share of work under weighted policies")
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, config: type, role: str) -> None:
     """Add --worker-id, --weight and --scheduler; ``config`` (``EncodeConfig``,
     ``PrefillConfig``, ``DecodeConfig``) owns their defaults, ``role`` names the default id."""
-    env = os.environ.get
-    weight = field_default(config, "weight")
-    parser.add_argument(
-        "--worker-id",
-        default=env("EPD_WORKER_ID", field_default(config, "worker_id")),
-        help=f"id in the scheduler's registry (env EPD_WORKER_ID; default {role}-HOST_ID-PORT)",
+    worker_id = Flag(
+        "id in the scheduler's registry",
+        env="EPD_WORKER_ID",
+        default_help=f"default {role}-HOST_ID-PORT",
     )
-    parser.add_argument(
-        "--weight",
-        type=float,
-        default=weight,
-        help=f"share of work under weighted policies (default {weight:g})",
-    )
-    parser.add_argument(
-        "--scheduler",
-        default=env("EPD_SCHEDULER", field_default(config, "scheduler")),
-        help="scheduler host:port to register with (env EPD_SCHEDULER; default: none, serve "
-        "direct calls only)",
-    )
+    add_flag(parser, "worker_id", worker_id, default=default_of(config, "worker_id"), kind=str)
+    add_flag(parser, "weight", WEIGHT, default=default_of(config, "weight"), kind=float)
+    add_flag(parser, "scheduler", SCHEDULER, default=default_of(config, "scheduler"), kind=str)

@@ -22,7 +22,7 @@ def mode_flag() -> argparse.Action:
 
 def test_the_mode_flag_keeps_its_spellings_and_default() -> None:
     flag = mode_flag()
-    assert flag.choices == ["prefill", "prefill_decode", "encode_prefill"]
+    assert list(flag.choices) == ["prefill", "prefill_decode", "encode_prefill"]
     assert flag.default == "prefill_decode" == PrefillConfig(Path("/m")).mode.label
 
 
