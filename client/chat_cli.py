@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
 from epd.client.errors import EpdClientError
 from epd.client.messages import POLICIES, local_path, user
 from epd.client.sdk import AsyncEpdClient
+from epd.common.flags import Flag, add_flag
+from epd.common.ports import ROUTE_PORT
+
+# NOTE: the client's options are the SDK's arguments, no dataclass of ours.
+ENDPOINT = Flag("route host:port", env="EPD_ROUTE")
+AUTH_TOKEN = Flag("bearer token", env="EPD_AUTH_TOKEN")
+TLS_CA_FILE = Flag("PEM CA of the route's certificate; turns TLS on", env="EPD_TLS_CA")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,11 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image", action="append", default=[], help="image path or URL; repeat for several"
     )
-    parser.add_argument(
-        "--endpoint",
-        default=os.environ.get("EPD_ROUTE", "127.0.0.1:50050"),
-        help="route host:port (env EPD_ROUTE; default 127.0.0.1:50050)",
-    )
+    add_flag(parser, "endpoint", ENDPOINT, default=f"127.0.0.1:{ROUTE_PORT}", kind=str)
     parser.add_argument("--model", default="", help="model id (default: the only one)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -35,16 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "scheduler's --default-policy)",
     )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline (default 300)")
-    parser.add_argument(
-        "--auth-token",
-        default=os.environ.get("EPD_AUTH_TOKEN"),
-        help="bearer token (env EPD_AUTH_TOKEN)",
-    )
-    parser.add_argument(
-        "--tls-ca-file",
-        default=os.environ.get("EPD_TLS_CA"),
-        help="PEM CA of the route's certificate; turns TLS on (env EPD_TLS_CA)",
-    )
+    add_flag(parser, "auth_token", AUTH_TOKEN, default=None, kind=str)
+    add_flag(parser, "tls_ca_file", TLS_CA_FILE, default=None, kind=str)
     parser.add_argument(
         "--show-usage",
         action="store_true",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epd.common.advertise import endpoint, is_wildcard, primary_address
+from epd.common.flags import flag
 
 LOOPBACK = "127.0.0.1"
 # Server flags every internal service gets on its command line (which wins over EPD_* and files).
@@ -39,11 +40,43 @@ class PublicEntry:
     plaintext). ``tls_ca_file``: what the launcher checks the route's certificate with (default
     the certificate itself, right for a self-signed one). ValueError when inconsistent."""
 
-    host: str = LOOPBACK
-    auth_token: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_ca_file: str | None = None
+    host: str = field(
+        default=LOOPBACK,
+        metadata=flag(
+            "address the route listens on (its metrics port too): an address of this host, or "
+            "0.0.0.0 or :: for every interface, then printed as this host's primary address",
+            env="EPD_HOST",
+        ),
+    )
+    auth_token: str | None = field(
+        default=None,
+        metadata=flag(
+            "the route requires 'authorization: Bearer TOKEN' on gRPC and HTTP (health checks "
+            "excepted); printable ASCII without spaces; the demo request sends it",
+            env="EPD_AUTH_TOKEN",
+        ),
+    )
+    tls_cert_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "PEM certificate chain: the route serves gRPC and HTTPS with it",
+            env="EPD_TLS_CERT",
+            name="tls-cert",
+        ),
+    )
+    tls_key_file: str | None = field(
+        default=None,
+        metadata=flag("PEM private key of --tls-cert", env="EPD_TLS_KEY", name="tls-key"),
+    )
+    tls_ca_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "PEM CA the launcher checks the route's certificate with, reaching it at --host (at "
+            "localhost when --host is a wildcard: the certificate must name it)",
+            env="EPD_TLS_CA",
+            default_help="default --tls-cert, right for a self-signed certificate",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.auth_token is not None and not TOKEN.fullmatch(self.auth_token):
