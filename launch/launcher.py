@@ -250,55 +250,68 @@ async def start_topology(
     replicas (prefill1.., then decode1..) +11.., metrics +20 plus each offset. The route listens
     as ``entry`` says (default: on loopback, plaintext), the others on loopback
     (``INTERNAL_SERVER_ARGS``). Returns the route."""
-    entry = entry or PublicEntry()
-    internal = INTERNAL_SERVER_ARGS
-    model = ["--model", str(model_dir), "--model-id", model_id]
-    policy = ["--default-policy", topology.policy]
-    if topology.split_ratio:
-        policy += ["--split-ratio", topology.split_ratio]
-    pin = topology.cpu_args
-    scheduler = deployment.start(
-        "scheduler", SCHEDULER_OFFSET, "scheduler", *internal, *policy, *pin("scheduler")
-    )
+    scheduler = _start_scheduler(deployment, topology)
     await deployment.wait_healthy(scheduler, 60)
-    registry = ["--scheduler", scheduler.endpoint]
-    engine = [*internal, *model, *registry, *topology.engine_args()]
+    shared = ["--model", str(model_dir), "--model-id", model_id, "--scheduler", scheduler.endpoint]
+    engine = [*INTERNAL_SERVER_ARGS, *shared, *topology.engine_args()]
     workers = [
         _start_engine(deployment, topology, worker, engine) for worker in topology.engine_workers
     ]
-    for i in range(len(topology.encoder_devices)):
-        workers.append(
-            deployment.start(
-                f"encode{i}",
-                ENCODER_OFFSET + i,
-                "encode",
-                *internal,
-                *model,
-                *registry,
-                "--worker-id",
-                f"encode{i}",
-                *topology.encoder_args(i),
-                *pin(f"encode{i}"),
-            )
-        )
+    workers += [
+        _start_encoder(deployment, topology, index, [*INTERNAL_SERVER_ARGS, *shared])
+        for index in range(len(topology.encoder_devices))
+    ]
     await asyncio.gather(
         *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
     )
+    route = _start_route(deployment, topology, entry or PublicEntry(), shared)
+    await deployment.wait_healthy(route, 60)
+    return route
+
+
+def _start_scheduler(deployment: Deployment, topology: Topology) -> Child:
+    policy = ["--default-policy", topology.policy]
+    if topology.split_ratio:
+        policy += ["--split-ratio", topology.split_ratio]
+    pins = topology.cpu_args("scheduler")
+    return deployment.start(
+        "scheduler", SCHEDULER_OFFSET, "scheduler", *INTERNAL_SERVER_ARGS, *policy, *pins
+    )
+
+
+def _start_encoder(
+    deployment: Deployment, topology: Topology, index: int, shared: list[str]
+) -> Child:
+    name = f"encode{index}"
+    return deployment.start(
+        name,
+        ENCODER_OFFSET + index,
+        "encode",
+        *shared,
+        "--worker-id",
+        name,
+        *topology.encoder_args(index),
+        *topology.cpu_args(name),
+    )
+
+
+def _start_route(
+    deployment: Deployment, topology: Topology, entry: PublicEntry, shared: list[str]
+) -> Child:
+    """The route, listening as ``entry`` says, with OpenAI HTTP when ``topology.http``."""
     http = ["--http-port", str(deployment.port(HTTP_OFFSET))] if topology.http else []
     route = deployment.start(
         "route",
         ROUTE_OFFSET,
         "route",
         *entry.route_args(),
-        *model,
-        *registry,
+        *shared,
         *http,
-        *pin("route"),
+        *topology.cpu_args("route"),
         env=entry.route_env(),
     )
     route.http_port = int(http[1]) if http else None
     route.host, route.tls_ca_file = entry.dial_host, entry.ca_file
-    await deployment.wait_healthy(route, 60)
     return route
 
 
