@@ -25,13 +25,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from epd.common.flag_types import (
+    EXPECTED,
+    Choices,
+    EnumWord,
+    Explained,
+    NoneOr,
+    parse_bool,
+    shown,
+)
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
 FLAG_KEY = "epd.flag"
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,39 +204,6 @@ def environment_text(spec: Flag, option: str) -> tuple[str, str]:
     return "", ""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class NoneOr:
-    """A flag's type whose ``word`` gives None, and any other text ``parse``'s value."""
-
-    word: str
-    parse: Callable[[str], Any]
-
-    def __call__(self, text: str) -> Any:
-        if text == self.word:
-            return None
-        try:
-            return self.parse(text)
-        except ValueError as e:
-            expected = EXPECTED.get(self.parse)
-            reason = f"{expected}, got {text!r}" if expected else f"a value: {e}"
-            raise argparse.ArgumentTypeError(f"expected {self.word} or {reason}") from None
-
-
-class Choices(tuple[str, ...]):
-    """A flag's choices as the command line spells them, which also holds the values its type
-    gives for them (argparse checks those): an enum's members, None for a word."""
-
-    accepted: frozenset[Any]
-
-    def __new__(cls, words: tuple[Any, ...], accepted: tuple[Any, ...]) -> Choices:
-        choices = super().__new__(cls, words)
-        choices.accepted = frozenset(accepted)
-        return choices
-
-    def __contains__(self, value: object) -> bool:
-        return value in self.accepted or tuple.__contains__(self, value)
-
-
 def add_enum_flag(
     container: argparse._ActionsContainer,
     option: str,
@@ -256,19 +231,6 @@ def add_enum_flag(
         metavar=spec.metavar,
         help=help_text(spec, default),
     )
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class EnumWord:
-    """An enum flag's type: the member a word spells."""
-
-    members: Mapping[str, Any]
-
-    def __call__(self, text: str) -> Any:
-        if text not in self.members:
-            words = ", ".join(self.members)
-            raise argparse.ArgumentTypeError(f"expected one of {words}, got {text!r}")
-        return self.members[text]
 
 
 def environment_value(
@@ -308,37 +270,6 @@ def text_parser(spec: Flag, kind: type) -> Callable[[str], Any]:
     return kind
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Explained:
-    """A flag's own type, whose ValueError argparse shows (it shows only its own message for
-    ``int``'s and ``float``'s)."""
-
-    parse: Callable[[str], Any]
-
-    def __call__(self, text: str) -> Any:
-        try:
-            return self.parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def parse_bool(text: str) -> bool:
-    """A boolean variable's value: 1/true/yes/on or 0/false/no/off, any case."""
-    if text.lower() in TRUE_WORDS:
-        return True
-    if text.lower() in FALSE_WORDS:
-        return False
-    raise ValueError(f"expected a boolean, got {text!r}")
-
-
-# What a variable read by each parser must hold, for the error naming it.
-EXPECTED: dict[Callable[[str], Any], str] = {
-    int: "an integer",
-    float: "a number",
-    parse_bool: "a boolean (1/0, true/false)",
-}
-
-
 def help_text(spec: Flag, default: Any) -> str:
     """``spec.help`` followed by ``(env EPD_X; default D)``."""
     parts = []
@@ -355,19 +286,6 @@ def help_text(spec: Flag, default: Any) -> str:
         means = f": {spec.default_means}" if spec.default_means else ""
         parts.append(f"default {shown(default)}{means}")
     return f"{spec.help} ({'; '.join(parts)})" if parts else spec.help
-
-
-def shown(value: Any) -> str:
-    """A default as the help writes it: 20 for 20.0, off for False, a list comma-separated."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, enum.Enum):
-        return str(getattr(value, "label", value.value))
-    if isinstance(value, tuple | list):
-        return ",".join(str(item) for item in value)
-    return str(value)
 
 
 def default_of(cls: type, name: str) -> Any:
