@@ -169,25 +169,30 @@ def add_flag(
     if isinstance(kind, enum.EnumMeta):
         return add_enum_flag(container, option, dest, spec, default=default, kind=kind)
     parse = text_parser(spec, kind)
-    choices = spec.choices
-    # NOTE: argparse passes a text default through the type, so the word gives None there too.
-    value = spec.none_word if default is None and spec.none_word else default
-    text, variable = environment_text(spec, option)
-    if text:
-        value = environment_value(variable, spec, text, parse, choices)
-    if unset:
-        value = None
+    value = None if unset else fallback(spec, option, default, parse)
     options: dict[str, Any] = {"dest": dest, "default": value, "help": help_text(spec, default)}
     if spec.repeatable:
-        options.update(action="append", type=parse, default=list(value), metavar=spec.metavar)
+        options.update(action="append", type=parse, default=list(value or ()))
     elif kind is bool:
         options["action"] = argparse.BooleanOptionalAction if spec.negatable else "store_true"
     elif spec.none_word:
-        words = Choices((spec.none_word, *choices), (None,)) if choices else None
-        options.update(type=NoneOr(spec.none_word, parse), choices=words, metavar=spec.metavar)
+        choices = spec.choices and Choices((spec.none_word, *spec.choices), (None,))
+        options.update(type=NoneOr(spec.none_word, parse), choices=choices)
     else:
-        options.update(type=parse, choices=choices, metavar=spec.metavar)
+        options.update(type=parse, choices=spec.choices)
+    if kind is not bool:
+        options["metavar"] = spec.metavar
     return container.add_argument(option, **options)
+
+
+def fallback(spec: Flag, option: str, default: Any, parse: Callable[[str], Any]) -> Any:
+    """The flag's default: its variable's value when that is set, else ``default`` (for a
+    field that may be None, the word for None: argparse passes a text default through the
+    flag's type)."""
+    text, variable = environment_text(spec, option)
+    if text:
+        return environment_value(variable, spec, text, parse, spec.choices)
+    return spec.none_word if default is None and spec.none_word else default
 
 
 def environment_text(spec: Flag, option: str) -> tuple[str, str]:
