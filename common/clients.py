@@ -115,6 +115,14 @@ class SchedulerClient:
         )
         return reply
 
+    async def Place(
+        self, request: scheduler_pb.PlaceRequest, *, timeout: float | None = None
+    ) -> scheduler_pb.PlaceResponse:
+        reply: scheduler_pb.PlaceResponse = await _answer(
+            self._stub.Place(request, timeout=timeout), ""
+        )
+        return reply
+
 
 class EncoderClient:
     """``Encode`` and ``Release`` of the encoder at ``endpoint``."""

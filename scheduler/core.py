@@ -37,6 +37,8 @@ from epd.scheduler.policies.stats import Ewma, ServiceTimes
 from epd.scheduler.registry import Clock, Registry
 
 DEFAULT_POLICY = Policy.ADAPTIVE
+# Reason of the Unavailable ``choose_decode`` raises when no decode worker is live.
+NO_DECODE_WORKER = "NO_DECODE_WORKER"
 
 
 def split_ratio(text: str) -> tuple[float, float]:
@@ -278,7 +280,7 @@ class Scheduler:
             workers = self.registry.live([Role.DECODE], self._model(model), exclude)
             if not workers:
                 raise Unavailable(
-                    f"no live decode worker for model {model or '(any)'}", reason="NO_DECODE_WORKER"
+                    f"no live decode worker for model {model or '(any)'}", reason=NO_DECODE_WORKER
                 )
             return min(workers, key=self._load_key)
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import grpc
 
-from epd.common.roles import role_from_proto
+from epd.common.errors import Unavailable
+from epd.common.roles import Role, role_from_proto
 from epd.common.status import handle_errors
 from epd.scheduler import convert
-from epd.scheduler.core import Scheduler
+from epd.scheduler.core import NO_DECODE_WORKER, Scheduler
+from epd.scheduler.model import RegisteredWorker
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -53,21 +56,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def AssignEncoders(
         self, request: pb.AssignEncodersRequest, context: Context
     ) -> pb.AssignEncodersResponse:
-        assignment = self.scheduler.assign_encoders(
-            convert.items_from_proto(list(request.items)),
-            model=request.model,
-            policy=convert.policy_from_proto(request.policy),
-            exclude=list(request.exclude_worker_ids),
-        )
-        return pb.AssignEncodersResponse(
-            assignment_id=assignment.assignment_id,
-            policy=convert.POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
-            assignments=[
-                pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
-                for i, (w, e) in enumerate(
-                    zip(assignment.worker_ids, assignment.endpoints, strict=True)
-                )
-            ],
+        return self._assign_encoders(
+            request.items, request.model, request.policy, request.exclude_worker_ids
         )
 
     @handle_errors
@@ -85,16 +75,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def ChoosePrefill(
         self, request: pb.ChoosePrefillRequest, context: Context
     ) -> pb.ChoosePrefillResponse:
-        roles = [role_from_proto(role) for role in request.roles]
-        kwargs = {"roles": roles} if roles else {}
-        worker, cached = self.scheduler.choose_prefill(
-            list(request.block_hashes),
-            model=request.model,
-            exclude=list(request.exclude_worker_ids),
-            **kwargs,
-        )
-        return pb.ChoosePrefillResponse(
-            worker=convert.spec_to_proto(worker.spec), num_cached_blocks=cached
+        return self._choose_prefill(
+            request.block_hashes, request.model, request.roles, request.exclude_worker_ids
         )
 
     @handle_errors
@@ -107,6 +89,21 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         return pb.ChooseDecodeResponse(worker=convert.spec_to_proto(worker.spec))
 
     @handle_errors
+    async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.PlaceResponse:
+        prefill = self._choose_prefill(
+            request.block_hashes, request.model, request.prefill_roles, ()
+        )
+        reply = pb.PlaceResponse(prefill=prefill)
+        decode = self._decode_for(role_from_proto(prefill.worker.role), request.model)
+        if decode is not None:
+            reply.decode.worker.CopyFrom(convert.spec_to_proto(decode.spec))
+        if request.items:
+            reply.encoders.CopyFrom(
+                self._assign_encoders(request.items, request.model, request.policy, ())
+            )
+        return reply
+
+    @handle_errors
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
@@ -114,6 +111,61 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         workers = self.scheduler.list_workers(role, request.model)
         age = self.scheduler.registry.heartbeat_age
         return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])
+
+    def _assign_encoders(
+        self,
+        items: Sequence[pb.EncodeItem],
+        model: str,
+        policy: pb.EncoderPolicy,
+        exclude: Sequence[str],
+    ) -> pb.AssignEncodersResponse:
+        assignment = self.scheduler.assign_encoders(
+            convert.items_from_proto(list(items)),
+            model=model,
+            policy=convert.policy_from_proto(policy),
+            exclude=list(exclude),
+        )
+        return pb.AssignEncodersResponse(
+            assignment_id=assignment.assignment_id,
+            policy=convert.POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
+            assignments=[
+                pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
+                for i, (w, e) in enumerate(
+                    zip(assignment.worker_ids, assignment.endpoints, strict=True)
+                )
+            ],
+        )
+
+    def _choose_prefill(
+        self,
+        block_hashes: Sequence[int],
+        model: str,
+        roles: Sequence[pb.WorkerRole],
+        exclude: Sequence[str],
+    ) -> pb.ChoosePrefillResponse:
+        wanted = [role_from_proto(role) for role in roles]
+        kwargs = {"roles": wanted} if wanted else {}
+        worker, cached = self.scheduler.choose_prefill(
+            list(block_hashes), model=model, exclude=list(exclude), **kwargs
+        )
+        return pb.ChoosePrefillResponse(
+            worker=convert.spec_to_proto(worker.spec), num_cached_blocks=cached
+        )
+
+    def _decode_for(self, prefill_role: Role, model: str) -> RegisteredWorker | None:
+        """The decode worker a prefill worker of ``prefill_role`` hands its KV to: always one for
+        a prefill worker (UNAVAILABLE when none is live); one for an encode_prefill worker only
+        while one is live; none for a worker that decodes itself."""
+        if prefill_role is Role.PREFILL:
+            return self.scheduler.choose_decode(model=model)
+        if prefill_role is not Role.ENCODE_PREFILL:
+            return None
+        try:
+            return self.scheduler.choose_decode(model=model)
+        except Unavailable as e:
+            if e.reason != NO_DECODE_WORKER:
+                raise
+            return None
 
     @property
     def _ttl_ms(self) -> int:

@@ -240,6 +240,32 @@ class ChooseDecodeResponse(_message.Message):
     worker: WorkerInfo
     def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
 
+class PlaceRequest(_message.Message):
+    __slots__ = ("request_id", "model", "items", "policy", "block_hashes", "prefill_roles")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ROLES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    items: _containers.RepeatedCompositeFieldContainer[EncodeItem]
+    policy: EncoderPolicy
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    prefill_roles: _containers.RepeatedScalarFieldContainer[WorkerRole]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[EncodeItem, _Mapping]]] = ..., policy: _Optional[_Union[EncoderPolicy, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prefill_roles: _Optional[_Iterable[_Union[WorkerRole, str]]] = ...) -> None: ...
+
+class PlaceResponse(_message.Message):
+    __slots__ = ("encoders", "prefill", "decode")
+    ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    encoders: AssignEncodersResponse
+    prefill: ChoosePrefillResponse
+    decode: ChooseDecodeResponse
+    def __init__(self, encoders: _Optional[_Union[AssignEncodersResponse, _Mapping]] = ..., prefill: _Optional[_Union[ChoosePrefillResponse, _Mapping]] = ..., decode: _Optional[_Union[ChooseDecodeResponse, _Mapping]] = ...) -> None: ...
+
 class ListWorkersRequest(_message.Message):
     __slots__ = ("role", "model")
     ROLE_FIELD_NUMBER: _ClassVar[int]

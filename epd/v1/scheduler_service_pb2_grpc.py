@@ -74,6 +74,11 @@ class SchedulerServiceStub:
                 request_serializer=epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeResponse.FromString,
                 _registered_method=True)
+        self.Place = channel.unary_unary(
+                '/epd.v1.SchedulerService/Place',
+                request_serializer=epd_dot_v1_dot_scheduler__service__pb2.PlaceRequest.SerializeToString,
+                response_deserializer=epd_dot_v1_dot_scheduler__service__pb2.PlaceResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/epd.v1.SchedulerService/ListWorkers',
                 request_serializer=epd_dot_v1_dot_scheduler__service__pb2.ListWorkersRequest.SerializeToString,
@@ -146,6 +151,18 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Place(self, request, context):
+        """Place answers where one request runs, in one call: an encoder for each of its images (as
+        AssignEncoders), its prefill worker (as ChoosePrefill) and, for a prefill worker that hands
+        its KV to a decode worker, that decode worker (as ChooseDecode). The route calls it once per
+        request, before its first attempt; a retry or resumption asks again with the calls above,
+        excluding the workers that failed. UNAVAILABLE as those calls; not idempotent (as
+        AssignEncoders: report the encoders' assignment with CompleteEncoding).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """ListWorkers shows the registry. Idempotent.
         """
@@ -190,6 +207,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ChooseDecode,
                     request_deserializer=epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeRequest.FromString,
                     response_serializer=epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeResponse.SerializeToString,
+            ),
+            'Place': grpc.unary_unary_rpc_method_handler(
+                    servicer.Place,
+                    request_deserializer=epd_dot_v1_dot_scheduler__service__pb2.PlaceRequest.FromString,
+                    response_serializer=epd_dot_v1_dot_scheduler__service__pb2.PlaceResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -391,6 +413,33 @@ class SchedulerService:
             '/epd.v1.SchedulerService/ChooseDecode',
             epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeRequest.SerializeToString,
             epd_dot_v1_dot_scheduler__service__pb2.ChooseDecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Place(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epd.v1.SchedulerService/Place',
+            epd_dot_v1_dot_scheduler__service__pb2.PlaceRequest.SerializeToString,
+            epd_dot_v1_dot_scheduler__service__pb2.PlaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

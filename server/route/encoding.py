@@ -56,19 +56,23 @@ class EncodeStage:
         return by_endpoint
 
 
+def encode_items(stage: EncodeStage, indices: list[int]) -> list[scheduler_pb.EncodeItem]:
+    """What the scheduler is told of the items ``indices`` (into ``stage.items``)."""
+    return [
+        scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash, num_tokens=_num_tokens(stage, i))
+        for i in indices
+    ]
+
+
 async def assign_encoders(
     peers: Peers, stage: EncodeStage, missing: list[int], excluded: list[str], deadline: Deadline
 ) -> scheduler_pb.AssignEncodersResponse:
     """The scheduler's encoders for the items ``missing`` (indices into ``stage.items``)."""
-    items = [
-        scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash, num_tokens=_num_tokens(stage, i))
-        for i in missing
-    ]
     request = scheduler_pb.AssignEncodersRequest(
         request_id=stage.request_id,
         model=stage.model,
         policy=stage.policy,
-        items=items,
+        items=encode_items(stage, missing),
         exclude_worker_ids=excluded,
     )
     return await peers.scheduler.AssignEncoders(request, timeout=deadline.remaining())

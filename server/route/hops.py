@@ -3,9 +3,10 @@ and Decode on a decode worker (P/D). A failure before the first token is retried
 prefill worker; after it, another replica continues the stream from the tokens already sent
 (``resumption``).
 
-Scheduler calls stay off the critical path where they can: the route chooses the first prefill
-worker while the images are encoded (``choose_prefill`` beside the encoding, ``concurrently``), and
-the decode worker while the prompt is prefilled; each call costs about a millisecond here."""
+Scheduler calls stay off the critical path where they can: one ``Place`` call names the first
+attempt's encoders, prefill worker and decode worker together (``place``); a retry asks for
+another prefill worker (``choose_prefill``) and chooses its decode worker while the prompt is
+prefilled; each call costs about a millisecond here."""
 
 from __future__ import annotations
 
@@ -70,10 +71,31 @@ class EngineCall:
     deadline: Deadline
 
 
+async def place(
+    peers: Peers,
+    call: EngineCall,
+    items: Sequence[scheduler_pb.EncodeItem] = (),
+    policy: scheduler_pb.EncoderPolicy = scheduler_pb.ENCODER_POLICY_UNSPECIFIED,
+) -> scheduler_pb.PlaceResponse:
+    """The scheduler's workers for ``call``'s first attempt, in one call: encoders for
+    ``items`` (if any), the prefill worker, and its decode worker when it hands its KV over (its
+    prompt is not needed yet)."""
+    request = scheduler_pb.PlaceRequest(
+        request_id=call.request_id,
+        model=call.model,
+        items=items,
+        policy=policy,
+        block_hashes=call.block_hashes,
+        prefill_roles=[role_to_proto(role) for role in call.plan.prefill_roles],
+    )
+    return await peers.scheduler.Place(request, timeout=call.deadline.remaining())
+
+
 async def choose_prefill(
-    peers: Peers, call: EngineCall, excluded: Sequence[str] = ()
-) -> scheduler_pb.ChoosePrefillResponse:
-    """The scheduler's prefill worker for ``call`` (its prompt is not needed yet)."""
+    peers: Peers, call: EngineCall, excluded: Sequence[str]
+) -> scheduler_pb.PlaceResponse:
+    """Another prefill worker for ``call`` after one failed, ``excluded`` those that did; its
+    decode worker is asked for with its prefill (``ChooseDecode``)."""
     request = scheduler_pb.ChoosePrefillRequest(
         request_id=call.request_id,
         model=call.model,
@@ -81,14 +103,15 @@ async def choose_prefill(
         exclude_worker_ids=excluded,
         roles=[role_to_proto(role) for role in call.plan.prefill_roles],
     )
-    return await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
+    choice = await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
+    return scheduler_pb.PlaceResponse(prefill=choice)
 
 
 async def stream_tokens(
     peers: Peers,
     call: EngineCall,
     on_prefilled: OnPrefilled,
-    first_choice: scheduler_pb.ChoosePrefillResponse | None = None,
+    placement: scheduler_pb.PlaceResponse | None = None,
     prompt_for: PromptFor | None = None,
     *,
     max_resumptions: int = DEFAULT_MAX_RESUMPTIONS,
@@ -96,19 +119,19 @@ async def stream_tokens(
 ) -> AsyncGenerator[Piece, None]:
     """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
     background once the prompt has been read, so it does not delay the first token.
-    ``first_choice``: the prefill worker already chosen for the first attempt, if any; up to
-    MAX_PREFILL_ATTEMPTS prefill workers are tried before the first token. A worker that fails
+    ``placement``: the workers the scheduler's ``Place`` gave the first attempt, if asked
+    already (else it is asked here); up to MAX_PREFILL_ATTEMPTS prefill workers are tried before
+    the first token, each after the first chosen by ``ChoosePrefill``. A worker that fails
     after it (its stream ends UNAVAILABLE or CANCELLED: it died, or drained past its grace) is
     replaced by another replica that continues the request (``resumption``), up to
     ``max_resumptions`` times; ``on_resumed`` is told each time (the failed role's name, tokens
     sent so far). ``prompt_for``: the prompt for each chosen worker (a retry on another host needs
     its embeddings there, a resumption needs them again), else ``call.prompt``."""
     recovery = Recovery(Progress(call), max_resumptions)
-    choice = first_choice
     while True:
         attempt = Attempt()
         try:
-            async for piece in _attempt(peers, recovery, attempt, choice, prompt_for):
+            async for piece in _attempt(peers, recovery, attempt, placement, prompt_for):
                 if attempt.release is None:
                     attempt.release = peers.background.start(on_prefilled())
                 yield piece
@@ -122,7 +145,7 @@ async def stream_tokens(
         if not recovery.progress.remaining:
             yield Piece([], generation_pb2.FINISH_REASON_LENGTH)
             return
-        choice = None
+        placement = None
 
 
 @dataclass
@@ -214,14 +237,17 @@ async def _attempt(
     peers: Peers,
     recovery: Recovery,
     attempt: Attempt,
-    choice: scheduler_pb.ChoosePrefillResponse | None,
+    placement: scheduler_pb.PlaceResponse | None,
     prompt_for: PromptFor | None,
 ) -> AsyncIterator[Piece]:
     """The pieces of one attempt, each recorded in ``recovery.progress``."""
     progress = recovery.progress
     call = progress.call
-    if choice is None:
-        choice = await choose_prefill(peers, call, recovery.excluded.prefill)
+    if placement is None and not recovery.num_failures:
+        placement = await place(peers, call)
+    elif placement is None:
+        placement = await choose_prefill(peers, call, recovery.excluded.prefill)
+    choice = placement.prefill
     worker = attempt.prefill = choice.worker
     prompt = call.prompt if prompt_for is None else await prompt_for(worker)
     call = progress.continued(prompt)
@@ -229,7 +255,10 @@ async def _attempt(
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
     if hands_off_kv(role_from_proto(worker.role), call.live_roles):
-        pieces = _prefill_then_decode(peers, call, worker, attempt, recovery.excluded.decode)
+        decoder = placement.decode if placement.HasField("decode") else None
+        pieces = _prefill_then_decode(
+            peers, call, worker, attempt, decoder, recovery.excluded.decode
+        )
     else:
         pieces = _prefill_decode(peers, call, worker.endpoint)
     async for piece in pieces:
@@ -282,12 +311,18 @@ async def _prefill_then_decode(
     call: EngineCall,
     worker: scheduler_pb.WorkerInfo,
     attempt: Attempt,
+    decoder: scheduler_pb.ChooseDecodeResponse | None,
     excluded: Sequence[str],
 ) -> AsyncIterator[Piece]:
+    """Prefill on ``worker``, then decode on ``decoder`` (None: one chosen beside the prefill,
+    ``excluded`` left out)."""
     try:
-        reply, decoder = await concurrently(
-            _prefill(peers, call, worker.endpoint), _choose_decode(peers, call, excluded)
-        )
+        if decoder is None:
+            reply, chosen = await concurrently(
+                _prefill(peers, call, worker.endpoint), _choose_decode(peers, call, excluded)
+            )
+        else:
+            reply, chosen = await _prefill(peers, call, worker.endpoint), decoder
     except EpdError as error:
         if error.reason != "WRONG_MODE":
             raise
@@ -295,13 +330,13 @@ async def _prefill_then_decode(
         async for piece in _prefill_decode(peers, call, worker.endpoint):
             yield piece
         return
-    attempt.decode_id = decoder.worker.id
-    trace.get_current_span().set_attribute("epd.decode_id", decoder.worker.id)
+    attempt.decode_id = chosen.worker.id
+    trace.get_current_span().set_attribute("epd.decode_id", chosen.worker.id)
     if reply.finish_reason:
         yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
         return
     yield Piece([reply.first_token_id])
-    stream = peers.decode(decoder.worker.endpoint).Decode(
+    stream = peers.decode(chosen.worker.endpoint).Decode(
         decode_pb.DecodeRequest(
             request_id=call.request_id,
             model=call.model,

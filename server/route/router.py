@@ -31,19 +31,18 @@ from opentelemetry import trace
 
 from epd.common.errors import EpdError, NotFound
 from epd.common.roles import Role, known_role
-from epd.common.tasks import concurrently
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import Detokenizer
-from epd.server.route.encoding import EncodeStage, assign_encoders, encode_all, release_all
+from epd.server.route.encoding import EncodeStage, encode_all, encode_items, release_all
 from epd.server.route.hops import (
     EngineCall,
     OnPrefilled,
     Piece,
     PromptFor,
-    choose_prefill,
+    place,
     stream_tokens,
 )
 from epd.server.route.metrics import RouteMetrics
@@ -243,16 +242,13 @@ class Router:
         images: list[RouteImage],
         prefilled: OnPrefilled,
     ) -> AsyncGenerator[Piece, None]:
-        """Choose the prefill worker while the encoders are assigned, encode for that worker
+        """Place the request (encoders, prefill worker, decode worker), encode for that worker
         (the embeddings' consumer: same host gets shared memory, another host NIXL; told its
         embeddings device too), then stream with the embeddings' references for it."""
-        everything = list(range(len(stage.items)))
-        assignment, choice = await concurrently(
-            assign_encoders(self.peers, stage, everything, [], call.deadline),
-            choose_prefill(self.peers, call),
-        )
-        self._set_consumer(stage, choice.worker)
-        await encode_all(self.peers, stage, call.deadline, assignment)
+        items = encode_items(stage, list(range(len(stage.items))))
+        placement = await place(self.peers, call, items, stage.policy)
+        self._set_consumer(stage, placement.prefill.worker)
+        await encode_all(self.peers, stage, call.deadline, placement.encoders)
         self._release_pixels(stage)
 
         async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
@@ -262,21 +258,21 @@ class Router:
                 await self._encode_again_for(worker, stage, call.deadline)
             return self._embedded(call.prompt.token_ids, stage, images)
 
-        async for piece in self._stream(call, prefilled, choice, prompt_for):
+        async for piece in self._stream(call, prefilled, placement, prompt_for):
             yield piece
 
     def _stream(
         self,
         call: EngineCall,
         prefilled: OnPrefilled,
-        choice: scheduler_pb.ChoosePrefillResponse | None = None,
+        placement: scheduler_pb.PlaceResponse | None = None,
         prompt_for: PromptFor | None = None,
     ) -> AsyncGenerator[Piece, None]:
         return stream_tokens(
             self.peers,
             call,
             prefilled,
-            choice,
+            placement,
             prompt_for,
             max_resumptions=self.max_resumptions,
             on_resumed=self._count_resumption,

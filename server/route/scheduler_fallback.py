@@ -7,7 +7,8 @@ the scheduler's own, or ``refresh`` gets no answer) it answers from that listing
 
 - ChoosePrefill, ChooseDecode, AssignEncoders: the live workers of the model and roles asked,
   minus the request's exclusions and the workers whose health check failed, in turn (round
-  robin per kind). No KV or cache affinity, no learned encoder speeds.
+  robin per kind). No KV or cache affinity, no learned encoder speeds. Place: those three
+  together, as the scheduler composes them.
 - ListWorkers: the listing minus the unhealthy workers (so the route's ``RoleView`` stays fresh).
 - CompleteEncoding (a report): dropped.
 
@@ -73,6 +74,10 @@ class SchedulerCalls(Protocol):
     async def ChooseDecode(
         self, request: scheduler_pb.ChooseDecodeRequest, *, timeout: float | None = None
     ) -> scheduler_pb.ChooseDecodeResponse: ...
+
+    async def Place(
+        self, request: scheduler_pb.PlaceRequest, *, timeout: float | None = None
+    ) -> scheduler_pb.PlaceResponse: ...
 
 
 def is_unreachable(error: EpdError) -> bool:
@@ -165,6 +170,14 @@ class FallbackScheduler:
         return await self._call(
             lambda: self._client.ChooseDecode(request, timeout=timeout),
             lambda: self._local_decode(request),
+        )
+
+    async def Place(
+        self, request: scheduler_pb.PlaceRequest, *, timeout: float | None = None
+    ) -> scheduler_pb.PlaceResponse:
+        return await self._call(
+            lambda: self._client.Place(request, timeout=timeout),
+            lambda: self._local_place(request),
         )
 
     # ---- keeping the listing and the mode
@@ -342,6 +355,24 @@ class FallbackScheduler:
         if self._metrics is not None:
             self._metrics.locally_routed.inc()
         return scheduler_pb.ChoosePrefillResponse(worker=self._next("prefill", workers))
+
+    def _local_place(self, request: scheduler_pb.PlaceRequest) -> scheduler_pb.PlaceResponse:
+        prefill = self._local_prefill(
+            scheduler_pb.ChoosePrefillRequest(model=request.model, roles=request.prefill_roles)
+        )
+        reply = scheduler_pb.PlaceResponse(prefill=prefill)
+        role = role_from_proto(prefill.worker.role)
+        decoders = self._usable((Role.DECODE,), request.model)
+        if role is Role.PREFILL or (role is Role.ENCODE_PREFILL and decoders):
+            reply.decode.CopyFrom(
+                self._local_decode(scheduler_pb.ChooseDecodeRequest(model=request.model))
+            )
+        if request.items:
+            assign = scheduler_pb.AssignEncodersRequest(
+                model=request.model, items=request.items, policy=request.policy
+            )
+            reply.encoders.CopyFrom(self._local_assignment(assign))
+        return reply
 
     def _local_decode(
         self, request: scheduler_pb.ChooseDecodeRequest

@@ -15,7 +15,8 @@ from epd.server.encode.vision import VisionEncoder
 from epd.server.media.grid import ImageGridder
 from epd.server.models.family import ROWS_KEY
 from epd.server.models.llava_onevision import LlavaOnevision, num_image_rows
-from epd.server.route.prompt import BLOCK_SIZE, ChatPart, PromptBuilder
+from epd.server.route.prompt import BLOCK_SIZE, PromptBuilder
+from epd.server.route.request import ChatMessage, ChatPart, ImageSource
 
 FAMILY = LlavaOnevision()
 # NOTE: (width, height): tiny, extreme aspect ratios, and large enough to be shrunk (> 9 tiles).
@@ -132,8 +133,9 @@ def test_vllm_batches_only_images_of_equal_rows() -> None:
 
 def test_prompts_hold_one_image_token_per_image_and_hash_images_apart(model_dir) -> None:
     builder = PromptBuilder(model_dir)
-    parts = [ChatPart(image_index=0), ChatPart(text="compare"), ChatPart(image_index=1)]
-    ids = builder.token_ids([("user", parts)])
+    image = ImageSource(url="u")
+    parts = [ChatPart(image=image), ChatPart(text="compare"), ChatPart(image=image)]
+    ids = builder.token_ids([ChatMessage("user", parts)])
     assert ids.count(builder.image_pad_id) == 2
     assert builder.tokenizer.decode(ids).count("<image>\n") == 2
     rows = [70, 72]

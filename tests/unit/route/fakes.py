@@ -12,7 +12,7 @@ from typing import Any
 from tokenizers import Tokenizer, models
 
 from epd.common.errors import EpdError, Unavailable
-from epd.common.roles import Role, role_to_proto
+from epd.common.roles import Role, role_from_proto, role_to_proto
 from epd.common.tasks import BackgroundCalls
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
@@ -155,6 +155,24 @@ class FakeScheduler:
         return scheduler_pb.ChooseDecodeResponse(
             worker=scheduler_pb.WorkerInfo(id=live[0], endpoint=live[0])
         )
+
+    async def Place(self, request: Any, timeout: float | None = None) -> Any:
+        """The scheduler's composition of the three calls (each recorded as its own call too)."""
+        self.calls.append(("Place", request))
+        choose = scheduler_pb.ChoosePrefillRequest(
+            model=request.model, block_hashes=request.block_hashes, roles=request.prefill_roles
+        )
+        reply = scheduler_pb.PlaceResponse(prefill=await self.ChoosePrefill(choose))
+        role = role_from_proto(reply.prefill.worker.role)
+        if role is Role.PREFILL or (role is Role.ENCODE_PREFILL and self.decoders):
+            decode = scheduler_pb.ChooseDecodeRequest(model=request.model)
+            reply.decode.CopyFrom(await self.ChooseDecode(decode))
+        if request.items:
+            assign = scheduler_pb.AssignEncodersRequest(
+                model=request.model, items=request.items, policy=request.policy
+            )
+            reply.encoders.CopyFrom(await self.AssignEncoders(assign))
+        return reply
 
 
 def embeddings(endpoint: str, lease: str, location: str = "shm") -> tensor_pb2.TensorRef:

@@ -210,39 +210,73 @@ async def test_a_prefill_worker_hands_off_to_a_decode_worker() -> None:
     assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill"]
     (decode,) = peers.engines["dec0"].calls
     assert decode[0] == "Decode" and decode[1].first_token_id == 7
-    assert list(scheduler.calls[0][1].roles) == [
+    name, place = scheduler.calls[0]
+    assert name == "Place", "one call names the prefill and decode workers"
+    assert list(place.prefill_roles) == [
         scheduler_pb.WORKER_ROLE_PREFILL_DECODE,
         scheduler_pb.WORKER_ROLE_PREFILL,
         scheduler_pb.WORKER_ROLE_ENCODE_PREFILL,
     ]
+    assert [name for name, _ in scheduler.calls].count("Place") == 1
 
 
-async def test_the_decode_worker_is_chosen_while_the_prompt_is_prefilled() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)])
-    prefill = FakeEngine(hold=scheduler.decode_chosen)
-    peers = FakePeers(scheduler, engines={"p0": prefill, "dec0": FakeEngine()})
+def failing_then_held(scheduler: FakeScheduler, held: asyncio.Event) -> FakePeers:
+    """Peers whose first prefill worker fails before the first token and whose second holds
+    its prefill until ``held`` is set."""
+    engines = {
+        "p0": FakeEngine(error=Unavailable("gone")),
+        "p1": FakeEngine(hold=held),
+        "dec0": FakeEngine(),
+    }
+    return FakePeers(scheduler, engines=engines)
+
+
+async def test_a_retry_s_decode_worker_is_chosen_while_its_prompt_is_prefilled() -> None:
+    """The first attempt's decode worker comes with its placement; a retry's is chosen beside
+    its prefill (off the path to the first token)."""
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL), ("p1", Role.PREFILL)])
+    chosen = asyncio.Event()
+    peers = failing_then_held(scheduler, chosen)
     choose_decode = scheduler.ChooseDecode
 
     async def once_prefill_started(request: object, timeout: float | None = None) -> object:
-        while not prefill.calls:
+        if not peers.engines["p0"].calls:
+            return await choose_decode(request, timeout)  # NOTE: the placement's
+        while not peers.engines["p1"].calls:
             await asyncio.sleep(0.001)
-        return await choose_decode(request, timeout)
+        reply = await choose_decode(request, timeout)
+        chosen.set()
+        return reply
 
     scheduler.ChooseDecode = once_prefill_started  # type: ignore[method-assign]
     stream = stream_tokens(peers, engine_call(frozenset({Role.PREFILL, Role.DECODE})), _nothing)  # type: ignore[arg-type]
     assert (await asyncio.wait_for(anext(stream), 5)).token_ids == [7]
     assert [t async for p in stream for t in p.token_ids] == [8, 9]
+    names = [name for name, _ in scheduler.calls]
+    assert names[0] == "Place" and names[-2:] == ["ChoosePrefill", "ChooseDecode"], names
 
 
-async def test_no_decode_worker_cancels_the_prefill() -> None:
-    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)])
-    never = asyncio.Event()
-    peers = FakePeers(scheduler, engines={"p0": FakeEngine(hold=never), "dec0": FakeEngine()})
+async def test_no_decode_worker_fails_before_any_prefill_and_cancels_a_retry_s() -> None:
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL)], decoders=[])
+    peers = FakePeers(scheduler, engines={"p0": FakeEngine()})
+    with pytest.raises(Unavailable) as caught:
+        await anext(stream_tokens(peers, engine_call(frozenset({Role.PREFILL})), _nothing))  # type: ignore[arg-type]
+    assert caught.value.reason == "NO_DECODE_WORKER"
+    assert not peers.engines["p0"].calls, "placed without a decode worker: nothing prefilled"
 
-    async def no_decoder(request: object, timeout: float | None = None) -> None:
-        raise Unavailable("no decode worker", reason="NO_DECODE_WORKER")
+    scheduler = FakeScheduler(prefills=[("p0", Role.PREFILL), ("p1", Role.PREFILL)])
+    peers = failing_then_held(scheduler, asyncio.Event())
+    calls = 0
+    choose_decode = scheduler.ChooseDecode
 
-    scheduler.ChooseDecode = no_decoder  # type: ignore[method-assign]
+    async def gone_after_the_first(request: object, timeout: float | None = None) -> object:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise Unavailable("no decode worker", reason="NO_DECODE_WORKER")
+        return await choose_decode(request, timeout)
+
+    scheduler.ChooseDecode = gone_after_the_first  # type: ignore[method-assign]
     with pytest.raises(Unavailable):
         await asyncio.wait_for(
             anext(
@@ -250,7 +284,7 @@ async def test_no_decode_worker_cancels_the_prefill() -> None:
             ),
             5,
         )  # type: ignore[arg-type]
-    assert [name for name, _ in peers.engines["p0"].calls] == ["Prefill", "Prefill cancelled"]
+    assert [name for name, _ in peers.engines["p1"].calls] == ["Prefill", "Prefill cancelled"]
     assert not peers.engines["dec0"].calls
 
 

@@ -152,6 +152,22 @@ async def test_images_are_spread_over_the_encoders_and_reports_are_dropped() -> 
     assert not [c for c in s.remote.scheduler.calls if c[0] == "CompleteEncoding"]
 
 
+async def test_a_request_is_placed_from_the_view_as_the_scheduler_would() -> None:
+    s = await setup()
+    s.remote.is_down = True
+    items = [scheduler_pb.EncodeItem(mm_hash=f"h{i}") for i in range(2)]
+    roles = [scheduler_pb.WORKER_ROLE_PREFILL_DECODE]
+    placed = await s.fallback.Place(
+        scheduler_pb.PlaceRequest(model="tiny", items=items, prefill_roles=roles)
+    )
+    assert placed.prefill.worker.id in ("pd0", "pd1")
+    assert not placed.HasField("decode"), "a prefill_decode worker decodes itself"
+    assert [a.worker_id for a in placed.encoders.assignments] == ["enc0", "enc1"]
+    assert placed.encoders.assignment_id.startswith("local-")
+    text_only = await s.fallback.Place(scheduler_pb.PlaceRequest(model="tiny"))
+    assert not text_only.HasField("encoders")
+
+
 async def test_images_are_encoded_without_the_scheduler() -> None:
     s = await setup()
     s.remote.is_down = True
