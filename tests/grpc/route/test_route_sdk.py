@@ -80,7 +80,7 @@ def _sync_calls(endpoint: str) -> None:
         client.generate([user("hi")])
 
 
-async def test_the_prefill_worker_is_chosen_while_the_images_are_encoded(route) -> None:
+async def test_the_prefill_worker_is_placed_with_the_encoders_before_they_encode(route) -> None:
     endpoint, peers, _ = route
     for name in ("enc0", "enc1"):
         peers.encoders[name] = FakeEncoder(name, hold=peers.scheduler.prefill_chosen)

@@ -184,15 +184,8 @@ def test_one_request_makes_one_span_tree_across_every_service(stack: Stack) -> N
     services = {s["resource"]["attributes"]["service.name"] for s in servers}
     assert services == {"epd-scheduler", "epd-encode", "epd-prefill", "epd-decode"}
     names = {s["name"].rsplit("/", 1)[1] for s in servers}
-    assert {
-        "AssignEncoders",
-        "Encode",
-        "ChoosePrefill",
-        "Prefill",
-        "ChooseDecode",
-        "Decode",
-        "Release",
-    } <= names
+    assert {"Place", "Encode", "Prefill", "Decode", "Release"} <= names
+    assert not names & {"AssignEncoders", "ChoosePrefill", "ChooseDecode"}, "one scheduler call"
     assert root["attributes"]["epd.images"] == 2 and root["attributes"]["epd.decode_id"]
     assert [event["name"] for event in root["events"]] == [FIRST_TOKEN_EVENT]
 

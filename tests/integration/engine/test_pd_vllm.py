@@ -207,6 +207,8 @@ async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
         for name, value in changes.items():
             if value is None:
                 request.ClearField(name)
+            elif isinstance(value, list):
+                getattr(request, name)[:] = value
             else:
                 getattr(request, name).CopyFrom(value) if hasattr(value, "DESCRIPTOR") else setattr(
                     request, name, value
@@ -219,8 +221,9 @@ async def test_bad_pd_inputs_get_clear_status_codes(stubs, oracle) -> None:
     await expect_error(decode(kv_handle=not_prefilled), invalid, "BAD_KV_HANDLE")
     not_json = generation_pb2.KvHandle(payload=b"remote_engine_id=x")
     await expect_error(decode(kv_handle=not_json), invalid, "BAD_KV_HANDLE")
-    text_only = generation_pb2.Prompt(token_ids=prompt.token_ids)
-    await expect_error(decode(prompt=text_only), invalid, "IMAGE_COUNT_MISMATCH")
+    # NOTE: the handle lists the prompt's image; token ids without its placeholder do not fit it
+    text_only = list(prompt.token_ids[:1])
+    await expect_error(decode(prompt_token_ids=text_only), invalid, "IMAGE_COUNT_MISMATCH")
 
     aggregated_only = prefill_pb.PrefillRequest(request_id="b2", prompt=prompt)
     await expect_error(
