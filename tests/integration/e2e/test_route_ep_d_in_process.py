@@ -7,8 +7,7 @@ transformers reference token for token."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,11 @@ from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
-from tests.integration.e2e.test_route_epd_in_process import chat_request
+from tests.integration.e2e.test_route_epd_in_process import (
+    chat_request,
+    count_decodes_and_hashes,
+    counted,
+)
 from tests.pictures import picture
 
 pytestmark = pytest.mark.vllm
@@ -69,20 +72,8 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
 ) -> None:
     from vllm.multimodal.hasher import MultiModalHasher
 
-    from epd.server.media import loader
-
-    counts: Counter[str] = Counter()
-
-    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return function(*args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(loader, "decode_image", counted("decode", loader.decode_image))
-    monkeypatch.setattr(loader, "mm_hash", counted("hash", loader.mm_hash))
-    vllm_hash = staticmethod(counted("vllm hash", MultiModalHasher.hash_kwargs))
+    counts = count_decodes_and_hashes(monkeypatch)
+    vllm_hash = staticmethod(counted(counts, "vllm hash", MultiModalHasher.hash_kwargs))
     monkeypatch.setattr(MultiModalHasher, "hash_kwargs", vllm_hash)
     image = picture(41, 300, 260)
     request = chat_request([image], "describe", max_tokens=4, ignore_eos=True)

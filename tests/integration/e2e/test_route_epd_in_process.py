@@ -193,6 +193,27 @@ async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> Non
     assert all(encoder.worker.plane.held() == [] for encoder in encoders)
 
 
+def counted(counts: Counter[str], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, counting its calls in ``counts[name]``."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        counts[name] += 1
+        return function(*args, **kwargs)
+
+    return call
+
+
+def count_decodes_and_hashes(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts of the media loader's image decodes ("decode") and hash walks ("hash") in this
+    process (every service of the in-process deployments), from now on."""
+    from epd.server.media import loader
+
+    counts: Counter[str] = Counter()
+    monkeypatch.setattr(loader, "decode_image", counted(counts, "decode", loader.decode_image))
+    monkeypatch.setattr(loader, "mm_hash", counted(counts, "hash", loader.mm_hash))
+    return counts
+
+
 async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
     deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,21 +221,12 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
     tagged with their mm_hash, and neither decodes nor hashes them again; the prefill worker
     takes the embeddings the encoder tagged with it and names them by it, unhashed."""
     from epd.server.engine import vllm_embeds
-    from epd.server.media import loader
 
-    counts: Counter[str] = Counter()
-
-    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return function(*args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(loader, "decode_image", counted("decode", loader.decode_image))
-    monkeypatch.setattr(loader, "mm_hash", counted("hash", loader.mm_hash))
+    counts = count_decodes_and_hashes(monkeypatch)
     monkeypatch.setattr(
-        vllm_embeds, "embeddings_hash", counted("embeddings hash", vllm_embeds.embeddings_hash)
+        vllm_embeds,
+        "embeddings_hash",
+        counted(counts, "embeddings hash", vllm_embeds.embeddings_hash),
     )
     stub, encoders, _, _ = deployment
     request = chat_request([picture(31, 300, 260)], "describe", max_tokens=2, ignore_eos=True)
