@@ -276,15 +276,8 @@ async def build_server(
     ``on_bound`` is called with the bound port before the server takes its first RPC (e.g. to
     name a worker after its port)."""
     options = options or ServerOptions()
-    interceptors: list[grpc.aio.ServerInterceptor] = []
-    if traces_rpcs():
-        interceptors.append(aio_server_interceptor(filter_=_TRACED))
-    if options.auth_token:
-        interceptors.insert(0, BearerTokenInterceptor(options.auth_token))
-    # NOTE: innermost, so it rewraps the handlers as registered, once per method.
-    interceptors.append(BadMessageInterceptor())
     server = grpc.aio.server(
-        interceptors=interceptors,
+        interceptors=_interceptors(options),
         options=[
             ("grpc.max_send_message_length", options.max_message_bytes),
             ("grpc.max_receive_message_length", options.max_message_bytes),
@@ -325,6 +318,18 @@ async def build_server(
             raise
     logger.info("serving %s on %s:%d", ", ".join(names), options.host, port)
     return epd_server, port
+
+
+def _interceptors(options: ServerOptions) -> list[grpc.aio.ServerInterceptor]:
+    """Bearer-token check first, then tracing where spans are exported, then the unparseable
+    request check (innermost, so it rewraps the handlers as registered, once per method)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if options.auth_token:
+        interceptors.append(BearerTokenInterceptor(options.auth_token))
+    if traces_rpcs():
+        interceptors.append(aio_server_interceptor(filter_=_TRACED))
+    interceptors.append(BadMessageInterceptor())
+    return interceptors
 
 
 def _bind(server: grpc.aio.Server, options: ServerOptions) -> int:
