@@ -22,6 +22,7 @@ from epd.server.encode.metrics import EncodeMetrics
 from epd.server.encode.servicer import EncodeServicer
 from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES, VisionEncoder
 from epd.server.encode.worker import EncodeWorker
+from epd.server.engine.settings import MODEL_ID_FLAG
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
@@ -55,12 +56,7 @@ class EncodeConfig:
     encode``'s flags (ValueError for a negative size, wait or thread count)."""
 
     model_dir: Path
-    model_id: str = field(
-        default="",
-        metadata=flag(
-            "model name clients use", default_help="default: the hub id, or the directory name"
-        ),
-    )
+    model_id: str = field(default="", metadata=MODEL_ID_FLAG)
     device: str = field(
         default="auto",
         metadata=flag(

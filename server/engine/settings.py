@@ -23,17 +23,18 @@ def _eager(eager: bool) -> str:
     return "eager" if eager else "compiled"
 
 
+# ``--model-id``, the name clients use for a served model: every service that serves one has it.
+MODEL_ID_FLAG = flag(
+    "model name clients use", default_help="default: the hub id, or the directory name"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """One engine's settings before its device is known (ValueError names a flag out of
     range)."""
 
-    model_id: str = field(
-        default="",
-        metadata=flag(
-            "model name clients use", default_help="default: the hub id, or the directory name"
-        ),
-    )
+    model_id: str = field(default="", metadata=MODEL_ID_FLAG)
     device: str = field(
         default="auto",
         metadata=flag(
