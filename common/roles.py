@@ -46,6 +46,13 @@ PREFILL_MODES = (Role.PREFILL, Role.PREFILL_DECODE, Role.ENCODE_PREFILL)
 DEFAULT_PREFILL_ROLES = (Role.PREFILL_DECODE, Role.PREFILL)
 
 
+def hands_off_kv(role: Role, is_decode_live: bool) -> bool:
+    """Whether a worker of ``role`` prefills and hands its KV to a decode worker: a prefill
+    worker always, an encode_prefill worker while a decode worker is live. The route's path,
+    the scheduler's ``Place`` and the route's fallback view all decide by this."""
+    return role is Role.PREFILL or (role is Role.ENCODE_PREFILL and is_decode_live)
+
+
 def known_role(value: int) -> Role | None:
     """The role numbered ``value`` in a message; None for UNSPECIFIED or a number this build
     does not know (a listing from a newer scheduler)."""

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from epd.common.errors import Unavailable
-from epd.common.roles import Role, role_from_proto
+from epd.common.roles import Role, hands_off_kv, role_from_proto
 from epd.common.status import handle_errors
 from epd.scheduler import convert
 from epd.scheduler.core import NO_DECODE_WORKER, Scheduler
@@ -143,27 +143,26 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         roles: Sequence[pb.WorkerRole],
         exclude: Sequence[str],
     ) -> pb.ChoosePrefillResponse:
-        wanted = [role_from_proto(role) for role in roles]
-        kwargs = {"roles": wanted} if wanted else {}
         worker, cached = self.scheduler.choose_prefill(
-            list(block_hashes), model=model, exclude=list(exclude), **kwargs
+            list(block_hashes),
+            model=model,
+            exclude=list(exclude),
+            roles=[role_from_proto(role) for role in roles],
         )
         return pb.ChoosePrefillResponse(
             worker=convert.spec_to_proto(worker.spec), num_cached_blocks=cached
         )
 
     def _decode_for(self, prefill_role: Role, model: str) -> RegisteredWorker | None:
-        """The decode worker a prefill worker of ``prefill_role`` hands its KV to: always one for
-        a prefill worker (UNAVAILABLE when none is live); one for an encode_prefill worker only
-        while one is live; none for a worker that decodes itself."""
-        if prefill_role is Role.PREFILL:
-            return self.scheduler.choose_decode(model=model)
-        if prefill_role is not Role.ENCODE_PREFILL:
+        """The decode worker a prefill worker of ``prefill_role`` hands its KV to
+        (``hands_off_kv``): UNAVAILABLE when none is live for a role that always hands it over;
+        None for a role that hands it over only while one is live, or never."""
+        if not hands_off_kv(prefill_role, is_decode_live=True):
             return None
         try:
             return self.scheduler.choose_decode(model=model)
         except Unavailable as e:
-            if e.reason != NO_DECODE_WORKER:
+            if e.reason != NO_DECODE_WORKER or hands_off_kv(prefill_role, is_decode_live=False):
                 raise
             return None
 

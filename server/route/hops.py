@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry import trace
 
 from epd.common.errors import EpdError
-from epd.common.roles import Role, role_from_proto, role_to_proto
+from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.engine.base import KV_LOAD_FAILED
@@ -32,7 +32,7 @@ from epd.server.route.resumption import (
     is_no_worker,
     is_resumable,
 )
-from epd.server.route.topology import Plan, hands_off_kv
+from epd.server.route.topology import Plan
 from epd.v1 import decode_service_pb2 as decode_pb
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
@@ -149,6 +149,39 @@ async def stream_tokens(
 
 
 @dataclass
+class Attempt:
+    """One attempt at a request: its workers, where it failed, its release of the embeddings."""
+
+    prefill: scheduler_pb.WorkerInfo | None = None
+    decode_id: str = ""
+    # the decode worker's stream had started when the attempt failed
+    in_decode: bool = False
+    release: asyncio.Future[Any] | None = None
+
+    def failed_role(self, error: EpdError) -> str:
+        """The role of the worker whose failure, ``error``, ended the attempt: a decode stream
+        that could not read its KV failed for want of the prefill worker."""
+        return "decode" if self.in_decode and error.reason != KV_LOAD_FAILED else "prefill"
+
+
+@dataclass
+class Excluded:
+    """Workers that failed this request, not chosen again for it."""
+
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+
+    def add(self, attempt: Attempt, error: EpdError) -> str:
+        """Exclude the worker whose ``error`` failed ``attempt``; returns its id."""
+        if attempt.failed_role(error) == "decode":
+            self.decode.append(attempt.decode_id)
+            return attempt.decode_id
+        assert attempt.prefill is not None
+        self.prefill.append(attempt.prefill.id)
+        return attempt.prefill.id
+
+
+@dataclass
 class Recovery:
     """Where one request's stream stands between attempts: what it sent, the workers it excluded,
     its failures and resumptions so far, the failure being recovered from. The transitions:
@@ -157,7 +190,7 @@ class Recovery:
 
     progress: Progress
     max_resumptions: int
-    excluded: Excluded = field(default_factory=lambda: Excluded())
+    excluded: Excluded = field(default_factory=Excluded)
     num_failures: int = 0
     num_resumptions: int = 0
     lost: EpdError | None = None
@@ -200,39 +233,6 @@ class Recovery:
         return self.num_failures + 1 >= MAX_PREFILL_ATTEMPTS
 
 
-@dataclass
-class Attempt:
-    """One attempt at a request: its workers, where it failed, its release of the embeddings."""
-
-    prefill: scheduler_pb.WorkerInfo | None = None
-    decode_id: str = ""
-    # the decode worker's stream had started when the attempt failed
-    in_decode: bool = False
-    release: asyncio.Future[Any] | None = None
-
-    def failed_role(self, error: EpdError) -> str:
-        """The role of the worker whose failure, ``error``, ended the attempt: a decode stream
-        that could not read its KV failed for want of the prefill worker."""
-        return "decode" if self.in_decode and error.reason != KV_LOAD_FAILED else "prefill"
-
-
-@dataclass
-class Excluded:
-    """Workers that failed this request, not chosen again for it."""
-
-    prefill: list[str] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
-
-    def add(self, attempt: Attempt, error: EpdError) -> str:
-        """Exclude the worker whose ``error`` failed ``attempt``; returns its id."""
-        if attempt.failed_role(error) == "decode":
-            self.decode.append(attempt.decode_id)
-            return attempt.decode_id
-        assert attempt.prefill is not None
-        self.prefill.append(attempt.prefill.id)
-        return attempt.prefill.id
-
-
 async def _attempt(
     peers: Peers,
     recovery: Recovery,
@@ -254,7 +254,7 @@ async def _attempt(
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
-    if hands_off_kv(role_from_proto(worker.role), call.live_roles):
+    if hands_off_kv(role_from_proto(worker.role), Role.DECODE in call.live_roles):
         decoder = placement.decode if placement.HasField("decode") else None
         pieces = _prefill_then_decode(
             peers, call, worker, attempt, decoder, recovery.excluded.decode

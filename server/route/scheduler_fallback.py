@@ -30,7 +30,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from epd.common.errors import DeadlineExceeded, EpdError, Unavailable
-from epd.common.roles import DEFAULT_PREFILL_ROLES, Role, known_role, role_from_proto
+from epd.common.roles import (
+    DEFAULT_PREFILL_ROLES,
+    Role,
+    hands_off_kv,
+    known_role,
+    role_from_proto,
+)
 from epd.server.route.metrics import RouteMetrics
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
@@ -362,8 +368,7 @@ class FallbackScheduler:
         )
         reply = scheduler_pb.PlaceResponse(prefill=prefill)
         role = role_from_proto(prefill.worker.role)
-        decoders = self._usable((Role.DECODE,), request.model)
-        if role is Role.PREFILL or (role is Role.ENCODE_PREFILL and decoders):
+        if hands_off_kv(role, bool(self._usable((Role.DECODE,), request.model))):
             reply.decode.CopyFrom(
                 self._local_decode(scheduler_pb.ChooseDecodeRequest(model=request.model))
             )

@@ -50,11 +50,6 @@ def plan_for(live_roles: frozenset[Role], num_images: int) -> Plan:
     return Plan(uses_encoders=num_images > 0, prefill_roles=EMBEDDING_CONSUMERS)
 
 
-def hands_off_kv(role: Role, live_roles: frozenset[Role]) -> bool:
-    """Whether a worker of ``role`` should Prefill and hand its KV to a decode worker."""
-    return role is Role.PREFILL or (role is Role.ENCODE_PREFILL and Role.DECODE in live_roles)
-
-
 class RoleView:
     """The set of live roles per model, and the models of every registered worker (live or not),
     from the scheduler's ListWorkers: stale after ``ttl_s``, no longer served after

@@ -12,7 +12,7 @@ from typing import Any
 from tokenizers import Tokenizer, models
 
 from epd.common.errors import EpdError, Unavailable
-from epd.common.roles import Role, role_from_proto, role_to_proto
+from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
 from epd.common.tasks import BackgroundCalls
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
@@ -163,8 +163,7 @@ class FakeScheduler:
             model=request.model, block_hashes=request.block_hashes, roles=request.prefill_roles
         )
         reply = scheduler_pb.PlaceResponse(prefill=await self.ChoosePrefill(choose))
-        role = role_from_proto(reply.prefill.worker.role)
-        if role is Role.PREFILL or (role is Role.ENCODE_PREFILL and self.decoders):
+        if hands_off_kv(role_from_proto(reply.prefill.worker.role), bool(self.decoders)):
             decode = scheduler_pb.ChooseDecodeRequest(model=request.model)
             reply.decode.CopyFrom(await self.ChooseDecode(decode))
         if request.items:

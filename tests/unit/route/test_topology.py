@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from epd.common.errors import DeadlineExceeded
-from epd.common.roles import Role, role_to_proto
+from epd.common.roles import Role, hands_off_kv, role_to_proto
 from epd.server.route.deadline import Deadline
-from epd.server.route.topology import RoleView, hands_off_kv, plan_for
+from epd.server.route.topology import RoleView, plan_for
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -49,10 +49,10 @@ def test_plan_follows_the_live_roles(roles, num_images, uses_encoders, prefill_r
 
 
 def test_kv_goes_to_decode_only_from_prefill_or_encode_prefill_beside_decoders() -> None:
-    assert hands_off_kv(Role.PREFILL, frozenset({Role.PREFILL}))
-    assert hands_off_kv(Role.ENCODE_PREFILL, frozenset({Role.ENCODE_PREFILL, Role.DECODE}))
-    assert not hands_off_kv(Role.ENCODE_PREFILL, frozenset({Role.ENCODE_PREFILL}))
-    assert not hands_off_kv(Role.PREFILL_DECODE, frozenset({Role.PREFILL_DECODE, Role.DECODE}))
+    assert hands_off_kv(Role.PREFILL, is_decode_live=False)
+    assert hands_off_kv(Role.ENCODE_PREFILL, is_decode_live=True)
+    assert not hands_off_kv(Role.ENCODE_PREFILL, is_decode_live=False)
+    assert not hands_off_kv(Role.PREFILL_DECODE, is_decode_live=True)
 
 
 def worker(model: str, role: Role, state: int = scheduler_pb.WORKER_STATE_LIVE) -> object:
