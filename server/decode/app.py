@@ -58,6 +58,6 @@ async def build_decode_server(
         config,
         host_id=host_id,
         registry=registry,
-        drains=worker,
+        drains=worker.drain,
     )
     return await serve_worker(spec, options)

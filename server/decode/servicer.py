@@ -30,7 +30,6 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]
         span = trace.get_current_span()
         span.set_attribute("epd.request_id", request.request_id)
         num_tokens = 0
-        self.worker.refuse_when_draining()
         async for chunk in self.worker.decode(
             request.request_id,
             request.model,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, Sampling, TokenChunk
+from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import check_addressed
 from epd.server.worker.kv_handle import decode_kv_params, handle_images
 
@@ -15,25 +16,8 @@ class DecodeWorker:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.is_draining = False
-
-    async def stop_taking_work(self) -> None:
-        """Refuse new ``decode`` calls (drain); those in flight finish."""
-        self.is_draining = True
-
-    def is_settled(self) -> bool:
-        """Whether the engine runs nothing: a draining worker may then stop without cutting a
-        stream short."""
-        load = self.engine.load()
-        return load.num_running == 0 and load.num_waiting == 0
-
-    def refuse_when_draining(self) -> None:
-        """Raise ``Unavailable`` (reason DRAINING) once draining: the caller asks another."""
-        if self.is_draining:
-            raise Unavailable(
-                f"decode worker for {self.engine.model_id} is draining; ask another",
-                reason="DRAINING",
-            )
+        # NOTE: settled once the engine runs nothing: no stream is cut short.
+        self.drain = EngineDrain(engine, "decode")
 
     async def decode(
         self,
@@ -50,6 +34,7 @@ class DecodeWorker:
         one carrier of the prompt's image grids and names (its KV is pulled, so images need no
         more) and of the seed the prefill sampled with.
         """
+        self.drain.refuse_if_draining()
         check_addressed(request_id, model, self.engine.model_id)
         if not kv_handle:
             raise InvalidArgument(

@@ -105,7 +105,7 @@ async def build_prefill_server(
         host_id=plane.host_id,
         registry=registry,
         # NOTE: a decode worker pulls the KV after Prefill returned, from the engine's memory.
-        drains=worker if worker.hands_off_kv else None,
+        drains=worker.drain if worker.hands_off_kv else None,
         close=plane.close,
     )
     return await serve_worker(spec, options)

@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator
 
 from opentelemetry import trace
 
-from epd.common.errors import FailedPrecondition, Unavailable
+from epd.common.errors import FailedPrecondition
 from epd.common.roles import Role
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import ImageResolver, check_addressed
 from epd.v1 import generation_pb2
 
@@ -53,26 +54,8 @@ class PrefillWorker:
             loader if mode is Role.ENCODE_PREFILL else None,
             device=engine.embeddings_device,
         )
-        self.is_draining = False
-
-    async def stop_taking_work(self) -> None:
-        """Refuse new ``prefill`` and ``generate`` calls (drain); those in flight finish."""
-        self.is_draining = True
-
-    def is_settled(self) -> bool:
-        """Whether the engine runs nothing and, for a KV producer, holds no KV cache: every
-        block handed to a decode worker was pulled (or its KV lease expired). A draining worker
-        may then stop without failing a decode worker."""
-        load = self.engine.load()
-        is_idle = load.num_running == 0 and load.num_waiting == 0
-        return is_idle and (not self.hands_off_kv or load.kv_usage == 0)
-
-    def _refuse_when_draining(self) -> None:
-        if self.is_draining:
-            raise Unavailable(
-                f"prefill worker for {self.engine.model_id} is draining; ask another",
-                reason="DRAINING",
-            )
+        # NOTE: a KV producer settles once every block handed to a decode worker was pulled.
+        self.drain = EngineDrain(engine, "prefill", holds_kv=self.hands_off_kv)
 
     async def generate(
         self, request_id: str, model: str, prompt: generation_pb2.Prompt, sampling: Sampling
@@ -84,7 +67,7 @@ class PrefillWorker:
                 "the KV handle to a decode worker",
                 reason="WRONG_MODE",
             )
-        self._refuse_when_draining()
+        self.drain.refuse_if_draining()
         check_addressed(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
         async for chunk in self.engine.generate(
@@ -102,7 +85,7 @@ class PrefillWorker:
                 "PrefillDecode; Prefill needs a worker in prefill mode",
                 reason="WRONG_MODE",
             )
-        self._refuse_when_draining()
+        self.drain.refuse_if_draining()
         check_addressed(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
         return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)

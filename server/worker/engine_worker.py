@@ -1,6 +1,6 @@
 """An engine served as a worker, what prefill and decode servers share: the engine's own metrics
-re-exported, and the ``WorkerSpec`` of an engine (its device and model registered, its load
-heartbeated)."""
+re-exported, its drain, and the ``WorkerSpec`` of an engine (its device and model registered,
+its load heartbeated)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from epd.common.errors import Unavailable
 from epd.common.roles import Role
 from epd.common.server import ServiceBinding
 from epd.server.engine.base import Engine
@@ -31,6 +32,36 @@ class EngineWorkerConfig(Protocol):
 def register_engine_metrics(registry: CollectorRegistry) -> None:
     """Re-export the engine's own metrics (vLLM's) from ``registry``."""
     registry.register(VllmMetrics())
+
+
+class EngineDrain:
+    """The drain of a worker serving an engine (a ``Drainable``): once started, new calls are
+    refused; it is settled when the engine runs nothing and, for a KV producer, holds no KV cache
+    a decode worker has yet to pull (or whose lease has yet to expire)."""
+
+    def __init__(self, engine: Engine, kind: str, *, holds_kv: bool = False) -> None:
+        """``kind``: what the worker is called in the refusal ("prefill", "decode")."""
+        self.engine = engine
+        self.kind = kind
+        self.holds_kv = holds_kv
+        self.is_draining = False
+
+    async def stop_taking_work(self) -> None:
+        """Refuse new calls from now on; those in flight finish."""
+        self.is_draining = True
+
+    def is_settled(self) -> bool:
+        load = self.engine.load()
+        is_idle = load.num_running == 0 and load.num_waiting == 0
+        return is_idle and (not self.holds_kv or load.kv_usage == 0)
+
+    def refuse_if_draining(self) -> None:
+        """Raise ``Unavailable`` (reason DRAINING) once draining: the caller asks another."""
+        if self.is_draining:
+            raise Unavailable(
+                f"{self.kind} worker for {self.engine.model_id} is draining; ask another",
+                reason="DRAINING",
+            )
 
 
 def engine_load(engine: Engine) -> LoadFn:

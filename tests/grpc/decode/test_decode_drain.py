@@ -70,7 +70,7 @@ async def test_a_draining_decode_worker_refuses_new_decodes_and_finishes_its_own
         assert list((await running.read()).token_ids) == [8]
         stopping = asyncio.ensure_future(app.stop(grace=10.0))
         await asyncio.sleep(0.3)
-        assert not stopping.done() and not app.worker.is_settled()
+        assert not stopping.done() and not app.worker.drain.is_settled()
         try:
             await decode_call(channel, "two").read()
             raise AssertionError("a draining decode worker took a new decode")
