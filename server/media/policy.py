@@ -14,11 +14,20 @@ MiB = 1 << 20
 # Ghostscript on it) nor the long tail of rarely used plugins.
 DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 EXTERNAL_PROGRAM_FORMATS = frozenset({"EPS"})
+# NOTE: containers whose signature ``video_container`` recognises and whose FFmpeg demuxer it
+# runs alone; codecs by FFmpeg's canonical name, each decoded by a widely fuzzed decoder.
+VIDEO_CONTAINERS = ("mp4", "mov", "webm", "matroska")
+DEFAULT_VIDEO_CODECS = ("h264", "hevc", "vp8", "vp9", "av1")
 
 
 def format_list(text: str) -> tuple[str, ...]:
     """Pillow format names from a comma-separated list, upper-cased."""
     return tuple(name.strip().upper() for name in text.split(",") if name.strip())
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """Container or codec names from a comma-separated list, lower-cased."""
+    return tuple(name.strip().lower() for name in text.split(",") if name.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +39,10 @@ class MediaPolicy:
     Pillow format names accepted (an MPO file from a camera is read as JPEG). ``max_jpeg_scans``
     bounds the scans of a JPEG: decoding costs a pass over the image per scan, so it bounds the
     decoding work per pixel (real progressive JPEGs have about 10).
+
+    The ``*video*`` fields bound videos (``video.decode_video``): their own byte limit, what
+    decodes (frames, seconds measured from the frames' timestamps, pixels per frame, frame rate,
+    time spent), the containers and codecs accepted, and the videos one prompt may hold.
     """
 
     max_bytes: int = field(
@@ -97,6 +110,87 @@ class MediaPolicy:
         ),
     )
 
+    max_video_bytes: int = field(
+        default=256 * MiB,
+        metadata=flag(
+            "largest encoded video accepted, in MiB (images have --media-max-mb)",
+            env="EPD_MEDIA_MAX_VIDEO_MB",
+            name="media-max-video-mb",
+            unit=MiB,
+        ),
+    )
+    max_video_seconds: float = field(
+        default=300.0,
+        metadata=flag(
+            "longest video, in seconds as its frames' timestamps measure it (never as the "
+            "container declares)",
+            env="EPD_MEDIA_MAX_VIDEO_SECONDS",
+            name="media-max-video-seconds",
+        ),
+    )
+    max_video_frames: int = field(
+        default=18_000,
+        metadata=flag(
+            "most frames decoded from one video; a container declaring more is refused before "
+            "decoding",
+            env="EPD_MEDIA_MAX_VIDEO_FRAMES",
+            name="media-max-video-frames",
+        ),
+    )
+    max_video_frame_pixels: int = field(
+        default=3840 * 2160,
+        metadata=flag(
+            "largest video frame, width x height; larger declared frames are refused before "
+            "decoding",
+            env="EPD_MEDIA_MAX_VIDEO_FRAME_PIXELS",
+            name="media-max-video-frame-pixels",
+        ),
+    )
+    max_video_fps: float = field(
+        default=240.0,
+        metadata=flag(
+            "highest frame rate, as the frames' timestamps measure it",
+            env="EPD_MEDIA_MAX_VIDEO_FPS",
+            name="media-max-video-fps",
+        ),
+    )
+    video_decode_timeout_s: float = field(
+        default=60.0,
+        metadata=flag(
+            "time limit for decoding one video, all its passes included",
+            env="EPD_MEDIA_VIDEO_DECODE_TIMEOUT_S",
+            name="media-video-decode-timeout-s",
+        ),
+    )
+    video_containers: tuple[str, ...] = field(
+        default=VIDEO_CONTAINERS,
+        metadata=flag(
+            f"comma-separated video containers accepted, of {', '.join(VIDEO_CONTAINERS)}; "
+            "others are refused before decoding",
+            env="EPD_MEDIA_VIDEO_CONTAINERS",
+            name="media-video-containers",
+            type=name_list,
+        ),
+    )
+    video_codecs: tuple[str, ...] = field(
+        default=DEFAULT_VIDEO_CODECS,
+        metadata=flag(
+            "comma-separated video codecs accepted (FFmpeg's names); others are refused before "
+            "decoding",
+            env="EPD_MEDIA_VIDEO_CODECS",
+            name="media-video-codecs",
+            type=name_list,
+        ),
+    )
+    max_videos: int = field(
+        default=4,
+        metadata=flag(
+            "videos one prompt may hold",
+            env="EPD_MEDIA_MAX_VIDEOS",
+            name="media-max-videos",
+        ),
+    )
+
     def __post_init__(self) -> None:
         limits = (
             self.max_bytes,
@@ -104,9 +198,23 @@ class MediaPolicy:
             self.fetch_timeout_s,
             self.max_url_chars,
             self.max_jpeg_scans,
+            self.max_video_bytes,
+            self.max_video_seconds,
+            self.max_video_frames,
+            self.max_video_frame_pixels,
+            self.max_video_fps,
+            self.video_decode_timeout_s,
+            self.max_videos,
         )
         if min(limits) <= 0:
             raise ValueError("media limits must be positive")
+        unknown_containers = set(self.video_containers) - set(VIDEO_CONTAINERS)
+        if unknown_containers or not self.video_containers:
+            raise ValueError(
+                f"video containers {sorted(unknown_containers)} are not among "
+                f"{', '.join(VIDEO_CONTAINERS)}"
+            )
+        _check_video_codecs(self.video_codecs)
         Image.init()
         unknown = [name for name in self.image_formats if name not in Image.OPEN]
         if unknown or not self.image_formats:
@@ -116,3 +224,11 @@ class MediaPolicy:
                 f"{sorted(EXTERNAL_PROGRAM_FORMATS)} images are decoded by an "
                 "external program and cannot be accepted"
             )
+
+
+def _check_video_codecs(codecs: tuple[str, ...]) -> None:
+    import av
+
+    unknown = sorted(set(codecs) - set(av.codecs_available))
+    if unknown or not codecs:
+        raise ValueError(f"video codecs {unknown} are not codecs FFmpeg knows")
