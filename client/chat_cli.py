@@ -14,7 +14,7 @@ from epd.common.ports import ROUTE_PORT
 
 # NOTE: the client's options are the SDK's arguments, no dataclass of ours.
 ENDPOINT = Flag("route host:port", env="EPD_ROUTE")
-AUTH_TOKEN = Flag("bearer token", env="EPD_AUTH_TOKEN")
+AUTH_TOKEN = Flag("bearer token", env="EPD_AUTH_TOKEN", aliases=("api-key",))
 TLS_CA_FILE = Flag("PEM CA of the route's certificate; turns TLS on", env="EPD_TLS_CA")
 
 

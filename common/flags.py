@@ -54,7 +54,9 @@ class Flag:
     word that sets the field to None ("auto"). ``minimum``: the smallest value the variable may
     hold. ``negatable``: a switch that also has ``--no-NAME``. ``old_env``: a deprecated name of
     the variable, which wins when set (with a warning). ``repeatable``: the flag may be given
-    several times, each value one item of the field (no variable).
+    several times, each value one item of the field (no variable). ``aliases``: more spellings
+    of the flag, without their dashes (vLLM's ``served-model-name`` for ``model-id``).
+    ``also_env``: variables read, in order, when ``env`` is unset (vLLM's ``VLLM_API_KEY``).
     """
 
     help: str
@@ -71,6 +73,8 @@ class Flag:
     negatable: bool = False
     old_env: str | None = None
     repeatable: bool = False
+    aliases: tuple[str, ...] = ()
+    also_env: tuple[str, ...] = ()
 
 
 def flag(help: str, **spelling: Any) -> dict[str, Flag]:
@@ -127,7 +131,7 @@ def add_passed_on_arguments(
             continue
         note = names[field.name]
         spec = dataclasses.replace(
-            spec, env=None, old_env=None, default_help=note or spec.default_help
+            spec, env=None, old_env=None, also_env=(), default_help=note or spec.default_help
         )
         kind = scalar_type(hints[field.name])
         add_flag(
@@ -168,6 +172,7 @@ def add_flag(
     option = "--" + (spec.name or dest.replace("_", "-"))
     if isinstance(kind, enum.EnumMeta):
         return add_enum_flag(container, option, dest, spec, default=default, kind=kind)
+    spellings = (option, *aliases_of(spec))
     parse = text_parser(spec, kind)
     value = None if unset else fallback(spec, option, default, parse)
     options: dict[str, Any] = {"dest": dest, "default": value, "help": help_text(spec, default)}
@@ -182,7 +187,12 @@ def add_flag(
         options.update(type=parse, choices=spec.choices)
     if kind is not bool:
         options["metavar"] = spec.metavar
-    return container.add_argument(option, **options)
+    return container.add_argument(*spellings, **options)
+
+
+def aliases_of(spec: Flag) -> tuple[str, ...]:
+    """The other option strings of ``spec``'s flag (``--served-model-name``)."""
+    return tuple("--" + alias for alias in spec.aliases)
 
 
 def fallback(spec: Flag, option: str, default: Any, parse: Callable[[str], Any]) -> Any:
@@ -197,16 +207,18 @@ def fallback(spec: Flag, option: str, default: Any, parse: Callable[[str], Any])
 
 def environment_text(spec: Flag, option: str) -> tuple[str, str]:
     """The text of the flag's variable (empty when unset) and the variable's name: the
-    deprecated ``old_env`` when it is set (with a warning), else ``env``."""
+    deprecated ``old_env`` when it is set (with a warning), else ``env``, else the first of
+    ``also_env`` that is set."""
     if spec.old_env and os.environ.get(spec.old_env):
         print(
             f"${spec.old_env} is deprecated: set {spec.env} (or {option}) instead",
             file=sys.stderr,
         )
         return os.environ[spec.old_env], spec.old_env
-    if spec.env:
-        return os.environ.get(spec.env, ""), spec.env
-    return "", ""
+    for variable in (spec.env, *spec.also_env):
+        if variable and os.environ.get(variable):
+            return os.environ[variable], variable
+    return "", spec.env or ""
 
 
 def add_enum_flag(
@@ -228,6 +240,7 @@ def add_enum_flag(
         value = shown(environment_value(variable, spec, text, parse, None))
     return container.add_argument(
         option,
+        *aliases_of(spec),
         dest=dest,
         # NOTE: argparse passes the text default through the type.
         default=value,
@@ -280,7 +293,8 @@ def help_text(spec: Flag, default: Any) -> str:
     parts = []
     if spec.env:
         switch = isinstance(default, bool) and not spec.negatable
-        parts.append(f"env {spec.env}=1" if switch else f"env {spec.env}")
+        variables = " or ".join((spec.env, *spec.also_env))
+        parts.append(f"env {variables}=1" if switch else f"env {variables}")
     if spec.old_env:
         parts.append(f"the old env {spec.old_env}, deprecated, wins when set")
     if default is None and spec.none_word:

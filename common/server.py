@@ -106,6 +106,8 @@ class ServerOptions:
         metadata=flag(
             "require 'authorization: Bearer TOKEN' on every RPC except health checks",
             env="EPD_AUTH_TOKEN",
+            aliases=("api-key",),
+            also_env=("VLLM_API_KEY",),
         ),
     )
     drain_grace_s: float = field(

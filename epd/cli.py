@@ -15,6 +15,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from epd import __version__
+from epd.common.flag_suggest import close_match, reject_unknown
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("epd.server.engine.model_cli", "build local models (epd model tiny --out DIR)"),
@@ -40,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Disaggregated Encode / Prefill / Decode serving for vision-language models.",
         epilog="Run `epd COMMAND --help` for the flags of one command.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if args and args[0] in COMMANDS:
         module_name, summary = COMMANDS[args[0]]
@@ -52,10 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:  # NOTE: a malformed EPD_* fallback or --config file
             print(f"epd {args[0]}: {e}", file=sys.stderr)
             return 2
-        parsed = parser.parse_args(args)
+        parsed, extras = parser.parse_known_args(args)
+        if extras:
+            reject_unknown(parser, parsed, extras)
         return int(module.run(parsed))
     for name, (_, summary) in COMMANDS.items():
         subparsers.add_parser(name, help=summary)
+    if args and not args[0].startswith("-"):
+        meant = close_match(args[0], COMMANDS)
+        hint = f" (did you mean {meant}?)" if meant else ""
+        parser.error(f"unknown command {args[0]!r}{hint}; the commands: {', '.join(COMMANDS)}")
     parser.parse_args(args)
     return 2
 

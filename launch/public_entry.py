@@ -25,6 +25,7 @@ ENTRY_VARIABLES = (
     "EPD_HOST",
     "EPD_ADVERTISE_HOST",
     "EPD_AUTH_TOKEN",
+    "VLLM_API_KEY",
     "EPD_TLS_CERT",
     "EPD_TLS_KEY",
     "EPD_TLS_CLIENT_CA",
@@ -54,6 +55,8 @@ class PublicEntry:
             "the route requires 'authorization: Bearer TOKEN' on gRPC and HTTP (health checks "
             "excepted); printable ASCII without spaces; the demo request sends it",
             env="EPD_AUTH_TOKEN",
+            aliases=("api-key",),
+            also_env=("VLLM_API_KEY",),
         ),
     )
     tls_cert_file: str | None = field(

@@ -51,7 +51,11 @@ class UpRun:
 
     model_id: str = field(
         default="",
-        metadata=flag("model name", default_help="default: the hub id, or the directory name"),
+        metadata=flag(
+            "model name",
+            default_help="default: the hub id, or the directory name",
+            aliases=("served-model-name",),
+        ),
     )
     cpu_layout: str = field(
         default="auto",

@@ -25,7 +25,9 @@ def _eager(eager: bool) -> str:
 
 # ``--model-id``, the name clients use for a served model: every service that serves one has it.
 MODEL_ID_FLAG = flag(
-    "model name clients use", default_help="default: the hub id, or the directory name"
+    "model name clients use",
+    default_help="default: the hub id, or the directory name",
+    aliases=("served-model-name",),
 )
 
 
