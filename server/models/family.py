@@ -19,8 +19,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-Grid = tuple[int, int, int]
-
+from epd.server.models.video import Grid as Grid
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
 
 #: the key of an image's row count in ``separately_batched_items``
 ROWS_KEY = "image_num_rows"
@@ -174,6 +174,27 @@ class ModelFamily(ABC):
         """The grid ``processor`` (the checkpoint's image processor; ``config`` its model
         config) gives a ``width`` x ``height`` image, from the size alone; ValueError if it
         cannot take it."""
+
+    def plan_video(self, clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
+        """The ``VideoPlan`` ``processor`` (the checkpoint's video processor; ``config`` its
+        model config) makes of ``clip``: frames kept, size, grid, token count, timing, from the
+        clip's sizes alone; ``VideoRefused`` if it cannot take the clip (default: the family
+        takes no video)."""
+        raise self.refuse_video()
+
+    def video_pixel_inputs(
+        self, processor: Any, frames: Any, resized: tuple[int, int], device: str | None = None
+    ) -> tuple[Any, Any]:
+        """``processor`` (the checkpoint's video processor) on ``frames`` (uint8 [n, height,
+        width, 3]: a plan's kept frames, or a run of them cut at temporal patch boundaries),
+        each resized to ``resized`` (the plan's (height, width)), on ``device``: the pixel
+        values the tower takes and the grid [1, 3]. Runs cut at temporal patch boundaries give,
+        joined, the pixel values of the whole clip (default: the family takes no video)."""
+        raise self.refuse_video()
+
+    def refuse_video(self) -> VideoRefused:
+        """The refusal of a video by a family that takes none, naming the family."""
+        return VideoRefused(f"{self.title} models do not take video", "VIDEO_NOT_SUPPORTED")
 
     def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]] | None:
         """None (default): vLLM's renderer makes the engine's items of ``vllm_data``. A family

@@ -3,14 +3,18 @@
 transformers' ``smart_resize`` rule (sides multiples of patch x merge, pixels within the
 processor's bounds), M-RoPE positions from the image grid, and embeddings that enter vLLM as
 ``image_embeds`` + ``image_grid_thw``. The two differ in the vision tower (Qwen2.5-VL: window
-attention, RMSNorm, gated MLP) and its config's field names.
+attention, RMSNorm, gated MLP) and its config's field names. Videos are sampled, resized and
+patched by their video processor (``qwen_video``): each frame within the pixel bounds, two frames
+a temporal patch; Qwen2.5-VL's positions need the seconds each temporal patch spans.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from epd.server.models import qwen_video
 from epd.server.models.family import Grid, ModelFamily
+from epd.server.models.video import VideoClip, VideoPlan
 
 
 class _QwenVl(ModelFamily):
@@ -74,6 +78,25 @@ class _QwenVl(ModelFamily):
         )
         return int(height), int(width)
 
+    def plan_video(self, clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
+        return qwen_video.plan(clip, processor, self._video_resized, self._video_timing)
+
+    def video_pixel_inputs(
+        self, processor: Any, frames: Any, resized: tuple[int, int], device: str | None = None
+    ) -> tuple[Any, Any]:
+        return qwen_video.pixel_inputs(processor, frames, resized, device)
+
+    def _video_resized(
+        self, num_frames: int, height: int, width: int, processor: Any
+    ) -> tuple[int, int]:
+        return qwen_video.per_frame_resized(num_frames, height, width, processor)
+
+    def _video_timing(
+        self, clip: VideoClip, indices: tuple[int, ...], processor: Any
+    ) -> dict[str, Any]:
+        """The plan's timing fields for the family (default: none)."""
+        return {}
+
     def _vision_tower_class(self) -> Any:
         raise NotImplementedError
 
@@ -99,6 +122,17 @@ class Qwen2_5Vl(_QwenVl):  # noqa: N801 - the model's own name
     name = "qwen2_5_vl"
     title = "Qwen2.5-VL"
     architectures = ("Qwen2_5_VLForConditionalGeneration",)
+
+    def _video_timing(
+        self, clip: VideoClip, indices: tuple[int, ...], processor: Any
+    ) -> dict[str, Any]:
+        # NOTE: as Qwen2_5_VLProcessor: temporal patch size over the sampled frame rate.
+        from transformers.video_utils import VideoMetadata
+
+        sampled = VideoMetadata(
+            total_num_frames=clip.num_frames, fps=clip.fps, frames_indices=list(indices)
+        )
+        return {"seconds_per_temporal_patch": processor.temporal_patch_size / sampled.sampled_fps}
 
     def _vision_tower_class(self) -> Any:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (

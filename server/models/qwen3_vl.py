@@ -4,13 +4,18 @@ map per ``deepstack_visual_indexes`` layer; each is added to the language model'
 the image positions after decoder layer 0, 1, ... An image's embeddings therefore travel as one
 tensor, [tokens, out_hidden_size x (1 + deepstack levels)]: the main rows, then each level's, on
 the last axis, which is exactly what vLLM takes as ``image_embeds`` (and splits itself).
+
+Its video processor budgets pixels over the whole clip (``qwen_video.whole_clip_resized``), and
+its prompt shows each temporal patch's time, the mean of its frames' (index / fps) seconds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from epd.server.models import qwen_video
 from epd.server.models.qwen2_vl import _QwenVl
+from epd.server.models.video import VideoClip
 
 
 class Qwen3Vl(_QwenVl):
@@ -24,6 +29,21 @@ class Qwen3Vl(_QwenVl):
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
         return Qwen3VLVisionModel
+
+    def _video_resized(
+        self, num_frames: int, height: int, width: int, processor: Any
+    ) -> tuple[int, int]:
+        return qwen_video.whole_clip_resized(num_frames, height, width, processor)
+
+    def _video_timing(
+        self, clip: VideoClip, indices: tuple[int, ...], processor: Any
+    ) -> dict[str, Any]:
+        from transformers import Qwen3VLProcessor
+
+        # NOTE: a function of its arguments alone, though written as a method.
+        calculate: Any = Qwen3VLProcessor._calculate_timestamps
+        seconds = calculate(None, list(indices), clip.fps, processor.temporal_patch_size)
+        return {"timestamps": tuple(float(second) for second in seconds)}
 
     def embedding_width(self, config: Any) -> int:
         vision = config.vision_config

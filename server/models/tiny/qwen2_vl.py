@@ -1,7 +1,8 @@
 """Tiny Qwen2-VL and Qwen2.5-VL checkpoints: the hub's chat template (one placeholder group per
-image, a default system turn), patches of 14 merged 2 x 2, M-RoPE sections as the hub's, and
-each tower's own config fields (Qwen2.5-VL: windowed blocks, the last attending the whole
-image)."""
+image and per video, a default system turn), patches of 14 merged 2 x 2, M-RoPE sections as the
+hub's, each tower's own config fields (Qwen2.5-VL: windowed blocks, the last attending the whole
+image), and a video processor that samples 2 frames a second, saved as
+``video_preprocessor_config.json`` too."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ DEFAULT_SYSTEM_TURN = (
 
 
 def qwen_chat_template(system_turn: str) -> str:
-    """The Qwen chat template (one placeholder group per image), opening each chat with
-    ``system_turn`` (empty: none)."""
+    """The Qwen chat template (one placeholder group per image and per video), opening each
+    chat with ``system_turn`` (empty: none)."""
     return (
         "{% set image_count = namespace(value=0) %}"
+        "{% set video_count = namespace(value=0) %}"
         "{% for message in messages %}" + system_turn + "<|im_start|>{{ message['role'] }}\n"
         "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
         "{% else %}{% for content in message['content'] %}"
@@ -29,6 +31,10 @@ def qwen_chat_template(system_turn: str) -> str:
         "{% set image_count.value = image_count.value + 1 %}"
         "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
         "<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif content['type'] == 'video' or 'video' in content %}"
+        "{% set video_count.value = video_count.value + 1 %}"
+        "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+        "<|vision_start|><|video_pad|><|vision_end|>"
         "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
         "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -38,6 +44,8 @@ def qwen_chat_template(system_turn: str) -> str:
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
+#: how the tiny video processors sample (the hub's Qwen3-VL settings; qwen-vl-utils' for all)
+VIDEO_SAMPLING = dict(do_sample_frames=True, fps=2.0, min_frames=4, max_frames=768)
 
 
 class QwenVlBuilder(TinyBuilder):
@@ -56,6 +64,7 @@ class QwenVlBuilder(TinyBuilder):
         )
         processor.save_pretrained(out)
         image_processor.save_pretrained(out)
+        video_processor.save_pretrained(out)
 
     def model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
         import torch
@@ -83,7 +92,9 @@ class QwenVlBuilder(TinyBuilder):
             temporal_patch_size=TEMPORAL_PATCH_SIZE,
             merge_size=MERGE_SIZE,
         )
-        return Qwen2VLImageProcessor(**settings), Qwen2VLVideoProcessor(**settings)
+        return Qwen2VLImageProcessor(**settings), Qwen2VLVideoProcessor(
+            **settings, **VIDEO_SAMPLING
+        )
 
     def _text_config(
         self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes

@@ -1,7 +1,7 @@
 """A tiny Qwen3-VL checkpoint: patches of 16 merged 2 x 2, pixels normalised to [-1, 1],
 interleaved M-RoPE (sections as the hub's, 24:20:20), DeepStack features after two of the tower's
-blocks, a square grid of learned positions, and the hub's chat template (no default system
-turn)."""
+blocks, a square grid of learned positions, the hub's chat template (no default system
+turn), and a video processor budgeting pixels over the whole clip, as the hub's."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from epd.server.models.tiny.builder import TinySizes
 from epd.server.models.tiny.qwen2_vl import (
     MERGE_SIZE,
     TEMPORAL_PATCH_SIZE,
+    VIDEO_SAMPLING,
     QwenVlBuilder,
     qwen_chat_template,
 )
 
 PATCH_SIZE = 16
+#: a clip's pixel budget in frames of the image processor's largest size (the hub's: 32)
+VIDEO_BUDGET_FRAMES = 8
 
 
 class Qwen3VlBuilder(QwenVlBuilder):
@@ -38,7 +41,11 @@ class Qwen3VlBuilder(QwenVlBuilder):
             image_std=[0.5, 0.5, 0.5],
             **patches,
         )
-        return image_processor, Qwen3VLVideoProcessor(**patches)
+        video_size = {
+            "shortest_edge": sizes.min_pixels,
+            "longest_edge": sizes.max_pixels * VIDEO_BUDGET_FRAMES,
+        }
+        return image_processor, Qwen3VLVideoProcessor(size=video_size, **patches, **VIDEO_SAMPLING)
 
     def _text_config(
         self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes

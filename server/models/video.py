@@ -1,0 +1,67 @@
+"""What a family decides about a video before any encoder runs, and how it refuses one.
+
+Decoding (``epd.server.media.video``) finds how many frames a video has, at what rate and of
+what size (a ``VideoClip``); the family's video processor settings then choose the frames to
+keep, the size each is resized to, the grid and the token count, and the prompt's timing facts
+(Qwen2.5-VL's seconds per temporal patch, Qwen3-VL's timestamps): a ``VideoPlan``, fixed once,
+which every later hop trusts. Frames are grouped ``temporal_patch_size`` at a time into temporal
+patches; the last patch of a clip of an odd count repeats the last frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Grid = tuple[int, int, int]
+
+
+class VideoRefused(ValueError):
+    """A family cannot take this video (or any video); ``reason`` is the UPPER_SNAKE reason of
+    the error the caller reports (``VIDEO_NOT_SUPPORTED``, ``VIDEO_TOO_SHORT``,
+    ``BAD_VIDEO_SHAPE``)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class VideoClip:
+    """A decoded video as sampling sees it: ``num_frames`` that decoded, their mean rate
+    ``fps`` (measured from their timestamps) and their size."""
+
+    num_frames: int
+    fps: float
+    width: int
+    height: int
+
+
+@dataclass(frozen=True, slots=True)
+class VideoPlan:
+    """What a family's video processor makes of a clip, from its sizes alone.
+
+    ``frame_indices``: the frames kept, by index into the decoded ones, in order.
+    ``resized``: (height, width) every kept frame is resized to. ``grid``: (t, h, w) in patches,
+    t the number of temporal patches. ``num_tokens``: the embedding rows (placeholder tokens).
+    ``sampling``: the sampling settings used, as text (part of the video's identity).
+    ``seconds_per_temporal_patch``: Qwen2.5-VL's ``second_per_grid_ts`` (None for families
+    without it). ``timestamps``: Qwen3-VL's time of each temporal patch in seconds, shown in
+    the prompt (None for families without them).
+    """
+
+    frame_indices: tuple[int, ...]
+    resized: tuple[int, int]
+    grid: Grid
+    num_tokens: int
+    temporal_patch_size: int
+    sampling: str
+    seconds_per_temporal_patch: float | None = None
+    timestamps: tuple[float, ...] | None = None
+
+    @property
+    def num_temporal_patches(self) -> int:
+        return self.grid[0]
+
+    @property
+    def tokens_per_temporal_patch(self) -> int:
+        return self.num_tokens // self.grid[0]
