@@ -1,0 +1,106 @@
+"""Videos for one model: decoded once, sampled, planned and named before any encoder runs.
+
+``VideoPlanner`` reads the model's family and video processor once; ``load`` decodes a video's
+bytes under the media policy, lets the family's video processor settings choose the frames
+(``ModelFamily.plan_video``) and returns them with their plan and identity, all the route needs
+to build the prompt and hand the frames on. A family's refusal becomes a clear error (400).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epd.common.errors import InvalidArgument
+from epd.server.media.policy import MediaPolicy
+from epd.server.media.video import VideoStream, decode_video
+from epd.server.media.video_hashing import (
+    VideoChunk,
+    chunk_hashes,
+    video_hash,
+    video_processor_fingerprint,
+)
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedVideo:
+    """A decoded video: what decoding found (``stream``), the family's ``plan``, the kept
+    ``frames`` (uint8 [len(plan.frame_indices), height, width, 3]) and the video's hash."""
+
+    stream: VideoStream
+    plan: VideoPlan
+    frames: np.ndarray
+    video_hash: str
+
+
+class VideoPlanner:
+    """Plans and identities of videos for the model in ``model_dir`` (named ``model_id`` in
+    hashes). Cheap per video beyond decoding; safe to share between threads."""
+
+    def __init__(self, model_dir: str | Path, model_id: str) -> None:
+        from transformers import AutoConfig
+
+        from epd.server.models.registry import family_of
+
+        self.family = family_of(model_dir)
+        self.model_id = model_id
+        self.config: Any = AutoConfig.from_pretrained(model_dir)
+        self.processor: Any = _video_processor(model_dir)
+        self.fingerprint = video_processor_fingerprint(model_dir)
+
+    def load(self, data: bytes, policy: MediaPolicy) -> PlannedVideo:
+        """Decode ``data`` under ``policy`` and keep the frames the model's sampling picks."""
+        plans: list[VideoPlan] = []
+
+        def choose(stream: VideoStream) -> tuple[int, ...]:
+            plans.append(self.plan(stream))
+            return plans[0].frame_indices
+
+        decoded = decode_video(data, policy, choose)
+        plan = plans[0]
+        identity = video_hash(
+            decoded.frames, plan, model_id=self.model_id, fingerprint=self.fingerprint
+        )
+        return PlannedVideo(decoded.stream, plan, decoded.frames, identity)
+
+    def plan(self, stream: VideoStream) -> VideoPlan:
+        """The family's plan of a decoded ``stream``; InvalidArgument with the family's reason
+        if it cannot take it."""
+        clip = VideoClip(stream.num_frames, stream.fps, stream.width, stream.height)
+        try:
+            if self.processor is None:
+                raise self.family.refuse_video()
+            return self.family.plan_video(clip, self.config, self.processor)
+        except VideoRefused as e:
+            raise InvalidArgument(str(e), reason=e.reason) from e
+
+    def chunks(self, video: PlannedVideo, patches_per_chunk: int) -> list[VideoChunk]:
+        """``video``'s chunks of ``patches_per_chunk`` temporal patches with their hashes."""
+        return chunk_hashes(
+            video.frames,
+            video.plan,
+            patches_per_chunk,
+            model_id=self.model_id,
+            fingerprint=self.fingerprint,
+        )
+
+    def pixel_inputs(
+        self, frames: np.ndarray, plan: VideoPlan, device: str | None = None
+    ) -> tuple[Any, Any]:
+        """The tower's pixel values and grid of ``frames`` (all of ``plan``'s kept frames, or a
+        chunk's), resized as ``plan`` says."""
+        return self.family.video_pixel_inputs(self.processor, frames, plan.resized, device)
+
+
+def _video_processor(model_dir: str | Path) -> Any:
+    """The checkpoint's video processor, None where transformers has none for it."""
+    from transformers import AutoVideoProcessor
+
+    try:
+        return AutoVideoProcessor.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        return None
