@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import (
@@ -40,6 +41,14 @@ def require_model_dir(path: Path) -> Path:
         raise ValueError(f"{path} is not a model directory (no config.json)")
     family_of(path)
     return path
+
+
+def context_length(config: Any) -> int | None:
+    """A model's own context in tokens as its transformers ``config`` states it (the
+    ``max_position_embeddings`` of its text config; None when it states none): the route bounds
+    prompts by it and ``--max-model-len`` defaults to it."""
+    value = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(value) if value else None
 
 
 def is_hub_id(name: str) -> bool:

@@ -15,6 +15,7 @@ from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions
+from epd.server.route.prompt import load_chat_template
 from epd.server.route.request_check import RequestLimits
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
@@ -64,6 +65,7 @@ def route_config(args: argparse.Namespace) -> RouteConfig:
         RouteConfig,
         args,
         model_dir=args.model,
+        chat_template=load_chat_template(args.chat_template) if args.chat_template else None,
         media=media_policy(args),
         http=from_arguments(HttpOptions, args),
         limits=request_limits(args),
@@ -89,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: RouteConfig, options: ServerOptions) -> int:
     with stop_signals() as stop:
-        app = await build_route_server(config, options)
+        try:
+            app = await build_route_server(config, options)
+        except ValueError as e:  # NOTE: settings only the model can judge (--chat-template)
+            print(f"epd route: {e}", file=sys.stderr)
+            return 2
         http = ""
         if app.http:
             http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"

@@ -6,6 +6,9 @@ token once; the engine expands it. For KV-aware routing the route hashes the pro
 will hold it: each image's single image token becomes that image's token count of a pad value
 derived from its mm_hash (as Dynamo and SGLang do), so prompts share a block hash only if they
 share every token and image before it. Hashes chain block to block; only full blocks count.
+
+The chat template is the model's own, or ``--chat-template``'s (a file, or the Jinja text itself,
+read as vLLM reads its own flag), checked once at start by rendering one image.
 """
 
 from __future__ import annotations
@@ -14,15 +17,36 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from epd.server.models.model_dir import context_length
 from epd.server.route.request import ChatMessage
 
 BLOCK_SIZE = 16
+JINJA_CHARACTERS = "{}\n"
+# The chat a template is checked with: one image must render as one image token.
+PROBE_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+
+
+def load_chat_template(text: str) -> str:
+    """``--chat-template``'s template: the file ``text`` names, else ``text`` itself when it
+    holds Jinja (a brace or a newline), as vLLM reads its ``--chat-template``; ValueError naming
+    a file that cannot be read."""
+    try:
+        return Path(text).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        if any(character in text for character in JINJA_CHARACTERS):
+            return text
+        reason = e.strerror if isinstance(e, OSError) else "not text"
+        raise ValueError(
+            f"--chat-template {text}: neither a readable file ({reason}) nor a Jinja template"
+        ) from None
 
 
 class PromptBuilder:
-    """The model's tokenizer and chat template, loaded once."""
+    """The model's tokenizer and chat template, loaded once. ``chat_template``: a Jinja template
+    used instead of the model's own; ValueError when it does not render one image as one image
+    token."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chat_template: str | None = None) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         from epd.server.models.registry import family_of_config
@@ -33,8 +57,28 @@ class PromptBuilder:
         start_ids, end_ids = family_of_config(config).image_delimiters(config, self.tokenizer)
         self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
-        context = getattr(config.get_text_config(), "max_position_embeddings", None)
-        self.max_context_tokens: int | None = int(context) if context else None
+        self.max_context_tokens = context_length(config)
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+            self.check_template()
+
+    def check_template(self) -> None:
+        """ValueError unless the chat template renders, and renders one image as one image
+        token (the placeholder the engine expands)."""
+        import jinja2
+
+        try:
+            token_ids = self.rendered(PROBE_CHAT)
+        except jinja2.TemplateError as e:
+            line = f" (line {e.lineno})" if isinstance(e, jinja2.TemplateSyntaxError) else ""
+            raise ValueError(f"--chat-template does not render{line}: {e}") from None
+        num_images = token_ids.count(self.image_pad_id)
+        if num_images != 1:
+            image = self.tokenizer.convert_ids_to_tokens(self.image_pad_id)
+            raise ValueError(
+                f"--chat-template renders one image as {num_images} {image} tokens, not 1: it "
+                "must emit the model's image placeholder for each image part"
+            )
 
     def num_chars(self, messages: list[ChatMessage]) -> int:
         """Text characters of ``messages`` (what tokenising costs grows with)."""
@@ -55,6 +99,11 @@ class PromptBuilder:
             }
             for message in messages
         ]
+        return self.rendered(chat)
+
+    def rendered(self, chat: list[dict[str, Any]]) -> list[int]:
+        """Token ids of ``chat`` (chat-template form) rendered with the assistant's turn
+        opened."""
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
