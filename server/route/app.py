@@ -43,6 +43,17 @@ class RouteConfig:
         metadata=flag(
             "model name the workers registered",
             default_help="default: the hub id, or the directory name",
+            aliases=("served-model-name",),
+        ),
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata=flag(
+            "chat template used instead of the model's: a file, or the Jinja template itself "
+            "(as vLLM's --chat-template); it must render each image part as the model's image "
+            "placeholder",
+            env="EPD_CHAT_TEMPLATE",
+            default_help="default: the model's own",
         ),
     )
     media: MediaPolicy = field(default_factory=MediaPolicy)
@@ -109,7 +120,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     # NOTE: shared memory only: the pixels are for encoders on this host; others load the source.
     plane = DataPlane.from_options(config.transfer, kinds=("shm",))
     plane.start_reaper()
-    prompts = PromptBuilder(config.model_dir)
+    prompts = PromptBuilder(config.model_dir, config.chat_template)
     # NOTE: one set of limits for both doors: gRPC and HTTP judge a request alike.
     limits = config.limits.with_context(prompts.max_context_tokens)
     registry = new_registry() if options.exports_metrics else None
