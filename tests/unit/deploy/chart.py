@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "epd"
-EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 HELM = Path(sys.executable).parent / "helm"
 RELEASE = "demo"
 NAMESPACE = "serving"
@@ -24,6 +25,12 @@ POD = {
 }
 SECRET_VALUE = "s3cret"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+# Kubernetes quantity suffixes (resource.Quantity): binary, decimal SI, none.
+QUANTITY_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    **{"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1)},
+}
 
 
 def helm(*args: str) -> str:
@@ -34,14 +41,35 @@ def helm(*args: str) -> str:
     return done.stdout
 
 
+def helm_refusal(*args: str) -> str:
+    """Run the helm binary where it must fail; what it said (lint reports on stdout).
+    AssertionError when it succeeds."""
+    assert HELM.exists(), f"{HELM} is missing: scripts/install.sh installs helm"
+    done = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, f"helm {' '.join(args)} succeeded:\n{done.stdout[:2000]}"
+    return done.stdout + done.stderr
+
+
+def value_args(values_files: tuple[Path, ...], sets: tuple[str, ...]) -> list[str]:
+    """helm's --values and --set arguments (``--set-string NAME=VALUE`` passes through)."""
+    args = [arg for path in values_files for arg in ("--values", str(path))]
+    for assignment in sets:
+        flag, _, rest = assignment.partition(" ")
+        args += [flag, rest] if flag.startswith("--set") else ["--set", assignment]
+    return args
+
+
 def render(*values_files: Path, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every object ``helm template`` renders with these values files and --set values."""
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    for path in values_files:
-        args += ["--values", str(path)]
-    for assignment in sets:
-        args += ["--set", assignment]
-    return [doc for doc in yaml.safe_load_all(helm(*args)) if doc]
+    return [doc for doc in yaml.safe_load_all(helm(*args, *value_args(values_files, sets))) if doc]
+
+
+def quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes quantity ("500m", "2Gi", 4) as a number."""
+    text = str(value)
+    number = text.rstrip("".join({c for s in QUANTITY_SUFFIXES for c in s}))
+    return Decimal(number) * QUANTITY_SUFFIXES[text[len(number) :]]
 
 
 def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,6 +83,25 @@ def component(obj: dict[str, Any]) -> str:
 def only_container(workload: dict[str, Any]) -> dict[str, Any]:
     [container] = workload["spec"]["template"]["spec"]["containers"]
     return dict(container)
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return dict(workload["spec"]["template"]["spec"])
+
+
+def by_component(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """The objects of one kind by their component; AssertionError when two share one."""
+    found: dict[str, dict[str, Any]] = {}
+    for obj in objects:
+        if obj["kind"] == kind:
+            assert component(obj) not in found, f"two {kind}s for {component(obj)}"
+            found[component(obj)] = obj
+    return found
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Whether a matchLabels selector selects an object with these labels."""
+    return selector.items() <= labels.items()
 
 
 def config_map(objects: list[dict[str, Any]], name: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ import ast
 import importlib
 import os
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from epd.cli import COMMANDS, add_config_argument
 from epd.common.server_cli import server_options
 from tests.integration.e2e.netns import UCX_ENV, Host
+from tests.unit.deploy.commands import ParserError, parse_container, parser_for
 from tests.unit.deploy.chart import (
     EXAMPLES,
     POD,
@@ -33,29 +36,6 @@ VALUES = [None, *EXAMPLES]
 ENV_IN_HELP = re.compile(r"env (EPD_[A-Z0-9_]+)")
 ENV_LITERAL = re.compile(r"^EPD_[A-Z0-9_]+$")
 SOURCE_FOLDERS = ("server", "common", "scheduler", "client", "launch", "epd")
-
-
-class ParserError(AssertionError):
-    pass
-
-
-class StrictParser(argparse.ArgumentParser):
-    """Raises instead of printing usage and exiting."""
-
-    def error(self, message: str) -> Any:
-        raise ParserError(f"{self.prog}: {message}")
-
-
-def parser_for(command: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> StrictParser:
-    """`epd COMMAND`'s parser, built where the environment is exactly ``env`` for EPD_*
-    (the CLIs read their fallbacks while adding arguments)."""
-    for name in [n for n in os.environ if n.startswith("EPD_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    parser = StrictParser(prog=f"epd {command}")
-    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
-    return parser
 
 
 @cache
@@ -90,6 +70,24 @@ def foreign_variables_tested_across_hosts() -> set[str]:
     return {name for name in added if not name.startswith("EPD_")}
 
 
+@cache
+def hub_variables_read() -> frozenset[str]:
+    """Of the hub variables the chart gives (HF_HOME, HF_TOKEN), those huggingface_hub, which
+    resolves a hub id --model, reads: seen by running it with them set and nothing else of its."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_HOME="/chart/hub-home", HF_TOKEN="hf_chart")
+    code = (
+        "import huggingface_hub, huggingface_hub.constants as c;"
+        "print(c.HF_HUB_CACHE, huggingface_hub.get_token())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    cache_dir, token = done.stdout.split()
+    read = {"HF_HOME"} if cache_dir == "/chart/hub-home/hub" else set()
+    return frozenset(read | ({"HF_TOKEN"} if token == "hf_chart" else set()))
+
+
 def containers(values: Path | None) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
     objects = render(*([values] if values else []))
     found = []
@@ -105,9 +103,7 @@ def test_every_container_parses_with_the_real_cli(
     values: Path | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, container, env in containers(values):
-        assert container["command"][0] == "epd", name
-        [command] = container["command"][1:]
-        args = parser_for(command, env, monkeypatch).parse_args(container["args"])
+        args = parse_container(container, env, monkeypatch)
         options = server_options(args)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert options.port == ports["grpc"], name
@@ -125,13 +121,15 @@ def check_variable(variable: str, known: frozenset[str], where: str) -> None:
     if variable.startswith("EPD_"):
         assert variable in known, f"{where}: no process there reads ${variable}"
     else:
-        assert variable in foreign_variables_tested_across_hosts(), f"{where}: ${variable}"
+        foreign = foreign_variables_tested_across_hosts() | hub_variables_read()
+        assert variable in foreign, f"{where}: ${variable}"
 
 
 @pytest.mark.parametrize("values", VALUES, ids=lambda v: v.stem if v else "default")
 def test_every_variable_is_one_its_process_reads(values: Path | None) -> None:
     """A container's own variables are read by its command; the shared ConfigMap's by at least
-    one command of the release. Variables of other software are those the two-host test sets."""
+    one command of the release. Variables of other software are those the two-host test sets
+    and those huggingface_hub reads for a hub id model."""
     found = containers(values)
     everyone: set[str] = set()
     for _, container, _ in found:
@@ -153,8 +151,7 @@ def test_workers_register_with_the_scheduler_service(monkeypatch: pytest.MonkeyP
         container = only_container(workload)
         if container["command"][1] == "scheduler":
             continue
-        env = environment(objects, container)
-        args = parser_for(container["command"][1], env, monkeypatch).parse_args(container["args"])
+        args = parse_container(container, environment(objects, container), monkeypatch)
         assert args.scheduler == f"{scheduler['metadata']['name']}:{port}", component(workload)
 
 

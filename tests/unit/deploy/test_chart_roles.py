@@ -1,6 +1,6 @@
 """What the chart promises per role: one workload and one Service each, gRPC health probes on
-the port the server listens on, GPUs asked for where a role has them, one replica of the
-scheduler replaced with Recreate, and shared memory scoped as configured."""
+the port the server listens on (startup and readiness), GPUs asked for where a role has them,
+one replica of the scheduler replaced with Recreate, and shared memory scoped as configured."""
 
 from __future__ import annotations
 
@@ -9,36 +9,31 @@ from typing import Any
 import pytest
 
 from tests.unit.deploy.chart import (
+    CHART,
     EXAMPLES,
-    ROOT,
-    component,
+    by_component,
     environment,
     only_container,
     render,
 )
 
-GPU_VALUES = ROOT / "deploy" / "examples" / "gpu.yaml"
-NODE_SHM_VALUES = ROOT / "deploy" / "examples" / "e-pd-node-shm.yaml"
+CPU_VALUES = CHART / "examples" / "cpu.yaml"
+GPU_ONLY_VALUES = CHART / "examples" / "gpu.yaml"
+GPU_VALUES = CHART / "examples" / "gpu-cpu-encoders.yaml"
+NODE_SHM_VALUES = CHART / "examples" / "e-pd-node-shm.yaml"
 E_P_D = {"scheduler", "route", "encode-cpu", "prefill", "decode"}
-
-
-def by_component(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
-    for obj in objects:
-        if obj["kind"] == kind:
-            assert component(obj) not in found, f"two {kind}s for {component(obj)}"
-            found[component(obj)] = obj
-    return found
 
 
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
         (None, E_P_D),
+        (CPU_VALUES, E_P_D),
+        (GPU_ONLY_VALUES, E_P_D - {"encode-cpu"} | {"encode-gpu"}),
         (GPU_VALUES, E_P_D | {"encode-gpu"}),
         (NODE_SHM_VALUES, E_P_D - {"decode"}),
     ],
-    ids=["default", "gpu", "e-pd-node-shm"],
+    ids=["default", "cpu", "gpu", "gpu-cpu-encoders", "e-pd-node-shm"],
 )
 def test_each_role_has_a_workload_with_grpc_probes_and_a_service(
     values: Any, expected: set[str]
@@ -51,7 +46,9 @@ def test_each_role_has_a_workload_with_grpc_probes_and_a_service(
     for name, deployment in deployments.items():
         container = only_container(deployment)
         grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if name == "route" and values == CPU_VALUES:
+            continue  # NOTE: a route serving TLS is probed on HTTPS (test_chart_hardening)
+        for probe in ("startupProbe", "readinessProbe"):
             assert container[probe]["grpc"] == {"port": grpc_port}, (name, probe)
         service = services[name]
         labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -101,7 +98,8 @@ def test_shared_memory_is_per_pod_by_default() -> None:
         pod = deployment["spec"]["template"]["spec"]
         env = environment(objects, only_container(deployment))
         if name == "scheduler":
-            assert "volumes" not in pod and "EPD_HOST_ID" not in env
+            assert {v["name"] for v in pod["volumes"]} == {"tmp", "home"}  # scratch only
+            assert "EPD_HOST_ID" not in env
             continue
         assert "hostPID" not in pod, name
         [dshm] = [v for v in pod["volumes"] if v["name"] == "dshm"]
@@ -146,4 +144,4 @@ def test_metrics_ports_are_declared_and_annotated_only_when_enabled() -> None:
 
 
 def test_examples_are_all_rendered_here() -> None:
-    assert set(EXAMPLES) == {GPU_VALUES, NODE_SHM_VALUES}
+    assert set(EXAMPLES) == {CPU_VALUES, GPU_ONLY_VALUES, GPU_VALUES, NODE_SHM_VALUES}

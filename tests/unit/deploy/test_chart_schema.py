@@ -1,19 +1,91 @@
-"""The chart lints, and every object it renders (default values and each example) is valid
-against the Kubernetes API schemas, unknown fields refused, on the oldest Kubernetes the chart
-accepts and the newest the validator knows."""
+"""The chart lints, and every object it renders (default values, each example and each optional
+feature) is valid against the Kubernetes API schemas, unknown fields refused, on the oldest
+Kubernetes the chart accepts and the newest the validator knows. Bad values are refused by
+values.schema.json (or, where a schema cannot tell, by the templates) before anything renders.
+
+The Prometheus Operator's ServiceMonitor and PodMonitor are custom resources, which
+kubernetes_validate has no schema for; no maintained PyPI package ships their CRD schema (the
+one that models them, cloudcoil-models-prometheus-operator, ships generated pydantic classes
+that need the cloudcoil runtime), so none is vendored: they are the only kinds skipped here, and
+test_chart_hardening checks what they select and scrape."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import latest_version
 
-from tests.unit.deploy.chart import CHART, EXAMPLES, component, helm, render, workloads
+from tests.unit.deploy.chart import (
+    CHART,
+    EXAMPLES,
+    RELEASE,
+    component,
+    helm,
+    helm_refusal,
+    pod_spec,
+    render,
+    value_args,
+    workloads,
+)
 
 OLDEST_KUBERNETES = "1.27"  # Chart.yaml's kubeVersion: gRPC probes are GA from 1.27
 VALUES = [None, *EXAMPLES]
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
+HUB = ("model.source=hub", "model.hub.repo=Qwen/Qwen2-VL-2B-Instruct")
+# Optional features with the default values: each renders objects or fields the examples may not.
+FEATURES = {
+    "service-monitor": ("metrics.monitor.kind=ServiceMonitor",),
+    "pod-monitor": ("metrics.monitor.kind=PodMonitor", "route.tls.secretName=route-tls"),
+    "route-tls": ("route.tls.secretName=route-tls",),
+    "hub": (*HUB, "model.hub.revision=v1.0", "model.hub.tokenSecret.name=hf"),
+    "no-metrics": ("metrics.enabled=false",),
+    "no-budgets": ("podDisruptionBudget.enabled=false",),
+    "budget-min": ("podDisruptionBudget.maxUnavailable=null", "podDisruptionBudget.minAvailable=50%"),
+    "e-pd": ("prefill.mode=prefill_decode",),
+}
+# Values values.schema.json refuses, and the path of the value its error names.
+REFUSED = {
+    "unknown top-level key": (("replica=2",), "additional properties 'replica'"),
+    "unknown role key": (("decode.replica=2",), "additional properties 'replica'"),
+    "encoder device": (("encoders[0].device=tpu",), "/encoders/0/device"),
+    "encoder name": (("encoders[0].name=CPU_1",), "/encoders/0/name"),
+    "prefill mode": (("prefill.mode=prefil",), "/prefill/mode"),
+    "negative replicas": (("route.replicas=-1",), "/route/replicas"),
+    "metrics port": (("metrics.port=70000",), "/metrics/port"),
+    "user by name": (("--set-string securityContext.runAsUser=epd",), "/securityContext/runAsUser"),
+    "memory quantity": (("prefill.resources.limits.memory=lots",), "/prefill/resources/limits/memory"),
+    "hub without id": (("model.source=hub",), "/model/hub"),
+    "hub id form": (("model.source=hub", "model.hub.repo=no-org"), "/model/hub/repo"),
+    "monitor kind": (("metrics.monitor.kind=Probe",), "/metrics/monitor/kind"),
+    "monitor without metrics": (
+        ("metrics.monitor.kind=PodMonitor", "metrics.enabled=false"),
+        "/metrics/enabled",
+    ),
+    "budget with both bounds": (("podDisruptionBudget.minAvailable=1",), "/podDisruptionBudget"),
+    "shared memory scope": (("sharedMemory.scope=cluster",), "/sharedMemory/scope"),
+}
+# Values the schema cannot judge (Helm drops nulls only after it validates), refused by the
+# templates with a message naming the value.
+REFUSED_BY_TEMPLATES = {
+    "two volume sources": (
+        ("model.volume.persistentVolumeClaim.claimName=models",),
+        "model.volume names 2 volume sources (hostPath, persistentVolumeClaim)",
+    ),
+    "two encoders of one name": (
+        ('--set-json encoders=[{"name":"cpu"},{"name":"cpu","device":"cuda"}]',),
+        'two entries are named "cpu"',
+    ),
+}
+
+
+def validate(objects: list[dict[str, Any]], kubernetes: str) -> None:
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CUSTOM_KINDS:
+            continue
+        kubernetes_validate.validate(obj, kubernetes, strict=True)
 
 
 @pytest.mark.parametrize("values", VALUES, ids=lambda v: v.stem if v else "default")
@@ -26,8 +98,33 @@ def test_the_chart_lints(values: Path | None) -> None:
 def test_every_rendered_object_is_valid_kubernetes(values: Path | None, kubernetes: str) -> None:
     objects = render(*([values] if values else []))
     assert objects
-    for obj in objects:
-        kubernetes_validate.validate(obj, kubernetes, strict=True)
+    validate(objects, kubernetes)
+
+
+@pytest.mark.parametrize("kubernetes", [OLDEST_KUBERNETES, latest_version()])
+@pytest.mark.parametrize("sets", FEATURES.values(), ids=FEATURES.keys())
+def test_every_feature_renders_valid_kubernetes(sets: tuple[str, ...], kubernetes: str) -> None:
+    validate(render(sets=sets), kubernetes)
+
+
+def test_only_the_monitors_skip_the_kubernetes_schemas() -> None:
+    """The custom kinds rendered are exactly the monitors asked for, one per workload."""
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        objects = render(sets=(f"metrics.monitor.kind={kind}",))
+        custom = [o for o in objects if (o["apiVersion"], o["kind"]) in CUSTOM_KINDS]
+        assert {o["kind"] for o in custom} == {kind}
+        assert sorted(map(component, custom)) == sorted(map(component, workloads(objects)))
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(custom[0], latest_version(), strict=True)
+    assert not [o for o in render() if (o["apiVersion"], o["kind"]) in CUSTOM_KINDS]
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda v: v.stem if v else "default")
+def test_every_volume_has_one_source(values: Path | None) -> None:
+    """Kubernetes refuses a volume of two sources; its OpenAPI schema (so the validator) can't."""
+    for workload in workloads(render(*([values] if values else []))):
+        for volume in pod_spec(workload)["volumes"]:
+            assert len(set(volume) - {"name"}) == 1, (component(workload), volume)
 
 
 def test_the_validator_refuses_what_kubernetes_refuses() -> None:
@@ -36,3 +133,20 @@ def test_the_validator_refuses_what_kubernetes_refuses() -> None:
     probe["grpc"]["port"] = "grpc"  # NOTE: a gRPC probe takes a number, never a port's name
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, latest_version(), strict=True)
+
+
+@pytest.mark.parametrize(("sets", "names"), REFUSED.values(), ids=REFUSED.keys())
+def test_the_schema_refuses_bad_values(sets: tuple[str, ...], names: str) -> None:
+    args = value_args((), sets)
+    for command in (["template", RELEASE], ["lint", "--strict"]):
+        error = helm_refusal(*command, str(CHART), *args)
+        assert "don't meet the specifications of the schema" in error, error
+        assert names in error, error
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"), REFUSED_BY_TEMPLATES.values(), ids=REFUSED_BY_TEMPLATES.keys()
+)
+def test_the_templates_refuse_what_the_schema_cannot(sets: tuple[str, ...], message: str) -> None:
+    error = helm_refusal("template", RELEASE, str(CHART), *value_args((), sets))
+    assert message in error, error

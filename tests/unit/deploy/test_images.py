@@ -91,11 +91,24 @@ def test_chart_default_image_is_the_cpu_image() -> None:
     assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == version
 
 
-def test_gpu_example_runs_the_cuda_image() -> None:
+@pytest.mark.parametrize("example", ["gpu.yaml", "gpu-cpu-encoders.yaml"])
+def test_gpu_examples_run_the_cuda_image(example: str) -> None:
     name, tag = built_tag(DOCKER / "Dockerfile.cuda").split(":")
-    repository, example_tag = chart_image(ROOT / "deploy" / "examples" / "gpu.yaml").split(":")
+    repository, example_tag = chart_image(CHART / "examples" / example).split(":")
     assert repository.rsplit("/", 1)[-1] == name
     assert example_tag == tag == project_version()
+
+
+def test_images_run_as_the_charts_user() -> None:
+    """The chart's numeric user is the one the images create (its home is the chart's scratch
+    home), so the processes find their home and caches where the chart mounts them."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    user = values["securityContext"]["runAsUser"]
+    assert values["podSecurityContext"]["runAsUser"] == user
+    assert f"USER_ID={user}" in (DOCKER / "setup_cpu.sh").read_text()
+    assert f"--uid {user} " in (DOCKER / "Dockerfile.cuda").read_text()
+    [home] = instructions(DOCKER / "Dockerfile.cpu", "WORKDIR")
+    assert values["scratch"]["home"]["mountPath"] == home
 
 
 def test_images_expose_the_chart_ports() -> None:
