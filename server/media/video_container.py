@@ -61,6 +61,10 @@ def checked_stream(container: Any, policy: MediaPolicy) -> Any:
     if not container.streams.video:
         raise InvalidArgument("the file holds no video stream", reason="VIDEO_HAS_NO_FRAMES")
     stream = container.streams.video[0]
+    if stream.codec_context is None:
+        raise InvalidArgument(
+            "the video stream's codec is not one FFmpeg decodes", reason="UNSUPPORTED_VIDEO_CODEC"
+        )
     codec = stream.codec_context.codec.canonical_name
     if codec not in policy.video_codecs:
         raise InvalidArgument(
