@@ -9,6 +9,13 @@ Trace context crosses processes in gRPC metadata through the instrumentation int
 somewhere. With ``none`` no interceptor is installed, because they cost ~0.3-0.6 ms per call on a
 2-core machine (more than the call itself) for spans nobody reads.
 
+The SDK reads OpenTelemetry's standard variables itself: ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES`` (over the service's own name), ``OTEL_TRACES_SAMPLER`` and its
+``_ARG``, ``OTEL_SDK_DISABLED``, ``OTEL_BSP_*``, and for the OTLP exporters
+``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``, ``_HEADERS``, ``_TIMEOUT``, ``_CERTIFICATE`` and the like;
+``telemetry_cli`` picks the exporter from ``OTEL_TRACES_EXPORTER`` when ``--trace-exporter`` is
+not given.
+
 Logs: one line per record with the current trace and span ids, so logs and traces join.
 """
 
@@ -20,7 +27,7 @@ import weakref
 from collections.abc import Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -147,18 +154,32 @@ def configure_tracing(
     """Install (once per process) and return the SDK tracer provider for ``service_name``.
 
     ``exporter`` defaults to "none". Idempotent: the global provider is set only once (the first
-    ``service_name`` names the resource), and calling again with another exporter adds it to
-    that provider, with the same one adds nothing.
+    ``service_name`` names the resource, unless ``OTEL_SERVICE_NAME`` or
+    ``OTEL_RESOURCE_ATTRIBUTES`` name it), and calling again with another exporter adds it to
+    that provider, with the same one adds nothing. The sampler is the SDK's default, which
+    reads ``OTEL_TRACES_SAMPLER``.
     """
     spec = exporter or "none"
     make_exporter(spec)  # NOTE: a bad spec fails here, before the global provider is touched
     with _lock:
         provider = trace.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
-            provider = _EpdTracerProvider(resource=Resource.create({"service.name": service_name}))
+            provider = new_provider(service_name)
             trace.set_tracer_provider(provider)
     add_exporter(provider, spec, span_file_bytes)
     return provider
+
+
+def new_provider(service_name: str) -> TracerProvider:
+    """A tracer provider for ``service_name`` (``resource_of``) with the SDK's sampler, which
+    ``OTEL_TRACES_SAMPLER`` chooses."""
+    return _EpdTracerProvider(resource=resource_of(service_name))
+
+
+def resource_of(service_name: str) -> Resource:
+    """The process's resource: ``service_name`` and the SDK's detected attributes, under those
+    of ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (the SDK reads them)."""
+    return Resource.create({SERVICE_NAME: service_name}).merge(OTELResourceDetector().detect())
 
 
 def tracer(name: str) -> trace.Tracer:

@@ -183,8 +183,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    # NOTE: each service keeps its own name (epd-route, ...): the trace printed shows each hop.
     env = {
-        **child_env(os.environ),
+        **{k: v for k, v in child_env(os.environ).items() if k != "OTEL_SERVICE_NAME"},
         "EPD_TRACE_EXPORTER": f"json:{run_dir / SPAN_FILE}",
         "EPD_TRACE_FILE_MAX_MB": str(args.trace_max_mb),
         "HF_HUB_OFFLINE": "1",
