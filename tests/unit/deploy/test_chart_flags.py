@@ -20,7 +20,6 @@ import pytest
 from epd.cli import COMMANDS, add_config_argument
 from epd.common.server_cli import server_options
 from tests.integration.e2e.netns import UCX_ENV, Host
-from tests.unit.deploy.commands import ParserError, parse_container, parser_for
 from tests.unit.deploy.chart import (
     EXAMPLES,
     POD,
@@ -31,6 +30,7 @@ from tests.unit.deploy.chart import (
     render,
     workloads,
 )
+from tests.unit.deploy.commands import ParserError, parse_container, parser_for
 
 VALUES = [None, *EXAMPLES]
 ENV_IN_HELP = re.compile(r"env (EPD_[A-Z0-9_]+)")
@@ -51,7 +51,7 @@ def help_variables(command: str) -> frozenset[str]:
 def process_wide_variables() -> frozenset[str]:
     """EPD_* variables read by library code rather than as a flag's fallback: those named in
     the source (string literals) and in no command's --help."""
-    found = set()
+    found: set[str] = set()
     for folder in SOURCE_FOLDERS:
         for path in (ROOT / folder).rglob("*.py"):
             if "v1" in path.relative_to(ROOT).parts:

@@ -33,7 +33,10 @@ from tests.unit.deploy.chart import (
 
 OLDEST_KUBERNETES = "1.27"  # Chart.yaml's kubeVersion: gRPC probes are GA from 1.27
 VALUES = [None, *EXAMPLES]
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+}
 HUB = ("model.source=hub", "model.hub.repo=Qwen/Qwen2-VL-2B-Instruct")
 # Optional features with the default values: each renders objects or fields the examples may not.
 FEATURES = {
@@ -43,7 +46,10 @@ FEATURES = {
     "hub": (*HUB, "model.hub.revision=v1.0", "model.hub.tokenSecret.name=hf"),
     "no-metrics": ("metrics.enabled=false",),
     "no-budgets": ("podDisruptionBudget.enabled=false",),
-    "budget-min": ("podDisruptionBudget.maxUnavailable=null", "podDisruptionBudget.minAvailable=50%"),
+    "budget-min": (
+        "podDisruptionBudget.maxUnavailable=null",
+        "podDisruptionBudget.minAvailable=50%",
+    ),
     "e-pd": ("prefill.mode=prefill_decode",),
 }
 # Values values.schema.json refuses, and the path of the value its error names.
@@ -56,7 +62,10 @@ REFUSED = {
     "negative replicas": (("route.replicas=-1",), "/route/replicas"),
     "metrics port": (("metrics.port=70000",), "/metrics/port"),
     "user by name": (("--set-string securityContext.runAsUser=epd",), "/securityContext/runAsUser"),
-    "memory quantity": (("prefill.resources.limits.memory=lots",), "/prefill/resources/limits/memory"),
+    "memory quantity": (
+        ("prefill.resources.limits.memory=lots",),
+        "/prefill/resources/limits/memory",
+    ),
     "hub without id": (("model.source=hub",), "/model/hub"),
     "hub id form": (("model.source=hub", "model.hub.repo=no-org"), "/model/hub/repo"),
     "monitor kind": (("metrics.monitor.kind=Probe",), "/metrics/monitor/kind"),
