@@ -2,6 +2,8 @@
 feature) is valid against the Kubernetes API schemas, unknown fields refused, on the oldest
 Kubernetes the chart accepts and the newest the validator knows. Bad values are refused by
 values.schema.json (or, where a schema cannot tell, by the templates) before anything renders.
+A volume of two sources, which Kubernetes refuses and its OpenAPI schemas cannot express, is
+checked here too.
 
 The Prometheus Operator's ServiceMonitor and PodMonitor are custom resources, which
 kubernetes_validate has no schema for; no maintained PyPI package ships their CRD schema (the
@@ -75,14 +77,13 @@ REFUSED = {
     ),
     "budget with both bounds": (("podDisruptionBudget.minAvailable=1",), "/podDisruptionBudget"),
     "shared memory scope": (("sharedMemory.scope=cluster",), "/sharedMemory/scope"),
-}
-# Values the schema cannot judge (Helm drops nulls only after it validates), refused by the
-# templates with a message naming the value.
-REFUSED_BY_TEMPLATES = {
     "two volume sources": (
-        ("model.volume.persistentVolumeClaim.claimName=models",),
-        "model.volume names 2 volume sources (hostPath, persistentVolumeClaim)",
+        ("model.volume.persistentVolumeClaim.claimName=models", "model.volume.nfs.path=/models"),
+        "/model/volume",
     ),
+}
+# Values the schema cannot judge, refused by the templates with a message naming the value.
+REFUSED_BY_TEMPLATES = {
     "two encoders of one name": (
         ('--set-json encoders=[{"name":"cpu"},{"name":"cpu","device":"cuda"}]',),
         'two entries are named "cpu"',

@@ -35,25 +35,14 @@
 {{- end }}
 {{- if include "epd.fromHub" .root }}
 - name: hub-cache
-  {{- include "epd.volumeSource" (dict "name" "model.hub.cache.volume" "source" $values.model.hub.cache.volume) | nindent 2 }}
+  {{- toYaml (default (dict "emptyDir" (dict "sizeLimit" $values.model.hub.cache.sizeLimit)) $values.model.hub.cache.volume) | nindent 2 }}
 {{- else }}
 - name: model
-  {{- include "epd.volumeSource" (dict "name" "model.volume" "source" $values.model.volume) | nindent 2 }}
+  {{- toYaml (default (dict "hostPath" (dict "path" $values.model.hostPath "type" "Directory")) $values.model.volume) | nindent 2 }}
 {{- end }}
 {{- end }}
 {{- if .tls }}
 - name: tls
   secret: {secretName: {{ .tls }}}
 {{- end }}
-{{- end -}}
-
-{{/* A volume source from the values, refused unless it names exactly one source (Helm merges
-     maps: a values file replacing a default source drops it with null).
-     Takes (dict "name" VALUE-PATH "source" MAP). */}}
-{{- define "epd.volumeSource" -}}
-{{- $kinds := keys (default dict .source) | sortAlpha -}}
-{{- if ne (len $kinds) 1 -}}
-{{- fail (printf "%s names %d volume sources (%s); give exactly one (a values file naming another source sets the default one to null)" .name (len $kinds) (join ", " $kinds)) -}}
-{{- end -}}
-{{- toYaml .source -}}
 {{- end -}}
