@@ -1,7 +1,7 @@
 {{/* A container's probes. Startup and readiness: the gRPC health service (NOT_SERVING while
      the model loads and from the start of a drain), or HTTPS /health on the `http` port of a
-     route serving TLS (Kubernetes' gRPC probes speak plaintext only; the route closes that port
-     when it drains). Liveness: the metrics port, which answers until the process stops, drain
+     route serving TLS (Kubernetes' gRPC probes speak plaintext only; that answer does not
+     follow a drain: Kubernetes takes a terminating pod out of its Service anyway). Liveness: the metrics port, which answers until the process stops, drain
      included, else a TCP connection to the gRPC port, open until the drain ends: a draining
      pod is never restarted. Takes (dict "root" $ "port" GRPC-PORT "tls" BOOL). */}}
 {{- define "epd.probes" -}}
