@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
@@ -35,8 +36,12 @@ from epd.launch.topology import (
     Topology,
 )
 from epd.server.engine.rpc_leftovers import cleanup_rpc_dirs
+from epd.server.store.base import MOONCAKE
 from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans
+
+if TYPE_CHECKING:
+    from epd.launch.store_service import StartedMaster
 
 
 def free_port() -> int:
@@ -128,6 +133,14 @@ class Deployment:
             metrics_port=metrics_port,
             env=env,
         )
+        self.children.append(child)
+        return child
+
+    def start_command(self, name: str, port: int, command: list[str]) -> Child:
+        """Start ``command`` (a program other than epd, listening on ``port``) as a service
+        like the others: its output in ``run_dir/name.log``, stopped and restarted with them."""
+        log = self.run_dir / f"{name}.log"
+        child = Child(name, port, self._spawn(command, log, "wb", {}), log, command=command)
         self.children.append(child)
         return child
 
@@ -250,6 +263,7 @@ async def start_topology(
     replicas (prefill1.., then decode1..) +11.., metrics +20 plus each offset. The route listens
     as ``entry`` says (default: on loopback, plaintext), the others on loopback
     (``INTERNAL_SERVER_ARGS``). Returns the route."""
+    store = _start_store(deployment, topology)
     scheduler = _start_scheduler(deployment, topology)
     await deployment.wait_healthy(scheduler, 60)
     shared = ["--model", str(model_dir), "--model-id", model_id, "--scheduler", scheduler.endpoint]
@@ -257,8 +271,9 @@ async def start_topology(
     workers = [
         _start_engine(deployment, topology, worker, engine) for worker in topology.engine_workers
     ]
+    encoder = [*INTERNAL_SERVER_ARGS, *shared, *(await store.ready_args() if store else [])]
     workers += [
-        _start_encoder(deployment, topology, index, [*INTERNAL_SERVER_ARGS, *shared])
+        _start_encoder(deployment, topology, index, encoder)
         for index in range(len(topology.encoder_devices))
     ]
     await asyncio.gather(
@@ -267,6 +282,20 @@ async def start_topology(
     route = _start_route(deployment, topology, entry or PublicEntry(), shared)
     await deployment.wait_healthy(route, 60)
     return route
+
+
+def _start_store(deployment: Deployment, topology: Topology) -> StartedMaster | None:
+    """With ``--embedding-store mooncake``, the Mooncake master, started first (so that it
+    stops last); RuntimeError when Mooncake is not installed."""
+    if topology.embedding_store != MOONCAKE:
+        return None
+    # NOTE: store_service builds on this module's Deployment.
+    from epd.launch.store_service import start_master
+
+    try:
+        return start_master(deployment)
+    except ValueError as e:
+        raise RuntimeError(str(e)) from e
 
 
 def _start_scheduler(deployment: Deployment, topology: Topology) -> Child:

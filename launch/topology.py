@@ -18,6 +18,7 @@ from epd.common.roles import Role
 from epd.launch.cpu_layout import Service
 from epd.scheduler.core import DEFAULT_POLICY
 from epd.scheduler.model import Policy
+from epd.server.store.base import EMBEDDING_STORES, NONE
 
 TOPOLOGIES = {
     "epd": "E/P/D: encoder(s), prefill worker(s) handing KV to decode worker(s)",
@@ -177,6 +178,15 @@ class Topology:
             metavar="N",
         ),
     )
+    embedding_store: str = field(
+        default=NONE,
+        metadata=flag(
+            "mooncake: start a Mooncake master (service store-master, on free ports) and point "
+            "every encoder at it, a deployment-wide embedding store; none: each encoder's own "
+            "cache only",
+            choices=EMBEDDING_STORES,
+        ),
+    )
     num_decode: int = field(
         default=1,
         metadata=flag(
@@ -216,6 +226,11 @@ class Topology:
                 raise ValueError(
                     f"encoder device {device!r}: expected auto, cpu, cuda, cuda:N, xpu or xpu:N"
                 )
+        if self.embedding_store != NONE and not self.encoder_devices:
+            raise ValueError(
+                f"topology {self.name} starts no encoder (its worker encodes); an embedding "
+                "store applies to epd, e-pd and dual-encoder"
+            )
         if any(t < 0 for t in self.encoder_threads):
             raise ValueError("encoder threads must be 0 (torch's default) or more")
         if len(self.encoder_threads) > len(self.encoder_devices):

@@ -10,6 +10,7 @@ import setproctitle
 import torch
 from prometheus_client import CollectorRegistry
 
+from epd.common.advertise import advertised_host
 from epd.common.cpus import allowed_cpus
 from epd.common.flags import flag
 from epd.common.metrics import new_registry
@@ -28,6 +29,8 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.store.base import EMBEDDING_STORES, MOONCAKE, NONE, EmbeddingStore, NoStore
+from epd.server.store.mooncake import MooncakeSettings, MooncakeStore
 from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
@@ -171,6 +174,58 @@ class EncodeConfig:
         ),
     )
 
+    embedding_store: str = field(
+        default=NONE,
+        metadata=flag(
+            "the deployment-wide embedding store: none (each encoder's own cache only) or "
+            "mooncake (Mooncake Store: looked up before encoding, what is encoded published to "
+            "it in the background; a store that is down, full or slow never fails a request)",
+            env="EPD_EMBEDDING_STORE",
+            choices=EMBEDDING_STORES,
+        ),
+    )
+    store_master: str = field(
+        default="",
+        metadata=flag(
+            "HOST:PORT of the Mooncake master (--embedding-store mooncake)",
+            env="EPD_STORE_MASTER",
+        ),
+    )
+    store_metadata_server: str = field(
+        default="",
+        metadata=flag(
+            "URL of Mooncake's HTTP metadata server, e.g. http://HOST:PORT/metadata "
+            "(mooncake_master --enable_http_metadata_server serves one)",
+            env="EPD_STORE_METADATA_SERVER",
+        ),
+    )
+    store_timeout_ms: float = field(
+        default=50.0,
+        metadata=flag(
+            "a store lookup not answered within this many ms is abandoned and the image encoded"
+        ),
+    )
+    store_segment_mb: int = field(
+        default=256,
+        metadata=flag(
+            "MiB of this encoder's host memory lent to the store (Mooncake keeps values in its "
+            "clients' segments)"
+        ),
+    )
+    store_buffer_mb: int = field(
+        default=64,
+        metadata=flag(
+            "MiB of the store client's transfer buffer; bounds one image's stored embeddings"
+        ),
+    )
+    store_publish_queue: int = field(
+        default=64,
+        metadata=flag(
+            "encoded images waiting to be published to the store; beyond it they are dropped "
+            "(counted)"
+        ),
+    )
+
     def __post_init__(self) -> None:
         sizes = (self.max_batch_size, self.max_batch_wait_ms, self.cache_mb)
         if min(sizes) < 0 or (self.max_inline_ms is not None and self.max_inline_ms < 0):
@@ -179,6 +234,26 @@ class EncodeConfig:
             raise ValueError("preprocess threads must be 0 (one per CPU) or more")
         if not self.lease_ttl_s > 0:
             raise ValueError(f"lease TTL must be positive, got {self.lease_ttl_s}")
+        if self.embedding_store not in EMBEDDING_STORES:
+            raise ValueError(
+                f"unknown embedding store {self.embedding_store!r}; one of "
+                f"{', '.join(EMBEDDING_STORES)}"
+            )
+        if self.embedding_store == MOONCAKE:
+            self.mooncake_settings()
+
+    def mooncake_settings(self, local_hostname: str = "127.0.0.1") -> MooncakeSettings:
+        """The Mooncake client's settings of these flags, joining as ``local_hostname``
+        (ValueError for a missing address or a size out of range)."""
+        return MooncakeSettings(
+            self.store_master,
+            self.store_metadata_server,
+            local_hostname=local_hostname,
+            timeout_s=self.store_timeout_ms / 1000,
+            segment_bytes=self.store_segment_mb << 20,
+            buffer_bytes=self.store_buffer_mb << 20,
+            max_queued=self.store_publish_queue,
+        )
 
 
 EncodeApp = WorkerApp[EncodeWorker]
@@ -245,7 +320,8 @@ async def build_encode_server(
         attention=config.attention,
         patch_embedding=config.patch_embedding,
     )
-    worker = build_encode_worker(config, encoder)
+    host = advertised_host(options.host, options.advertise_host, config.scheduler)
+    worker = build_encode_worker(config, encoder, store_host=host)
     binding = ServiceBinding(
         SERVICE_NAME, EncodeServicer(worker), pb_grpc.add_EncodeServiceServicer_to_server
     )
@@ -274,9 +350,12 @@ async def build_encode_server(
     return await serve_worker(spec, options)
 
 
-def build_encode_worker(config: EncodeConfig, encoder: VisionEncoder) -> EncodeWorker:
-    """The worker around ``encoder``: its threads, batcher, media loader, data plane (reaping)
-    and cache, unnamed until it serves."""
+def build_encode_worker(
+    config: EncodeConfig, encoder: VisionEncoder, *, store_host: str = "127.0.0.1"
+) -> EncodeWorker:
+    """The worker around ``encoder``: its threads, batcher, media loader, data plane (reaping),
+    cache and embedding store (joined as ``store_host``, the address the encoder registers),
+    unnamed until it serves."""
     model_id = config.model_id or config.model_dir.name
     pool, tower_thread = threads_of(config)
     device_type = encoder.device.type
@@ -308,7 +387,16 @@ def build_encode_worker(config: EncodeConfig, encoder: VisionEncoder) -> EncodeW
         model_id=model_id,
         gridder=ImageGridder(config.model_dir),
         pool=pool,
+        store=embedding_store(config, store_host),
     )
+
+
+def embedding_store(config: EncodeConfig, local_hostname: str) -> EmbeddingStore:
+    """The store ``--embedding-store`` names, connecting in the background; ValueError when
+    Mooncake is asked for but cannot be loaded."""
+    if config.embedding_store == MOONCAKE:
+        return MooncakeStore(config.mooncake_settings(local_hostname))
+    return NoStore()
 
 
 def _registry_of(worker: EncodeWorker) -> CollectorRegistry:

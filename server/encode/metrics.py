@@ -1,4 +1,4 @@
-"""Prometheus metrics of an encoder: its queue, batches and embedding cache.
+"""Prometheus metrics of an encoder: its queue, batches, embedding cache and store.
 
 Batch sizes and durations are observed as each batch ends (the batcher's ``on_batch``); the
 queue, the cache and the counters the batcher and cache already keep are read at every scrape.
@@ -17,8 +17,10 @@ from epd.common.metrics import (
     ScrapeCollector,
     counter,
     gauge,
+    labelled_counter,
 )
 from epd.server.encode.worker import EncodeWorker
+from epd.server.store.base import EmbeddingStore, Lookup, Publish
 
 
 class EncodeMetrics:
@@ -79,3 +81,26 @@ class EncodeMetrics:
         yield gauge("epd_encode_cache_bytes", "Bytes of embeddings cached now", cache.num_bytes)
         yield gauge("epd_encode_cache_capacity_bytes", "Budget of the cache", cache.max_bytes)
         yield gauge("epd_encode_cache_entries", "Images whose embeddings are cached", len(cache))
+        if self._worker.store.is_enabled:
+            yield from _store_families(self._worker.store)
+
+
+def _store_families(store: EmbeddingStore) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    lookups, publishes = store.counts.lookups, store.counts.publishes
+    yield labelled_counter(
+        "epd_encode_store_lookups",
+        "Embedding store lookups after a cache miss, by outcome: hit, miss, corrupt (refused by "
+        "its checks), error, timeout, unavailable (not connected or every reader busy)",
+        ["outcome"],
+        {(outcome.value,): lookups[outcome] for outcome in Lookup},
+    )
+    yield labelled_counter(
+        "epd_encode_store_publishes",
+        "Encoded images published to the embedding store, by outcome: stored, dropped (queue "
+        "full), error (refused or failed, store full included), unavailable (not connected)",
+        ["outcome"],
+        {(outcome.value,): publishes[outcome] for outcome in Publish},
+    )
+    yield gauge(
+        "epd_encode_store_publish_queue", "Images waiting to be published", store.num_queued
+    )

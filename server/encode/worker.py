@@ -6,8 +6,12 @@ requests for the same image share one encoding). Results stream back as each is 
 hits first. A payload is put into the data plane only when its item is about to be returned, so a
 failed or cancelled request holds nothing.
 
-An item given by mm_hash alone is answered from the cache or from an encoding of that image in
-flight, else refused (MM_HASH_NOT_CACHED).
+With a deployment-wide embedding store (``server/store``), a miss in the cache is looked up there
+before the image is encoded (a hit fills the cache and runs no tower), and what is encoded is
+published to it; the store never fails nor delays a request.
+
+An item given by mm_hash alone is answered from the cache, the store or an encoding of that image
+in flight, else refused (MM_HASH_NOT_CACHED).
 
 An item may carry its decoded pixels (a data-plane reference held by the route): read on this
 host, they replace fetching, decoding and hashing the source. The route tags their shared-memory
@@ -42,6 +46,7 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import check_pixels
+from epd.server.store.base import EmbeddingStore, NoStore
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
@@ -110,12 +115,13 @@ class EncodeWorker:
         model_id: str,
         gridder: ImageGridder | None = None,
         pool: Executor | None = None,
+        store: EmbeddingStore | None = None,
     ) -> None:
         """``batcher`` runs the tower on prepared images, ``prepare`` (thread-safe) makes an
         image's RGB pixels ready for it, in ``pool`` (None: asyncio's default executor; the
         loader should decode there too). ``gridder`` (the model's processor rules) refuses
         images the processor cannot take before they reach a batch; without it such an image
-        fails in the tower."""
+        fails in the tower. ``store``: the deployment's embedding store (None: none)."""
         self.batcher = batcher
         self.prepare = prepare
         self.pool = pool
@@ -123,6 +129,7 @@ class EncodeWorker:
         self.loader = loader
         self.plane = plane
         self.cache = cache
+        self.store = store or NoStore()
         self.worker_id = worker_id
         self.model_id = model_id
         self._encoding: dict[str, asyncio.Task[_Encoded | None]] = {}
@@ -209,6 +216,7 @@ class EncodeWorker:
     async def close(self) -> None:
         """Stop the tower's batcher and the preparing pool (waiting items fail)."""
         await self.batcher.close()
+        await self.store.close()
         for executor in (self.pool, self.batcher.executor):
             if isinstance(executor, ThreadPoolExecutor):
                 executor.shutdown(wait=False, cancel_futures=True)
@@ -236,6 +244,8 @@ class EncodeWorker:
     async def _compute(self, item: MediaSource) -> _Computed:
         if item.mm_hash and (hit := self.cache.get(item.mm_hash)) is not None:
             return _Computed(hit, item.mm_hash, True, 0.0)
+        if item.mm_hash and (stored := await self._stored(item.mm_hash)) is not None:
+            return stored
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
         if item.pixels is not None and is_mm_hash(item.mm_hash):
@@ -253,6 +263,8 @@ class EncodeWorker:
             )
         if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
             return _Computed(hit, loaded.mm_hash, True, 0.0)
+        if not item.mm_hash and (stored := await self._stored(loaded.mm_hash)) is not None:
+            return stored
         if self.gridder is not None:
             # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
             self.gridder.grid_of_size(loaded.width, loaded.height)
@@ -264,6 +276,16 @@ class EncodeWorker:
             encoded = await self._encode_once(loaded.mm_hash, loaded)
         seconds = time.monotonic() - start
         return _Computed(encoded.entry, loaded.mm_hash, False, seconds, encoded.batch_size)
+
+    async def _stored(self, mm_hash: str) -> _Computed | None:
+        """The embeddings of ``mm_hash`` from the deployment's store, now in the cache too; None
+        on a miss or when there is no store (the store counts why)."""
+        if not self.store.is_enabled:
+            return None
+        if (entry := await self.store.lookup(mm_hash)) is None:
+            return None
+        self.cache.put(mm_hash, entry)
+        return _Computed(entry, mm_hash, True, 0.0)
 
     async def _prepare(self, source: _Pixels | LoadedImage) -> Prepared | None:
         """``source`` prepared for the tower (in the pool unless it is small), or None when the
@@ -347,6 +369,7 @@ class EncodeWorker:
             self._encoding.pop(mm_hash, None)
         entry = CachedEmbedding(embeddings, grid)
         self.cache.put(mm_hash, entry)
+        self.store.publish(mm_hash, entry)
         return _Encoded(entry, batch_size)
 
 

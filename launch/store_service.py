@@ -1,0 +1,137 @@
+"""The Mooncake master as one more service of ``epd up --embedding-store mooncake``.
+
+``mooncake_master`` (from Mooncake's wheel) holds the store's metadata and, with
+``--enable_http_metadata_server``, serves the HTTP metadata server its clients (the encoders)
+meet at; the values live in the encoders' own segments. It listens on three free loopback ports:
+its RPC port, the metadata server and an admin port whose ``/health`` says when it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from epd.common.advertise import endpoint
+from epd.launch.launcher import Child, Deployment, free_port, tail
+from epd.launch.public_entry import LOOPBACK
+from epd.server.store.base import MOONCAKE
+from epd.server.store.mooncake import INSTALL_HINT
+
+MASTER_NAME = "store-master"
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class MasterAddress:
+    """Where a master listens: its RPC port, its HTTP metadata server and its admin port."""
+
+    rpc_port: int
+    metadata_port: int
+    admin_port: int
+    host: str = LOOPBACK
+
+    @classmethod
+    def free(cls) -> MasterAddress:
+        """Three ports nobody listens on now."""
+        return cls(free_port(), free_port(), free_port())
+
+    @property
+    def master(self) -> str:
+        return endpoint(self.host, self.rpc_port)
+
+    @property
+    def metadata_server(self) -> str:
+        return f"http://{endpoint(self.host, self.metadata_port)}/metadata"
+
+    def encoder_args(self) -> list[str]:
+        """The flags that point an encoder at this master's store."""
+        return [
+            "--embedding-store",
+            MOONCAKE,
+            "--store-master",
+            self.master,
+            "--store-metadata-server",
+            self.metadata_server,
+        ]
+
+
+def master_binary() -> Path:
+    """The ``mooncake_master`` binary of the installed wheel; ValueError saying how to install
+    it when absent."""
+    try:
+        import mooncake
+    except ImportError as e:
+        raise ValueError(f"{INSTALL_HINT} ({e})") from e
+    binary = Path(next(iter(mooncake.__path__))) / "mooncake_master"
+    if not binary.is_file():
+        raise ValueError(f"{INSTALL_HINT} (no {binary})")
+    return binary
+
+
+def master_command(address: MasterAddress) -> list[str]:
+    """The command line of a master at ``address``, serving its metadata server there too."""
+    host = address.host
+    return [
+        str(master_binary()),
+        f"--rpc_address={host}",
+        f"--rpc_port={address.rpc_port}",
+        "--rpc_thread_num=2",
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={host}",
+        f"--http_metadata_server_port={address.metadata_port}",
+        f"--metrics_host={host}",
+        f"--metrics_port={address.admin_port}",
+        "--enable_metric_reporting=false",
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class StartedMaster:
+    """A master started as a service of a deployment."""
+
+    child: Child
+    address: MasterAddress
+
+    async def ready_args(self) -> list[str]:
+        """The encoders' store flags, once the master serves (RuntimeError if it does not)."""
+        await wait_master_ready(self.child, self.address)
+        return self.address.encoder_args()
+
+
+def start_master(deployment: Deployment) -> StartedMaster:
+    """Start a master on free ports as ``deployment``'s service ``store-master``; ValueError
+    when Mooncake is not installed."""
+    address = MasterAddress.free()
+    command = master_command(address)
+    return StartedMaster(deployment.start_command(MASTER_NAME, address.rpc_port, command), address)
+
+
+async def wait_master_ready(
+    child: Child, address: MasterAddress, timeout_s: float = READY_TIMEOUT_S
+) -> None:
+    """Return once the master at ``address`` says it serves; RuntimeError if ``child`` exits
+    first or it does not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.process.poll() is not None:
+            child.is_reported = True
+            raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
+        if await asyncio.to_thread(is_master_ready, address):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{child.name} not ready after {timeout_s:.0f}s; log {child.log}")
+
+
+def is_master_ready(address: MasterAddress) -> bool:
+    """Whether the master's admin port reports it ready to serve."""
+    url = f"http://{endpoint(address.host, address.admin_port)}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as answer:
+            return bool(json.loads(answer.read()).get("service_ready"))
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
