@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install epd and everything it needs into a virtual environment, on a fresh x86_64 machine with
 # Python 3.11-3.13, pip and gcc: the CPU build of vLLM, or on a machine with an NVIDIA driver its
-# CUDA build with NIXL's CUDA build (the pins are in requirements/).
+# CUDA build with NIXL's CUDA build (the pins are in requirements/), and Mooncake (the embedding
+# store) with the Debian libraries it loads (apt-get, as root).
 #
 #   scripts/install.sh                  # venv at ./.venv, target chosen for this machine
 #   scripts/install.sh --target cuda    # or cpu; env EPD_INSTALL_TARGET
@@ -121,6 +122,31 @@ else
   "${PIP[@]}" install --upgrade pip
 fi
 
+# Mooncake (--embedding-store mooncake) loads Debian's libibverbs1 and librdmacm1 even over TCP.
+STORE_LIBS=(libibverbs1 librdmacm1)
+install_store_libs() {
+  command -v dpkg-query >/dev/null 2>&1 || {
+    echo "scripts/install.sh: not Debian: install ${STORE_LIBS[*]} (or your system's rdma-core)" \
+      "for --embedding-store mooncake" >&2
+    return 0
+  }
+  local missing=() lib
+  for lib in "${STORE_LIBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$lib" 2>/dev/null | grep -q "ok installed" || missing+=("$lib")
+  done
+  [ ${#missing[@]} = 0 ] && return 0
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "apt-get install -y ${missing[*]}"
+  elif [ "$(id -u)" = 0 ]; then
+    apt-get install -y -q "${missing[@]}" >/dev/null \
+      || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+  else
+    echo "scripts/install.sh: --embedding-store mooncake needs ${missing[*]}; not root, so" \
+      "install them yourself: sudo apt-get install ${missing[*]}" >&2
+  fi
+}
+install_store_libs
+
 if [ "$TARGET" = cuda ]; then
   # One resolution of vLLM's CUDA build, its torch, NIXL and the project: what the requirements
   # test resolves with pip's --dry-run. triton, torchaudio and torchcodec stay: they load here.
@@ -158,6 +184,9 @@ else
   # NIXL: the `nixl` meta package depends on a CUDA torch; its code lives in nixl-cu12 (which
   # runs CPU-only with the UCX backend). Install both without dependencies.
   pip_install --no-deps -r "$REQUIREMENTS/cpu-no-deps.txt"
+  # Mooncake's build without CUDA: the embedding store's client and master (its CUDA 13 build is
+  # in cuda.txt).
+  pip_install "${from_index[@]}" -r "$REQUIREMENTS/store-cpu.txt"
   # The project itself.
   pip_install "${from_index[@]}" "${PROJECT[@]}"
   if [ "$patch_vision" = 1 ]; then
@@ -183,5 +212,8 @@ print(f"epd: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision 
       f"{torchvision.__version__}, vllm {vllm.__version__}, transformers "
       f"{transformers.__version__}, grpc {grpc.__version__}")
 PY
+if ! "$VENV/bin/python" -c "import mooncake.store" 2>/dev/null; then
+  echo "epd: Mooncake does not load (--embedding-store mooncake needs ${STORE_LIBS[*]})" >&2
+fi
 fingerprint > "$STAMP"
 echo "epd: installed for $TARGET into $VENV (activate with: source $VENV/bin/activate)"

@@ -78,6 +78,7 @@ def cpu_plan(commands_before_nixl: list[list[str]], *, index: bool, patch: bool)
         ["pip", "install", *source, "-r", cpu],
         ["pip", "uninstall", "-y", "torchaudio", "torchcodec", "triton"],
         ["pip", "install", "--no-deps", "-r", no_deps],
+        ["pip", "install", *source, "-r", str(REQUIREMENTS / "store-cpu.txt")],
         ["pip", "install", *source, "-e", f"{ROOT}[dev]"],
         *([["python", "scripts/patch_torchvision.py"]] if patch else []),
     ]
