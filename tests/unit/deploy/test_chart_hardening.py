@@ -28,6 +28,13 @@ from tests.unit.deploy.chart import (
 from tests.unit.deploy.commands import parse_container
 
 VALUES = [None, *EXAMPLES]
+# Pod Security `restricted`: the volume types it admits (no hostPath), and no host namespaces.
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+    "persistentVolumeClaim", "projected", "secret",
+}  # fmt: skip
+HOST_NAMESPACES = {"hostPID", "hostIPC", "hostNetwork"}
+CLAIM = '--set-json model.volume={"persistentVolumeClaim":{"claimName":"epd-models"}}'
 
 
 def values_id(values: Path | None) -> str:
@@ -66,6 +73,25 @@ def test_every_pod_and_container_runs_restricted(values: Path | None) -> None:
         assert security["capabilities"] == {"drop": ["ALL"]}, name
         assert security["readOnlyRootFilesystem"] is True, name
         assert "privileged" not in security, name
+
+
+@pytest.mark.parametrize(
+    ("values", "sets"),
+    [(None, (CLAIM,)), (None, ("model.source=hub", "model.hub.repo=Qwen/Qwen2-VL-2B-Instruct"))]
+    + [(v, ()) for v in EXAMPLES if v.stem != "e-pd-node-shm"],
+    ids=["claim", "hub", *[v.stem for v in EXAMPLES if v.stem != "e-pd-node-shm"]],
+)
+def test_pods_with_a_claimed_or_hub_model_are_admitted_as_restricted(
+    values: Path | None, sets: tuple[str, ...]
+) -> None:
+    """Beside the security contexts: only the volume types `restricted` admits (the default
+    hostPath model directory and node-scoped shared memory are not) and no host namespaces."""
+    for workload in workloads(rendered(values, *sets)):
+        pod = pod_spec(workload)
+        assert not HOST_NAMESPACES & pod.keys(), component(workload)
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, (component(workload), volume)
+        assert all("hostPort" not in p for p in only_container(workload)["ports"])
 
 
 @pytest.mark.parametrize("values", VALUES, ids=values_id)
