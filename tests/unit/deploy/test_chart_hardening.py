@@ -269,3 +269,11 @@ def test_a_hub_model_is_fetched_with_the_token_from_its_secret(
         assert "/models" not in mounts(container), name
         assert "model" not in {v["name"] for v in pod_spec(deployment)["volumes"]}, name
         assert env["HF_HOME"] in mounts(container), name
+
+
+def test_the_longest_names_the_schema_admits_are_valid_service_names() -> None:
+    """A 40-character release part (fullname's cap) and a 15-character encoder name (the
+    schema's cap) make Service names of at most 63 characters, a DNS label."""
+    objects = render(sets=(f"fullnameOverride={'r' * 45}", "encoders[0].name=" + "e" * 15))
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "Service"]
+    assert max(map(len, names)) == 63

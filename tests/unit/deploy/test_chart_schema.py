@@ -60,6 +60,10 @@ REFUSED = {
     "unknown role key": (("decode.replica=2",), "additional properties 'replica'"),
     "encoder device": (("encoders[0].device=tpu",), "/encoders/0/device"),
     "encoder name": (("encoders[0].name=CPU_1",), "/encoders/0/name"),
+    "encoder name too long for a Service": (
+        ("encoders[0].name=a-sixteen-chars0",),
+        "/encoders/0/name",
+    ),
     "prefill mode": (("prefill.mode=prefil",), "/prefill/mode"),
     "negative replicas": (("route.replicas=-1",), "/route/replicas"),
     "metrics port": (("metrics.port=70000",), "/metrics/port"),
