@@ -61,8 +61,22 @@ class EngineImage:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the generated text: ``kind`` is ``json`` (``value``: a JSON schema as
+    text), ``json_object`` (no value), ``regex``, ``grammar`` (text) or ``choice`` (a tuple of the
+    allowed strings); the options are vLLM's ``StructuredOutputsParams``' for JSON."""
+
+    kind: str
+    value: str | tuple[str, ...] = ""
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Sampling:
-    """Token selection; defaults are ``SAMPLING_DEFAULTS`` (greedy, 16 tokens)."""
+    """Token selection; defaults are ``SAMPLING_DEFAULTS`` (greedy, 16 tokens) and no penalty,
+    bias or constraint. The meaning of each field is vLLM's ``SamplingParams``'."""
 
     max_tokens: int = SAMPLING_DEFAULTS.max_tokens
     temperature: float = SAMPLING_DEFAULTS.temperature
@@ -72,6 +86,40 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    structured_output: StructuredOutput | None = None
+
+    def beyond_basics(self) -> list[str]:
+        """The names of the fields set beyond the basic ones (max_tokens ... ignore_eos): what an
+        engine that implements only those must refuse."""
+        return [
+            name
+            for name in EXTENDED_SAMPLING_FIELDS
+            if getattr(self, name) != getattr(BASIC_SAMPLING, name)
+        ]
+
+
+BASIC_SAMPLING = Sampling()
+EXTENDED_SAMPLING_FIELDS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "logit_bias",
+    "bad_words",
+    "allowed_token_ids",
+    "include_stop_str_in_output",
+    "structured_output",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,13 @@ class TransformersEngine(Engine):
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        if unsupported := sampling.beyond_basics():
+            raise InvalidArgument(
+                f"{unsupported[0]} is not implemented by the transformers engine (the vLLM "
+                "engine implements it)",
+                reason="UNSUPPORTED_PARAMETER",
+                metadata={"param": unsupported[0]},
+            )
         self._admit(request_id)
         self._running.add(request_id)
         try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import EngineImage, Sampling
+from epd.server.engine.base import EngineImage, Sampling, StructuredOutput
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
@@ -61,11 +61,50 @@ def sampling_params(
             stop=list(sampling.stop) or None,
             stop_token_ids=list(sampling.stop_token_ids) or None,
             ignore_eos=sampling.ignore_eos,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            min_p=sampling.min_p,
+            min_tokens=sampling.min_tokens
+            if max_tokens is None
+            else min(sampling.min_tokens, max_tokens),
+            logit_bias=dict(sampling.logit_bias) or None,
+            bad_words=list(sampling.bad_words) or None,
+            allowed_token_ids=list(sampling.allowed_token_ids) or None,
+            include_stop_str_in_output=sampling.include_stop_str_in_output,
+            structured_outputs=structured_outputs(sampling.structured_output),
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
         )
     except (ValueError, VLLMClientError) as e:
-        raise InvalidArgument(f"bad sampling parameters: {e}", reason="BAD_SAMPLING") from e
+        param = getattr(e, "parameter", None)
+        raise InvalidArgument(
+            f"bad sampling parameters: {e}",
+            reason="BAD_SAMPLING",
+            metadata={"param": param} if param else None,
+        ) from e
+
+
+def structured_outputs(constraint: StructuredOutput | None) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``constraint`` (None: unconstrained)."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    options = {
+        "disable_any_whitespace": constraint.disable_any_whitespace,
+        "disable_additional_properties": constraint.disable_additional_properties,
+        "whitespace_pattern": constraint.whitespace_pattern,
+    }
+    if constraint.kind == "json_object":
+        return StructuredOutputsParams(json_object=True, **options)
+    if constraint.kind == "choice":
+        return StructuredOutputsParams(choice=list(constraint.value), **options)
+    if constraint.kind not in ("json", "regex", "grammar"):
+        raise InvalidArgument(
+            f"unknown structured output {constraint.kind!r}", reason="BAD_SAMPLING"
+        )
+    return StructuredOutputsParams(**{constraint.kind: constraint.value}, **options)
 
 
 MIN_KV_LEASE_S = 6

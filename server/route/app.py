@@ -21,6 +21,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.router import Router
+from epd.server.route.sampling import generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.transfer.metrics import register_plane_metrics
@@ -154,7 +155,8 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:
-        http = OpenAiHttp(router, _secured_like(config.http, options), limits)
+        defaults = generation_defaults(config.model_dir)
+        http = OpenAiHttp(router, _secured_like(config.http, options), limits, defaults)
         await http.start(options.host, config.http_port)
     await server.mark_serving()
     return RouteApp(server, port, router, http)

@@ -37,12 +37,15 @@ class OpenAiHttp:
         router: Router,
         options: HttpOptions | None = None,
         limits: RequestLimits | None = None,
+        sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
         """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
-        chat-completions body may hold."""
+        chat-completions body may hold; ``sampling_defaults``: the model's default sampling
+        values (``sampling.generation_defaults``), under a body's own."""
         self.router = router
         self.options = options or HttpOptions()
         self.limits = limits or RequestLimits()
+        self.sampling_defaults = sampling_defaults or {}
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -108,6 +111,7 @@ class OpenAiHttp:
             self.router.model_id,
             request.headers.get("X-Request-Id"),
             self.limits,
+            self.sampling_defaults,
         )
         try:
             chat = await asyncio.to_thread(convert) if read.is_large else convert()

@@ -1,10 +1,13 @@
 """OpenAI chat-completions JSON <-> epd messages (no I/O).
 
-The whole body is checked before any work: its parameters' JSON types and ranges in
-``openai_params.PARAMS``, its messages' JSON shape here, and the ``ChatRequest`` they make by
-``request_check.check_request``, the one check the gRPC door makes too. Anything malformed, out of
-range or not implemented is an ``InvalidArgument`` naming the parameter, which ``error_body``
-turns into a 400 OpenAI error object.
+The whole body is checked before any work, as ``vllm serve`` checks it: vLLM's own
+``ChatCompletionRequest`` parses it (types, ranges, its defaults; unknown fields are accepted and
+logged, as vLLM does), vLLM's ``to_sampling_params`` makes its sampling (``sampling.py`` carries
+it), the messages' shape is checked here, and ``request_check.check_request`` judges the
+``ChatRequest`` they make, the one check the gRPC door makes too. A field epd does not implement
+yet is refused at any value but its default. Anything malformed, out of range or not implemented
+is an ``InvalidArgument`` naming the parameter, which ``error_body`` turns into a 400 OpenAI
+error object.
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ from typing import Any
 
 from epd.common.errors import Code, EpdError
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
-from epd.server.route.openai_params import MAX_NAME_CHARS, bad, check_params, clean, text
 from epd.server.route.request import (
+    MAX_NAME_CHARS,
     ChatMessage,
     ChatPart,
     ChatRequest,
     ImageSource,
+    bad,
+    check_name,
+    clean,
     new_request_id,
 )
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
+from epd.server.route.sampling import sampling_to_proto
 from epd.v1 import generation_pb2
 
 HTTP_STATUS = {
@@ -38,6 +45,39 @@ HTTP_STATUS = {
 # Reasons OpenAI's API has its own code for; any other reason is the code as it is.
 OPENAI_CODES = {"MODEL_NOT_FOUND": "model_not_found"}
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
+# vLLM's ChatCompletionRequest fields epd implements (or that change nothing it answers); any
+# other field is refused at a value other than its default.
+IMPLEMENTED_FIELDS = frozenset(
+    {
+        "messages",
+        "model",
+        "frequency_penalty",
+        "logit_bias",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "response_format",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "user",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "structured_outputs",
+        "request_id",
+        "parallel_tool_calls",
+    }
+)
 IMAGE_DETAILS = ("auto", "low", "high")
 
 
@@ -85,7 +125,7 @@ def _message(message: Any, param: str) -> ChatMessage:
             raise bad(f"{clean(shown, param)} is not supported", shown, "UNSUPPORTED_PARAMETER")
     role = _text(message.get("role"), f"{param}.role")
     if message.get("name") is not None:
-        text(MAX_NAME_CHARS)(message["name"], f"{param}.name")
+        check_name(message["name"], f"{param}.name")
     content = _content(message.get("content"), f"{param}.content")
     return ChatMessage(role, content)
 
@@ -96,44 +136,87 @@ def _chat(messages: Any) -> list[ChatMessage]:
     return [_message(m, f"messages[{index}]") for index, m in enumerate(messages)]
 
 
-def _sampling(values: dict[str, Any]) -> generation_pb2.SamplingParams:
-    """The sampling parameters as sent (0 max_tokens: unset, given its default by
-    ``check_request``)."""
-    return generation_pb2.SamplingParams(
-        max_tokens=values.get("max_completion_tokens", values.get("max_tokens", 0)),
-        temperature=values.get("temperature", SAMPLING_DEFAULTS.temperature),
-        top_p=values.get("top_p", SAMPLING_DEFAULTS.top_p),
-        top_k=max(0, values.get("top_k", SAMPLING_DEFAULTS.top_k)),  # NOTE: vLLM's -1 is 0
-        seed=values.get("seed"),
-        stop=values.get("stop", []),
-        stop_token_ids=values.get("stop_token_ids", []),
-        ignore_eos=values.get("ignore_eos", False),
-    )
-
-
 def to_chat_request(
     body: Any,
     default_model: str,
     request_id: str | None = None,
     limits: RequestLimits | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> ChatRequest:
-    """Check a chat-completions body whole and convert it; ``request_id`` (the X-Request-Id
-    header) names the request in every hop and trace, a fresh one is made when it is None.
-    ``limits``: the request's limits (None: the defaults, the context unknown)."""
+    """Check a chat-completions body whole, as vLLM's OpenAI server does, and convert it;
+    ``request_id`` (the X-Request-Id header) names the request in every hop and trace, a fresh
+    one is made when it is None. ``limits``: the request's limits (None: the defaults, the
+    context unknown); ``defaults``: the model's default sampling values
+    (``sampling.generation_defaults``)."""
     if request_id is not None:
         check_request_id(request_id, "X-Request-Id")
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", "body")
-    values = check_params(body)
+    messages = _chat(body.get("messages"))
+    parsed = _parse(body)
+    _refuse_unimplemented(parsed)
+    limits = limits or RequestLimits()
+    name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
+    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+    context = limits.max_context_tokens
+    if max_tokens is None or (context is not None and max_tokens > context):
+        # NOTE: as vLLM: no limit, or one beyond the context, is the rest of the context.
+        max_tokens = context or SAMPLING_DEFAULTS.max_tokens
     request = ChatRequest(
         new_request_id(request_id),
-        values.get("model") or default_model,
-        _chat(body.get("messages")),
-        _sampling(values),
+        parsed.model or default_model,
+        messages,
+        _sampling(parsed, max_tokens, defaults or {}),
     )
-    name = "max_completion_tokens" if "max_completion_tokens" in values else "max_tokens"
-    check_request(request, limits or RequestLimits(), max_tokens_param=name)
+    check_request(request, limits, max_tokens_param=name)
     return request
+
+
+def _parse(body: dict[str, Any]) -> Any:
+    """vLLM's ``ChatCompletionRequest`` of ``body``; its validation errors name the field."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        raise _invalid(e) from None
+    except (ValueError, VLLMClientError) as e:
+        raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "body") from None
+
+
+def _invalid(error: Any) -> Exception:
+    from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+        clean_loc_for_param,
+    )
+
+    first = error.errors()[0]
+    param = clean_loc_for_param(tuple(first.get("loc", ()))) or "body"
+    message = str(first.get("msg", "invalid request"))
+    if isinstance(context := first.get("ctx", {}).get("error"), ValueError):
+        param = getattr(context, "parameter", None) or param
+    return bad(f"{clean(param, 'body')}: {clean(message, 'body')}"[:1024], param)
+
+
+def _refuse_unimplemented(parsed: Any) -> None:
+    """Refuse each field epd does not implement yet at a value other than its default."""
+    for name in type(parsed).model_fields:
+        if name in IMPLEMENTED_FIELDS or name not in parsed.model_fields_set:
+            continue
+        default = type(parsed).model_fields[name].get_default(call_default_factory=True)
+        if getattr(parsed, name) != default:
+            raise bad(f"{name} is not supported by epd yet", name, "UNSUPPORTED_PARAMETER")
+
+
+def _sampling(parsed: Any, max_tokens: int, defaults: dict[str, Any]) -> Any:
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        params = parsed.to_sampling_params(max_tokens, defaults)
+    except (ValueError, VLLMClientError) as e:
+        raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "sampling") from None
+    return sampling_to_proto(params)
 
 
 def error_body(err: Exception) -> tuple[int, dict[str, Any]]:

@@ -11,8 +11,34 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from epd.server.route.openai_params import bad
+from epd.common.errors import InvalidArgument
 from epd.v1 import generation_pb2, route_service_pb2
+
+MAX_NAME_CHARS = 256
+
+
+def bad(message: str, param: str, reason: str = "BAD_REQUEST") -> InvalidArgument:
+    """The error for a refused ``param`` (reported as the OpenAI error's ``param``)."""
+    return InvalidArgument(message, reason=reason, metadata={"param": param})
+
+
+def clean(value: str, param: str) -> str:
+    """``value`` if it is valid Unicode (JSON's \\ud800 escapes decode to lone surrogates, which
+    protobuf refuses to serialize)."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{param} holds a lone surrogate (invalid Unicode)", param) from None
+    return value
+
+
+def check_name(value: str, param: str) -> str:
+    """A name (a model's, a user's) of at most ``MAX_NAME_CHARS`` valid characters."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS:
+        raise bad(f"{param} must be a string of at most {MAX_NAME_CHARS} characters", param)
+    return clean(value, param)
 
 
 @dataclass(frozen=True, slots=True)

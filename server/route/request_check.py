@@ -3,8 +3,8 @@
 The OpenAI HTTP door turns a JSON body into a ChatRequest (JSON types, parameter names:
 ``openai_schema``), the gRPC door a GenerateRequest (``request.from_proto``). Both pass it to
 ``check_request`` before any work (tokenising, fetching images), so a request is judged the same
-way whichever door it came in by: sizes against ``RequestLimits``, roles, parts, sampling ranges
-(``openai_params.PARAMS``, the ranges written once) and ``max_tokens`` against the model's
+way whichever door it came in by: sizes against ``RequestLimits``, roles, parts, the sampling as
+the engine will judge it (``sampling.check_sampling``) and ``max_tokens`` against the model's
 context. A refusal is an ``InvalidArgument`` whose ``param`` metadata names the field
 (``messages[1].content[0].image``, ``max_tokens``): a 400 over HTTP, INVALID_ARGUMENT over gRPC.
 """
@@ -17,14 +17,19 @@ from dataclasses import dataclass, field, replace
 
 from epd.common.flags import flag
 from epd.common.generation import SAMPLING_DEFAULTS
-from epd.server.route.openai_params import PARAMS, bad
-from epd.server.route.request import ChatMessage, ChatRequest, ImageSource
+from epd.server.route.request import ChatMessage, ChatRequest, ImageSource, bad, check_name
+from epd.server.route.sampling import check_sampling
 from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Roles a chat may hold -> the role the chat templates know ("developer" is OpenAI's newer name
 # for "system").
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Bounds on a request's sampling lists (vLLM's engine keeps top_k in an int32 tensor).
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 1024
+MAX_LIST_ITEMS = 1024
+INT32_MAX = 2**31 - 1
 # Client-chosen request ids (the X-Request-Id header vLLM's clients and benchmarks send).
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -77,7 +82,7 @@ def check_request(
     name the caller gave max_tokens (OpenAI's ``max_completion_tokens``), for the error."""
     check_request_id(request.request_id, "request_id")
     if request.model:
-        PARAMS["model"](request.model, "model")
+        check_name(request.model, "model")
     if request.encoder_policy not in scheduler_pb.EncoderPolicy.values():
         raise bad(f"unknown encoder_policy {request.encoder_policy}", "encoder_policy")
     _check_chat(request.messages, limits)
@@ -146,9 +151,19 @@ def _check_sampling(
             f"{context} tokens",
             max_tokens_param,
         )
-    PARAMS["temperature"](sampling.temperature, "temperature")
-    if sampling.top_p:
-        PARAMS["top_p"](sampling.top_p, "top_p")
-    PARAMS["top_k"](sampling.top_k, "top_k")
-    PARAMS["stop"](list(sampling.stop), "stop")
-    PARAMS["stop_token_ids"](list(sampling.stop_token_ids), "stop_token_ids")
+    _check_sizes(sampling)
+    check_sampling(sampling)
+
+
+def _check_sizes(sampling: generation_pb2.SamplingParams) -> None:
+    """epd's bounds on what one request may ask of an engine, beyond vLLM's own checks."""
+    if len(sampling.stop) > MAX_STOP_STRINGS:
+        raise bad(f"stop holds at most {MAX_STOP_STRINGS} strings", "stop")
+    for index, stop in enumerate(sampling.stop):
+        if len(stop) > MAX_STOP_CHARS:
+            raise bad(f"a stop string has at most {MAX_STOP_CHARS} characters", f"stop[{index}]")
+    for name in ("stop_token_ids", "bad_words", "allowed_token_ids", "logit_bias"):
+        if len(getattr(sampling, name)) > MAX_LIST_ITEMS:
+            raise bad(f"{name} holds at most {MAX_LIST_ITEMS} items", name)
+    if sampling.top_k > INT32_MAX:
+        raise bad(f"top_k must be at most {INT32_MAX}", "top_k")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
-from epd.server.engine.base import Sampling, TokenChunk, Usage
+from epd.server.engine.base import Sampling, StructuredOutput, TokenChunk, Usage
 from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
@@ -25,6 +25,40 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         stop=tuple(params.stop),
         stop_token_ids=tuple(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty or 1.0,
+        min_p=params.min_p,
+        min_tokens=params.min_tokens,
+        logit_bias=tuple(sorted(params.logit_bias.items())),
+        bad_words=tuple(params.bad_words),
+        allowed_token_ids=tuple(params.allowed_token_ids),
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        structured_output=structured_output_from_proto(params),
+    )
+
+
+def structured_output_from_proto(params: generation_pb2.SamplingParams) -> StructuredOutput | None:
+    """The constraint ``params`` names, or None."""
+    if not params.HasField("structured_output"):
+        return None
+    constraint = params.structured_output
+    kind = constraint.WhichOneof("constraint")
+    if kind is None:
+        return None
+    value: str | tuple[str, ...] = ""
+    if kind == "choice":
+        value = tuple(constraint.choice.values)
+    elif kind != "json_object":
+        value = str(getattr(constraint, kind))
+    return StructuredOutput(
+        "json" if kind == "json_schema" else kind,
+        value,
+        disable_any_whitespace=constraint.disable_any_whitespace,
+        disable_additional_properties=constraint.disable_additional_properties,
+        whitespace_pattern=(
+            constraint.whitespace_pattern if constraint.HasField("whitespace_pattern") else None
+        ),
     )
 
 

@@ -131,6 +131,63 @@ async def test_seeded_sampling_matches_the_aggregated_engine(stubs, oracle) -> N
     release(stubs.plane, prompt)
 
 
+def varied(**fields) -> generation_pb2.SamplingParams:
+    """Greedy ``NUM_TOKENS`` tokens with ``fields`` on top."""
+    sampling = generation_pb2.SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True)
+    constraint = fields.pop("structured_output", None)
+    if constraint is not None:
+        sampling.structured_output.CopyFrom(generation_pb2.StructuredOutput(**constraint))
+    sampling.MergeFrom(generation_pb2.SamplingParams(**fields))
+    return sampling
+
+
+# Sampling beyond the basics, each against the answer without it (greedy, or seeded sampling for
+# the penalties: the tiny model's greedy answer repeats nothing to penalise): each changes the
+# answer, and the split must give what one engine gives (penalties count the first token, the
+# grammar sees it).
+SEEDED = {"temperature": 1.0, "seed": 7}
+VARIED = {
+    "repetition_penalty": (varied(**SEEDED, repetition_penalty=1.8), varied(**SEEDED)),
+    "presence_penalty": (varied(**SEEDED, presence_penalty=-2.0), varied(**SEEDED)),
+    "frequency_penalty": (varied(**SEEDED, frequency_penalty=-2.0), varied(**SEEDED)),
+    "min_p": (varied(**SEEDED, min_p=0.2), varied(**SEEDED)),
+    "logit_bias": (varied(logit_bias={5: 100.0}), GREEDY),
+    "allowed_token_ids": (varied(allowed_token_ids=[5, 6, 7]), GREEDY),
+    "regex": (varied(structured_output={"regex": "(ab|cd)+"}), GREEDY),
+    "choice": (
+        varied(structured_output={"choice": generation_pb2.Choices(values=["yes", "no"])}),
+        GREEDY,
+    ),
+    "json_object": (varied(structured_output={"json_object": True}, ignore_eos=False), GREEDY),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIED))
+async def test_sampling_beyond_the_basics_is_the_same_across_the_split(
+    stubs, oracle, name: str
+) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(24, 56, 56)], "say something")
+    sampling, baseline = VARIED[name]
+    without = await aggregated(stubs.aggregated, f"v-base-{name}", prompt, baseline)
+    whole = await aggregated(stubs.aggregated, f"v-agg-{name}", prompt, sampling)
+    split, _ = await prefill_then_decode(stubs, stubs.prefill, f"v-pd-{name}", prompt, sampling)
+    assert whole != without, f"{name} must change the answer for this test to mean anything"
+    assert split == whole
+    release(stubs.plane, prompt)
+
+
+async def test_min_tokens_holds_off_a_stop_token_across_the_split(stubs, oracle) -> None:
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(25, 56, 56)], "count")
+    greedy, _ = await prefill_then_decode(stubs, stubs.prefill, "m-greedy", prompt)
+    stop_at_first = varied(stop_token_ids=[greedy[0]])
+    assert await aggregated(stubs.aggregated, "m-stop", prompt, stop_at_first) == greedy[:1]
+    held = varied(stop_token_ids=[greedy[0]], min_tokens=4)
+    whole = await aggregated(stubs.aggregated, "m-agg", prompt, held)
+    split, _ = await prefill_then_decode(stubs, stubs.prefill, "m-pd", prompt, held)
+    assert len(whole) >= 4 and split == whole
+    release(stubs.plane, prompt)
+
+
 async def test_finish_reasons_at_the_first_token_and_mid_stream(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(21, 56, 56)], "count")
     one = generation_pb2.SamplingParams(max_tokens=1, ignore_eos=True)

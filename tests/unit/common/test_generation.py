@@ -25,17 +25,22 @@ def test_every_side_reads_the_same_sampling_defaults() -> None:
         SAMPLING_DEFAULTS.top_p,
         SAMPLING_DEFAULTS.top_k,
     )
-    body = {"messages": [{"role": "user", "content": "hi"}]}
-    over_http = schema.to_chat_request(body, "tiny").sampling
     from_sdk = build_request([user("hi")]).sampling
     assert from_sdk.max_tokens == 0  # unset: the route gives it the same default as over HTTP
+    assert (from_sdk.temperature, from_sdk.top_p, from_sdk.top_k) == (
+        SAMPLING_DEFAULTS.temperature,
+        SAMPLING_DEFAULTS.top_p,
+        SAMPLING_DEFAULTS.top_k,
+    )
+
+
+def test_over_http_the_defaults_are_those_of_vllms_openai_server() -> None:
+    """A body without sampling fields samples at temperature 1, as ``vllm serve`` does (the
+    model's generation config aside); gRPC's empty SamplingParams stays greedy."""
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    over_http = schema.to_chat_request(body, "tiny").sampling
     assert over_http.max_tokens == SAMPLING_DEFAULTS.max_tokens  # the context unknown here
-    for sampling in (over_http, from_sdk):
-        assert (sampling.temperature, sampling.top_p, sampling.top_k) == (
-            SAMPLING_DEFAULTS.temperature,
-            SAMPLING_DEFAULTS.top_p,
-            SAMPLING_DEFAULTS.top_k,
-        )
+    assert (over_http.temperature, over_http.top_p, over_http.top_k) == (1.0, 1.0, 0)
 
 
 def test_finish_reasons_go_both_ways_through_one_map() -> None:

@@ -1,0 +1,131 @@
+"""Sampling as vLLM's OpenAI server makes it, carried as epd's ``SamplingParams`` (no grpc).
+
+The HTTP door lets vLLM's own ``ChatCompletionRequest.to_sampling_params`` turn a body into
+vLLM's ``SamplingParams`` (its defaults, the model's generation config over them, its checks),
+and ``sampling_to_proto`` carries the result to the workers field by field. Whichever door a
+request came in by, ``check_sampling`` holds its ``SamplingParams`` to what the engine will
+accept, with the engine's own conversion, before any work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from epd.common.errors import EpdError, InvalidArgument
+from epd.server.engine.vllm_inputs import sampling_params
+from epd.server.route.request import bad
+from epd.server.worker.convert import sampling_from_proto
+from epd.v1 import generation_pb2
+
+# The sampling fields a model's generation_config.json may set as defaults (vLLM's
+# ``ModelConfig.get_diff_sampling_param``, max_new_tokens as max_tokens).
+GENERATION_DEFAULTS = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+)
+
+
+def generation_defaults(model_dir: Path) -> dict[str, Any]:
+    """The default sampling values ``model_dir``'s generation config sets, as ``vllm serve``
+    takes them by default (``--generation-config auto``)."""
+    from vllm.transformers_utils.config import try_get_generation_config
+
+    config = try_get_generation_config(str(model_dir), trust_remote_code=False)
+    values = config.to_diff_dict() if config is not None else {}
+    defaults = {name: values[name] for name in GENERATION_DEFAULTS if values.get(name) is not None}
+    if "max_new_tokens" in defaults:
+        defaults["max_tokens"] = defaults.pop("max_new_tokens")
+    return defaults
+
+
+def sampling_to_proto(params: Any) -> generation_pb2.SamplingParams:
+    """epd's ``SamplingParams`` of vLLM's ``params`` (a value epd's fields cannot hold, such as a
+    negative seed, is an InvalidArgument naming the field)."""
+    fields: dict[str, Any] = {
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": max(params.top_k, 0),
+        "seed": params.seed,
+        "stop": list(params.stop or []),
+        "stop_token_ids": list(params.stop_token_ids or []),
+        "ignore_eos": params.ignore_eos,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "repetition_penalty": params.repetition_penalty,
+        "min_p": params.min_p,
+        "min_tokens": params.min_tokens,
+        "logit_bias": {int(token): bias for token, bias in (params.logit_bias or {}).items()},
+        "bad_words": list(params.bad_words or []),
+        "allowed_token_ids": list(params.allowed_token_ids or []),
+        "include_stop_str_in_output": params.include_stop_str_in_output,
+        "structured_output": structured_output_to_proto(params.structured_outputs),
+    }
+    message = generation_pb2.SamplingParams()
+    for name, value in fields.items():
+        try:
+            _set(message, name, value)
+        except (TypeError, ValueError):
+            raise bad(f"{name} is out of the range epd carries", name) from None
+    return message
+
+
+def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:
+    if value is None:
+        return
+    if name == "structured_output":
+        message.structured_output.CopyFrom(value)
+    elif name == "logit_bias":
+        message.logit_bias.update(value)
+    elif isinstance(value, list):
+        getattr(message, name).extend(value)
+    else:
+        setattr(message, name, value)
+
+
+def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutput | None:
+    """The ``StructuredOutput`` of vLLM's ``StructuredOutputsParams`` (None: unconstrained);
+    options epd does not carry are refused by name."""
+    if constraint is None:
+        return None
+    if constraint.structural_tag is not None:
+        raise _unsupported("structured_outputs.structural_tag")
+    output = generation_pb2.StructuredOutput(
+        disable_any_whitespace=constraint.disable_any_whitespace,
+        disable_additional_properties=constraint.disable_additional_properties,
+        whitespace_pattern=constraint.whitespace_pattern,
+    )
+    if constraint.json is not None:
+        schema = constraint.json
+        output.json_schema = schema if isinstance(schema, str) else json.dumps(schema)
+    elif constraint.choice is not None:
+        output.choice.values.extend(str(choice) for choice in constraint.choice)
+    elif constraint.regex is not None:
+        output.regex = constraint.regex
+    elif constraint.grammar is not None:
+        output.grammar = constraint.grammar
+    elif constraint.json_object is True:
+        output.json_object = True
+    else:
+        raise bad("structured_outputs.json_object must be true if set", "structured_outputs")
+    return output
+
+
+def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
+    """Refuse ``sampling`` as the engine would, with the engine's own conversion."""
+    try:
+        sampling_params(sampling_from_proto(sampling))
+    except EpdError as e:
+        raise bad(e.message, e.metadata.get("param") or "sampling") from None
+
+
+def _unsupported(param: str) -> InvalidArgument:
+    return bad(f"{param} is not supported by epd yet", param, "UNSUPPORTED_PARAMETER")
