@@ -173,8 +173,8 @@ class MooncakeStore(EmbeddingStore):
         client = self._join()
         while client is not None and (item := self._queue.get()) is not None:
             self.counts.count_publish(write(client, *item, self.settings.buffer_bytes))
+        self._unconnected = self._client = None
         if client is not None:
-            self._client = None
             client.close()
 
     def _join(self) -> Client | None:
