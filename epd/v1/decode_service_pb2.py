@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import generation_pb2 as epd_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/decode_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\"\xc1\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\x12#\n\tkv_handle\x18\x06 \x01(\x0b\x32\x10.epd.v1.KvHandleJ\x04\x08\x03\x10\x04R\x06prompt\"n\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage2J\n\rDecodeService\x12\x39\n\x06\x44\x65\x63ode\x12\x15.epd.v1.DecodeRequest\x1a\x16.epd.v1.DecodeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65pd/v1/decode_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\"\xc1\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\r\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\r\x12#\n\tkv_handle\x18\x06 \x01(\x0b\x32\x10.epd.v1.KvHandleJ\x04\x08\x03\x10\x04R\x06prompt\"\x97\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x04 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs2J\n\rDecodeService\x12\x39\n\x06\x44\x65\x63ode\x12\x15.epd.v1.DecodeRequest\x1a\x16.epd.v1.DecodeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODEREQUEST']._serialized_start=65
   _globals['_DECODEREQUEST']._serialized_end=258
-  _globals['_DECODERESPONSE']._serialized_start=260
-  _globals['_DECODERESPONSE']._serialized_end=370
-  _globals['_DECODESERVICE']._serialized_start=372
-  _globals['_DECODESERVICE']._serialized_end=446
+  _globals['_DECODERESPONSE']._serialized_start=261
+  _globals['_DECODERESPONSE']._serialized_end=412
+  _globals['_DECODESERVICE']._serialized_start=414
+  _globals['_DECODESERVICE']._serialized_end=488
 # @@protoc_insertion_point(module_scope)

@@ -33,6 +33,10 @@ from epd.common.errors import FailedPrecondition
 from epd.common.generation import SAMPLING_DEFAULTS
 
 Grid = tuple[int, int, int]
+# What an engine reports at the position of one generated token, as vLLM orders it: the generated
+# token first, then the most likely ones by rank; each (token id, log probability, rank, its text
+# as the engine decodes it there or None).
+Candidates = tuple[tuple[int, float, int, str | None], ...]
 # Keys of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids and names
 # (mm_hash), so a decode worker lays out positions and names the images as the prefill did, from
 # the handle alone, even when the prompt's images were raw pictures.
@@ -96,6 +100,8 @@ class Sampling:
     allowed_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     structured_output: StructuredOutput | None = None
+    # most likely tokens reported beside each generated one (None: no log probabilities)
+    logprobs: int | None = None
 
     def beyond_basics(self) -> list[str]:
         """The names of the fields set beyond the basic ones (max_tokens ... ignore_eos): what an
@@ -119,6 +125,7 @@ EXTENDED_SAMPLING_FIELDS = (
     "allowed_token_ids",
     "include_stop_str_in_output",
     "structured_output",
+    "logprobs",
 )
 
 
@@ -138,6 +145,8 @@ class TokenChunk:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    # one entry per token of token_ids when the sampling asked for log probabilities
+    logprobs: list[Candidates] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +161,8 @@ class PrefillResult:
     finish_reason: str | None
     kv_transfer_params: dict[str, Any] | None
     usage: Usage
+    # the first token's candidates when the sampling asked for log probabilities
+    first_logprobs: Candidates | None = None
 
 
 @dataclass(frozen=True, slots=True)

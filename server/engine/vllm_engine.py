@@ -63,6 +63,7 @@ from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
     DEFAULT_KV_LEASE_S,
     SideChannel,
+    candidates,
     picture_data,
     picture_names,
     sampling_params,
@@ -247,7 +248,8 @@ class VllmEngine(Engine):
             handle[IMAGE_HASHES_KEY] = [image.mm_hash for image in images]
             if seed is not None:
                 handle[SEED_KEY] = seed
-        return PrefillResult(int(completion.token_ids[0]), reason, handle, usage)
+        first_logprobs = candidates(completion.logprobs[0]) if completion.logprobs else None
+        return PrefillResult(int(completion.token_ids[0]), reason, handle, usage, first_logprobs)
 
     async def decode(
         self,
@@ -285,7 +287,9 @@ class VllmEngine(Engine):
                             chunk.token_ids[0],
                             first_token_id,
                         )
-                    chunk = replace(chunk, token_ids=chunk.token_ids[1:])
+                    chunk = replace(
+                        chunk, token_ids=chunk.token_ids[1:], logprobs=chunk.logprobs[1:]
+                    )
                 yield chunk
 
     async def _run(
@@ -418,11 +422,13 @@ def _request_failed(params: Any) -> Unavailable:
 def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:
     """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
     completion = output.outputs[0]
+    logprobs = [candidates(position) for position in completion.logprobs or []]
     if not output.finished:
-        return TokenChunk(list(completion.token_ids))
+        return TokenChunk(list(completion.token_ids), logprobs=logprobs)
     num_prompt = len(output.prompt_token_ids or prompt_token_ids)
     return TokenChunk(
         list(completion.token_ids),
         completion.finish_reason,
         Usage(num_prompt, num_generated, output.num_cached_tokens or 0),
+        logprobs,
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import EngineImage, Sampling, StructuredOutput
+from epd.server.engine.base import Candidates, EngineImage, Sampling, StructuredOutput
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
@@ -73,6 +73,7 @@ def sampling_params(
             allowed_token_ids=list(sampling.allowed_token_ids) or None,
             include_stop_str_in_output=sampling.include_stop_str_in_output,
             structured_outputs=structured_outputs(sampling.structured_output),
+            logprobs=sampling.logprobs,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
         )
@@ -83,6 +84,15 @@ def sampling_params(
             reason="BAD_SAMPLING",
             metadata={"param": param} if param else None,
         ) from e
+
+
+def candidates(position: Any) -> Candidates:
+    """vLLM's logprobs at one position (token id -> ``Logprob``, the generated token first) as
+    ``Candidates``."""
+    return tuple(
+        (int(token), float(p.logprob), int(p.rank or 0), p.decoded_token)
+        for token, p in position.items()
+    )
 
 
 def structured_outputs(constraint: StructuredOutput | None) -> Any:

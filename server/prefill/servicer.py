@@ -43,6 +43,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
             finish_reason=convert.finish_reason_to_proto(result.finish_reason),  # type: ignore[arg-type]
             kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
             usage=convert.usage_to_proto(result.usage),
+            first_token_logprobs=convert.logprobs_to_proto(result.first_logprobs),
         )
 
     @handle_errors

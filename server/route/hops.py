@@ -55,6 +55,8 @@ class Piece:
     token_ids: list[int]
     finish_reason: int = 0
     usage: generation_pb2.Usage | None = None
+    # one entry per token when the sampling asked for log probabilities
+    logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,10 +334,11 @@ async def _prefill_then_decode(
         return
     attempt.decode_id = chosen.worker.id
     trace.get_current_span().set_attribute("epd.decode_id", chosen.worker.id)
+    first = [reply.first_token_logprobs] if reply.HasField("first_token_logprobs") else []
     if reply.finish_reason:
-        yield Piece([reply.first_token_id], reply.finish_reason, reply.usage)
+        yield Piece([reply.first_token_id], reply.finish_reason, reply.usage, first)
         return
-    yield Piece([reply.first_token_id])
+    yield Piece([reply.first_token_id], logprobs=first)
     stream = peers.decode(chosen.worker.endpoint).Decode(
         decode_pb.DecodeRequest(
             request_id=call.request_id,
@@ -362,6 +365,7 @@ async def _pieces(stream: Any) -> AsyncGenerator[Piece, None]:
                 list(response.token_ids),
                 response.finish_reason,
                 response.usage if response.HasField("usage") else None,
+                list(response.logprobs),
             )
     finally:
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise

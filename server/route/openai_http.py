@@ -25,6 +25,7 @@ from epd.server.route.http_guard import (
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
+from epd.v1 import generation_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -120,17 +121,28 @@ class OpenAiHttp:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, include_usage)
-        texts, finish, usage = [], 0, None
+        texts, positions, finish, usage = [], [], 0, None
         try:
             async for piece in self.router.generate(chat, timeout_s=self.options.request_timeout_s):
                 texts.append(piece.text)
+                positions.extend(piece.logprobs)
                 finish, usage = piece.finish_reason or finish, piece.usage or usage
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
+        text, logprobs = "".join(texts), self._logprobs(chat, positions)
         return web.json_response(
-            schema.completion(chat.request_id, chat.model, "".join(texts), finish, usage),
+            schema.completion(chat.request_id, chat.model, text, finish, usage, logprobs),
             headers={"X-Request-Id": chat.request_id},
         )
+
+    def _logprobs(
+        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
+    ) -> dict[str, Any] | None:
+        """The OpenAI logprobs object of ``positions`` (None when the chat asked for none)."""
+        if not chat.sampling.HasField("logprobs"):
+            return None
+        decode = self.router.prompts.tokenizer.decode
+        return schema.logprobs_json(positions, chat.sampling.logprobs, lambda t: decode([t]))
 
     async def _stream(
         self, request: web.Request, chat: ChatRequest, include_usage: bool
@@ -161,7 +173,11 @@ class OpenAiHttp:
                 await _send(
                     response,
                     schema.chunk(
-                        ident, model, {"content": piece.text}, piece.finish_reason or None
+                        ident,
+                        model,
+                        {"content": piece.text},
+                        piece.finish_reason or None,
+                        logprobs=self._logprobs(chat, piece.logprobs),
                     ),
                 )
                 usage = piece.usage or usage

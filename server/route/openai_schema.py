@@ -13,6 +13,7 @@ error object.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from epd.common.errors import Code, EpdError
@@ -76,6 +77,8 @@ IMPLEMENTED_FIELDS = frozenset(
         "structured_outputs",
         "request_id",
         "parallel_tool_calls",
+        "logprobs",
+        "top_logprobs",
     }
 )
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -233,11 +236,21 @@ def error_body(err: Exception) -> tuple[int, dict[str, Any]]:
 
 
 def completion(
-    request_id: str, model: str, text: str, finish: int, usage: generation_pb2.Usage | None
+    request_id: str,
+    model: str,
+    text: str,
+    finish: int,
+    usage: generation_pb2.Usage | None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed chat.completion object."""
+    """A non-streamed chat.completion object (``logprobs``: ``logprobs_json``'s, when asked)."""
     message = {"role": "assistant", "content": text}
-    choice = {"index": 0, "finish_reason": finish_reason_name(finish) or "stop", "message": message}
+    choice = {
+        "index": 0,
+        "finish_reason": finish_reason_name(finish) or "stop",
+        "message": message,
+        "logprobs": logprobs,
+    }
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -254,9 +267,16 @@ def chunk(
     delta: dict[str, str],
     finish: int | None,
     usage: generation_pb2.Usage | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One chat.completion.chunk (an empty choices list with usage for the usage chunk)."""
-    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason_name(finish or 0)}
+    """One chat.completion.chunk (an empty choices list with usage for the usage chunk;
+    ``logprobs``: ``logprobs_json``'s of the delta's tokens, when asked)."""
+    choice = {
+        "index": 0,
+        "delta": delta,
+        "finish_reason": finish_reason_name(finish or 0),
+        "logprobs": logprobs,
+    }
     body: dict[str, Any] = {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion.chunk",
@@ -277,4 +297,32 @@ def usage_json(usage: generation_pb2.Usage | None) -> dict[str, int]:
         "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt + completion_tokens,
+    }
+
+
+def logprobs_json(
+    positions: list[generation_pb2.TokenLogprobs], num_top: int, decode: Callable[[int], str]
+) -> dict[str, Any]:
+    """OpenAI's chat logprobs object of ``positions`` as vLLM's OpenAI server writes it: each
+    generated token with its ``num_top`` first candidates (vLLM's order: the generated token
+    first); ``decode`` names a token the engine sent without its text."""
+    return {"content": [_position_json(position, num_top, decode) for position in positions]}
+
+
+def _position_json(
+    position: generation_pb2.TokenLogprobs, num_top: int, decode: Callable[[int], str]
+) -> dict[str, Any]:
+    entry = _candidate_json(position.candidates[0], decode)
+    entry["top_logprobs"] = [_candidate_json(c, decode) for c in position.candidates[:num_top]]
+    return entry
+
+
+def _candidate_json(
+    candidate: generation_pb2.Logprob, decode: Callable[[int], str]
+) -> dict[str, Any]:
+    token = candidate.token if candidate.HasField("token") else decode(candidate.token_id)
+    return {
+        "token": token,
+        "logprob": max(candidate.logprob, -9999.0),
+        "bytes": list(token.encode("utf-8", errors="replace")),
     }

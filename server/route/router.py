@@ -24,7 +24,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from opentelemetry import trace
@@ -70,6 +70,8 @@ class RouteChunk:
     token_ids: list[int]
     finish_reason: int = 0
     usage: generation_pb2.Usage | None = None
+    # one entry per token when the sampling asked for log probabilities
+    logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,9 @@ class Router:
         async with aclosing(pieces):
             async for piece in pieces:
                 text = detokenizer.add(piece.token_ids)
-                yield RouteChunk(text, piece.token_ids, piece.finish_reason, piece.usage)
+                yield RouteChunk(
+                    text, piece.token_ids, piece.finish_reason, piece.usage, piece.logprobs
+                )
                 if is_first:
                     is_first = False
                     self._refresh_roles()

@@ -68,6 +68,7 @@ def sampling_to_proto(params: Any) -> generation_pb2.SamplingParams:
         "allowed_token_ids": list(params.allowed_token_ids or []),
         "include_stop_str_in_output": params.include_stop_str_in_output,
         "structured_output": structured_output_to_proto(params.structured_outputs),
+        "logprobs": params.logprobs,
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():

@@ -38,6 +38,7 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
                 text=chunk.text,
                 token_ids=chunk.token_ids,
                 finish_reason=chunk.finish_reason,  # type: ignore[arg-type]
+                logprobs=chunk.logprobs,
             )
             if chunk.usage is not None:
                 response.usage.CopyFrom(chunk.usage)

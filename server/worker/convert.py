@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
-from epd.server.engine.base import Sampling, StructuredOutput, TokenChunk, Usage
+from epd.server.engine.base import Candidates, Sampling, StructuredOutput, TokenChunk, Usage
 from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
@@ -35,6 +35,7 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         allowed_token_ids=tuple(params.allowed_token_ids),
         include_stop_str_in_output=params.include_stop_str_in_output,
         structured_output=structured_output_from_proto(params),
+        logprobs=params.logprobs if params.HasField("logprobs") else None,
     )
 
 
@@ -79,7 +80,21 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
     }
     if chunk.usage is not None:
         fields["usage"] = usage_to_proto(chunk.usage)
+    if chunk.logprobs:
+        fields["logprobs"] = [logprobs_to_proto(position) for position in chunk.logprobs]
     return fields
+
+
+def logprobs_to_proto(position: Candidates | None) -> generation_pb2.TokenLogprobs | None:
+    """The TokenLogprobs of one position's candidates (None: none were asked for)."""
+    if position is None:
+        return None
+    return generation_pb2.TokenLogprobs(
+        candidates=[
+            generation_pb2.Logprob(token_id=token, logprob=logprob, rank=rank, token=text)
+            for token, logprob, rank, text in position
+        ]
+    )
 
 
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:

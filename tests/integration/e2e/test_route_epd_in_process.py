@@ -245,6 +245,43 @@ async def test_openai_penalties_and_biases_equal_the_grpc_answer(deployment) -> 
     assert reply.choices[0].message.content == expected
 
 
+async def test_openai_logprobs_stream_and_whole_equal_the_grpc_answer(deployment) -> None:
+    import openai
+
+    stub, _, route, _ = deployment
+    images = [picture(5, 64, 64)]
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
+    fields = {"max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    messages = openai_messages(images, "name it")
+    reply = await client.chat.completions.create(model="tiny", messages=messages, **fields)
+    stream = await client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, **fields
+    )
+    streamed = [c async for c in stream]
+    plain = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=2, temperature=0
+    )
+    await client.close()
+    assert plain.choices[0].logprobs is None
+    whole = reply.choices[0].logprobs.content
+    assert len(whole) == reply.usage.completion_tokens == 8
+    assert all(len(entry.top_logprobs) == 2 for entry in whole)
+    assert all(entry.top_logprobs[0].token == entry.token for entry in whole)
+    pieces = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in pieces] == [(e.token, e.logprob) for e in whole]
+
+    request = chat_request(images, "name it", max_tokens=8, logprobs=2)
+    answer = [r async for r in stub.Generate(request)]
+    positions = [p for r in answer for p in r.logprobs]
+    assert [p.candidates[0].token for p in positions] == [e.token for e in whole]
+    assert [p.candidates[0].logprob for p in positions] == pytest.approx([e.logprob for e in whole])
+
+
 async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> None:
     import openai
 

@@ -176,6 +176,46 @@ async def test_sampling_beyond_the_basics_is_the_same_across_the_split(
     release(stubs.plane, prompt)
 
 
+def table(positions) -> list[list[tuple[int, float, int, str]]]:
+    return [[(c.token_id, c.logprob, c.rank, c.token) for c in p.candidates] for p in positions]
+
+
+@pytest.mark.parametrize("num_top", [0, 3])
+async def test_logprobs_are_the_same_across_the_split(stubs, oracle, num_top: int) -> None:
+    """The first token's from the prefill worker, the rest from the decode worker: together
+    what one engine reports, in vLLM's order (the generated token first)."""
+    prompt = embedded_prompt(oracle, stubs.plane, [picture(26, 56, 56)], "describe")
+    sampling = varied(logprobs=num_top)
+    request = prefill_pb.PrefillDecodeRequest(request_id=f"l-agg-{num_top}", prompt=prompt)
+    request.sampling.CopyFrom(sampling)
+    whole = [r async for r in stubs.aggregated.PrefillDecode(request)]
+    tokens = [t for r in whole for t in r.token_ids]
+    positions = [p for r in whole for p in r.logprobs]
+    assert len(positions) == len(tokens) == NUM_TOKENS
+    assert all(p.candidates[0].token_id == t for p, t in zip(positions, tokens, strict=True))
+    assert {len(p.candidates) for p in positions} <= {num_top, num_top + 1} - {0}
+
+    first = await stubs.prefill.Prefill(
+        prefill_pb.PrefillRequest(request_id=f"l-pd-{num_top}", prompt=prompt, sampling=sampling)
+    )
+    rest = stubs.decode.Decode(
+        decode_pb.DecodeRequest(
+            request_id=f"l-pd-{num_top}",
+            prompt_token_ids=prompt.token_ids,
+            sampling=sampling,
+            first_token_id=first.first_token_id,
+            kv_handle=first.kv_handle,
+        )
+    )
+    split = [first.first_token_logprobs] + [p async for r in rest for p in r.logprobs]
+    expected, actual = table(positions), table(split)
+    assert [[c[0] for c in p] for p in actual] == [[c[0] for c in p] for p in expected]
+    assert [[c[2:] for c in p] for p in actual] == [[c[2:] for c in p] for p in expected]
+    for got, want in zip(actual, expected, strict=True):
+        assert [c[1] for c in got] == pytest.approx([c[1] for c in want], abs=1e-4)
+    release(stubs.plane, prompt)
+
+
 async def test_min_tokens_holds_off_a_stop_token_across_the_split(stubs, oracle) -> None:
     prompt = embedded_prompt(oracle, stubs.plane, [picture(25, 56, 56)], "count")
     greedy, _ = await prefill_then_decode(stubs, stubs.prefill, "m-greedy", prompt)

@@ -36,7 +36,9 @@ SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 
 def output(token_id: int, finished: bool, reason: str = "length") -> SimpleNamespace:
     """A delta RequestOutput as vLLM streams it; ``reason`` ends it when ``finished``."""
-    completion = SimpleNamespace(token_ids=[token_id], finish_reason=reason if finished else None)
+    completion = SimpleNamespace(
+        token_ids=[token_id], finish_reason=reason if finished else None, logprobs=None
+    )
     return SimpleNamespace(
         outputs=[completion], finished=finished, prompt_token_ids=PROMPT, num_cached_tokens=0
     )

@@ -118,6 +118,36 @@ def test_what_vllm_takes_reaches_the_sampling_parameters(
     assert getattr(sampling, field) == expected
 
 
+def test_logprobs_reach_the_sampling_parameters_as_vllm_sets_them() -> None:
+    sampling = schema.to_chat_request(
+        {**BODY, "logprobs": True, "top_logprobs": 4}, "tiny"
+    ).sampling
+    assert sampling.HasField("logprobs") and sampling.logprobs == 4
+    sampling = schema.to_chat_request({**BODY, "logprobs": True}, "tiny").sampling
+    assert sampling.HasField("logprobs") and sampling.logprobs == 0
+    assert not schema.to_chat_request({**BODY, "top_logprobs": 0}, "tiny").sampling.HasField(
+        "logprobs"
+    )
+
+
+def test_logprobs_json_is_vllms_shape_with_the_generated_token_first() -> None:
+    from epd.v1 import generation_pb2 as g
+
+    position = g.TokenLogprobs(
+        candidates=[
+            g.Logprob(token_id=5, logprob=-0.5, rank=2, token="b"),
+            g.Logprob(token_id=4, logprob=-0.25, rank=1),
+            g.Logprob(token_id=6, logprob=-1e6, rank=3, token="é"),
+        ]
+    )
+    body = schema.logprobs_json([position], 3, lambda token: f"<{token}>")
+    [entry] = body["content"]
+    assert (entry["token"], entry["logprob"], entry["bytes"]) == ("b", -0.5, [98])
+    assert [t["token"] for t in entry["top_logprobs"]] == ["b", "<4>", "é"]
+    assert entry["top_logprobs"][2] == {"token": "é", "logprob": -9999.0, "bytes": [195, 169]}
+    assert schema.logprobs_json([position], 0, str)["content"][0]["top_logprobs"] == []
+
+
 def test_token_lists_and_biases_reach_the_sampling_parameters() -> None:
     body = {
         **BODY,
@@ -235,7 +265,6 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
     ("param", "value"),
     [
         ("n", 2),
-        ("logprobs", True),
         ("prompt_logprobs", 1),
         ("echo", True),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
