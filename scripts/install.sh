@@ -123,6 +123,9 @@ else
 fi
 
 # Mooncake (--embedding-store mooncake) loads Debian's libibverbs1 and librdmacm1 even over TCP.
+# NOTE: without their recommended ibverbs-providers: NIXL's wheel bundles its own libibverbs and
+# libnl, which then load the system's providers and with them a second libnl, and every process
+# that started a NIXL agent segfaults at exit (docs/transfer.md).
 STORE_LIBS=(libibverbs1 librdmacm1)
 install_store_libs() {
   command -v dpkg-query >/dev/null 2>&1 || {
@@ -136,13 +139,14 @@ install_store_libs() {
   done
   [ ${#missing[@]} = 0 ] && return 0
   if [ "$DRY_RUN" = 1 ]; then
-    echo "apt-get install -y ${missing[*]}"
+    echo "apt-get install -y --no-install-recommends ${missing[*]}"
   elif [ "$(id -u)" = 0 ]; then
-    apt-get install -y -q "${missing[@]}" >/dev/null \
-      || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+      || { apt-get update -q >/dev/null \
+        && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
   else
     echo "scripts/install.sh: --embedding-store mooncake needs ${missing[*]}; not root, so" \
-      "install them yourself: sudo apt-get install ${missing[*]}" >&2
+      "install them yourself: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
   fi
 }
 install_store_libs

@@ -232,3 +232,19 @@ def test_gpu_memory_is_refused_by_nixl_without_cuda(agents: tuple[NixlAgent, Nix
     producer.unshare(first.address)
     producer.unshare(first.address)
     assert producer.num_registered_regions == 0
+
+
+def test_a_process_with_an_agent_exits_cleanly() -> None:
+    """NIXL's wheel bundles libibverbs and libnl; with Debian's ibverbs-providers installed they
+    loaded the system's providers and a second libnl, and every process that had started an
+    agent segfaulted at exit (scripts/install.sh installs the store's libraries without them)."""
+    import subprocess
+    import sys
+
+    program = (
+        "from epd.server.transfer.nixl_agent import NixlAgent\n"
+        "from epd.server.transfer.options import NixlOptions\n"
+        "NixlAgent('exit-check', NixlOptions())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
