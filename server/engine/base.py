@@ -45,9 +45,9 @@ IMAGE_HASHES_KEY = "epd_image_hashes"
 # Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
 # be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
 KV_LOAD_FAILED = "KV_LOAD_FAILED"
-# Defaults of every engine's options (``VllmOptions``, ``TransformersOptions``) and of the
-# workers serving one: tokens of prompt and output at most, requests admitted at once.
-DEFAULT_MAX_MODEL_LEN = 4096
+# Default of every engine's options (``VllmOptions``, ``TransformersOptions``) and of the workers
+# serving one: requests admitted at once. Their ``max_model_len`` defaults to None, the model's
+# own context, which each engine resolves as it starts.
 DEFAULT_MAX_PENDING = 64
 
 

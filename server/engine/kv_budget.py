@@ -3,15 +3,38 @@
 A request reserves room for its whole sequence (prompt and every token it may generate) before
 it starts and gives it back when it ends, so a running request never runs out of room midway.
 Reservations are granted first come, first served; one that does not fit waits, and the ones
-behind it wait too (no starvation of long requests). Pure asyncio bookkeeping, no torch.
+behind it wait too (no starvation of long requests). Pure asyncio bookkeeping, no torch; the
+capacity comes from the model's config (``kv_capacity``) and must hold one request of the
+engine's longest length (``check_room``), as vLLM requires of its own cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Any
 
 from epd.common.errors import InvalidArgument
+
+
+def kv_capacity(config: Any, kv_cache_bytes: int, itemsize: int) -> int:
+    """Tokens of KV cache ``kv_cache_bytes`` hold for the model of transformers ``config``, at
+    ``itemsize`` bytes a value (at least one)."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * itemsize
+    return max(kv_cache_bytes // int(bytes_per_token), 1)
+
+
+def check_room(capacity: int, max_model_len: int) -> None:
+    """ValueError unless a KV cache of ``capacity`` tokens holds one request of
+    ``max_model_len`` tokens, the check vLLM makes as it starts an engine."""
+    if capacity < max_model_len:
+        raise ValueError(
+            f"the KV cache holds {capacity} tokens, fewer than one request of the maximum model "
+            f"length ({max_model_len}) needs: give a larger KV cache, or a maximum model length "
+            f"of at most {capacity}"
+        )
 
 
 class KvBudget:

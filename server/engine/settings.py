@@ -56,9 +56,15 @@ class EngineSettings:
             default_means=f"{_CUDA.dtype} on CUDA, {_CPU.dtype} on CPU",
         ),
     )
-    max_model_len: int = field(
+    max_model_len: int | None = field(
         default=_VLLM.max_model_len,
-        metadata=flag("longest prompt + output in tokens", env="EPD_MAX_MODEL_LEN"),
+        metadata=flag(
+            "longest prompt + output in tokens",
+            env="EPD_MAX_MODEL_LEN",
+            default_help="default: the model's own context (vLLM derives it from the model's "
+            "config; the transformers engine reads max_position_embeddings); the KV cache must "
+            "hold one request of this length, or the engine does not start",
+        ),
     )
     kv_cache_mb: int | None = field(
         default=None,
@@ -152,10 +158,16 @@ class EngineSettings:
                 f"--kv-lease-s must be at least {MIN_KV_LEASE_S} (decode workers renew "
                 f"the lease every lease/6 s), got {self.kv_lease_s}"
             )
-        for name in ("max_model_len", "max_pending", "tensor_parallel_size"):
+        for name in ("max_pending", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("kv_cache_mb", "max_num_seqs", "max_num_batched_tokens", "cpu_threads"):
+        for name in (
+            "max_model_len",
+            "kv_cache_mb",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "cpu_threads",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -29,7 +29,6 @@ import torch
 
 from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import (
-    DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_PENDING,
     Engine,
     EngineImage,
@@ -39,9 +38,16 @@ from epd.server.engine.base import (
     Usage,
 )
 from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
-from epd.server.engine.kv_budget import KvBudget
+from epd.server.engine.kv_budget import KvBudget, check_room, kv_capacity
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.sampler import StopChecker, TokenSampler
+from epd.server.engine.sampler import (
+    IMPLEMENTED_FIELDS,
+    StopChecker,
+    TokenSampler,
+    bad_words_token_ids,
+    check_token_ids,
+)
+from epd.server.models.model_dir import max_model_len
 from epd.server.models.registry import family_of_config
 
 logger = logging.getLogger(__name__)
@@ -50,11 +56,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True, slots=True)
 class TransformersOptions:
-    """How to run the model: device, dtype and limits (see the module docstring)."""
+    """How to run the model: device, dtype and limits (see the module docstring);
+    ``max_model_len`` None is the model's own context (``context_length`` of its config)."""
 
     device: str = CPU
     dtype: str = DEFAULTS[CPU].dtype
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    max_model_len: int | None = None
     kv_cache_bytes: int = CPU_KV_CACHE_MB << 20
     max_pending_requests: int = DEFAULT_MAX_PENDING
 
@@ -88,16 +95,9 @@ class TransformersEngine(Engine):
         self.device = str(next(model.parameters()).device)
         self.embeddings_device = self.device  # NOTE: images join the input embeddings there
         self.family = family_of_config(model.config)
-        text = model.config.text_config
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        bytes_per_token = (
-            2
-            * text.num_hidden_layers
-            * text.num_key_value_heads
-            * head_dim
-            * DTYPES[options.dtype].itemsize
-        )
-        self.budget = KvBudget(max(options.kv_cache_bytes // bytes_per_token, 1))
+        self.max_model_len = max_model_len(options.max_model_len, model.config)
+        self.budget = KvBudget(_kv_capacity(options, model.config))
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._eos_ids = _eos_ids(model, processor)
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, "epd-transformers")
         self._running: set[str] = set()
@@ -116,6 +116,8 @@ class TransformersEngine(Engine):
         if options.dtype not in DTYPES:
             raise ValueError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
         model_dir = Path(model_dir)
+        config = await asyncio.to_thread(_config, model_dir)
+        check_room(_kv_capacity(options, config), max_model_len(options.max_model_len, config))
         model, processor = await asyncio.to_thread(_load, model_dir, options)
         return cls(model, processor, model_id or model_dir.name, _layout(model, processor), options)
 
@@ -126,8 +128,10 @@ class TransformersEngine(Engine):
         images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len)
-        if unsupported := sampling.beyond_basics():
+        self.layout.check(prompt_token_ids, images, self.max_model_len)
+        if unsupported := [
+            name for name in sampling.beyond_basics() if name not in IMPLEMENTED_FIELDS
+        ]:
             raise InvalidArgument(
                 f"{unsupported[0]} is not implemented by the transformers engine (the vLLM "
                 "engine implements it)",
@@ -165,21 +169,20 @@ class TransformersEngine(Engine):
         if any(image.embeddings is None for image in images):
             images = await self._step(self._encode_pictures, images)
         input_ids = self.layout.expand(prompt_token_ids, images)
-        max_new_tokens = min(sampling.max_tokens, self.options.max_model_len - len(input_ids))
+        max_new_tokens = min(sampling.max_tokens, self.max_model_len - len(input_ids))
         if max_new_tokens <= 0:
             raise InvalidArgument(
                 f"the prompt expands to {len(input_ids)} tokens; the engine's "
-                f"limit is {self.options.max_model_len - 1}",
+                f"limit is {self.max_model_len - 1}",
                 reason="PROMPT_TOO_LONG",
             )
+        sampler = self._sampler(sampling, input_ids)
         num_reserved = len(input_ids) + max_new_tokens
         await self.budget.acquire(num_reserved)
         try:
             sequence = await self._step(self._prefill, input_ids, images)
             stops = StopChecker(sampling, self._eos_ids, self._decode_text, max_new_tokens)
-            async for chunk in self._decode_loop(
-                request_id, sequence, TokenSampler(sampling), stops
-            ):
+            async for chunk in self._decode_loop(request_id, sequence, sampler, stops):
                 yield chunk
         finally:
             self.budget.release(num_reserved)
@@ -189,7 +192,7 @@ class TransformersEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         token_ids: list[int] = []
         while True:
-            token_ids.append(sampler.select(sequence.logits))
+            token_ids.append(sampler.select(sequence.logits, token_ids))
             reason = stops.check(token_ids)
             if reason is None and request_id in self._aborted:
                 reason = "abort"
@@ -200,6 +203,14 @@ class TransformersEngine(Engine):
                 return
             yield TokenChunk([token_ids[-1]])
             await self._step(self._extend, sequence, token_ids[-1])
+
+    def _sampler(self, sampling: Sampling, input_ids: list[int]) -> TokenSampler:
+        """The request's sampler; InvalidArgument for token ids the model does not have."""
+        bad_words = bad_words_token_ids(sampling.bad_words, self._encode_text)
+        check_token_ids(sampling, self.vocab_size, bad_words)
+        return TokenSampler(
+            sampling, input_ids, eos_token_ids=self._eos_ids, bad_words_ids=bad_words
+        )
 
     async def _step(self, function: Any, *args: Any) -> Any:
         if self._executor is None:
@@ -266,6 +277,9 @@ class TransformersEngine(Engine):
     def _decode_text(self, token_ids: list[int]) -> str:
         return str(self.processor.tokenizer.decode(token_ids, skip_special_tokens=True))
 
+    def _encode_text(self, text: str) -> list[int]:
+        return list(self.processor.tokenizer.encode(text, add_special_tokens=False))
+
     async def abort(self, request_id: str) -> None:
         if request_id in self._running:
             self._aborted.add(request_id)
@@ -281,6 +295,16 @@ class TransformersEngine(Engine):
         executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+
+def _config(model_dir: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def _kv_capacity(options: TransformersOptions, config: Any) -> int:
+    return kv_capacity(config, options.kv_cache_bytes, DTYPES[options.dtype].itemsize)
 
 
 def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:

@@ -29,9 +29,9 @@ _UNSET = object()
 def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
     """``AsyncEngineArgs`` for serving ``model_dir`` as ``model_id`` with ``options``.
 
-    Settings left None (KV cache size, sequences, batched tokens) are vLLM's to choose for the
-    device. The KV buffer of a KV-transfer engine lives on the engine's device. The user's
-    ``options.overrides`` win over every value epd computes.
+    Settings left None (maximum model length, KV cache size, sequences, batched tokens) are
+    vLLM's to choose for the model and the device. The KV buffer of a KV-transfer engine lives
+    on the engine's device. The user's ``options.overrides`` win over every value epd computes.
     """
     from vllm import AsyncEngineArgs
 

@@ -28,6 +28,7 @@ import logging
 import os
 import random
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,7 +42,6 @@ from epd.common.errors import (
     Unavailable,
 )
 from epd.server.engine.base import (
-    DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_PENDING,
     IMAGE_GRIDS_KEY,
     IMAGE_HASHES_KEY,
@@ -87,6 +87,7 @@ class VllmOptions:
 
     ``device``: ``cpu`` or ``cuda:N``, the one vLLM's build runs on (``start`` checks), as
     registered with the scheduler; KV-transfer engines keep their KV buffer there.
+    ``max_model_len``: None is the model's own context, as vLLM derives it.
     ``kv_cache_bytes``: None sizes the cache from ``gpu_memory_utilization`` (GPU only).
     ``max_num_seqs`` / ``max_num_batched_tokens``: None are vLLM's defaults for the device.
     ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
@@ -97,12 +98,13 @@ class VllmOptions:
     CPU executor uses, which keeps one core for its scheduling). ``overrides``: more
     ``AsyncEngineArgs`` fields by name (``vllm_args.parse_engine_args``), applied over every
     value epd computes from the settings above; ``start`` reads the prompt limits
-    (``max_model_len``, images per prompt) back from the engine when they override those.
+    (``max_model_len``, images per prompt) back from the engine when they override those or
+    leave them to vLLM.
     """
 
     device: str = CPU
     dtype: str = DEFAULTS[CPU].dtype
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    max_model_len: int | None = None
     kv_cache_bytes: int | None = CPU_KV_CACHE_MB << 20
     gpu_memory_utilization: float = 0.92  # vLLM's default
     tensor_parallel_size: int = 1
@@ -120,7 +122,7 @@ class VllmOptions:
 
 def _as_started(options: VllmOptions, model_config: Any) -> VllmOptions:
     """``options`` with the prompt limits the engine settled on where overrides set them."""
-    if "max_model_len" in options.overrides:
+    if options.max_model_len is None or "max_model_len" in options.overrides:
         options = replace(options, max_model_len=model_config.max_model_len)
     multimodal = model_config.multimodal_config
     if "limit_mm_per_prompt" in options.overrides and multimodal is not None:
@@ -162,6 +164,13 @@ class VllmEngine(Engine):
         self.model_dir = model_dir
         self._rpc_dir = rpc_dir
 
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + output in tokens, as the started engine settled it (``start`` reads
+        it back); an engine around an AsyncLLM that ``start`` did not make, with no value given,
+        leaves the check to vLLM."""
+        return self.options.max_model_len or sys.maxsize
+
     @classmethod
     async def start(
         cls, model_dir: str | Path, *, model_id: str = "", options: VllmOptions | None = None
@@ -200,7 +209,7 @@ class VllmEngine(Engine):
         images: list[EngineImage],
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        self.layout.check(prompt_token_ids, images, self.max_model_len)
         params = sampling_params(sampling)
         num_generated = 0
         # NOTE: aclosing: a consumer closing this stream early aborts the request at once, not
@@ -220,7 +229,7 @@ class VllmEngine(Engine):
         sampling: Sampling,
     ) -> PrefillResult:
         self._require_role("kv_producer", "prefill")
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len)
+        self.layout.check(prompt_token_ids, images, self.max_model_len)
         seed = sampling.seed
         if seed is None and sampling.temperature > 0:
             # NOTE: the decode engine samples the first token again; the same seed: the same token.
@@ -269,7 +278,7 @@ class VllmEngine(Engine):
             raise InvalidArgument(
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
             )
-        self.layout.check(prompt_token_ids, images, self.options.max_model_len, grids_suffice=True)
+        self.layout.check(prompt_token_ids, images, self.max_model_len, grids_suffice=True)
         params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
         async with contextlib.aclosing(

@@ -51,6 +51,17 @@ def context_length(config: Any) -> int | None:
     return int(value) if value else None
 
 
+def max_model_len(given: int | None, config: Any) -> int:
+    """``given`` (``--max-model-len``), else the model's own context (``context_length``);
+    ValueError when neither says."""
+    if given is not None:
+        return given
+    context = context_length(config)
+    if context is None:
+        raise ValueError("the model's config states no context length: give --max-model-len")
+    return context
+
+
 def is_hub_id(name: str) -> bool:
     """Whether ``name`` has the form of a hub model id, ``ORG/NAME``."""
     try:

@@ -83,13 +83,15 @@ def test_every_engine_knob_is_in_help_with_its_variable(command: str) -> None:
     for variable in ENGINE_VARIABLES:
         assert f"env {variable}" in text, variable
     assert "bfloat16 on CUDA, float32 on CPU" in text
+    assert "EPD_MAX_MODEL_LEN; default: the model's own context" in text
 
 
 def test_cpu_defaults_are_todays_settings() -> None:
     options = engine_options(parse(), "kv_producer", resolve_device("auto", no_cuda))
     assert options.device == "cpu" and options.dtype == "float32"
     assert options.enforce_eager is True and options.kv_cache_bytes == 256 * MiB
-    assert options.max_model_len == 4096 and options.tensor_parallel_size == 1
+    assert options.max_model_len is None, "the model's own, which the engine resolves"
+    assert options.tensor_parallel_size == 1
     assert options.max_num_seqs is None and options.max_num_batched_tokens is None
     assert options.kv_role == "kv_producer"
 
@@ -165,6 +167,9 @@ def test_variables_stand_in_for_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_transformers_engine_follows_the_device_too() -> None:
     cpu = transformers_options(parse("--engine", "transformers"), "cpu")
     assert (cpu.device, cpu.dtype, cpu.kv_cache_bytes) == ("cpu", "float32", 256 * MiB)
+    assert cpu.max_model_len is None
+    given = transformers_options(parse("--engine", "transformers", "--max-model-len", "512"), "cpu")
+    assert given.max_model_len == 512
     cuda = transformers_options(parse("--engine", "transformers"), "cuda:0")
     assert (cuda.device, cuda.dtype, cuda.kv_cache_bytes) == ("cuda:0", "bfloat16", 256 * MiB)
 
@@ -173,6 +178,7 @@ def test_the_transformers_engine_follows_the_device_too() -> None:
     "flags",
     [
         ["--kv-cache-mb", "0"],
+        ["--max-model-len", "0"],
         ["--max-num-seqs", "0"],
         ["--gpu-memory-utilization", "1.5"],
         ["--tensor-parallel-size", "0"],
@@ -211,6 +217,7 @@ def test_vllm_engine_args_carry_the_options(tmp_path: Path) -> None:
     assert (cpu.model, cpu.served_model_name, cpu.dtype) == (str(tmp_path), "tiny", "float32")
     assert cpu.enforce_eager is True and cpu.kv_cache_memory_bytes == 256 * MiB
     assert cpu.max_num_seqs is None and cpu.max_num_batched_tokens is None
+    assert cpu.max_model_len is None, "vLLM derives the model's own"
     assert cpu.kv_transfer_config.kv_buffer_device == "cpu"
     assert cpu.kv_transfer_config.kv_connector_module_path == "epd.server.engine.nixl_cpu"
     args = parse(

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.kv_budget import KvBudget
+from epd.server.engine.kv_budget import KvBudget, check_room, kv_capacity
 
 
 async def settle() -> None:
@@ -67,3 +67,22 @@ async def test_a_request_larger_than_the_cache_is_refused() -> None:
     assert caught.value.reason == "KV_CACHE_TOO_SMALL"
     with pytest.raises(ValueError):
         KvBudget(0)
+
+
+class TextConfig:
+    num_hidden_layers, num_key_value_heads, hidden_size, num_attention_heads = 2, 1, 128, 2
+
+    def get_text_config(self) -> TextConfig:
+        return self
+
+
+def test_capacity_counts_keys_and_values_of_every_layer() -> None:
+    # NOTE: 2 (key, value) x 2 layers x 1 head x 64 wide x 4 bytes = 1 KiB a token.
+    assert kv_capacity(TextConfig(), 256 << 20, 4) == 256 << 10
+    assert kv_capacity(TextConfig(), 100, 4) == 1, "at least one token"
+
+
+def test_a_cache_must_hold_one_request_of_the_longest_length() -> None:
+    check_room(4096, 4096)
+    with pytest.raises(ValueError, match="holds 4095 tokens.*at most 4095"):
+        check_room(4095, 4096)
