@@ -15,6 +15,7 @@ from aiohttp import web
 from epd.common.errors import EpdError
 from epd.common.http_tracing import tracing_middleware
 from epd.server.route import openai_schema as schema
+from epd.server.route.choices import generate_choices
 from epd.server.route.http_guard import (
     GuardedSite,
     HttpError,
@@ -121,17 +122,16 @@ class OpenAiHttp:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, include_usage)
-        texts, positions, finish, usage = [], [], 0, None
+        answers = [schema.Answer() for _ in range(max(chat.sampling.n, 1))]
         try:
-            async for piece in self.router.generate(chat, timeout_s=self.options.request_timeout_s):
-                texts.append(piece.text)
-                positions.extend(piece.logprobs)
-                finish, usage = piece.finish_reason or finish, piece.usage or usage
+            choices = generate_choices(self.router, chat, self.options.request_timeout_s)
+            async for choice in choices:
+                answers[choice.index].add(choice.chunk)
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
-        text, logprobs = "".join(texts), self._logprobs(chat, positions)
+        logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         return web.json_response(
-            schema.completion(chat.request_id, chat.model, text, finish, usage, logprobs),
+            schema.completion(chat.request_id, chat.model, answers, logprobs),
             headers={"X-Request-Id": chat.request_id},
         )
 
@@ -147,7 +147,7 @@ class OpenAiHttp:
     async def _stream(
         self, request: web.Request, chat: ChatRequest, include_usage: bool
     ) -> web.StreamResponse:
-        pieces = self.router.generate(chat, timeout_s=self.options.request_timeout_s)
+        pieces = generate_choices(self.router, chat, self.options.request_timeout_s)
         try:
             first = await anext(pieces)
         except StopAsyncIteration:
@@ -163,13 +163,14 @@ class OpenAiHttp:
         )
         await response.prepare(request)
         ident, model = chat.request_id, chat.model
-        await _send(
-            response, schema.chunk(ident, model, {"role": "assistant", "content": ""}, None)
-        )
-        usage = None
+        for index in range(max(chat.sampling.n, 1)):
+            role = {"role": "assistant", "content": ""}
+            await _send(response, schema.chunk(ident, model, role, None, index=index))
+        usages: dict[int, generation_pb2.Usage] = {}
         try:
-            piece = first
-            while piece is not None:
+            choice = first
+            while choice is not None:
+                piece = choice.chunk
                 await _send(
                     response,
                     schema.chunk(
@@ -178,11 +179,14 @@ class OpenAiHttp:
                         {"content": piece.text},
                         piece.finish_reason or None,
                         logprobs=self._logprobs(chat, piece.logprobs),
+                        index=choice.index,
                     ),
                 )
-                usage = piece.usage or usage
-                piece = await anext(pieces, None)
+                if piece.usage is not None:
+                    usages[choice.index] = piece.usage
+                choice = await anext(pieces, None)
             if include_usage:
+                usage = schema.total_usage(list(usages.values()))
                 await _send(response, schema.chunk(ident, model, {}, None, usage))
         except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
             await _send(response, schema.error_body(e)[1])

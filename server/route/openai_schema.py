@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from epd.common.errors import Code, EpdError
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
@@ -32,6 +33,9 @@ from epd.server.route.request import (
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
 from epd.server.route.sampling import sampling_to_proto
 from epd.v1 import generation_pb2
+
+if TYPE_CHECKING:
+    from epd.server.route.router import RouteChunk
 
 HTTP_STATUS = {
     Code.INVALID_ARGUMENT: 400,
@@ -79,6 +83,7 @@ IMPLEMENTED_FIELDS = frozenset(
         "parallel_tool_calls",
         "logprobs",
         "top_logprobs",
+        "n",
     }
 )
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -101,13 +106,28 @@ def _image(part: dict[str, Any], param: str) -> ChatPart:
     return ChatPart(image=ImageSource(url=clean(url, f"{param}.image_url.url")))
 
 
+def _video(part: dict[str, Any], param: str) -> ChatPart:
+    """vLLM's ``video_url`` part: ``{"type": "video_url", "video_url": {"url": ...}}`` (an
+    http(s) URL under the image fetch guard, or a ``data:video/...`` URL)."""
+    video = part.get("video_url")
+    url = video.get("url") if isinstance(video, dict) else video
+    if not isinstance(url, str):
+        raise bad("video_url parts need video_url.url", f"{param}.video_url")
+    return ChatPart(video=ImageSource(url=clean(url, f"{param}.video_url.url")))
+
+
 def _part(part: Any, param: str) -> ChatPart:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text":
         return ChatPart(text=_text(part.get("text"), f"{param}.text"))
     if kind == "image_url":
         return _image(part, param)
-    raise bad(f"unsupported content part type {str(kind)[:64]!r} (use text or image_url)", param)
+    if kind == "video_url":
+        return _video(part, param)
+    raise bad(
+        f"unsupported content part type {str(kind)[:64]!r} (use text, image_url or video_url)",
+        param,
+    )
 
 
 def _content(content: Any, param: str) -> list[ChatPart]:
@@ -235,30 +255,61 @@ def error_body(err: Exception) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": err.message, "type": kind, "param": param, "code": code}}
 
 
+@dataclass
+class Answer:
+    """One completion, gathered from its chunks."""
+
+    texts: list[str] = field(default_factory=list)
+    positions: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
+    finish: int = 0
+    usage: generation_pb2.Usage | None = None
+
+    def add(self, chunk: RouteChunk) -> None:
+        """Gather a chunk of this completion."""
+        self.texts.append(chunk.text)
+        self.positions.extend(chunk.logprobs)
+        self.finish = chunk.finish_reason or self.finish
+        self.usage = chunk.usage or self.usage
+
+
 def completion(
     request_id: str,
     model: str,
-    text: str,
-    finish: int,
-    usage: generation_pb2.Usage | None,
-    logprobs: dict[str, Any] | None = None,
+    answers: list[Answer],
+    logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed chat.completion object (``logprobs``: ``logprobs_json``'s, when asked)."""
-    message = {"role": "assistant", "content": text}
-    choice = {
-        "index": 0,
-        "finish_reason": finish_reason_name(finish) or "stop",
-        "message": message,
-        "logprobs": logprobs,
-    }
+    """A non-streamed chat.completion object, one choice per answer (``logprobs``: each one's
+    ``logprobs_json``, when asked)."""
+    choices = [
+        {
+            "index": index,
+            "finish_reason": finish_reason_name(answer.finish) or "stop",
+            "message": {"role": "assistant", "content": "".join(answer.texts)},
+            "logprobs": logprobs[index] if logprobs else None,
+        }
+        for index, answer in enumerate(answers)
+    ]
+    usages = [answer.usage for answer in answers if answer.usage is not None]
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
-        "usage": usage_json(usage),
+        "choices": choices,
+        "usage": usage_json(total_usage(usages)),
     }
+
+
+def total_usage(usages: list[generation_pb2.Usage]) -> generation_pb2.Usage | None:
+    """The usage of a request's completions together, as vLLM counts it: the prompt once, the
+    completions' tokens summed (None: none reported)."""
+    if not usages:
+        return None
+    return generation_pb2.Usage(
+        prompt_tokens=usages[0].prompt_tokens,
+        completion_tokens=sum(usage.completion_tokens for usage in usages),
+        cached_prompt_tokens=usages[0].cached_prompt_tokens,
+    )
 
 
 def chunk(
@@ -268,11 +319,12 @@ def chunk(
     finish: int | None,
     usage: generation_pb2.Usage | None = None,
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One chat.completion.chunk (an empty choices list with usage for the usage chunk;
-    ``logprobs``: ``logprobs_json``'s of the delta's tokens, when asked)."""
+    """One chat.completion.chunk of completion ``index`` (an empty choices list with usage for
+    the usage chunk; ``logprobs``: ``logprobs_json``'s of the delta's tokens, when asked)."""
     choice = {
-        "index": 0,
+        "index": index,
         "delta": delta,
         "finish_reason": finish_reason_name(finish or 0),
         "logprobs": logprobs,

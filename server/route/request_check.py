@@ -30,6 +30,7 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024
 MAX_LIST_ITEMS = 1024
 INT32_MAX = 2**31 - 1
+MAX_CHOICES = 128
 # Client-chosen request ids (the X-Request-Id header vLLM's clients and benchmarks send).
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -125,18 +126,21 @@ def _check_message(message: ChatMessage, param: str, limits: RequestLimits) -> t
     num_chars = num_images = 0
     for index, part in enumerate(message.parts):
         if part.image is not None:
-            _check_image(part.image, f"{param}.content[{index}].image")
+            _check_media(part.image, f"{param}.content[{index}].image")
             num_images += 1
+        elif part.video is not None:
+            _check_media(part.video, f"{param}.content[{index}].video")
         elif part.text is not None:
             num_chars += len(part.text)
         else:
-            raise bad("a content part needs text or an image", f"{param}.content[{index}]")
+            raise bad("a content part needs text, an image or a video", f"{param}.content[{index}]")
     return num_chars, num_images
 
 
-def _check_image(image: ImageSource, param: str) -> None:
-    if not (image.url or image.data):
-        raise bad("an image part needs a url or data", param, "BAD_MEDIA_ITEM")
+def _check_media(source: ImageSource, param: str) -> None:
+    if not (source.url or source.data):
+        kind = param.rsplit(".", 1)[-1]
+        raise bad(f"{kind} parts need a url or data", param, "BAD_MEDIA_ITEM")
 
 
 def _check_sampling(
@@ -167,3 +171,5 @@ def _check_sizes(sampling: generation_pb2.SamplingParams) -> None:
             raise bad(f"{name} holds at most {MAX_LIST_ITEMS} items", name)
     if sampling.top_k > INT32_MAX:
         raise bad(f"top_k must be at most {INT32_MAX}", "top_k")
+    if sampling.n > MAX_CHOICES:
+        raise bad(f"n must be at most {MAX_CHOICES}", "n")

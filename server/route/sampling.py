@@ -69,6 +69,7 @@ def sampling_to_proto(params: Any) -> generation_pb2.SamplingParams:
         "include_stop_str_in_output": params.include_stop_str_in_output,
         "structured_output": structured_output_to_proto(params.structured_outputs),
         "logprobs": params.logprobs,
+        "n": params.n,
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():

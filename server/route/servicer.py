@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from epd.common.status import handle_errors
+from epd.server.route.choices import generate_choices
 from epd.server.route.request import from_proto
 from epd.server.route.request_check import RequestLimits, check_request
 from epd.server.route.router import Router
@@ -32,13 +33,16 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.GenerateResponse]:
         chat = from_proto(request)
         check_request(chat, self.limits)
-        async for chunk in self.router.generate(chat, timeout_s=context.time_remaining()):
+        choices = generate_choices(self.router, chat, timeout_s=context.time_remaining())
+        async for choice in choices:
+            chunk = choice.chunk
             response = pb.GenerateResponse(
                 request_id=chat.request_id,
                 text=chunk.text,
                 token_ids=chunk.token_ids,
                 finish_reason=chunk.finish_reason,  # type: ignore[arg-type]
                 logprobs=chunk.logprobs,
+                index=choice.index,
             )
             if chunk.usage is not None:
                 response.usage.CopyFrom(chunk.usage)

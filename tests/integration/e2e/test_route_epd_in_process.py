@@ -282,6 +282,48 @@ async def test_openai_logprobs_stream_and_whole_equal_the_grpc_answer(deployment
     assert [p.candidates[0].logprob for p in positions] == pytest.approx([e.logprob for e in whole])
 
 
+async def test_n_completions_are_vllms_parallel_samples_over_both_doors(deployment) -> None:
+    """n choices, completion i sampled with seed + i (vLLM's parallel sampling), whole and
+    streamed over HTTP and tagged by index over gRPC; usage counts the prompt once."""
+    import openai
+
+    stub, _, route, _ = deployment
+    images = [picture(6, 64, 64)]
+    singles = []
+    for index in range(3):
+        request = chat_request(images, "go", max_tokens=6, temperature=1.0, seed=40 + index)
+        singles.append("".join([r.text async for r in stub.Generate(request)]))
+    assert len(set(singles)) > 1, "the seeds must give different answers for this to mean much"
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
+    fields = {"max_tokens": 6, "temperature": 1.0, "seed": 40, "n": 3}
+    messages = openai_messages(images, "go")
+    reply = await client.chat.completions.create(model="tiny", messages=messages, **fields)
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        **fields,
+    )
+    chunks = [c async for c in stream]
+    await client.close()
+    assert [c.message.content for c in sorted(reply.choices, key=lambda c: c.index)] == singles
+    assert reply.usage.completion_tokens == 18
+    streamed = ["", "", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == singles
+    assert chunks[-1].usage.completion_tokens == 18
+
+    request = chat_request(images, "go", max_tokens=6, temperature=1.0, seed=40, n=2)
+    tagged = ["", ""]
+    async for response in stub.Generate(request):
+        tagged[response.index] += response.text
+    assert tagged == singles[:2]
+
+
 async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> None:
     import openai
 

@@ -51,8 +51,8 @@ def test_finish_reasons_go_both_ways_through_one_map() -> None:
             name
         )
         assert schema.chunk("r", "tiny", {}, value)["choices"][0]["finish_reason"] == name
-        assert schema.completion("r", "tiny", "", value, None)["choices"][0]["finish_reason"] == (
-            name
-        )
+        assert schema.completion("r", "tiny", [schema.Answer(finish=value)])["choices"][0][
+            "finish_reason"
+        ] == (name)
     assert finish_reason_value(None) == generation_pb2.FINISH_REASON_UNSPECIFIED
     assert finish_reason_name(generation_pb2.FINISH_REASON_UNSPECIFIED) is None

@@ -31,7 +31,7 @@ def user(content: Any) -> dict[str, Any]:
 def test_the_x_request_id_header_names_the_request_and_the_completion() -> None:
     request = schema.to_chat_request(BODY, "tiny", "bench-7f3a-12")
     assert request.request_id == "bench-7f3a-12"
-    assert schema.completion(request.request_id, "tiny", "x", 0, None)["id"] == (
+    assert schema.completion(request.request_id, "tiny", [schema.Answer(["x"])])["id"] == (
         "chatcmpl-bench-7f3a-12"
     )
     assert schema.chunk(request.request_id, "tiny", {}, None)["id"] == "chatcmpl-bench-7f3a-12"
@@ -146,6 +146,27 @@ def test_logprobs_json_is_vllms_shape_with_the_generated_token_first() -> None:
     assert [t["token"] for t in entry["top_logprobs"]] == ["b", "<4>", "é"]
     assert entry["top_logprobs"][2] == {"token": "é", "logprob": -9999.0, "bytes": [195, 169]}
     assert schema.logprobs_json([position], 0, str)["content"][0]["top_logprobs"] == []
+
+
+def test_n_reaches_the_sampling_parameters_up_to_its_limit() -> None:
+    assert schema.to_chat_request({**BODY, "n": 3}, "tiny").sampling.n == 3
+    assert refusal({**BODY, "n": 129}).metadata["param"] == "n"
+    assert "n must be at least 1" in refusal({**BODY, "n": 0}).message
+
+
+def test_completions_gather_their_choices_and_count_the_prompt_once() -> None:
+    from epd.v1 import generation_pb2 as g
+
+    answers = [
+        schema.Answer(["a", "b"], finish=1, usage=g.Usage(prompt_tokens=9, completion_tokens=2)),
+        schema.Answer(["c"], finish=2, usage=g.Usage(prompt_tokens=9, completion_tokens=1)),
+    ]
+    body = schema.completion("r", "tiny", answers)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "ab", "stop"),
+        (1, "c", "length"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
 
 
 def test_token_lists_and_biases_reach_the_sampling_parameters() -> None:
@@ -264,7 +285,6 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("n", 2),
         ("prompt_logprobs", 1),
         ("echo", True),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
