@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from epd.common.errors import InvalidArgument
 from epd.common.roles import role_from_proto, role_to_proto
+from epd.scheduler.demand import EncoderDemand
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, RegisteredWorker, WorkerSpec
 from epd.v1 import scheduler_service_pb2 as pb
 
@@ -95,4 +96,19 @@ def status_to_proto(worker: RegisteredWorker, heartbeat_age_s: float) -> pb.Work
         state=state,
         heartbeat_age_ms=int(heartbeat_age_s * 1000),
         num_assigned_in_flight=worker.num_assigned_in_flight,
+    )
+
+
+def demand_to_proto(demand: EncoderDemand) -> pb.EncoderDemand:
+    """One kind's demand as sent by GetEncoderDemand (an unmeasured cost is 0)."""
+    return pb.EncoderDemand(
+        model=demand.model,
+        device=demand.device,
+        num_live=demand.num_live,
+        num_needed=demand.num_needed,
+        arrival_images_per_second=demand.arrival_rate,
+        load_encoders=demand.load,
+        image_cost_seconds=demand.item_s or 0.0,
+        backlog_seconds=demand.backlog_s,
+        cache_hit_ratio=demand.cache_hit_ratio,
     )

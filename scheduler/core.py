@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.flags import flag
 from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
+from epd.scheduler.demand import DemandTracker, EncoderDemand, KindState, device_kind
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
@@ -102,7 +103,26 @@ class SchedulerConfig:
         ),
     )
 
+    encode_wait_target_s: float = field(
+        default=0.25,
+        metadata=flag(
+            "the encode wait the autoscaling signal keeps under: epd_scheduler_encoders_needed "
+            "counts the encoders of each kind the arrivals need for it (docs/metrics.md)",
+            env="EPD_SCHEDULER_ENCODE_WAIT_TARGET_S",
+        ),
+    )
+    demand_smoothing_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "time constant of the arrival rate behind epd_scheduler_encoders_needed "
+            "(exponentially weighted)",
+            env="EPD_SCHEDULER_DEMAND_SMOOTHING_S",
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if not (self.encode_wait_target_s > 0 and self.demand_smoothing_s > 0):
+            raise ValueError("the encode wait target and the demand smoothing must be positive")
         if not self.ttl_s > 0:
             raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
         if not self.probe_after_s > 0:
@@ -139,6 +159,9 @@ class Scheduler:
         self._sampled_at: dict[str, float] = {}
         # items placed so far, by (policy, encoder id)
         self.num_assigned: Counter[tuple[Policy, str]] = Counter()
+        self._demand = DemandTracker(
+            self.config.demand_smoothing_s, self.config.encode_wait_target_s
+        )
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> RegisteredWorker:
@@ -242,6 +265,15 @@ class Scheduler:
             encoders = [w for w in self.registry.all() if w.spec.role is Role.ENCODE]
             return [self._view(worker) for worker in encoders]
 
+    def encoder_demand(self, model: str = "") -> list[EncoderDemand]:
+        """How many encoders of each kind (device type) the current arrivals need, per model
+        (``model``: that one only; "" every model), with what it is computed from
+        (``scheduler/demand.py``)."""
+        with self._lock:
+            now = self._clock()
+            demands = self._demand.demand(self._kind_states(now), now)
+            return [d for d in demands if not model or d.model == model]
+
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
         return self._policies[policy]
@@ -319,6 +351,19 @@ class Scheduler:
             is_stale=self._is_stale(worker.id),
         )
 
+    def _kind_states(self, now: float) -> dict[tuple[str, str], KindState]:
+        """The live encoders of each (model, kind): count, learned costs, seconds of backlog."""
+        grouped: dict[tuple[str, str], list[RegisteredWorker]] = {}
+        for worker in self.registry.live([Role.ENCODE], "", ()):
+            key = (worker.spec.model, device_kind(worker.spec.device))
+            grouped.setdefault(key, []).append(worker)
+        states = {}
+        for key, workers in grouped.items():
+            costs = [self._service.get(w.id) for w in workers]
+            backlog = sum(max(0.0, self._busy_until.get(w.id, now) - now) for w in workers)
+            states[key] = KindState(len(workers), tuple(c for c in costs if c), backlog)
+        return states
+
     def _is_stale(self, worker_id: str) -> bool:
         now: float = self._clock()
         return now - self._sampled_at.get(worker_id, now) > self.config.probe_after_s
@@ -364,9 +409,13 @@ class Scheduler:
             self._units_per_item.setdefault(worker_id, Ewma()).add(
                 self._adaptive.units(items[index])
             )
+        now = self._clock()
         for group in groups.values():
+            spec = group.worker.spec
             group.worker.num_assigned_in_flight += len(group.item_indices)
-            self.num_assigned[policy, group.worker.id] += len(group.item_indices)
+            self.num_assigned[policy, spec.id] += len(group.item_indices)
+            units = sum(self._adaptive.units(items[i]) for i in group.item_indices)
+            self._demand.arrived(spec.model, spec.device, units, now)
         assignment_id = uuid.uuid4().hex
         self._pending[assignment_id] = _Pending(
             list(groups.values()),
@@ -403,7 +452,10 @@ class Scheduler:
                 sum(pending.units[o.item_index] for o in computed),
                 group.backlog_at_assign,
             )
+        now = self._clock()
         for outcome in done:
+            units = pending.units[outcome.item_index]
+            self._demand.done(worker.spec.model, worker.spec.device, units, outcome.cache_hit, now)
             if mm_hash := pending.mm_hashes[outcome.item_index]:
                 self._remember_home(mm_hash, worker.id)
         self.registry.finish_drain(worker)

@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from epd.common.metrics import ScrapeCollector, counter, labelled_counter, labelled_gauge
+from epd.common.metrics import (
+    ScrapeCollector,
+    counter,
+    gauge,
+    labelled_counter,
+    labelled_gauge,
+)
 from epd.common.roles import Role
 from epd.scheduler.core import Scheduler
 
@@ -52,6 +58,7 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
         ["policy", "encoder"],
         {(policy.value, encoder): n for (policy, encoder), n in scheduler.num_assigned.items()},
     )
+    yield from _demand_families(scheduler)
     views = scheduler.encoder_views()
     yield labelled_gauge(
         "epd_scheduler_encoder_service_seconds",
@@ -71,4 +78,47 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
         "Expected seconds until each encoder finishes the work assigned to it (adaptive)",
         ["encoder"],
         {(v.id,): (v.backlog_ms or 0.0) / 1000 for v in views},
+    )
+
+
+def _demand_families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily]:
+    """The autoscaling signal (``scheduler/demand.py``), by model and device kind."""
+    demands = scheduler.encoder_demand()
+    labels = ["model", "device"]
+    yield labelled_gauge(
+        "epd_scheduler_encoders_needed",
+        "Encoders of each kind the current arrivals need to keep the encode wait under "
+        "--encode-wait-target-s (the autoscaling signal)",
+        labels,
+        {(d.model, d.device): d.num_needed for d in demands},
+    )
+    yield labelled_gauge(
+        "epd_scheduler_encoders_live",
+        "Live encoders of each kind (registered, not draining)",
+        labels,
+        {(d.model, d.device): d.num_live for d in demands},
+    )
+    yield labelled_gauge(
+        "epd_scheduler_encode_arrivals_images_per_second",
+        "Mean-sized images per second assigned to each kind and not answered from a cache, "
+        "exponentially weighted over --demand-smoothing-s",
+        labels,
+        {(d.model, d.device): d.arrival_rate for d in demands},
+    )
+    yield labelled_gauge(
+        "epd_scheduler_encode_load_encoders",
+        "Offered load: encoders of each kind kept busy on average (arrivals x learned cost)",
+        labels,
+        {(d.model, d.device): d.load for d in demands},
+    )
+    yield labelled_gauge(
+        "epd_scheduler_encode_image_cost_seconds",
+        "Learned encoder-seconds of one mean-sized image on each kind (absent until measured)",
+        labels,
+        {(d.model, d.device): d.item_s for d in demands if d.item_s is not None},
+    )
+    yield gauge(
+        "epd_scheduler_encode_wait_target_seconds",
+        "The encode wait epd_scheduler_encoders_needed keeps under (--encode-wait-target-s)",
+        scheduler.config.encode_wait_target_s,
     )

@@ -112,6 +112,16 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         age = self.scheduler.registry.heartbeat_age
         return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])
 
+    @handle_errors
+    async def GetEncoderDemand(
+        self, request: pb.GetEncoderDemandRequest, context: Context
+    ) -> pb.GetEncoderDemandResponse:
+        demands = self.scheduler.encoder_demand(request.model)
+        return pb.GetEncoderDemandResponse(
+            demands=[convert.demand_to_proto(d) for d in demands],
+            wait_target_seconds=self.scheduler.config.encode_wait_target_s,
+        )
+
     def _assign_encoders(
         self,
         items: Sequence[pb.EncodeItem],

@@ -279,3 +279,39 @@ class ListWorkersResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+
+class GetEncoderDemandRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class EncoderDemand(_message.Message):
+    __slots__ = ("model", "device", "num_live", "num_needed", "arrival_images_per_second", "load_encoders", "image_cost_seconds", "backlog_seconds", "cache_hit_ratio")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LIVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_IMAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_COST_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: str
+    num_live: int
+    num_needed: int
+    arrival_images_per_second: float
+    load_encoders: float
+    image_cost_seconds: float
+    backlog_seconds: float
+    cache_hit_ratio: float
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., num_live: _Optional[int] = ..., num_needed: _Optional[int] = ..., arrival_images_per_second: _Optional[float] = ..., load_encoders: _Optional[float] = ..., image_cost_seconds: _Optional[float] = ..., backlog_seconds: _Optional[float] = ..., cache_hit_ratio: _Optional[float] = ...) -> None: ...
+
+class GetEncoderDemandResponse(_message.Message):
+    __slots__ = ("demands", "wait_target_seconds")
+    DEMANDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TARGET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    demands: _containers.RepeatedCompositeFieldContainer[EncoderDemand]
+    wait_target_seconds: float
+    def __init__(self, demands: _Optional[_Iterable[_Union[EncoderDemand, _Mapping]]] = ..., wait_target_seconds: _Optional[float] = ...) -> None: ...

@@ -84,6 +84,11 @@ class SchedulerServiceStub:
                 request_serializer=epd_dot_v1_dot_scheduler__service__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_scheduler__service__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.GetEncoderDemand = channel.unary_unary(
+                '/epd.v1.SchedulerService/GetEncoderDemand',
+                request_serializer=epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandRequest.SerializeToString,
+                response_deserializer=epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -170,6 +175,16 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEncoderDemand(self, request, context):
+        """GetEncoderDemand says how many encoders of each kind (device type) the current arrivals
+        need to keep the encode wait under the scheduler's target, from the encoders' learned costs
+        (the autoscaling signal, also exported as the gauge epd_scheduler_encoders_needed). `epd up
+        --encoders MIN:MAX` polls it. Reads only; idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +232,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=epd_dot_v1_dot_scheduler__service__pb2.ListWorkersRequest.FromString,
                     response_serializer=epd_dot_v1_dot_scheduler__service__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'GetEncoderDemand': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEncoderDemand,
+                    request_deserializer=epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandRequest.FromString,
+                    response_serializer=epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -467,6 +487,33 @@ class SchedulerService:
             '/epd.v1.SchedulerService/ListWorkers',
             epd_dot_v1_dot_scheduler__service__pb2.ListWorkersRequest.SerializeToString,
             epd_dot_v1_dot_scheduler__service__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEncoderDemand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epd.v1.SchedulerService/GetEncoderDemand',
+            epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandRequest.SerializeToString,
+            epd_dot_v1_dot_scheduler__service__pb2.GetEncoderDemandResponse.FromString,
             options,
             channel_credentials,
             insecure,

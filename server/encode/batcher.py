@@ -23,6 +23,8 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 # Called after each batch that succeeded with its number of items and its duration in seconds.
 BatchObserver = Callable[[int, float], None]
+# The size of one item (an image's vision tokens), for the queue's counters.
+Weigh = Callable[[Item], int]
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class BatchStats:
     num_failed_batches: int = 0
     item_latency_ms: float = 0.0  # the latest batch's, from its start to its results, per item
     item_run_ms: float = 0.0  # the latest batch's ``run`` alone (no thread hand-off), per item
+    batch_weight: int = 0  # the latest batch's items' summed ``weigh`` (its vision tokens)
 
 
 class DynamicBatcher(Generic[Item, Result]):
@@ -66,6 +69,10 @@ class DynamicBatcher(Generic[Item, Result]):
         self.stats = BatchStats()
         self.num_running = 0
         self.on_batch = on_batch
+        # NOTE: what ``weigh`` (None: nothing) says of the items waiting and of the batch running.
+        self.weigh: Weigh[Item] | None = None
+        self.queued_weight = 0
+        self.running_weight = 0
 
     @property
     def queue_depth(self) -> int:
@@ -83,6 +90,7 @@ class DynamicBatcher(Generic[Item, Result]):
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
         future: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
+        self.queued_weight += self._weight(item)
         await self._queue.put((item, future))
         return await future
 
@@ -94,6 +102,7 @@ class DynamicBatcher(Generic[Item, Result]):
         while not self._queue.empty():
             _, future = self._queue.get_nowait()
             future.cancel()
+        self.queued_weight = 0
 
     async def _work(self) -> None:
         while True:
@@ -111,9 +120,13 @@ class DynamicBatcher(Generic[Item, Result]):
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))
                 except TimeoutError:
                     break
+            self.queued_weight -= sum(self._weight(item) for item, _ in batch)
             live = [(item, future) for item, future in batch if not future.cancelled()]
             if live:
                 await self._run_batch(live)
+
+    def _weight(self, item: Item) -> int:
+        return 0 if self.weigh is None else self.weigh(item)
 
     def _expected_s(self, num_items: int) -> float:
         """Expected duration of a batch of ``num_items``; infinite before the first batch."""
@@ -127,8 +140,9 @@ class DynamicBatcher(Generic[Item, Result]):
     ) -> None:
         start = time.monotonic()
         self.num_running = len(batch)
+        items = [item for item, _ in batch]
+        self.running_weight = sum(map(self._weight, items))
         try:
-            items = [item for item, _ in batch]
             if self._expected_s(len(items)) < self.inline_below_s:
                 self.num_inline_batches += 1
                 results, run_s = self._timed_run(items)
@@ -147,11 +161,13 @@ class DynamicBatcher(Generic[Item, Result]):
             return
         finally:
             self.num_running = 0
+            batch_weight, self.running_weight = self.running_weight, 0
         elapsed_ms = (time.monotonic() - start) * 1000
         self.stats.num_batches += 1
         self.stats.num_items += len(batch)
         self.stats.item_latency_ms = elapsed_ms / len(batch)
         self.stats.item_run_ms = run_s * 1000 / len(batch)
+        self.stats.batch_weight = batch_weight
         if self.on_batch is not None:
             self.on_batch(len(batch), elapsed_ms / 1000)
         for (_, future), result in zip(batch, results, strict=True):

@@ -1,12 +1,17 @@
-"""Prometheus metrics of an encoder: its queue, batches, embedding cache and store.
+"""Prometheus metrics of an encoder: its queue, batches, load, embedding cache and store.
 
-Batch sizes and durations are observed as each batch ends (the batcher's ``on_batch``); the
-queue, the cache and the counters the batcher and cache already keep are read at every scrape.
+Batch sizes and durations are observed as each batch ends (the batcher's ``on_batch``), and with
+them the encoder's load: its busy fraction (tower seconds per second over ``BUSY_WINDOW_S``) and
+its cost per image and per vision token (exponentially weighted over batches). The queue (in
+images and in vision tokens, the batcher weighing each image by the model's token count), the
+cache and the counters the batcher and cache already keep are read at every scrape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,12 +24,49 @@ from epd.common.metrics import (
     gauge,
     labelled_counter,
 )
+from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodeWorker
+from epd.server.media.grid import ImageGridder
 from epd.server.store.base import EmbeddingStore, Lookup, Publish
+
+# The busy fraction is the tower's seconds in batches that ended this long ago at most.
+BUSY_WINDOW_S = 10.0
+# Weight of the latest batch in the per-image and per-token costs.
+COST_ALPHA = 0.3
+
+
+class BusyMeter:
+    """Seconds spent per second over the last ``window_s``, from the durations of the batches
+    that ended within it, and in all."""
+
+    def __init__(
+        self, window_s: float = BUSY_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ):
+        self.window_s = window_s
+        self.total_s = 0.0
+        self._clock = clock
+        self._recent: deque[tuple[float, float]] = deque()
+
+    def add(self, seconds: float) -> None:
+        """A batch of ``seconds`` ended now."""
+        self.total_s += seconds
+        self._recent.append((self._clock(), seconds))
+
+    def ratio(self) -> float:
+        """The busy fraction now, in [0, 1]."""
+        horizon = self._clock() - self.window_s
+        while self._recent and self._recent[0][0] < horizon:
+            self._recent.popleft()
+        return min(1.0, sum(seconds for _, seconds in self._recent) / self.window_s)
+
+
+def _smoothed(previous: float | None, sample: float) -> float:
+    return sample if previous is None else COST_ALPHA * sample + (1 - COST_ALPHA) * previous
 
 
 class EncodeMetrics:
-    """The encoder's metrics in ``registry``; ``observe_batch`` is the batcher's observer."""
+    """The encoder's metrics in ``registry``; ``observe_batch`` is the batcher's observer, and
+    the batcher weighs each image by its vision tokens (``worker.gridder``'s count)."""
 
     def __init__(self, worker: EncodeWorker, registry: CollectorRegistry) -> None:
         self.batch_size = Histogram(
@@ -40,17 +82,57 @@ class EncodeMetrics:
             registry=registry,
         )
         self._worker = worker
+        self.busy = BusyMeter()
+        self.image_cost_s: float | None = None
+        self.token_cost_s: float | None = None
         registry.register(ScrapeCollector(self._families))
         worker.batcher.on_batch = self.observe_batch
+        if worker.gridder is not None:
+            worker.batcher.weigh = _token_counter(worker.gridder)
 
     def observe_batch(self, num_items: int, seconds: float) -> None:
         """Record one batch that succeeded."""
         self.batch_size.observe(num_items)
         self.batch_seconds.observe(seconds)
+        self.busy.add(seconds)
+        self.image_cost_s = _smoothed(self.image_cost_s, seconds / num_items)
+        if num_tokens := self._worker.batcher.stats.batch_weight:
+            self.token_cost_s = _smoothed(self.token_cost_s, seconds / num_tokens)
+
+    def _load_families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        batcher = self._worker.batcher
+        if self._worker.gridder is not None:
+            yield gauge(
+                "epd_encode_queue_image_tokens",
+                "Vision tokens of the images waiting for a batch",
+                batcher.queued_weight,
+            )
+        yield gauge(
+            "epd_encode_busy_ratio",
+            f"Vision-tower seconds per second over the last {BUSY_WINDOW_S:g} s (batches that "
+            "ended in it): 1 is an encoder that never rests",
+            self.busy.ratio(),
+        )
+        yield counter(
+            "epd_encode_tower_seconds", "Seconds the vision tower ran batches", self.busy.total_s
+        )
+        if self.image_cost_s is not None:
+            yield gauge(
+                "epd_encode_image_cost_seconds",
+                "Tower seconds per image, exponentially weighted over the latest batches",
+                self.image_cost_s,
+            )
+        if self.token_cost_s is not None:
+            yield gauge(
+                "epd_encode_image_token_cost_seconds",
+                "Tower seconds per vision token, exponentially weighted over the latest batches",
+                self.token_cost_s,
+            )
 
     def _families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         batcher, cache = self._worker.batcher, self._worker.cache
         yield gauge("epd_encode_queue_depth", "Images waiting for a batch", batcher.queue_depth)
+        yield from self._load_families()
         yield gauge(
             "epd_encode_batch_running_images",
             "Images in the batch running now",
@@ -104,3 +186,13 @@ def _store_families(store: EmbeddingStore) -> Iterator[GaugeMetricFamily | Count
     yield gauge(
         "epd_encode_store_publish_queue", "Images waiting to be published", store.num_queued
     )
+
+
+def _token_counter(gridder: ImageGridder) -> Callable[[Prepared], int]:
+    """An image's vision tokens, from the grid it was prepared with."""
+
+    def num_tokens(prepared: Prepared) -> int:
+        t, h, w = (int(n) for n in prepared.grid.reshape(-1)[:3].tolist())
+        return gridder.num_tokens((t, h, w))
+
+    return num_tokens
