@@ -1,10 +1,13 @@
-"""Streaming detokenization: token ids in, text deltas out, in time linear in the output."""
+"""Streaming detokenization: token ids in, text deltas out, in time linear in the output, with
+stop strings applied as vLLM's output processor applies them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
+from vllm.v1.engine.detokenizer import check_stop_strings
 
 
 class Detokenizer:
@@ -27,3 +30,60 @@ class Detokenizer:
         """The new text after appending ``token_ids`` ('' while a character is incomplete)."""
         parts = [self._stream.step(self._backend, token_id) for token_id in token_ids]
         return "".join(part for part in parts if part)
+
+
+class StoppedText:
+    """The text of one completion as vLLM writes it (``vllm.v1.engine.detokenizer``): cut before
+    the stop string the engine stopped at (after it with ``include_stop``); without the text of
+    the stop token or EOS that ended it (unless ``include_stop``); and, while it streams, the last
+    characters a stop string could still begin with held back. The engine has already stopped
+    where vLLM stops: this only finds where, from the same tokens."""
+
+    def __init__(
+        self, tokenizer: Any, stop: Sequence[str], include_stop: bool, min_tokens: int = 0
+    ) -> None:
+        self._detokenizer = Detokenizer(tokenizer)
+        self._stop = list(stop)
+        self._include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._num_held = max(map(len, self._stop)) - 1 if self._stop and not include_stop else 0
+        self._text = ""
+        self._num_sent = 0
+        self._num_tokens = 0
+        self._checked_from = 0
+
+    def add(self, token_ids: list[int], is_stopped: bool = False) -> str:
+        """The text to send after ``token_ids``; ``is_stopped``: they end the completion with a
+        stop (a stop string, a stop token id or EOS)."""
+        if not is_stopped:
+            self._append(token_ids)
+            return self._flush(len(self._text) - self._num_held)
+        self._append(token_ids[:-1])
+        before_last = len(self._text)
+        self._append(token_ids[-1:])
+        end = self._stop_end()
+        if end is None and not self._include_stop:
+            end = before_last  # NOTE: a stop token id or EOS: its own text is not the answer's
+        return self._flush(len(self._text) if end is None else end)
+
+    def _append(self, token_ids: list[int]) -> None:
+        for token_id in token_ids:
+            self._text += self._detokenizer.add([token_id])
+            self._num_tokens += 1
+            if self._num_tokens == self._min_tokens:
+                self._checked_from = len(self._text)
+
+    def _stop_end(self) -> int | None:
+        """Where the text ends at the stop string it holds past ``min_tokens``, or None."""
+        new_chars = len(self._text) - self._checked_from
+        found = check_stop_strings(self._text, new_chars, self._stop, self._include_stop)
+        if found is None:
+            return None
+        stop, truncate_to = found
+        return len(self._text) if truncate_to == -1 else truncate_to
+
+    def _flush(self, end: int) -> str:
+        if end <= self._num_sent:
+            return ""
+        delta, self._num_sent = self._text[self._num_sent : end], end
+        return delta

@@ -35,7 +35,7 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.route.deadline import Deadline
-from epd.server.route.detokenize import Detokenizer
+from epd.server.route.detokenize import StoppedText
 from epd.server.route.encoding import EncodeStage, encode_all, encode_items, release_all
 from epd.server.route.hops import (
     EngineCall,
@@ -181,7 +181,9 @@ class Router:
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
             self._share_pixels(images, stage.pixel_leases)
-            async for chunk in self._chunks(self._engine_pieces(call, stage, images)):
+            async for chunk in self._chunks(
+                self._engine_pieces(call, stage, images), call.sampling
+            ):
                 yield chunk
         finally:
             self._refresh_roles()
@@ -190,14 +192,22 @@ class Router:
                 self.metrics.encode_retries.inc(stage.num_retried)
             await asyncio.shield(release_all(self.peers, stage))
 
-    async def _chunks(self, pieces: AsyncGenerator[Piece, None]) -> AsyncIterator[RouteChunk]:
-        """The engine's pieces as text deltas; the view of the roles is refreshed once the first
-        is out (off the request's path)."""
-        detokenizer = Detokenizer(self.prompts.tokenizer)
+    async def _chunks(
+        self, pieces: AsyncGenerator[Piece, None], sampling: generation_pb2.SamplingParams
+    ) -> AsyncIterator[RouteChunk]:
+        """The engine's pieces as text deltas, stop strings applied as vLLM applies them; the
+        view of the roles is refreshed once the first is out (off the request's path)."""
+        text_of = StoppedText(
+            self.prompts.tokenizer,
+            sampling.stop,
+            sampling.include_stop_str_in_output,
+            sampling.min_tokens,
+        )
         is_first = True
         async with aclosing(pieces):
             async for piece in pieces:
-                text = detokenizer.add(piece.token_ids)
+                is_stopped = piece.finish_reason == generation_pb2.FINISH_REASON_STOP
+                text = text_of.add(piece.token_ids, is_stopped)
                 yield RouteChunk(
                     text, piece.token_ids, piece.finish_reason, piece.usage, piece.logprobs
                 )

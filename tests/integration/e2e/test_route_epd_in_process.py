@@ -324,6 +324,36 @@ async def test_n_completions_are_vllms_parallel_samples_over_both_doors(deployme
     assert tagged == singles[:2]
 
 
+async def test_a_stop_string_ends_the_text_as_vllm_ends_it(deployment) -> None:
+    """vLLM cuts the text before the stop string (after it with include_stop_str_in_output),
+    wherever the string falls inside a token."""
+    import openai
+
+    stub, _, route, _ = deployment
+    images = [picture(7, 64, 64)]
+    request = chat_request(images, "stop", max_tokens=16, ignore_eos=True)
+    text = "".join([r.text async for r in stub.Generate(request)])
+    stop = text[5:8]
+    assert len(stop) == 3 and stop.strip(), text
+    cut = text.index(stop)
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{route.http.port}/v1", api_key="-")
+    fields = {"max_tokens": 16, "temperature": 0, "stop": [stop]}
+    messages = openai_messages(images, "stop")
+    reply = await client.chat.completions.create(model="tiny", messages=messages, **fields)
+    kept = await client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        extra_body={"include_stop_str_in_output": True, "ignore_eos": True},
+        **fields,
+    )
+    await client.close()
+    assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == (
+        text[:cut],
+        "stop",
+    )
+    assert kept.choices[0].message.content == text[: cut + len(stop)]
+
+
 async def test_openai_bad_requests_get_400_with_an_error_body(deployment) -> None:
     import openai
 

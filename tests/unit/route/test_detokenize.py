@@ -95,3 +95,54 @@ def test_an_incomplete_character_is_held_back_until_its_last_byte() -> None:
 def test_a_tokenizer_without_a_tokenizers_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="no tokenizers backend"):
         Detokenizer(object())
+
+
+def stopped_text(tokenizer, token_ids, stop, include=False, min_tokens=0, chunk=1):
+    """(deltas, whole) of ``token_ids`` fed ``chunk`` at a time, the last chunk ending in a stop."""
+    from epd.server.route.detokenize import StoppedText
+
+    text = StoppedText(tokenizer, stop, include, min_tokens)
+    chunks = [token_ids[i : i + chunk] for i in range(0, len(token_ids), chunk)]
+    deltas = [text.add(part, is_stopped=i == len(chunks) - 1) for i, part in enumerate(chunks)]
+    return deltas, "".join(deltas)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_the_text_ends_before_a_stop_string_inside_a_token(qwen_tokenizer, chunk: int) -> None:
+    whole = "the quick brown fox"
+    ids = qwen_tokenizer.encode(whole + " jumps")
+    end = next(n for n in range(1, len(ids) + 1) if "own f" in qwen_tokenizer.decode(ids[:n]))
+    deltas, text = stopped_text(qwen_tokenizer, ids[:end], ["own f"], chunk=chunk)
+    assert text == "the quick br"
+    _, kept = stopped_text(qwen_tokenizer, ids[:end], ["own f"], include=True, chunk=chunk)
+    assert kept.startswith("the quick brown f")
+
+
+def test_characters_a_stop_string_may_begin_with_are_held_back_while_streaming(
+    qwen_tokenizer,
+) -> None:
+    from epd.server.route.detokenize import StoppedText
+
+    ids = qwen_tokenizer.encode("abcdef")
+    text = StoppedText(qwen_tokenizer, ["xyz", "zz"], include_stop=False)
+    streamed = "".join(text.add([token]) for token in ids)
+    assert streamed == "abcdef"[:-2] and text.add([], is_stopped=False) == ""
+
+
+def test_a_stop_token_leaves_its_text_out_unless_asked_to_keep_it(qwen_tokenizer) -> None:
+    ids = qwen_tokenizer.encode("one two three")
+    *head, last = ids
+    _, text = stopped_text(qwen_tokenizer, ids, [])
+    assert text == qwen_tokenizer.decode(head)
+    _, kept = stopped_text(qwen_tokenizer, ids, [], include=True)
+    assert kept == "one two three" and qwen_tokenizer.decode([last])
+
+
+def test_a_stop_string_within_min_tokens_does_not_count(qwen_tokenizer) -> None:
+    """The engine stops at the first "ab" past min_tokens: the second (tokens a b ' a' b)."""
+    ids = qwen_tokenizer.encode("ab ab ab")[:4]
+    assert qwen_tokenizer.decode(ids) == "ab ab"
+    _, text = stopped_text(qwen_tokenizer, ids, ["ab"], min_tokens=2)
+    assert text == "ab "
+    _, text = stopped_text(qwen_tokenizer, ids[:2], ["ab"])
+    assert text == ""
