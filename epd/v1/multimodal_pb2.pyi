@@ -1,22 +1,37 @@
 from epd.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MediaItem(_message.Message):
-    __slots__ = ("mm_hash", "url", "data", "pixels")
+    __slots__ = ("mm_hash", "url", "data", "pixels", "video")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PIXELS_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     url: str
     data: bytes
     pixels: _tensor_pb2.TensorRef
-    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ...) -> None: ...
+    video: VideoSpan
+    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., video: _Optional[_Union[VideoSpan, _Mapping]] = ...) -> None: ...
+
+class VideoSpan(_message.Message):
+    __slots__ = ("first_frame", "num_frames", "resized_height", "resized_width")
+    FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    RESIZED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RESIZED_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    first_frame: int
+    num_frames: int
+    resized_height: int
+    resized_width: int
+    def __init__(self, first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., resized_height: _Optional[int] = ..., resized_width: _Optional[int] = ...) -> None: ...
 
 class ImageGrid(_message.Message):
     __slots__ = ("t", "h", "w")
@@ -39,3 +54,17 @@ class ImageInput(_message.Message):
     embeddings: _tensor_pb2.TensorRef
     media: MediaItem
     def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., embeddings: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ...) -> None: ...
+
+class VideoInput(_message.Message):
+    __slots__ = ("mm_hash", "grid", "chunks", "chunk_hashes", "seconds_per_temporal_patch")
+    MM_HASH_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_TEMPORAL_PATCH_FIELD_NUMBER: _ClassVar[int]
+    mm_hash: str
+    grid: ImageGrid
+    chunks: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorRef]
+    chunk_hashes: _containers.RepeatedScalarFieldContainer[str]
+    seconds_per_temporal_patch: float
+    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[_tensor_pb2.TensorRef, _Mapping]]] = ..., chunk_hashes: _Optional[_Iterable[str]] = ..., seconds_per_temporal_patch: _Optional[float] = ...) -> None: ...

@@ -29,6 +29,8 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_planner import VideoPlanner
 from epd.server.store.base import EMBEDDING_STORES, MOONCAKE, NONE, EmbeddingStore, NoStore
 from epd.server.store.mooncake import MooncakeSettings, MooncakeStore
 from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S
@@ -388,6 +390,10 @@ def build_encode_worker(
         gridder=ImageGridder(config.model_dir),
         pool=pool,
         store=embedding_store(config, store_host),
+        prepare_video=encoder.prepare_video,
+        videos=VideoLoader(
+            VideoPlanner(config.model_dir, model_id), config.media, executor=pool, cache_items=4
+        ),
     )
 
 

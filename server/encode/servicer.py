@@ -9,6 +9,7 @@ import grpc
 from opentelemetry import trace
 
 from epd.common.status import handle_errors
+from epd.server.encode.video_items import VideoSpan
 from epd.server.encode.worker import EncodeWorker, MediaSource
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
@@ -33,7 +34,11 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
         span.set_attribute("epd.items", len(request.items))
         sources = [
             MediaSource(
-                item.mm_hash, item.url, item.data, item.pixels if item.HasField("pixels") else None
+                item.mm_hash,
+                item.url,
+                item.data,
+                item.pixels if item.HasField("pixels") else None,
+                VideoSpan.from_proto(item.video) if item.HasField("video") else None,
             )
             for item in request.items
         ]

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
+from epd.common.errors import InvalidArgument
 from epd.server.encode.fast_tower import use_attention, use_patch_embedding
 from epd.server.engine.device import CUDA, XPU, resolve_device
+from epd.server.media.video_planner import video_processor
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +130,7 @@ class VisionEncoder:
         self.family = family
         self.processor: Any = AutoImageProcessor.from_pretrained(self.model_dir)
         self.preprocess_device = _preprocess_device(self.processor, self.device, preprocess_device)
+        self.video_processor: Any = video_processor(self.model_dir)
         self.config = config
         self.merge_size = family.merge_size(config)
         self.hidden_size = int(vision_config.hidden_size)
@@ -154,6 +157,19 @@ class VisionEncoder:
         ``preprocess_device``; thread-safe, so images are prepared in parallel, apart from the
         tower."""
         pixel_values, grid = self.preprocess([pixels.permute(2, 0, 1)])
+        return Prepared(pixel_values, grid)
+
+    def prepare_video(self, frames: torch.Tensor, resized: tuple[int, int]) -> Prepared:
+        """The pixel inputs of a run of a video's kept frames (uint8 [n, height, width, 3], cut
+        at temporal-patch boundaries) resized to ``resized`` (height, width), made by the
+        model's video processor (``ModelFamily.video_pixel_inputs``); thread-safe like
+        ``prepare``. The tower takes them as it takes an image's: a grid of t > 1."""
+        if self.video_processor is None:
+            refusal = self.family.refuse_video()
+            raise InvalidArgument(str(refusal), reason=refusal.reason)
+        pixel_values, grid = self.family.video_pixel_inputs(
+            self.video_processor, frames, resized, self.preprocess_device
+        )
         return Prepared(pixel_values, grid)
 
     @torch.inference_mode()

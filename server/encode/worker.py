@@ -36,21 +36,26 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from epd.common.errors import EpdError, InvalidArgument, Unavailable
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
+from epd.server.encode.video_items import VideoSpan, check_frames, frames_from_source
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import check_pixels
+from epd.server.media.video_loader import VideoLoader
 from epd.server.store.base import EmbeddingStore, NoStore
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
 MAX_ITEMS_PER_REQUEST = 64
+# (frames uint8 [n, height, width, 3], resized (height, width)) -> pixel inputs for the tower
+PrepareVideo = Callable[[torch.Tensor, tuple[int, int]], Prepared]
 logger = logging.getLogger(__name__)
 
 
@@ -62,6 +67,8 @@ class MediaSource:
     url: str = ""
     data: bytes = b""
     pixels: tensor_pb2.TensorRef | None = None
+    # set for a chunk of a video: its frames among the kept ones (mm_hash: the chunk's hash)
+    video: VideoSpan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +86,20 @@ class EncodedItem:
 
 @dataclass(frozen=True, slots=True)
 class _Pixels:
-    """An image's pixels shared by the route, tagged with their mm_hash."""
+    """An image's pixels, or a video chunk's frames, shared by the route, tagged with their
+    mm_hash."""
 
     ref: tensor_pb2.TensorRef
     mm_hash: str
+    video: VideoSpan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    """A video chunk's frames, loaded here from the video's source."""
+
+    frames: np.ndarray
+    video: VideoSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +133,19 @@ class EncodeWorker:
         gridder: ImageGridder | None = None,
         pool: Executor | None = None,
         store: EmbeddingStore | None = None,
+        prepare_video: PrepareVideo | None = None,
+        videos: VideoLoader | None = None,
     ) -> None:
         """``batcher`` runs the tower on prepared images, ``prepare`` (thread-safe) makes an
         image's RGB pixels ready for it, in ``pool`` (None: asyncio's default executor; the
         loader should decode there too). ``gridder`` (the model's processor rules) refuses
         images the processor cannot take before they reach a batch; without it such an image
-        fails in the tower. ``store``: the deployment's embedding store (None: none)."""
+        fails in the tower. ``store``: the deployment's embedding store (None: none).
+        ``prepare_video`` (thread-safe) makes a video chunk's frames ready for the tower,
+        ``videos`` loads a video from its source where the route's frames cannot be read (None:
+        video items are refused, VIDEO_NOT_SUPPORTED)."""
+        self.prepare_video = prepare_video
+        self.videos = videos
         self.batcher = batcher
         self.prepare = prepare
         self.pool = pool
@@ -248,6 +272,8 @@ class EncodeWorker:
             return stored
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
+        if item.video is not None:
+            return await self._compute_video(item, item.video)
         if item.pixels is not None and is_mm_hash(item.mm_hash):
             start = time.monotonic()
             shared = _Pixels(item.pixels, item.mm_hash)
@@ -277,6 +303,25 @@ class EncodeWorker:
         seconds = time.monotonic() - start
         return _Computed(encoded.entry, loaded.mm_hash, False, seconds, encoded.batch_size)
 
+    async def _compute_video(self, item: MediaSource, span: VideoSpan) -> _Computed:
+        """A video chunk's embeddings: from the route's shared frames, else from the video's
+        source, decoded and planned here."""
+        if self.prepare_video is None or self.videos is None:
+            raise InvalidArgument("this encoder takes no video", reason="VIDEO_NOT_SUPPORTED")
+        if not is_mm_hash(item.mm_hash):
+            raise InvalidArgument("a video item needs its chunk's mm_hash", reason="BAD_VIDEO_SPAN")
+        start = time.monotonic()
+        encoded = None
+        if item.pixels is not None:
+            shared = _Pixels(item.pixels, item.mm_hash, span)
+            encoded = await self._encode_once(item.mm_hash, shared)
+        if encoded is None:
+            frames = await frames_from_source(self.videos, item.url, item.data, span, item.mm_hash)
+        while encoded is None:
+            encoded = await self._encode_once(item.mm_hash, _Frames(frames, span))
+        seconds = time.monotonic() - start
+        return _Computed(encoded.entry, item.mm_hash, False, seconds, encoded.batch_size)
+
     async def _stored(self, mm_hash: str) -> _Computed | None:
         """The embeddings of ``mm_hash`` from the deployment's store, now in the cache too; None
         on a miss or when there is no store (the store counts why)."""
@@ -287,13 +332,18 @@ class EncodeWorker:
         self.cache.put(mm_hash, entry)
         return _Computed(entry, mm_hash, True, 0.0)
 
-    async def _prepare(self, source: _Pixels | LoadedImage) -> Prepared | None:
+    async def _prepare(self, source: _Pixels | LoadedImage | _Frames) -> Prepared | None:
         """``source`` prepared for the tower (in the pool unless it is small), or None when the
         route's shared pixels cannot be read here, or no longer hold the image they are tagged
         with once read (the lease was released meanwhile): then the source is loaded."""
         if isinstance(source, LoadedImage):
             pixels = torch.from_numpy(source.pixels)
             return await self._in_pool(pixels.numel(), self.prepare, pixels)
+        if isinstance(source, _Frames):
+            frames = torch.from_numpy(source.frames)
+            return await self._in_pool(
+                frames.numel(), lambda f: self._prepared(f, source.video), frames
+            )
         try:
             size = math.prod(source.ref.shape)
             return await self._in_pool(size, self._prepare_shared, source)
@@ -304,15 +354,24 @@ class EncodeWorker:
     def _prepare_shared(self, source: _Pixels) -> Prepared:
         """The route's pixels of ``source`` read and prepared, then found still tagged so (their
         lease was not released while they were read); EpdError otherwise."""
-        prepared = self.prepare(self._shared_pixels(source))
+        prepared = self._prepared(self._shared_pixels(source), source.video)
         self._shared_pixels(source)
         return prepared
+
+    def _prepared(self, pixels: torch.Tensor, video: VideoSpan | None) -> Prepared:
+        """An image's pixels, or a video chunk's frames (``video`` set), ready for the tower."""
+        if video is None:
+            return self.prepare(pixels)
+        assert self.prepare_video is not None  # checked by _compute_video
+        return self.prepare_video(pixels, video.resized)
 
     def _shared_pixels(self, source: _Pixels) -> torch.Tensor:
         """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
         (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
         be read here or are not tagged so."""
         pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
+        if source.video is not None:
+            return check_frames(pixels, source.video, self.loader.policy.max_video_frame_pixels)
         return check_pixels(pixels, self.loader.policy)
 
     async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:
@@ -345,7 +404,9 @@ class EncodeWorker:
             encoded.entry, mm_hash, False, time.monotonic() - start, encoded.batch_size
         )
 
-    async def _encode_once(self, mm_hash: str, source: _Pixels | LoadedImage) -> _Encoded | None:
+    async def _encode_once(
+        self, mm_hash: str, source: _Pixels | LoadedImage | _Frames
+    ) -> _Encoded | None:
         """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile;
         None if ``source`` is shared pixels that cannot be read (nothing was encoded)."""
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
@@ -358,7 +419,7 @@ class EncodeWorker:
         return await asyncio.shield(task)
 
     async def _encode_and_cache(
-        self, mm_hash: str, source: _Pixels | LoadedImage
+        self, mm_hash: str, source: _Pixels | LoadedImage | _Frames
     ) -> _Encoded | None:
         try:
             prepared = await self._prepare(source)

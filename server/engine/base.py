@@ -53,7 +53,9 @@ DEFAULT_MAX_PENDING = 64
 
 @dataclass(frozen=True, slots=True)
 class EngineImage:
-    """One image of a prompt: precomputed embeddings with their grid, or a raw picture."""
+    """One image of a prompt: precomputed embeddings with their grid, or a raw picture; or one
+    video (``seconds_per_temporal_patch`` set): its embeddings joined from its chunks, with its
+    grid (t temporal patches)."""
 
     mm_hash: str
     grid: Grid | None = None
@@ -62,6 +64,13 @@ class EngineImage:
     # the embeddings are the image ``mm_hash``'s, as their producer's content tag says (engines
     # may name them by it instead of a hash of their bytes)
     is_bound: bool = False
+    # a video's seconds per temporal patch (0.0 where its family has none); None: an image
+    seconds_per_temporal_patch: float | None = None
+
+    @property
+    def is_video(self) -> bool:
+        """Whether this is a video (its placeholder is the model's video token)."""
+        return self.seconds_per_temporal_patch is not None
 
 
 @dataclass(frozen=True, slots=True)

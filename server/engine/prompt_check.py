@@ -21,6 +21,9 @@ class VisionLayout:
     ``family``: the name of the model's family (how embeddings enter vLLM).
     ``image_start_ids`` / ``image_end_ids``: tokens the expansion puts before and after an image's
     rows (InternVL: ``<img>`` and ``</img>``; none for the others).
+    ``video_pad_id``: the video token, after ``vision_start_id`` in a video's placeholder (None:
+    the family takes no video). A prompt's ``EngineImage``s are its images in prompt order, then
+    its videos in prompt order (``EngineImage.is_video``).
     """
 
     vision_start_id: int | None
@@ -30,6 +33,7 @@ class VisionLayout:
     family: str = "qwen2_vl"
     image_start_ids: tuple[int, ...] = ()
     image_end_ids: tuple[int, ...] = ()
+    video_pad_id: int | None = None
 
     @classmethod
     def of(cls, config: Any, tokenizer: Any = None) -> VisionLayout:
@@ -49,6 +53,7 @@ class VisionLayout:
             family=family.name,
             image_start_ids=tuple(start_ids),
             image_end_ids=tuple(end_ids),
+            video_pad_id=getattr(config, "video_token_id", None),
         )
 
     @property
@@ -70,6 +75,15 @@ class VisionLayout:
             count += self._is_placeholder(token, previous)
             previous = token
         return count
+
+    def count_videos(self, token_ids: list[int]) -> int:
+        """Video placeholders (the vision start, then the video token) in ``token_ids``."""
+        if self.video_pad_id is None:
+            return 0
+        pairs = zip(token_ids, token_ids[1:], strict=False)
+        return sum(
+            first == self.vision_start_id and pad == self.video_pad_id for first, pad in pairs
+        )
 
     def _is_placeholder(self, token: int, previous: int | None) -> bool:
         return token == self.image_pad_id and (
@@ -117,10 +131,22 @@ class VisionLayout:
         if not token_ids:
             raise InvalidArgument("the prompt has no tokens", reason="EMPTY_PROMPT")
         groups = self.count_images(token_ids)
-        if groups != len(images):
+        num_videos = sum(image.is_video for image in images)
+        if groups != len(images) - num_videos:
             raise InvalidArgument(
-                f"the prompt has {groups} image placeholders but {len(images)} images were given",
+                f"the prompt has {groups} image placeholders but {len(images) - num_videos} "
+                "images were given",
                 reason="IMAGE_COUNT_MISMATCH",
+            )
+        if self.count_videos(token_ids) != num_videos:
+            raise InvalidArgument(
+                f"the prompt has {self.count_videos(token_ids)} video placeholders but "
+                f"{num_videos} videos were given",
+                reason="VIDEO_COUNT_MISMATCH",
+            )
+        if any(image.is_video for image in images[: len(images) - num_videos]):
+            raise InvalidArgument(
+                "a prompt's videos come after its images", reason="BAD_VIDEO_ORDER"
             )
         expanded = len(token_ids) + sum(
             self._check_image(i, image, grids_suffice) - 1 for i, image in enumerate(images)

@@ -49,6 +49,32 @@ def embeddings_prompt(
     """
     from epd.server.models.registry import family_named
 
+    family = family_named(layout.family)
+    pictures = [image for image in images if not image.is_video]
+    videos = [image for image in images if image.is_video]
+    embeddings, grids, names = _named(request_id, pictures, layout, hash_algorithm)
+    if not videos and (items := family.vllm_items(embeddings, grids)) is not None:
+        return _rendered(token_ids, images, layout, items, names)
+    data: dict[str, Any] = {}
+    uuids: dict[str, list[str]] = {}
+    if pictures:
+        data["image"], uuids["image"] = family.vllm_data(embeddings, grids), names
+    if videos:
+        embeddings, grids, names = _named(f"{request_id}-video", videos, layout, hash_algorithm)
+        seconds = [video.seconds_per_temporal_patch or 0.0 for video in videos]
+        data["video"] = family.vllm_video_data(embeddings, grids, seconds)
+        uuids["video"] = names
+    return {
+        "prompt_token_ids": list(token_ids),
+        "multi_modal_data": data,
+        "multi_modal_uuids": uuids,
+    }
+
+
+def _named(
+    request_id: str, images: list[EngineImage], layout: VisionLayout, hash_algorithm: str
+) -> tuple[list[torch.Tensor], list[tuple[int, int, int]], list[str]]:
+    """Each image's embeddings (zeros for a grid-only one), grid and name for vLLM's caches."""
     embeddings, grids, names = [], [], []
     for index, image in enumerate(images):
         assert image.grid is not None  # checked by VisionLayout.check
@@ -63,15 +89,7 @@ def embeddings_prompt(
             names.append(embeddings_hash(embeds, image.grid, hash_algorithm))
         embeddings.append(embeds)
         grids.append(image.grid)
-    family = family_named(layout.family)
-    items = family.vllm_items(embeddings, grids)
-    if items is not None:
-        return _rendered(token_ids, images, layout, items, names)
-    return {
-        "prompt_token_ids": list(token_ids),
-        "multi_modal_data": {"image": family.vllm_data(embeddings, grids)},
-        "multi_modal_uuids": {"image": names},
-    }
+    return embeddings, grids, names
 
 
 def _rendered(

@@ -19,6 +19,9 @@ EXTERNAL_PROGRAM_FORMATS = frozenset({"EPS"})
 VIDEO_CONTAINERS = ("mp4", "mov", "webm", "matroska")
 DEFAULT_VIDEO_CODECS = ("h264", "hevc", "vp8", "vp9", "av1")
 
+# Videos one prompt may hold by default (engines take as many: ``vllm_args``).
+DEFAULT_MAX_VIDEOS = 4
+
 
 def format_list(text: str) -> tuple[str, ...]:
     """Pillow format names from a comma-separated list, upper-cased."""
@@ -183,7 +186,7 @@ class MediaPolicy:
         ),
     )
     max_videos: int = field(
-        default=4,
+        default=DEFAULT_MAX_VIDEOS,
         metadata=flag(
             "videos one prompt may hold",
             env="EPD_MEDIA_MAX_VIDEOS",

@@ -78,20 +78,35 @@ def chunk_hashes(
     """The chunks of ``patches_per_chunk`` temporal patches of a video's kept ``frames`` (as
     ``video_hash``), in order, each with its content hash."""
     temporal = plan.temporal_patch_size
-    settings = json.dumps({"resized": plan.resized, "temporal_patch_size": temporal})
     return [
         VideoChunk(
             first_patch=positions.start // temporal,
             num_patches=-(-len(positions) // temporal),
             frames=positions,
-            content_hash=_digest(
-                CHUNK_HASH_VERSION,
-                (model_id, fingerprint, settings),
+            content_hash=chunk_hash(
                 frames[positions.start : positions.stop],
+                plan.resized,
+                temporal,
+                model_id=model_id,
+                fingerprint=fingerprint,
             ),
         )
         for positions in chunk_ranges(len(frames), temporal, patches_per_chunk)
     ]
+
+
+def chunk_hash(
+    frames: np.ndarray,
+    resized: tuple[int, int],
+    temporal_patch_size: int,
+    *,
+    model_id: str,
+    fingerprint: str,
+) -> str:
+    """The content hash of a chunk's kept ``frames`` (uint8 [n, height, width, 3]) resized to
+    ``resized`` (height, width) in temporal patches of ``temporal_patch_size`` frames."""
+    settings = json.dumps({"resized": list(resized), "temporal_patch_size": temporal_patch_size})
+    return _digest(CHUNK_HASH_VERSION, (model_id, fingerprint, settings), frames)
 
 
 def _digest(version: bytes, texts: tuple[str, ...], frames: np.ndarray) -> str:

@@ -49,7 +49,7 @@ class VideoPlanner:
         self.family = family_of(model_dir)
         self.model_id = model_id
         self.config: Any = AutoConfig.from_pretrained(model_dir)
-        self.processor: Any = _video_processor(model_dir)
+        self.processor: Any = video_processor(model_dir)
         self.fingerprint = video_processor_fingerprint(model_dir)
 
     def load(self, data: bytes, policy: MediaPolicy) -> PlannedVideo:
@@ -96,8 +96,9 @@ class VideoPlanner:
         return self.family.video_pixel_inputs(self.processor, frames, plan.resized, device)
 
 
-def _video_processor(model_dir: str | Path) -> Any:
-    """The checkpoint's video processor, None where transformers has none for it."""
+def video_processor(model_dir: str | Path) -> Any:
+    """The checkpoint's video processor, None where transformers has none for it (the family
+    takes no video)."""
     from transformers import AutoVideoProcessor
 
     try:

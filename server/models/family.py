@@ -192,6 +192,14 @@ class ModelFamily(ABC):
         joined, the pixel values of the whole clip (default: the family takes no video)."""
         raise self.refuse_video()
 
+    def vllm_video_data(
+        self, embeddings: list[Any], grids: list[Grid], seconds_per_temporal_patch: list[float]
+    ) -> Any:
+        """vLLM's precomputed input of videos (``multi_modal_data["video"]``): each video's
+        embeddings [rows, width], grid (t, h, w) and seconds per temporal patch (0.0: the family
+        has none) (default: the family takes no video)."""
+        raise self.refuse_video()
+
     def refuse_video(self) -> VideoRefused:
         """The refusal of a video by a family that takes none, naming the family."""
         return VideoRefused(f"{self.title} models do not take video", "VIDEO_NOT_SUPPORTED")

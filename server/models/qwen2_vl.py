@@ -67,6 +67,17 @@ class _QwenVl(ModelFamily):
 
         return {"image_embeds": torch.cat(embeddings), "image_grid_thw": torch.tensor(grids)}
 
+    def vllm_video_data(
+        self, embeddings: list[Any], grids: list[Grid], seconds_per_temporal_patch: list[float]
+    ) -> Any:
+        import torch
+
+        data = {"video_embeds": torch.cat(embeddings), "video_grid_thw": torch.tensor(grids)}
+        if any(seconds_per_temporal_patch):
+            # NOTE: Qwen2.5-VL's; vLLM's Qwen2-VL positions take none (1.0 a temporal patch).
+            data["second_per_grid_ts"] = torch.tensor(seconds_per_temporal_patch)
+        return data
+
     def resized(
         self, width: int, height: int, factor: int, min_pixels: int, max_pixels: int
     ) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import ImageResolver, check_addressed
+from epd.server.worker.kv_handle import VIDEO_SECONDS_KEY, video_seconds
 from epd.v1 import generation_pb2
 
 IMAGES_RESOLVED = "epd.images_resolved"
@@ -88,15 +89,19 @@ class PrefillWorker:
         self.drain.refuse_if_draining()
         check_addressed(request_id, model, self.engine.model_id)
         images = await self._images(prompt)
-        return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
+        result = await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
+        if prompt.videos and result.kv_transfer_params is not None:
+            result.kv_transfer_params[VIDEO_SECONDS_KEY] = video_seconds(images)
+        return result
 
     async def _images(self, prompt: generation_pb2.Prompt) -> list[EngineImage]:
         """The engine's inputs for the prompt's images, timed when there are any (a metric
         and an ``epd.images_resolved`` event on the current span)."""
-        if not prompt.images:
+        if not (prompt.images or prompt.videos):
             return []
         start = time.monotonic()
         images = await self.images.resolve(prompt.images)
+        images += await self.images.resolve_videos(prompt.videos)
         trace.get_current_span().add_event(IMAGES_RESOLVED)
         if self.metrics is not None:
             self.metrics.embedding_handoff.observe(time.monotonic() - start)

@@ -13,6 +13,8 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_planner import VideoPlanner
 from epd.server.route.http_guard import HttpOptions
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.openai_http import OpenAiHttp
@@ -24,6 +26,7 @@ from epd.server.route.router import Router
 from epd.server.route.sampling import generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
+from epd.server.route.videos import DEFAULT_CHUNK_PATCHES
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
@@ -79,6 +82,15 @@ class RouteConfig:
             env="EPD_MAX_RESUMPTIONS",
         ),
     )
+    video_chunk_patches: int = field(
+        default=DEFAULT_CHUNK_PATCHES,
+        metadata=flag(
+            "temporal patches of a video encoded as one item: a clip is cut into chunks of this "
+            "many, which the scheduler spreads over the encoders like images, each cached by "
+            "its own content",
+            env="EPD_VIDEO_CHUNK_PATCHES",
+        ),
+    )
     scheduler_fallback_s: float = field(
         default=DEFAULT_FALLBACK_S,
         metadata=flag(
@@ -88,6 +100,10 @@ class RouteConfig:
             env="EPD_SCHEDULER_FALLBACK_S",
         ),
     )
+
+    def __post_init__(self) -> None:
+        if self.video_chunk_patches < 1:
+            raise ValueError("--video-chunk-patches must be at least 1")
 
 
 @dataclass
@@ -148,6 +164,8 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         plane=plane,
         metrics=metrics,
         max_resumptions=config.max_resumptions,
+        videos=VideoLoader(VideoPlanner(config.model_dir, model_id), config.media),
+        video_chunk_patches=config.video_chunk_patches,
     )
     binding = ServiceBinding(
         SERVICE_NAME, RouteServicer(router, limits), pb_grpc.add_RouteServiceServicer_to_server

@@ -2,10 +2,13 @@
 
 The prompt keeps one placeholder per image as the chat template emits it (Qwen families:
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA-1.5: ``<image>``), holding the model's image
-token once; the engine expands it. For KV-aware routing the route hashes the prompt as the engine
-will hold it: each image's single image token becomes that image's token count of a pad value
-derived from its mm_hash (as Dynamo and SGLang do), so prompts share a block hash only if they
-share every token and image before it. Hashes chain block to block; only full blocks count.
+token once; the engine expands it. A video's placeholder (Qwen2-VL, Qwen2.5-VL:
+``<|vision_start|><|video_pad|><|vision_end|>``) likewise holds the video token once, which the
+engine expands to the video's rows, as the family's processor does. For KV-aware routing the
+route hashes the prompt as the engine will hold it: each image's (or video's) single token becomes
+its token count of a pad value derived from its mm_hash (as Dynamo and SGLang do), so prompts
+share a block hash only if they share every token and image before it. Hashes chain block to
+block; only full blocks count.
 
 The chat template is the model's own, or ``--chat-template``'s (a file, or the Jinja text itself,
 read as vLLM reads its own flag), checked once at start by rendering one image.
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.model_dir import context_length
-from epd.server.route.request import ChatMessage
+from epd.server.route.request import ChatMessage, ChatPart
 
 BLOCK_SIZE = 16
 JINJA_CHARACTERS = "{}\n"
@@ -54,6 +57,9 @@ class PromptBuilder:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.image_pad_id = int(config.image_token_id)
+        # NOTE: None for a family without video; a video then never reaches the prompt.
+        video_token_id = getattr(config, "video_token_id", None)
+        self.video_pad_id = int(video_token_id) if video_token_id is not None else None
         start_ids, end_ids = family_of_config(config).image_delimiters(config, self.tokenizer)
         self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -88,15 +94,7 @@ class PromptBuilder:
         """Token ids of the rendered chat with the assistant's turn opened. The chat is one
         ``request_check.check_request`` passed: messages, roles and sizes are not checked again."""
         chat = [
-            {
-                "role": message.role,
-                "content": [
-                    {"type": "image"}
-                    if part.image is not None
-                    else {"type": "text", "text": part.text or ""}
-                    for part in message.parts
-                ],
-            }
+            {"role": message.role, "content": [_template_part(part) for part in message.parts]}
             for message in messages
         ]
         return self.rendered(chat)
@@ -107,19 +105,27 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def block_hashes(self, token_ids: list[int], images: list[tuple[str, int]]) -> list[int]:
+    def block_hashes(
+        self,
+        token_ids: list[int],
+        images: list[tuple[str, int]],
+        videos: list[tuple[str, int]] | None = None,
+    ) -> list[int]:
         """Chained hashes of the full blocks of the expanded prompt (each image's rows between
         the family's delimiters, if any); ``images`` holds (mm_hash, number of image tokens) per
-        image, in prompt order."""
+        image, in prompt order, ``videos`` the same per video."""
         expanded: list[int] = []
-        pending = iter(images)
+        pending = {self.image_pad_id: iter(images), self.video_pad_id: iter(videos or [])}
         for token in token_ids:
-            if token != self.image_pad_id:
+            if token not in pending:
                 expanded.append(token)
                 continue
-            mm_hash, num_tokens = next(pending, ("", 1))
+            mm_hash, num_tokens = next(pending[token], ("", 1))
             pad = -(int(mm_hash[:15] or "0", 16) + 1)
-            expanded.extend([*self.image_start_ids, *[pad] * num_tokens, *self.image_end_ids])
+            if token == self.image_pad_id:
+                expanded.extend([*self.image_start_ids, *[pad] * num_tokens, *self.image_end_ids])
+            else:
+                expanded.extend([pad] * num_tokens)
         hashes, previous = [], b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()
@@ -127,3 +133,12 @@ class PromptBuilder:
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
         return hashes
+
+
+def _template_part(part: ChatPart) -> dict[str, str]:
+    """A chat part as chat templates take it."""
+    if part.image is not None:
+        return {"type": "image"}
+    if part.video is not None:
+        return {"type": "video"}
+    return {"type": "text", "text": part.text or ""}

@@ -43,7 +43,8 @@ def check_name(value: str, param: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ImageSource:
-    """Where an image comes from: a URL (http(s), data:, file:) or its encoded bytes."""
+    """Where an image or a video comes from: a URL (http(s), data:, file:) or its encoded
+    bytes."""
 
     url: str = ""
     data: bytes = b""
@@ -51,10 +52,11 @@ class ImageSource:
 
 @dataclass(frozen=True, slots=True)
 class ChatPart:
-    """One part of a message: text, or an image."""
+    """One part of a message: text, an image or a video."""
 
     text: str | None = None
     image: ImageSource | None = None
+    video: ImageSource | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +83,11 @@ class ChatRequest:
     def images(self) -> list[ImageSource]:
         """The chat's images in order of appearance."""
         return [part.image for m in self.messages for part in m.parts if part.image is not None]
+
+    @property
+    def videos(self) -> list[ImageSource]:
+        """The chat's videos in order of appearance."""
+        return [part.video for m in self.messages for part in m.parts if part.video is not None]
 
 
 def new_request_id(given: str | None = None) -> str:
@@ -113,8 +120,13 @@ def _part(part: route_service_pb2.ContentPart, param: str) -> ChatPart:
         return ChatPart(text=part.text)
     if kind is None:
         return ChatPart()
-    if part.image.HasField("pixels"):
-        raise bad(
-            "an image's pixels are the route's to set", f"{param}.image.pixels", "BAD_MEDIA_ITEM"
-        )
-    return ChatPart(image=ImageSource(part.image.url, part.image.data))
+    item = part.video if kind == "video" else part.image
+    for field_name in ("pixels", "video"):
+        if item.HasField(field_name):
+            raise bad(
+                f"a media item's {field_name} are the route's to set",
+                f"{param}.{kind}.{field_name}",
+                "BAD_MEDIA_ITEM",
+            )
+    source = ImageSource(item.url, item.data)
+    return ChatPart(video=source) if kind == "video" else ChatPart(image=source)

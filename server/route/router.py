@@ -6,7 +6,8 @@ One path per request, each step a function of what the steps before it made:
    token count computed once here, for every later hop (``RouteImage``); with a data plane its
    decoded pixels are shared with the workers on this host that read images (encoders, an
    encode_prefill worker), in segments tagged with its mm_hash, so none of them decodes or
-   hashes it again;
+   hashes it again; every video decoded, planned and cut into chunks once here
+   (``videos``), each chunk an encoding item whose frames are shared likewise;
 3. encoding: with live encoders, the scheduler assigns them while it chooses the prefill worker
    (KV-aware, from the hashes of the expanded prompt), and the images are encoded for that
    worker's host and device (``encoding``); without, the images go raw to an encode_prefill
@@ -29,11 +30,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from opentelemetry import trace
 
-from epd.common.errors import EpdError, NotFound
+from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument, NotFound
 from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.media.video import check_num_videos
+from epd.server.media.video_loader import VideoLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import StoppedText
 from epd.server.route.encoding import EncodeStage, encode_all, encode_items, release_all
@@ -51,6 +54,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request import ChatMessage, ChatRequest, ImageSource
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
+from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_video, video_input
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2, tensor_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -100,11 +104,18 @@ class Router:
         plane: DataPlane | None = None,
         metrics: RouteMetrics | None = None,
         max_resumptions: int = DEFAULT_MAX_RESUMPTIONS,
+        videos: VideoLoader | None = None,
+        video_chunk_patches: int = DEFAULT_CHUNK_PATCHES,
     ) -> None:
         """``plane``: where the decoded pixels of images go for the workers on this host (None:
         they load each image from its source again). ``metrics``: where requests are counted
         and timed (None: nowhere). ``max_resumptions``: how many times a request's stream may
-        move to another replica when its worker fails mid-stream (``hops.stream_tokens``)."""
+        move to another replica when its worker fails mid-stream (``hops.stream_tokens``).
+        ``videos``: loads the model's videos (None: videos are refused, VIDEO_NOT_SUPPORTED);
+        ``video_chunk_patches``: temporal patches in one chunk of a video, each chunk encoded
+        as an item of its own."""
+        self.videos = videos
+        self.video_chunk_patches = video_chunk_patches
         self.max_resumptions = max_resumptions
         self.metrics = metrics
         self.plane = plane
@@ -158,32 +169,41 @@ class Router:
         span.set_attribute("epd.request_id", request.request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         token_ids = await self._token_ids(request.messages)
-        images = await self._load(request.images)
+        images, videos = await asyncio.gather(
+            self._load(request.images), self._load_videos(request.videos)
+        )
         call = EngineCall(
             request.request_id,
             model,
             generation_pb2.Prompt(token_ids=token_ids),
             request.sampling,
-            self._block_hashes(token_ids, images),
-            plan_for(live_roles, len(images)),
+            self._block_hashes(token_ids, images, videos),
+            plan_for(live_roles, len(images) + len(videos)),
             live_roles,
             deadline,
         )
+        if videos and not call.plan.uses_encoders:
+            raise FailedPrecondition(
+                "videos are encoded by encode workers, and none is live for this model",
+                reason="NO_VIDEO_ENCODER",
+            )
         stage = EncodeStage(
             request.request_id,
             model,
-            [image.item for image in images],
+            [image.item for image in images] + [item for v in videos for item in v.items],
             request.encoder_policy,
             consumer_host_id=self.host_id,
-            num_tokens=[image.num_tokens for image in images],
+            num_tokens=[image.num_tokens for image in images]
+            + [tokens for v in videos for tokens in v.chunk_tokens],
         )
         span.set_attribute("epd.images", len(images))
+        span.set_attribute("epd.videos", len(videos))
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
             self._share_pixels(images, stage.pixel_leases)
-            async for chunk in self._chunks(
-                self._engine_pieces(call, stage, images), call.sampling
-            ):
+            self._share_frames(videos, stage.pixel_leases)
+            pieces = self._engine_pieces(call, stage, images, videos)
+            async for chunk in self._chunks(pieces, call.sampling):
                 yield chunk
         finally:
             self._refresh_roles()
@@ -233,18 +253,36 @@ class Router:
             )
         return images
 
+    async def _load_videos(self, sources: list[ImageSource]) -> list[RouteVideo]:
+        """Each video decoded, planned and cut into chunks under the media rules."""
+        if not sources:
+            return []
+        if self.videos is None:
+            raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
+        check_num_videos(len(sources), self.videos.policy)
+        return list(
+            await asyncio.gather(
+                *(load_video(self.videos, s, self.video_chunk_patches) for s in sources)
+            )
+        )
+
     def _engine_pieces(
-        self, call: EngineCall, stage: EncodeStage, images: list[RouteImage]
+        self,
+        call: EngineCall,
+        stage: EncodeStage,
+        images: list[RouteImage],
+        videos: Sequence[RouteVideo] = (),
     ) -> AsyncGenerator[Piece, None]:
-        """The engine's tokens: with encoders, once the images are encoded for the chosen prefill
-        worker; else for the raw images (if any). The leases go once it is prefilled."""
+        """The engine's tokens: with encoders, once the images and videos are encoded for the
+        chosen prefill worker; else for the raw images (if any). The leases go once it is
+        prefilled."""
 
         async def prefilled() -> None:
             self._release_pixels(stage)
             await release_all(self.peers, stage, read=True)
 
         if call.plan.uses_encoders:
-            return self._encoded_pieces(call, stage, images, prefilled)
+            return self._encoded_pieces(call, stage, images, videos, prefilled)
         raw = [multimodal_pb2.ImageInput(mm_hash=i.item.mm_hash, media=i.item) for i in images]
         prompt = generation_pb2.Prompt(token_ids=call.prompt.token_ids, images=raw)
         return self._stream(replace(call, prompt=prompt), prefilled)
@@ -254,6 +292,7 @@ class Router:
         call: EngineCall,
         stage: EncodeStage,
         images: list[RouteImage],
+        videos: Sequence[RouteVideo],
         prefilled: OnPrefilled,
     ) -> AsyncGenerator[Piece, None]:
         """Place the request (encoders, prefill worker, decode worker), encode for that worker
@@ -270,7 +309,7 @@ class Router:
             # A resumption finds them released once its predecessor had prefilled.
             if not stage.results or (worker.host_id or self.host_id) != stage.consumer_host_id:
                 await self._encode_again_for(worker, stage, call.deadline)
-            return self._embedded(call.prompt.token_ids, stage, images)
+            return self._embedded(call.prompt.token_ids, stage, images, videos)
 
         async for piece in self._stream(call, prefilled, placement, prompt_for):
             yield piece
@@ -314,6 +353,27 @@ class Router:
                 continue
             leases.append(ref.lease_id)
             image.item.pixels.CopyFrom(ref)
+
+    def _share_frames(self, videos: list[RouteVideo], leases: list[str]) -> None:
+        """``_share_pixels`` for the videos' chunks: each chunk's kept frames, uint8 [n, height,
+        width, 3], tagged with the chunk's content hash."""
+        if self.plane is None:
+            return
+        for video in videos:
+            for chunk, item in zip(video.chunks, video.items, strict=True):
+                frames = video.video.frames[chunk.frames.start : chunk.frames.stop]
+                try:
+                    ref = self.plane.put(
+                        torch.from_numpy(frames),
+                        self.plane.host_id,
+                        preferred=tensor_pb2.TRANSFER_KIND_SHM,
+                        content_tag=pixels_tag(item.mm_hash),
+                    )
+                except (EpdError, OSError) as e:
+                    logger.debug("frames of %s not shared (%s)", item.mm_hash, e)
+                    continue
+                leases.append(ref.lease_id)
+                item.pixels.CopyFrom(ref)
 
     def _release_pixels(self, stage: EncodeStage) -> None:
         """Release the stage's pixel leases (once every image is encoded or prefilled, or at
@@ -378,7 +438,11 @@ class Router:
         )
 
     def _embedded(
-        self, token_ids: Sequence[int], stage: EncodeStage, images: list[RouteImage]
+        self,
+        token_ids: Sequence[int],
+        stage: EncodeStage,
+        images: list[RouteImage],
+        videos: Sequence[RouteVideo],
     ) -> generation_pb2.Prompt:
         """The prompt with the encoders' embedding references (every item encoded)."""
         span = trace.get_current_span()
@@ -397,11 +461,20 @@ class Router:
                     embeddings=result.embeddings,
                 )
             )
-        return generation_pb2.Prompt(token_ids=token_ids, images=inputs)
+        video_inputs, index = [], len(images)
+        for video in videos:
+            results = [stage.results[index + i] for i in range(len(video.items))]
+            video_inputs.append(video_input(video, results))
+            index += len(video.items)
+        return generation_pb2.Prompt(token_ids=token_ids, images=inputs, videos=video_inputs)
 
-    def _block_hashes(self, token_ids: list[int], images: list[RouteImage]) -> list[int]:
+    def _block_hashes(
+        self, token_ids: list[int], images: list[RouteImage], videos: list[RouteVideo]
+    ) -> list[int]:
         return self.prompts.block_hashes(
-            token_ids, [(image.item.mm_hash, image.num_tokens) for image in images]
+            token_ids,
+            [(image.item.mm_hash, image.num_tokens) for image in images],
+            [(video.video.video_hash, video.video.plan.num_tokens) for video in videos],
         )
 
 

@@ -26,6 +26,7 @@ from epd.server.media.pixels import check_pixels
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane, is_accelerator
 from epd.v1 import multimodal_pb2, tensor_pb2
+from epd.v1.multimodal_pb2 import ImageInput
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,37 @@ class ImageResolver:
     async def resolve(self, images: Sequence[multimodal_pb2.ImageInput]) -> list[EngineImage]:
         """Engine images in prompt order (embeddings copied out of the data plane)."""
         return [await self._resolve(i, image) for i, image in enumerate(images)]
+
+    async def resolve_videos(
+        self, videos: Sequence[multimodal_pb2.VideoInput]
+    ) -> list[EngineImage]:
+        """Engine videos in prompt order: each video's chunk embeddings copied out of the data
+        plane and joined in order (bound to the video when their encoders bound every chunk)."""
+        return [self._resolve_video(i, video) for i, video in enumerate(videos)]
+
+    def _resolve_video(self, index: int, video: multimodal_pb2.VideoInput) -> EngineImage:
+        if not video.chunks or len(video.chunk_hashes) != len(video.chunks):
+            raise InvalidArgument(
+                f"video {index} needs its chunks' embeddings, each with its content hash",
+                reason="MISSING_IMAGE_DATA",
+            )
+        parts, is_bound = [], True
+        for ref, chunk_hash in zip(video.chunks, video.chunk_hashes, strict=True):
+            part = ImageInput(mm_hash=chunk_hash, embeddings=ref)
+            bound = self._bound_embeddings(part)
+            is_bound = is_bound and bound is not None
+            parts.append(bound if bound is not None else self._copied(ref))
+        grid = (video.grid.t, video.grid.h, video.grid.w) if video.HasField("grid") else None
+        return EngineImage(
+            video.mm_hash,
+            grid,
+            embeddings=torch.cat(parts) if len(parts) > 1 else parts[0],
+            is_bound=is_bound,
+            seconds_per_temporal_patch=video.seconds_per_temporal_patch,
+        )
+
+    def _copied(self, ref: tensor_pb2.TensorRef) -> torch.Tensor:
+        return self.plane.get(ref, copy=True, device=self.device)
 
     async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
         source = image.WhichOneof("source")

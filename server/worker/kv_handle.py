@@ -15,6 +15,11 @@ from typing import Any
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
 
+# The handle's list, beside the engine's image grids and names, of each entry's seconds per
+# temporal patch where it is a video (0.0 where its family has none), null where an image. Set
+# by the prefill worker and taken off by the decode worker: its engine never sees it.
+VIDEO_SECONDS_KEY = "epd_video_seconds"
+
 
 def encode_kv_params(params: dict[str, Any] | None) -> bytes:
     """The payload of ``params``; empty when there is no handle (nothing to decode)."""
@@ -62,7 +67,25 @@ def handle_images(params: dict[str, Any]) -> list[EngineImage]:
             f"kv_handle.payload's {IMAGE_HASHES_KEY} must list one string per image grid",
             reason="BAD_KV_HANDLE",
         )
-    return [EngineImage(name, (t, h, w)) for name, (t, h, w) in zip(names, grids, strict=True)]
+    seconds = params.get(VIDEO_SECONDS_KEY, [None] * len(grids))
+    if not (
+        isinstance(seconds, list)
+        and len(seconds) == len(grids)
+        and all(value is None or type(value) in (int, float) for value in seconds)
+    ):
+        raise InvalidArgument(
+            f"kv_handle.payload's {VIDEO_SECONDS_KEY} must list a number or null per image grid",
+            reason="BAD_KV_HANDLE",
+        )
+    return [
+        EngineImage(name, (t, h, w), seconds_per_temporal_patch=video)
+        for name, (t, h, w), video in zip(names, grids, seconds, strict=True)
+    ]
+
+
+def video_seconds(images: list[EngineImage]) -> list[float | None]:
+    """The handle's ``VIDEO_SECONDS_KEY`` list of a prompt's ``images``."""
+    return [image.seconds_per_temporal_patch for image in images]
 
 
 def _is_grid(value: Any) -> bool:

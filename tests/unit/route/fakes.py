@@ -356,7 +356,7 @@ class StubPrompts:
     def token_ids(self, messages: Any) -> list[int]:
         return [1, 2]
 
-    def block_hashes(self, token_ids: list[int], images: Any) -> list[int]:
+    def block_hashes(self, token_ids: list[int], images: Any, videos: Any = None) -> list[int]:
         return []
 
 
