@@ -99,6 +99,8 @@ class Deployment:
     children: list[Child] = field(default_factory=list)
     base_port: int | None = None
     metrics: bool = False  # each service serves Prometheus metrics on a port of its own
+    encoders: EncoderSlots | None = None  # set by start_topology where it starts encoders
+    retiring: list[Child] = field(default_factory=list)  # draining, no longer watched
 
     def port(self, offset: int) -> int:
         """Port for the service at ``offset`` (base port + offset, or a free one)."""
@@ -164,6 +166,30 @@ class Deployment:
                 start_new_session=True,
             )
 
+    def retire(self, child: Child) -> None:
+        """Drain ``child`` for good: it leaves ``children`` (no longer watched nor restarted)
+        and gets SIGTERM (it drains); ``has_retired`` says when it has exited."""
+        self.children.remove(child)
+        self.retiring.append(child)
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+
+    def has_retired(self, child: Child, kill: bool = False) -> bool:
+        """Whether retired ``child`` has exited (with ``kill``: SIGKILL first, for a drain that
+        took too long); once it has, what is left of its group is killed, the leftovers of dead
+        processes removed and it leaves ``retiring``."""
+        if kill:
+            _signal_group(child.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(5)
+        if child.process.poll() is None or child not in self.retiring:
+            return child.process.poll() is not None
+        self.retiring.remove(child)
+        _signal_group(child.process.pid, signal.SIGKILL)
+        cleanup_orphans()
+        cleanup_leftovers()
+        return True
+
     def reap_dead(self) -> list[Child]:
         """Children that exited since the last call: each is waited for, what is left of its
         process group (vLLM's engine core) is killed, and dead processes' shared memory and
@@ -198,14 +224,15 @@ class Deployment:
         after ``grace_s``; returns once every group is empty (vLLM's engine cores included) and
         the shared memory of dead processes (a child killed with SIGKILL left its own) is
         removed."""
-        for child in reversed(self.children):
+        everyone = [*self.children, *self.retiring]
+        for child in reversed(everyone):
             if child.process.poll() is None:
                 # NOTE: the child alone: it stops its own processes. vLLM's EngineCore takes a
                 # second SIGTERM (from a signal to the whole group) as "exit now", mid-teardown,
                 # and Python's resource_tracker then reported its leaked semaphore/shared memory.
                 child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for child in self.children:
+        for child in everyone:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(max(0.0, deadline - time.monotonic()))
             while _group_alive(child.process.pid) and time.monotonic() < deadline:
@@ -216,6 +243,7 @@ class Deployment:
             while _group_alive(child.process.pid) and time.monotonic() < settle:
                 time.sleep(0.05)
         self.children.clear()
+        self.retiring.clear()
         cleanup_orphans()
         cleanup_leftovers()
         cleanup_rpc_dirs()
@@ -272,10 +300,8 @@ async def start_topology(
         _start_engine(deployment, topology, worker, engine) for worker in topology.engine_workers
     ]
     encoder = [*INTERNAL_SERVER_ARGS, *shared, *(await store.ready_args() if store else [])]
-    workers += [
-        _start_encoder(deployment, topology, index, encoder)
-        for index in range(len(topology.encoder_devices))
-    ]
+    deployment.encoders = EncoderSlots(deployment, topology, encoder)
+    workers += [deployment.encoders.start(slot) for slot in topology.initial_encoders]
     await asyncio.gather(
         *(deployment.wait_healthy(w, 120 if w.name.startswith("encode") else 400) for w in workers)
     )
@@ -299,7 +325,7 @@ def _start_store(deployment: Deployment, topology: Topology) -> StartedMaster | 
 
 
 def _start_scheduler(deployment: Deployment, topology: Topology) -> Child:
-    policy = ["--default-policy", topology.policy]
+    policy = ["--default-policy", topology.policy, *topology.scheduler_flags]
     if topology.split_ratio:
         policy += ["--split-ratio", topology.split_ratio]
     pins = topology.cpu_args("scheduler")
@@ -308,20 +334,28 @@ def _start_scheduler(deployment: Deployment, topology: Topology) -> Child:
     )
 
 
-def _start_encoder(
-    deployment: Deployment, topology: Topology, index: int, shared: list[str]
-) -> Child:
-    name = f"encode{index}"
-    return deployment.start(
-        name,
-        ENCODER_OFFSET + index,
-        "encode",
-        *shared,
-        "--worker-id",
-        name,
-        *topology.encoder_args(index),
-        *topology.cpu_args(name),
-    )
+@dataclass(frozen=True, slots=True)
+class EncoderSlots:
+    """Starts the encoder of any slot of ``topology`` (``encodeN``: its name, worker id, port
+    offset and CPUs), with the flags every encoder shares; the autoscaler starts them later."""
+
+    deployment: Deployment
+    topology: Topology
+    shared: list[str]
+
+    def start(self, slot: int) -> Child:
+        """Start encoder ``slot`` (not waiting for it to be healthy)."""
+        name = f"encode{slot}"
+        return self.deployment.start(
+            name,
+            ENCODER_OFFSET + slot,
+            "encode",
+            *self.shared,
+            "--worker-id",
+            name,
+            *self.topology.encoder_args(slot),
+            *self.topology.cpu_args(name),
+        )
 
 
 def _start_route(

@@ -47,6 +47,8 @@ ENCODER_OFFSET = 4
 HTTP_OFFSET = 10
 REPLICA_OFFSET = 11
 METRICS_OFFSET = 20
+# epd up's own metrics (the autoscaler's), after every service's.
+LAUNCHER_METRICS_OFFSET = 40
 # NOTE: the launcher's own choice, not `epd prefill`'s default (epd.server.engine.device's
 # CPU_KV_CACHE_MB, 256): it starts several engines (prefill, decode, replicas) on one machine,
 # each with a KV cache of this size on CPU.
@@ -64,6 +66,49 @@ def counts(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in names(text))
     except ValueError:
         raise ValueError(f"{text!r}: expected integers like 2,1") from None
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderRange:
+    """``--encoders``: a fixed count (``minimum == maximum``) or the bounds an autoscaled group
+    of encoders moves between."""
+
+    minimum: int = 1
+    maximum: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"encoders {self}: expected 1 <= MIN <= MAX")
+
+    @property
+    def scales(self) -> bool:
+        """Whether the count moves (MIN:MAX with MIN < MAX)."""
+        return self.maximum > self.minimum
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{self.maximum}" if self.scales else str(self.minimum)
+
+
+def encoder_range(text: str) -> EncoderRange:
+    """``"2"`` -> 2 encoders, ``"1:3"`` -> between 1 and 3; ValueError names what is wrong."""
+    low, sep, high = text.partition(":")
+    try:
+        minimum = int(low)
+        maximum = int(high) if sep else minimum
+    except ValueError:
+        raise ValueError(f"expected N or MIN:MAX, e.g. 2 or 1:3, got {text!r}") from None
+    return EncoderRange(minimum, maximum)
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderGroup:
+    """Encoders on one ``device`` that scale together: their ``slots`` (names ``encodeN``, ports
+    and CPUs are the slot's), ``minimum`` of them started at once, at most ``maximum``."""
+
+    device: str
+    slots: tuple[int, ...]
+    minimum: int
+    maximum: int
 
 
 def at_least_one(text: str) -> int:
@@ -96,6 +141,7 @@ class Topology:
     memory share); ``epd up`` gives None on CUDA, ``LAUNCHER_CPU_KV_CACHE_MB`` on CPU.
     ``engine_flags``: more flags for every engine worker (prefill, decode).
     ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
+    ``scheduler_flags``: more flags for the scheduler (the autoscaling signal's settings).
     ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
     ``devices``: the device of each encoder, in order (their count follows it); empty: every
     encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
@@ -111,11 +157,16 @@ class Topology:
             choices=tuple(sorted(TOPOLOGIES)),
         ),
     )
-    num_encoders: int = field(
-        default=1,
+    num_encoders: EncoderRange = field(
+        default=EncoderRange(),
         metadata=flag(
-            "number of encoders for epd and e-pd, each on --encoder-devices' default",
+            "number of encoders for epd and e-pd, each on --encoder-devices' default; MIN:MAX "
+            "(e.g. 1:3) scales them on the scheduler's signal (per device where "
+            "--encoder-devices is given), --scale-up-after-s and --scale-down-after-s apart",
             name="encoders",
+            type=encoder_range,
+            metavar="N|MIN:MAX",
+            default_help="default: 1",
         ),
     )
     policy: str = field(
@@ -153,6 +204,7 @@ class Topology:
     )
     engine_flags: tuple[str, ...] = ()
     vllm_args: tuple[str, ...] = ()
+    scheduler_flags: tuple[str, ...] = ()
     cpus: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = field(
         default=(),
@@ -233,29 +285,63 @@ class Topology:
             )
         if any(t < 0 for t in self.encoder_threads):
             raise ValueError("encoder threads must be 0 (torch's default) or more")
-        if len(self.encoder_threads) > len(self.encoder_devices):
+        if len(self.encoder_threads) > len(self._group_devices):
             raise ValueError(
                 f"{len(self.encoder_threads)} encoder thread counts for "
-                f"{len(self.encoder_devices)} encoders"
+                f"{len(self._group_devices)} encoders"
             )
 
     def encoder_args(self, index: int) -> list[str]:
-        """Extra flags of encoder ``index``: its device and, when given, its thread count."""
+        """Extra flags of encoder ``index`` (a slot): its device and, when given, its thread
+        count (``--encoder-threads`` counts per device entry when the encoders scale)."""
         flags = ["--device", self.encoder_devices[index]]
-        if index < len(self.encoder_threads) and self.encoder_threads[index]:
-            flags += ["--threads", str(self.encoder_threads[index])]
+        group = index // self._slots_per_group
+        if group < len(self.encoder_threads) and self.encoder_threads[group]:
+            flags += ["--threads", str(self.encoder_threads[group])]
         return flags
 
     @property
     def encoder_devices(self) -> list[str]:
-        """Device of each encoder to start (none where the prefill worker encodes)."""
+        """Device of each encoder slot, those started later by autoscaling included (none where
+        the prefill worker encodes)."""
+        return [d for d in self._group_devices for _ in range(self._slots_per_group)]
+
+    @property
+    def encoder_groups(self) -> list[EncoderGroup]:
+        """The encoders by the group each scales with: one per device entry (every slot of
+        ``auto`` without ``--encoder-devices``) when they scale, one per encoder otherwise."""
+        size, span = self._slots_per_group, self.num_encoders
+        low, high = (span.minimum, span.maximum) if span.scales else (1, 1)
+        return [
+            EncoderGroup(device, tuple(range(i * size, (i + 1) * size)), low, high)
+            for i, device in enumerate(self._group_devices)
+        ]
+
+    @property
+    def initial_encoders(self) -> list[int]:
+        """The slots started with the deployment: each group's first ``minimum``."""
+        return [slot for g in self.encoder_groups for slot in g.slots[: g.minimum]]
+
+    @property
+    def scales_encoders(self) -> bool:
+        """Whether ``--encoders MIN:MAX`` scales encoders (a topology that starts some)."""
+        return self.num_encoders.scales and bool(self._group_devices)
+
+    @property
+    def _slots_per_group(self) -> int:
+        return self.num_encoders.maximum if self.num_encoders.scales else 1
+
+    @property
+    def _group_devices(self) -> list[str]:
+        """One device per group: the listed devices, dual-encoder's pair, or ``auto`` once per
+        encoder (once when they scale)."""
         if self.name in ("ep-d", "epd1"):
             return []
         if self.devices:
             return list(self.devices)
         if self.name == "dual-encoder":
             return [AUTO_DEVICE, CPU_DEVICE]
-        return [AUTO_DEVICE] * self.num_encoders
+        return [AUTO_DEVICE] * (1 if self.num_encoders.scales else self.num_encoders.minimum)
 
     @property
     def has_decode(self) -> bool:
@@ -290,6 +376,8 @@ class Topology:
         ]
         http = [("OpenAI HTTP", HTTP_OFFSET)] if self.http else []
         scraped = [(f"{n} metrics", METRICS_OFFSET + o) for n, o in services] if metrics else []
+        if metrics and self.scales_encoders:
+            scraped.append(("launcher metrics", LAUNCHER_METRICS_OFFSET))
         return [*services, *http, *scraped]
 
     def services(

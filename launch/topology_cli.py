@@ -47,8 +47,9 @@ def topology_of(args: argparse.Namespace) -> Topology:
     """The ``Topology`` the flags describe (engine settings and CPUs aside); ValueError names
     what cannot be met, devices this machine lacks included."""
     devices = args.encoder_devices
-    # NOTE: --encoders left at its default of 1 follows the device list.
-    if devices and args.encoders not in (1, len(devices)):
+    # NOTE: --encoders left at its default of 1 follows the device list; MIN:MAX applies to each.
+    count = args.encoders
+    if devices and not count.scales and count.minimum not in (1, len(devices)):
         raise ValueError(
             f"--encoders {args.encoders} but --encoder-devices names {len(devices)}: give one"
         )

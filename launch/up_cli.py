@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NoReturn
 
 from epd.client.errors import EpdClientError
 from epd.client.messages import user
@@ -21,6 +22,13 @@ from epd.common.cpus import allowed_cpus
 from epd.common.flags import add_dataclass_arguments, flag
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
+from epd.launch.autoscale_cli import (
+    add_scaling_arguments,
+    autoscale,
+    scaling_groups,
+    scaling_options,
+    scheduler_flags,
+)
 from epd.launch.cpu_layout import LAYOUTS, MIN_SPLIT_CPUS, describe, lay_out, parse_pins
 from epd.launch.entry_cli import add_entry_arguments, public_entry
 from epd.launch.launcher import Child, Deployment, start_topology
@@ -151,16 +159,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_entry_arguments(parser)
     add_dataclass_arguments(parser, UpRun)
     add_dataclass_arguments(parser, WatchOptions)
+    add_scaling_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Start, ask, print, stop (or keep)."""
-    if args.encoders < 1 or args.max_tokens < 1:
-        print("epd up: --encoders and --max-tokens must be at least 1", file=sys.stderr)
+    if args.max_tokens < 1:
+        print("epd up: --max-tokens must be at least 1", file=sys.stderr)
         return 2
     try:
         args.watch = WatchOptions(max_restarts=args.max_restarts)
-        topology = args.planned_topology = topology_of(args)
+        args.scaling = scaling_options(args)
+        topology = replace(topology_of(args), scheduler_flags=scheduler_flags(args))
+        args.planned_topology = topology
+        scaling_groups(topology)
         if args.base_port:
             check_ports(topology, args.metrics)
         check_engine_args(args)
@@ -198,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
     deployment = Deployment(run_dir, env, base_port=args.base_port or None, metrics=args.metrics)
     args.run_dir_resolved = run_dir
+    args.span_file = run_dir / SPAN_FILE
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         return asyncio.run(_up(args, deployment))
@@ -225,15 +238,28 @@ async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
     chat = entry.chat_command(route.port)
     print(f"\nrunning; route at {at} ({chat}); Ctrl-C stops everything", flush=True)
 
-    def rewrite_endpoints(child: Child) -> None:
+    def rewrite_endpoints(child: Child | None = None) -> None:
         if args.endpoints_file:
-            _write_endpoints(args.endpoints_file, deployment, route, entry)
+            _write_endpoints(args.endpoints_file, deployment, route, entry, args)
 
-    await watch(deployment, args.watch, _report, rewrite_endpoints)
+    if not args.planned_topology.scales_encoders:
+        await watch(deployment, args.watch, _report, rewrite_endpoints)
+    scheduler = next(c for c in deployment.children if c.name == "scheduler").endpoint
+    task = asyncio.ensure_future(autoscale(args, deployment, scheduler, _report, rewrite_endpoints))
+    task.add_done_callback(_report_failure)
+    try:
+        await watch(deployment, args.watch, _report, rewrite_endpoints)
+    finally:
+        task.cancel()
 
 
 def _report(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _report_failure(task: asyncio.Task[NoReturn]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        _report(f"epd up: the autoscaler stopped: {error!r}")
 
 
 async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tuple[Child, int]:
@@ -267,7 +293,7 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         if child.metrics_url:
             print(f"  {child.name:<10} metrics {child.metrics_url}")
     if args.endpoints_file:
-        _write_endpoints(args.endpoints_file, deployment, route, entry)
+        _write_endpoints(args.endpoints_file, deployment, route, entry, args)
     if not args.no_demo and await _demo(args, route.endpoint, model_id) != 0:
         return route, 1
     return route, 0
@@ -306,13 +332,18 @@ def cpu_plan(args: argparse.Namespace, topology: Topology) -> dict[str, list[int
     return lay_out(services, allowed_cpus(), args.cpu_layout, pins)
 
 
-def _write_endpoints(path: Path, deployment: Deployment, route: Child, entry: PublicEntry) -> None:
+def _write_endpoints(
+    path: Path, deployment: Deployment, route: Child, entry: PublicEntry, args: argparse.Namespace
+) -> None:
     endpoints: dict[str, object] = {c.name: c.endpoint for c in deployment.children}
     endpoints["route"] = entry.public_endpoint(route.port)
     endpoints["http"] = entry.http_url(route.http_port) if route.http_port else None
     endpoints["pids"] = {c.name: c.process.pid for c in deployment.children}
     endpoints["run_dir"] = str(deployment.run_dir)
-    endpoints["metrics"] = {c.name: c.metrics_url for c in deployment.children if c.metrics_url}
+    metrics = {c.name: c.metrics_url for c in deployment.children if c.metrics_url}
+    if launcher := getattr(args, "launcher_metrics_url", None):
+        metrics["launcher"] = launcher
+    endpoints["metrics"] = metrics
     path.write_text(json.dumps(endpoints, indent=1))
 
 

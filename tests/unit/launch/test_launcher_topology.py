@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from epd.launch.launcher import Deployment, start_topology
-from epd.launch.topology import PREFILL_MODES, TOPOLOGIES, Topology, check_ports
+from epd.launch.topology import (
+    PREFILL_MODES,
+    TOPOLOGIES,
+    EncoderRange,
+    Topology,
+    check_ports,
+)
 from tests.unit.launch.test_public_entry import Unstarted, flag
 
 
@@ -24,7 +30,7 @@ from tests.unit.launch.test_public_entry import Unstarted, flag
     ],
 )
 def test_each_topology_starts_its_roles(name, devices, has_decode, mode) -> None:
-    topology = Topology(name, num_encoders=2)
+    topology = Topology(name, num_encoders=EncoderRange(2, 2))
     assert topology.encoder_devices == devices
     assert topology.has_decode is has_decode
     assert PREFILL_MODES[name][1] == mode
@@ -47,7 +53,9 @@ def test_encoder_threads_go_to_their_encoders_in_order() -> None:
     topology = Topology("dual-encoder", encoder_threads=(2, 1))
     assert topology.encoder_args(0) == ["--device", "auto", "--threads", "2"]
     assert topology.encoder_args(1) == ["--device", "cpu", "--threads", "1"]
-    assert Topology("e-pd", num_encoders=2, encoder_threads=(1,)).encoder_args(1) == [
+    assert Topology("e-pd", num_encoders=EncoderRange(2, 2), encoder_threads=(1,)).encoder_args(
+        1
+    ) == [
         "--device",
         "auto",
     ]
@@ -121,8 +129,9 @@ def test_no_two_ports_meet_for_any_combination_that_fits(name: str) -> None:
     for num_encoders, num_prefill, num_decode in itertools.product(
         range(1, 8), range(1, 11), num_decodes
     ):
+        count = EncoderRange(num_encoders, num_encoders)
         topology = Topology(
-            name, num_encoders=num_encoders, num_prefill=num_prefill, num_decode=num_decode
+            name, num_encoders=count, num_prefill=num_prefill, num_decode=num_decode
         )
         for metrics in (True, False):
             offsets = [offset for _, offset in topology.port_offsets(metrics)]
