@@ -9,7 +9,9 @@ The Prometheus Operator's ServiceMonitor and PodMonitor are custom resources, wh
 kubernetes_validate has no schema for; no maintained PyPI package ships their CRD schema (the
 one that models them, cloudcoil-models-prometheus-operator, ships generated pydantic classes
 that need the cloudcoil runtime), so none is vendored: they are the only kinds skipped here, and
-test_chart_hardening checks what they select and scrape."""
+test_chart_hardening checks what they select and scrape. KEDA's ScaledObject is one too (KEDA
+publishes its CRDs in its Helm chart, not on PyPI): test_chart_autoscaling checks what it scales
+and queries."""
 
 from __future__ import annotations
 
@@ -38,7 +40,10 @@ VALUES = [None, *EXAMPLES]
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 }
+AUTOSCALED = '--set-json encoders=[{"name":"cpu","device":"cpu","autoscaling":{"enabled":true}}]'
+KEDA = ("autoscaling.kind=keda", "autoscaling.keda.serverAddress=http://prometheus:9090")
 HUB = ("model.source=hub", "model.hub.repo=Qwen/Qwen2-VL-2B-Instruct")
 # Optional features with the default values: each renders objects or fields the examples may not.
 FEATURES = {
@@ -53,6 +58,8 @@ FEATURES = {
         "podDisruptionBudget.minAvailable=50%",
     ),
     "e-pd": ("prefill.mode=prefill_decode",),
+    "autoscaling-hpa": (AUTOSCALED,),
+    "autoscaling-keda": (AUTOSCALED, *KEDA),
 }
 # Values values.schema.json refuses, and the path of the value its error names.
 REFUSED = {
@@ -81,6 +88,12 @@ REFUSED = {
     ),
     "budget with both bounds": (("podDisruptionBudget.minAvailable=1",), "/podDisruptionBudget"),
     "shared memory scope": (("sharedMemory.scope=cluster",), "/sharedMemory/scope"),
+    "autoscaling kind": (("autoscaling.kind=vpa",), "/autoscaling/kind"),
+    "autoscaling to no encoder": (
+        ('--set-json encoders=[{"name":"cpu","autoscaling":{"minReplicas":0}}]',),
+        "/encoders/0/autoscaling/minReplicas",
+    ),
+    "keda address": (("autoscaling.keda.serverAddress=prometheus:9090",), "/autoscaling/keda"),
     "two volume sources": (
         ("model.volume.persistentVolumeClaim.claimName=models", "model.volume.nfs.path=/models"),
         "/model/volume",
@@ -91,6 +104,21 @@ REFUSED_BY_TEMPLATES = {
     "two encoders of one name": (
         ('--set-json encoders=[{"name":"cpu"},{"name":"cpu","device":"cuda"}]',),
         'two entries are named "cpu"',
+    ),
+    "an autoscaled encoder on auto": (
+        ('--set-json encoders=[{"name":"any","device":"auto","autoscaling":{"enabled":true}}]',),
+        "name its device",
+    ),
+    "autoscaling bounds upside down": (
+        (
+            '--set-json encoders=[{"name":"cpu","device":"cpu","autoscaling":'
+            '{"enabled":true,"minReplicas":3,"maxReplicas":2}}]',
+        ),
+        "maxReplicas 2 below minReplicas 3",
+    ),
+    "keda without its prometheus": (
+        (AUTOSCALED, "autoscaling.kind=keda"),
+        "autoscaling.keda.serverAddress",
     ),
 }
 
@@ -121,8 +149,13 @@ def test_every_feature_renders_valid_kubernetes(sets: tuple[str, ...], kubernete
     validate(render(sets=sets), kubernetes)
 
 
-def test_only_the_monitors_skip_the_kubernetes_schemas() -> None:
-    """The custom kinds rendered are exactly the monitors asked for, one per workload."""
+def test_only_the_monitors_and_scaled_objects_skip_the_kubernetes_schemas() -> None:
+    """The custom kinds rendered are exactly the monitors asked for, one per workload, and a
+    ScaledObject per autoscaled encoder with KEDA."""
+    scaled = [
+        o for o in render(sets=(AUTOSCALED, *KEDA)) if (o["apiVersion"], o["kind"]) in CUSTOM_KINDS
+    ]
+    assert [(o["kind"], component(o)) for o in scaled] == [("ScaledObject", "encode-cpu")]
     for kind in ("ServiceMonitor", "PodMonitor"):
         objects = render(sets=(f"metrics.monitor.kind={kind}",))
         custom = [o for o in objects if (o["apiVersion"], o["kind"]) in CUSTOM_KINDS]

@@ -2,7 +2,8 @@
      "role" ROLE-VALUES "args" LIST "port" GRPC-PORT "extraPorts" LIST "worker" BOOL
      "engine" BOOL "dataPlane" BOOL "recreate" BOOL "tls" SECRET-NAME). dataPlane: loads the
      model, mounts /dev/shm and sets the host id (every role but the scheduler). tls: the
-     Secret the server's TLS certificate and key come from (the route's route.tls). */}}
+     Secret the server's TLS certificate and key come from (the route's route.tls). A role
+     with autoscaling.enabled leaves replicas to its autoscaler (_autoscaler.tpl). */}}
 {{- define "epd.deployment" -}}
 {{- $root := .root -}}
 {{- $v := .role -}}
@@ -14,7 +15,9 @@ metadata:
   labels:
     {{- include "epd.labels" . | nindent 4 }}
 spec:
+  {{- if not (dig "autoscaling" "enabled" false $v) }}
   replicas: {{ if hasKey $v "replicas" }}{{ $v.replicas }}{{ else }}1{{ end }}
+  {{- end }}
   {{- if .recreate }}
   strategy:
     type: Recreate
