@@ -15,7 +15,16 @@ from epd.client.errors import (
     Unauthenticated,
     Unavailable,
 )
-from epd.client.messages import Chunk, Message, Picture, assistant, build_request, system, user
+from epd.client.messages import (
+    Chunk,
+    Message,
+    Picture,
+    Video,
+    assistant,
+    build_request,
+    system,
+    user,
+)
 from epd.client.sdk import AsyncEpdClient
 from epd.client.sync_client import EpdClient
 
@@ -29,6 +38,7 @@ __all__ = [
     "InvalidRequest",
     "Message",
     "Picture",
+    "Video",
     "Unauthenticated",
     "Unavailable",
     "assistant",

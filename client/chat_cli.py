@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image", action="append", default=[], help="image path or URL; repeat for several"
     )
+    parser.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        help="video path or URL (mp4, mov, webm, matroska); repeat for several",
+    )
     add_flag(parser, "endpoint", ENDPOINT, default=f"127.0.0.1:{ROUTE_PORT}", kind=str)
     parser.add_argument("--model", default="", help="model id (default: the only one)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
@@ -48,15 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Stream the answer to stdout; errors to stderr with their reason."""
-    for image in args.image:
-        try:
-            path = local_path(image)
-        except ValueError as e:
-            print(f"epd chat: {e}", file=sys.stderr)
-            return 2
-        if path is not None and not path.is_file():
-            print(f"epd chat: no such image file: {image}", file=sys.stderr)
-            return 2
+    for kind, sources in (("image", args.image), ("video", args.video)):
+        for source in sources:
+            try:
+                path = local_path(source)
+            except ValueError as e:
+                print(f"epd chat: {e}", file=sys.stderr)
+                return 2
+            if path is not None and not path.is_file():
+                print(f"epd chat: no such {kind} file: {source}", file=sys.stderr)
+                return 2
     return asyncio.run(_chat(args))
 
 
@@ -70,7 +77,7 @@ async def _chat(args: argparse.Namespace) -> int:
     ) as client:
         try:
             async for chunk in client.stream(
-                [user(args.question, images=args.image)],
+                [user(args.question, images=args.image, videos=args.video)],
                 model=args.model,
                 max_tokens=args.max_tokens,
                 temperature=args.temperature,

@@ -44,17 +44,35 @@ class Picture:
 
 
 @dataclass(frozen=True, slots=True)
+class Video:
+    """A video part of a message (mp4, mov, webm or matroska): encoded bytes, a local file or a
+    URL, read or sent as a ``Picture``'s source is; the route decodes it and samples its frames
+    as the model's video processor does."""
+
+    source: str | Path | bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """One chat turn: ``role`` ("system", "user", "assistant") and its parts in order."""
 
     role: str
-    parts: tuple[str | Picture, ...]
+    parts: tuple[str | Picture | Video, ...]
 
 
-def user(text: str, *, image: ImageLike | None = None, images: Sequence[ImageLike] = ()) -> Message:
-    """A user turn: its images first (as chat templates expect), then the text."""
+def user(
+    text: str,
+    *,
+    image: ImageLike | None = None,
+    images: Sequence[ImageLike] = (),
+    video: str | Path | bytes | None = None,
+    videos: Sequence[str | Path | bytes] = (),
+) -> Message:
+    """A user turn: its images first, then its videos (as chat templates expect), then the
+    text."""
     pictures = ([image] if image is not None else []) + list(images)
-    return Message("user", (*(Picture(p) for p in pictures), text))
+    clips = ([video] if video is not None else []) + list(videos)
+    return Message("user", (*(Picture(p) for p in pictures), *(Video(v) for v in clips), text))
 
 
 def system(text: str) -> Message:
@@ -114,6 +132,14 @@ def media_item(source: ImageLike) -> multimodal_pb2.MediaItem:
     return multimodal_pb2.MediaItem(data=path.read_bytes())
 
 
+def _content_part(part: str | Picture | Video) -> route_service_pb2.ContentPart:
+    if isinstance(part, Picture):
+        return route_service_pb2.ContentPart(image=media_item(part.source))
+    if isinstance(part, Video):
+        return route_service_pb2.ContentPart(video=media_item(part.source))
+    return route_service_pb2.ContentPart(text=str(part))
+
+
 def _shown(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
@@ -148,12 +174,7 @@ def build_request(
         raise ValueError(f"max_tokens must be at least 1 (None: the route's default): {max_tokens}")
     chat = []
     for message in messages:
-        content = [
-            route_service_pb2.ContentPart(image=media_item(part.source))
-            if isinstance(part, Picture)
-            else route_service_pb2.ContentPart(text=str(part))
-            for part in message.parts
-        ]
+        content = [_content_part(part) for part in message.parts]
         chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
     sampling = generation_pb2.SamplingParams(
         max_tokens=max_tokens or 0,

@@ -1,0 +1,59 @@
+"""The KV handle's video entries: which of the prefill's grids are videos, for decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from epd.common.errors import InvalidArgument
+from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.worker.kv_handle import (
+    VIDEO_SECONDS_KEY,
+    decode_kv_params,
+    encode_kv_params,
+    handle_images,
+    video_seconds,
+)
+
+LAYOUT = VisionLayout(
+    vision_start_id=1, image_pad_id=2, merge_size=2, embedding_width=8, video_pad_id=3
+)
+
+
+def test_decode_gets_the_prefills_images_and_videos_back() -> None:
+    images = [
+        EngineImage("img", (1, 4, 4)),
+        EngineImage("vid", (3, 4, 4), seconds_per_temporal_patch=1.0),
+    ]
+    params = {
+        IMAGE_GRIDS_KEY: [list(i.grid or ()) for i in images],
+        IMAGE_HASHES_KEY: [i.mm_hash for i in images],
+        VIDEO_SECONDS_KEY: video_seconds(images),
+    }
+    assert handle_images(decode_kv_params(encode_kv_params(params))) == images
+    # a handle without the key (images only) reads as images
+    del params[VIDEO_SECONDS_KEY]
+    assert [i.is_video for i in handle_images(params)] == [False, False]
+
+
+@pytest.mark.parametrize("seconds", [[1.0], "1.0", [None, "x"], [None, True]])
+def test_a_bad_video_list_is_refused(seconds: object) -> None:
+    params = {IMAGE_GRIDS_KEY: [[1, 2, 2], [2, 2, 2]], VIDEO_SECONDS_KEY: seconds}
+    with pytest.raises(InvalidArgument) as caught:
+        handle_images(params)
+    assert caught.value.reason == "BAD_KV_HANDLE"
+
+
+def test_the_prompt_check_counts_videos_apart_from_images() -> None:
+    prompt = [9, 1, 2, 9, 1, 3, 9]
+    image = EngineImage("img", (1, 2, 2))
+    video = EngineImage("vid", (2, 2, 2), seconds_per_temporal_patch=0.0)
+    LAYOUT.check(prompt, [image, video], 100, grids_suffice=True)
+    for images, reason in (
+        ([image], "VIDEO_COUNT_MISMATCH"),
+        ([image, image], "IMAGE_COUNT_MISMATCH"),
+        ([video, image], "BAD_VIDEO_ORDER"),
+    ):
+        with pytest.raises(InvalidArgument) as caught:
+            LAYOUT.check(prompt, images, 100, grids_suffice=True)
+        assert caught.value.reason == reason
