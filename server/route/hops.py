@@ -211,6 +211,8 @@ class Recovery:
             raise lost from error
         if attempt.prefill is None or not is_resumable(error) or self._tries_spent():
             raise error
+        if self.is_resuming and not self.progress.can_resume:
+            raise error
 
     def recover_from(self, attempt: Attempt, error: EpdError, on_resumed: OnResumed | None) -> None:
         """Exclude the worker whose ``error`` failed ``attempt`` and count the failure (a

@@ -52,6 +52,19 @@ class Progress:
     num_resumed: int = 0
 
     @property
+    def can_resume(self) -> bool:
+        """Whether a new attempt can continue the tokens sent as its prompt and still answer as
+        the uninterrupted request would: not when a grammar constrains the output (it would
+        start again mid-answer) or penalties count the output's tokens (they would count them
+        as prompt)."""
+        sampling = self.call.sampling
+        return not (
+            sampling.HasField("structured_output")
+            or sampling.presence_penalty
+            or sampling.frequency_penalty
+        )
+
+    @property
     def max_tokens(self) -> int:
         """The request's token budget, with the engines' default for 0."""
         return sampling_from_proto(self.call.sampling).max_tokens
@@ -75,6 +88,7 @@ class Progress:
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(self.call.sampling)
         sampling.max_tokens = self.remaining
+        sampling.min_tokens = max(sampling.min_tokens - len(self.sent), 0)
         request_id = f"{self.call.request_id}-resumed-{self.num_resumed}"
         return replace(self.call, request_id=request_id, prompt=extended, sampling=sampling)
 

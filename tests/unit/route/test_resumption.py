@@ -89,6 +89,41 @@ async def test_a_decode_worker_dying_mid_stream_is_continued_through_another_pre
     assert [name for name, _ in engines["dec1"].calls] == ["Decode"]
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"structured_output": generation_pb2.StructuredOutput(regex="[a-z]+")},
+        {"presence_penalty": 1.0},
+        {"frequency_penalty": -0.5},
+    ],
+    ids=["grammar", "presence_penalty", "frequency_penalty"],
+)
+async def test_a_stream_whose_output_shapes_its_sampling_is_not_resumed(
+    sampling: dict[str, Any],
+) -> None:
+    """A grammar would start again mid-answer and output penalties would count the tokens sent
+    as prompt: the loss ends the stream instead of an answer the request would not give."""
+    scheduler = FakeScheduler(prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)])
+    dying = ScriptedEngine(error=Unavailable("down"), num_before_error=2)
+    peers = FakePeers(scheduler, engines={"pd0": dying, "pd1": ScriptedEngine()})
+    call = call_of(E_PD)
+    call.sampling.MergeFrom(generation_pb2.SamplingParams(**sampling))
+    received: list[int] = []
+    with pytest.raises(Unavailable):
+        async for piece in stream_tokens(peers, call, _nothing):  # type: ignore[arg-type]
+            received.extend(piece.token_ids)
+    assert received == SCRIPT[:2] and not peers.engines["pd1"].calls
+
+
+def test_a_continued_call_asks_for_the_min_tokens_still_due() -> None:
+    call = call_of(E_PD, max_tokens=10)
+    call.sampling.min_tokens = 5
+    progress = Progress(call, sent=[7, 8, 9])
+    assert progress.continued(call.prompt).sampling.min_tokens == 2
+    progress = Progress(call, sent=list(range(7)))
+    assert progress.continued(call.prompt).sampling.min_tokens == 0
+
+
 async def test_the_resumptions_of_a_request_are_limited() -> None:
     scheduler = FakeScheduler(prefills=[(f"pd{i}", Role.PREFILL_DECODE) for i in range(4)])
     engines = {f"pd{i}": ScriptedEngine(Unavailable("down"), num_before_error=1) for i in range(4)}
