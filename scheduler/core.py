@@ -359,7 +359,7 @@ class Scheduler:
             grouped.setdefault(key, []).append(worker)
         states = {}
         for key, workers in grouped.items():
-            costs = [self._service.get(w.id) for w in workers]
+            costs = [self._service.slowest(w.id) for w in workers]
             backlog = sum(max(0.0, self._busy_until.get(w.id, now) - now) for w in workers)
             states[key] = KindState(len(workers), tuple(c for c in costs if c), backlog)
         return states

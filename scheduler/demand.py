@@ -7,7 +7,8 @@ the device type of the encoders (``cpu``, ``cuda``, ``xpu``):
 
 - arrivals ``λ``: units assigned to encoders of that kind per second, an exponentially weighted
   rate over ``smoothing_s``, less the share that the encoders answer from their caches lately;
-- cost ``S``: the mean learned service time of one unit on the kind's live encoders;
+- cost ``S``: the mean learned service time of one unit on the kind's live encoders, smoothed
+  over time with the same time constant (each encoder's estimate moves with every batch);
 - offered load ``A = λ·S``: encoders kept busy on average;
 - backlog ``B``: the encoder-seconds of work assigned and not yet done.
 
@@ -85,6 +86,25 @@ def encoders_needed(load: float, service_s: float, backlog_s: float, target_wait
     return needed
 
 
+@dataclass(slots=True)
+class SmoothedValue:
+    """A value followed over time, exponentially weighted with ``time_constant_s``."""
+
+    time_constant_s: float
+    value: float | None = None
+    _at: float = 0.0
+
+    def update(self, sample: float, now: float) -> float:
+        """Fold in ``sample`` seen at ``now``; the smoothed value."""
+        if self.value is None:
+            self.value = sample
+        else:
+            weight = 1 - math.exp(-max(0.0, now - self._at) / self.time_constant_s)
+            self.value += weight * (sample - self.value)
+        self._at = now
+        return self.value
+
+
 @dataclass(frozen=True, slots=True)
 class EncoderDemand:
     """The signal for one kind of encoder of one model."""
@@ -114,6 +134,7 @@ class _Arrivals:
     units: DecayingRate
     hit_units: DecayingRate
     done_units: DecayingRate
+    cost_s: SmoothedValue
 
 
 @dataclass(slots=True)
@@ -147,7 +168,9 @@ class DemandTracker:
         hit_ratio = min(1.0, arrivals.hit_units.rate(now) / done) if done > 0 else 0.0
         rate = arrivals.units.rate(now) * (1 - hit_ratio)
         rate = rate if rate > MIN_RATE else 0.0  # NOTE: what is left of arrivals long past
-        item_s = _mean(state.item_ms) / 1000 if state.item_ms else None
+        item_s = None
+        if state.item_ms:
+            item_s = arrivals.cost_s.update(_mean(state.item_ms) / 1000, now)
         if item_s is None:
             load, needed = 0.0, state.num_live
         else:
@@ -161,7 +184,7 @@ class DemandTracker:
         key = (model, kind)
         if key not in self._by_kind:
             rates = (DecayingRate(self.smoothing_s) for _ in range(3))
-            self._by_kind[key] = _Arrivals(*rates)
+            self._by_kind[key] = _Arrivals(*rates, SmoothedValue(self.smoothing_s))
         return self._by_kind[key]
 
 

@@ -63,6 +63,14 @@ class ServiceTimes:
                 return ewma.value
         return None
 
+    def slowest(self, worker_id: str) -> float | None:
+        """The larger of the two estimates (None without samples): the worker's own figure is
+        its compute alone, the inferred one includes what surrounds it (loading, preparing,
+        handing over), which bounds how fast the worker really serves."""
+        sources = (self._reported.get(worker_id), self._by_worker.get(worker_id))
+        known = [e.value for e in sources if e is not None and e.value is not None]
+        return max(known) if known else None
+
     def forget(self, worker_id: str) -> None:
         """Drop the estimates of a worker that left."""
         self._reported.pop(worker_id, None)

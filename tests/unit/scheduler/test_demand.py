@@ -137,3 +137,12 @@ def test_the_signal_is_exported_with_units_in_its_names() -> None:
     cost = value(scraped, "epd_scheduler_encode_image_cost_seconds", **labels)
     assert rate * cost == pytest.approx(load)
     assert value(scraped, "epd_scheduler_encode_wait_target_seconds") == 0.25
+
+
+def test_the_cost_is_smoothed_over_time() -> None:
+    tracker = DemandTracker(smoothing_s=10.0, target_wait_s=0.25)
+    tracker.arrived("m", "cpu", 1.0, 0.0)
+    first = tracker.demand({("m", "cpu"): KindState(1, (100.0,), 0.0)}, 0.0)[0]
+    jumped = tracker.demand({("m", "cpu"): KindState(1, (300.0,), 0.0)}, 10.0)[0]
+    assert first.item_s == pytest.approx(0.1)
+    assert jumped.item_s == pytest.approx(0.1 + 0.2 * (1 - math.exp(-1)))
