@@ -84,6 +84,11 @@ IMPLEMENTED_FIELDS = frozenset(
         "logprobs",
         "top_logprobs",
         "n",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "documents",
+        "reasoning_effort",
     }
 )
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -190,6 +195,7 @@ def to_chat_request(
         parsed.model or default_model,
         messages,
         _sampling(parsed, max_tokens, defaults or {}),
+        template_kwargs=parsed.build_chat_params(None, "auto").chat_template_kwargs,
     )
     check_request(request, limits, max_tokens_param=name)
     return request

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.model_dir import context_length
-from epd.server.route.request import ChatMessage, ChatPart
+from epd.server.route.request import ChatMessage, ChatPart, bad
 
 BLOCK_SIZE = 16
 JINJA_CHARACTERS = "{}\n"
@@ -90,19 +90,32 @@ class PromptBuilder:
         """Text characters of ``messages`` (what tokenising costs grows with)."""
         return sum(len(part.text or "") for message in messages for part in message.parts)
 
-    def token_ids(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of the rendered chat with the assistant's turn opened. The chat is one
-        ``request_check.check_request`` passed: messages, roles and sizes are not checked again."""
+    def token_ids(
+        self, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """Token ids of the rendered chat, by default with the assistant's turn opened. The chat
+        is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
+        again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``)."""
         chat = [
             {"role": message.role, "content": [_template_part(part) for part in message.parts]}
             for message in messages
         ]
-        return self.rendered(chat)
+        try:
+            return self.rendered(chat, template_kwargs)
+        except Exception as e:  # noqa: BLE001 - a template raises what its author chose
+            raise bad(f"the chat template refused the chat: {e}"[:1024], "messages") from None
 
-    def rendered(self, chat: list[dict[str, Any]]) -> list[int]:
-        """Token ids of ``chat`` (chat-template form) rendered with the assistant's turn
-        opened."""
-        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    def rendered(
+        self, chat: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """Token ids of ``chat`` (chat-template form) rendered with ``template_kwargs`` as vLLM
+        passes a request's to the template (those it neither takes nor names are dropped);
+        raises what the template raises."""
+        from vllm.renderers.hf import resolve_chat_template_kwargs
+
+        kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
+        kwargs = resolve_chat_template_kwargs(self.tokenizer, self.tokenizer.chat_template, kwargs)
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def block_hashes(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.v1 import generation_pb2, route_service_pb2
@@ -78,6 +79,10 @@ class ChatRequest:
     sampling: generation_pb2.SamplingParams = field(default_factory=generation_pb2.SamplingParams)
     # the scheduler's EncoderPolicy value (0: its default policy)
     encoder_policy: int = 0
+    # keyword arguments for the chat template, as vLLM passes a request's (add_generation_prompt,
+    # continue_final_message, documents, the request's chat_template_kwargs); empty: the
+    # assistant's turn opened
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def images(self) -> list[ImageSource]:

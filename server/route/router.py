@@ -51,7 +51,7 @@ from epd.server.route.hops import (
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatMessage, ChatRequest, ImageSource
+from epd.server.route.request import ChatRequest, ImageSource
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
 from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_video, video_input
@@ -168,7 +168,7 @@ class Router:
         span = trace.get_current_span()
         span.set_attribute("epd.request_id", request.request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
-        token_ids = await self._token_ids(request.messages)
+        token_ids = await self._token_ids(request)
         images, videos = await asyncio.gather(
             self._load(request.images), self._load_videos(request.videos)
         )
@@ -382,11 +382,12 @@ class Router:
         if leases and self.plane is not None:
             self.plane.release(leases)
 
-    async def _token_ids(self, messages: list[ChatMessage]) -> list[int]:
+    async def _token_ids(self, request: ChatRequest) -> list[int]:
         """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
+        messages, kwargs = request.messages, request.template_kwargs
         if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
-            return self.prompts.token_ids(messages)
-        return await asyncio.to_thread(self.prompts.token_ids, messages)
+            return self.prompts.token_ids(messages, kwargs)
+        return await asyncio.to_thread(self.prompts.token_ids, messages, kwargs)
 
     def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
         """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""

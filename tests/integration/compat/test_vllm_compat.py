@@ -47,6 +47,7 @@ IMAGE = [
     }
 ]
 GREEDY = {"model": "tiny", "messages": IMAGE, "max_tokens": 10, "temperature": 0}
+CHAT = [*IMAGE, {"role": "assistant", "content": "It shows"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 # (name, body): both answer 200 with the same choices.
@@ -83,6 +84,17 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("unknown_field", {**GREEDY, "temprature": 0.5, "metadata": {"k": "v"}}),
+    ("no_generation_prompt", {**GREEDY, "messages": CHAT, "add_generation_prompt": False}),
+    (
+        "continue_final_message",
+        {
+            **GREEDY,
+            "messages": CHAT,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+    ),
+    ("chat_template_kwargs", {**GREEDY, "chat_template_kwargs": {"enable_thinking": False}}),
     ("user_and_ids", {**GREEDY, "user": "u1", "request_id": "r-1", "parallel_tool_calls": True}),
 ]
 # (name, body): both refuse with 400.
@@ -98,6 +110,10 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("bad_response_format", {**GREEDY, "response_format": {"type": "xml"}}),
     ("two_constraints", {**GREEDY, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
     ("wrong_type", {**GREEDY, "max_tokens": "many"}),
+    (
+        "generation_prompt_and_continuation",
+        {**GREEDY, "messages": CHAT, "continue_final_message": True},
+    ),
     # NOTE: vLLM refuses automatic tool choice unless started with --enable-auto-tool-choice.
     ("tools_auto_without_a_parser", {**GREEDY, "tools": TOOLS}),
 ]
@@ -106,11 +122,6 @@ NOT_YET: list[tuple[str, dict[str, Any], str]] = [
     ("tools", {**GREEDY, "tools": TOOLS, "tool_choice": "none"}, "tools"),
     ("echo", {**GREEDY, "echo": True}, "echo"),
     ("prompt_logprobs", {**GREEDY, "prompt_logprobs": 1}, "prompt_logprobs"),
-    (
-        "chat_template_kwargs",
-        {**GREEDY, "chat_template_kwargs": {"x": 1}},
-        "chat_template_kwargs",
-    ),
     ("skip_special_tokens", {**GREEDY, "skip_special_tokens": False}, "skip_special_tokens"),
 ]
 

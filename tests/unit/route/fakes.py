@@ -353,7 +353,7 @@ class StubPrompts:
     def num_chars(self, messages: Any) -> int:
         return 2
 
-    def token_ids(self, messages: Any) -> list[int]:
+    def token_ids(self, messages: Any, template_kwargs: Any = None) -> list[int]:
         return [1, 2]
 
     def block_hashes(self, token_ids: list[int], images: Any, videos: Any = None) -> list[int]:

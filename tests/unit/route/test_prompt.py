@@ -91,3 +91,36 @@ def test_internvl_prompts_hash_each_image_between_its_delimiters(tiny_family_dir
     assert len(same) == (143 + 2 * 2) // BLOCK_SIZE == 9
     assert internvl.block_hashes(ids, [("aa11", rows[0]), ("cc33", rows[1])]) != same
     assert same[0] != internvl.block_hashes(ids, [("bb22", rows[0]), ("bb22", rows[1])])[0]
+
+
+def test_the_request_s_template_arguments_shape_the_prompt_as_vllm_passes_them(
+    builder: PromptBuilder,
+) -> None:
+    from epd.server.route import openai_schema as schema
+
+    def prompt(**fields: object) -> str:
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello the"},
+        ]
+        body = {"model": "tiny", "max_tokens": 2, "messages": messages, **fields}
+        request = schema.to_chat_request(body, "tiny")
+        return str(
+            builder.tokenizer.decode(builder.token_ids(request.messages, request.template_kwargs))
+        )
+
+    opened = prompt()
+    assert opened.endswith("Hello the<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt(add_generation_prompt=False).endswith("Hello the<|im_end|>\n")
+    continued = prompt(add_generation_prompt=False, continue_final_message=True)
+    assert continued.endswith("<|im_start|>assistant\nHello the")
+    assert prompt(chat_template_kwargs={"not_a_variable": 1}) == opened
+
+
+def test_a_template_that_refuses_the_chat_is_a_bad_request(builder: PromptBuilder) -> None:
+    from epd.common.errors import InvalidArgument
+
+    user = ChatMessage("user", [ChatPart(text="hi")])
+    with pytest.raises(InvalidArgument) as caught:
+        builder.token_ids([user], {"continue_final_message": True})
+    assert caught.value.metadata["param"] == "messages"
