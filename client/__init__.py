@@ -16,21 +16,26 @@ from epd.client.errors import (
     Unavailable,
 )
 from epd.client.messages import (
+    Candidate,
     Chunk,
     Message,
     Picture,
+    Usage,
     Video,
     assistant,
     build_request,
+    completions,
     system,
     user,
 )
+from epd.client.options import RequestOptions
 from epd.client.sdk import AsyncEpdClient
 from epd.client.sync_client import EpdClient
 
 __all__ = [
     "AsyncEpdClient",
     "Cancelled",
+    "Candidate",
     "Chunk",
     "DeadlineExceeded",
     "EpdClient",
@@ -38,11 +43,14 @@ __all__ = [
     "InvalidRequest",
     "Message",
     "Picture",
+    "RequestOptions",
+    "Usage",
     "Video",
     "Unauthenticated",
     "Unavailable",
     "assistant",
     "build_request",
+    "completions",
     "system",
     "user",
 ]

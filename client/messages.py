@@ -8,11 +8,13 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Unpack
 
 from PIL import Image
 
-from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
-from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+from epd.client.options import RequestOptions, check_options, request_fields, sampling_of
+from epd.common.generation import finish_reason_name
+from epd.v1 import multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 ImageLike = str | Path | bytes | Image.Image
@@ -86,16 +88,39 @@ def assistant(text: str) -> Message:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one completion (the prompt's included)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A token and its log probability at one position of the answer; ``rank`` 1 is the most
+    likely; ``token`` its text as the engine decoded it there ("" where it did not)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
-    """A piece of the answer: text delta and token ids; the last one has ``finish_reason``
-    ("stop", "length" or "abort") and ``usage`` (prompt_tokens, completion_tokens,
-    cached_prompt_tokens)."""
+    """A piece of the answer: text delta and token ids; the last one of a completion has
+    ``finish_reason`` ("stop", "length" or "abort") and ``usage``. ``logprobs``: for each token,
+    the generated one first, then the most likely (when ``logprobs`` was asked for).
+    ``index``: which of the request's ``n`` completions."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: Usage | None = None
     request_id: str = ""
+    logprobs: list[list[Candidate]] = field(default_factory=list)
+    index: int = 0
 
 
 def local_path(source: str | Path) -> Path | None:
@@ -145,72 +170,54 @@ def _shown(text: str, limit: int = 80) -> str:
 
 
 def build_request(
-    messages: Sequence[Message],
-    *,
-    model: str = "",
-    max_tokens: int | None = None,
-    temperature: float = SAMPLING_DEFAULTS.temperature,
-    top_p: float = SAMPLING_DEFAULTS.top_p,
-    top_k: int = SAMPLING_DEFAULTS.top_k,
-    seed: int | None = None,
-    stop: Sequence[str] = (),
-    stop_token_ids: Sequence[int] = (),
-    ignore_eos: bool = False,
-    encoder_policy: str = "",
-    request_id: str = "",
+    messages: Sequence[Message], **options: Unpack[RequestOptions]
 ) -> route_service_pb2.GenerateRequest:
-    """The GenerateRequest for ``messages`` and these options.
-
-    ``model`` empty: the deployment's only model. ``max_tokens`` None: the route's default, as
-    over its OpenAI HTTP port: the rest of the model's context (the answer ends at the model's
-    end of sequence or at the engine's length limit); more than the context is refused.
-    ``temperature`` 0: greedy. ``seed``: fixed seed for reproducible sampling.
-    ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's default).
-    ``request_id`` empty: the route makes one up. Images: see ``Picture``.
-    """
-    if encoder_policy not in POLICIES:
+    """The GenerateRequest for ``messages`` and ``options`` (``RequestOptions``: vLLM's sampling
+    options, a structured output, the encoder policy, the request id). Images: see
+    ``Picture``."""
+    check_options(options)
+    fields = request_fields(options)
+    if fields["encoder_policy"] not in POLICIES:
         raise ValueError(f"encoder_policy must be one of {sorted(POLICIES)}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1 (None: the route's default): {max_tokens}")
     chat = []
     for message in messages:
         content = [_content_part(part) for part in message.parts]
         chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
-    sampling = generation_pb2.SamplingParams(
-        max_tokens=max_tokens or 0,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        stop=list(stop),
-        stop_token_ids=list(stop_token_ids),
-        ignore_eos=ignore_eos,
-    )
-    if seed is not None:
-        sampling.seed = seed
     return route_service_pb2.GenerateRequest(
-        request_id=request_id,
-        model=model,
+        request_id=fields["request_id"],
+        model=fields["model"],
         messages=chat,
-        sampling=sampling,
-        encoder_policy=POLICIES[encoder_policy],
+        sampling=sampling_of(options),
+        encoder_policy=POLICIES[fields["encoder_policy"]],
     )
 
 
 def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
     """The SDK's view of one GenerateResponse."""
-    reason = finish_reason_name(response.finish_reason)
-    usage = {}
+    usage = None
     if response.HasField("usage"):
-        usage = {
-            "prompt_tokens": response.usage.prompt_tokens,
-            "completion_tokens": response.usage.completion_tokens,
-            "cached_prompt_tokens": response.usage.cached_prompt_tokens,
-        }
-    return Chunk(response.text, list(response.token_ids), reason, usage, response.request_id)
+        usage = Usage(
+            response.usage.prompt_tokens,
+            response.usage.completion_tokens,
+            response.usage.cached_prompt_tokens,
+        )
+    logprobs = [
+        [Candidate(c.token_id, c.logprob, c.rank, c.token) for c in position.candidates]
+        for position in response.logprobs
+    ]
+    return Chunk(
+        response.text,
+        list(response.token_ids),
+        finish_reason_name(response.finish_reason),
+        usage,
+        response.request_id,
+        logprobs,
+        response.index,
+    )
 
 
 def join(chunks: Sequence[Chunk]) -> Chunk:
-    """The whole answer as one chunk."""
+    """The whole answer of one completion as one chunk."""
     last = chunks[-1] if chunks else Chunk("", [])
     return Chunk(
         "".join(c.text for c in chunks),
@@ -218,4 +225,14 @@ def join(chunks: Sequence[Chunk]) -> Chunk:
         last.finish_reason,
         last.usage,
         last.request_id,
+        [position for c in chunks for position in c.logprobs],
+        last.index,
     )
+
+
+def completions(chunks: Sequence[Chunk]) -> list[Chunk]:
+    """Each completion's whole answer (``n`` of them), by index."""
+    by_index: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_index.setdefault(chunk.index, []).append(chunk)
+    return [join(by_index[index]) for index in sorted(by_index)]

@@ -18,7 +18,7 @@ status code and the server's ErrorInfo reason.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Unpack
 
 import grpc
 
@@ -34,6 +34,7 @@ from epd.client.messages import (
     to_chunk,
     user,
 )
+from epd.client.options import RequestOptions
 from epd.common.channels import create_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
@@ -86,12 +87,12 @@ class AsyncEpdClient:
         *,
         timeout_s: float | None = -1.0,
         metadata: Metadata = (),
-        **options: Any,
+        **options: Unpack[RequestOptions],
     ) -> AsyncIterator[Chunk]:
         """Stream the answer to ``messages``.
 
-        ``options`` are the keywords of ``build_request`` (model, max_tokens, temperature, top_p,
-        top_k, seed, stop, stop_token_ids, ignore_eos, encoder_policy, request_id).
+        ``options``: ``RequestOptions`` (model, vLLM's sampling options, a structured output,
+        logprobs, n, encoder_policy, request_id).
         ``timeout_s``: this call's deadline (default: the client's). ``metadata``: extra gRPC
         metadata pairs. Breaking out of the loop cancels the request on every service.
         """
@@ -113,7 +114,7 @@ class AsyncEpdClient:
         *,
         timeout_s: float | None = -1.0,
         metadata: Metadata = (),
-        **options: Any,
+        **options: Unpack[RequestOptions],
     ) -> Chunk:
         """The whole answer as one chunk (arguments as in ``stream``)."""
         return join(

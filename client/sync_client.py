@@ -12,7 +12,7 @@ message builders (``user``, ``system``, ``assistant``) are exported here too.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Unpack
 
 import grpc
 
@@ -28,6 +28,7 @@ from epd.client.messages import (
     to_chunk,
     user,
 )
+from epd.client.options import RequestOptions
 from epd.common.auth import bearer_metadata
 from epd.common.channels import create_blocking_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
@@ -81,7 +82,7 @@ class EpdClient:
         *,
         timeout_s: float | None = -1.0,
         metadata: Metadata = (),
-        **options: Any,
+        **options: Unpack[RequestOptions],
     ) -> Iterator[Chunk]:
         """Yield the answer to ``messages`` chunk by chunk (arguments as in
         ``AsyncEpdClient.stream``); closing the iterator early cancels the request."""
@@ -104,7 +105,7 @@ class EpdClient:
         *,
         timeout_s: float | None = -1.0,
         metadata: Metadata = (),
-        **options: Any,
+        **options: Unpack[RequestOptions],
     ) -> Chunk:
         """The whole answer as one chunk."""
         return join(list(self.stream(messages, timeout_s=timeout_s, metadata=metadata, **options)))

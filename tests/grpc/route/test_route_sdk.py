@@ -72,7 +72,7 @@ def _sync_calls(endpoint: str) -> None:
     with EpdClient(endpoint, auth_token=TOKEN) as client:
         answer = client.generate([user("what?", image=png())])
         assert answer.text == "a red square"
-        assert answer.usage["completion_tokens"] == len(answer.token_ids)
+        assert answer.usage.completion_tokens == len(answer.token_ids)
         with pytest.raises(InvalidRequest) as caught:
             client.generate([user("what?", image=b"not an image")])
         assert caught.value.code == "INVALID_ARGUMENT" and caught.value.reason == "BAD_IMAGE"

@@ -101,7 +101,7 @@ def test_two_images_through_the_sdk_equal_the_reference(stack: Stack, tiny_model
         )
         assert client.list_models() == ["tiny"]
     assert answer.token_ids == reference_tokens(tiny_model_dir, images, 6)
-    assert answer.finish_reason == "length" and answer.usage["completion_tokens"] == 6
+    assert answer.finish_reason == "length" and answer.usage.completion_tokens == 6
 
 
 def test_every_service_answers_grpcurl_reflection(stack: Stack) -> None:

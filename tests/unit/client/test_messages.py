@@ -143,10 +143,10 @@ def test_chunks_carry_finish_reason_and_usage_and_join() -> None:
             usage=generation_pb2.Usage(prompt_tokens=9, completion_tokens=3),
         )
     )
-    assert first.finish_reason is None and first.usage == {}
+    assert first.finish_reason is None and first.usage is None
     whole = join([first, last])
     assert (whole.text, whole.token_ids, whole.finish_reason) == ("hello", [1, 2, 3], "stop")
-    assert whole.usage["prompt_tokens"] == 9 and whole.request_id == "r"
+    assert whole.usage is not None and whole.usage.prompt_tokens == 9 and whole.request_id == "r"
 
 
 def test_errors_map_to_typed_exceptions_with_reason() -> None:
@@ -161,3 +161,76 @@ def test_errors_map_to_typed_exceptions_with_reason() -> None:
     )
     busy = EpdClientError.from_rpc_error(plain)
     assert isinstance(busy, Unavailable) and busy.reason == "RESOURCE_EXHAUSTED"
+
+
+def test_options_are_vllms_sampling_options_and_a_structured_output() -> None:
+    request = build_request(
+        [user("hi")],
+        max_tokens=5,
+        temperature=0.5,
+        presence_penalty=1.0,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        min_p=0.1,
+        min_tokens=2,
+        logit_bias={7: 3.0},
+        bad_words=["no"],
+        allowed_token_ids=[1, 2],
+        include_stop_str_in_output=True,
+        logprobs=3,
+        n=2,
+        seed=9,
+        json_schema={"type": "object"},
+    )
+    sampling = request.sampling
+    assert (sampling.max_tokens, sampling.temperature, sampling.n, sampling.logprobs) == (
+        5,
+        0.5,
+        2,
+        3,
+    )
+    assert (sampling.presence_penalty, sampling.min_tokens, dict(sampling.logit_bias)) == (
+        1.0,
+        2,
+        {7: 3.0},
+    )
+    assert sampling.structured_output.json_schema == '{"type": "object"}'
+    assert not build_request([user("hi")]).sampling.HasField("logprobs")
+    choice = build_request([user("hi")], choice=["a", "b"]).sampling.structured_output
+    assert list(choice.choice.values) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"temprature": 1.0}, TypeError),
+        ({"regex": "a", "choice": ["a"]}, ValueError),
+        ({"max_tokens": 0}, ValueError),
+        ({"encoder_policy": "fastest"}, ValueError),
+    ],
+)
+def test_bad_options_are_refused_before_sending(
+    options: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        build_request([user("hi")], **options)  # type: ignore[arg-type]
+
+
+def test_completions_and_logprobs_come_back_typed() -> None:
+    from epd.client import completions
+
+    position = generation_pb2.TokenLogprobs(
+        candidates=[generation_pb2.Logprob(token_id=4, logprob=-0.5, rank=1, token="a")]
+    )
+    chunks = [
+        to_chunk(
+            route_service_pb2.GenerateResponse(
+                text="a", token_ids=[4], index=1, logprobs=[position]
+            )
+        ),
+        to_chunk(route_service_pb2.GenerateResponse(text="b", token_ids=[5], index=0)),
+        to_chunk(route_service_pb2.GenerateResponse(text="c", token_ids=[6], index=1)),
+    ]
+    first, second = completions(chunks)
+    assert (first.text, second.text, second.index) == ("b", "ac", 1)
+    assert second.logprobs[0][0].token == "a" and second.logprobs[0][0].logprob == -0.5

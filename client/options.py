@@ -1,0 +1,139 @@
+"""The SDK's request options: one typed set of keywords, vLLM's sampling options among them, and
+their ``SamplingParams``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+from epd.common.generation import SAMPLING_DEFAULTS
+from epd.v1 import generation_pb2
+
+
+class RequestOptions(TypedDict, total=False):
+    """Keywords of ``build_request``, ``stream`` and ``generate``; each means what it means in
+    vLLM's ``SamplingParams``, and an absent one takes the default stated.
+
+    - ``model``: the deployment's only model when empty.
+    - ``max_tokens``: None, the route's default (the rest of the model's context).
+    - ``temperature`` (0: greedy), ``top_p`` (1), ``top_k`` (0: off), ``min_p`` (0: off),
+      ``seed`` (None: random).
+    - ``stop``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
+      ``include_stop_str_in_output``.
+    - ``presence_penalty``, ``frequency_penalty`` (0), ``repetition_penalty`` (1).
+    - ``logit_bias`` (token id -> bias), ``bad_words``, ``allowed_token_ids``.
+    - ``logprobs``: None for none, k for the generated token's with the k most likely beside it
+      (``Chunk.logprobs``).
+    - ``n``: completions to generate (``Chunk.index`` tells them apart).
+    - One structured output at most: ``json_schema`` (a schema, as a dict or JSON text),
+      ``json_object``, ``regex``, ``choice`` or ``grammar``.
+    - ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's).
+    - ``request_id``: the route makes one up when empty.
+    """
+
+    model: str
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    stop: Sequence[str]
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    min_tokens: int
+    include_stop_str_in_output: bool
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    logit_bias: Mapping[int, float]
+    bad_words: Sequence[str]
+    allowed_token_ids: Sequence[int]
+    logprobs: int | None
+    n: int
+    json_schema: Mapping[str, Any] | str
+    json_object: bool
+    regex: str
+    choice: Sequence[str]
+    grammar: str
+    encoder_policy: str
+    request_id: str
+
+
+# The options that land in SamplingParams as they are.
+_PLAIN = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "ignore_eos",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+)
+_LISTS = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids")
+_CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
+_REQUEST = ("model", "encoder_policy", "request_id")
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """TypeError for a keyword ``RequestOptions`` does not name; ValueError for more than one
+    structured output or a ``max_tokens`` below 1."""
+    unknown = set(options) - set(RequestOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; see RequestOptions")
+    constraints = [name for name in _CONSTRAINTS if options.get(name) not in (None, False)]
+    if len(constraints) > 1:
+        raise ValueError(f"one structured output at most, not {constraints}")
+    max_tokens = options.get("max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 (None: the route's default): {max_tokens}")
+
+
+def sampling_of(options: Mapping[str, Any]) -> generation_pb2.SamplingParams:
+    """The ``SamplingParams`` of checked ``options``."""
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=options.get("max_tokens") or 0,
+        temperature=options.get("temperature", SAMPLING_DEFAULTS.temperature),
+        top_p=options.get("top_p", SAMPLING_DEFAULTS.top_p),
+        top_k=options.get("top_k", SAMPLING_DEFAULTS.top_k),
+    )
+    for name in _PLAIN:
+        if name in options:
+            setattr(sampling, name, options[name])  # type: ignore[literal-required]
+    for name in _LISTS:
+        getattr(sampling, name).extend(options.get(name, ()))  # type: ignore[misc]
+    sampling.logit_bias.update(options.get("logit_bias", {}))
+    for name in ("seed", "logprobs"):
+        if options.get(name) is not None:
+            setattr(sampling, name, options[name])  # type: ignore[literal-required]
+    constraint = _structured_output(options)
+    if constraint is not None:
+        sampling.structured_output.CopyFrom(constraint)
+    return sampling
+
+
+def _structured_output(options: Mapping[str, Any]) -> generation_pb2.StructuredOutput | None:
+    schema = options.get("json_schema")
+    if schema is not None:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return generation_pb2.StructuredOutput(json_schema=text)
+    if options.get("json_object"):
+        return generation_pb2.StructuredOutput(json_object=True)
+    if options.get("choice") is not None:
+        return generation_pb2.StructuredOutput(
+            choice=generation_pb2.Choices(values=list(options["choice"]))
+        )
+    for name in ("regex", "grammar"):
+        if options.get(name) is not None:
+            return generation_pb2.StructuredOutput(**{name: options[name]})
+    return None
+
+
+def request_fields(options: Mapping[str, Any]) -> dict[str, str]:
+    """The GenerateRequest's own fields among ``options`` (model, encoder policy, request id)."""
+    return {name: options.get(name, "") for name in _REQUEST}
