@@ -28,7 +28,7 @@ MiB = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Paths open without a token, as gRPC health is (probes carry no credentials).
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/version"})
 # Bodies up to this size are parsed on the event loop (well under a millisecond).
 INLINE_PARSE_BYTES = 256 << 10
 # Seconds an answered connection keeps reading a body nobody will parse.

@@ -8,14 +8,17 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from epd import __version__
 from epd.common.errors import EpdError
 from epd.common.http_tracing import tracing_middleware
+from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
-from epd.server.route.choices import generate_choices
+from epd.server.route.choices import Choice, generate_choices
 from epd.server.route.http_guard import (
     GuardedSite,
     HttpError,
@@ -23,6 +26,7 @@ from epd.server.route.http_guard import (
     auth_middleware,
     read_json,
 )
+from epd.server.route.openai_completions import CompletionPrompt
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
@@ -65,8 +69,10 @@ class OpenAiHttp:
         app.add_routes(
             [
                 web.post("/v1/chat/completions", self.chat_completions),
+                web.post("/v1/completions", self.completions),
                 web.get("/v1/models", self.models),
                 web.get("/health", self.health),
+                web.get("/version", self.version),
             ]
         )
         self._runner = web.AppRunner(app, access_log=None)
@@ -86,6 +92,10 @@ class OpenAiHttp:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def version(self, request: web.Request) -> web.Response:
+        """epd's version, as ``vllm serve`` answers GET /version with vLLM's."""
+        return web.json_response({"version": __version__})
+
     async def models(self, request: web.Request) -> web.Response:
         try:
             served = await self.router.list_models()
@@ -102,26 +112,26 @@ class OpenAiHttp:
         )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, ChatApi(self))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, CompletionApi(self))
+
+    async def _answer(self, request: web.Request, api: Api) -> web.StreamResponse:
+        """Read the body, convert it with ``api`` and answer it, whole or streamed."""
         try:
             read = await read_json(request, self.options)
         except HttpError as e:
             return e.response()
         body = read.value
-        convert = functools.partial(
-            schema.to_chat_request,
-            body,
-            self.router.model_id,
-            request.headers.get("X-Request-Id"),
-            self.limits,
-            self.sampling_defaults,
-        )
+        convert = functools.partial(api.convert, body, request.headers.get("X-Request-Id"))
         try:
             chat = await asyncio.to_thread(convert) if read.is_large else convert()
         except EpdError as e:
             return _error(e)
-        if body.get("stream"):
+        if isinstance(body, dict) and body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._stream(request, chat, include_usage)
+            return await self._stream(request, chat, api, include_usage)
         answers = [schema.Answer() for _ in range(max(chat.sampling.n, 1))]
         try:
             choices = generate_choices(self.router, chat, self.options.request_timeout_s)
@@ -129,23 +139,16 @@ class OpenAiHttp:
                 answers[choice.index].add(choice.chunk)
         except Exception as e:  # noqa: BLE001 - reported as an OpenAI error body
             return _error(e)
-        logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         return web.json_response(
-            schema.completion(chat.request_id, chat.model, answers, logprobs),
-            headers={"X-Request-Id": chat.request_id},
+            api.whole(chat, answers), headers={"X-Request-Id": chat.request_id}
         )
 
-    def _logprobs(
-        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
-    ) -> dict[str, Any] | None:
-        """The OpenAI logprobs object of ``positions`` (None when the chat asked for none)."""
-        if not chat.sampling.HasField("logprobs"):
-            return None
-        decode = self.router.prompts.tokenizer.decode
-        return schema.logprobs_json(positions, chat.sampling.logprobs, lambda t: decode([t]))
+    def decode(self, token_id: int) -> str:
+        """The text of one token, for logprobs an engine sent without it."""
+        return str(self.router.prompts.tokenizer.decode([token_id]))
 
     async def _stream(
-        self, request: web.Request, chat: ChatRequest, include_usage: bool
+        self, request: web.Request, chat: ChatRequest, api: Api, include_usage: bool
     ) -> web.StreamResponse:
         pieces = generate_choices(self.router, chat, self.options.request_timeout_s)
         try:
@@ -162,37 +165,146 @@ class OpenAiHttp:
             }
         )
         await response.prepare(request)
-        ident, model = chat.request_id, chat.model
-        for index in range(max(chat.sampling.n, 1)):
-            role = {"role": "assistant", "content": ""}
-            await _send(response, schema.chunk(ident, model, role, None, index=index))
-        usages: dict[int, generation_pb2.Usage] = {}
+        for payload in api.opening(chat):
+            await _send(response, payload)
+        answers = [schema.Answer() for _ in range(max(chat.sampling.n, 1))]
         try:
             choice = first
             while choice is not None:
-                piece = choice.chunk
-                await _send(
-                    response,
-                    schema.chunk(
-                        ident,
-                        model,
-                        {"content": piece.text},
-                        piece.finish_reason or None,
-                        logprobs=self._logprobs(chat, piece.logprobs),
-                        index=choice.index,
-                    ),
-                )
-                if piece.usage is not None:
-                    usages[choice.index] = piece.usage
+                await _send(response, api.delta(chat, choice, answers[choice.index]))
+                answers[choice.index].add(choice.chunk)
                 choice = await anext(pieces, None)
             if include_usage:
-                usage = schema.total_usage(list(usages.values()))
-                await _send(response, schema.chunk(ident, model, {}, None, usage))
+                usages = [a.usage for a in answers if a.usage is not None]
+                await _send(response, api.usage(chat, schema.total_usage(usages)))
         except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
             await _send(response, schema.error_body(e)[1])
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+class Api(Protocol):
+    """One OpenAI API of the port: its body, whole answer and stream's payloads."""
+
+    def convert(self, body: Any, request_id: str | None) -> ChatRequest:
+        """The request of ``body`` (``request_id``: the X-Request-Id header)."""
+
+    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+        """The non-streamed answer, one choice per answer."""
+
+    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
+        """What a stream sends before its first token."""
+
+    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
+        """The payload of ``choice``'s chunk, ``so_far`` its completion before it."""
+
+    def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
+        """The stream's usage payload."""
+
+
+@dataclass
+class ChatApi:
+    """``/v1/chat/completions``."""
+
+    http: OpenAiHttp
+
+    def convert(self, body: Any, request_id: str | None) -> ChatRequest:
+        http = self.http
+        return schema.to_chat_request(
+            body, http.router.model_id, request_id, http.limits, http.sampling_defaults
+        )
+
+    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+        logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
+        return schema.completion(chat.request_id, chat.model, answers, logprobs)
+
+    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
+        role = {"role": "assistant", "content": ""}
+        num_choices = max(chat.sampling.n, 1)
+        return [
+            schema.chunk(chat.request_id, chat.model, role, None, index=i)
+            for i in range(num_choices)
+        ]
+
+    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
+        piece = choice.chunk
+        return schema.chunk(
+            chat.request_id,
+            chat.model,
+            {"content": piece.text},
+            piece.finish_reason or None,
+            logprobs=self._logprobs(chat, piece.logprobs),
+            index=choice.index,
+        )
+
+    def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
+        return schema.chunk(chat.request_id, chat.model, {}, None, usage)
+
+    def _logprobs(
+        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
+    ) -> dict[str, Any] | None:
+        if not chat.sampling.HasField("logprobs"):
+            return None
+        return schema.logprobs_json(positions, chat.sampling.logprobs, self.http.decode)
+
+
+@dataclass
+class CompletionApi:
+    """``/v1/completions``: one prompt, its text echoed first where asked."""
+
+    http: OpenAiHttp
+    prompt: CompletionPrompt | None = None
+
+    def convert(self, body: Any, request_id: str | None) -> ChatRequest:
+        http = self.http
+        chat, self.prompt = completions.to_completion_request(
+            body,
+            http.router.model_id,
+            http.router.prompts.tokenizer,
+            request_id,
+            http.limits,
+            http.sampling_defaults,
+        )
+        return chat
+
+    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+        echo = self._echo()
+        for answer in answers:
+            answer.texts.insert(0, echo)
+        logprobs = [self._logprobs(chat, answer.positions, len(echo)) for answer in answers]
+        return completions.completion_json(chat.request_id, chat.model, answers, logprobs)
+
+    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
+        return []
+
+    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
+        piece = choice.chunk
+        echo = "" if so_far.texts else self._echo()
+        offset = len(self._echo()) + sum(map(len, so_far.texts))
+        return completions.completion_chunk(
+            chat.request_id,
+            chat.model,
+            echo + piece.text,
+            piece.finish_reason,
+            self._logprobs(chat, piece.logprobs, offset),
+            choice.index,
+        )
+
+    def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
+        return completions.completion_chunk(chat.request_id, chat.model, "", 0, usage=usage)
+
+    def _echo(self) -> str:
+        return self.prompt.echo or "" if self.prompt is not None else ""
+
+    def _logprobs(
+        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs], offset: int
+    ) -> dict[str, Any] | None:
+        if not chat.sampling.HasField("logprobs"):
+            return None
+        return completions.completion_logprobs_json(
+            positions, chat.sampling.logprobs, self.http.decode, offset
+        )
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

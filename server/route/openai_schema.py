@@ -180,9 +180,11 @@ def to_chat_request(
         check_request_id(request_id, "X-Request-Id")
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", "body")
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
     messages = _chat(body.get("messages"))
-    parsed = _parse(body)
-    _refuse_unimplemented(parsed)
+    parsed = parse_with(ChatCompletionRequest, body)
+    refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
     limits = limits or RequestLimits()
     name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
     max_tokens = parsed.max_completion_tokens or parsed.max_tokens
@@ -194,21 +196,21 @@ def to_chat_request(
         new_request_id(request_id),
         parsed.model or default_model,
         messages,
-        _sampling(parsed, max_tokens, defaults or {}),
+        vllm_sampling(parsed, max_tokens, defaults or {}),
         template_kwargs=parsed.build_chat_params(None, "auto").chat_template_kwargs,
     )
     check_request(request, limits, max_tokens_param=name)
     return request
 
 
-def _parse(body: dict[str, Any]) -> Any:
-    """vLLM's ``ChatCompletionRequest`` of ``body``; its validation errors name the field."""
+def parse_with(model: Any, body: dict[str, Any]) -> Any:
+    """vLLM's request ``model`` (``ChatCompletionRequest``, ``CompletionRequest``) of ``body``;
+    its validation errors name the field."""
     from pydantic import ValidationError
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMClientError
 
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as e:
         raise _invalid(e) from None
     except (ValueError, VLLMClientError) as e:
@@ -228,17 +230,20 @@ def _invalid(error: Any) -> Exception:
     return bad(f"{clean(param, 'body')}: {clean(message, 'body')}"[:1024], param)
 
 
-def _refuse_unimplemented(parsed: Any) -> None:
-    """Refuse each field epd does not implement yet at a value other than its default."""
+def refuse_unimplemented(parsed: Any, implemented: frozenset[str]) -> None:
+    """Refuse each field of ``parsed`` but ``implemented`` at a value other than its default."""
     for name in type(parsed).model_fields:
-        if name in IMPLEMENTED_FIELDS or name not in parsed.model_fields_set:
+        if name in implemented or name not in parsed.model_fields_set:
             continue
         default = type(parsed).model_fields[name].get_default(call_default_factory=True)
         if getattr(parsed, name) != default:
             raise bad(f"{name} is not supported by epd yet", name, "UNSUPPORTED_PARAMETER")
 
 
-def _sampling(parsed: Any, max_tokens: int, defaults: dict[str, Any]) -> Any:
+def vllm_sampling(
+    parsed: Any, max_tokens: int, defaults: dict[str, Any]
+) -> generation_pb2.SamplingParams:
+    """epd's ``SamplingParams`` of vLLM's ``to_sampling_params`` for ``parsed``."""
     from vllm.exceptions import VLLMClientError
 
     try:

@@ -83,6 +83,8 @@ class ChatRequest:
     # continue_final_message, documents, the request's chat_template_kwargs); empty: the
     # assistant's turn opened
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # a completion's prompt, tokenised: no messages, no chat template, no image (None: a chat)
+    prompt_token_ids: list[int] | None = None
 
     @property
     def images(self) -> list[ImageSource]:

@@ -86,8 +86,22 @@ def check_request(
         check_name(request.model, "model")
     if request.encoder_policy not in scheduler_pb.EncoderPolicy.values():
         raise bad(f"unknown encoder_policy {request.encoder_policy}", "encoder_policy")
-    _check_chat(request.messages, limits)
+    if request.prompt_token_ids is None:
+        _check_chat(request.messages, limits)
+    else:
+        _check_prompt(request.prompt_token_ids, limits)
     _check_sampling(request.sampling, limits, max_tokens_param)
+
+
+def _check_prompt(token_ids: list[int], limits: RequestLimits) -> None:
+    """A completion's tokenised prompt: not empty, within the context."""
+    if not token_ids:
+        raise bad("the prompt is empty", "prompt")
+    context = limits.max_context_tokens
+    if context is not None and len(token_ids) >= context:
+        raise bad(
+            f"the prompt has {len(token_ids)} tokens; the model's context is {context}", "prompt"
+        )
 
 
 def _check_chat(messages: Sequence[ChatMessage], limits: RequestLimits) -> None:

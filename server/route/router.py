@@ -384,6 +384,8 @@ class Router:
 
     async def _token_ids(self, request: ChatRequest) -> list[int]:
         """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
         messages, kwargs = request.messages, request.template_kwargs
         if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
             return self.prompts.token_ids(messages, kwargs)

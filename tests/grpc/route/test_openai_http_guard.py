@@ -82,6 +82,11 @@ async def test_without_the_token_chat_and_models_are_401_and_health_stays_open(
                 assert response.headers["WWW-Authenticate"] == "Bearer"
             async with session.get(url + "/health") as response:
                 assert response.status == 200
+            async with session.get(url + "/version") as response:
+                assert response.status == 200
+                from epd import __version__
+
+                assert (await response.json())["version"] == __version__
         status, body = await post(url, CHAT, {"Authorization": f"Bearer {TOKEN}"})
         assert status == 200, body
         assert body["choices"][0]["message"]["content"] == "ok"  # type: ignore[index]

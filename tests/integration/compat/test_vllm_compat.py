@@ -250,3 +250,87 @@ async def test_a_streamed_answer_is_the_whole_answer(vllm_url: str, epd_url: str
     assert texts[1] == texts[0]
     status, whole = await post(epd_url, GREEDY)
     assert status == 200 and whole["choices"][0]["message"]["content"] == texts[0][0]
+
+
+PROMPT = {"model": "tiny", "prompt": "The sea is", "max_tokens": 8, "temperature": 0}
+# (name, body): /v1/completions answers alike.
+SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
+    ("text", PROMPT),
+    ("token_ids", {**PROMPT, "prompt": [100, 200, 300, 50]}),
+    ("one_prompt_in_a_list", {**PROMPT, "prompt": ["The sea is"]}),
+    ("echo", {**PROMPT, "echo": True}),
+    ("logprobs", {**PROMPT, "logprobs": 2}),
+    ("default_max_tokens", {**PROMPT, "max_tokens": None, "ignore_eos": True}),
+    ("n_seeded", {**PROMPT, "n": 2, "temperature": 1.0, "seed": 8}),
+    ("stop", {**PROMPT, "max_tokens": 16, "stop": ["e"]}),
+    ("json", {**PROMPT, "response_format": {"type": "json_object"}}),
+]
+
+
+async def post_completion(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    sent = {name: value for name, value in body.items() if value is not None}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/completions", json=sent) as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+@pytest.mark.parametrize(("name", "body"), SAME_COMPLETION, ids=[c[0] for c in SAME_COMPLETION])
+async def test_the_same_completion_body_gets_the_same_answer(
+    vllm_url: str, epd_url: str, name: str, body: dict[str, Any]
+) -> None:
+    vllm_status, expected = await post_completion(vllm_url, body)
+    status, answer = await post_completion(epd_url, body)
+    assert (status, vllm_status) == (200, 200), (answer, expected)
+
+    def shown(reply: dict[str, Any]) -> list[tuple[Any, ...]]:
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        return [
+            (
+                c["text"],
+                c["finish_reason"],
+                c["logprobs"] and (c["logprobs"]["tokens"], c["logprobs"]["text_offset"]),
+                c["logprobs"] and [sorted(t) for t in c["logprobs"]["top_logprobs"]],
+            )
+            for c in choices
+        ]
+
+    assert shown(answer) == shown(expected)
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert answer["usage"][key] == expected["usage"][key], key
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        ("no_prompt", {**PROMPT, "prompt": None}),
+        ("negative_max_tokens", {**PROMPT, "max_tokens": -1}),
+        ("suffix", {**PROMPT, "suffix": "!"}),
+        ("logprobs_beyond_the_limit", {**PROMPT, "logprobs": 100}),
+        ("token_beyond_the_vocabulary", {**PROMPT, "prompt": [100, 9396]}),
+    ],
+)
+async def test_the_same_bad_completion_body_gets_the_same_refusal(
+    vllm_url: str, epd_url: str, name: str, body: dict[str, Any]
+) -> None:
+    vllm_status, expected = await post_completion(vllm_url, body)
+    status, answer = await post_completion(epd_url, body)
+    assert (status, vllm_status) == (400, 400), (answer, expected)
+
+
+async def test_a_streamed_completion_is_the_whole_one(vllm_url: str, epd_url: str) -> None:
+    body = {**PROMPT, "echo": True, "stream": True, "stream_options": {"include_usage": True}}
+    texts = []
+    for url in (vllm_url, epd_url):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/completions", json=body) as response,
+        ):
+            assert response.status == 200
+            raw = (await response.read()).decode()
+        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+        chunks = [json.loads(event) for event in events[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        texts.append((text, chunks[-1]["usage"]["completion_tokens"]))
+    assert texts[1] == texts[0]
