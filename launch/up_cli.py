@@ -288,7 +288,7 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         print(f"  {child.name:<10} {at}  (log {child.log.name})")
     if route.http_port:
         url = entry.http_url(route.http_port)
-        print(f"  {'openai':<10} {url} (chat/completions, models)")
+        print(f"  {'openai':<10} {url} (chat/completions, completions, models)")
     for child in deployment.children:
         if child.metrics_url:
             print(f"  {child.name:<10} metrics {child.metrics_url}")
