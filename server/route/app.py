@@ -176,6 +176,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         defaults = generation_defaults(config.model_dir)
         http = OpenAiHttp(router, _secured_like(config.http, options), limits, defaults)
         await http.start(options.host, config.http_port)
+        server.add_drain_callback(http.start_draining)
     await server.mark_serving()
     return RouteApp(server, port, router, http)
 

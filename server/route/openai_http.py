@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from epd import __version__
-from epd.common.errors import EpdError
+from epd.common.errors import EpdError, Unavailable
 from epd.common.http_tracing import tracing_middleware
 from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
@@ -52,6 +52,7 @@ class OpenAiHttp:
         self.options = options or HttpOptions()
         self.limits = limits or RequestLimits()
         self.sampling_defaults = sampling_defaults or {}
+        self.is_draining = False
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -90,7 +91,15 @@ class OpenAiHttp:
             self._runner = None
 
     async def health(self, request: web.Request) -> web.Response:
+        """200 while the route takes requests, 503 once it drains (a readiness probe takes the
+        pod out of its Service; a stream already running goes on)."""
+        if self.is_draining:
+            return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
+
+    async def start_draining(self) -> None:
+        """Refuse new requests (503) and report unready; the streams under way go on."""
+        self.is_draining = True
 
     async def version(self, request: web.Request) -> web.Response:
         """epd's version, as ``vllm serve`` answers GET /version with vLLM's."""
@@ -119,6 +128,8 @@ class OpenAiHttp:
 
     async def _answer(self, request: web.Request, api: Api) -> web.StreamResponse:
         """Read the body, convert it with ``api`` and answer it, whole or streamed."""
+        if self.is_draining:
+            return _error(Unavailable("the route is draining; retry", reason="DRAINING"))
         try:
             read = await read_json(request, self.options)
         except HttpError as e:

@@ -307,3 +307,26 @@ async def test_a_served_route_gives_both_doors_its_limits_and_context(tiny_model
         assert await doors.over_grpc(too_long) == ("BAD_REQUEST", "max_tokens")
     finally:
         await app.stop()
+
+
+async def test_a_draining_route_reports_unready_over_http_and_refuses_new_requests(
+    tiny_model_dir: Path,
+) -> None:
+    """HTTP probes (a TLS route's readiness) see the drain that gRPC's health reports: /health
+    turns 503 and new requests get 503 DRAINING, while the port stays up for streams under way."""
+    config = RouteConfig(tiny_model_dir, f"127.0.0.1:{free_port()}", "tiny", http_port=0)
+    app = await build_route_server(config)
+    try:
+        assert app.http is not None
+        url = f"http://127.0.0.1:{app.http.port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/health") as response:
+                assert response.status == 200
+            await app.server.drain_and_stop(0)
+            async with session.get(url + "/health") as response:
+                assert response.status == 503
+            async with session.post(url + "/v1/chat/completions", json=body_of(HI, {})) as reply:
+                answer = await reply.json()
+                assert (reply.status, answer["error"]["code"]) == (503, "DRAINING")
+    finally:
+        await app.stop()
