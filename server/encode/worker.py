@@ -430,7 +430,8 @@ class EncodeWorker:
             self._encoding.pop(mm_hash, None)
         entry = CachedEmbedding(embeddings, grid)
         self.cache.put(mm_hash, entry)
-        self.store.publish(mm_hash, entry)
+        if self.store.is_enabled:
+            self.store.publish(mm_hash, entry)
         return _Encoded(entry, batch_size)
 
 
