@@ -15,6 +15,7 @@ from typing import Any
 
 from epd.common.generation import finish_reason_name
 from epd.server.route.openai_schema import (
+    SAMPLING_FIELDS,
     Answer,
     parse_with,
     refuse_unimplemented,
@@ -26,40 +27,8 @@ from epd.server.route.request import ChatRequest, bad, new_request_id
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
 from epd.v1 import generation_pb2
 
-# vLLM's CompletionRequest fields epd implements (or that change nothing it answers).
-IMPLEMENTED_FIELDS = frozenset(
-    {
-        "model",
-        "prompt",
-        "echo",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "max_tokens",
-        "n",
-        "presence_penalty",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "temperature",
-        "top_p",
-        "user",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "allowed_token_ids",
-        "bad_words",
-        "response_format",
-        "structured_outputs",
-        "add_special_tokens",
-        "request_id",
-    }
-)
+# vLLM's CompletionRequest fields epd implements.
+IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "add_special_tokens"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,45 +52,51 @@ OPENAI_CODES = {"MODEL_NOT_FOUND": "model_not_found"}
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 # vLLM's ChatCompletionRequest fields epd implements (or that change nothing it answers); any
 # other field is refused at a value other than its default.
-IMPLEMENTED_FIELDS = frozenset(
+# The fields vLLM's chat and completions requests share that epd implements (or that change
+# nothing it answers).
+SAMPLING_FIELDS = frozenset(
     {
-        "messages",
         "model",
         "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
         "logit_bias",
         "max_tokens",
-        "max_completion_tokens",
-        "presence_penalty",
         "response_format",
+        "structured_outputs",
         "seed",
         "stop",
-        "stream",
-        "stream_options",
-        "temperature",
-        "top_p",
-        "user",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
         "stop_token_ids",
         "include_stop_str_in_output",
         "ignore_eos",
         "min_tokens",
         "allowed_token_ids",
         "bad_words",
-        "structured_outputs",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "user",
         "request_id",
-        "parallel_tool_calls",
         "logprobs",
-        "top_logprobs",
         "n",
-        "add_generation_prompt",
-        "continue_final_message",
-        "chat_template_kwargs",
-        "documents",
-        "reasoning_effort",
     }
 )
+# vLLM's ChatCompletionRequest fields epd implements; any other is refused at a value other than
+# its default.
+IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "parallel_tool_calls",
+    "top_logprobs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "documents",
+    "reasoning_effort",
+}
 IMAGE_DETAILS = ("auto", "low", "high")
 
 

@@ -6,7 +6,6 @@ differently."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -18,7 +17,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from epd.common.channels import create_channel
 from epd.common.roles import Role
 from epd.launch.launcher import Deployment
 from epd.scheduler.app import build_scheduler_server
@@ -26,8 +24,7 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.integration.registered import until_registered
 from tests.pictures import picture
 from tests.unit.scripts.loader import load
 
@@ -137,29 +134,32 @@ async def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
         deployment.stop()
 
 
-@pytest.fixture(scope="module", params=["e-pd", "e-p-d"])
+@pytest.fixture(scope="module", params=["e-pd", "e-p-d", "ep-d"])
 async def epd_url(request, tiny_model_dir: Path, engines) -> AsyncIterator[str]:
-    """epd's route with an encoder, on the session's engines: one prefill+decode worker, or a
-    prefill worker handing its KV to a decode worker."""
+    """epd's route on the session's engines: with an encoder, one prefill+decode worker or a
+    prefill worker handing its KV to a decode worker; or (``--all-families``) an
+    encode_prefill worker handing its KV to a decode worker."""
+    if request.param == "ep-d" and not request.config.getoption("--all-families"):
+        pytest.skip("EP/D: CI runs E/PD and E/P/D; --all-families runs it")
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
-    is_split = request.param == "e-p-d"
-    workers = [
-        await build_encode_server(EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=endpoint))
-    ]
-    mode = Role.PREFILL if is_split else Role.PREFILL_DECODE
-    config = PrefillConfig(tiny_model_dir, mode=mode, scheduler=endpoint)
+    is_split = request.param != "e-pd"
+    workers = []
+    if request.param != "ep-d":
+        encoder = EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=endpoint)
+        workers.append(await build_encode_server(encoder))
+    mode = {"e-pd": Role.PREFILL_DECODE, "e-p-d": Role.PREFILL, "ep-d": Role.ENCODE_PREFILL}
+    config = PrefillConfig(
+        tiny_model_dir,
+        mode=mode[request.param],
+        hands_off_kv=request.param == "ep-d",
+        scheduler=endpoint,
+    )
     workers.append(await build_prefill_server(config, engines[0]))
     if is_split:
         workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
-    async with create_channel(endpoint) as channel:
-        stub = scheduler_grpc.SchedulerServiceStub(channel)
-        for _ in range(200):
-            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
-            if len(listing.workers) == len(workers):
-                break
-            await asyncio.sleep(0.05)
+    await until_registered(endpoint, len(workers))
     assert route.http is not None
     yield f"http://127.0.0.1:{route.http.port}/v1"
     await route.stop()

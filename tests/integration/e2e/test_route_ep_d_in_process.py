@@ -6,7 +6,6 @@ transformers reference token for token."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,13 +19,12 @@ from epd.server.engine.reference import ReferenceEngine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import route_service_pb2_grpc
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 from tests.integration.e2e.test_route_epd_in_process import (
     chat_request,
     count_decodes_and_hashes,
     counted,
 )
+from tests.integration.registered import until_registered
 from tests.pictures import picture
 
 pytestmark = pytest.mark.vllm
@@ -47,13 +45,7 @@ async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str
     if is_split:
         workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny"))
-    async with create_channel(endpoint) as channel:
-        stub = scheduler_grpc.SchedulerServiceStub(channel)
-        for _ in range(200):
-            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
-            if len(listing.workers) == len(workers):
-                break
-            await asyncio.sleep(0.05)
+    await until_registered(endpoint, len(workers))
     channel = create_channel(f"127.0.0.1:{route.port}")
     yield {
         "stub": route_service_pb2_grpc.RouteServiceStub(channel),

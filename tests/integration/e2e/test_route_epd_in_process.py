@@ -3,7 +3,6 @@ a chat with two images equals the transformers reference token for token."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from collections import Counter
@@ -22,8 +21,7 @@ from epd.server.engine.reference import ReferenceEngine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
-from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.integration.registered import until_registered
 from tests.pictures import picture, png
 
 pytestmark = pytest.mark.vllm
@@ -43,12 +41,7 @@ async def deployment(tiny_model_dir, engines):
     engine = engines[0]
     prefill = await build_prefill_server(PrefillConfig(tiny_model_dir, scheduler=endpoint), engine)
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
-    async with create_channel(endpoint) as channel:
-        stub = scheduler_grpc.SchedulerServiceStub(channel)
-        for _ in range(200):
-            if len((await stub.ListWorkers(scheduler_pb.ListWorkersRequest())).workers) == 3:
-                break
-            await asyncio.sleep(0.05)
+    await until_registered(endpoint, 3)
     channel = create_channel(f"127.0.0.1:{route.port}")
     yield route_service_pb2_grpc.RouteServiceStub(channel), encoders, route, prefill
     await channel.close()

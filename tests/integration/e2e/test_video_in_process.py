@@ -6,7 +6,6 @@ E/PD and E/P/D, with the clip in one chunk and split over the two encoders."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +27,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request import ChatMessage, ChatPart, ImageSource
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
+from tests.integration.registered import until_registered
 from tests.unit.models.clips import make_clip
 
 pytestmark = pytest.mark.vllm
@@ -63,13 +62,7 @@ async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str
         )
         for patches in (2, 64)
     }
-    async with create_channel(endpoint) as channel:
-        stub = scheduler_grpc.SchedulerServiceStub(channel)
-        for _ in range(200):
-            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
-            if len(listing.workers) == len(workers):
-                break
-            await asyncio.sleep(0.05)
+    await until_registered(endpoint, len(workers))
     channels = {patches: create_channel(f"127.0.0.1:{r.port}") for patches, r in routes.items()}
     yield {
         "stubs": {p: route_service_pb2_grpc.RouteServiceStub(c) for p, c in channels.items()},
