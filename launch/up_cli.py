@@ -344,7 +344,10 @@ def _write_endpoints(
     if launcher := getattr(args, "launcher_metrics_url", None):
         metrics["launcher"] = launcher
     endpoints["metrics"] = metrics
-    path.write_text(json.dumps(endpoints, indent=1))
+    # NOTE: rewritten as encoders come and go: a reader never sees half of it.
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(endpoints, indent=1))
+    partial.replace(path)
 
 
 def _demo_image(path: Path) -> Path:
