@@ -183,8 +183,12 @@ class DemandTracker:
     def _arrivals(self, model: str, kind: str) -> _Arrivals:
         key = (model, kind)
         if key not in self._by_kind:
-            rates = (DecayingRate(self.smoothing_s) for _ in range(3))
-            self._by_kind[key] = _Arrivals(*rates, SmoothedValue(self.smoothing_s))
+            self._by_kind[key] = _Arrivals(
+                DecayingRate(self.smoothing_s),
+                DecayingRate(self.smoothing_s),
+                DecayingRate(self.smoothing_s),
+                SmoothedValue(self.smoothing_s),
+            )
         return self._by_kind[key]
 
 
