@@ -112,6 +112,8 @@ def test_a_burst_adds_an_encoder_and_quiet_drains_it(tiny_model_dir: Path, tmp_p
             for s in spans
             if s["name"] == "/epd.v1.EncodeService/Encode"
         }
-        assert set(added) <= served  # NOTE: each added encoder served part of the burst
+        # NOTE: an added encoder served part of the burst; one added as the burst ends may get
+        # no image before its drain (seen in CI: encode2 added 7 s after encode1, then drained).
+        assert served & set(added), (served, added)
     log = (tmp_path / "launcher.log").read_text()
     assert "autoscale cpu: added encode1" in log and "autoscale cpu: drained encode1" in log
