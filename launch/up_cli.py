@@ -45,6 +45,7 @@ from epd.server.engine.device import (
     resolve_device,
     xpu_available,
 )
+from epd.server.engine.engine_cli import vllm_installed
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
@@ -275,7 +276,10 @@ async def _start_and_ask(args: argparse.Namespace, deployment: Deployment) -> tu
         kv_cache_mb=kv_cache_mb,
         engine_flags=engine_flags,
         vllm_args=tuple(args.vllm_args),
+        http=planned.http and vllm_installed(),
     ).with_cpus(plan)
+    if planned.http and not topology.http:
+        print("OpenAI HTTP off: it parses bodies with vLLM's request models (install vLLM)")
     print(f"CPUs: {describe(plan)}", flush=True)
     wait = "" if topology.engine == "transformers" else " (vLLM engines take ~35 s)"
     print(f"starting {TOPOLOGIES[topology.name]}{wait} ...", flush=True)

@@ -23,7 +23,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.router import Router
-from epd.server.route.sampling import generation_defaults
+from epd.server.route.sampling import IS_VLLM_INSTALLED, generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.videos import DEFAULT_CHUNK_PATCHES
@@ -172,6 +172,11 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     )
     server, port = await build_server([binding], options, registry)
     http = None
+    if config.http_port is not None and not IS_VLLM_INSTALLED:
+        raise ValueError(
+            "--http-port: the OpenAI door parses bodies with vLLM's own request models; "
+            "install vLLM, or serve gRPC alone (no --http-port)"
+        )
     if config.http_port is not None:
         defaults = generation_defaults(config.model_dir)
         http = OpenAiHttp(router, _secured_like(config.http, options), limits, defaults)

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
-from vllm.v1.engine.detokenizer import check_stop_strings
 
 
 class Detokenizer:
@@ -75,15 +74,26 @@ class StoppedText:
 
     def _stop_end(self) -> int | None:
         """Where the text ends at the stop string it holds past ``min_tokens``, or None."""
-        new_chars = len(self._text) - self._checked_from
-        found = check_stop_strings(self._text, new_chars, self._stop, self._include_stop)
-        if found is None:
-            return None
-        stop, truncate_to = found
-        return len(self._text) if truncate_to == -1 else truncate_to
+        return stop_end(self._text, self._checked_from, self._stop, self._include_stop)
 
     def _flush(self, end: int) -> str:
         if end <= self._num_sent:
             return ""
         delta, self._num_sent = self._text[self._num_sent : end], end
         return delta
+
+
+def stop_end(text: str, start: int, stop: Sequence[str], include_stop: bool) -> int | None:
+    """Where ``text`` ends at a stop string that ends past ``start`` (the one that completes
+    earliest, ties by ``stop``'s order): before it, or after it with ``include_stop``; None when
+    none does. vLLM's ``check_stop_strings``, written here because the route runs without vLLM
+    where the engines are transformers' (vLLM is an optional extra)."""
+    best: tuple[int, int] | None = None  # (end of the stop string, where the text ends)
+    for string in stop:
+        index = text.find(string, max(start - len(string) + 1, 0))
+        if index == -1:
+            continue
+        end = index + len(string)
+        if best is None or end < best[0]:
+            best = (end, end if include_stop else index)
+    return None if best is None else best[1]

@@ -111,10 +111,13 @@ class PromptBuilder:
         """Token ids of ``chat`` (chat-template form) rendered with ``template_kwargs`` as vLLM
         passes a request's to the template (those it neither takes nor names are dropped);
         raises what the template raises."""
-        from vllm.renderers.hf import resolve_chat_template_kwargs
+        kwargs: dict[str, Any] = {"add_generation_prompt": True}
+        if template_kwargs:  # NOTE: only the OpenAI door sends them, and it runs with vLLM
+            from vllm.renderers.hf import resolve_chat_template_kwargs
 
-        kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
-        kwargs = resolve_chat_template_kwargs(self.tokenizer, self.tokenizer.chat_template, kwargs)
+            kwargs = resolve_chat_template_kwargs(
+                self.tokenizer, self.tokenizer.chat_template, {**kwargs, **template_kwargs}
+            )
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -9,6 +9,7 @@ accept, with the engine's own conversion, before any work.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from epd.server.route.request import bad
 from epd.server.worker.convert import sampling_from_proto
 from epd.v1 import generation_pb2
 
+# vLLM is an optional extra: without it the route serves gRPC for transformers engines.
+IS_VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 # The sampling fields a model's generation_config.json may set as defaults (vLLM's
 # ``ModelConfig.get_diff_sampling_param``, max_new_tokens as max_tokens).
 GENERATION_DEFAULTS = (
@@ -36,10 +39,12 @@ GENERATION_DEFAULTS = (
 def generation_defaults(model_dir: Path) -> dict[str, Any]:
     """The default sampling values ``model_dir``'s generation config sets, as ``vllm serve``
     takes them by default (``--generation-config auto``)."""
-    from vllm.transformers_utils.config import try_get_generation_config
+    from transformers import GenerationConfig
 
-    config = try_get_generation_config(str(model_dir), trust_remote_code=False)
-    values = config.to_diff_dict() if config is not None else {}
+    try:
+        values = GenerationConfig.from_pretrained(model_dir).to_diff_dict()
+    except OSError:  # NOTE: no generation_config.json: vLLM's defaults alone
+        values = {}
     defaults = {name: values[name] for name in GENERATION_DEFAULTS if values.get(name) is not None}
     if "max_new_tokens" in defaults:
         defaults["max_tokens"] = defaults.pop("max_new_tokens")
@@ -122,7 +127,10 @@ def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutp
 
 
 def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
-    """Refuse ``sampling`` as the engine would, with the engine's own conversion."""
+    """Refuse ``sampling`` as the engine would, with the vLLM engine's own conversion (where
+    vLLM is not installed, only transformers engines can serve: each judges for itself)."""
+    if not IS_VLLM_INSTALLED:
+        return
     try:
         sampling_params(sampling_from_proto(sampling))
     except EpdError as e:

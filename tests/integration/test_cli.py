@@ -27,7 +27,7 @@ def test_help_lists_commands() -> None:
 def test_unknown_command_is_a_usage_error() -> None:
     result = run_epd("frobnicate")
     assert result.returncode == 2
-    assert "invalid choice" in result.stderr
+    assert "unknown command 'frobnicate'" in result.stderr
 
 
 def test_model_tiny_reports_progress_and_rejects_bad_sizes(tmp_path: Path) -> None:

@@ -330,3 +330,19 @@ async def test_a_draining_route_reports_unready_over_http_and_refuses_new_reques
                 assert (reply.status, answer["error"]["code"]) == (503, "DRAINING")
     finally:
         await app.stop()
+
+
+async def test_without_vllm_the_route_refuses_the_openai_port_and_serves_grpc(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM is an optional extra: its request models parse OpenAI bodies, so a route without it
+    refuses --http-port with a clear error, and gRPC requests are judged by the engines."""
+    from epd.server.route import app as route_app
+    from epd.server.route import sampling
+
+    monkeypatch.setattr(route_app, "IS_VLLM_INSTALLED", False)
+    monkeypatch.setattr(sampling, "IS_VLLM_INSTALLED", False)
+    config = RouteConfig(tiny_model_dir, f"127.0.0.1:{free_port()}", "tiny", http_port=0)
+    with pytest.raises(ValueError, match="install vLLM"):
+        await build_route_server(config)
+    sampling.check_sampling(generation_pb2.SamplingParams(temperature=-5))

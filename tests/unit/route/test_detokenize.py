@@ -146,3 +146,23 @@ def test_a_stop_string_within_min_tokens_does_not_count(qwen_tokenizer) -> None:
     assert text == "ab "
     _, text = stopped_text(qwen_tokenizer, ids[:2], ["ab"])
     assert text == ""
+
+
+def test_the_route_s_stop_string_check_is_vllm_s() -> None:
+    """``stop_end`` (the route runs without vLLM where engines are transformers') against vLLM's
+    ``check_stop_strings`` on random texts, stop lists and checked regions."""
+    from vllm.v1.engine.detokenizer import check_stop_strings
+
+    from epd.server.route.detokenize import stop_end
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = "".join(rng.choice("abc ") for _ in range(rng.randint(0, 12)))
+        stop = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 3))) for _ in range(3)]
+        start = rng.randint(0, len(text))
+        include = rng.random() < 0.5
+        found = check_stop_strings(text, len(text) - start, stop, include)
+        expected = None
+        if found is not None:
+            expected = len(text) if found[1] == -1 else found[1]
+        assert stop_end(text, start, stop, include) == expected, (text, start, stop, include)
