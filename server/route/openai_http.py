@@ -186,7 +186,8 @@ class OpenAiHttp:
                 answers[choice.index].add(choice.chunk)
                 choice = await anext(pieces, None)
             if include_usage:
-                await _send(response, api.usage(chat, schema.total_usage(answers)))
+                usages = [a.usage for a in answers if a.usage is not None]
+                await _send(response, api.usage(chat, schema.total_usage(usages)))
         except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
             await _send(response, schema.error_body(e)[1])
         await response.write(b"data: [DONE]\n\n")

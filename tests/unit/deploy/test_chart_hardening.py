@@ -30,15 +30,9 @@ from tests.unit.deploy.commands import parse_container
 VALUES = [None, *EXAMPLES]
 # Pod Security `restricted`: the volume types it admits (no hostPath), and no host namespaces.
 RESTRICTED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+    "persistentVolumeClaim", "projected", "secret",
+}  # fmt: skip
 HOST_NAMESPACES = {"hostPID", "hostIPC", "hostNetwork"}
 CLAIM = '--set-json model.volume={"persistentVolumeClaim":{"claimName":"epd-models"}}'
 
