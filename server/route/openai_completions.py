@@ -8,7 +8,6 @@ implement yet); ``echo`` repeats the prompt's text before the answer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from epd.common.generation import finish_reason_name
 from epd.server.route.openai_schema import (
     SAMPLING_FIELDS,
     Answer,
+    envelope,
     parse_with,
     refuse_unimplemented,
     total_usage,
@@ -108,15 +108,8 @@ def completion_json(
         }
         for index, answer in enumerate(answers)
     ]
-    usages = [answer.usage for answer in answers if answer.usage is not None]
-    return {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage_json(total_usage(usages)),
-    }
+    body = envelope(f"cmpl-{request_id}", "text_completion", model, choices)
+    return {**body, "usage": usage_json(total_usage(answers))}
 
 
 def completion_chunk(
@@ -135,13 +128,8 @@ def completion_chunk(
         "logprobs": logprobs,
         "finish_reason": finish_reason_name(finish),
     }
-    body: dict[str, Any] = {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [] if usage is not None else [choice],
-    }
+    choices = [] if usage is not None else [choice]
+    body = envelope(f"cmpl-{request_id}", "text_completion", model, choices)
     if usage is not None:
         body["usage"] = usage_json(usage)
     return body

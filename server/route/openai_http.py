@@ -186,8 +186,7 @@ class OpenAiHttp:
                 answers[choice.index].add(choice.chunk)
                 choice = await anext(pieces, None)
             if include_usage:
-                usages = [a.usage for a in answers if a.usage is not None]
-                await _send(response, api.usage(chat, schema.total_usage(usages)))
+                await _send(response, api.usage(chat, schema.total_usage(answers)))
         except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
             await _send(response, schema.error_body(e)[1])
         await response.write(b"data: [DONE]\n\n")

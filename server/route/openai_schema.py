@@ -306,20 +306,25 @@ def completion(
         }
         for index, answer in enumerate(answers)
     ]
-    usages = [answer.usage for answer in answers if answer.usage is not None]
+    body = envelope(f"chatcmpl-{request_id}", "chat.completion", model, choices)
+    return {**body, "usage": usage_json(total_usage(answers))}
+
+
+def envelope(ident: str, kind: str, model: str, choices: list[Any]) -> dict[str, Any]:
+    """The fields every OpenAI completion object and chunk starts with."""
     return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
+        "id": ident,
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_json(total_usage(usages)),
     }
 
 
-def total_usage(usages: list[generation_pb2.Usage]) -> generation_pb2.Usage | None:
+def total_usage(answers: list[Answer]) -> generation_pb2.Usage | None:
     """The usage of a request's completions together, as vLLM counts it: the prompt once, the
     completions' tokens summed (None: none reported)."""
+    usages = [answer.usage for answer in answers if answer.usage is not None]
     if not usages:
         return None
     return generation_pb2.Usage(
@@ -346,13 +351,8 @@ def chunk(
         "finish_reason": finish_reason_name(finish or 0),
         "logprobs": logprobs,
     }
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [] if usage is not None else [choice],
-    }
+    choices = [] if usage is not None else [choice]
+    body = envelope(f"chatcmpl-{request_id}", "chat.completion.chunk", model, choices)
     if usage is not None:
         body["usage"] = usage_json(usage)
     return body

@@ -168,13 +168,30 @@ async def epd_url(request, tiny_model_dir: Path, engines) -> AsyncIterator[str]:
     await scheduler.drain_and_stop(0)
 
 
-async def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def post(
+    url: str, body: dict[str, Any], path: str = "chat/completions"
+) -> tuple[int, dict[str, Any]]:
+    """The status and JSON answer of ``body`` posted to ``url``/``path`` (nulls left out)."""
     sent = {name: value for name, value in body.items() if value is not None}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{url}/chat/completions", json=sent) as response,
+        session.post(f"{url}/{path}", json=sent) as response,
     ):
         return response.status, await response.json(content_type=None)
+
+
+async def streamed(url: str, body: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    """The chunks of ``body``'s server-sent stream from ``url``/``path`` (which must end with
+    ``[DONE]``)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/{path}", json=body) as response,
+    ):
+        assert response.status == 200
+        raw = (await response.read()).decode()
+    events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
 
 
 def choices(answer: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -236,15 +253,7 @@ async def test_a_streamed_answer_is_the_whole_answer(vllm_url: str, epd_url: str
     body = {**GREEDY, "stream": True, "stream_options": {"include_usage": True}}
     texts = []
     for url in (vllm_url, epd_url):
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"{url}/chat/completions", json=body) as response,
-        ):
-            assert response.status == 200
-            raw = (await response.read()).decode()
-        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        chunks = [json.loads(event) for event in events[:-1]]
+        chunks = await streamed(url, body, "chat/completions")
         deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
         texts.append(("".join(deltas), chunks[-1]["usage"]["completion_tokens"]))
     assert texts[1] == texts[0]
@@ -267,21 +276,12 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-async def post_completion(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    sent = {name: value for name, value in body.items() if value is not None}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"{url}/completions", json=sent) as response,
-    ):
-        return response.status, await response.json(content_type=None)
-
-
 @pytest.mark.parametrize(("name", "body"), SAME_COMPLETION, ids=[c[0] for c in SAME_COMPLETION])
 async def test_the_same_completion_body_gets_the_same_answer(
     vllm_url: str, epd_url: str, name: str, body: dict[str, Any]
 ) -> None:
-    vllm_status, expected = await post_completion(vllm_url, body)
-    status, answer = await post_completion(epd_url, body)
+    vllm_status, expected = await post(vllm_url, body, "completions")
+    status, answer = await post(epd_url, body, "completions")
     assert (status, vllm_status) == (200, 200), (answer, expected)
 
     def shown(reply: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -314,8 +314,8 @@ async def test_the_same_completion_body_gets_the_same_answer(
 async def test_the_same_bad_completion_body_gets_the_same_refusal(
     vllm_url: str, epd_url: str, name: str, body: dict[str, Any]
 ) -> None:
-    vllm_status, expected = await post_completion(vllm_url, body)
-    status, answer = await post_completion(epd_url, body)
+    vllm_status, expected = await post(vllm_url, body, "completions")
+    status, answer = await post(epd_url, body, "completions")
     assert (status, vllm_status) == (400, 400), (answer, expected)
 
 
@@ -323,14 +323,7 @@ async def test_a_streamed_completion_is_the_whole_one(vllm_url: str, epd_url: st
     body = {**PROMPT, "echo": True, "stream": True, "stream_options": {"include_usage": True}}
     texts = []
     for url in (vllm_url, epd_url):
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"{url}/completions", json=body) as response,
-        ):
-            assert response.status == 200
-            raw = (await response.read()).decode()
-        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
-        chunks = [json.loads(event) for event in events[:-1]]
+        chunks = await streamed(url, body, "completions")
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         texts.append((text, chunks[-1]["usage"]["completion_tokens"]))
     assert texts[1] == texts[0]

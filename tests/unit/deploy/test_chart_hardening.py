@@ -30,9 +30,15 @@ from tests.unit.deploy.commands import parse_container
 VALUES = [None, *EXAMPLES]
 # Pod Security `restricted`: the volume types it admits (no hostPath), and no host namespaces.
 RESTRICTED_VOLUMES = {
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-    "persistentVolumeClaim", "projected", "secret",
-}  # fmt: skip
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 HOST_NAMESPACES = {"hostPID", "hostIPC", "hostNetwork"}
 CLAIM = '--set-json model.volume={"persistentVolumeClaim":{"claimName":"epd-models"}}'
 
