@@ -11,14 +11,20 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import torch
+
 from epd.common.errors import Cancelled, EpdError, Unavailable
+from epd.server.media.hashing import pixels_tag
 from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
+from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as encode_pb
-from epd.v1 import multimodal_pb2
+from epd.v1 import multimodal_pb2, tensor_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,41 @@ class EncodeStage:
             if ref.lease_id and not (read and ref.WhichOneof("location") == "nixl"):
                 by_endpoint[ref.producer_endpoint].append(ref.lease_id)
         return by_endpoint
+
+
+def share_pixels(
+    plane: DataPlane | None,
+    stage: EncodeStage,
+    pixels: Iterable[tuple[multimodal_pb2.MediaItem, np.ndarray]],
+) -> None:
+    """Put each item's decoded pixels (an image's, or a video chunk's kept frames) into the
+    route's data plane, tagged with the item's mm_hash (workers on this host trust them as that
+    item, ``payload_layout``), and name them in the item; each lease joins the stage's
+    ``pixel_leases`` as soon as it exists. Best effort: an item whose pixels cannot be put is
+    sent by its source alone. Nothing without a plane."""
+    if plane is None:
+        return
+    for item, array in pixels:
+        try:
+            ref = plane.put(
+                torch.from_numpy(array),
+                plane.host_id,
+                preferred=tensor_pb2.TRANSFER_KIND_SHM,
+                content_tag=pixels_tag(item.mm_hash),
+            )
+        except (EpdError, OSError) as e:
+            logger.debug("pixels of %s not shared (%s): workers load the source", item.mm_hash, e)
+            continue
+        stage.pixel_leases.append(ref.lease_id)
+        item.pixels.CopyFrom(ref)
+
+
+def release_pixels(plane: DataPlane | None, stage: EncodeStage) -> None:
+    """Release the stage's pixel leases (once every item is encoded or prefilled, or at the
+    end)."""
+    leases, stage.pixel_leases = stage.pixel_leases, []
+    if leases and plane is not None:
+        plane.release(leases)
 
 
 def encode_items(stage: EncodeStage, indices: list[int]) -> list[scheduler_pb.EncodeItem]:

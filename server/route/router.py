@@ -23,23 +23,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
-import torch
+import numpy as np
 from opentelemetry import trace
 
-from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument, NotFound
+from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.media.video import check_num_videos
 from epd.server.media.video_loader import VideoLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import StoppedText
-from epd.server.route.encoding import EncodeStage, encode_all, encode_items, release_all
+from epd.server.route.encoding import (
+    EncodeStage,
+    encode_all,
+    encode_items,
+    release_all,
+    release_pixels,
+    share_pixels,
+)
 from epd.server.route.hops import (
     EngineCall,
     OnPrefilled,
@@ -56,7 +62,7 @@ from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
 from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_video, video_input
 from epd.server.transfer.plane import DataPlane
-from epd.v1 import generation_pb2, multimodal_pb2, tensor_pb2
+from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Chats of up to this many text characters are tokenised on the event loop, where that costs
@@ -200,14 +206,13 @@ class Router:
         span.set_attribute("epd.videos", len(videos))
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
-            self._share_pixels(images, stage.pixel_leases)
-            self._share_frames(videos, stage.pixel_leases)
+            share_pixels(self.plane, stage, _pixels_of(images, videos))
             pieces = self._engine_pieces(call, stage, images, videos)
             async for chunk in self._chunks(pieces, call.sampling):
                 yield chunk
         finally:
             self._refresh_roles()
-            self._release_pixels(stage)
+            release_pixels(self.plane, stage)
             if self.metrics is not None and stage.num_retried:
                 self.metrics.encode_retries.inc(stage.num_retried)
             await asyncio.shield(release_all(self.peers, stage))
@@ -278,7 +283,7 @@ class Router:
         prefilled."""
 
         async def prefilled() -> None:
-            self._release_pixels(stage)
+            release_pixels(self.plane, stage)
             await release_all(self.peers, stage, read=True)
 
         if call.plan.uses_encoders:
@@ -302,7 +307,7 @@ class Router:
         placement = await place(self.peers, call, items, stage.policy)
         self._set_consumer(stage, placement.prefill.worker)
         await encode_all(self.peers, stage, call.deadline, placement.encoders)
-        self._release_pixels(stage)
+        release_pixels(self.plane, stage)
 
         async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
             # NOTE: only another host needs new references; any is readable into any device.
@@ -330,57 +335,6 @@ class Router:
             max_resumptions=self.max_resumptions,
             on_resumed=self._count_resumption,
         )
-
-    def _share_pixels(self, images: list[RouteImage], leases: list[str]) -> None:
-        """Put the decoded pixels of each image into the data plane, tagged with its mm_hash
-        (workers on this host trust them as that image, ``payload_layout``), and name them in
-        its item; each lease goes into ``leases`` as soon as it exists (the caller releases
-        them). Best effort: an image whose pixels cannot be put is sent by its source alone."""
-        if self.plane is None:
-            return
-        for image in images:
-            try:
-                ref = self.plane.put(
-                    torch.from_numpy(image.loaded.pixels),
-                    self.plane.host_id,
-                    preferred=tensor_pb2.TRANSFER_KIND_SHM,
-                    content_tag=pixels_tag(image.item.mm_hash),
-                )
-            except (EpdError, OSError) as e:
-                logger.debug(
-                    "pixels of %s not shared (%s): workers load the source", image.item.mm_hash, e
-                )
-                continue
-            leases.append(ref.lease_id)
-            image.item.pixels.CopyFrom(ref)
-
-    def _share_frames(self, videos: list[RouteVideo], leases: list[str]) -> None:
-        """``_share_pixels`` for the videos' chunks: each chunk's kept frames, uint8 [n, height,
-        width, 3], tagged with the chunk's content hash."""
-        if self.plane is None:
-            return
-        for video in videos:
-            for chunk, item in zip(video.chunks, video.items, strict=True):
-                frames = video.video.frames[chunk.frames.start : chunk.frames.stop]
-                try:
-                    ref = self.plane.put(
-                        torch.from_numpy(frames),
-                        self.plane.host_id,
-                        preferred=tensor_pb2.TRANSFER_KIND_SHM,
-                        content_tag=pixels_tag(item.mm_hash),
-                    )
-                except (EpdError, OSError) as e:
-                    logger.debug("frames of %s not shared (%s)", item.mm_hash, e)
-                    continue
-                leases.append(ref.lease_id)
-                item.pixels.CopyFrom(ref)
-
-    def _release_pixels(self, stage: EncodeStage) -> None:
-        """Release the stage's pixel leases (once every image is encoded or prefilled, or at
-        the end)."""
-        leases, stage.pixel_leases = stage.pixel_leases, []
-        if leases and self.plane is not None:
-            self.plane.release(leases)
 
     async def _token_ids(self, request: ChatRequest) -> list[int]:
         """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
@@ -484,6 +438,17 @@ class Router:
 def _shortened(name: str, limit: int = 64) -> str:
     """``name`` cut to ``limit`` characters for an error: a caller's string is not echoed whole."""
     return name if len(name) <= limit else f"{name[:limit]}..."
+
+
+def _pixels_of(
+    images: list[RouteImage], videos: list[RouteVideo]
+) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
+    """Each item's decoded pixels: an image's, then each video chunk's kept frames."""
+    for image in images:
+        yield image.item, image.loaded.pixels
+    for video in videos:
+        for chunk, item in zip(video.chunks, video.items, strict=True):
+            yield item, video.video.frames[chunk.frames.start : chunk.frames.stop]
 
 
 def _media_item(source: ImageSource, mm_hash: str) -> multimodal_pb2.MediaItem:

@@ -11,7 +11,7 @@ import pytest
 from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.common.roles import Role
 from epd.server.route.deadline import Deadline
-from epd.server.route.encoding import EncodeStage, encode_all, release_all
+from epd.server.route.encoding import EncodeStage, encode_all, release_all, release_pixels
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
 from epd.server.route.router import RouteImage, Router
 from epd.server.route.topology import plan_for
@@ -448,5 +448,5 @@ async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer
     assert first.token_ids == [7]
     assert plane.released == ["pixels-0", "pixels-1"] and stage.pixel_leases == []
     await pieces.aclose()
-    worker._release_pixels(stage)
+    release_pixels(worker.plane, stage)
     assert plane.released == ["pixels-0", "pixels-1"]
