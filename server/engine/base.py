@@ -76,8 +76,9 @@ class EngineImage:
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A constraint on the generated text: ``kind`` is ``json`` (``value``: a JSON schema as
-    text), ``json_object`` (no value), ``regex``, ``grammar`` (text) or ``choice`` (a tuple of the
-    allowed strings); the options are vLLM's ``StructuredOutputsParams``' for JSON."""
+    text), ``json_object`` (no value), ``regex``, ``grammar`` (text), ``structural_tag`` (an
+    xgrammar structural tag as JSON text) or ``choice`` (a tuple of the allowed strings); the
+    options are vLLM's ``StructuredOutputsParams``' for JSON."""
 
     kind: str
     value: str | tuple[str, ...] = ""
@@ -111,6 +112,14 @@ class Sampling:
     structured_output: StructuredOutput | None = None
     # most likely tokens reported beside each generated one (None: no log probabilities)
     logprobs: int | None = None
+    # most likely tokens reported beside each prompt token (None: no prompt log probabilities)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # the engine's scheduling priority (lower first; ignored by first-come-first-served engines)
+    priority: int = 0
+    # the prompt's prefix-cache salt ("": unsalted)
+    cache_salt: str = ""
 
     def beyond_basics(self) -> list[str]:
         """The names of the fields set beyond the basic ones (max_tokens ... ignore_eos): what an
@@ -135,6 +144,9 @@ EXTENDED_SAMPLING_FIELDS = (
     "include_stop_str_in_output",
     "structured_output",
     "logprobs",
+    "prompt_logprobs",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
 )
 
 
@@ -156,6 +168,9 @@ class TokenChunk:
     usage: Usage | None = None
     # one entry per token of token_ids when the sampling asked for log probabilities
     logprobs: list[Candidates] = field(default_factory=list)
+    # on the first chunk, one entry per prompt token when the sampling asked for prompt log
+    # probabilities (the first position's empty: nothing precedes it)
+    prompt_logprobs: list[Candidates] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +187,9 @@ class PrefillResult:
     usage: Usage
     # the first token's candidates when the sampling asked for log probabilities
     first_logprobs: Candidates | None = None
+    # one entry per prompt token when the sampling asked for prompt log probabilities (as
+    # ``TokenChunk.prompt_logprobs``)
+    prompt_logprobs: list[Candidates] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,9 @@ def sampling_params(
             include_stop_str_in_output=sampling.include_stop_str_in_output,
             structured_outputs=structured_outputs(sampling.structured_output),
             logprobs=sampling.logprobs,
+            prompt_logprobs=sampling.prompt_logprobs,
+            skip_special_tokens=sampling.skip_special_tokens,
+            spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra_args,
         )
@@ -95,6 +98,12 @@ def candidates(position: Any) -> Candidates:
     )
 
 
+def prompt_candidates(positions: Any) -> list[Candidates]:
+    """vLLM's prompt logprobs (None at the first position, then one ``candidates`` per prompt
+    token) as ``Candidates``, the first position's empty; [] when there are none."""
+    return [candidates(position) if position else () for position in positions or []]
+
+
 def structured_outputs(constraint: StructuredOutput | None) -> Any:
     """vLLM's ``StructuredOutputsParams`` for ``constraint`` (None: unconstrained)."""
     if constraint is None:
@@ -110,7 +119,7 @@ def structured_outputs(constraint: StructuredOutput | None) -> Any:
         return StructuredOutputsParams(json_object=True, **options)
     if constraint.kind == "choice":
         return StructuredOutputsParams(choice=list(constraint.value), **options)
-    if constraint.kind not in ("json", "regex", "grammar"):
+    if constraint.kind not in ("json", "regex", "grammar", "structural_tag"):
         raise InvalidArgument(
             f"unknown structured output {constraint.kind!r}", reason="BAD_SAMPLING"
         )

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from epd.common.errors import EpdError, InvalidArgument
+from epd.common.errors import EpdError
 from epd.server.engine.vllm_inputs import sampling_params
 from epd.server.route.request import bad
 from epd.server.worker.convert import sampling_from_proto
@@ -99,12 +99,9 @@ def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:
 
 
 def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutput | None:
-    """The ``StructuredOutput`` of vLLM's ``StructuredOutputsParams`` (None: unconstrained);
-    options epd does not carry are refused by name."""
+    """The ``StructuredOutput`` of vLLM's ``StructuredOutputsParams`` (None: unconstrained)."""
     if constraint is None:
         return None
-    if constraint.structural_tag is not None:
-        raise _unsupported("structured_outputs.structural_tag")
     output = generation_pb2.StructuredOutput(
         disable_any_whitespace=constraint.disable_any_whitespace,
         disable_additional_properties=constraint.disable_additional_properties,
@@ -119,6 +116,8 @@ def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutp
         output.regex = constraint.regex
     elif constraint.grammar is not None:
         output.grammar = constraint.grammar
+    elif constraint.structural_tag is not None:
+        output.structural_tag = constraint.structural_tag
     elif constraint.json_object is True:
         output.json_object = True
     else:
@@ -135,7 +134,3 @@ def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
         sampling_params(sampling_from_proto(sampling))
     except EpdError as e:
         raise bad(e.message, e.metadata.get("param") or "sampling") from None
-
-
-def _unsupported(param: str) -> InvalidArgument:
-    return bad(f"{param} is not supported by epd yet", param, "UNSUPPORTED_PARAMETER")

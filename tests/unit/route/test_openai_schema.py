@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,13 @@ from epd.common.errors import InvalidArgument, NotFound
 from epd.server.route import openai_schema as schema
 
 BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+# An xgrammar structural tag, the constraint vLLM's tool parsers build for tool calls.
+TAG = json.dumps(
+    {
+        "type": "structural_tag",
+        "format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"},
+    }
+)
 
 
 def refusal(body: Any, limits: schema.RequestLimits | None = None) -> InvalidArgument:
@@ -197,6 +205,7 @@ def test_token_lists_and_biases_reach_the_sampling_parameters() -> None:
         ),
         ({"structured_outputs": {"regex": "[ab]+"}}, "regex", "[ab]+"),
         ({"structured_outputs": {"grammar": 'root ::= "x"'}}, "grammar", 'root ::= "x"'),
+        ({"structured_outputs": {"structural_tag": TAG}}, "structural_tag", TAG),
     ],
 )
 def test_structured_outputs_reach_the_sampling_parameters(
