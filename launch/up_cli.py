@@ -165,53 +165,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start, ask, print, stop (or keep)."""
-    if args.max_tokens < 1:
-        print("epd up: --max-tokens must be at least 1", file=sys.stderr)
-        return 2
     try:
-        args.watch = WatchOptions(max_restarts=args.max_restarts)
-        args.scaling = scaling_options(args)
-        topology = replace(topology_of(args), scheduler_flags=scheduler_flags(args))
-        args.planned_topology = topology
-        scaling_groups(topology)
-        if args.base_port:
-            check_ports(topology, args.metrics)
-        check_engine_args(args)
-        args.device = resolve_device(args.device)
-        args.cpu_plan = cpu_plan(args, topology)
-        args.entry = public_entry(args)
+        _plan(args)
+        _resolve_model(args)
     except ValueError as e:
         print(f"epd up: {e}", file=sys.stderr)
         return 2
-    if args.model is None and not (DEFAULT_MODEL / "config.json").exists():
-        from epd.server.models.tiny.build import build_tiny_model
-
-        print(f"building the tiny model in {DEFAULT_MODEL} ...", flush=True)
-        build_tiny_model(DEFAULT_MODEL)
-    try:
-        args.model = args.model or str(DEFAULT_MODEL)
-        resolve_model_arguments(args)
-    except ValueError as e:
-        print(f"epd up: {e}", file=sys.stderr)
-        return 2
-    run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # NOTE: each service keeps its own name (epd-route, ...): the trace printed shows each hop.
-    env = {
-        **{k: v for k, v in child_env(os.environ).items() if k != "OTEL_SERVICE_NAME"},
-        "EPD_TRACE_EXPORTER": f"json:{run_dir / SPAN_FILE}",
-        "EPD_TRACE_FILE_MAX_MB": str(args.trace_max_mb),
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    if getattr(args, "config", None):
-        # NOTE: each service applies the file's keys it has a flag for, and its own section.
-        env["EPD_CONFIG"] = str(Path(args.config).resolve())
-    cap = f"at most {args.trace_max_mb} MiB with {SPAN_FILE}.1" if args.trace_max_mb else "no cap"
-    print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
-    deployment = Deployment(run_dir, env, base_port=args.base_port or None, metrics=args.metrics)
-    args.run_dir_resolved = run_dir
-    args.span_file = run_dir / SPAN_FILE
+    deployment = _deployment(args)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         return asyncio.run(_up(args, deployment))
@@ -228,6 +188,57 @@ def run(args: argparse.Namespace) -> int:
     finally:
         deployment.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _plan(args: argparse.Namespace) -> None:
+    """Check the flags and fill in what they imply (topology, ports, device, CPU plan, entry);
+    ValueError names what is wrong."""
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
+    args.watch = WatchOptions(max_restarts=args.max_restarts)
+    args.scaling = scaling_options(args)
+    topology = replace(topology_of(args), scheduler_flags=scheduler_flags(args))
+    args.planned_topology = topology
+    scaling_groups(topology)
+    if args.base_port:
+        check_ports(topology, args.metrics)
+    check_engine_args(args)
+    args.device = resolve_device(args.device)
+    args.cpu_plan = cpu_plan(args, topology)
+    args.entry = public_entry(args)
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """The model to serve: ``--model``, else the embedded tiny model (built on first use)."""
+    if args.model is None and not (DEFAULT_MODEL / "config.json").exists():
+        from epd.server.models.tiny.build import build_tiny_model
+
+        print(f"building the tiny model in {DEFAULT_MODEL} ...", flush=True)
+        build_tiny_model(DEFAULT_MODEL)
+    args.model = args.model or str(DEFAULT_MODEL)
+    resolve_model_arguments(args)
+
+
+def _deployment(args: argparse.Namespace) -> Deployment:
+    """The deployment's run directory and the environment its services start with (each
+    service keeps its own tracing name, so the trace printed shows each hop)."""
+    run_dir = (args.run_dir / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **{k: v for k, v in child_env(os.environ).items() if k != "OTEL_SERVICE_NAME"},
+        "EPD_TRACE_EXPORTER": f"json:{run_dir / SPAN_FILE}",
+        "EPD_TRACE_FILE_MAX_MB": str(args.trace_max_mb),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if getattr(args, "config", None):
+        # NOTE: each service applies the file's keys it has a flag for, and its own section.
+        env["EPD_CONFIG"] = str(Path(args.config).resolve())
+    cap = f"at most {args.trace_max_mb} MiB with {SPAN_FILE}.1" if args.trace_max_mb else "no cap"
+    print(f"logs and spans in {run_dir} ({SPAN_FILE}: {cap})", flush=True)
+    args.run_dir_resolved = run_dir
+    args.span_file = run_dir / SPAN_FILE
+    return Deployment(run_dir, env, base_port=args.base_port or None, metrics=args.metrics)
 
 
 async def _up(args: argparse.Namespace, deployment: Deployment) -> int:
