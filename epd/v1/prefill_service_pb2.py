@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import generation_pb2 as epd_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65pd/v1/prefill_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\"}\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\xce\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12#\n\tkv_handle\x18\x03 \x01(\x0b\x32\x10.epd.v1.KvHandle\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.epd.v1.Usage\x12\x33\n\x14\x66irst_token_logprobs\x18\x05 \x01(\x0b\x32\x15.epd.v1.TokenLogprobs\"\x83\x01\n\x14PrefillDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\x9e\x01\n\x15PrefillDecodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x04 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs2\x9c\x01\n\x0ePrefillService\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponse\x12N\n\rPrefillDecode\x12\x1c.epd.v1.PrefillDecodeRequest\x1a\x1d.epd.v1.PrefillDecodeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65pd/v1/prefill_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\"}\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\xfe\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12#\n\tkv_handle\x18\x03 \x01(\x0b\x32\x10.epd.v1.KvHandle\x12\x1c\n\x05usage\x18\x04 \x01(\x0b\x32\r.epd.v1.Usage\x12\x33\n\x14\x66irst_token_logprobs\x18\x05 \x01(\x0b\x32\x15.epd.v1.TokenLogprobs\x12.\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\"\x83\x01\n\x14PrefillDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1e\n\x06prompt\x18\x03 \x01(\x0b\x32\x0e.epd.v1.Prompt\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\"\xce\x01\n\x15PrefillDecodeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x04 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12.\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs2\x9c\x01\n\x0ePrefillService\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponse\x12N\n\rPrefillDecode\x12\x1c.epd.v1.PrefillDecodeRequest\x1a\x1d.epd.v1.PrefillDecodeResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLREQUEST']._serialized_start=65
   _globals['_PREFILLREQUEST']._serialized_end=190
   _globals['_PREFILLRESPONSE']._serialized_start=193
-  _globals['_PREFILLRESPONSE']._serialized_end=399
-  _globals['_PREFILLDECODEREQUEST']._serialized_start=402
-  _globals['_PREFILLDECODEREQUEST']._serialized_end=533
-  _globals['_PREFILLDECODERESPONSE']._serialized_start=536
-  _globals['_PREFILLDECODERESPONSE']._serialized_end=694
-  _globals['_PREFILLSERVICE']._serialized_start=697
-  _globals['_PREFILLSERVICE']._serialized_end=853
+  _globals['_PREFILLRESPONSE']._serialized_end=447
+  _globals['_PREFILLDECODEREQUEST']._serialized_start=450
+  _globals['_PREFILLDECODEREQUEST']._serialized_end=581
+  _globals['_PREFILLDECODERESPONSE']._serialized_start=584
+  _globals['_PREFILLDECODERESPONSE']._serialized_end=790
+  _globals['_PREFILLSERVICE']._serialized_start=793
+  _globals['_PREFILLSERVICE']._serialized_end=949
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
 from epd.v1 import scheduler_service_pb2 as epd_dot_v1_dot_scheduler__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\xb4\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\"\xca\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard2\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\xb4\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\"\xfa\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\x12.\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard2\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,15 +43,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=299
   _globals['_GENERATEREQUEST']._serialized_end=479
   _globals['_GENERATERESPONSE']._serialized_start=482
-  _globals['_GENERATERESPONSE']._serialized_end=684
-  _globals['_LISTMODELSREQUEST']._serialized_start=686
-  _globals['_LISTMODELSREQUEST']._serialized_end=705
-  _globals['_MODELCARD']._serialized_start=708
-  _globals['_MODELCARD']._serialized_end=844
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=793
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=844
-  _globals['_LISTMODELSRESPONSE']._serialized_start=846
-  _globals['_LISTMODELSRESPONSE']._serialized_end=901
-  _globals['_ROUTESERVICE']._serialized_start=904
-  _globals['_ROUTESERVICE']._serialized_end=1052
+  _globals['_GENERATERESPONSE']._serialized_end=732
+  _globals['_LISTMODELSREQUEST']._serialized_start=734
+  _globals['_LISTMODELSREQUEST']._serialized_end=753
+  _globals['_MODELCARD']._serialized_start=756
+  _globals['_MODELCARD']._serialized_end=892
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=841
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=892
+  _globals['_LISTMODELSRESPONSE']._serialized_start=894
+  _globals['_LISTMODELSRESPONSE']._serialized_end=949
+  _globals['_ROUTESERVICE']._serialized_start=952
+  _globals['_ROUTESERVICE']._serialized_end=1100
 # @@protoc_insertion_point(module_scope)

@@ -46,6 +46,7 @@ from epd.server.engine.base import (
     IMAGE_GRIDS_KEY,
     IMAGE_HASHES_KEY,
     KV_LOAD_FAILED,
+    Candidates,
     Engine,
     EngineImage,
     EngineLoad,
@@ -66,6 +67,7 @@ from epd.server.engine.vllm_inputs import (
     candidates,
     picture_data,
     picture_names,
+    prompt_candidates,
     sampling_params,
 )
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
@@ -215,7 +217,7 @@ class VllmEngine(Engine):
         # NOTE: aclosing: a consumer closing this stream early aborts the request at once, not
         # whenever the inner generator happens to be collected.
         async with contextlib.aclosing(
-            self._run(request_id, prompt_token_ids, images, params)
+            self._run(request_id, prompt_token_ids, images, params, sampling)
         ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
@@ -239,9 +241,10 @@ class VllmEngine(Engine):
             max_tokens=1,
             kv_transfer_params={"do_remote_decode": True},
         )
-        final = None
-        async for output in self._run(request_id, prompt_token_ids, images, params):
+        final, prompt_logprobs = None, list[Candidates]()
+        async for output in self._run(request_id, prompt_token_ids, images, params, sampling):
             final = output if final is None or output.finished else final
+            prompt_logprobs = prompt_logprobs or prompt_candidates(output.prompt_logprobs)
         if final is None or not final.outputs[0].token_ids:
             raise Unavailable("the engine produced no first token", reason="ENGINE_NO_OUTPUT")
         completion = final.outputs[0]
@@ -258,7 +261,9 @@ class VllmEngine(Engine):
             if seed is not None:
                 handle[SEED_KEY] = seed
         first_logprobs = candidates(completion.logprobs[0]) if completion.logprobs else None
-        return PrefillResult(int(completion.token_ids[0]), reason, handle, usage, first_logprobs)
+        return PrefillResult(
+            int(completion.token_ids[0]), reason, handle, usage, first_logprobs, prompt_logprobs
+        )
 
     async def decode(
         self,
@@ -279,10 +284,12 @@ class VllmEngine(Engine):
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"
             )
         self.layout.check(prompt_token_ids, images, self.max_model_len, grids_suffice=True)
-        params = sampling_params(replace(sampling, seed=seed), kv_transfer_params=kv_params)
+        # NOTE: the prompt's log probabilities are the prefill worker's to report.
+        sampling = replace(sampling, seed=seed, prompt_logprobs=None)
+        params = sampling_params(sampling, kv_transfer_params=kv_params)
         is_first, num_generated = True, 0
         async with contextlib.aclosing(
-            self._run(request_id, prompt_token_ids, images, params)
+            self._run(request_id, prompt_token_ids, images, params, sampling)
         ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
@@ -302,9 +309,15 @@ class VllmEngine(Engine):
                 yield chunk
 
     async def _run(
-        self, request_id: str, prompt_token_ids: list[int], images: list[EngineImage], params: Any
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        images: list[EngineImage],
+        params: Any,
+        sampling: Sampling,
     ) -> AsyncGenerator[Any, None]:
-        """vLLM's outputs for one request, admitted, with abort on cancellation."""
+        """vLLM's outputs for one request (``params``: ``sampling`` as vLLM's; the priority
+        and cache salt are the request's), admitted, with abort on cancellation."""
         if len(self._running) >= self.options.max_pending_requests:
             raise ResourceExhausted(
                 f"{len(self._running)} requests already running; retry later", reason="ENGINE_BUSY"
@@ -328,7 +341,10 @@ class VllmEngine(Engine):
         self._running.add(request_id)
         try:
             prompt = await self._render(request_id, prompt_token_ids, images)
-            async for output in self._llm.generate(prompt, params, request_id):
+            if sampling.cache_salt:
+                prompt["cache_salt"] = sampling.cache_salt
+            outputs = self._llm.generate(prompt, params, request_id, priority=sampling.priority)
+            async for output in outputs:
                 if output.finished and output.outputs[0].finish_reason == "error":
                     raise _request_failed(params)
                 yield output
@@ -432,12 +448,16 @@ def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> Toke
     """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
     completion = output.outputs[0]
     logprobs = [candidates(position) for position in completion.logprobs or []]
+    prompt_logprobs = prompt_candidates(output.prompt_logprobs)
     if not output.finished:
-        return TokenChunk(list(completion.token_ids), logprobs=logprobs)
+        return TokenChunk(
+            list(completion.token_ids), logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )
     num_prompt = len(output.prompt_token_ids or prompt_token_ids)
     return TokenChunk(
         list(completion.token_ids),
         completion.finish_reason,
         Usage(num_prompt, num_generated, output.num_cached_tokens or 0),
         logprobs,
+        prompt_logprobs,
     )

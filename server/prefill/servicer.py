@@ -44,6 +44,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
             kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
             usage=convert.usage_to_proto(result.usage),
             first_token_logprobs=convert.logprobs_to_proto(result.first_logprobs),
+            prompt_logprobs=[convert.logprobs_to_proto(p) for p in result.prompt_logprobs],
         )
 
     @handle_errors

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
 from epd.server.engine.base import Candidates, Sampling, StructuredOutput, TokenChunk, Usage
@@ -36,6 +36,14 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         include_stop_str_in_output=params.include_stop_str_in_output,
         structured_output=structured_output_from_proto(params),
         logprobs=params.logprobs if params.HasField("logprobs") else None,
+        prompt_logprobs=params.prompt_logprobs if params.HasField("prompt_logprobs") else None,
+        # NOTE: unset is true, vLLM's default
+        skip_special_tokens=params.skip_special_tokens
+        or not params.HasField("skip_special_tokens"),
+        spaces_between_special_tokens=params.spaces_between_special_tokens
+        or not params.HasField("spaces_between_special_tokens"),
+        priority=params.priority,
+        cache_salt=params.cache_salt,
     )
 
 
@@ -82,11 +90,22 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
         fields["usage"] = usage_to_proto(chunk.usage)
     if chunk.logprobs:
         fields["logprobs"] = [logprobs_to_proto(position) for position in chunk.logprobs]
+    if chunk.prompt_logprobs:
+        fields["prompt_logprobs"] = [logprobs_to_proto(p) for p in chunk.prompt_logprobs]
     return fields
 
 
+@overload
+def logprobs_to_proto(position: Candidates) -> generation_pb2.TokenLogprobs: ...
+
+
+@overload
+def logprobs_to_proto(position: None) -> None: ...
+
+
 def logprobs_to_proto(position: Candidates | None) -> generation_pb2.TokenLogprobs | None:
-    """The TokenLogprobs of one position's candidates (None: none were asked for)."""
+    """The TokenLogprobs of one position's candidates (None: none were asked for; empty: the
+    prompt's first position, which has none)."""
     if position is None:
         return None
     return generation_pb2.TokenLogprobs(

@@ -40,7 +40,11 @@ def output(token_id: int, finished: bool, reason: str = "length") -> SimpleNames
         token_ids=[token_id], finish_reason=reason if finished else None, logprobs=None
     )
     return SimpleNamespace(
-        outputs=[completion], finished=finished, prompt_token_ids=PROMPT, num_cached_tokens=0
+        outputs=[completion],
+        finished=finished,
+        prompt_token_ids=PROMPT,
+        num_cached_tokens=0,
+        prompt_logprobs=None,
     )
 
 
@@ -55,6 +59,7 @@ class FakeLlm:
         self.final_reason = "length"
         self.is_shut_down = False
         self.prompts: list[dict[str, Any]] = []
+        self.priorities: list[int] = []
         self.injected: list[dict[str, list[str]]] = []
         self.input_processor = SimpleNamespace(
             inject_into_mm_cache=lambda hashes, kwargs: self.injected.append(hashes)
@@ -69,10 +74,11 @@ class FakeLlm:
         return [{**prompt, "type": "rendered"} for prompt in prompts]
 
     async def generate(
-        self, prompt: dict[str, Any], params: Any, request_id: str
+        self, prompt: dict[str, Any], params: Any, request_id: str, priority: int = 0
     ) -> AsyncIterator[SimpleNamespace]:
         self.started.append(request_id)
         self.prompts.append(prompt)
+        self.priorities.append(priority)
         yield output(7, finished=False)
         await self.release.wait()
         yield output(8, finished=True, reason=self.final_reason)
@@ -286,3 +292,32 @@ async def test_a_request_vllm_finishes_with_an_error_fails_unavailable(llm) -> N
         [c async for c in engine.generate("g", PROMPT, [], SAMPLING)]
     assert caught.value.reason == "ENGINE_REQUEST_FAILED"
     assert engine.load().num_running == 0 and llm.aborted == []
+
+
+async def test_the_priority_cache_salt_and_prompt_logprobs_reach_vllm(engine, llm) -> None:
+    llm.release.set()
+    logprob = SimpleNamespace(logprob=-0.5, rank=2, decoded_token="b")
+    first = output(7, finished=False)
+    first.prompt_logprobs = [None, {2: logprob}, {3: logprob}]
+    seen = []
+
+    async def generate(
+        prompt: dict[str, Any], params: Any, request_id: str, priority: int = 0
+    ) -> AsyncIterator[SimpleNamespace]:
+        llm.prompts.append(prompt)
+        llm.priorities.append(priority)
+        seen.append(params)
+        yield first
+        yield output(8, finished=True)
+
+    llm.generate = generate
+    sampling = Sampling(
+        max_tokens=2, prompt_logprobs=1, skip_special_tokens=False, priority=-3, cache_salt="t1"
+    )
+    chunks = [chunk async for chunk in engine.generate("a", PROMPT, [], sampling)]
+    assert llm.priorities == [-3] and llm.prompts[-1]["cache_salt"] == "t1"
+    assert (seen[0].prompt_logprobs, seen[0].skip_special_tokens) == (1, False)
+    assert chunks[0].prompt_logprobs == [(), ((2, -0.5, 2, "b"),), ((3, -0.5, 2, "b"),)]
+    assert chunks[1].prompt_logprobs == [], "the prompt's logprobs come once"
+    await first_chunk(engine, "b")
+    assert "cache_salt" not in llm.prompts[-1], "no salt: the prompt as it was"

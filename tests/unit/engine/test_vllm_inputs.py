@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import EngineImage, Sampling
+from epd.server.engine.base import EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data
 from epd.server.worker import convert
@@ -30,6 +30,36 @@ def test_sampling_defaults_and_ranges() -> None:
     assert sampling == Sampling(max_tokens=16, top_p=1.0)
     seeded = convert.sampling_from_proto(generation_pb2.SamplingParams(seed=0, stop=["x"]))
     assert seeded.seed == 0 and seeded.stop == ("x",)
+
+
+def test_output_options_cross_the_proto_with_vllms_defaults() -> None:
+    unset = convert.sampling_from_proto(generation_pb2.SamplingParams())
+    assert (unset.skip_special_tokens, unset.spaces_between_special_tokens) == (True, True)
+    assert (unset.prompt_logprobs, unset.priority, unset.cache_salt) == (None, 0, "")
+    message = generation_pb2.SamplingParams(
+        prompt_logprobs=0,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        priority=-2,
+        cache_salt="tenant",
+    )
+    sampling = convert.sampling_from_proto(message)
+    assert sampling.prompt_logprobs == 0, "0 asks for the prompt token's own logprob"
+    assert (sampling.skip_special_tokens, sampling.spaces_between_special_tokens) == (False, False)
+    assert (sampling.priority, sampling.cache_salt) == (-2, "tenant")
+    assert sampling.beyond_basics() == [
+        "prompt_logprobs",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+    ], "what an engine without them refuses; priority and salt change no answer"
+
+
+def test_prompt_logprobs_cross_the_proto_with_an_empty_first_position() -> None:
+    chunk = TokenChunk([4], prompt_logprobs=[(), ((7, -1.5, 3, "a"), (2, -0.1, 1, "b"))])
+    positions = convert.chunk_fields(chunk)["prompt_logprobs"]
+    assert [len(p.candidates) for p in positions] == [0, 2]
+    assert positions[1].candidates[0].token_id == 7 and positions[1].candidates[0].rank == 3
+    assert "prompt_logprobs" not in convert.chunk_fields(TokenChunk([4]))
 
 
 def test_vllm_sampling_params_reject_bad_values() -> None:
