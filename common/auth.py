@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +15,20 @@ from epd.common.status import to_rpc_status
 # Probes (load balancers, orchestrators) check health without credentials.
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
 AUTHORIZATION_KEY = "authorization"
+
+
+def token_identity(token: str) -> str:
+    """A caller's stable identity from its bearer ``token``: a digest (32 hex digits) that
+    names the tenant in cache keys without revealing the token; "" for no token."""
+    if not token:
+        return ""
+    return hashlib.blake2b(token.encode(), digest_size=16, person=b"epd-token-id").hexdigest()
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization`` value (``Bearer TOKEN``), "" for any other value."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def bearer_metadata(token: str) -> tuple[str, str]:

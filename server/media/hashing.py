@@ -4,6 +4,12 @@ A hash over the decoded RGB pixels (so the same picture sent as PNG, as JPEG-dec
 by URL or by bytes hashes the same), their size and mode, plus everything else that changes the
 embedding: the model id and a fingerprint of its image-processor settings. Stable across
 processes and hosts (blake2b, no salt).
+
+Tenants: the route moves a request's mm_hashes into its tenant's key namespace (``key_salt`` of
+the caller's token identity and cache_salt, then ``salted``) before any hop sees them, so every
+cache keyed by mm_hash (encoders', the embedding store, vLLM's multimodal and prefix caches, the
+scheduler's prefix index) keeps tenants apart; without a token or cache_salt the keys are the
+plain mm_hashes, one shared namespace.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ HASH_VERSION = b"epd-mm-v1"
 RGB = "RGB"
 MM_HASH_CHARS = 32
 HEX_DIGITS = frozenset("0123456789abcdef")
+KEY_SALT_VERSION = b"epd-tenant-v1"
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -72,3 +79,24 @@ def embeddings_tag(mm_hash_hex: str) -> bytes:
     """The content tag of the embeddings an encoder made of the image ``mm_hash_hex``: apart
     from the pixels' tag, so neither payload can pass for the other."""
     return hashlib.blake2b(b"epd-embeddings:" + mm_hash_hex.encode(), digest_size=16).digest()
+
+
+def key_salt(tenant: str, cache_salt: str) -> str:
+    """The salt of a request's cache keys: a hash of its caller's ``tenant`` (a token identity,
+    ``common.auth.token_identity``; "" without auth) and its ``cache_salt`` ("" when not given),
+    32 hex digits, which vLLM takes as a cache_salt; "" when both are empty (the shared
+    namespace)."""
+    if not tenant and not cache_salt:
+        return ""
+    digest = hashlib.blake2b(KEY_SALT_VERSION, digest_size=16)
+    for part in (tenant.encode(), cache_salt.encode()):
+        digest.update(len(part).to_bytes(4, "little") + part)
+    return digest.hexdigest()
+
+
+def salted(mm_hash_hex: str, salt: str) -> str:
+    """``mm_hash_hex`` in the key namespace of ``salt`` (``key_salt``): itself for "", else an
+    mm_hash of both (32 hex digits) that no other salt gives."""
+    if not salt:
+        return mm_hash_hex
+    return hashlib.blake2b(f"{salt}:{mm_hash_hex}".encode(), digest_size=16).hexdigest()

@@ -168,7 +168,9 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         video_chunk_patches=config.video_chunk_patches,
     )
     binding = ServiceBinding(
-        SERVICE_NAME, RouteServicer(router, limits), pb_grpc.add_RouteServiceServicer_to_server
+        SERVICE_NAME,
+        RouteServicer(router, limits, has_tenants=bool(options.auth_token)),
+        pb_grpc.add_RouteServiceServicer_to_server,
     )
     server, port = await build_server([binding], options, registry)
     http = None
@@ -188,7 +190,9 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
 
 def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:
     """The HTTP port takes the gRPC port's token and TLS settings: one is never open while the
-    other is closed."""
+    other is closed. ValueError for tenant tokens without the deployment's token."""
+    if http.tenant_tokens_file and not options.auth_token:
+        raise ValueError("--tenant-tokens-file needs --auth-token (the deployment's own)")
     return replace(
         http,
         auth_token=options.auth_token,

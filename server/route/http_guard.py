@@ -17,16 +17,20 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from epd.common.auth import token_identity
 from epd.common.flags import flag
 
 MiB = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# Where an authenticated request keeps its caller's identity (``ChatRequest.tenant``).
+TENANT_KEY = web.RequestKey("epd_tenant", str)
 # Paths open without a token, as gRPC health is (probes carry no credentials).
 OPEN_PATHS = frozenset({"/health", "/version"})
 # Bodies up to this size are parsed on the event loop (well under a millisecond).
@@ -99,6 +103,16 @@ class HttpOptions:
             name="http-request-timeout-s",
         ),
     )
+    tenant_tokens_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "a file of further bearer tokens this port accepts beside --auth-token, one per "
+            "line; each token is a tenant whose cache keys (embeddings, prefix blocks) are its "
+            "own, so no tenant's request hits another's cached entries",
+            env="EPD_TENANT_TOKENS_FILE",
+            default_help="default: --auth-token's alone",
+        ),
+    )
     auth_token: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -121,6 +135,18 @@ class HttpOptions:
             raise ValueError("HTTPS needs both a certificate and a key file")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise ValueError("client certificates (a client CA) need the server's own TLS pair")
+
+    def tokens(self) -> list[str]:
+        """The bearer tokens the port accepts: --auth-token's, then the tenant tokens file's
+        (blank lines and ``#`` comments skipped); empty without auth. OSError for a file that
+        cannot be read."""
+        if not self.auth_token:
+            return []
+        tokens = [self.auth_token]
+        if self.tenant_tokens_file:
+            lines = Path(self.tenant_tokens_file).read_text().splitlines()
+            tokens += [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
+        return tokens
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server's TLS context (client certificates required with a client CA), or None."""
@@ -149,20 +175,28 @@ class HttpError(Exception):
         return web.json_response({"error": body}, status=self.status, headers=headers)
 
 
-def auth_middleware(token: str) -> Any:
-    """A middleware refusing every path but ``OPEN_PATHS`` without ``Bearer <token>``; tokens
-    are compared in constant time and never logged."""
-    expected = f"Bearer {token}".encode()
+def auth_middleware(tokens: list[str]) -> Any:
+    """A middleware refusing every path but ``OPEN_PATHS`` without ``Bearer <token>`` for one
+    of ``tokens``; tokens are compared in constant time and never logged. An accepted request
+    carries its token's identity (``common.auth.token_identity``) under ``TENANT_KEY``."""
+    if not tokens or not all(tokens):
+        raise ValueError("auth tokens must not be empty")
+    accepted = [(f"Bearer {token}".encode(), token_identity(token)) for token in tokens]
 
     @web.middleware
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if request.path not in OPEN_PATHS and not hmac.compare_digest(given, expected):
+        # NOTE: every token compared, so the time taken says nothing of which one matched.
+        tenants = [tenant for value, tenant in accepted if hmac.compare_digest(given, value)]
+        if not tenants:
             return HttpError(
                 401,
                 "missing or invalid bearer token (Authorization: Bearer ...)",
                 "invalid_api_key",
             ).response()
+        request[TENANT_KEY] = tenants[0]
         return await handler(request)
 
     return check_token

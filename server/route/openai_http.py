@@ -20,6 +20,7 @@ from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
 from epd.server.route.choices import Choice, generate_choices
 from epd.server.route.http_guard import (
+    TENANT_KEY,
     GuardedSite,
     HttpError,
     HttpOptions,
@@ -65,7 +66,7 @@ class OpenAiHttp:
         """Listen on host:port (0 picks a free port); returns the port."""
         middlewares = [tracing_middleware]
         if self.options.auth_token:
-            middlewares.append(auth_middleware(self.options.auth_token))
+            middlewares.append(auth_middleware(self.options.tokens()))
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=middlewares)
         app.add_routes(
             [
@@ -140,6 +141,7 @@ class OpenAiHttp:
             chat = await asyncio.to_thread(convert) if read.is_large else convert()
         except EpdError as e:
             return _error(e)
+        chat.tenant = request.get(TENANT_KEY, "")
         if isinstance(body, dict) and body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, api, include_usage)

@@ -126,10 +126,13 @@ class PromptBuilder:
         token_ids: list[int],
         images: list[tuple[str, int]],
         videos: list[tuple[str, int]] | None = None,
+        salt: str = "",
     ) -> list[int]:
         """Chained hashes of the full blocks of the expanded prompt (each image's rows between
         the family's delimiters, if any); ``images`` holds (mm_hash, number of image tokens) per
-        image, in prompt order, ``videos`` the same per video."""
+        image, in prompt order, ``videos`` the same per video. ``salt`` (the request's
+        ``hashing.key_salt``; "" for none) is mixed into the first block, as vLLM mixes a
+        request's cache_salt, so the whole chain is the tenant's own."""
         expanded: list[int] = []
         pending = {self.image_pad_id: iter(images), self.video_pad_id: iter(videos or [])}
         for token in token_ids:
@@ -142,7 +145,7 @@ class PromptBuilder:
                 expanded.extend([*self.image_start_ids, *[pad] * num_tokens, *self.image_end_ids])
             else:
                 expanded.extend([pad] * num_tokens)
-        hashes, previous = [], b""
+        hashes, previous = [], f"{salt}|".encode() if salt else b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()
             digest = hashlib.blake2b(previous + block, digest_size=8).digest()

@@ -85,6 +85,9 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # a completion's prompt, tokenised: no messages, no chat template, no image (None: a chat)
     prompt_token_ids: list[int] | None = None
+    # the caller's identity where the door authenticates it (``common.auth.token_identity``),
+    # which keeps its cache keys apart from other callers' ("": unauthenticated, shared keys)
+    tenant: str = ""
 
     @property
     def images(self) -> list[ImageSource]:

@@ -33,6 +33,7 @@ from opentelemetry import trace
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
+from epd.server.media.hashing import key_salt, salted
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.media.video import check_num_videos
 from epd.server.media.video_loader import VideoLoader
@@ -178,12 +179,15 @@ class Router:
         images, videos = await asyncio.gather(
             self._load(request.images), self._load_videos(request.videos)
         )
+        sampling, salt = request.sampling, ""
+        if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
+            sampling, salt = _in_namespace(request, images, videos)
         call = EngineCall(
             request.request_id,
             model,
             generation_pb2.Prompt(token_ids=token_ids),
-            request.sampling,
-            self._block_hashes(token_ids, images, videos),
+            sampling,
+            self._block_hashes(token_ids, images, videos, salt),
             plan_for(live_roles, len(images) + len(videos)),
             live_roles,
             deadline,
@@ -426,13 +430,34 @@ class Router:
         return generation_pb2.Prompt(token_ids=token_ids, images=inputs, videos=video_inputs)
 
     def _block_hashes(
-        self, token_ids: list[int], images: list[RouteImage], videos: list[RouteVideo]
+        self,
+        token_ids: list[int],
+        images: list[RouteImage],
+        videos: list[RouteVideo],
+        salt: str = "",
     ) -> list[int]:
         return self.prompts.block_hashes(
             token_ids,
             [(image.item.mm_hash, image.num_tokens) for image in images],
-            [(video.video.video_hash, video.video.plan.num_tokens) for video in videos],
+            [(salted(v.video.video_hash, salt), v.video.plan.num_tokens) for v in videos],
+            salt,
         )
+
+
+def _in_namespace(
+    request: ChatRequest, images: list[RouteImage], videos: list[RouteVideo]
+) -> tuple[generation_pb2.SamplingParams, str]:
+    """Move the request's keys into its tenant's namespace (``hashing.key_salt`` of its caller
+    and cache_salt), once, before any hop sees them: each item's mm_hash salted (the key of
+    the pixels' tag, the encoders' caches, the store and vLLM's caches), and the sampling
+    given the salt as vLLM's cache_salt. Returns that sampling and the salt."""
+    salt = key_salt(request.tenant, request.sampling.cache_salt)
+    for item in [image.item for image in images] + [i for v in videos for i in v.items]:
+        item.mm_hash = salted(item.mm_hash, salt)
+    sampling = generation_pb2.SamplingParams()
+    sampling.CopyFrom(request.sampling)
+    sampling.cache_salt = salt
+    return sampling, salt
 
 
 def _shortened(name: str, limit: int = 64) -> str:

@@ -7,6 +7,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from epd.common.auth import AUTHORIZATION_KEY, bearer_token, token_identity
 from epd.common.status import handle_errors
 from epd.server.route.choices import generate_choices
 from epd.server.route.request import from_proto
@@ -21,9 +22,13 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     """Thin adapter over ``Router``; deadlines propagate to every hop."""
 
-    def __init__(self, router: Router, limits: RequestLimits | None = None) -> None:
+    def __init__(
+        self, router: Router, limits: RequestLimits | None = None, *, has_tenants: bool = False
+    ) -> None:
         """``limits``: what one request may hold, as over HTTP (None: the defaults with the
-        context of the router's model)."""
+        context of the router's model). ``has_tenants``: the server checks bearer tokens, and
+        each token's requests get cache keys of their own (``ChatRequest.tenant``)."""
+        self.has_tenants = has_tenants
         self.router = router
         self.limits = limits or RequestLimits().with_context(router.prompts.max_context_tokens)
 
@@ -33,6 +38,8 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.GenerateResponse]:
         chat = from_proto(request)
         check_request(chat, self.limits)
+        if self.has_tenants:
+            chat.tenant = _tenant(context)
         choices = generate_choices(self.router, chat, timeout_s=context.time_remaining())
         async for choice in choices:
             chunk = choice.chunk
@@ -55,3 +62,12 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
         models = await self.router.list_models()
         cards = [pb.ModelCard(id=model, worker_counts=roles) for model, roles in models.items()]
         return pb.ListModelsResponse(models=cards)
+
+
+def _tenant(context: Context) -> str:
+    """The identity of the bearer token the call was authenticated with."""
+    for key, value in context.invocation_metadata() or ():
+        if key == AUTHORIZATION_KEY:
+            text = value.decode() if isinstance(value, bytes) else value
+            return token_identity(bearer_token(text))
+    return ""

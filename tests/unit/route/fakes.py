@@ -356,7 +356,9 @@ class StubPrompts:
     def token_ids(self, messages: Any, template_kwargs: Any = None) -> list[int]:
         return [1, 2]
 
-    def block_hashes(self, token_ids: list[int], images: Any, videos: Any = None) -> list[int]:
+    def block_hashes(
+        self, token_ids: list[int], images: Any, videos: Any = None, salt: str = ""
+    ) -> list[int]:
         return []
 
 
