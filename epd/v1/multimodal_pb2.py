@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import tensor_pb2 as epd_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"\x8a\x01\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12 \n\x05video\x18\x05 \x01(\x0b\x32\x11.epd.v1.VideoSpanB\x08\n\x06source\"c\n\tVideoSpan\x12\x13\n\x0b\x66irst_frame\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x16\n\x0eresized_height\x18\x03 \x01(\r\x12\x15\n\rresized_width\x18\x04 \x01(\r\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xa4\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x08\n\x06sourceJ\x04\x08\x05\x10\x06R\x07\x65ncoder\"\x9b\x01\n\nVideoInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12!\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x11.epd.v1.TensorRef\x12\x14\n\x0c\x63hunk_hashes\x18\x04 \x03(\t\x12\"\n\x1aseconds_per_temporal_patch\x18\x05 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"\x9c\x01\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12 \n\x05video\x18\x05 \x01(\x0b\x32\x11.epd.v1.VideoSpan\x12\x10\n\x08key_salt\x18\x06 \x01(\tB\x08\n\x06source\"c\n\tVideoSpan\x12\x13\n\x0b\x66irst_frame\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x16\n\x0eresized_height\x18\x03 \x01(\r\x12\x15\n\rresized_width\x18\x04 \x01(\r\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xa4\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x08\n\x06sourceJ\x04\x08\x05\x10\x06R\x07\x65ncoder\"\x9b\x01\n\nVideoInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12!\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x11.epd.v1.TensorRef\x12\x14\n\x0c\x63hunk_hashes\x18\x04 \x03(\t\x12\"\n\x1aseconds_per_temporal_patch\x18\x05 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.multimodal_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MEDIAITEM']._serialized_start=57
-  _globals['_MEDIAITEM']._serialized_end=195
-  _globals['_VIDEOSPAN']._serialized_start=197
-  _globals['_VIDEOSPAN']._serialized_end=296
-  _globals['_IMAGEGRID']._serialized_start=298
-  _globals['_IMAGEGRID']._serialized_end=342
-  _globals['_IMAGEINPUT']._serialized_start=345
-  _globals['_IMAGEINPUT']._serialized_end=509
-  _globals['_VIDEOINPUT']._serialized_start=512
-  _globals['_VIDEOINPUT']._serialized_end=667
+  _globals['_MEDIAITEM']._serialized_end=213
+  _globals['_VIDEOSPAN']._serialized_start=215
+  _globals['_VIDEOSPAN']._serialized_end=314
+  _globals['_IMAGEGRID']._serialized_start=316
+  _globals['_IMAGEGRID']._serialized_end=360
+  _globals['_IMAGEINPUT']._serialized_start=363
+  _globals['_IMAGEINPUT']._serialized_end=527
+  _globals['_VIDEOINPUT']._serialized_start=530
+  _globals['_VIDEOINPUT']._serialized_end=685
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,7 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
                 item.data,
                 item.pixels if item.HasField("pixels") else None,
                 VideoSpan.from_proto(item.video) if item.HasField("video") else None,
+                key_salt=item.key_salt,
             )
             for item in request.items
         ]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from epd.common.errors import InvalidArgument
+from epd.server.media.hashing import salted
 from epd.server.media.video_hashing import chunk_hash
 from epd.server.media.video_loader import VideoLoader
 from epd.v1 import multimodal_pb2
@@ -46,11 +47,12 @@ class VideoSpan:
 
 
 async def frames_from_source(
-    loader: VideoLoader, url: str, data: bytes, span: VideoSpan, mm_hash: str
+    loader: VideoLoader, url: str, data: bytes, span: VideoSpan, mm_hash: str, key_salt: str = ""
 ) -> np.ndarray:
     """The kept frames ``span`` names of the video at ``url`` or in ``data``, checked against
-    the chunk's ``mm_hash`` (InvalidArgument MM_HASH_MISMATCH: the caller planned or hashed the
-    video otherwise, e.g. for another model; BAD_VIDEO_SPAN: the video has no such frames)."""
+    the chunk's ``mm_hash`` salted with ``key_salt`` (a tenant's, ``hashing.salted``; "": none)
+    (InvalidArgument MM_HASH_MISMATCH: the caller planned or hashed the video otherwise, e.g. for
+    another model; BAD_VIDEO_SPAN: the video has no such frames)."""
     video = await loader.load(url=url, data=data)
     if span.stop > len(video.frames) or span.resized != video.plan.resized:
         raise InvalidArgument(
@@ -67,7 +69,7 @@ async def frames_from_source(
         model_id=planner.model_id,
         fingerprint=planner.fingerprint,
     )
-    if mm_hash and digest != mm_hash:
+    if mm_hash and salted(digest, key_salt) != mm_hash:
         raise InvalidArgument(
             f"mm_hash {mm_hash} does not match the video chunk ({digest}); the caller hashes "
             "with another model id or processor",

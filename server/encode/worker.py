@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.video_items import VideoSpan, check_frames, frames_from_source
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag, salted
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.media.video_loader import VideoLoader
@@ -69,6 +69,8 @@ class MediaSource:
     pixels: tensor_pb2.TensorRef | None = None
     # set for a chunk of a video: its frames among the kept ones (mm_hash: the chunk's hash)
     video: VideoSpan | None = None
+    # a tenant's item: the salt its mm_hash was salted with (``hashing.salted``; "": none)
+    key_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +283,8 @@ class EncodeWorker:
                 seconds = time.monotonic() - start
                 return _Computed(encoded.entry, item.mm_hash, False, seconds, encoded.batch_size)
         loaded = await self.loader.load(url=item.url, data=item.data)
+        if item.key_salt:  # NOTE: a tenant's item: its keys are its salted hash
+            loaded = replace(loaded, mm_hash=salted(loaded.mm_hash, item.key_salt))
         if item.mm_hash and item.mm_hash != loaded.mm_hash:
             raise InvalidArgument(
                 f"mm_hash {item.mm_hash} does not match the image ({loaded.mm_hash}); the caller "
@@ -316,7 +320,9 @@ class EncodeWorker:
             shared = _Pixels(item.pixels, item.mm_hash, span)
             encoded = await self._encode_once(item.mm_hash, shared)
         if encoded is None:
-            frames = await frames_from_source(self.videos, item.url, item.data, span, item.mm_hash)
+            frames = await frames_from_source(
+                self.videos, item.url, item.data, span, item.mm_hash, item.key_salt
+            )
         while encoded is None:
             encoded = await self._encode_once(item.mm_hash, _Frames(frames, span))
         seconds = time.monotonic() - start

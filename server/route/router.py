@@ -450,10 +450,11 @@ def _in_namespace(
     """Move the request's keys into its tenant's namespace (``hashing.key_salt`` of its caller
     and cache_salt), once, before any hop sees them: each item's mm_hash salted (the key of
     the pixels' tag, the encoders' caches, the store and vLLM's caches), and the sampling
-    given the salt as vLLM's cache_salt. Returns that sampling and the salt."""
+    given the salt as vLLM's cache_salt; each item carries the salt for an encoder that hashes
+    its source itself. Returns that sampling and the salt."""
     salt = key_salt(request.tenant, request.sampling.cache_salt)
     for item in [image.item for image in images] + [i for v in videos for i in v.items]:
-        item.mm_hash = salted(item.mm_hash, salt)
+        item.mm_hash, item.key_salt = salted(item.mm_hash, salt), salt
     sampling = generation_pb2.SamplingParams()
     sampling.CopyFrom(request.sampling)
     sampling.cache_salt = salt
