@@ -5,7 +5,15 @@ from __future__ import annotations
 from epd.common.errors import InvalidArgument
 from epd.common.roles import role_from_proto, role_to_proto
 from epd.scheduler.demand import EncoderDemand
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, RegisteredWorker, WorkerSpec
+from epd.scheduler.model import (
+    EncodeItem,
+    HeldReport,
+    ItemOutcome,
+    Load,
+    Policy,
+    RegisteredWorker,
+    WorkerSpec,
+)
 from epd.v1 import scheduler_service_pb2 as pb
 
 POLICIES: dict[int, Policy] = {
@@ -62,19 +70,44 @@ def load_from_proto(load: pb.WorkerLoad) -> Load:
         load.num_in_flight,
         load.item_latency_ms,
         load.kv_usage,
-        frozenset(load.cached_mm_hashes),
     )
 
 
-def load_to_proto(load: Load) -> pb.WorkerLoad:
-    """``load`` as a WorkerLoad message (without KV events)."""
-    return pb.WorkerLoad(
+def held_from_proto(load: pb.WorkerLoad) -> HeldReport | None:
+    """The held-items report of a heartbeat's load; None when it carries none."""
+    if not load.HasField("held_items"):
+        return None
+    held = load.held_items
+    return HeldReport(
+        held.is_snapshot,
+        tuple(held.added_mm_hashes),
+        tuple(held.evicted_mm_hashes),
+        tuple(held.stored_mm_hashes),
+    )
+
+
+def held_to_proto(held: HeldReport) -> pb.HeldItems:
+    """An encoder's held-items report as sent with its heartbeat."""
+    return pb.HeldItems(
+        is_snapshot=held.is_snapshot,
+        added_mm_hashes=held.added,
+        evicted_mm_hashes=held.evicted,
+        stored_mm_hashes=held.stored,
+    )
+
+
+def load_to_proto(load: Load, held: list[str] | None = None) -> pb.WorkerLoad:
+    """``load`` as a WorkerLoad message (without KV events); ``held``: the items the scheduler
+    believes the worker's cache holds, sent as a snapshot (None: no held items field)."""
+    reply = pb.WorkerLoad(
         queue_depth=load.queue_depth,
         num_in_flight=load.num_in_flight,
         item_latency_ms=load.item_latency_ms,
         kv_usage=load.kv_usage,
-        cached_mm_hashes=sorted(load.cached_mm_hashes),
     )
+    if held is not None:
+        reply.held_items.CopyFrom(pb.HeldItems(is_snapshot=True, added_mm_hashes=held))
+    return reply
 
 
 def items_from_proto(items: list[pb.EncodeItem]) -> list[EncodeItem]:
@@ -87,12 +120,14 @@ def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
     return [ItemOutcome(o.item_index, o.latency_ms, o.cache_hit, o.failed) for o in outcomes]
 
 
-def status_to_proto(worker: RegisteredWorker, heartbeat_age_s: float) -> pb.WorkerStatus:
-    """One ListWorkers entry."""
+def status_to_proto(
+    worker: RegisteredWorker, heartbeat_age_s: float, held: list[str] | None = None
+) -> pb.WorkerStatus:
+    """One ListWorkers entry (``held``: as ``load_to_proto``)."""
     state = pb.WORKER_STATE_DRAINING if worker.draining else pb.WORKER_STATE_LIVE
     return pb.WorkerStatus(
         info=spec_to_proto(worker.spec),
-        load=load_to_proto(worker.load),
+        load=load_to_proto(worker.load, held),
         state=state,
         heartbeat_age_ms=int(heartbeat_age_s * 1000),
         num_assigned_in_flight=worker.num_assigned_in_flight,

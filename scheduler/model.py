@@ -39,7 +39,17 @@ class Load:
     num_in_flight: int = 0
     item_latency_ms: float = 0.0
     kv_usage: float = 0.0
-    cached_mm_hashes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class HeldReport:
+    """What an encoder's cache took and evicted since its previous heartbeat, and what it wrote
+    to the embedding store; ``is_snapshot``: ``added`` is the whole cache (epd.v1.HeldItems)."""
+
+    is_snapshot: bool = False
+    added: tuple[str, ...] = ()
+    evicted: tuple[str, ...] = ()
+    stored: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

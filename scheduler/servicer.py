@@ -42,6 +42,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
             load,
             list(request.load.stored_block_hashes),
             list(request.load.removed_block_hashes),
+            convert.held_from_proto(request.load),
         )
         return pb.HeartbeatResponse(ttl_ms=self._ttl_ms)
 
@@ -109,8 +110,15 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     ) -> pb.ListWorkersResponse:
         role = role_from_proto(request.role) if request.role != pb.WORKER_ROLE_UNSPECIFIED else None
         workers = self.scheduler.list_workers(role, request.model)
-        age = self.scheduler.registry.heartbeat_age
-        return pb.ListWorkersResponse(workers=[convert.status_to_proto(w, age(w)) for w in workers])
+        age, held = self.scheduler.registry.heartbeat_age, self.scheduler.held_items
+        return pb.ListWorkersResponse(
+            workers=[
+                convert.status_to_proto(
+                    w, age(w), held(w.id) if w.spec.role is Role.ENCODE else None
+                )
+                for w in workers
+            ]
+        )
 
     @handle_errors
     async def GetEncoderDemand(

@@ -65,22 +65,34 @@ class WorkerInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., device: _Optional[str] = ..., weight: _Optional[float] = ..., capacity: _Optional[int] = ..., host_id: _Optional[str] = ..., model: _Optional[str] = ..., embeddings_device: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("queue_depth", "num_in_flight", "item_latency_ms", "kv_usage", "cached_mm_hashes", "stored_block_hashes", "removed_block_hashes")
+    __slots__ = ("queue_depth", "num_in_flight", "item_latency_ms", "kv_usage", "stored_block_hashes", "removed_block_hashes", "held_items")
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ITEM_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
-    CACHED_MM_HASHES_FIELD_NUMBER: _ClassVar[int]
     STORED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     REMOVED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    HELD_ITEMS_FIELD_NUMBER: _ClassVar[int]
     queue_depth: int
     num_in_flight: int
     item_latency_ms: float
     kv_usage: float
-    cached_mm_hashes: _containers.RepeatedScalarFieldContainer[str]
     stored_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     removed_block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, queue_depth: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., item_latency_ms: _Optional[float] = ..., kv_usage: _Optional[float] = ..., cached_mm_hashes: _Optional[_Iterable[str]] = ..., stored_block_hashes: _Optional[_Iterable[int]] = ..., removed_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    held_items: HeldItems
+    def __init__(self, queue_depth: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., item_latency_ms: _Optional[float] = ..., kv_usage: _Optional[float] = ..., stored_block_hashes: _Optional[_Iterable[int]] = ..., removed_block_hashes: _Optional[_Iterable[int]] = ..., held_items: _Optional[_Union[HeldItems, _Mapping]] = ...) -> None: ...
+
+class HeldItems(_message.Message):
+    __slots__ = ("is_snapshot", "added_mm_hashes", "evicted_mm_hashes", "stored_mm_hashes")
+    IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ADDED_MM_HASHES_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_MM_HASHES_FIELD_NUMBER: _ClassVar[int]
+    STORED_MM_HASHES_FIELD_NUMBER: _ClassVar[int]
+    is_snapshot: bool
+    added_mm_hashes: _containers.RepeatedScalarFieldContainer[str]
+    evicted_mm_hashes: _containers.RepeatedScalarFieldContainer[str]
+    stored_mm_hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, is_snapshot: _Optional[bool] = ..., added_mm_hashes: _Optional[_Iterable[str]] = ..., evicted_mm_hashes: _Optional[_Iterable[str]] = ..., stored_mm_hashes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("info", "load", "state", "heartbeat_age_ms", "num_assigned_in_flight")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from epd.common.roles import Role
 from epd.scheduler.core import Scheduler, SchedulerConfig
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, WorkerSpec
+from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy, WorkerSpec
 from epd.scheduler.sim.model import REFERENCE_TOKENS, Scenario, SimEncoder
 
 HEARTBEAT_S = 1.0
@@ -125,12 +125,9 @@ class Simulation:
         for state in self.encoders.values():
             if state.is_down:
                 continue
-            load = Load(
-                queue_depth=len(state.queue),
-                item_latency_ms=state.recent_item_ms,
-                cached_mm_hashes=frozenset(state.cache),
-            )
-            self.scheduler.heartbeat(state.lease_id, load)
+            load = Load(queue_depth=len(state.queue), item_latency_ms=state.recent_item_ms)
+            held = HeldReport(is_snapshot=True, added=tuple(state.cache))
+            self.scheduler.heartbeat(state.lease_id, load, held=held)
         self._push(self.clock.now + HEARTBEAT_S, "heartbeat", "")
 
     def _on_down(self, name: str) -> None:

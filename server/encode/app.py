@@ -16,6 +16,7 @@ from epd.common.flags import flag
 from epd.common.metrics import new_registry
 from epd.common.roles import Role
 from epd.common.server import ServerOptions, ServiceBinding
+from epd.scheduler.convert import held_to_proto
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.fast_tower import ATTENTIONS, PATCH_EMBEDDINGS
@@ -348,6 +349,7 @@ async def build_encode_server(
         heartbeat_interval_s=config.heartbeat_interval_s,
         on_named=_naming(worker),
         close=lambda: _close(worker),
+        resync=worker.cache.journal.resync,
     )
     return await serve_worker(spec, options)
 
@@ -415,11 +417,12 @@ def _registry_of(worker: EncodeWorker) -> CollectorRegistry:
 
 def _load_of(worker: EncodeWorker) -> LoadFn:
     def load() -> scheduler_pb.WorkerLoad:
+        held = worker.cache.journal.take()
         return scheduler_pb.WorkerLoad(
             queue_depth=worker.batcher.queue_depth,
             num_in_flight=worker.num_in_flight,
             item_latency_ms=worker.batcher.stats.item_latency_ms,
-            cached_mm_hashes=worker.cache.hashes(256),
+            held_items=None if held is None else held_to_proto(held),
         )
 
     return load

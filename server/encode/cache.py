@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from epd.server.encode.held import HeldItemsJournal
+
 Grid = tuple[int, int, int]
 
 
@@ -24,7 +26,8 @@ class CachedEmbedding:
 
 
 class EmbeddingCache:
-    """Thread-safe LRU with a byte budget (0 disables caching)."""
+    """Thread-safe LRU with a byte budget (0 disables caching); ``journal`` records what it
+    takes and evicts for the encoder's heartbeats."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
@@ -36,6 +39,7 @@ class EmbeddingCache:
         self.num_hits = 0
         self.num_misses = 0
         self.num_evictions = 0
+        self.journal = HeldItemsJournal(self.hashes)
 
     def get(self, mm_hash: str) -> CachedEmbedding | None:
         """The entry of ``mm_hash`` (counted as a hit or miss)."""
@@ -57,19 +61,26 @@ class EmbeddingCache:
             self._bytes -= old.num_bytes if old else 0
             self._entries[mm_hash] = entry
             self._bytes += entry.num_bytes
+            self.journal.added(mm_hash)
             while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                evicted_hash, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.num_bytes
                 self.num_evictions += 1
+                self.journal.evicted(evicted_hash)
 
     def hashes(self, limit: int = 1024) -> list[str]:
-        """Up to ``limit`` most recently used hashes (for heartbeats)."""
+        """Up to ``limit`` most recently used hashes, most recent first."""
         with self._lock:
             return list(reversed(self._entries))[:limit]
 
     @property
     def num_bytes(self) -> int:
         return self._bytes
+
+    def __contains__(self, mm_hash: str) -> bool:
+        """Whether ``mm_hash`` is cached (not counted as a hit or miss)."""
+        with self._lock:
+            return mm_hash in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)

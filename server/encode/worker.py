@@ -108,6 +108,8 @@ class _Frames:
 class _Encoded:
     entry: CachedEmbedding
     batch_size: int
+    # another request's encoding (or the cache) answered: the tower did not run for this one
+    joined: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ class EncodeWorker:
         self.plane = plane
         self.cache = cache
         self.store = store or NoStore()
+        self.store.on_stored = cache.journal.stored
         self.worker_id = worker_id
         self.model_id = model_id
         self._encoding: dict[str, asyncio.Task[_Encoded | None]] = {}
@@ -281,7 +284,9 @@ class EncodeWorker:
             shared = _Pixels(item.pixels, item.mm_hash)
             if (encoded := await self._encode_once(item.mm_hash, shared)) is not None:
                 seconds = time.monotonic() - start
-                return _Computed(encoded.entry, item.mm_hash, False, seconds, encoded.batch_size)
+                return _Computed(
+                    encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size
+                )
         loaded = await self.loader.load(url=item.url, data=item.data)
         if item.key_salt:  # NOTE: a tenant's item: its keys are its salted hash
             loaded = replace(loaded, mm_hash=salted(loaded.mm_hash, item.key_salt))
@@ -305,7 +310,7 @@ class EncodeWorker:
             # that could not be read: that one has ended, so the next call encodes these.
             encoded = await self._encode_once(loaded.mm_hash, loaded)
         seconds = time.monotonic() - start
-        return _Computed(encoded.entry, loaded.mm_hash, False, seconds, encoded.batch_size)
+        return _Computed(encoded.entry, loaded.mm_hash, encoded.joined, seconds, encoded.batch_size)
 
     async def _compute_video(self, item: MediaSource, span: VideoSpan) -> _Computed:
         """A video chunk's embeddings: from the route's shared frames, else from the video's
@@ -326,7 +331,7 @@ class EncodeWorker:
         while encoded is None:
             encoded = await self._encode_once(item.mm_hash, _Frames(frames, span))
         seconds = time.monotonic() - start
-        return _Computed(encoded.entry, item.mm_hash, False, seconds, encoded.batch_size)
+        return _Computed(encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size)
 
     async def _stored(self, mm_hash: str) -> _Computed | None:
         """The embeddings of ``mm_hash`` from the deployment's store, now in the cache too; None
@@ -406,22 +411,26 @@ class EncodeWorker:
                 "image (url or data) with it",
                 reason="MM_HASH_NOT_CACHED",
             )
-        return _Computed(
-            encoded.entry, mm_hash, False, time.monotonic() - start, encoded.batch_size
-        )
+        return _Computed(encoded.entry, mm_hash, True, time.monotonic() - start, encoded.batch_size)
 
     async def _encode_once(
         self, mm_hash: str, source: _Pixels | LoadedImage | _Frames
     ) -> _Encoded | None:
-        """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile;
-        None if ``source`` is shared pixels that cannot be read (nothing was encoded)."""
+        """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile
+        (``joined`` for all but the first, and when an encoding ended while this request
+        loaded the image or asked the store); None if ``source`` is shared pixels that cannot be
+        read (nothing was encoded)."""
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
         # request that is cancelled stops waiting without failing the others.
         task = self._encoding.get(mm_hash)
-        if task is None:
-            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source))
-            task.add_done_callback(_retrieve_exception)
-            self._encoding[mm_hash] = task
+        if task is None and mm_hash in self.cache and (hit := self.cache.get(mm_hash)):
+            return _Encoded(hit, 0, joined=True)
+        if task is not None:
+            encoded = await asyncio.shield(task)
+            return None if encoded is None else replace(encoded, joined=True)
+        task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source))
+        task.add_done_callback(_retrieve_exception)
+        self._encoding[mm_hash] = task
         return await asyncio.shield(task)
 
     async def _encode_and_cache(

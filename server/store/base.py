@@ -12,6 +12,7 @@ import enum
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 
 from epd.server.encode.cache import CachedEmbedding
 
@@ -66,13 +67,15 @@ class EmbeddingStore(ABC):
 
     ``lookup`` and ``publish`` are called on the encoder's event loop and never raise; the store
     copies what it publishes, so the caller keeps its tensor. ``close`` is called once, when
-    the encoder stops; calls after it find the store unavailable."""
+    the encoder stops; calls after it find the store unavailable. ``on_stored(mm_hash)`` is
+    called (from any thread) once a publish is stored; the encoder tells the scheduler."""
 
     name: str = NONE
     is_enabled: bool = False
 
     def __init__(self) -> None:
         self.counts = StoreCounts()
+        self.on_stored: Callable[[str], None] = lambda mm_hash: None
 
     @abstractmethod
     async def lookup(self, mm_hash: str) -> CachedEmbedding | None:

@@ -172,7 +172,10 @@ class MooncakeStore(EmbeddingStore):
         """The writer thread: join the store, then write what is published until closed."""
         client = self._join()
         while client is not None and (item := self._queue.get()) is not None:
-            self.counts.count_publish(write(client, *item, self.settings.buffer_bytes))
+            outcome = write(client, *item, self.settings.buffer_bytes)
+            if outcome is Publish.STORED:
+                self.on_stored(item[0])
+            self.counts.count_publish(outcome)
         self._unconnected = self._client = None
         if client is not None:
             client.close()

@@ -23,6 +23,7 @@ from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 logger = logging.getLogger(__name__)
 
 LoadFn = Callable[[], pb.WorkerLoad]
+Resync = Callable[[], None]
 RPC_TIMEOUT_S = 3.0
 MIN_INTERVAL_S = 0.05
 # Codes a retry cannot fix without someone changing the worker's flags: logged as errors.
@@ -40,7 +41,9 @@ class WorkerRegistration:
     go every ``interval_s`` (default: a third of the TTL the scheduler grants). Errors of any
     kind (scheduler down, ALREADY_EXISTS while a predecessor's lease runs out, ``load_fn``
     raising) are logged and retried with exponential backoff from ``retry_initial_s`` to
-    ``retry_max_s``; nothing is raised into the worker.
+    ``retry_max_s``; nothing is raised into the worker. ``resync`` is called after each
+    registration and each heartbeat that failed: the scheduler may lack what the worker
+    reported as deltas, so its next load should carry its whole state.
     """
 
     def __init__(
@@ -54,8 +57,10 @@ class WorkerRegistration:
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
         retry_initial_s: float = 0.2,
         retry_max_s: float = 5.0,
+        resync: Resync | None = None,
     ) -> None:
         self.scheduler_endpoint = scheduler_endpoint
+        self._resync = resync or (lambda: None)
         self.info = info
         self._load_fn = load_fn
         self._interval_s = interval_s
@@ -104,7 +109,7 @@ class WorkerRegistration:
         backoff = self._retry[0]
         while True:
             try:
-                await (self._heartbeat(stub) if self._lease_id else self._register(stub))
+                await (self._heartbeat_or_resync(stub) if self._lease_id else self._register(stub))
                 backoff = self._retry[0]
                 await asyncio.sleep(max(MIN_INTERVAL_S, self._interval_s or self._ttl_s / 3))
                 continue
@@ -137,7 +142,15 @@ class WorkerRegistration:
         )
         self._lease_id, self._ttl_s = reply.lease_id, reply.ttl_ms / 1000
         self.num_registrations += 1
+        self._resync()
         logger.info("registered %s with scheduler %s", self.info.id, self.scheduler_endpoint)
+
+    async def _heartbeat_or_resync(self, stub: pb_grpc.SchedulerServiceStub) -> None:
+        try:
+            await self._heartbeat(stub)
+        except BaseException:
+            self._resync()
+            raise
 
     async def _heartbeat(self, stub: pb_grpc.SchedulerServiceStub) -> None:
         request = pb.HeartbeatRequest(lease_id=self._lease_id, load=self._load_fn())
@@ -153,10 +166,11 @@ async def start_registration(
     options: ServerOptions,
     *,
     interval_s: float | None = None,
+    resync: Resync | None = None,
 ) -> WorkerRegistration:
     """Start keeping ``server``'s worker ``info`` registered (``WorkerRegistration`` with the
-    server's token and keepalive), leaving the registry first when the server drains. The
-    caller marks the server SERVING once the rest of its drain is set up."""
+    server's token and keepalive, ``resync`` as there), leaving the registry first when the
+    server drains. The caller marks the server SERVING once the rest of its drain is set up."""
     registration = WorkerRegistration(
         scheduler_endpoint,
         info,
@@ -164,6 +178,7 @@ async def start_registration(
         interval_s=interval_s,
         auth_token=options.auth_token,
         keepalive_s=options.keepalive_s,
+        resync=resync,
     )
     server.add_drain_callback(registration.stop)
     await registration.start()

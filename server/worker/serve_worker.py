@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from epd.common.roles import Role, role_to_proto
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.server.worker.registration import LoadFn, WorkerRegistration, start_registration
+from epd.server.worker.registration import LoadFn, Resync, WorkerRegistration, start_registration
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ class WorkerSpec(Generic[W]):
     id, role, endpoint and host id are filled in. ``requested_id``: the id to register under
     (``--worker-id``; empty: ``worker_id(role, host_id, port)``). ``drains``: the worker's drain,
     if it has one. ``on_named``: told the worker's id and advertised endpoint before its first
-    RPC. ``close``: frees what the worker holds once the server stopped (None: nothing)."""
+    RPC. ``close``: frees what the worker holds once the server stopped (None: nothing).
+    ``resync``: told when the scheduler may lack the deltas ``load`` reported
+    (``WorkerRegistration``)."""
 
     role: Role
     worker: W
@@ -68,6 +70,7 @@ class WorkerSpec(Generic[W]):
     heartbeat_interval_s: float | None = None
     on_named: Named | None = None
     close: Close | None = None
+    resync: Resync | None = None
 
 
 @dataclass
@@ -108,7 +111,13 @@ async def serve_worker(spec: WorkerSpec[W], options: ServerOptions) -> WorkerApp
 
     server, port = await build_server([spec.binding], options, spec.registry, on_bound=name)
     registration = await start_registration(
-        server, info, spec.load, spec.scheduler, options, interval_s=spec.heartbeat_interval_s
+        server,
+        info,
+        spec.load,
+        spec.scheduler,
+        options,
+        interval_s=spec.heartbeat_interval_s,
+        resync=spec.resync,
     )
     if spec.drains is not None:
         server.add_drain_callback(spec.drains.stop_taking_work)

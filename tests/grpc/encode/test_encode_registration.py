@@ -1,5 +1,5 @@
 """An encoder whose scheduler is absent serves direct calls, registers once the scheduler comes
-up, and heartbeats its load (cached mm_hashes included)."""
+up, and heartbeats its load (what its cache holds included)."""
 
 from __future__ import annotations
 
@@ -56,13 +56,15 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
                     scheduler_pb.ListWorkersRequest(), wait_for_ready=True, timeout=10
                 )
                 workers = list(reply.workers)
-                if workers and response.mm_hash in workers[0].load.cached_mm_hashes:
+                held = workers[0].load.held_items.added_mm_hashes if workers else []
+                if response.mm_hash in held:
                     break
                 await asyncio.sleep(0.05)
         (worker,) = workers
         assert worker.info.id == "enc-late" and worker.info.host_id == encoder.worker.plane.host_id
         assert worker.info.capacity == 8 and worker.info.endpoint.endswith(f":{encoder.port}")
-        assert list(worker.load.cached_mm_hashes) == [response.mm_hash]
+        assert worker.load.held_items.is_snapshot
+        assert list(worker.load.held_items.added_mm_hashes) == [response.mm_hash]
     finally:
         await encoder.stop()
     await scheduler.drain_and_stop(0)

@@ -177,8 +177,9 @@ async def test_concurrent_assignments_follow_the_policy(scheduler) -> None:
     stub, _ = scheduler
     for worker_id, port in (("a", 7001), ("b", 7002)):
         await stub.RegisterWorker(pb.RegisterWorkerRequest(worker=info(worker_id, port=port)))
+    # NOTE: items without a hash: concurrent requests for one hash join its first encoding
     request = pb.AssignEncodersRequest(
-        items=[pb.EncodeItem(mm_hash="x"), pb.EncodeItem()], policy=pb.ENCODER_POLICY_PER_IMAGE
+        items=[pb.EncodeItem(), pb.EncodeItem()], policy=pb.ENCODER_POLICY_PER_IMAGE
     )
     replies = await asyncio.gather(*(stub.AssignEncoders(request) for _ in range(50)))
     chosen = [a.worker_id for reply in replies for a in reply.assignments]

@@ -10,7 +10,7 @@ import pytest
 from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.roles import Role
 from epd.scheduler.core import Scheduler, SchedulerConfig
-from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
+from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
 
@@ -79,7 +79,7 @@ def test_adaptive_learns_a_wrong_ratio_from_completions() -> None:
 def test_heartbeat_latency_and_cache_feed_adaptive() -> None:
     scheduler, _ = create_scheduler(spec("cpu"), spec("gpu", device="cuda"))
     lease = {w.id: w.lease_id for w in scheduler.registry.all()}
-    scheduler.heartbeat(lease["cpu"], Load(item_latency_ms=80, cached_mm_hashes=frozenset({"x"})))
+    scheduler.heartbeat(lease["cpu"], Load(item_latency_ms=80), held=HeldReport(added=("x",)))
     scheduler.heartbeat(lease["gpu"], Load(item_latency_ms=10))
     assert scheduler.assign_encoders([EncodeItem("x")]).worker_ids == ("cpu",)
     assert scheduler.assign_encoders([EncodeItem("y")]).worker_ids == ("gpu",)
@@ -128,7 +128,8 @@ def test_concurrent_assignments_keep_counts_consistent() -> None:
 
     def worker() -> None:
         for _ in range(200):
-            assignment = scheduler.assign_encoders(items(2), policy=Policy.PER_IMAGE)
+            # NOTE: items without a hash: a repeated one would join its first encoding
+            assignment = scheduler.assign_encoders([EncodeItem()] * 2, policy=Policy.PER_IMAGE)
             with lock:
                 ids.extend(assignment.worker_ids)
 
@@ -193,8 +194,15 @@ def test_forgotten_encoder_is_no_longer_a_cache_home() -> None:
     first = scheduler.assign_encoders([EncodeItem("img")], policy=Policy.PER_IMAGE)
     scheduler.complete_encoding(first.assignment_id, [ItemOutcome(0, 5.0)])
     (home,) = first.worker_ids
+    assert scheduler.held_items(home) == ["img"]
     scheduler.register(spec(home))  # restarted: its encoder cache is empty
-    chosen = {scheduler.assign_encoders([EncodeItem("img")]).worker_ids for _ in range(2)}
+    assert scheduler.held_items(home) == []
+    chosen = set()
+    for _ in range(2):
+        again = scheduler.assign_encoders([EncodeItem("img")])
+        chosen.add(again.worker_ids)
+        # NOTE: failed, so it is held nowhere and the next one is not sent to join it
+        scheduler.complete_encoding(again.assignment_id, [ItemOutcome(0, failed=True)])
     assert chosen == {("a",), ("b",)}  # no affinity left: ties rotate
 
 

@@ -1,0 +1,134 @@
+"""What each encoder's work costs and how long it stays busy, as the scheduler learns it: service
+times per mean-sized item, the time each encoder is expected to be busy until, when each last
+gave a fresh sample, and the demand on each kind of encoder (``demand``). No grpc, no I/O; the
+scheduler's lock serialises every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epd.scheduler.demand import DemandTracker, EncoderDemand, KindState, device_kind
+from epd.scheduler.model import EncodeItem, RegisteredWorker
+from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderView
+from epd.scheduler.policies.stats import Ewma, ServiceTimes
+from epd.scheduler.registry import Clock
+
+
+class EncoderCosts:
+    """Learned costs and expected backlogs of the encoders, by worker id."""
+
+    def __init__(
+        self,
+        adaptive: AdaptivePolicy,
+        clock: Clock,
+        *,
+        probe_after_s: float,
+        demand: DemandTracker,
+    ) -> None:
+        """``adaptive`` sizes items (``units``) and costs them on an encoder (``cost``)."""
+        self._adaptive = adaptive
+        self._clock = clock
+        self._probe_after_s = probe_after_s
+        self._demand = demand
+        self._service = ServiceTimes()
+        self._busy_until: dict[str, float] = {}
+        # NOTE: the mean size of the items each encoder was given of late turns the per-item
+        # latency it reports into a per-unit one (an encoder fed big images is not slow).
+        self._units_per_item: dict[str, Ewma] = {}
+        # NOTE: when each encoder last finished computed work (its registration until then):
+        # an idle encoder's estimate older than probe_after_s is stale and gets probed.
+        self._sampled_at: dict[str, float] = {}
+
+    def registered(self, worker_id: str) -> None:
+        """A worker (re)registered: its estimate is fresh from now on."""
+        self._sampled_at[worker_id] = self._clock()
+
+    def reported(self, worker_id: str, item_latency_ms: float) -> None:
+        """An encoder's heartbeat reported its recent latency per item."""
+        units = self._units_per_item.get(worker_id, Ewma()).value or 1.0
+        self._service.add_reported(worker_id, item_latency_ms, units)
+
+    def service_ms(self, worker_id: str) -> float | None:
+        """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
+        estimate: float | None = self._service.get(worker_id)
+        return estimate
+
+    def view(self, worker: RegisteredWorker, cached: frozenset[str]) -> EncoderView:
+        """The policy's view of ``worker``, which answers ``cached`` without its tower."""
+        busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
+        return EncoderView(
+            worker.id,
+            worker.spec.device,
+            worker.spec.weight,
+            backlog_items=worker.num_assigned_in_flight,
+            service_ms=self._service.get(worker.id),
+            backlog_ms=max(0.0, busy_ms),
+            cached=cached,
+            is_stale=self.is_stale(worker.id),
+        )
+
+    def is_stale(self, worker_id: str) -> bool:
+        """Whether ``worker_id``'s estimate had no fresh sample for the probe horizon."""
+        now: float = self._clock()
+        return now - self._sampled_at.get(worker_id, now) > self._probe_after_s
+
+    def assigned(
+        self, ids: Sequence[str], items: Sequence[EncodeItem], views: Sequence[EncoderView]
+    ) -> None:
+        """Items were placed (``ids[i]`` encodes ``items[i]``): push each encoder's busy-until
+        time by its work (an item it answers without its tower adds almost none), learn the
+        sizes it is given and count the arrivals of its kind."""
+        adaptive = self._adaptive
+        service_ms = adaptive.service_times(views)
+        by_id = {view.id: view for view in views}
+        now = self._clock()
+        for worker_id, item in zip(ids, items, strict=True):
+            start = max(now, self._busy_until.get(worker_id, now))
+            work_ms = service_ms[worker_id] * adaptive.cost(item, by_id[worker_id])
+            self._busy_until[worker_id] = start + work_ms / 1000
+            self._units_per_item.setdefault(worker_id, Ewma()).add(adaptive.units(item))
+
+    def arrived(self, worker: RegisteredWorker, units: float) -> None:
+        """``units`` of work arrived on ``worker``'s kind (the demand's arrivals)."""
+        self._demand.arrived(worker.spec.model, worker.spec.device, units, self._clock())
+
+    def completed(
+        self, worker: RegisteredWorker, latency_ms: float, units: float, backlog_at_assign: int
+    ) -> None:
+        """``worker`` finished ``units`` of computed work in ``latency_ms`` (the slowest item
+        of a group it was given with ``backlog_at_assign`` items ahead)."""
+        if self.is_stale(worker.id):
+            self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale estimate
+        self._sampled_at[worker.id] = self._clock()
+        self._service.add_completion(worker.id, latency_ms, units, backlog_at_assign)
+
+    def done(self, worker: RegisteredWorker, units: float, cache_hit: bool) -> None:
+        """One item of ``units`` was answered (from a cache or not: the demand's hit ratio)."""
+        spec = worker.spec
+        self._demand.done(spec.model, spec.device, units, cache_hit, self._clock())
+
+    def idle(self, worker_id: str) -> None:
+        """Nothing assigned to ``worker_id`` is in flight: it is not busy past now."""
+        self._busy_until[worker_id] = min(self._busy_until.get(worker_id, 0.0), self._clock())
+
+    def demand(self, encoders: Sequence[RegisteredWorker]) -> list[EncoderDemand]:
+        """The encoders each (model, kind) needs, given the live ``encoders``."""
+        now = self._clock()
+        grouped: dict[tuple[str, str], list[RegisteredWorker]] = {}
+        for worker in encoders:
+            key = (worker.spec.model, device_kind(worker.spec.device))
+            grouped.setdefault(key, []).append(worker)
+        states = {}
+        for key, workers in grouped.items():
+            costs = [self._service.slowest(w.id) for w in workers]
+            backlog = sum(max(0.0, self._busy_until.get(w.id, now) - now) for w in workers)
+            states[key] = KindState(len(workers), tuple(c for c in costs if c), backlog)
+        return self._demand.demand(states, now)
+
+    def forget(self, worker_id: str) -> None:
+        """Drop what was learned of a worker that left."""
+        self._service.forget(worker_id)
+        self._busy_until.pop(worker_id, None)
+        self._units_per_item.pop(worker_id, None)
+        self._sampled_at.pop(worker_id, None)
