@@ -3,14 +3,25 @@
 The route hashes the expanded prompt in fixed-size blocks, chaining each block's hash with the
 previous one and replacing each image's placeholder tokens by a pad value derived from its
 mm_hash, so two prompts share a block hash only if they share the whole prefix up to it, images
-included. The index remembers, per worker, the block hashes it routed there (and any KV events the
-worker reports); because hashes chain, the overlap is the number of leading blocks found.
+included (and the tenant's salt, mixed into the first block). The index remembers, per worker,
+the block hashes it routed there (and any KV events the worker reports); because hashes chain,
+the overlap is the number of leading blocks found. It cannot see what an engine evicted: each
+worker's memory is a bounded LRU, as the engine's own cache is, and a wrong guess costs one
+prefill recomputed, never a wrong answer.
+
+``PrefillChooser`` turns overlaps and loads into a choice (``cache_aware``, the load balancing
+SGLang's router does around its prefix trees), or ignores both (``round_robin``, the baseline).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+CACHE_AWARE = "cache_aware"
+ROUND_ROBIN = "round_robin"
+PREFILL_POLICIES = (CACHE_AWARE, ROUND_ROBIN)
 
 
 class PrefixIndex:
@@ -55,3 +66,83 @@ class PrefixIndex:
     def num_blocks(self, worker_id: str) -> int:
         """Blocks recorded for ``worker_id``."""
         return len(self._blocks.get(worker_id, ()))
+
+
+class HasId(Protocol):
+    """A worker as the chooser sees it: its id."""
+
+    @property
+    def id(self) -> str: ...
+
+
+Worker = TypeVar("Worker", bound=HasId)
+
+
+class PrefillChooser:
+    """Chooses the prefill worker of each prompt and remembers the blocks it sent where.
+
+    ``cache_aware``: the worker holding the longest prefix of the prompt, when it holds at
+    least ``cache_threshold`` of its blocks and the workers' loads differ by at most
+    ``balance_threshold`` (in requests per unit of capacity: waiting behind more than that
+    costs more than computing the prefix again); otherwise the least-loaded worker, and among
+    equally loaded ones the one remembered to hold the fewest blocks (the most room: SGLang's
+    router sends such a prompt to its smallest prefix tree), then the first by id.
+    ``round_robin``: each worker in turn by id, whatever it holds or runs.
+    """
+
+    def __init__(
+        self,
+        policy: str = CACHE_AWARE,
+        *,
+        cache_threshold: float = 0.5,
+        balance_threshold: float = 0.5,
+        max_blocks_per_worker: int = 100_000,
+    ) -> None:
+        """ValueError for an unknown policy or a threshold out of range."""
+        if policy not in PREFILL_POLICIES:
+            raise ValueError(
+                f"prefill policy {policy!r}: choose from {', '.join(PREFILL_POLICIES)}"
+            )
+        if not 0 < cache_threshold <= 1 or balance_threshold < 0:
+            raise ValueError("cache_threshold must be in (0, 1], balance_threshold >= 0")
+        self.policy = policy
+        self.cache_threshold = cache_threshold
+        self.balance_threshold = balance_threshold
+        self.index = PrefixIndex(max_blocks_per_worker)
+        self._turn = 0
+
+    def choose(
+        self,
+        workers: Sequence[Worker],
+        block_hashes: Sequence[int],
+        busy: Callable[[Worker], float],
+    ) -> tuple[Worker, int]:
+        """The worker for a prompt of ``block_hashes`` among ``workers`` (not empty), and the
+        number of its leading blocks that worker holds; its blocks are then recorded there.
+        ``busy``: a worker's requests in flight and queued per unit of its capacity."""
+        ordered = sorted(workers, key=lambda worker: worker.id)
+        if self.policy == ROUND_ROBIN:
+            chosen = self._in_turn(ordered)
+        else:
+            chosen = self._cache_aware(ordered, block_hashes, [busy(w) for w in ordered])
+        overlap = self.index.overlap(chosen.id, block_hashes)
+        self.index.store(chosen.id, block_hashes)
+        return chosen, overlap
+
+    def _cache_aware(
+        self, workers: list[Worker], block_hashes: Sequence[int], loads: list[float]
+    ) -> Worker:
+        overlaps = [self.index.overlap(worker.id, block_hashes) for worker in workers]
+        best = max(range(len(workers)), key=lambda i: (overlaps[i], -loads[i]))
+        is_held = 0 < overlaps[best] >= self.cache_threshold * len(block_hashes)
+        if is_held and loads[best] - min(loads) <= self.balance_threshold:
+            return workers[best]
+        index = min(
+            range(len(workers)), key=lambda i: (loads[i], self.index.num_blocks(workers[i].id))
+        )
+        return workers[index]
+
+    def _in_turn(self, workers: list[Worker]) -> Worker:
+        chosen = workers[self._turn % len(workers)]
+        self._turn += 1
+        return chosen
