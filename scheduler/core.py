@@ -1,7 +1,8 @@
 """The scheduler's logic, one object: registry, encoder assignment, prefill and decode choice.
 
 The gRPC servicer and the simulator both drive this class; it has no grpc and no I/O. All public
-methods are thread-safe (one lock: decisions are microseconds, far below RPC costs).
+methods are thread-safe (one lock: decisions are microseconds, far below RPC costs). What is
+held where lives in ``holdings``, what encoders cost in ``encoder_costs``.
 """
 
 from __future__ import annotations
@@ -9,45 +10,34 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epd.common.errors import InvalidArgument, Unavailable
-from epd.common.flags import flag
 from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
-from epd.scheduler.demand import DemandTracker, EncoderDemand, KindState, device_kind
+from epd.scheduler.config import DEFAULT_POLICY, SchedulerConfig, split_ratio
+from epd.scheduler.demand import DemandTracker, EncoderDemand
+from epd.scheduler.encoder_costs import EncoderCosts
+from epd.scheduler.holdings import STORE, Holdings
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
+    HeldReport,
     ItemOutcome,
     Load,
     Policy,
     RegisteredWorker,
     WorkerSpec,
 )
-from epd.scheduler.policies.encoders import (
-    AdaptivePolicy,
-    EncoderPolicy,
-    EncoderView,
-    make_policy,
-    parse_split_ratio,
-)
-from epd.scheduler.policies.routing import CACHE_AWARE, PREFILL_POLICIES, PrefillChooser
-from epd.scheduler.policies.stats import Ewma, ServiceTimes
+from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderPolicy, EncoderView, make_policy
+from epd.scheduler.policies.routing import PrefillChooser
 from epd.scheduler.registry import Clock, Registry
 
-DEFAULT_POLICY = Policy.ADAPTIVE
+__all__ = ["DEFAULT_POLICY", "NO_DECODE_WORKER", "Scheduler", "SchedulerConfig", "split_ratio"]
+
 # Reason of the Unavailable ``choose_decode`` raises when no decode worker is live.
 NO_DECODE_WORKER = "NO_DECODE_WORKER"
-
-
-def split_ratio(text: str) -> tuple[float, float]:
-    """``--split-ratio``'s shares (``parse_split_ratio``); ValueError when malformed."""
-    try:
-        return parse_split_ratio(text)
-    except InvalidArgument as e:
-        raise ValueError(e.message) from None
 
 
 @dataclass(slots=True)
@@ -63,82 +53,8 @@ class _Pending:
     mm_hashes: list[str]
     units: list[float]
     created_at: float
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    """Deployment-level settings: the defaults of ``epd scheduler``'s flags (ValueError for a
-    TTL or probe interval that is not positive)."""
-
-    default_policy: Policy = field(
-        default=DEFAULT_POLICY,
-        metadata=flag(
-            "encoder assignment policy when a request names none", env="EPD_SCHEDULER_POLICY"
-        ),
-    )
-    split_ratio: tuple[float, float] | None = field(
-        default=None,
-        metadata=flag(
-            "ACCELERATOR:CPU shares for per_request (and adaptive's prior), e.g. 8:1",
-            env="EPD_SPLIT_RATIO",
-            type=split_ratio,
-            metavar="SPLIT_RATIO",
-            default_help="default: the workers' weights",
-        ),
-    )
-    ttl_s: float = field(
-        default=10.0,
-        metadata=flag(
-            "a worker missing heartbeats this long is evicted", env="EPD_SCHEDULER_TTL_S"
-        ),
-    )
-    assignment_timeout_s: float = 300.0
-    max_remembered_hashes: int = 100_000
-    probe_after_s: float = field(
-        default=5.0,
-        metadata=flag(
-            "adaptive sends one item to an idle encoder whose service time has had no fresh "
-            "sample this long",
-            env="EPD_SCHEDULER_PROBE_AFTER_S",
-        ),
-    )
-
-    encode_wait_target_s: float = field(
-        default=0.25,
-        metadata=flag(
-            "the encode wait the autoscaling signal keeps under: epd_scheduler_encoders_needed "
-            "counts the encoders of each kind the arrivals need for it (docs/metrics.md)",
-            env="EPD_SCHEDULER_ENCODE_WAIT_TARGET_S",
-        ),
-    )
-    demand_smoothing_s: float = field(
-        default=30.0,
-        metadata=flag(
-            "time constant of the arrival rate behind epd_scheduler_encoders_needed "
-            "(exponentially weighted)",
-            env="EPD_SCHEDULER_DEMAND_SMOOTHING_S",
-        ),
-    )
-
-    prefill_policy: str = field(
-        default=CACHE_AWARE,
-        metadata=flag(
-            "how a prompt's prefill worker is chosen: cache_aware (the worker holding the "
-            "longest prefix of the prompt's KV blocks, images included, unless it holds under "
-            "half of them or is much busier than another) or round_robin (each worker in turn, "
-            "the baseline)",
-            env="EPD_PREFILL_POLICY",
-            choices=PREFILL_POLICIES,
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if not (self.encode_wait_target_s > 0 and self.demand_smoothing_s > 0):
-            raise ValueError("the encode wait target and the demand smoothing must be positive")
-        if not self.ttl_s > 0:
-            raise ValueError(f"ttl_s must be positive, got {self.ttl_s}")
-        if not self.probe_after_s > 0:
-            raise ValueError(f"probe_after_s must be positive, got {self.probe_after_s}")
+    # per item: whether its encoder was given it to encode (not held there nor in the store)
+    is_encoding: list[bool]
 
 
 class Scheduler:
@@ -157,31 +73,26 @@ class Scheduler:
             p: make_policy(p, None if p is Policy.PER_IMAGE else self.config.split_ratio)
             for p in Policy
         }
-        self._service = ServiceTimes()
         # NOTE: in creation order (created_at never decreases): expiry reads it from the front.
         self._pending: dict[str, _Pending] = {}
-        self._hash_homes: OrderedDict[str, set[str]] = OrderedDict()
+        self._holdings = Holdings(self.config.max_held_items)
         self._prefill = PrefillChooser(self.config.prefill_policy)
         self._prefixes = self._prefill.index
-        self._busy_until: dict[str, float] = {}
-        # NOTE: the mean size of the items each encoder was given of late turns the per-item
-        # latency it reports into a per-unit one (an encoder fed big images is not slow).
-        self._units_per_item: dict[str, Ewma] = {}
-        # NOTE: when each encoder last finished computed work (its registration until then):
-        # an idle encoder's estimate older than probe_after_s is stale and gets probed.
-        self._sampled_at: dict[str, float] = {}
+        self._costs = EncoderCosts(
+            self._adaptive,
+            clock,
+            probe_after_s=self.config.probe_after_s,
+            demand=DemandTracker(self.config.demand_smoothing_s, self.config.encode_wait_target_s),
+        )
         # items placed so far, by (policy, encoder id)
         self.num_assigned: Counter[tuple[Policy, str]] = Counter()
-        self._demand = DemandTracker(
-            self.config.demand_smoothing_s, self.config.encode_wait_target_s
-        )
 
     # ---- registry
     def register(self, spec: WorkerSpec) -> RegisteredWorker:
         """Register (or re-register) a worker."""
         with self._lock:
             worker = self.registry.register(spec)
-            self._sampled_at[worker.id] = self._clock()
+            self._costs.registered(worker.id)
             return worker
 
     def heartbeat(
@@ -190,13 +101,16 @@ class Scheduler:
         load: Load | None = None,
         stored_blocks: Sequence[int] = (),
         removed_blocks: Sequence[int] = (),
+        held: HeldReport | None = None,
     ) -> RegisteredWorker:
-        """Renew a lease, record load, cache contents and KV events."""
+        """Renew a lease, record load, KV events and what an encoder's cache took and evicted
+        (``held``)."""
         with self._lock:
             worker = self.registry.heartbeat(lease_id, load)
+            if held is not None:
+                self._holdings.apply(worker.id, held)
             if load is not None and load.item_latency_ms > 0:
-                units = self._units_per_item.get(worker.id, Ewma()).value or 1.0
-                self._service.add_reported(worker.id, load.item_latency_ms, units)
+                self._costs.reported(worker.id, load.item_latency_ms)
             self._prefixes.store(worker.id, stored_blocks)
             self._prefixes.remove(worker.id, removed_blocks)
             return worker
@@ -226,7 +140,12 @@ class Scheduler:
         policy: Policy | None = None,
         exclude: Sequence[str] = (),
     ) -> Assignment:
-        """Place each item on a live encoder of ``model``; Unavailable when there is none."""
+        """Place each item on a live encoder of ``model``; Unavailable when there is none.
+
+        An item being encoded goes to the encoder encoding it (one encoding answers every
+        request for it: single flight), an item an encoder's cache holds to that encoder,
+        whatever the policy; ``policy`` places the rest, an item the store holds costing it
+        almost nothing anywhere."""
         if not items:
             raise InvalidArgument("no items to assign", reason="NO_ITEMS")
         with self._lock:
@@ -242,15 +161,15 @@ class Scheduler:
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
             views = [self._view(w, hashes) for w in workers]
             self._adaptive.observe(items)
-            ids = self._policies[chosen_policy].assign(items, views)
-            self._advance_busy(ids, items, views)
+            ids = self._place(items, workers, views, self._policies[chosen_policy])
+            self._costs.assigned(ids, items, views)
             return self._record(ids, items, workers, chosen_policy)
 
     def complete_encoding(
         self, assignment_id: str, outcomes: Sequence[ItemOutcome], *, final: bool = True
     ) -> None:
         """Report outcomes of an assignment: each encoder's group whose items all have an
-        outcome is closed (in-flight released, service time and cache homes learned). With
+        outcome is closed (in-flight released, service time and held items learned). With
         ``final`` the whole assignment closes, groups without outcomes included; otherwise the
         rest stays open for later reports (the route reports each encoder as it finishes)."""
         with self._lock:
@@ -268,8 +187,7 @@ class Scheduler:
     def service_ms(self, worker_id: str) -> float | None:
         """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
         with self._lock:
-            estimate: float | None = self._service.get(worker_id)
-            return estimate
+            return self._costs.service_ms(worker_id)
 
     def encoder_views(self) -> list[EncoderView]:
         """What the adaptive policy knows of every registered encoder now (learned service
@@ -283,9 +201,13 @@ class Scheduler:
         (``model``: that one only; "" every model), with what it is computed from
         (``scheduler/demand.py``)."""
         with self._lock:
-            now = self._clock()
-            demands = self._demand.demand(self._kind_states(now), now)
+            demands = self._costs.demand(self.registry.live([Role.ENCODE], "", ()))
             return [d for d in demands if not model or d.model == model]
+
+    def held_items(self, worker_id: str) -> list[str]:
+        """The items the scheduler believes ``worker_id``'s cache holds, sorted."""
+        with self._lock:
+            return self._holdings.held_by(worker_id)
 
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
@@ -341,40 +263,10 @@ class Scheduler:
     def _view(
         self, worker: RegisteredWorker, mm_hashes: frozenset[str] = frozenset()
     ) -> EncoderView:
-        """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it holds."""
-        cached = {
-            h
-            for h in mm_hashes
-            if h in worker.load.cached_mm_hashes or worker.id in self._hash_homes.get(h, ())
-        }
-        busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
-        return EncoderView(
-            worker.id,
-            worker.spec.device,
-            worker.spec.weight,
-            backlog_items=worker.num_assigned_in_flight,
-            service_ms=self._service.get(worker.id),
-            backlog_ms=max(0.0, busy_ms),
-            cached=frozenset(cached),
-            is_stale=self._is_stale(worker.id),
-        )
-
-    def _kind_states(self, now: float) -> dict[tuple[str, str], KindState]:
-        """The live encoders of each (model, kind): count, learned costs, seconds of backlog."""
-        grouped: dict[tuple[str, str], list[RegisteredWorker]] = {}
-        for worker in self.registry.live([Role.ENCODE], "", ()):
-            key = (worker.spec.model, device_kind(worker.spec.device))
-            grouped.setdefault(key, []).append(worker)
-        states = {}
-        for key, workers in grouped.items():
-            costs = [self._service.slowest(w.id) for w in workers]
-            backlog = sum(max(0.0, self._busy_until.get(w.id, now) - now) for w in workers)
-            states[key] = KindState(len(workers), tuple(c for c in costs if c), backlog)
-        return states
-
-    def _is_stale(self, worker_id: str) -> bool:
-        now: float = self._clock()
-        return now - self._sampled_at.get(worker_id, now) > self.config.probe_after_s
+        """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it answers
+        without its tower (held in its cache or the store, or being encoded there)."""
+        cached = frozenset(h for h in mm_hashes if self._holdings.can_serve(worker.id, h))
+        return self._costs.view(worker, cached)
 
     @staticmethod
     def _load_key(worker: RegisteredWorker) -> tuple[float, float, str]:
@@ -382,17 +274,28 @@ class Scheduler:
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
 
-    def _advance_busy(
-        self, ids: list[str], items: Sequence[EncodeItem], views: list[EncoderView]
-    ) -> None:
-        """Push each chosen encoder's expected busy-until time by the work just given to it."""
-        adaptive = self._adaptive
-        service_ms = adaptive.service_times(views)
-        now = self._clock()
-        for worker_id, item in zip(ids, items, strict=True):
-            start = max(now, self._busy_until.get(worker_id, now))
-            work_ms = service_ms[worker_id] * adaptive.units(item)
-            self._busy_until[worker_id] = start + work_ms / 1000
+    def _place(
+        self,
+        items: Sequence[EncodeItem],
+        workers: list[RegisteredWorker],
+        views: list[EncoderView],
+        policy: EncoderPolicy,
+    ) -> list[str]:
+        """One encoder id per item: where it is encoded or held (the least busy such encoder),
+        else where ``policy`` puts it; a request's repeats of an item go with its first."""
+        by_backlog = sorted(workers, key=lambda w: (w.num_assigned_in_flight, w.id))
+        placed = self._holdings.place(items, [w.id for w in by_backlog])
+        free = [i for i, worker_id in enumerate(placed) if worker_id is None]
+        if free:
+            chosen = policy.assign([items[i] for i in free], views)
+            for index, worker_id in zip(free, chosen, strict=True):
+                placed[index] = worker_id
+        first: dict[str, str] = {}
+        ids = []
+        for item, placed_id in zip(items, placed, strict=True):
+            assert placed_id is not None
+            ids.append(first.setdefault(item.mm_hash, placed_id) if item.mm_hash else placed_id)
+        return ids
 
     @property
     def _adaptive(self) -> AdaptivePolicy:
@@ -407,6 +310,8 @@ class Scheduler:
         workers: list[RegisteredWorker],
         policy: Policy,
     ) -> Assignment:
+        """Open the assignment of ``items`` to ``ids``: each encoder's group counted in flight,
+        each item an encoder must encode marked as being encoded there."""
         by_id = {w.id: w for w in workers}
         groups: dict[str, _Group] = {}
         for index, worker_id in enumerate(ids):
@@ -414,22 +319,25 @@ class Scheduler:
             if worker_id not in groups:
                 groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
             groups[worker_id].item_indices.append(index)
-            self._units_per_item.setdefault(worker_id, Ewma()).add(
-                self._adaptive.units(items[index])
-            )
-        now = self._clock()
+        units = [self._adaptive.units(item) for item in items]
         for group in groups.values():
-            spec = group.worker.spec
             group.worker.num_assigned_in_flight += len(group.item_indices)
-            self.num_assigned[policy, spec.id] += len(group.item_indices)
-            units = sum(self._adaptive.units(items[i]) for i in group.item_indices)
-            self._demand.arrived(spec.model, spec.device, units, now)
+            self.num_assigned[policy, group.worker.id] += len(group.item_indices)
+            self._costs.arrived(group.worker, sum(units[i] for i in group.item_indices))
+        is_encoding = [
+            bool(item.mm_hash) and not self._holdings.can_serve(worker_id, item.mm_hash)
+            for item, worker_id in zip(items, ids, strict=True)
+        ]
+        for item, worker_id, encodes in zip(items, ids, is_encoding, strict=True):
+            if encodes:
+                self._holdings.start_encoding(item.mm_hash, worker_id)
         assignment_id = uuid.uuid4().hex
         self._pending[assignment_id] = _Pending(
             list(groups.values()),
             [item.mm_hash for item in items],
-            [self._adaptive.units(item) for item in items],
+            units,
             self._clock(),
+            is_encoding,
         )
         return Assignment(
             assignment_id, policy, tuple(ids), tuple(by_id[i].spec.endpoint for i in ids)
@@ -447,44 +355,46 @@ class Scheduler:
         if self.registry.get(worker.id) is not worker:
             return
         if worker.num_assigned_in_flight == 0:
-            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0), self._clock())
+            self._costs.idle(worker.id)
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         computed = [o for o in done if not o.cache_hit]
         if computed:
-            if self._is_stale(worker.id):
-                self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale estimate
-            self._sampled_at[worker.id] = self._clock()
-            self._service.add_completion(
-                worker.id,
+            self._costs.completed(
+                worker,
                 max(o.latency_ms for o in computed),
                 sum(pending.units[o.item_index] for o in computed),
                 group.backlog_at_assign,
             )
-        now = self._clock()
         for outcome in done:
-            units = pending.units[outcome.item_index]
-            self._demand.done(worker.spec.model, worker.spec.device, units, outcome.cache_hit, now)
-            if mm_hash := pending.mm_hashes[outcome.item_index]:
-                self._remember_home(mm_hash, worker.id)
+            self._costs.done(worker, pending.units[outcome.item_index], outcome.cache_hit)
+        self._learn_holdings(group, outcomes, pending)
         self.registry.finish_drain(worker)
+
+    def _learn_holdings(
+        self, group: _Group, outcomes: dict[int, ItemOutcome], pending: _Pending
+    ) -> None:
+        """Close the group's encodings: an item its encoder answered is in its cache now; one
+        it had to encode though the store was believed to hold it is not in the store."""
+        worker_id = group.worker.id
+        for index in group.item_indices:
+            if not (mm_hash := pending.mm_hashes[index]):
+                continue
+            outcome = outcomes.get(index)
+            answered = outcome is not None and not outcome.failed
+            if pending.is_encoding[index]:
+                self._holdings.finish_encoding(mm_hash, worker_id, is_held=answered)
+            elif answered:
+                self._holdings.hold(worker_id, mm_hash)
+            if outcome is not None and answered and not outcome.cache_hit:
+                self._holdings.drop(STORE, mm_hash)
 
     def _forget(self, worker: RegisteredWorker) -> None:
         """Drop what is known about a worker that left (its caches left with it)."""
-        self._service.forget(worker.id)
+        self._costs.forget(worker.id)
         self._prefixes.forget(worker.id)
-        self._busy_until.pop(worker.id, None)
-        self._units_per_item.pop(worker.id, None)
-        self._sampled_at.pop(worker.id, None)
-        for homes in self._hash_homes.values():
-            homes.discard(worker.id)
+        self._holdings.forget(worker.id)
         for key in [k for k in self.num_assigned if k[1] == worker.id]:
             del self.num_assigned[key]
-
-    def _remember_home(self, mm_hash: str, worker_id: str) -> None:
-        self._hash_homes.setdefault(mm_hash, set()).add(worker_id)
-        self._hash_homes.move_to_end(mm_hash)
-        while len(self._hash_homes) > self.config.max_remembered_hashes:
-            self._hash_homes.popitem(last=False)
 
     def _expire_assignments(self) -> None:
         """Give up the assignments older than the timeout: the oldest first, in ``_pending``'s
