@@ -2,7 +2,9 @@
 them: completion ``i`` is a request of its own (``<request id>-<i>``; seed ``seed + i`` where a
 seed is set), run through the router beside the others, its chunks tagged with ``i``. The
 images are encoded once (the encoders' caches) and the prompt's KV is reused by the later ones
-(the prefill workers' prefix caches). One completion is the request itself, untouched.
+(the prefill workers' prefix caches). One completion is the request itself, untouched. A
+completions request with a list of prompts (``ChatRequest.more_prompts``) has ``n`` for each,
+numbered prompt by prompt, as vLLM numbers them.
 """
 
 from __future__ import annotations
@@ -26,20 +28,23 @@ class Choice:
 
 
 def child_requests(request: ChatRequest) -> list[ChatRequest]:
-    """The requests of ``request``'s completions (itself alone when it asks for one)."""
+    """The requests of ``request``'s completions (itself alone when it asks for one): prompt
+    ``p``'s completion ``i`` is child ``p * n + i``."""
     num_choices = max(request.sampling.n, 1)
-    if num_choices == 1:
+    if num_choices == 1 and not request.more_prompts:
         return [request]
+    prompts = [request.prompt_token_ids, *request.more_prompts]
     children = []
-    for index in range(num_choices):
-        sampling = generation_pb2.SamplingParams()
-        sampling.CopyFrom(request.sampling)
-        sampling.n = 1
-        if sampling.HasField("seed"):
-            sampling.seed = (sampling.seed + index) % (1 << 64)
-        children.append(
-            replace(request, request_id=f"{request.request_id}-{index}", sampling=sampling)
-        )
+    for prompt_index, prompt in enumerate(prompts):
+        for index in range(num_choices):
+            sampling = generation_pb2.SamplingParams()
+            sampling.CopyFrom(request.sampling)
+            sampling.n = 1
+            if sampling.HasField("seed"):
+                sampling.seed = (sampling.seed + index) % (1 << 64)
+            child_id = f"{request.request_id}-{prompt_index * num_choices + index}"
+            child = replace(request, request_id=child_id, sampling=sampling, more_prompts=[])
+            children.append(replace(child, prompt_token_ids=prompt))
     return children
 
 

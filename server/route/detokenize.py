@@ -8,43 +8,70 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
+from epd.v1 import generation_pb2
+
 
 class Detokenizer:
-    """Turns a growing stream of token ids into text deltas (special tokens skipped), holding
-    back characters whose bytes have not all arrived.
+    """Turns a growing stream of token ids into text deltas, holding back characters whose bytes
+    have not all arrived; special tokens are left out unless ``skip_special_tokens`` is false,
+    and then two adjacent ones are written without the space between them when
+    ``spaces_between_special_tokens`` is false (vLLM's ``FastIncrementalDetokenizer``).
 
     ``tokenizer`` is a transformers tokenizer with a ``tokenizers`` backend (what AutoTokenizer
     loads for every family served); each id is decoded once, with the few before it that its
     text depends on (``tokenizers.decoders.DecodeStream``), never the whole output again.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError(f"{type(tokenizer).__name__} has no tokenizers backend to stream with")
         self._backend = backend
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._added: dict[int, str] = {}
+        if not (skip_special_tokens or spaces_between_special_tokens):
+            added = backend.get_added_tokens_decoder().items()
+            self._added = {token_id: token.content for token_id, token in added}
+        self._is_last_special = False
 
     def add(self, token_ids: list[int]) -> str:
         """The new text after appending ``token_ids`` ('' while a character is incomplete)."""
-        parts = [self._stream.step(self._backend, token_id) for token_id in token_ids]
-        return "".join(part for part in parts if part)
+        text = ""
+        for token_id in token_ids:
+            part = self._stream.step(self._backend, token_id) or ""
+            if self._added:
+                special = self._added.get(token_id)
+                if special is not None and self._is_last_special:
+                    part = special  # NOTE: its own text, without the space before it
+                self._is_last_special = special is not None
+            text += part
+        return text
 
 
 class StoppedText:
     """The text of one completion as vLLM writes it (``vllm.v1.engine.detokenizer``): cut before
-    the stop string the engine stopped at (after it with ``include_stop``); without the text of
-    the stop token or EOS that ended it (unless ``include_stop``); and, while it streams, the last
-    characters a stop string could still begin with held back. The engine has already stopped
-    where vLLM stops: this only finds where, from the same tokens."""
+    the stop string the engine stopped at (after it with include_stop_str_in_output); without
+    the text of the stop token or EOS that ended it (unless include_stop_str_in_output); and,
+    while it streams, the last characters a stop string could still begin with held back. The
+    engine has already stopped where vLLM stops: this only finds where, from the same tokens."""
 
-    def __init__(
-        self, tokenizer: Any, stop: Sequence[str], include_stop: bool, min_tokens: int = 0
-    ) -> None:
-        self._detokenizer = Detokenizer(tokenizer)
-        self._stop = list(stop)
-        self._include_stop = include_stop
-        self._min_tokens = min_tokens
+    def __init__(self, tokenizer: Any, sampling: generation_pb2.SamplingParams) -> None:
+        """``sampling``: the request's (its stop strings, include_stop_str_in_output,
+        min_tokens and special-token options)."""
+        self._detokenizer = Detokenizer(
+            tokenizer,
+            sampling.skip_special_tokens or not sampling.HasField("skip_special_tokens"),
+            sampling.spaces_between_special_tokens
+            or not sampling.HasField("spaces_between_special_tokens"),
+        )
+        self._stop = list(sampling.stop)
+        self._include_stop = include_stop = sampling.include_stop_str_in_output
+        self._min_tokens = sampling.min_tokens
         self._num_held = max(map(len, self._stop)) - 1 if self._stop and not include_stop else 0
         self._text = ""
         self._num_sent = 0

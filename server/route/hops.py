@@ -57,6 +57,8 @@ class Piece:
     usage: generation_pb2.Usage | None = None
     # one entry per token when the sampling asked for log probabilities
     logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
+    # on the first piece, one entry per prompt token when the sampling asked for them
+    prompt_logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,10 +339,11 @@ async def _prefill_then_decode(
     attempt.decode_id = chosen.worker.id
     trace.get_current_span().set_attribute("epd.decode_id", chosen.worker.id)
     first = [reply.first_token_logprobs] if reply.HasField("first_token_logprobs") else []
+    prompt = list(reply.prompt_logprobs)
     if reply.finish_reason:
-        yield Piece([reply.first_token_id], reply.finish_reason, reply.usage, first)
+        yield Piece([reply.first_token_id], reply.finish_reason, reply.usage, first, prompt)
         return
-    yield Piece([reply.first_token_id], logprobs=first)
+    yield Piece([reply.first_token_id], logprobs=first, prompt_logprobs=prompt)
     stream = peers.decode(chosen.worker.endpoint).Decode(
         decode_pb.DecodeRequest(
             request_id=call.request_id,
@@ -368,6 +371,8 @@ async def _pieces(stream: Any) -> AsyncGenerator[Piece, None]:
                 response.finish_reason,
                 response.usage if response.HasField("usage") else None,
                 list(response.logprobs),
+                # NOTE: a decode worker's responses have none: the prefill worker reports them
+                list(getattr(response, "prompt_logprobs", ())),
             )
     finally:
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise

@@ -1,18 +1,28 @@
 """OpenAI completions JSON <-> epd (no I/O): ``/v1/completions`` as ``vllm serve`` answers it.
 
 A body is parsed by vLLM's own ``CompletionRequest`` (its types, ranges, defaults: 16 tokens);
-its prompt, text or token ids, goes to the engines as it is, with no chat template and no image.
-One prompt a request (a list of prompts is refused by name, as are the fields epd does not
-implement yet); ``echo`` repeats the prompt's text before the answer.
+its prompts, texts or token ids, one or a list, go to the engines as they are, with no chat
+template and no image. Prompt ``i``'s ``n`` completions are choices ``i * n`` to ``i * n + n - 1``
+(vLLM's numbering), each a request of its own (``choices.child_requests``). ``echo`` repeats each
+prompt's text before its answer (with ``logprobs``, the prompt's tokens and log probabilities
+too, from the prefill worker; with ``max_tokens`` 0, the prompt alone), ``prompt_logprobs`` are
+each choice's, and ``return_tokens_as_token_ids`` names logprob tokens ``token_id:N``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epd.common.generation import finish_reason_name
+from epd.server.route.openai_logprobs import (
+    MIN_LOGPROB,
+    Namer,
+    candidate_name,
+    prompt_logprobs_json,
+    token_namer,
+)
 from epd.server.route.openai_schema import (
     SAMPLING_FIELDS,
     Answer,
@@ -33,10 +43,13 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "add_special_tokens"}
 
 @dataclass(frozen=True, slots=True)
 class CompletionPrompt:
-    """A completion's prompt: its token ids, and its text when ``echo`` repeats it."""
+    """A completion request's prompts: each one's token ids, and each one's text when ``echo``
+    repeats it (None: no echo)."""
 
-    token_ids: list[int]
-    echo: str | None = None
+    token_ids: list[list[int]]
+    echo: list[str] | None = None
+    # echo with max_tokens 0: each answer is its prompt alone (vLLM still samples one token)
+    is_echo_only: bool = False
 
 
 def to_completion_request(
@@ -57,59 +70,152 @@ def to_completion_request(
         raise bad("the body must be a JSON object", "body")
     parsed = parse_with(CompletionRequest, body)
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
-    prompt = _prompt(parsed, tokenizer)
-    if parsed.echo and parsed.logprobs is not None:
-        raise bad("echo with logprobs is not supported by epd yet", "echo", "UNSUPPORTED_PARAMETER")
+    prompt = _prompts(parsed, tokenizer)
     limits = limits or RequestLimits()
     context = limits.max_context_tokens
     max_tokens = parsed.max_tokens
     if max_tokens is None or (context is not None and max_tokens > context):
         max_tokens = context or 16
+    first, *others = prompt.token_ids
     request = ChatRequest(
         new_request_id(request_id),
         parsed.model or default_model,
         [],
         vllm_sampling(parsed, max_tokens, defaults or {}),
-        prompt_token_ids=prompt.token_ids,
+        prompt_token_ids=first,
+        more_prompts=others,
+        tokens_as_ids=bool(parsed.return_tokens_as_token_ids),
     )
-    check_request(request, limits)
+    for token_ids in prompt.token_ids:
+        check_request(replace(request, prompt_token_ids=token_ids), limits)
     return request, prompt
 
 
-def _prompt(parsed: Any, tokenizer: Any) -> CompletionPrompt:
+def _prompts(parsed: Any, tokenizer: Any) -> CompletionPrompt:
     prompt = parsed.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise bad(
-                "a list of prompts is not supported by epd yet", "prompt", "UNSUPPORTED_PARAMETER"
-            )
-        prompt = prompt[0]
+    is_one = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+    prompts = [prompt] if is_one else list(prompt or [])
+    if not prompts:
+        raise bad("the prompt is empty", "prompt")
+    token_ids = [_token_ids(one, parsed, tokenizer) for one in prompts]
+    if not parsed.echo:
+        return CompletionPrompt(token_ids)
+    texts = [
+        one if isinstance(one, str) else tokenizer.decode(ids)
+        for one, ids in zip(prompts, token_ids, strict=True)
+    ]
+    return CompletionPrompt(token_ids, texts, parsed.max_tokens == 0)
+
+
+def _token_ids(prompt: str | list[int], parsed: Any, tokenizer: Any) -> list[int]:
     if isinstance(prompt, str):
-        ids = tokenizer(prompt, add_special_tokens=parsed.add_special_tokens)["input_ids"]
-        return CompletionPrompt(list(ids), prompt if parsed.echo else None)
+        return list(tokenizer(prompt, add_special_tokens=parsed.add_special_tokens)["input_ids"])
     ids = [int(token) for token in prompt]
     if not ids:
         raise bad("the prompt is empty", "prompt")
     if not all(0 <= token < len(tokenizer) for token in ids):
         raise bad(f"the prompt holds token ids outside [0, {len(tokenizer)})", "prompt")
-    return CompletionPrompt(ids, tokenizer.decode(ids) if parsed.echo else None)
+    return ids
 
 
-def completion_json(
-    request_id: str, model: str, answers: list[Answer], logprobs: list[dict[str, Any] | None]
-) -> dict[str, Any]:
-    """A non-streamed text_completion object, one choice per answer."""
-    choices = [
-        {
-            "index": index,
-            "text": "".join(answer.texts),
-            "logprobs": logprobs[index],
-            "finish_reason": finish_reason_name(answer.finish) or "stop",
-        }
-        for index, answer in enumerate(answers)
-    ]
-    body = envelope(f"cmpl-{request_id}", "text_completion", model, choices)
-    return {**body, "usage": usage_json(total_usage(answers))}
+@dataclass(slots=True)
+class CompletionWriter:
+    """Writes the answers of one completions request as vLLM does: each choice's echo, text,
+    logprobs and prompt logprobs, whole or streamed, and the usage of all its prompts."""
+
+    request: ChatRequest
+    prompt: CompletionPrompt
+    decode: Callable[[int], str]
+    # prompt tokens of each prompt, as its first choice's usage reported them
+    num_prompt_tokens: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_per_prompt(self) -> int:
+        """Choices per prompt (``n``)."""
+        return max(self.request.sampling.n, 1)
+
+    def whole(self, answers: list[Answer]) -> dict[str, Any]:
+        """The non-streamed text_completion object."""
+        choices = []
+        for index, answer in enumerate(answers):
+            prompt_positions = answer.prompt_positions
+            choice = self._choice(index, "".join(answer.texts), answer.positions, prompt_positions)
+            choice["finish_reason"] = finish_reason_name(answer.finish) or "stop"
+            choice["prompt_logprobs"] = prompt_logprobs_json(prompt_positions)
+            choices.append(choice)
+        body = envelope(
+            f"cmpl-{self.request.request_id}", "text_completion", self.request.model, choices
+        )
+        return {**body, "usage": usage_json(self._usage(answers))}
+
+    def delta(self, index: int, chunk: Any, so_far: Answer) -> dict[str, Any]:
+        """The streamed text_completion of choice ``index``'s ``chunk`` (a ``RouteChunk``),
+        ``so_far`` its answer before it."""
+        if chunk.usage is not None and index % self.num_per_prompt == 0:
+            self.num_prompt_tokens[index] = chunk.usage.prompt_tokens
+        if not so_far.texts:
+            choice = self._choice(index, chunk.text, chunk.logprobs, chunk.prompt_logprobs)
+        elif self.prompt.is_echo_only:
+            choice = {"index": index, "text": "", "logprobs": None}
+        else:
+            offset = self._offset(index, so_far)
+            logprobs = self._logprobs(chunk.logprobs, offset)
+            choice = {"index": index, "text": chunk.text, "logprobs": logprobs}
+        choice["finish_reason"] = finish_reason_name(chunk.finish_reason)
+        request = self.request
+        return envelope(f"cmpl-{request.request_id}", "text_completion", request.model, [choice])
+
+    def usage(self, usage: generation_pb2.Usage | None) -> dict[str, Any]:
+        """The stream's usage chunk: ``usage`` with every prompt's tokens counted."""
+        if usage is not None and len(self.num_prompt_tokens) > 1:
+            usage = generation_pb2.Usage(
+                prompt_tokens=sum(self.num_prompt_tokens.values()),
+                completion_tokens=usage.completion_tokens,
+                cached_prompt_tokens=usage.cached_prompt_tokens,
+            )
+        return completion_chunk(self.request.request_id, self.request.model, "", 0, usage=usage)
+
+    def _choice(
+        self,
+        index: int,
+        text: str,
+        positions: list[generation_pb2.TokenLogprobs],
+        prompt_positions: list[generation_pb2.TokenLogprobs],
+    ) -> dict[str, Any]:
+        echo = self.prompt.echo[index // self.num_per_prompt] if self.prompt.echo else ""
+        if self.prompt.is_echo_only:
+            text, positions = "", []
+        if echo and self.request.sampling.HasField("logprobs"):
+            prompt_ids = self.prompt.token_ids[index // self.num_per_prompt]
+            logprobs = self._logprobs([*prompt_positions, *positions], 0, prompt_ids)
+        else:
+            logprobs = self._logprobs(positions, len(echo))
+        return {"index": index, "text": echo + text, "logprobs": logprobs}
+
+    def _offset(self, index: int, so_far: Answer) -> int:
+        echo = self.prompt.echo[index // self.num_per_prompt] if self.prompt.echo else ""
+        return len(echo) + sum(map(len, so_far.texts))
+
+    def _logprobs(
+        self,
+        positions: list[generation_pb2.TokenLogprobs],
+        offset: int,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any] | None:
+        sampling = self.request.sampling
+        if not sampling.HasField("logprobs"):
+            return None
+        name = token_namer(self.decode, self.request.tokens_as_ids)
+        return completion_logprobs_json(positions, sampling.logprobs, name, offset, token_ids)
+
+    def _usage(self, answers: list[Answer]) -> generation_pb2.Usage | None:
+        usage = total_usage(answers)
+        step = self.num_per_prompt
+        if usage is None or len(answers) <= step:
+            return usage
+        firsts = [answer.usage for answer in answers[::step] if answer.usage is not None]
+        usage.prompt_tokens = sum(first.prompt_tokens for first in firsts)
+        return usage
 
 
 def completion_chunk(
@@ -138,30 +244,32 @@ def completion_chunk(
 def completion_logprobs_json(
     positions: list[generation_pb2.TokenLogprobs],
     num_top: int,
-    decode: Callable[[int], str],
+    name: Namer,
     text_offset: int = 0,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's completion logprobs of ``positions`` as vLLM's server writes them: tokens, their
-    log probabilities, the ``num_top`` + 1 first candidates of each (the generated token first)
-    and each token's offset in the text, from ``text_offset``."""
-    tokens: list[str] = []
-    offsets: list[int] = []
-    for position in positions:
-        offsets.append(text_offset + sum(map(len, tokens)))
-        tokens.append(_text_of(position.candidates[0], decode))
-    return {
-        "text_offset": offsets,
-        "token_logprobs": [max(p.candidates[0].logprob, -9999.0) for p in positions],
-        "tokens": tokens,
-        "top_logprobs": [
-            {
-                _text_of(c, decode): max(c.logprob, -9999.0)
-                for c in position.candidates[: num_top + 1]
-            }
-            for position in positions
-        ],
-    }
-
-
-def _text_of(candidate: generation_pb2.Logprob, decode: Callable[[int], str]) -> str:
-    return candidate.token if candidate.HasField("token") else decode(candidate.token_id)
+    log probabilities, the ``num_top`` + 1 first candidates of each (the token first) and each
+    token's offset in the text, from ``text_offset``; a position without candidates (an echoed
+    prompt's first) is ``token_ids``' token there, with None for its log probabilities."""
+    body: dict[str, list[Any]] = {"text_offset": [], "token_logprobs": [], "tokens": []}
+    body["top_logprobs"] = []
+    offset = text_offset
+    for index, position in enumerate(positions):
+        body["text_offset"].append(offset)
+        if not position.candidates:
+            token = name((token_ids or [])[index], None)
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+        else:
+            token = candidate_name(position.candidates[0], name)
+            body["token_logprobs"].append(max(position.candidates[0].logprob, MIN_LOGPROB))
+            body["top_logprobs"].append(
+                {
+                    candidate_name(c, name): max(c.logprob, MIN_LOGPROB)
+                    for c in position.candidates[: num_top + 1]
+                }
+            )
+        body["tokens"].append(token)
+        offset += len(token)
+    return body

@@ -27,7 +27,7 @@ from epd.server.route.http_guard import (
     auth_middleware,
     read_json,
 )
-from epd.server.route.openai_completions import CompletionPrompt
+from epd.server.route.openai_completions import CompletionWriter
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
@@ -145,7 +145,8 @@ class OpenAiHttp:
         if isinstance(body, dict) and body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, api, include_usage)
-        answers = [schema.Answer() for _ in range(max(chat.sampling.n, 1))]
+        num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
+        answers = [schema.Answer() for _ in range(num_answers)]
         try:
             choices = generate_choices(self.router, chat, self.options.request_timeout_s)
             async for choice in choices:
@@ -180,7 +181,8 @@ class OpenAiHttp:
         await response.prepare(request)
         for payload in api.opening(chat):
             await _send(response, payload)
-        answers = [schema.Answer() for _ in range(max(chat.sampling.n, 1))]
+        num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
+        answers = [schema.Answer() for _ in range(num_answers)]
         try:
             choice = first
             while choice is not None:
@@ -258,19 +260,21 @@ class ChatApi:
     ) -> dict[str, Any] | None:
         if not chat.sampling.HasField("logprobs"):
             return None
-        return schema.logprobs_json(positions, chat.sampling.logprobs, self.http.decode)
+        num_top, decode = chat.sampling.logprobs, self.http.decode
+        return schema.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
 
 
 @dataclass
 class CompletionApi:
-    """``/v1/completions``: one prompt, its text echoed first where asked."""
+    """``/v1/completions``: its prompts' answers, as ``completions.CompletionWriter`` writes
+    them."""
 
     http: OpenAiHttp
-    prompt: CompletionPrompt | None = None
+    writer: CompletionWriter | None = None
 
     def convert(self, body: Any, request_id: str | None) -> ChatRequest:
         http = self.http
-        chat, self.prompt = completions.to_completion_request(
+        chat, prompt = completions.to_completion_request(
             body,
             http.router.model_id,
             http.router.prompts.tokenizer,
@@ -278,45 +282,23 @@ class CompletionApi:
             http.limits,
             http.sampling_defaults,
         )
+        self.writer = CompletionWriter(chat, prompt, http.decode)
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
-        echo = self._echo()
-        for answer in answers:
-            answer.texts.insert(0, echo)
-        logprobs = [self._logprobs(chat, answer.positions, len(echo)) for answer in answers]
-        return completions.completion_json(chat.request_id, chat.model, answers, logprobs)
+        assert self.writer is not None
+        return self.writer.whole(answers)
 
     def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
         return []
 
     def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
-        piece = choice.chunk
-        echo = "" if so_far.texts else self._echo()
-        offset = len(self._echo()) + sum(map(len, so_far.texts))
-        return completions.completion_chunk(
-            chat.request_id,
-            chat.model,
-            echo + piece.text,
-            piece.finish_reason,
-            self._logprobs(chat, piece.logprobs, offset),
-            choice.index,
-        )
+        assert self.writer is not None
+        return self.writer.delta(choice.index, choice.chunk, so_far)
 
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
-        return completions.completion_chunk(chat.request_id, chat.model, "", 0, usage=usage)
-
-    def _echo(self) -> str:
-        return self.prompt.echo or "" if self.prompt is not None else ""
-
-    def _logprobs(
-        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs], offset: int
-    ) -> dict[str, Any] | None:
-        if not chat.sampling.HasField("logprobs"):
-            return None
-        return completions.completion_logprobs_json(
-            positions, chat.sampling.logprobs, self.http.decode, offset
-        )
+        assert self.writer is not None
+        return self.writer.usage(usage)
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

@@ -19,6 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from epd.common.errors import Code, EpdError
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
+from epd.server.route.openai_logprobs import (
+    Namer,
+    candidate_name,
+    prompt_logprobs_json,
+    token_namer,
+)
 from epd.server.route.request import (
     MAX_NAME_CHARS,
     ChatMessage,
@@ -82,6 +88,12 @@ SAMPLING_FIELDS = frozenset(
         "request_id",
         "logprobs",
         "n",
+        "prompt_logprobs",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "return_tokens_as_token_ids",
+        "priority",
+        "cache_salt",
     }
 )
 # vLLM's ChatCompletionRequest fields epd implements; any other is refused at a value other than
@@ -256,7 +268,7 @@ def vllm_sampling(
         params = parsed.to_sampling_params(max_tokens, defaults)
     except (ValueError, VLLMClientError) as e:
         raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "sampling") from None
-    return sampling_to_proto(params)
+    return sampling_to_proto(params, parsed)
 
 
 def error_body(err: Exception) -> tuple[int, dict[str, Any]]:
@@ -278,6 +290,8 @@ class Answer:
 
     texts: list[str] = field(default_factory=list)
     positions: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
+    # one per prompt token, when prompt_logprobs were asked for
+    prompt_positions: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
     finish: int = 0
     usage: generation_pb2.Usage | None = None
 
@@ -285,6 +299,7 @@ class Answer:
         """Gather a chunk of this completion."""
         self.texts.append(chunk.text)
         self.positions.extend(chunk.logprobs)
+        self.prompt_positions.extend(chunk.prompt_logprobs)
         self.finish = chunk.finish_reason or self.finish
         self.usage = chunk.usage or self.usage
 
@@ -307,6 +322,8 @@ def completion(
         for index, answer in enumerate(answers)
     ]
     body = envelope(f"chatcmpl-{request_id}", "chat.completion", model, choices)
+    prompt = answers[0].prompt_positions if answers else []
+    body["prompt_logprobs"] = prompt_logprobs_json(prompt) if prompt else None
     return {**body, "usage": usage_json(total_usage(answers))}
 
 
@@ -370,26 +387,32 @@ def usage_json(usage: generation_pb2.Usage | None) -> dict[str, int]:
 
 
 def logprobs_json(
-    positions: list[generation_pb2.TokenLogprobs], num_top: int, decode: Callable[[int], str]
+    positions: list[generation_pb2.TokenLogprobs],
+    num_top: int,
+    decode: Callable[[int], str],
+    as_token_ids: bool = False,
 ) -> dict[str, Any]:
     """OpenAI's chat logprobs object of ``positions`` as vLLM's OpenAI server writes it: each
     generated token with its ``num_top`` first candidates (vLLM's order: the generated token
-    first); ``decode`` names a token the engine sent without its text."""
-    return {"content": [_position_json(position, num_top, decode) for position in positions]}
+    first); ``decode`` names a token the engine sent without its text; ``as_token_ids``: each
+    token named ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+    name = token_namer(decode, as_token_ids)
+    return {"content": [_position_json(position, num_top, name) for position in positions]}
 
 
 def _position_json(
-    position: generation_pb2.TokenLogprobs, num_top: int, decode: Callable[[int], str]
+    position: generation_pb2.TokenLogprobs, num_top: int, name: Namer
 ) -> dict[str, Any]:
-    entry = _candidate_json(position.candidates[0], decode)
-    entry["top_logprobs"] = [_candidate_json(c, decode) for c in position.candidates[:num_top]]
+    generated = position.candidates[0]
+    entry = _candidate_json(generated, name)
+    if generated.HasField("token"):  # NOTE: vLLM's bytes are the decoded text's, even as an id
+        entry["bytes"] = list(generated.token.encode("utf-8", errors="replace"))
+    entry["top_logprobs"] = [_candidate_json(c, name) for c in position.candidates[:num_top]]
     return entry
 
 
-def _candidate_json(
-    candidate: generation_pb2.Logprob, decode: Callable[[int], str]
-) -> dict[str, Any]:
-    token = candidate.token if candidate.HasField("token") else decode(candidate.token_id)
+def _candidate_json(candidate: generation_pb2.Logprob, name: Namer) -> dict[str, Any]:
+    token = candidate_name(candidate, name)
     return {
         "token": token,
         "logprob": max(candidate.logprob, -9999.0),

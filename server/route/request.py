@@ -85,6 +85,11 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     # a completion's prompt, tokenised: no messages, no chat template, no image (None: a chat)
     prompt_token_ids: list[int] | None = None
+    # a completion's further prompts (a list of prompts): each is answered as a request of its
+    # own with its n completions, numbered after those of the prompts before it
+    more_prompts: list[list[int]] = field(default_factory=list)
+    # the OpenAI door names logprob tokens ``token_id:N`` (vLLM's return_tokens_as_token_ids)
+    tokens_as_ids: bool = False
     # the caller's identity where the door authenticates it (``common.auth.token_identity``),
     # which keeps its cache keys apart from other callers' ("": unauthenticated, shared keys)
     tenant: str = ""

@@ -83,6 +83,9 @@ class RouteChunk:
     usage: generation_pb2.Usage | None = None
     # one entry per token when the sampling asked for log probabilities
     logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
+    # on the first chunk, one entry per prompt token when the sampling asked for them (the
+    # first position without candidates)
+    prompt_logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,19 +229,19 @@ class Router:
     ) -> AsyncIterator[RouteChunk]:
         """The engine's pieces as text deltas, stop strings applied as vLLM applies them; the
         view of the roles is refreshed once the first is out (off the request's path)."""
-        text_of = StoppedText(
-            self.prompts.tokenizer,
-            sampling.stop,
-            sampling.include_stop_str_in_output,
-            sampling.min_tokens,
-        )
+        text_of = StoppedText(self.prompts.tokenizer, sampling)
         is_first = True
         async with aclosing(pieces):
             async for piece in pieces:
                 is_stopped = piece.finish_reason == generation_pb2.FINISH_REASON_STOP
                 text = text_of.add(piece.token_ids, is_stopped)
                 yield RouteChunk(
-                    text, piece.token_ids, piece.finish_reason, piece.usage, piece.logprobs
+                    text,
+                    piece.token_ids,
+                    piece.finish_reason,
+                    piece.usage,
+                    piece.logprobs,
+                    piece.prompt_logprobs,
                 )
                 if is_first:
                     is_first = False

@@ -51,9 +51,10 @@ def generation_defaults(model_dir: Path) -> dict[str, Any]:
     return defaults
 
 
-def sampling_to_proto(params: Any) -> generation_pb2.SamplingParams:
-    """epd's ``SamplingParams`` of vLLM's ``params`` (a value epd's fields cannot hold, such as a
-    negative seed, is an InvalidArgument naming the field)."""
+def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.SamplingParams:
+    """epd's ``SamplingParams`` of vLLM's ``params`` and, where given, of the engine options
+    vLLM's OpenAI ``request`` passes beside them (priority, cache_salt); a value epd's fields
+    cannot hold, such as a negative seed, is an InvalidArgument naming the field."""
     fields: dict[str, Any] = {
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
@@ -75,6 +76,12 @@ def sampling_to_proto(params: Any) -> generation_pb2.SamplingParams:
         "structured_output": structured_output_to_proto(params.structured_outputs),
         "logprobs": params.logprobs,
         "n": params.n,
+        "prompt_logprobs": params.prompt_logprobs,
+        # NOTE: unset is true: an ordinary request's message stays as it was
+        "skip_special_tokens": None if params.skip_special_tokens else False,
+        "spaces_between_special_tokens": None if params.spaces_between_special_tokens else False,
+        "priority": getattr(request, "priority", 0),
+        "cache_salt": getattr(request, "cache_salt", None),
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():

@@ -50,6 +50,7 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
                 finish_reason=chunk.finish_reason,  # type: ignore[arg-type]
                 logprobs=chunk.logprobs,
                 index=choice.index,
+                prompt_logprobs=chunk.prompt_logprobs,
             )
             if chunk.usage is not None:
                 response.usage.CopyFrom(chunk.usage)

@@ -5,6 +5,7 @@ SentencePiece-style (metaspace, byte fallback) tokenizer like Llama's."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from epd.server.route.detokenize import Detokenizer
+from epd.v1 import generation_pb2
 
 TEXT = "héllo wörld, ünïcode ✓ 🙂 done. 中文也可以，还有emoji 🚀🚀 and spaces  at   ends "
 
@@ -101,7 +103,10 @@ def stopped_text(tokenizer, token_ids, stop, include=False, min_tokens=0, chunk=
     """(deltas, whole) of ``token_ids`` fed ``chunk`` at a time, the last chunk ending in a stop."""
     from epd.server.route.detokenize import StoppedText
 
-    text = StoppedText(tokenizer, stop, include, min_tokens)
+    sampling = generation_pb2.SamplingParams(
+        stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens
+    )
+    text = StoppedText(tokenizer, sampling)
     chunks = [token_ids[i : i + chunk] for i in range(0, len(token_ids), chunk)]
     deltas = [text.add(part, is_stopped=i == len(chunks) - 1) for i, part in enumerate(chunks)]
     return deltas, "".join(deltas)
@@ -124,7 +129,7 @@ def test_characters_a_stop_string_may_begin_with_are_held_back_while_streaming(
     from epd.server.route.detokenize import StoppedText
 
     ids = qwen_tokenizer.encode("abcdef")
-    text = StoppedText(qwen_tokenizer, ["xyz", "zz"], include_stop=False)
+    text = StoppedText(qwen_tokenizer, generation_pb2.SamplingParams(stop=["xyz", "zz"]))
     streamed = "".join(text.add([token]) for token in ids)
     assert streamed == "abcdef"[:-2] and text.add([], is_stopped=False) == ""
 
@@ -166,3 +171,33 @@ def test_the_route_s_stop_string_check_is_vllm_s() -> None:
         if found is not None:
             expected = len(text) if found[1] == -1 else found[1]
         assert stop_end(text, start, stop, include) == expected, (text, start, stop, include)
+
+
+def vllm_text(tokenizer: PreTrainedTokenizerFast, ids: list[int], **options: bool) -> str:
+    """What vLLM's own incremental detokenizer writes for ``ids`` (no prompt before them)."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    request = SimpleNamespace(
+        request_id="r", prompt_token_ids=None, sampling_params=SamplingParams(**options)
+    )
+    detokenizer = FastIncrementalDetokenizer(tokenizer, request)  # type: ignore[arg-type]
+    detokenizer.update(ids, stop_terminated=False)
+    return detokenizer.get_next_output_text(finished=True, delta=False)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("spaces", [True, False])
+def test_special_tokens_are_written_as_vllm_writes_them(
+    qwen_tokenizer: PreTrainedTokenizerFast, skip: bool, spaces: bool
+) -> None:
+    pytest.importorskip("vllm")
+    for tokenizer in (qwen_tokenizer, metaspace_tokenizer()):
+        specials = [tokenizer.eos_token_id] * 2
+        ids = [*tokenizer.encode("ab", add_special_tokens=False), *specials]
+        ids += tokenizer.encode("c d", add_special_tokens=False) + specials[:1]
+        options = {"skip_special_tokens": skip, "spaces_between_special_tokens": spaces}
+        detokenizer = Detokenizer(tokenizer, skip, spaces)
+        streamed = "".join(detokenizer.add([token_id]) for token_id in ids)
+        assert streamed == vllm_text(tokenizer, ids, **options)
+        assert (tokenizer.eos_token in streamed) is not skip

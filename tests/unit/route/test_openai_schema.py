@@ -294,12 +294,8 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("prompt_logprobs", 1),
         ("echo", True),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("skip_special_tokens", False),
-        ("return_tokens_as_token_ids", True),
-        ("cache_salt", "tenant-a"),
         ("truncate_prompt_tokens", 5),
     ],
 )

@@ -1,0 +1,50 @@
+"""Log probabilities as vLLM's OpenAI server names and writes them (no I/O): the shown text of a
+token (``return_tokens_as_token_ids``) and the ``prompt_logprobs`` list of an answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from epd.v1 import generation_pb2
+
+# A token's shown text from its id and the text the engine decoded for it (None: none).
+Namer = Callable[[int, str | None], str]
+# vLLM's floor for a log probability in JSON (-inf is not JSON).
+MIN_LOGPROB = -9999.0
+
+
+def token_namer(decode: Callable[[int], str], as_token_ids: bool = False) -> Namer:
+    """vLLM's ``_get_decoded_token``: ``token_id:N`` with ``as_token_ids``, else the engine's text,
+    else ``decode`` of the id."""
+    if as_token_ids:
+        return lambda token_id, text: f"token_id:{token_id}"
+    return lambda token_id, text: decode(token_id) if text is None else text
+
+
+def candidate_name(candidate: generation_pb2.Logprob, name: Namer) -> str:
+    """The shown text of one candidate."""
+    return name(candidate.token_id, candidate.token if candidate.HasField("token") else None)
+
+
+def prompt_logprobs_json(
+    positions: list[generation_pb2.TokenLogprobs],
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """An answer's ``prompt_logprobs`` as vLLM writes them: None at the prompt's first position,
+    then per position each candidate's id (as a string) -> its logprob, rank and the text the
+    engine decoded (None where it had none), the prompt's token first; None when none were
+    asked for."""
+    if not positions:
+        return None
+    return [_position(position) if position.candidates else None for position in positions]
+
+
+def _position(position: generation_pb2.TokenLogprobs) -> dict[str, dict[str, Any]]:
+    return {
+        str(c.token_id): {
+            "logprob": max(c.logprob, MIN_LOGPROB),
+            "rank": c.rank,
+            "decoded_token": c.token if c.HasField("token") else None,
+        }
+        for c in position.candidates
+    }
