@@ -20,9 +20,15 @@ starts, so the client's own CPU goes to streaming only. After the table, each le
 per request is broken down by process (from /proc: each service with its engine processes, and
 this client), which shows where a saturated machine's cores go.
 
+With ``--video`` every request carries a synthetic clip instead (``e2e_video.py``): epd with
+one, two and three encoders sharing each clip in chunks, against monolithic vLLM given the same
+decoded frames, and a repeated clip's TTFT against its first.
+
     .venv/bin/python scripts/bench_e2e.py [--model DIR] [--systems epd,e-pd,vllm]
         [--concurrency 1,4] [--rates 0] [--requests 16] [--tokens 16] [--images 1]
         [--encoder-threads 2,1] [--split-ratio 2:1] [--csv out.csv] [--json]
+    .venv/bin/python scripts/bench_e2e.py --video [--clip-sizes 320x240,640x480]
+        [--clip-seconds 6] [--clip-fps 10] [--repeats 4] [--concurrency 1,4] [--json]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import asyncio
 import base64
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -40,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +63,7 @@ from epd.launch.launcher import Deployment, start_topology
 from epd.launch.topology import Topology
 from epd.server.engine.device import resolve_device
 
+DEFAULT_VIDEO_SYSTEMS = "e-pd@auto,e-pd@auto/auto,e-pd@auto/auto/auto,vllm"
 FIELDS = [
     "system",
     "concurrency",
@@ -115,16 +123,17 @@ def data_url(seed: int) -> str:
 
 
 def pictures_of(seed: int, images: int) -> list[dict[str, Any]]:
-    """The ``images`` content parts of request ``seed``."""
-    return [
+    """The chat content of request ``seed``: ``images`` pictures and the question."""
+    pictures = [
         {"type": "image_url", "image_url": {"url": data_url(seed * 16 + i)}} for i in range(images)
     ]
+    return [*pictures, {"type": "text", "text": "What is in this picture?"}]
 
 
 async def one_request(
-    client: object, model: str, pictures: list[dict[str, Any]], tokens: int
+    client: object, model: str, content: list[dict[str, Any]], tokens: int
 ) -> tuple[float, float, int]:
-    """(TTFT s, total s, output tokens) of one streamed chat completion."""
+    """(TTFT s, total s, output tokens) of one streamed chat completion of ``content``."""
     start = time.perf_counter()
     stream = await client.chat.completions.create(  # type: ignore[attr-defined]
         model=model,
@@ -132,12 +141,7 @@ async def one_request(
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
-        messages=[
-            {
-                "role": "user",
-                "content": [*pictures, {"type": "text", "text": "What is in this picture?"}],
-            }
-        ],
+        messages=[{"role": "user", "content": content}],
     )
     first, completion = None, 0
     async for chunk in stream:
@@ -157,16 +161,17 @@ async def measure(
     rate: float,
     num_requests: int,
     tokens: int,
-    images: int,
+    content_of: Callable[[int], list[dict[str, Any]]],
     first_seed: int,
     processes: dict[str, int],
 ) -> Row:
-    """One level: ``num_requests`` requests (seeds from ``first_seed``) after one warm-up."""
+    """One level: ``num_requests`` requests (seeds from ``first_seed``, the content of each from
+    ``content_of``, made before the level starts) after one warm-up."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="-", timeout=600)
-    await one_request(client, model, pictures_of(first_seed + 10_000, images), tokens=2)
-    pictures = {seed: pictures_of(first_seed + seed, images) for seed in range(num_requests)}
+    await one_request(client, model, content_of(first_seed + 10_000), tokens=2)
+    pictures = {seed: content_of(first_seed + seed) for seed in range(num_requests)}
     semaphore = asyncio.Semaphore(concurrency)
     results: list[tuple[float, float, int]] = []
     failed = 0
@@ -222,18 +227,31 @@ async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
 
 @contextlib.asynccontextmanager
 async def serving(
-    system: str, model_dir: Path, run_dir: Path, args: argparse.Namespace
+    system: str,
+    model_dir: Path,
+    run_dir: Path,
+    args: argparse.Namespace,
+    more_env: dict[str, str] | None = None,
+    vllm_flags: tuple[str, ...] = (),
 ) -> AsyncIterator[tuple[str, dict[str, int]]]:
-    """Start ``system``; yield its OpenAI base URL and its processes (name: pid); stop it."""
+    """Start ``system`` (every process with ``more_env``, monolithic vLLM with ``vllm_flags``);
+    yield its OpenAI base URL and its processes (name: pid); stop it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        **(more_env or {}),
+    }
     system, metrics, _ = system.partition("+metrics")
     deployment = Deployment(run_dir, env, metrics=bool(metrics))
     scraper: asyncio.Task[None] | None = None
     try:
         if system in ("vllm", "vllm-ec"):
-            start = start_vllm if system == "vllm" else start_vllm_ec
-            url = await start(deployment, model_dir)
+            if system == "vllm":
+                url = await start_vllm(deployment, model_dir, "vllm", *vllm_flags)
+            else:
+                url = await start_vllm_ec(deployment, model_dir)
             yield url, {c.name: c.process.pid for c in deployment.children}
         else:
             system, _, devices = system.partition("@")
@@ -362,6 +380,10 @@ def print_cpu_table(rows: list[Row]) -> None:
 async def main(args: argparse.Namespace) -> int:
     model_dir = args.model or tiny_model_dir()
     run_root = Path(tempfile.mkdtemp(prefix="epd-bench-"))
+    if args.video:
+        from e2e_video import run_video
+
+        return await run_video(args, model_dir, run_root)
     rates = parse_list(args.rates, float)
     levels = [(c, r) for c in parse_list(args.concurrency, int) for r in rates]
     rows: list[Row] = []
@@ -380,7 +402,7 @@ async def main(args: argparse.Namespace) -> int:
                     rate,
                     args.requests,
                     args.tokens,
-                    args.images,
+                    functools.partial(pictures_of, images=args.images),
                     first_seed,
                     processes,
                 )
@@ -428,9 +450,9 @@ if __name__ == "__main__":
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     parser.add_argument(
         "--systems",
-        default="epd,e-pd,vllm",
         help="epd, e-pd, ep-d, epd1, dual-encoder:POLICY, vllm, vllm-ec; an epd system may name "
-        "its encoders' devices after @, e.g. e-pd:adaptive@cuda/cpu (default epd,e-pd,vllm)",
+        "its encoders' devices after @, e.g. e-pd:adaptive@cuda/cpu (default epd,e-pd,vllm; "
+        f"with --video {DEFAULT_VIDEO_SYSTEMS}: one, two and three encoders)",
     )
     parser.add_argument("--concurrency", default="1,4", help="levels (default 1,4)")
     parser.add_argument(
@@ -464,10 +486,37 @@ if __name__ == "__main__":
         help="epd systems' prefill engine, as epd up's --engine (default auto: vllm when "
         "installed)",
     )
+    parser.add_argument(
+        "--video",
+        action="store_true",
+        help="a clip per request instead of pictures: epd with each system's encoders sharing "
+        "the clip in chunks, against monolithic vLLM given the same decoded frames, and a "
+        "repeated clip (scripts/e2e_video.py)",
+    )
+    parser.add_argument(
+        "--clip-sizes",
+        default="320x240,640x480",
+        help="--video: the clips' frame sizes, WIDTHxHEIGHT, comma separated (default "
+        "320x240,640x480)",
+    )
+    parser.add_argument(
+        "--clip-seconds", type=float, default=6.0, help="--video: seconds per clip (default 6)"
+    )
+    parser.add_argument(
+        "--clip-fps", type=int, default=10, help="--video: the clips' frame rate (default 10)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="--video: clips sent twice in a row, for the repeated clip's TTFT (default 4)",
+    )
     parser.add_argument("--csv", default="bench_e2e.csv", help="CSV output ('' for none)")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object of the figures instead of tables"
     )
     parsed = parser.parse_args()
     parsed.encoder_threads = tuple(parse_list(parsed.encoder_threads, int))
+    parsed.clip_sizes = [size for size in parsed.clip_sizes.split(",") if size]
+    parsed.systems = parsed.systems or (DEFAULT_VIDEO_SYSTEMS if parsed.video else "epd,e-pd,vllm")
     sys.exit(asyncio.run(main(parsed)))
