@@ -82,8 +82,8 @@ class SchedulerConfig:
         metadata=flag(
             "how a prompt's prefill worker is chosen: cache_aware (the worker holding the "
             "longest prefix of the prompt's KV blocks, images included, unless it holds under "
-            "half of them or is much busier than another) or round_robin (each worker in turn, "
-            "the baseline)",
+            "half of them or is much busier than another), longest_prefix (any overlap first, "
+            "whatever the load) or round_robin (each worker in turn)",
             env="EPD_PREFILL_POLICY",
             choices=PREFILL_POLICIES,
         ),

@@ -10,7 +10,8 @@ worker's memory is a bounded LRU, as the engine's own cache is, and a wrong gues
 prefill recomputed, never a wrong answer.
 
 ``PrefillChooser`` turns overlaps and loads into a choice (``cache_aware``, the load balancing
-SGLang's router does around its prefix trees), or ignores both (``round_robin``, the baseline).
+SGLang's router does around its prefix trees; ``longest_prefix``, any overlap first), or ignores
+both (``round_robin``, the baseline).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 CACHE_AWARE = "cache_aware"
+LONGEST_PREFIX = "longest_prefix"
 ROUND_ROBIN = "round_robin"
-PREFILL_POLICIES = (CACHE_AWARE, ROUND_ROBIN)
+PREFILL_POLICIES = (CACHE_AWARE, LONGEST_PREFIX, ROUND_ROBIN)
 
 
 class PrefixIndex:
@@ -87,7 +89,9 @@ class PrefillChooser:
     costs more than computing the prefix again); otherwise the least-loaded worker, and among
     equally loaded ones the one remembered to hold the fewest blocks (the most room: SGLang's
     router sends such a prompt to its smallest prefix tree), then the first by id.
-    ``round_robin``: each worker in turn by id, whatever it holds or runs.
+    ``longest_prefix``: the longest overlap whatever the loads, ties and misses by load, then
+    id (the choice before ``cache_aware``). ``round_robin``: each worker in turn by id, whatever
+    it holds or runs.
     """
 
     def __init__(
@@ -123,6 +127,8 @@ class PrefillChooser:
         ordered = sorted(workers, key=lambda worker: worker.id)
         if self.policy == ROUND_ROBIN:
             chosen = self._in_turn(ordered)
+        elif self.policy == LONGEST_PREFIX:
+            chosen = min(ordered, key=lambda w: (-self.index.overlap(w.id, block_hashes), busy(w)))
         else:
             chosen = self._cache_aware(ordered, block_hashes, [busy(w) for w in ordered])
         overlap = self.index.overlap(chosen.id, block_hashes)

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from epd.scheduler.policies.routing import CACHE_AWARE, ROUND_ROBIN, PrefillChooser
+from epd.scheduler.policies.routing import (
+    CACHE_AWARE,
+    LONGEST_PREFIX,
+    ROUND_ROBIN,
+    PrefillChooser,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,14 @@ def test_round_robin_ignores_what_is_held_and_records_it_anyway() -> None:
     chosen = [chooser.choose([B, A], PROMPT, busy_of(a=5.0))[0].id for _ in range(4)]
     assert chosen == ["a", "b", "a", "b"]
     assert chooser.index.overlap("b", PROMPT) == len(PROMPT)
+
+
+def test_longest_prefix_follows_any_overlap_whatever_the_load() -> None:
+    chooser = PrefillChooser(LONGEST_PREFIX)
+    chooser.index.store("b", PROMPT[:1])
+    assert chooser.choose([A, B], PROMPT, busy_of(b=9.0))[0] == B
+    assert chooser.choose([A, B], [50], busy_of(a=0.2))[0] == B, "a miss goes by load"
+    assert chooser.choose([A, B], [51], busy_of())[0] == A, "then by id"
 
 
 def test_bad_settings_are_refused() -> None:
