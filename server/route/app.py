@@ -26,6 +26,8 @@ from epd.server.route.router import Router
 from epd.server.route.sampling import IS_VLLM_INSTALLED, generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
+from epd.server.route.tools import ToolOptions, parser_class
+from epd.server.route.tools_request import ToolCalling
 from epd.server.route.videos import DEFAULT_CHUNK_PATCHES
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
@@ -71,6 +73,7 @@ class RouteConfig:
         ),
     )
     http: HttpOptions = field(default_factory=HttpOptions)
+    tools: ToolOptions = field(default_factory=ToolOptions)
     limits: RequestLimits = field(default_factory=RequestLimits)
     transfer: TransferOptions = field(default_factory=TransferOptions)
     max_resumptions: int = field(
@@ -181,7 +184,13 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         )
     if config.http_port is not None:
         defaults = generation_defaults(config.model_dir)
-        http = OpenAiHttp(router, _secured_like(config.http, options), limits, defaults)
+        calling = ToolCalling(
+            parser_class(config.tools, prompts.tokenizer, model_id),
+            config.tools.enable_auto_tool_choice,
+            prompts.tokenizer,
+        )
+        secured = _secured_like(config.http, options)
+        http = OpenAiHttp(router, secured, limits, defaults, calling)
         await http.start(options.host, config.http_port)
         server.add_drain_callback(http.start_draining)
     await server.mark_serving()

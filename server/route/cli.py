@@ -17,6 +17,7 @@ from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions
 from epd.server.route.prompt import load_chat_template
 from epd.server.route.request_check import RequestLimits
+from epd.server.route.tools import ToolOptions, check_tool_options
 from epd.server.transfer.transfer_cli import add_transfer_arguments, transfer_options
 
 DEFAULT_PORT = ROUTE_PORT
@@ -42,6 +43,8 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("OpenAI HTTP port and request limits")
     add_dataclass_arguments(group, HttpOptions)
     add_dataclass_arguments(group, RequestLimits)
+    tools = parser.add_argument_group("OpenAI tool calling and reasoning (vllm serve's flags)")
+    add_dataclass_arguments(tools, ToolOptions)
 
 
 def request_limits(args: argparse.Namespace) -> RequestLimits:
@@ -68,6 +71,7 @@ def route_config(args: argparse.Namespace) -> RouteConfig:
         chat_template=load_chat_template(args.chat_template) if args.chat_template else None,
         media=media_policy(args),
         http=from_arguments(HttpOptions, args),
+        tools=check_tool_options(from_arguments(ToolOptions, args)),
         limits=request_limits(args),
         transfer=transfer_options(args),
     )

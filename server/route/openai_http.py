@@ -31,6 +31,8 @@ from epd.server.route.openai_completions import CompletionWriter
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
+from epd.server.route.tools_answer import AnswerParsing
+from epd.server.route.tools_request import ToolCalling
 from epd.v1 import generation_pb2
 
 logger = logging.getLogger(__name__)
@@ -45,10 +47,13 @@ class OpenAiHttp:
         options: HttpOptions | None = None,
         limits: RequestLimits | None = None,
         sampling_defaults: dict[str, Any] | None = None,
+        tools: ToolCalling | None = None,
     ) -> None:
         """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
         chat-completions body may hold; ``sampling_defaults``: the model's default sampling
-        values (``sampling.generation_defaults``), under a body's own."""
+        values (``sampling.generation_defaults``), under a body's own; ``tools``: the tool and
+        reasoning parsers (``tools.ToolOptions``; None: none)."""
+        self.tools = tools
         self.router = router
         self.options = options or HttpOptions()
         self.limits = limits or RequestLimits()
@@ -186,7 +191,9 @@ class OpenAiHttp:
         try:
             choice = first
             while choice is not None:
-                await _send(response, api.delta(chat, choice, answers[choice.index]))
+                delta = api.delta(chat, choice, answers[choice.index])
+                if delta is not None:
+                    await _send(response, delta)
                 answers[choice.index].add(choice.chunk)
                 choice = await anext(pieces, None)
             if include_usage:
@@ -210,8 +217,11 @@ class Api(Protocol):
     def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
         """What a stream sends before its first token."""
 
-    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
-        """The payload of ``choice``'s chunk, ``so_far`` its completion before it."""
+    def delta(
+        self, chat: ChatRequest, choice: Choice, so_far: schema.Answer
+    ) -> dict[str, Any] | None:
+        """The payload of ``choice``'s chunk, ``so_far`` its completion before it (None: nothing
+        to send for it)."""
 
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
         """The stream's usage payload."""
@@ -225,13 +235,22 @@ class ChatApi:
 
     def convert(self, body: Any, request_id: str | None) -> ChatRequest:
         http = self.http
-        return schema.to_chat_request(
-            body, http.router.model_id, request_id, http.limits, http.sampling_defaults
+        chat = schema.to_chat_request(
+            body, http.router.model_id, request_id, http.limits, http.sampling_defaults, http.tools
         )
+        parsing = chat.answer_parsing
+        if parsing is not None and parsing.needs_prompt:
+            parsing.prompt_token_ids = http.router.prompts.token_ids(
+                chat.messages, chat.template_kwargs
+            )
+        return chat
 
     def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
-        return schema.completion(chat.request_id, chat.model, answers, logprobs)
+        body = schema.completion(chat.request_id, chat.model, answers, logprobs)
+        if chat.answer_parsing is not None:
+            chat.answer_parsing.parse_choices(body["choices"], answers)
+        return body
 
     def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
         role = {"role": "assistant", "content": ""}
@@ -241,9 +260,11 @@ class ChatApi:
             for i in range(num_choices)
         ]
 
-    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
+    def delta(
+        self, chat: ChatRequest, choice: Choice, so_far: schema.Answer
+    ) -> dict[str, Any] | None:
         piece = choice.chunk
-        return schema.chunk(
+        payload = schema.chunk(
             chat.request_id,
             chat.model,
             {"content": piece.text},
@@ -251,6 +272,9 @@ class ChatApi:
             logprobs=self._logprobs(chat, piece.logprobs),
             index=choice.index,
         )
+        if chat.answer_parsing is not None:
+            return _parsed_delta(chat.answer_parsing, payload, choice)
+        return payload
 
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
         return schema.chunk(chat.request_id, chat.model, {}, None, usage)
@@ -299,6 +323,23 @@ class CompletionApi:
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
         assert self.writer is not None
         return self.writer.usage(usage)
+
+
+def _parsed_delta(
+    parsing: AnswerParsing, payload: dict[str, Any], choice: Choice
+) -> dict[str, Any] | None:
+    """``payload`` with its delta and finish reason as vLLM's parsers make them (None: the
+    parser holds the text back and the chunk carries nothing else)."""
+    piece, entry = choice.chunk, payload["choices"][0]
+    if parsing.hides_metadata:
+        entry["logprobs"] = None
+    delta = parsing.delta(choice.index, piece.text, list(piece.token_ids), entry["finish_reason"])
+    if delta is None and entry["finish_reason"] is None and entry["logprobs"] is None:
+        return None
+    entry["delta"] = delta or {}
+    if entry["finish_reason"] is not None:
+        entry["finish_reason"] = parsing.finish_reason(choice.index, entry["finish_reason"])
+    return payload
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

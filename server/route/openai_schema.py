@@ -38,6 +38,7 @@ from epd.server.route.request import (
 )
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
 from epd.server.route.sampling import sampling_to_proto
+from epd.server.route.tools_request import ToolCalling, prepare
 from epd.v1 import generation_pb2
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ HTTP_STATUS = {
 }
 # Reasons OpenAI's API has its own code for; any other reason is the code as it is.
 OPENAI_CODES = {"MODEL_NOT_FOUND": "model_not_found"}
-MESSAGE_KEYS = frozenset({"role", "content", "name"})
+MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})
+# Roles whose messages carry fields for the chat template beyond their content.
+TOOL_ROLES = ("assistant", "tool")
 # vLLM's ChatCompletionRequest fields epd implements (or that change nothing it answers); any
 # other field is refused at a value other than its default.
 # The fields vLLM's chat and completions requests share that epd implements (or that change
@@ -108,6 +111,9 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "chat_template_kwargs",
     "documents",
     "reasoning_effort",
+    "tools",
+    "tool_choice",
+    "include_reasoning",
 }
 IMAGE_DETAILS = ("auto", "low", "high")
 
@@ -172,8 +178,47 @@ def _message(message: Any, param: str) -> ChatMessage:
     role = _text(message.get("role"), f"{param}.role")
     if message.get("name") is not None:
         check_name(message["name"], f"{param}.name")
+    if message.get("content") is None and message.get("tool_calls") and role == "assistant":
+        return ChatMessage(role, [], _template_fields(message, role, [], param))
     content = _content(message.get("content"), f"{param}.content")
-    return ChatMessage(role, content)
+    fields = _template_fields(message, role, content, param) if role in TOOL_ROLES else {}
+    return ChatMessage(role, content, fields)
+
+
+def _template_fields(
+    message: dict[str, Any], role: str, parts: list[ChatPart], param: str
+) -> dict[str, Any]:
+    """What vLLM gives the chat template of an assistant's or a tool's message beside its role
+    and content (``vllm.renderers.chat_utils``): an assistant's tool calls with their arguments
+    as objects and its reasoning; a tool result's call id, and its text as one string."""
+    fields: dict[str, Any] = {}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        fields.update(_tool_calls(message["tool_calls"], f"{param}.tool_calls"))
+    if role == "assistant" and message.get("reasoning") is not None:
+        fields["reasoning"] = fields["reasoning_content"] = message["reasoning"]
+    if role == "tool":
+        if message.get("tool_call_id") is not None:
+            fields["tool_call_id"] = message["tool_call_id"]
+        if all(part.text is not None for part in parts):
+            fields["content"] = "\n".join(part.text or "" for part in parts)
+    return fields
+
+
+def _tool_calls(calls: Any, param: str) -> dict[str, Any]:
+    """An assistant's ``tool_calls`` as vLLM gives them to the template (none: no field)."""
+    import copy
+
+    from vllm.exceptions import VLLMClientError
+    from vllm.renderers.chat_utils import _postprocess_messages
+
+    if not isinstance(calls, list):
+        raise bad("tool_calls must be a list of tool calls", param)
+    message = {"role": "assistant", "tool_calls": copy.deepcopy(calls)}
+    try:
+        _postprocess_messages([message])  # type: ignore[list-item]
+    except (ValueError, TypeError, AttributeError, VLLMClientError) as e:
+        raise bad(f"{param}: {e}"[:1024], param) from None
+    return {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
 
 
 def _chat(messages: Any) -> list[ChatMessage]:
@@ -188,12 +233,14 @@ def to_chat_request(
     request_id: str | None = None,
     limits: RequestLimits | None = None,
     defaults: dict[str, Any] | None = None,
+    tools: ToolCalling | None = None,
 ) -> ChatRequest:
     """Check a chat-completions body whole, as vLLM's OpenAI server does, and convert it;
     ``request_id`` (the X-Request-Id header) names the request in every hop and trace, a fresh
     one is made when it is None. ``limits``: the request's limits (None: the defaults, the
     context unknown); ``defaults``: the model's default sampling values
-    (``sampling.generation_defaults``)."""
+    (``sampling.generation_defaults``); ``tools``: the route's tool and reasoning parsers (None:
+    none configured)."""
     if request_id is not None:
         check_request_id(request_id, "X-Request-Id")
     if not isinstance(body, dict):
@@ -210,12 +257,17 @@ def to_chat_request(
     if max_tokens is None or (context is not None and max_tokens > context):
         # NOTE: as vLLM: no limit, or one beyond the context, is the rest of the context.
         max_tokens = context or SAMPLING_DEFAULTS.max_tokens
+    template_kwargs = parsed.build_chat_params(None, "auto").chat_template_kwargs
+    parsing = None
+    if tools is not None or parsed.tools is not None:
+        parsing = prepare(parsed, tools, template_kwargs)
     request = ChatRequest(
         new_request_id(request_id),
         parsed.model or default_model,
         messages,
         vllm_sampling(parsed, max_tokens, defaults or {}),
-        template_kwargs=parsed.build_chat_params(None, "auto").chat_template_kwargs,
+        template_kwargs=template_kwargs,
+        answer_parsing=parsing,
     )
     check_request(request, limits, max_tokens_param=name)
     return request
@@ -294,10 +346,12 @@ class Answer:
     prompt_positions: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
     finish: int = 0
     usage: generation_pb2.Usage | None = None
+    token_ids: list[int] = field(default_factory=list)
 
     def add(self, chunk: RouteChunk) -> None:
         """Gather a chunk of this completion."""
         self.texts.append(chunk.text)
+        self.token_ids.extend(chunk.token_ids)
         self.positions.extend(chunk.logprobs)
         self.prompt_positions.extend(chunk.prompt_logprobs)
         self.finish = chunk.finish_reason or self.finish

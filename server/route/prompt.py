@@ -97,7 +97,11 @@ class PromptBuilder:
         is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
         again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``)."""
         chat = [
-            {"role": message.role, "content": [_template_part(part) for part in message.parts]}
+            {
+                "role": message.role,
+                "content": [_template_part(part) for part in message.parts],
+                **message.template_fields,
+            }
             for message in messages
         ]
         try:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epd.common.errors import InvalidArgument
 from epd.v1 import generation_pb2, route_service_pb2
+
+if TYPE_CHECKING:
+    from epd.server.route.tools_answer import AnswerParsing
 
 MAX_NAME_CHARS = 256
 
@@ -66,6 +69,10 @@ class ChatMessage:
 
     role: str
     parts: list[ChatPart]
+    # what the chat template gets beside role and content, as vLLM passes it: an assistant's
+    # tool_calls (arguments as objects), a tool result's tool_call_id and its text as one
+    # string (empty: none)
+    template_fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -90,6 +97,9 @@ class ChatRequest:
     more_prompts: list[list[int]] = field(default_factory=list)
     # the OpenAI door names logprob tokens ``token_id:N`` (vLLM's return_tokens_as_token_ids)
     tokens_as_ids: bool = False
+    # how the OpenAI door splits the answer into content, reasoning and tool calls (vLLM's
+    # parsers; None: the text is the content)
+    answer_parsing: AnswerParsing | None = None
     # the caller's identity where the door authenticates it (``common.auth.token_identity``),
     # which keeps its cache keys apart from other callers' ("": unauthenticated, shared keys)
     tenant: str = ""

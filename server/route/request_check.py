@@ -24,7 +24,13 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Roles a chat may hold -> the role the chat templates know ("developer" is OpenAI's newer name
 # for "system").
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 # Bounds on a request's sampling lists (vLLM's engine keeps top_k in an int32 tensor).
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 1024
@@ -127,9 +133,11 @@ def _check_chat(messages: Sequence[ChatMessage], limits: RequestLimits) -> None:
 def _check_message(message: ChatMessage, param: str, limits: RequestLimits) -> tuple[int, int]:
     """Check ``message`` and name its role as templates do; (text characters, images) in it."""
     if message.role not in ROLES:
-        raise bad("role must be system, developer, user or assistant", f"{param}.role", "BAD_ROLE")
+        raise bad(
+            "role must be system, developer, user, assistant or tool", f"{param}.role", "BAD_ROLE"
+        )
     message.role = ROLES[message.role]
-    if not message.parts:
+    if not message.parts and "tool_calls" not in message.template_fields:
         raise bad(f"a {message.role} message has no content", f"{param}.content", "EMPTY_MESSAGE")
     if len(message.parts) > limits.max_parts_per_message:
         raise bad(

@@ -174,7 +174,7 @@ CORPUS: list[tuple[str, list[Message], dict[str, Any], Outcome]] = [
         OK,
     ),
     ("developer role", [("developer", ["be brief"]), ("user", ["hi"])], {}, OK),
-    ("unknown role", [("tool", ["42"])], {}, ("BAD_ROLE", "messages[0].role")),
+    ("unknown role", [("function", ["42"])], {}, ("BAD_ROLE", "messages[0].role")),
     ("no messages", [], {}, ("EMPTY_CHAT", "messages")),
     ("a message without parts", [("user", [])], {}, ("EMPTY_MESSAGE", "messages[0].content")),
     ("temperature above 2", HI, {"temperature": 2.5}, ("BAD_REQUEST", "temperature")),

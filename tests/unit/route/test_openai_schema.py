@@ -241,7 +241,7 @@ def test_a_stop_token_id_beyond_uint32_is_refused() -> None:
         ({"role": "user", "content": []}, "messages[0].content"),
         ({"role": "user", "content": None}, "messages[0].content"),
         ({"role": "user", "content": {"text": "hi"}}, "messages[0].content"),
-        ({"role": "tool", "content": "42"}, "messages[0].role"),
+        ({"role": "function", "content": "42"}, "messages[0].role"),
         ({"role": "us\ud800er", "content": "hi"}, "messages[0].role"),
         ({"role": ["user"], "content": "hi"}, "messages[0].role"),
         ({"content": "hi"}, "messages[0].role"),
@@ -281,10 +281,10 @@ def test_roles_and_fields_of_echoed_assistant_messages() -> None:
     assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
     calls = {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}
     error = refusal({**BODY, "messages": [*messages, calls]})
-    assert (error.reason, error.metadata["param"]) == (
-        "UNSUPPORTED_PARAMETER",
-        "messages[4].tool_calls",
-    )
+    assert error.metadata["param"] == "messages[4].tool_calls"
+    unknown = {"role": "assistant", "content": "x", "audio": {"id": "a"}}
+    error = refusal({**BODY, "messages": [*messages, unknown]})
+    assert (error.reason, error.metadata["param"]) == ("UNSUPPORTED_PARAMETER", "messages[4].audio")
 
 
 def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
@@ -295,7 +295,6 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
     ("param", "value"),
     [
         ("echo", True),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
         ("truncate_prompt_tokens", 5),
     ],
 )
