@@ -246,6 +246,8 @@ class ChatApi:
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+        for answer in answers if chat.echo else []:
+            answer.texts.insert(0, chat.echo)
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         body = schema.completion(chat.request_id, chat.model, answers, logprobs)
         if chat.answer_parsing is not None:
@@ -255,10 +257,17 @@ class ChatApi:
     def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
         role = {"role": "assistant", "content": ""}
         num_choices = max(chat.sampling.n, 1)
-        return [
+        chunks = [
             schema.chunk(chat.request_id, chat.model, role, None, index=i)
             for i in range(num_choices)
         ]
+        if chat.echo:  # NOTE: as vLLM: every choice's role, then every choice's echo
+            echo = {"content": chat.echo}
+            chunks += [
+                schema.chunk(chat.request_id, chat.model, echo, None, index=i)
+                for i in range(num_choices)
+            ]
+        return chunks
 
     def delta(
         self, chat: ChatRequest, choice: Choice, so_far: schema.Answer

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from epd.common.errors import Code, EpdError
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_name
+from epd.server.route.chat_echo import echo_text
 from epd.server.route.openai_logprobs import (
     Namer,
     candidate_name,
@@ -103,6 +104,7 @@ SAMPLING_FIELDS = frozenset(
 # its default.
 IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "messages",
+    "echo",
     "max_completion_tokens",
     "parallel_tool_calls",
     "top_logprobs",
@@ -269,6 +271,8 @@ def to_chat_request(
         template_kwargs=template_kwargs,
         answer_parsing=parsing,
     )
+    if parsed.echo:
+        request.echo = echo_text(messages, parsed.add_generation_prompt)
     check_request(request, limits, max_tokens_param=name)
     return request
 

@@ -97,6 +97,9 @@ class ChatRequest:
     more_prompts: list[list[int]] = field(default_factory=list)
     # the OpenAI door names logprob tokens ``token_id:N`` (vLLM's return_tokens_as_token_ids)
     tokens_as_ids: bool = False
+    # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the
+    # answer's; "": none)
+    echo: str = ""
     # how the OpenAI door splits the answer into content, reasoning and tool calls (vLLM's
     # parsers; None: the text is the content)
     answer_parsing: AnswerParsing | None = None

@@ -5,8 +5,8 @@ SentencePiece-style (metaspace, byte fallback) tokenizer like Llama's."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers

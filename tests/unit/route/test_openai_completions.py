@@ -169,7 +169,7 @@ def test_tokens_as_ids_and_every_prompt_counted_once(tokenizer: Any) -> None:
     body = as_ids.whole(answers)
     assert [c["logprobs"]["tokens"] for c in body["choices"]] == [["token_id:9"]] * 4
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-    for index, answer in enumerate(answers):
+    for index in range(4):
         as_ids.delta(index, chunk("y", prompt=2 if index < 2 else 1, done=True), Answer())
     assert (
         as_ids.usage(g.Usage(prompt_tokens=2, completion_tokens=4))["usage"]["prompt_tokens"] == 3

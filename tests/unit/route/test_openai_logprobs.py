@@ -41,3 +41,19 @@ def test_a_chat_answer_carries_its_prompts_logprobs_as_vllm_writes_them() -> Non
     ]
     assert prompt_logprobs_json([]) is None
     assert token_namer(str, as_token_ids=True)(5, "x") == "token_id:5"
+
+
+def test_echo_repeats_the_last_message_when_its_role_is_the_answers() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "It is"}]
+    body = {"model": "tiny", "messages": messages, "echo": True}
+    continued = schema.to_chat_request({**body, "add_generation_prompt": False}, "tiny")
+    assert continued.echo == "It is"
+    assert continued.sampling.prompt_logprobs == 0, "vLLM's echo asks for the prompt's logprobs"
+    assert schema.to_chat_request(body, "tiny").echo == "It is", "the answer's role: assistant"
+    asked = schema.to_chat_request({**body, "messages": messages[:1]}, "tiny")
+    assert asked.echo == "", "the last message is the user's, not the answer's role"
+    assert not schema.to_chat_request(body | {"echo": False}, "tiny").echo
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    user = [{"role": "user", "content": parts}]
+    last = {**body, "messages": user, "add_generation_prompt": False}
+    assert schema.to_chat_request(last, "tiny").echo == "a\nb"

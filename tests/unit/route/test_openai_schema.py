@@ -294,7 +294,6 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("echo", True),
         ("truncate_prompt_tokens", 5),
     ],
 )
