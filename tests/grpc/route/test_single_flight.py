@@ -79,11 +79,12 @@ async def stack(tiny_model_dir: Path) -> AsyncIterator[Stack]:
     try:
         async with create_channel(endpoint) as channel:
             stub = scheduler_grpc.SchedulerServiceStub(channel)
-            for _ in range(200):
+            for _ in range(1200):  # NOTE: up to a minute on a loaded machine
                 listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
                 if len(listing.workers) == 3:
                     break
                 await asyncio.sleep(0.05)
+            assert len(listing.workers) == 3, listing
             yield Stack(route.port, stub, encoders)
     finally:
         await route.stop()
