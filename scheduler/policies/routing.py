@@ -126,29 +126,21 @@ class PrefillChooser:
         ``busy``: a worker's requests in flight and queued per unit of its capacity."""
         ordered = sorted(workers, key=lambda worker: worker.id)
         if self.policy == ROUND_ROBIN:
-            chosen = self._in_turn(ordered)
-        elif self.policy == LONGEST_PREFIX:
-            chosen = min(ordered, key=lambda w: (-self.index.overlap(w.id, block_hashes), busy(w)))
+            chosen = ordered[self._turn % len(ordered)]
+            self._turn += 1
         else:
-            chosen = self._cache_aware(ordered, block_hashes, [busy(w) for w in ordered])
+            overlaps = [self.index.overlap(worker.id, block_hashes) for worker in ordered]
+            loads = [busy(worker) for worker in ordered]
+            best = max(range(len(ordered)), key=lambda i: (overlaps[i], -loads[i]))
+            is_held = 0 < overlaps[best] >= self.cache_threshold * len(block_hashes)
+            is_balanced = loads[best] - min(loads) <= self.balance_threshold
+            if self.policy == CACHE_AWARE and not (is_held and is_balanced):
+                # NOTE: the least loaded, then the emptiest: where a new prefix has room
+                best = min(
+                    range(len(ordered)),
+                    key=lambda i: (loads[i], self.index.num_blocks(ordered[i].id)),
+                )
+            chosen = ordered[best]
         overlap = self.index.overlap(chosen.id, block_hashes)
         self.index.store(chosen.id, block_hashes)
         return chosen, overlap
-
-    def _cache_aware(
-        self, workers: list[Worker], block_hashes: Sequence[int], loads: list[float]
-    ) -> Worker:
-        overlaps = [self.index.overlap(worker.id, block_hashes) for worker in workers]
-        best = max(range(len(workers)), key=lambda i: (overlaps[i], -loads[i]))
-        is_held = 0 < overlaps[best] >= self.cache_threshold * len(block_hashes)
-        if is_held and loads[best] - min(loads) <= self.balance_threshold:
-            return workers[best]
-        index = min(
-            range(len(workers)), key=lambda i: (loads[i], self.index.num_blocks(workers[i].id))
-        )
-        return workers[index]
-
-    def _in_turn(self, workers: list[Worker]) -> Worker:
-        chosen = workers[self._turn % len(workers)]
-        self._turn += 1
-        return chosen
