@@ -4,8 +4,10 @@ only where Mooncake's wheel cannot be loaded on the machine (scripts/install.sh 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -63,9 +65,24 @@ def raw_client(address: MasterAddress) -> Any:
     return client
 
 
-def freeze(master: StartedMaster) -> None:
-    """Stop the master's process (SIGSTOP): it holds its connections but answers nothing."""
-    os.kill(master.child.process.pid, signal.SIGSTOP)
+def freeze(master: StartedMaster, timeout_s: float = 10) -> None:
+    """Stop the master's process (SIGSTOP): it holds its connections but answers nothing.
+    Returns once every thread of it is stopped (the signal is delivered asynchronously)."""
+    pid = master.child.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not is_stopped(pid):
+        assert time.monotonic() < deadline, f"the master ({pid}) did not stop"
+        time.sleep(0.01)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped by a signal (state T)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
 
 
 def thaw(master: StartedMaster) -> None:

@@ -41,6 +41,17 @@ async def published(store: MooncakeStore, count: int, timeout_s: float = 10) -> 
     assert sum(store.counts.publishes.values()) >= count, store.counts.publishes
 
 
+async def answered(store: MooncakeStore, key: str, timeout_s: float = 30) -> None:
+    """Return once a lookup of ``key`` (held by no one) is answered as a miss; the attempts
+    that were not are forgotten from the counts."""
+    deadline = time.monotonic() + timeout_s
+    while await store.lookup(key) is not None or store.counts.lookups[Lookup.MISS] == 0:
+        assert time.monotonic() < deadline, store.counts.lookups
+        await asyncio.sleep(0.1)
+    store.counts.lookups.clear()
+    store.counts.lookups[Lookup.MISS] = 1
+
+
 async def test_what_one_encoder_publishes_another_reads_byte_for_byte(tmp_path) -> None:
     async with running_master(tmp_path) as master:
         writer = await connected(settings_of(master.address))
@@ -78,6 +89,9 @@ async def test_garbage_under_a_key_is_refused_by_its_checks(tmp_path) -> None:
 async def test_a_frozen_master_times_out_and_fills_the_queue(tmp_path) -> None:
     async with running_master(tmp_path) as master:
         store = await connected(settings_of(master.address, timeout_s=0.2, max_queued=1))
+        # NOTE: the client answers a lookup before the freeze (it has settled with the
+        # master), and the freeze has stopped every thread of the master before the lookups.
+        await answered(store, mm_hash(99))
         freeze(master)
         try:
             start = time.monotonic()
@@ -89,6 +103,7 @@ async def test_a_frozen_master_times_out_and_fills_the_queue(tmp_path) -> None:
             thaw(master)
             await store.close()
     assert found == [None] * 4 and seconds < 4 * 0.2 + 1
+    assert store.counts.lookups[Lookup.MISS] == 1  # the one before the freeze
     # NOTE: two readers wait on the frozen master; the lookups after them are not asked.
     assert store.counts.lookups[Lookup.TIMEOUT] == 2
     assert store.counts.lookups[Lookup.UNAVAILABLE] == 2
