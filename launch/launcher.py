@@ -370,6 +370,7 @@ def _start_route(
         *entry.route_args(),
         *shared,
         *http,
+        *topology.route_flags,
         *topology.cpu_args("route"),
         env=entry.route_env(),
     )

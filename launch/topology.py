@@ -142,6 +142,7 @@ class Topology:
     ``engine_flags``: more flags for every engine worker (prefill, decode).
     ``vllm_args``: vLLM engine arguments in vLLM's spelling, after ``--`` on those workers.
     ``scheduler_flags``: more flags for the scheduler (the autoscaling signal's settings).
+    ``route_flags``: more flags for the route (its tool and reasoning parsers).
     ``cpus``: (service name, CPU list) of the services to pin (``client.cpu_layout``).
     ``devices``: the device of each encoder, in order (their count follows it); empty: every
     encoder on ``auto`` (the accelerator where there is one, else CPU), and for dual-encoder one
@@ -205,6 +206,7 @@ class Topology:
     engine_flags: tuple[str, ...] = ()
     vllm_args: tuple[str, ...] = ()
     scheduler_flags: tuple[str, ...] = ()
+    route_flags: tuple[str, ...] = ()
     cpus: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = field(
         default=(),

@@ -47,6 +47,7 @@ from epd.server.engine.device import (
 )
 from epd.server.engine.engine_cli import vllm_installed
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
+from epd.server.route.tools_cli import add_passed_on_tool_arguments, route_tool_flags
 
 DEFAULT_MODEL = Path(".epd/models/tiny")
 SPAN_FILE = "spans.jsonl"
@@ -161,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, UpRun)
     add_dataclass_arguments(parser, WatchOptions)
     add_scaling_arguments(parser)
+    add_passed_on_tool_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,7 +199,9 @@ def _plan(args: argparse.Namespace) -> None:
         raise ValueError("--max-tokens must be at least 1")
     args.watch = WatchOptions(max_restarts=args.max_restarts)
     args.scaling = scaling_options(args)
-    topology = replace(topology_of(args), scheduler_flags=scheduler_flags(args))
+    topology = replace(
+        topology_of(args), scheduler_flags=scheduler_flags(args), route_flags=route_tool_flags(args)
+    )
     args.planned_topology = topology
     scaling_groups(topology)
     if args.base_port:

@@ -184,11 +184,12 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         )
     if config.http_port is not None:
         defaults = generation_defaults(config.model_dir)
-        calling = ToolCalling(
-            parser_class(config.tools, prompts.tokenizer, model_id),
-            config.tools.enable_auto_tool_choice,
-            prompts.tokenizer,
-        )
+        parser_cls = parser_class(config.tools, prompts.tokenizer, model_id)
+        # NOTE: no parser, no tool step: a request without tools then takes the plain path
+        calling = None
+        if parser_cls is not None:
+            enable_auto = config.tools.enable_auto_tool_choice
+            calling = ToolCalling(parser_cls, enable_auto, prompts.tokenizer)
         secured = _secured_like(config.http, options)
         http = OpenAiHttp(router, secured, limits, defaults, calling)
         await http.start(options.host, config.http_port)

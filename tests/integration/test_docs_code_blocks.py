@@ -346,9 +346,15 @@ class RouteThread:
         from tests.unit.route.fake_route import serve_route
         from tests.unit.route.fakes import FakePeers
 
+        from epd.server.route.tools import ToolOptions, parser_class
+        from epd.server.route.tools_request import ToolCalling
         served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
         self.server = served.server
-        self.http = OpenAiHttp(served.router)
+        # NOTE: as README's deployment: --enable-auto-tool-choice --tool-call-parser hermes
+        tokenizer = served.prompts.tokenizer
+        tools = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+        calling = ToolCalling(parser_class(tools, tokenizer, "tiny"), True, tokenizer)
+        self.http = OpenAiHttp(served.router, tools=calling)
         http_port = await self.http.start("127.0.0.1", 0)
         return f"127.0.0.1:{served.port}", f"http://127.0.0.1:{http_port}"
 

@@ -236,3 +236,16 @@ def test_a_tool_conversation_reaches_the_template_as_vllm_gives_it() -> None:
         "tool",
         {"tool_call_id": "call-1", "content": "sun"},
     )
+
+
+def test_epd_up_hands_the_tool_flags_to_the_route() -> None:
+    from epd.launch.up_cli import add_arguments as add_up_arguments
+    from epd.server.route.tools_cli import route_tool_flags
+
+    parser = argparse.ArgumentParser()
+    add_up_arguments(parser)
+    flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    assert route_tool_flags(parser.parse_args(list(flags))) == flags
+    assert route_tool_flags(parser.parse_args([])) == ()
+    with pytest.raises(ValueError, match="--tool-call-parser hermez"):
+        route_tool_flags(parser.parse_args(["--tool-call-parser", "hermez"]))
