@@ -26,7 +26,7 @@ ROOTFS="$DIR/rootfs"
 IMAGE="${EPD_IMAGE:-epd:0.1.0}"
 BUILD_CA="${EPD_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}"
 # Dockerfile.cpu's EXPOSE.
-EXPOSE="50050 8000 50051 50061 50071 50081 5600 9400"
+EXPOSE="50050 8000 50051 50061 50071 50081 5600 9400 50090 50091 50092"
 
 apt_mirror() {
   local uri

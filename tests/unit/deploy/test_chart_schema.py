@@ -60,6 +60,7 @@ FEATURES = {
     "e-pd": ("prefill.mode=prefill_decode",),
     "autoscaling-hpa": (AUTOSCALED,),
     "autoscaling-keda": (AUTOSCALED, *KEDA),
+    "embedding-store": ("store.enabled=true",),
 }
 # Values values.schema.json refuses, and the path of the value its error names.
 REFUSED = {
@@ -94,6 +95,8 @@ REFUSED = {
         "/encoders/0/autoscaling/minReplicas",
     ),
     "keda address": (("autoscaling.keda.serverAddress=prometheus:9090",), "/autoscaling/keda"),
+    "store segment": (("store.segmentMb=0",), "/store/segmentMb"),
+    "store port": (("ports.storeMaster=0",), "/ports/storeMaster"),
     "two volume sources": (
         ("model.volume.persistentVolumeClaim.claimName=models", "model.volume.nfs.path=/models"),
         "/model/volume",
