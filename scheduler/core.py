@@ -162,7 +162,7 @@ class Scheduler:
             views = [self._view(w, hashes) for w in workers]
             self._adaptive.observe(items)
             ids = self._place(items, workers, views, self._policies[chosen_policy])
-            self._costs.assigned(ids, items, views)
+            self._costs.assigned(ids, items, views, workers)
             return self._record(ids, items, workers, chosen_policy)
 
     def complete_encoding(
@@ -319,11 +319,9 @@ class Scheduler:
             if worker_id not in groups:
                 groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
             groups[worker_id].item_indices.append(index)
-        units = [self._adaptive.units(item) for item in items]
         for group in groups.values():
             group.worker.num_assigned_in_flight += len(group.item_indices)
             self.num_assigned[policy, group.worker.id] += len(group.item_indices)
-            self._costs.arrived(group.worker, sum(units[i] for i in group.item_indices))
         is_encoding = [
             bool(item.mm_hash) and not self._holdings.can_serve(worker_id, item.mm_hash)
             for item, worker_id in zip(items, ids, strict=True)
@@ -335,7 +333,7 @@ class Scheduler:
         self._pending[assignment_id] = _Pending(
             list(groups.values()),
             [item.mm_hash for item in items],
-            units,
+            [self._adaptive.units(item) for item in items],
             self._clock(),
             is_encoding,
         )
@@ -354,19 +352,12 @@ class Scheduler:
         )
         if self.registry.get(worker.id) is not worker:
             return
-        if worker.num_assigned_in_flight == 0:
-            self._costs.idle(worker.id)
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
-        computed = [o for o in done if not o.cache_hit]
-        if computed:
-            self._costs.completed(
-                worker,
-                max(o.latency_ms for o in computed),
-                sum(pending.units[o.item_index] for o in computed),
-                group.backlog_at_assign,
-            )
-        for outcome in done:
-            self._costs.done(worker, pending.units[outcome.item_index], outcome.cache_hit)
+        self._costs.finished(
+            worker,
+            [(pending.units[o.item_index], o.latency_ms, o.cache_hit) for o in done],
+            group.backlog_at_assign,
+        )
         self._learn_holdings(group, outcomes, pending)
         self.registry.finish_drain(worker)
 

@@ -74,43 +74,51 @@ class EncoderCosts:
         return now - self._sampled_at.get(worker_id, now) > self._probe_after_s
 
     def assigned(
-        self, ids: Sequence[str], items: Sequence[EncodeItem], views: Sequence[EncoderView]
+        self,
+        ids: Sequence[str],
+        items: Sequence[EncodeItem],
+        views: Sequence[EncoderView],
+        workers: Sequence[RegisteredWorker],
     ) -> None:
-        """Items were placed (``ids[i]`` encodes ``items[i]``): push each encoder's busy-until
-        time by its work (an item it answers without its tower adds almost none), learn the
-        sizes it is given and count the arrivals of its kind."""
+        """Items were placed (``ids[i]`` encodes ``items[i]``, of ``workers``): push each
+        encoder's busy-until time by its work (an item it answers without its tower adds almost
+        none), learn the sizes it is given and count the arrivals on its kind."""
         adaptive = self._adaptive
         service_ms = adaptive.service_times(views)
-        by_id = {view.id: view for view in views}
+        views_by_id = {view.id: view for view in views}
+        specs = {worker.id: worker.spec for worker in workers}
         now = self._clock()
         for worker_id, item in zip(ids, items, strict=True):
             start = max(now, self._busy_until.get(worker_id, now))
-            work_ms = service_ms[worker_id] * adaptive.cost(item, by_id[worker_id])
+            work_ms = service_ms[worker_id] * adaptive.cost(item, views_by_id[worker_id])
             self._busy_until[worker_id] = start + work_ms / 1000
-            self._units_per_item.setdefault(worker_id, Ewma()).add(adaptive.units(item))
+            units = adaptive.units(item)
+            self._units_per_item.setdefault(worker_id, Ewma()).add(units)
+            self._demand.arrived(specs[worker_id].model, specs[worker_id].device, units, now)
 
-    def arrived(self, worker: RegisteredWorker, units: float) -> None:
-        """``units`` of work arrived on ``worker``'s kind (the demand's arrivals)."""
-        self._demand.arrived(worker.spec.model, worker.spec.device, units, self._clock())
-
-    def completed(
-        self, worker: RegisteredWorker, latency_ms: float, units: float, backlog_at_assign: int
+    def finished(
+        self,
+        worker: RegisteredWorker,
+        answered: Sequence[tuple[float, float, bool]],
+        backlog_at_assign: int,
     ) -> None:
-        """``worker`` finished ``units`` of computed work in ``latency_ms`` (the slowest item
-        of a group it was given with ``backlog_at_assign`` items ahead)."""
-        if self.is_stale(worker.id):
-            self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale estimate
-        self._sampled_at[worker.id] = self._clock()
-        self._service.add_completion(worker.id, latency_ms, units, backlog_at_assign)
-
-    def done(self, worker: RegisteredWorker, units: float, cache_hit: bool) -> None:
-        """One item of ``units`` was answered (from a cache or not: the demand's hit ratio)."""
-        spec = worker.spec
-        self._demand.done(spec.model, spec.device, units, cache_hit, self._clock())
-
-    def idle(self, worker_id: str) -> None:
-        """Nothing assigned to ``worker_id`` is in flight: it is not busy past now."""
-        self._busy_until[worker_id] = min(self._busy_until.get(worker_id, 0.0), self._clock())
+        """A group of items given to ``worker`` with ``backlog_at_assign`` items ahead closed;
+        ``answered``: (units, latency ms, cache hit) of each item it answered. The computed ones
+        are a service-time sample (the slowest over their units), all count for the demand, and
+        an encoder with nothing assigned left is not busy past now."""
+        now = self._clock()
+        if worker.num_assigned_in_flight == 0:
+            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0), now)
+        computed = [(units, latency_ms) for units, latency_ms, hit in answered if not hit]
+        if computed:
+            if self.is_stale(worker.id):
+                self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale one
+            self._sampled_at[worker.id] = now
+            latency_ms = max(latency for _, latency in computed)
+            units = sum(units for units, _ in computed)
+            self._service.add_completion(worker.id, latency_ms, units, backlog_at_assign)
+        for units, _, hit in answered:
+            self._demand.done(worker.spec.model, worker.spec.device, units, hit, now)
 
     def demand(self, encoders: Sequence[RegisteredWorker]) -> list[EncoderDemand]:
         """The encoders each (model, kind) needs, given the live ``encoders``."""

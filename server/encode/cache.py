@@ -61,12 +61,12 @@ class EmbeddingCache:
             self._bytes -= old.num_bytes if old else 0
             self._entries[mm_hash] = entry
             self._bytes += entry.num_bytes
-            self.journal.added(mm_hash)
+            self.journal.record(mm_hash, True)
             while self._bytes > self.max_bytes:
                 evicted_hash, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.num_bytes
                 self.num_evictions += 1
-                self.journal.evicted(evicted_hash)
+                self.journal.record(evicted_hash, False)
 
     def hashes(self, limit: int = 1024) -> list[str]:
         """Up to ``limit`` most recently used hashes, most recent first."""

@@ -34,13 +34,16 @@ class HeldItemsJournal:
         self._needs_snapshot = True
         self.num_snapshots = 0
 
-    def added(self, mm_hash: str) -> None:
-        """The cache took ``mm_hash``."""
-        self._record(mm_hash, True)
-
-    def evicted(self, mm_hash: str) -> None:
-        """The cache evicted ``mm_hash``."""
-        self._record(mm_hash, False)
+    def record(self, mm_hash: str, is_held: bool) -> None:
+        """The cache took (``is_held``) or evicted ``mm_hash``."""
+        with self._lock:
+            if self._needs_snapshot:
+                return
+            self._held.pop(mm_hash, None)
+            self._held[mm_hash] = is_held
+            if len(self._held) > self.max_changes:
+                self._held.clear()
+                self._needs_snapshot = True
 
     def stored(self, mm_hash: str) -> None:
         """``mm_hash`` was written to the embedding store."""
@@ -68,13 +71,3 @@ class HeldItemsJournal:
         added = tuple(h for h, is_held in held.items() if is_held)
         evicted = tuple(h for h, is_held in held.items() if not is_held)
         return HeldReport(False, added, evicted, stored)
-
-    def _record(self, mm_hash: str, is_held: bool) -> None:
-        with self._lock:
-            if self._needs_snapshot:
-                return
-            self._held.pop(mm_hash, None)
-            self._held[mm_hash] = is_held
-            if len(self._held) > self.max_changes:
-                self._held.clear()
-                self._needs_snapshot = True

@@ -40,10 +40,10 @@ def test_a_resync_or_too_many_changes_make_the_next_report_a_snapshot() -> None:
     held = ["x", "y"]
     journal = HeldItemsJournal(lambda limit: held[:limit], max_changes=2)
     journal.take()
-    journal.added("z")
+    journal.record("z", True)
     journal.resync()
     assert journal.take() == HeldReport(is_snapshot=True, added=("x", "y"))
     for mm_hash in ("p", "q", "r"):
-        journal.added(mm_hash)
+        journal.record(mm_hash, True)
     assert journal.take() == HeldReport(is_snapshot=True, added=("x", "y"))
     assert journal.num_snapshots == 3
