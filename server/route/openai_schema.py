@@ -273,6 +273,7 @@ def to_chat_request(
     )
     if parsed.echo:
         request.echo = echo_text(messages, parsed.add_generation_prompt)
+    request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
     check_request(request, limits, max_tokens_param=name)
     return request
 

@@ -46,6 +46,8 @@ IMAGE = [
 GREEDY = {"model": "tiny", "messages": IMAGE, "max_tokens": 10, "temperature": 0}
 CHAT = [*IMAGE, {"role": "assistant", "content": "It shows"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+# Special tokens of the tiny model's vocabulary pushed into the answer.
+SPECIALS = {"388": 30.0, "390": 30.0}
 
 # (name, body): both answer 200 with the same choices.
 SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
@@ -93,6 +95,24 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ),
     ("chat_template_kwargs", {**GREEDY, "chat_template_kwargs": {"enable_thinking": False}}),
     ("user_and_ids", {**GREEDY, "user": "u1", "request_id": "r-1", "parallel_tool_calls": True}),
+    ("prompt_logprobs", {**GREEDY, "prompt_logprobs": 2}),
+    ("echo", {**GREEDY, "messages": CHAT, "echo": True, "add_generation_prompt": False}),
+    ("echo_logprobs", {**GREEDY, "messages": CHAT, "echo": True, "logprobs": True}),
+    ("special_tokens", {**GREEDY, "skip_special_tokens": False, "logit_bias": SPECIALS}),
+    (
+        "no_spaces_between_special_tokens",
+        {
+            **GREEDY,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "logit_bias": SPECIALS,
+        },
+    ),
+    (
+        "tokens_as_ids",
+        {**GREEDY, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True},
+    ),
+    ("priority_and_cache_salt", {**GREEDY, "priority": 0, "cache_salt": "tenant-a"}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -107,6 +127,10 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("bad_response_format", {**GREEDY, "response_format": {"type": "xml"}}),
     ("two_constraints", {**GREEDY, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
     ("wrong_type", {**GREEDY, "max_tokens": "many"}),
+    ("prompt_logprobs_negative", {**GREEDY, "prompt_logprobs": -2}),
+    ("prompt_logprobs_streamed", {**GREEDY, "prompt_logprobs": 1, "stream": True}),
+    ("prompt_logprobs_beyond_the_limit", {**GREEDY, "prompt_logprobs": 100}),
+    ("empty_cache_salt", {**GREEDY, "cache_salt": ""}),
     (
         "generation_prompt_and_continuation",
         {**GREEDY, "messages": CHAT, "continue_final_message": True},
@@ -117,9 +141,6 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
 NOT_YET: list[tuple[str, dict[str, Any], str]] = [
     ("tools", {**GREEDY, "tools": TOOLS, "tool_choice": "none"}, "tools"),
-    ("echo", {**GREEDY, "echo": True}, "echo"),
-    ("prompt_logprobs", {**GREEDY, "prompt_logprobs": 1}, "prompt_logprobs"),
-    ("skip_special_tokens", {**GREEDY, "skip_special_tokens": False}, "skip_special_tokens"),
 ]
 
 
@@ -204,12 +225,33 @@ def choices(answer: dict[str, Any]) -> list[tuple[Any, ...]]:
     return result
 
 
+def prompt_logprob_values(reply: dict[str, Any]) -> list[Any]:
+    """Each prompt position's candidates (id, rank, text) and their log probabilities, from a
+    chat answer's prompt_logprobs or each completion choice's."""
+    lists = [reply.get("prompt_logprobs")] + [c.get("prompt_logprobs") for c in reply["choices"]]
+    positions = [position for listed in lists for position in listed or []]
+    return [
+        position and [(i, p["rank"], p["decoded_token"], p["logprob"]) for i, p in position.items()]
+        for position in positions
+    ]
+
+
 def logprob_values(answer: dict[str, Any]) -> list[float]:
     return [
         entry["logprob"]
         for choice in sorted(answer["choices"], key=lambda c: c["index"])
         for entry in ((choice.get("logprobs") or {}).get("content") or [])
     ]
+
+
+def assert_same_prompt_logprobs(answer: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The same prompt log probabilities: the same candidates, ranks and texts, and log
+    probabilities within float tolerance."""
+    shown, wanted = prompt_logprob_values(answer), prompt_logprob_values(expected)
+    strip = [p and [c[:3] for c in p] for p in shown]
+    assert strip == [p and [c[:3] for c in p] for p in wanted]
+    values = [c[3] for p in shown for c in p or []]
+    assert values == pytest.approx([c[3] for p in wanted for c in p or []], abs=1e-3)
 
 
 @pytest.mark.parametrize(("name", "body"), SAME_ANSWER, ids=[c[0] for c in SAME_ANSWER])
@@ -221,6 +263,7 @@ async def test_the_same_body_gets_the_same_answer(
     assert (status, vllm_status) == (200, 200), (answer, expected)
     assert choices(answer) == choices(expected)
     assert logprob_values(answer) == pytest.approx(logprob_values(expected), abs=1e-3)
+    assert_same_prompt_logprobs(answer, expected)
     for key in ("prompt_tokens", "completion_tokens"):
         assert answer["usage"][key] == expected["usage"][key], key
 
@@ -273,6 +316,16 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
     ("n_seeded", {**PROMPT, "n": 2, "temperature": 1.0, "seed": 8}),
     ("stop", {**PROMPT, "max_tokens": 16, "stop": ["e"]}),
     ("json", {**PROMPT, "response_format": {"type": "json_object"}}),
+    ("prompt_list", {**PROMPT, "prompt": ["The sea is", "A cat"]}),
+    (
+        "token_prompts_n",
+        {**PROMPT, "prompt": [[100, 200], [300, 50, 7]], "n": 2, "temperature": 1.0, "seed": 3},
+    ),
+    ("echo_logprobs", {**PROMPT, "echo": True, "logprobs": 2}),
+    ("echo_only", {**PROMPT, "echo": True, "logprobs": 1, "max_tokens": 0}),
+    ("prompt_logprobs", {**PROMPT, "prompt_logprobs": 3}),
+    ("tokens_as_ids", {**PROMPT, "logprobs": 1, "return_tokens_as_token_ids": True}),
+    ("special_tokens", {**PROMPT, "skip_special_tokens": False, "logit_bias": SPECIALS}),
 ]
 
 
@@ -291,12 +344,18 @@ async def test_the_same_completion_body_gets_the_same_answer(
                 c["text"],
                 c["finish_reason"],
                 c["logprobs"] and (c["logprobs"]["tokens"], c["logprobs"]["text_offset"]),
-                c["logprobs"] and [sorted(t) for t in c["logprobs"]["top_logprobs"]],
+                c["logprobs"] and [t and sorted(t) for t in c["logprobs"]["top_logprobs"]],
             )
             for c in choices
         ]
 
     assert shown(answer) == shown(expected)
+    assert_same_prompt_logprobs(answer, expected)
+    values = [
+        [v for c in r["choices"] for v in (c["logprobs"] or {}).get("token_logprobs", [])]
+        for r in (answer, expected)
+    ]
+    assert values[0] == pytest.approx(values[1], abs=1e-3)
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
         assert answer["usage"][key] == expected["usage"][key], key
 

@@ -57,3 +57,27 @@ def test_echo_repeats_the_last_message_when_its_role_is_the_answers() -> None:
     user = [{"role": "user", "content": parts}]
     last = {**body, "messages": user, "add_generation_prompt": False}
     assert schema.to_chat_request(last, "tiny").echo == "a\nb"
+
+
+def test_the_output_options_reach_the_sampling_and_the_request() -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt_logprobs": 2,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "return_tokens_as_token_ids": True,
+        "priority": -1,
+        "cache_salt": "tenant-a",
+    }
+    request = schema.to_chat_request(body, "tiny")
+    sampling = request.sampling
+    assert sampling.prompt_logprobs == 2 and request.tokens_as_ids
+    assert (sampling.skip_special_tokens, sampling.spaces_between_special_tokens) == (False, False)
+    assert (sampling.priority, sampling.cache_salt) == (-1, "tenant-a")
+    plain = schema.to_chat_request({**body, "prompt_logprobs": None}, "tiny").sampling
+    assert not plain.HasField("prompt_logprobs")
+    defaults = {"model": "tiny", "messages": body["messages"]}
+    unset = schema.to_chat_request(defaults, "tiny")
+    assert not unset.sampling.HasField("skip_special_tokens"), "the ordinary message as it was"
+    assert not unset.tokens_as_ids
