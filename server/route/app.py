@@ -141,6 +141,8 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     plane = DataPlane.from_options(config.transfer, kinds=("shm",))
     plane.start_reaper()
     prompts = PromptBuilder(config.model_dir, config.chat_template)
+    # NOTE: before any port opens: a parser the tokenizer cannot serve is a ValueError
+    parser_cls = parser_class(config.tools, prompts.tokenizer, model_id)
     # NOTE: one set of limits for both doors: gRPC and HTTP judge a request alike.
     limits = config.limits.with_context(prompts.max_context_tokens)
     registry = new_registry() if options.exports_metrics else None
@@ -184,7 +186,6 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         )
     if config.http_port is not None:
         defaults = generation_defaults(config.model_dir)
-        parser_cls = parser_class(config.tools, prompts.tokenizer, model_id)
         # NOTE: no parser, no tool step: a request without tools then takes the plain path
         calling = None
         if parser_cls is not None:
