@@ -14,7 +14,7 @@ from PIL import Image
 
 from epd.client.options import RequestOptions, check_options, request_fields, sampling_of
 from epd.common.generation import finish_reason_name
-from epd.v1 import multimodal_pb2, route_service_pb2
+from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 ImageLike = str | Path | bytes | Image.Image
@@ -112,7 +112,9 @@ class Chunk:
     """A piece of the answer: text delta and token ids; the last one of a completion has
     ``finish_reason`` ("stop", "length" or "abort") and ``usage``. ``logprobs``: for each token,
     the generated one first, then the most likely (when ``logprobs`` was asked for).
-    ``index``: which of the request's ``n`` completions."""
+    ``index``: which of the request's ``n`` completions. ``prompt_logprobs``: on a completion's
+    first chunk, for each prompt token, that token first, then the most likely (the first
+    position empty: nothing precedes it), when ``prompt_logprobs`` was asked for."""
 
     text: str
     token_ids: list[int]
@@ -121,6 +123,7 @@ class Chunk:
     request_id: str = ""
     logprobs: list[list[Candidate]] = field(default_factory=list)
     index: int = 0
+    prompt_logprobs: list[list[Candidate]] = field(default_factory=list)
 
 
 def local_path(source: str | Path) -> Path | None:
@@ -201,19 +204,23 @@ def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
             response.usage.completion_tokens,
             response.usage.cached_prompt_tokens,
         )
-    logprobs = [
-        [Candidate(c.token_id, c.logprob, c.rank, c.token) for c in position.candidates]
-        for position in response.logprobs
-    ]
     return Chunk(
         response.text,
         list(response.token_ids),
         finish_reason_name(response.finish_reason),
         usage,
         response.request_id,
-        logprobs,
+        _candidates(response.logprobs),
         response.index,
+        _candidates(response.prompt_logprobs),
     )
+
+
+def _candidates(positions: Sequence[generation_pb2.TokenLogprobs]) -> list[list[Candidate]]:
+    return [
+        [Candidate(c.token_id, c.logprob, c.rank, c.token) for c in position.candidates]
+        for position in positions
+    ]
 
 
 def join(chunks: Sequence[Chunk]) -> Chunk:
@@ -227,6 +234,7 @@ def join(chunks: Sequence[Chunk]) -> Chunk:
         last.request_id,
         [position for c in chunks for position in c.logprobs],
         last.index,
+        [position for c in chunks for position in c.prompt_logprobs],
     )
 
 

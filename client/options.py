@@ -24,7 +24,12 @@ class RequestOptions(TypedDict, total=False):
     - ``presence_penalty``, ``frequency_penalty`` (0), ``repetition_penalty`` (1).
     - ``logit_bias`` (token id -> bias), ``bad_words``, ``allowed_token_ids``.
     - ``logprobs``: None for none, k for the generated token's with the k most likely beside it
-      (``Chunk.logprobs``).
+      (``Chunk.logprobs``); ``prompt_logprobs`` likewise for each prompt token
+      (``Chunk.prompt_logprobs``, computed by the prefill worker).
+    - ``skip_special_tokens``, ``spaces_between_special_tokens`` (True): special tokens left out
+      of the text, or kept with or without a space between two of them.
+    - ``priority`` (0; lower first, where the engine schedules by priority), ``cache_salt``
+      ("": unsalted; requests share cached KV only with the same salt).
     - ``n``: completions to generate (``Chunk.index`` tells them apart).
     - One structured output at most: ``json_schema`` (a schema, as a dict or JSON text),
       ``json_object``, ``regex``, ``choice`` or ``grammar``.
@@ -51,6 +56,11 @@ class RequestOptions(TypedDict, total=False):
     bad_words: Sequence[str]
     allowed_token_ids: Sequence[int]
     logprobs: int | None
+    prompt_logprobs: int | None
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    priority: int
+    cache_salt: str
     n: int
     json_schema: Mapping[str, Any] | str
     json_object: bool
@@ -74,6 +84,10 @@ _PLAIN = (
     "frequency_penalty",
     "repetition_penalty",
     "n",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "priority",
+    "cache_salt",
 )
 _LISTS = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids")
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
@@ -108,7 +122,7 @@ def sampling_of(options: Mapping[str, Any]) -> generation_pb2.SamplingParams:
     for name in _LISTS:
         getattr(sampling, name).extend(options.get(name, ()))  # type: ignore[misc]
     sampling.logit_bias.update(options.get("logit_bias", {}))
-    for name in ("seed", "logprobs"):
+    for name in ("seed", "logprobs", "prompt_logprobs"):
         if options.get(name) is not None:
             setattr(sampling, name, options[name])  # type: ignore[literal-required]
     constraint = _structured_output(options)

@@ -234,3 +234,30 @@ def test_completions_and_logprobs_come_back_typed() -> None:
     first, second = completions(chunks)
     assert (first.text, second.text, second.index) == ("b", "ac", 1)
     assert second.logprobs[0][0].token == "a" and second.logprobs[0][0].logprob == -0.5
+
+
+def test_output_options_and_prompt_logprobs_cross_typed() -> None:
+    from epd.client import completions
+
+    sampling = build_request(
+        [user("hi")],
+        prompt_logprobs=0,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        priority=-2,
+        cache_salt="tenant",
+    ).sampling
+    assert sampling.prompt_logprobs == 0 and sampling.HasField("prompt_logprobs")
+    assert (sampling.skip_special_tokens, sampling.spaces_between_special_tokens) == (False, False)
+    assert (sampling.priority, sampling.cache_salt) == (-2, "tenant")
+    plain = build_request([user("hi")]).sampling
+    assert not plain.HasField("prompt_logprobs") and not plain.HasField("skip_special_tokens")
+    position = generation_pb2.TokenLogprobs(
+        candidates=[generation_pb2.Logprob(token_id=4, logprob=-1.5, rank=3, token="a")]
+    )
+    first = route_service_pb2.GenerateResponse(
+        text="x", token_ids=[9], prompt_logprobs=[generation_pb2.TokenLogprobs(), position]
+    )
+    (answer,) = completions([to_chunk(first), to_chunk(route_service_pb2.GenerateResponse())])
+    assert answer.prompt_logprobs[0] == [], "nothing precedes the prompt's first token"
+    assert answer.prompt_logprobs[1][0].rank == 3 and answer.prompt_logprobs[1][0].token == "a"
