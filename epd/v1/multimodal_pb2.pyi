@@ -58,15 +58,17 @@ class ImageInput(_message.Message):
     def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., embeddings: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ...) -> None: ...
 
 class VideoInput(_message.Message):
-    __slots__ = ("mm_hash", "grid", "chunks", "chunk_hashes", "seconds_per_temporal_patch")
+    __slots__ = ("mm_hash", "grid", "chunks", "chunk_hashes", "seconds_per_temporal_patch", "timestamps")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_TEMPORAL_PATCH_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     grid: ImageGrid
     chunks: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorRef]
     chunk_hashes: _containers.RepeatedScalarFieldContainer[str]
     seconds_per_temporal_patch: float
-    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[_tensor_pb2.TensorRef, _Mapping]]] = ..., chunk_hashes: _Optional[_Iterable[str]] = ..., seconds_per_temporal_patch: _Optional[float] = ...) -> None: ...
+    timestamps: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[_tensor_pb2.TensorRef, _Mapping]]] = ..., chunk_hashes: _Optional[_Iterable[str]] = ..., seconds_per_temporal_patch: _Optional[float] = ..., timestamps: _Optional[_Iterable[float]] = ...) -> None: ...

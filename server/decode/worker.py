@@ -8,7 +8,7 @@ from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, Sampling, TokenChunk
 from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import check_addressed
-from epd.server.worker.kv_handle import VIDEO_SECONDS_KEY, decode_kv_params, handle_images
+from epd.server.worker.kv_handle import VIDEO_KEYS, decode_kv_params, handle_images
 
 
 class DecodeWorker:
@@ -42,7 +42,8 @@ class DecodeWorker:
             )
         kv_params = decode_kv_params(kv_handle)
         images = handle_images(kv_params)
-        kv_params.pop(VIDEO_SECONDS_KEY, None)
+        for key in VIDEO_KEYS:
+            kv_params.pop(key, None)
         async for chunk in self.engine.decode(
             request_id, prompt_token_ids, images, sampling, first_token_id, kv_params
         ):

@@ -66,6 +66,9 @@ class EngineImage:
     is_bound: bool = False
     # a video's seconds per temporal patch (0.0 where its family has none); None: an image
     seconds_per_temporal_patch: float | None = None
+    # a video's time of each temporal patch in seconds, shown in the prompt (Qwen3-VL); empty
+    # where its family shows none
+    timestamps: tuple[float, ...] = ()
 
     @property
     def is_video(self) -> bool:

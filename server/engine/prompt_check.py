@@ -169,6 +169,12 @@ class VisionLayout:
                 )
             return 1
         expected = self._expected_rows(index, image)
+        if image.timestamps and image.grid is not None and len(image.timestamps) != image.grid[0]:
+            raise InvalidArgument(
+                f"video {index} has {len(image.timestamps)} timestamps for {image.grid[0]} "
+                "temporal patches",
+                reason="BAD_GRID",
+            )
         rows, width = (tuple(image.embeddings.shape) + (0, 0))[:2]
         if image.embeddings.dim() != 2 or rows != expected or width != self.embedding_width:
             raise InvalidArgument(

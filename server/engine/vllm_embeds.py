@@ -62,7 +62,8 @@ def embeddings_prompt(
     if videos:
         embeddings, grids, names = _named(f"{request_id}-video", videos, layout, hash_algorithm)
         seconds = [video.seconds_per_temporal_patch or 0.0 for video in videos]
-        data["video"] = family.vllm_video_data(embeddings, grids, seconds)
+        timestamps = [video.timestamps for video in videos]
+        data["video"] = family.vllm_video_data(embeddings, grids, seconds, timestamps)
         uuids["video"] = names
     return {
         "prompt_token_ids": list(token_ids),

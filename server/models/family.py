@@ -193,11 +193,16 @@ class ModelFamily(ABC):
         raise self.refuse_video()
 
     def vllm_video_data(
-        self, embeddings: list[Any], grids: list[Grid], seconds_per_temporal_patch: list[float]
+        self,
+        embeddings: list[Any],
+        grids: list[Grid],
+        seconds_per_temporal_patch: list[float],
+        timestamps: list[tuple[float, ...]],
     ) -> Any:
         """vLLM's precomputed input of videos (``multi_modal_data["video"]``): each video's
-        embeddings [rows, width], grid (t, h, w) and seconds per temporal patch (0.0: the family
-        has none) (default: the family takes no video)."""
+        embeddings [rows, width], grid (t, h, w), seconds per temporal patch (0.0: the family
+        has none) and time of each temporal patch (empty: the family shows none) (default: the
+        family takes no video)."""
         raise self.refuse_video()
 
     def refuse_video(self) -> VideoRefused:

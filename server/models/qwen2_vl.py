@@ -68,14 +68,26 @@ class _QwenVl(ModelFamily):
         return {"image_embeds": torch.cat(embeddings), "image_grid_thw": torch.tensor(grids)}
 
     def vllm_video_data(
-        self, embeddings: list[Any], grids: list[Grid], seconds_per_temporal_patch: list[float]
+        self,
+        embeddings: list[Any],
+        grids: list[Grid],
+        seconds_per_temporal_patch: list[float],
+        timestamps: list[tuple[float, ...]],
     ) -> Any:
         import torch
 
-        data = {"video_embeds": torch.cat(embeddings), "video_grid_thw": torch.tensor(grids)}
+        data: dict[str, Any] = {
+            "video_embeds": torch.cat(embeddings),
+            "video_grid_thw": torch.tensor(grids),
+        }
         if any(seconds_per_temporal_patch):
             # NOTE: Qwen2.5-VL's; vLLM's Qwen2-VL positions take none (1.0 a temporal patch).
             data["second_per_grid_ts"] = torch.tensor(seconds_per_temporal_patch)
+        if any(timestamps):
+            # NOTE: Qwen3-VL's; vLLM writes each as "<t seconds>" when it expands the video.
+            data["timestamps"] = [
+                torch.tensor(seconds, dtype=torch.float64) for seconds in timestamps
+            ]
         return data
 
     def resized(

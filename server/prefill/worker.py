@@ -22,7 +22,7 @@ from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import ImageResolver, check_addressed
-from epd.server.worker.kv_handle import VIDEO_SECONDS_KEY, video_seconds
+from epd.server.worker.kv_handle import video_params
 from epd.v1 import generation_pb2
 
 IMAGES_RESOLVED = "epd.images_resolved"
@@ -91,7 +91,7 @@ class PrefillWorker:
         images = await self._images(prompt)
         result = await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
         if prompt.videos and result.kv_transfer_params is not None:
-            result.kv_transfer_params[VIDEO_SECONDS_KEY] = video_seconds(images)
+            result.kv_transfer_params.update(video_params(images))
         return result
 
     async def _images(self, prompt: generation_pb2.Prompt) -> list[EngineImage]:

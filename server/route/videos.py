@@ -76,4 +76,5 @@ def video_input(
         chunks=[result.embeddings for result in results],
         chunk_hashes=[result.mm_hash for result in results],
         seconds_per_temporal_patch=plan.seconds_per_temporal_patch or 0.0,
+        timestamps=plan.timestamps or (),
     )

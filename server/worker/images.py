@@ -93,6 +93,7 @@ class ImageResolver:
             embeddings=torch.cat(parts) if len(parts) > 1 else parts[0],
             is_bound=is_bound,
             seconds_per_temporal_patch=video.seconds_per_temporal_patch,
+            timestamps=tuple(video.timestamps),
         )
 
     def _copied(self, ref: tensor_pb2.TensorRef) -> torch.Tensor:

@@ -19,6 +19,13 @@ from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImag
 # temporal patch where it is a video (0.0 where its family has none), null where an image. Set
 # by the prefill worker and taken off by the decode worker: its engine never sees it.
 VIDEO_SECONDS_KEY = "epd_video_seconds"
+# The handle's list, beside the grids, of each video's time of each temporal patch in seconds
+# (Qwen3-VL's timestamps, which its engine writes into the prompt: decode lays the prompt out as
+# prefill did only with them), an empty list where its family shows none, null where an image.
+# Set and taken off as VIDEO_SECONDS_KEY.
+VIDEO_TIMESTAMPS_KEY = "epd_video_timestamps"
+#: the keys the prefill worker adds for the decode worker alone
+VIDEO_KEYS = (VIDEO_SECONDS_KEY, VIDEO_TIMESTAMPS_KEY)
 
 
 def encode_kv_params(params: dict[str, Any] | None) -> bytes:
@@ -77,15 +84,37 @@ def handle_images(params: dict[str, Any]) -> list[EngineImage]:
             f"kv_handle.payload's {VIDEO_SECONDS_KEY} must list a number or null per image grid",
             reason="BAD_KV_HANDLE",
         )
+    stamps = params.get(VIDEO_TIMESTAMPS_KEY, [None] * len(grids))
+    if not (
+        isinstance(stamps, list)
+        and len(stamps) == len(grids)
+        and all(value is None or _is_seconds(value) for value in stamps)
+    ):
+        raise InvalidArgument(
+            f"kv_handle.payload's {VIDEO_TIMESTAMPS_KEY} must list a list of numbers or null "
+            "per image grid",
+            reason="BAD_KV_HANDLE",
+        )
     return [
-        EngineImage(name, (t, h, w), seconds_per_temporal_patch=video)
-        for name, (t, h, w), video in zip(names, grids, seconds, strict=True)
+        EngineImage(
+            name, (t, h, w), seconds_per_temporal_patch=video, timestamps=tuple(stamp or ())
+        )
+        for name, (t, h, w), video, stamp in zip(names, grids, seconds, stamps, strict=True)
     ]
 
 
-def video_seconds(images: list[EngineImage]) -> list[float | None]:
-    """The handle's ``VIDEO_SECONDS_KEY`` list of a prompt's ``images``."""
-    return [image.seconds_per_temporal_patch for image in images]
+def video_params(images: list[EngineImage]) -> dict[str, list[Any]]:
+    """The handle's video lists (``VIDEO_KEYS``) of a prompt's ``images``."""
+    return {
+        VIDEO_SECONDS_KEY: [image.seconds_per_temporal_patch for image in images],
+        VIDEO_TIMESTAMPS_KEY: [
+            list(image.timestamps) if image.is_video else None for image in images
+        ],
+    }
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, list) and all(type(number) in (int, float) for number in value)
 
 
 def _is_grid(value: Any) -> bool:

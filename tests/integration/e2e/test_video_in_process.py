@@ -1,8 +1,12 @@
 """A chat with a video through Route -> Scheduler -> Encode -> Prefill (-> Decode) in one process
-over real gRPC, on the session's vLLM engines: the route decodes the clip once and cuts it into
-chunks the two encoders share, the prefill worker joins their embeddings into one video, and the
-tokens equal monolithic vLLM's given the same decoded frames (its own processor and tower), in
-E/PD and E/P/D, with the clip in one chunk and split over the two encoders."""
+over real gRPC, on vLLM engines of each Qwen family's tiny checkpoint (the session's for
+Qwen2-VL, ``family_engines``' for the others): the route decodes the clip once and cuts it into
+chunks three encoders share, the prefill worker joins their embeddings into one video, and the
+tokens equal monolithic vLLM's given the same decoded frames and their timing (its own processor
+and tower), in E/PD and E/P/D, with the clip in one chunk, in two chunks on two encoders and in
+four on three. The clip is sampled at 1 frame a second, not the processors' 2, so Qwen2.5-VL's
+seconds per temporal patch (2.0) differ from vLLM's default (1.0) and Qwen3-VL's timestamps
+from the indices'."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from epd.scheduler.app import build_scheduler_server
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.media.policy import MediaPolicy
-from epd.server.media.video_planner import VideoPlanner
+from epd.server.media.video_planner import PlannedVideo, VideoPlanner
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.prompt import PromptBuilder
@@ -33,41 +37,56 @@ from tests.unit.models.clips import make_clip
 pytestmark = pytest.mark.vllm
 TEXT = "what happens in this video?"
 MAX_TOKENS = 10
-# 40 frames at 10 fps: the tiny model's processor keeps 8 (2 a second), 4 temporal patches
-CLIP = make_clip(num_frames=40, width=64, height=48, fps=10)
+# 8 frames at 1 fps: every family's processor keeps all 8 (it samples 2 a second at most), 4
+# temporal patches of 2 seconds each
+CLIP = make_clip(num_frames=8, width=64, height=48, fps=1)
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+#: temporal patches a chunk -> the encoders that take the clip's 4 patches
+CHUNKS = {1: 3, 2: 2, 64: 1}
 
 
-@pytest.fixture(scope="module", params=["e-pd", "e-p-d"])
-async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str, Any]]:
-    """Two encoders, a prefill worker on the session's producer (E/PD: it serves whole
-    generations) and for E/P/D a decode worker on its consumer; two routes on them: chunks of 2
-    temporal patches (the clip over both encoders) and of 64 (the clip as one item)."""
-    is_split = request.param == "e-p-d"
+@pytest.fixture(
+    scope="module",
+    params=[(f, t) for f in FAMILIES for t in ("e-pd", "e-p-d")],
+    ids=lambda param: "-".join(param),
+)
+async def deployment(
+    request, tiny_model_dir, tiny_family_dir, engines, family_engines
+) -> AsyncIterator[dict[str, Any]]:
+    """Three encoders, a prefill worker on the family's producer (E/PD: it serves whole
+    generations) and for E/P/D a decode worker on its consumer; a route for each chunk size
+    in ``CHUNKS``."""
+    family, topology = request.param
+    model_dir = tiny_model_dir if family == "qwen2_vl" else tiny_family_dir(family)
+    pair = engines if family == "qwen2_vl" else await family_engines(family)
+    is_split = topology == "e-p-d"
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
     workers = [
         await build_encode_server(
-            EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
+            EncodeConfig(model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
         )
-        for i in range(2)
+        for i in range(3)
     ]
     mode = Role.PREFILL if is_split else Role.PREFILL_DECODE
-    config = PrefillConfig(tiny_model_dir, mode=mode, scheduler=endpoint)
-    workers.append(await build_prefill_server(config, engines[0]))
+    config = PrefillConfig(model_dir, mode=mode, scheduler=endpoint)
+    workers.append(await build_prefill_server(config, pair[0]))
     if is_split:
-        workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
+        workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), pair[1]))
     routes = {
         patches: await build_route_server(
-            RouteConfig(tiny_model_dir, endpoint, "tiny", video_chunk_patches=patches)
+            RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=patches)
         )
-        for patches in (2, 64)
+        for patches in CHUNKS
     }
     await until_registered(endpoint, len(workers))
     channels = {patches: create_channel(f"127.0.0.1:{r.port}") for patches, r in routes.items()}
     yield {
         "stubs": {p: route_service_pb2_grpc.RouteServiceStub(c) for p, c in channels.items()},
         "routes": routes,
-        "encoders": workers[:2],
+        "encoders": workers[:3],
+        "model_dir": model_dir,
+        "engine": pair[0],
     }
     for channel in channels.values():
         await channel.close()
@@ -78,7 +97,9 @@ async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str
     await scheduler.drain_and_stop(0)
 
 
-def video_request(video: bytes, request_id: str) -> route_service_pb2.GenerateRequest:
+def video_request(
+    video: bytes, request_id: str, policy: int = scheduler_pb.ENCODER_POLICY_PER_IMAGE
+) -> route_service_pb2.GenerateRequest:
     content = [
         route_service_pb2.ContentPart(video=multimodal_pb2.MediaItem(data=video)),
         route_service_pb2.ContentPart(text=TEXT),
@@ -88,39 +109,51 @@ def video_request(video: bytes, request_id: str) -> route_service_pb2.GenerateRe
         model="tiny",
         messages=[route_service_pb2.ChatMessage(role="user", content=content)],
         sampling=generation_pb2.SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
-        encoder_policy=scheduler_pb.ENCODER_POLICY_PER_IMAGE,
+        encoder_policy=policy,
     )
 
 
-async def vllm_reference(engine: Any, model_dir: Any, frames: np.ndarray) -> list[int]:
+async def vllm_reference(
+    engine: Any, model_dir: Any, frames: np.ndarray, video: PlannedVideo
+) -> list[int]:
     """Monolithic vLLM's greedy tokens for the chat with ``frames`` (the kept frames, already
-    sampled) as its raw video: its own processor resizes and patches them, its tower encodes."""
+    sampled) as its raw video, with their timing (vLLM's video metadata: the decoded clip's
+    rate and frame count, the kept frames' indices): its own processor resizes and patches
+    them and times them (Qwen2.5-VL's seconds per temporal patch, Qwen3-VL's timestamps), its
+    tower encodes."""
     from vllm import SamplingParams
 
     prompt_ids = PromptBuilder(model_dir).token_ids(
         [ChatMessage("user", [ChatPart(video=ImageSource(data=b"-")), ChatPart(text=TEXT)])]
     )
+    stream = video.stream
+    metadata = {
+        "fps": stream.fps,
+        "total_num_frames": stream.num_frames,
+        "duration": stream.num_frames / stream.fps,
+        "frames_indices": list(video.plan.frame_indices),
+        "do_sample_frames": False,
+    }
     prompt = {
         "prompt_token_ids": prompt_ids,
-        "multi_modal_data": {"video": frames},
+        "multi_modal_data": {"video": (frames, metadata)},
         "mm_processor_kwargs": {"do_sample_frames": False},
     }
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     final = None
-    async for output in engine._llm.generate(prompt, params, "vllm-reference-video"):
+    async for output in engine._llm.generate(prompt, params, f"vllm-reference-{id(frames)}"):
         final = output
     assert final is not None
     return list(final.outputs[0].token_ids)
 
 
-async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(
-    deployment, tiny_model_dir, engines
-) -> None:
-    frames = VideoPlanner(tiny_model_dir, "tiny").load(CLIP, MediaPolicy()).frames
-    assert len(frames) == 8
-    expected = await vllm_reference(engines[0], tiny_model_dir, frames)
+async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(deployment) -> None:
+    model_dir, engine = deployment["model_dir"], deployment["engine"]
+    video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
+    assert len(video.frames) == 8 and video.plan.grid[0] == 4
+    expected = await vllm_reference(engine, model_dir, video.frames, video)
     # NOTE: the answer depends on the frames and their order: equal tokens mean equal embeddings.
-    assert await vllm_reference(engines[0], tiny_model_dir, frames[::-1].copy()) != expected
+    assert await vllm_reference(engine, model_dir, video.frames[::-1].copy(), video) != expected
     for patches, stub in deployment["stubs"].items():
         encoded_before = [len(e.worker.cache) for e in deployment["encoders"]]
         responses = [r async for r in stub.Generate(video_request(CLIP, f"video-{patches}"))]
@@ -129,18 +162,21 @@ async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(
         assert responses[-1].usage.completion_tokens == MAX_TOKENS
         encoders = deployment["encoders"]
         added = [len(e.worker.cache) - n for e, n in zip(encoders, encoded_before, strict=True)]
-        # NOTE: 2 chunks of 2 patches, one on each encoder; the whole clip as one item on one
-        assert sorted(added) == ([1, 1] if patches == 2 else [0, 1])
+        # NOTE: the clip's chunks spread over CHUNKS[patches] encoders, each chunk encoded once
+        assert sum(added) == -(-4 // patches)
+        assert sum(n > 0 for n in added) == CHUNKS[patches], f"chunks of {patches}: {added}"
     for route in deployment["routes"].values():
         assert route.router.plane.held() == []
     assert all(e.worker.plane.held() == [] for e in deployment["encoders"])
 
 
 async def test_a_repeated_clip_is_answered_from_the_encoders_caches(deployment) -> None:
-    stub = deployment["stubs"][2]
-    first = [r async for r in stub.Generate(video_request(CLIP, "video-repeat-1"))]
+    # NOTE: the adaptive policy sends a chunk where it is cached (per_image rotates over the
+    # encoders whatever they hold).
+    stub, adaptive = deployment["stubs"][2], scheduler_pb.ENCODER_POLICY_ADAPTIVE
+    first = [r async for r in stub.Generate(video_request(CLIP, "video-repeat-1", adaptive))]
     sizes = [len(e.worker.cache) for e in deployment["encoders"]]
-    again = [r async for r in stub.Generate(video_request(CLIP, "video-repeat-2"))]
+    again = [r async for r in stub.Generate(video_request(CLIP, "video-repeat-2", adaptive))]
     assert [t for r in again for t in r.token_ids] == [t for r in first for t in r.token_ids]
     assert [len(e.worker.cache) for e in deployment["encoders"]] == sizes
 

@@ -6,9 +6,9 @@ transformers engine)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +25,6 @@ from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from tests.families import skip_unless_run
-from tests.integration.conftest import KV_CACHE_BYTES
 from tests.integration.e_pd_in_process import e_pd_answer, reference_answer
 from tests.pictures import picture
 
@@ -39,20 +38,13 @@ OTHER_FAMILIES = [family.name for family in FAMILIES[1:]]
 
 @pytest.fixture(scope="module", params=OTHER_FAMILIES)
 async def served(
-    request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
+    request: pytest.FixtureRequest,
+    tiny_family_dir: Callable[[str], Path],
+    family_engines: Callable[[str], Awaitable[tuple[Any, Any]]],
 ) -> AsyncIterator[tuple[Stubs, DataPlane, tuple[ReferenceEngine, VisionEncoder], Path]]:
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
-
     skip_unless_run(request, request.param)
     model_dir = tiny_family_dir(request.param)
-
-    def options(role: str) -> VllmOptions:
-        return VllmOptions(kv_role=role, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=2048)
-
-    engines = await asyncio.gather(
-        VllmEngine.start(model_dir, model_id="tiny", options=options("kv_producer")),
-        VllmEngine.start(model_dir, model_id="tiny", options=options("kv_consumer")),
-    )
+    engines = await family_engines(request.param)
     stubs = Stubs((engines[0], engines[1]))
     stubs.prefill = await stubs.serve(
         await build_prefill_server(PrefillConfig(model_dir, mode=Role.PREFILL), engines[0]),
@@ -75,7 +67,6 @@ async def served(
     yield stubs, plane, (ReferenceEngine(model_dir), VisionEncoder(model_dir)), model_dir
     await stubs.close()
     plane.close()
-    await asyncio.gather(engines[0].close(), engines[1].close())
 
 
 async def prefill_then_decode(

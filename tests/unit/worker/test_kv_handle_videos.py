@@ -9,10 +9,11 @@ from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImag
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.worker.kv_handle import (
     VIDEO_SECONDS_KEY,
+    VIDEO_TIMESTAMPS_KEY,
     decode_kv_params,
     encode_kv_params,
     handle_images,
-    video_seconds,
+    video_params,
 )
 
 LAYOUT = VisionLayout(
@@ -24,21 +25,30 @@ def test_decode_gets_the_prefills_images_and_videos_back() -> None:
     images = [
         EngineImage("img", (1, 4, 4)),
         EngineImage("vid", (3, 4, 4), seconds_per_temporal_patch=1.0),
+        EngineImage("qwen3", (2, 4, 4), seconds_per_temporal_patch=0.0, timestamps=(0.25, 1.3)),
     ]
     params = {
         IMAGE_GRIDS_KEY: [list(i.grid or ()) for i in images],
         IMAGE_HASHES_KEY: [i.mm_hash for i in images],
-        VIDEO_SECONDS_KEY: video_seconds(images),
+        **video_params(images),
     }
     assert handle_images(decode_kv_params(encode_kv_params(params))) == images
-    # a handle without the key (images only) reads as images
-    del params[VIDEO_SECONDS_KEY]
-    assert [i.is_video for i in handle_images(params)] == [False, False]
+    # a handle without the keys (images only) reads as images
+    del params[VIDEO_SECONDS_KEY], params[VIDEO_TIMESTAMPS_KEY]
+    assert [i.is_video for i in handle_images(params)] == [False, False, False]
 
 
 @pytest.mark.parametrize("seconds", [[1.0], "1.0", [None, "x"], [None, True]])
 def test_a_bad_video_list_is_refused(seconds: object) -> None:
     params = {IMAGE_GRIDS_KEY: [[1, 2, 2], [2, 2, 2]], VIDEO_SECONDS_KEY: seconds}
+    with pytest.raises(InvalidArgument) as caught:
+        handle_images(params)
+    assert caught.value.reason == "BAD_KV_HANDLE"
+
+
+@pytest.mark.parametrize("stamps", [[[0.5]], [None, ["0.5"]], [None, 0.5], "x"])
+def test_a_bad_timestamps_list_is_refused(stamps: object) -> None:
+    params = {IMAGE_GRIDS_KEY: [[1, 2, 2], [2, 2, 2]], VIDEO_TIMESTAMPS_KEY: stamps}
     with pytest.raises(InvalidArgument) as caught:
         handle_images(params)
     assert caught.value.reason == "BAD_KV_HANDLE"
