@@ -34,7 +34,12 @@ from epd.server.route.openai_schema import (
     vllm_sampling,
 )
 from epd.server.route.request import ChatRequest, bad, new_request_id
-from epd.server.route.request_check import RequestLimits, check_request, check_request_id
+from epd.server.route.request_check import (
+    MAX_CHOICES,
+    RequestLimits,
+    check_request,
+    check_request_id,
+)
 from epd.v1 import generation_pb2
 
 # vLLM's CompletionRequest fields epd implements.
@@ -76,6 +81,12 @@ def to_completion_request(
     max_tokens = parsed.max_tokens
     if max_tokens is None or (context is not None and max_tokens > context):
         max_tokens = context or 16
+    if len(prompt.token_ids) * max(parsed.n, 1) > MAX_CHOICES:
+        raise bad(
+            f"a request answers at most {MAX_CHOICES} completions (prompts times n)",
+            "prompt",
+            "LIMIT_EXCEEDED",
+        )
     first, *others = prompt.token_ids
     request = ChatRequest(
         new_request_id(request_id),

@@ -52,6 +52,7 @@ def test_token_ids_go_as_they_are(tokenizer: Any) -> None:
         ({"prompt": [5, 10**6]}, "prompt", "BAD_REQUEST"),
         ({"prompt": [[5], [10**6]]}, "prompt", "BAD_REQUEST"),
         ({"prompt": []}, "prompt", "BAD_REQUEST"),
+        ({"prompt": [[5]] * 65, "n": 2}, "prompt", "LIMIT_EXCEEDED"),
         ({"suffix": "!"}, "suffix", "UNSUPPORTED_PARAMETER"),
         ({"max_tokens": -1}, "max_tokens", "BAD_REQUEST"),
     ],
