@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from epd.server.engine.device import device_type
 from epd.server.engine.vllm_inputs import kv_transfer_config
-from epd.server.media.policy import DEFAULT_MAX_VIDEOS
 
 if TYPE_CHECKING:
     from epd.server.engine.vllm_engine import VllmOptions
@@ -25,9 +24,6 @@ OWNED = {"model": "--model (epd reads the model's tokenizer and config from it)"
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 _UNSET = object()
-# Videos one prompt may hold on the engine: the route refuses more (--media-max-videos), so the
-# engine takes as many as the route's default lets through.
-MAX_VIDEOS_PER_PROMPT = DEFAULT_MAX_VIDEOS
 
 
 def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
@@ -60,7 +56,7 @@ def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
         enable_mm_embeds=True,
         limit_mm_per_prompt={
             "image": options.max_images_per_prompt,
-            "video": MAX_VIDEOS_PER_PROMPT,
+            "video": options.max_videos_per_prompt,
         },
         disable_log_stats=False,
         kv_transfer_config=kv_config,

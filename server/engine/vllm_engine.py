@@ -72,6 +72,7 @@ from epd.server.engine.vllm_inputs import (
 )
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_stats import LoadTracker
+from epd.server.media.policy import DEFAULT_MAX_VIDEOS
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "epd_seed"
@@ -100,8 +101,9 @@ class VllmOptions:
     CPU executor uses, which keeps one core for its scheduling). ``overrides``: more
     ``AsyncEngineArgs`` fields by name (``vllm_args.parse_engine_args``), applied over every
     value epd computes from the settings above; ``start`` reads the prompt limits
-    (``max_model_len``, images per prompt) back from the engine when they override those or
-    leave them to vLLM.
+    (``max_model_len``, images and videos per prompt) back from the engine when they override
+    those or leave them to vLLM. ``max_videos_per_prompt``: vLLM's ``limit_mm_per_prompt`` for
+    video, given explicitly (the route's ``--media-max-videos`` default).
     """
 
     device: str = CPU
@@ -113,6 +115,7 @@ class VllmOptions:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_images_per_prompt: int = 8
+    max_videos_per_prompt: int = DEFAULT_MAX_VIDEOS
     max_pending_requests: int = DEFAULT_MAX_PENDING
     enforce_eager: bool = DEFAULTS[CPU].enforce_eager
     kv_role: str | None = None
@@ -128,7 +131,11 @@ def _as_started(options: VllmOptions, model_config: Any) -> VllmOptions:
         options = replace(options, max_model_len=model_config.max_model_len)
     multimodal = model_config.multimodal_config
     if "limit_mm_per_prompt" in options.overrides and multimodal is not None:
-        options = replace(options, max_images_per_prompt=multimodal.get_limit_per_prompt("image"))
+        options = replace(
+            options,
+            max_images_per_prompt=multimodal.get_limit_per_prompt("image"),
+            max_videos_per_prompt=multimodal.get_limit_per_prompt("video"),
+        )
     return options
 
 
@@ -330,11 +337,18 @@ class VllmEngine(Engine):
             raise InvalidArgument(
                 f"request {request_id!r} is already running", reason="DUPLICATE_REQUEST_ID"
             )
-        if len(images) > self.options.max_images_per_prompt:
+        num_videos = sum(image.is_video for image in images)
+        if len(images) - num_videos > self.options.max_images_per_prompt:
             raise InvalidArgument(
-                f"{len(images)} images; this engine takes at most "
+                f"{len(images) - num_videos} images; this engine takes at most "
                 f"{self.options.max_images_per_prompt} per prompt",
                 reason="TOO_MANY_IMAGES",
+            )
+        if num_videos > self.options.max_videos_per_prompt:
+            raise InvalidArgument(
+                f"{num_videos} videos; this engine takes at most "
+                f"{self.options.max_videos_per_prompt} per prompt",
+                reason="TOO_MANY_VIDEOS",
             )
         from vllm.exceptions import VLLMClientError
 

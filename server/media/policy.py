@@ -21,6 +21,9 @@ DEFAULT_VIDEO_CODECS = ("h264", "hevc", "vp8", "vp9", "av1")
 
 # Videos one prompt may hold by default (engines take as many: ``vllm_args``).
 DEFAULT_MAX_VIDEOS = 4
+# Video tokens (embedding rows) one prompt may hold by default: about two minutes of Qwen2.5-VL
+# video sampled at 2 frames a second at 448 x 448 (256 tokens a temporal patch of 2 frames).
+DEFAULT_MAX_VIDEO_TOKENS = 32768
 
 
 def format_list(text: str) -> tuple[str, ...]:
@@ -45,7 +48,8 @@ class MediaPolicy:
 
     The ``*video*`` fields bound videos (``video.decode_video``): their own byte limit, what
     decodes (frames, seconds measured from the frames' timestamps, pixels per frame, frame rate,
-    time spent), the containers and codecs accepted, and the videos one prompt may hold.
+    time spent), the containers and codecs accepted, and the videos one prompt may hold and their
+    tokens together.
     """
 
     max_bytes: int = field(
@@ -193,6 +197,15 @@ class MediaPolicy:
             name="media-max-videos",
         ),
     )
+    max_video_tokens: int = field(
+        default=DEFAULT_MAX_VIDEO_TOKENS,
+        metadata=flag(
+            "video tokens (embedding rows, as the model's video processor plans them) all the "
+            "videos of one prompt may hold together; checked before any encoder runs",
+            env="EPD_MEDIA_MAX_VIDEO_TOKENS",
+            name="media-max-video-tokens",
+        ),
+    )
 
     def __post_init__(self) -> None:
         limits = (
@@ -208,6 +221,7 @@ class MediaPolicy:
             self.max_video_fps,
             self.video_decode_timeout_s,
             self.max_videos,
+            self.max_video_tokens,
         )
         if min(limits) <= 0:
             raise ValueError("media limits must be positive")

@@ -91,6 +91,18 @@ def check_num_videos(num_videos: int, policy: MediaPolicy) -> None:
         )
 
 
+def check_video_tokens(num_tokens: list[int], policy: MediaPolicy) -> None:
+    """Refuse a prompt whose videos' planned tokens (``num_tokens``, one count per video) add
+    up to more than ``policy.max_video_tokens``."""
+    total = sum(num_tokens)
+    if total > policy.max_video_tokens:
+        raise InvalidArgument(
+            f"the prompt's videos take {total} tokens ({' + '.join(map(str, num_tokens))}), the "
+            f"limit is {policy.max_video_tokens} (--media-max-video-tokens)",
+            reason="TOO_MANY_VIDEO_TOKENS",
+        )
+
+
 def count_frames(data: bytes, policy: MediaPolicy, deadline: float) -> VideoStream:
     """Decode every frame of ``data`` (none kept) and measure what decoded."""
     container = open_video(data, policy)

@@ -35,7 +35,6 @@ from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import key_salt, salted
 from epd.server.media.loader import LoadedImage, MediaLoader
-from epd.server.media.video import check_num_videos
 from epd.server.media.video_loader import VideoLoader
 from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import StoppedText
@@ -61,7 +60,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request import ChatRequest, ImageSource
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
-from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_video, video_input
+from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_videos, video_input
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -271,12 +270,7 @@ class Router:
             return []
         if self.videos is None:
             raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
-        check_num_videos(len(sources), self.videos.policy)
-        return list(
-            await asyncio.gather(
-                *(load_video(self.videos, s, self.video_chunk_patches) for s in sources)
-            )
-        )
+        return await load_videos(self.videos, sources, self.video_chunk_patches)
 
     def _engine_pieces(
         self,

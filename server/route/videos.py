@@ -12,8 +12,10 @@ as one video (``VideoInput``).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
+from epd.server.media.video import check_num_videos, check_video_tokens
 from epd.server.media.video_hashing import VideoChunk
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import PlannedVideo
@@ -39,6 +41,18 @@ class RouteVideo:
         """Embedding rows of each chunk."""
         per_patch = self.video.plan.tokens_per_temporal_patch
         return [chunk.num_patches * per_patch for chunk in self.chunks]
+
+
+async def load_videos(
+    loader: VideoLoader, sources: list[ImageSource], patches_per_chunk: int
+) -> list[RouteVideo]:
+    """``sources`` each loaded and cut into chunks (``load_video``), within the media policy's
+    count of videos and their tokens together (InvalidArgument ``TOO_MANY_VIDEOS``,
+    ``TOO_MANY_VIDEO_TOKENS``)."""
+    check_num_videos(len(sources), loader.policy)
+    videos = await asyncio.gather(*(load_video(loader, s, patches_per_chunk) for s in sources))
+    check_video_tokens([video.video.plan.num_tokens for video in videos], loader.policy)
+    return list(videos)
 
 
 async def load_video(

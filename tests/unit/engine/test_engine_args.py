@@ -88,6 +88,18 @@ def test_the_users_engine_args_win_over_epds_values(tmp_path: Path) -> None:
     assert engine_options(parse(), None, "cpu").overrides == {}
 
 
+def test_vllm_gets_the_image_and_video_limits_per_prompt_explicitly(tmp_path: Path) -> None:
+    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.media.policy import DEFAULT_MAX_VIDEOS
+
+    assert engine_args(tmp_path, "tiny", VllmOptions()).limit_mm_per_prompt == {
+        "image": 8,
+        "video": DEFAULT_MAX_VIDEOS,
+    }
+    options = VllmOptions(max_images_per_prompt=2, max_videos_per_prompt=1)
+    assert engine_args(tmp_path, "tiny", options).limit_mm_per_prompt == {"image": 2, "video": 1}
+
+
 def test_the_transformers_engine_refuses_engine_args() -> None:
     for flags in (["--engine-arg", "max_num_seqs=3"], ["--", "--max-num-seqs", "3"]):
         with pytest.raises(ValueError, match="transformers engine takes none"):

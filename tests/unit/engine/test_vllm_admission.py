@@ -278,6 +278,18 @@ async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
     assert llm.started == [] and engine.load().num_running == 0
 
 
+async def test_more_videos_than_the_engine_takes_are_refused_apart_from_images(llm) -> None:
+    layout = VisionLayout(5, 6, merge_size=2, embedding_width=8, video_pad_id=9)
+    options = VllmOptions(max_images_per_prompt=1, max_videos_per_prompt=1)
+    engine = VllmEngine(llm, "tiny", layout, options)
+    image = EngineImage("i", (1, 2, 2), embeddings=torch.ones(1, 8))
+    video = EngineImage("v", (1, 2, 2), torch.ones(1, 8), seconds_per_temporal_patch=0.0)
+    with pytest.raises(InvalidArgument) as caught:
+        await first_chunk(engine, "a", [1, 5, 6, 5, 9, 5, 9], [image, video, video])
+    assert caught.value.reason == "TOO_MANY_VIDEOS"
+    assert llm.started == [] and engine.load().num_running == 0
+
+
 async def test_a_request_vllm_finishes_with_an_error_fails_unavailable(llm) -> None:
     """vLLM's retryable request-level error (e.g. a KV load failure) is not a finished answer."""
     llm.final_reason = "error"

@@ -12,7 +12,7 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.server.media import video as video_module
 from epd.server.media.policy import MediaPolicy
-from epd.server.media.video import check_num_videos, decode_video
+from epd.server.media.video import check_num_videos, check_video_tokens, decode_video
 from epd.server.media.video_timing import measure_timing
 from tests.unit.models.clips import make_clip
 
@@ -143,6 +143,17 @@ def test_too_many_videos_in_a_prompt_are_refused() -> None:
     assert refused.value.reason == "TOO_MANY_VIDEOS"
 
 
+def test_videos_whose_tokens_together_pass_the_limit_are_refused() -> None:
+    policy = replace(POLICY, max_video_tokens=200)
+    check_video_tokens([100, 100], policy)
+    check_video_tokens([], policy)
+    for tokens in ([100, 101], [201], [1] * 201):
+        with pytest.raises(InvalidArgument) as refused:
+            check_video_tokens(tokens, policy)
+        assert refused.value.reason == "TOO_MANY_VIDEO_TOKENS"
+        assert "--media-max-video-tokens" in refused.value.message
+
+
 @pytest.mark.parametrize(("muxer", "encoder"), [("mp4", "libx264"), ("webm", "libvpx-vp9")])
 def test_damaged_videos_decode_or_are_refused_never_crash(muxer: str, encoder: str) -> None:
     data = make_clip(muxer, encoder, num_frames=12)
@@ -166,6 +177,7 @@ def test_damaged_videos_decode_or_are_refused_never_crash(muxer: str, encoder: s
         ({"video_codecs": ("h265x",)}, "not codecs FFmpeg knows"),
         ({"max_video_seconds": 0}, "must be positive"),
         ({"max_videos": 0}, "must be positive"),
+        ({"max_video_tokens": 0}, "must be positive"),
     ],
 )
 def test_a_bad_video_policy_is_refused_at_construction(change: dict, message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,49 @@ def test_the_sdk_sends_videos_after_images_in_order(tmp_path: Path) -> None:
     parts = request.messages[0].content
     assert [p.WhichOneof("part") for p in parts] == ["image", "video", "video", "text"]
     assert parts[1].video.data == b"mp4 bytes" and parts[2].video.url == "https://x/v.webm"
+
+
+async def test_the_route_refuses_videos_over_the_token_limit_before_any_encoder(
+    tiny_model_dir: Path,
+) -> None:
+    """A request of clips each within every limit, whose planned tokens together pass
+    --media-max-video-tokens, is refused as its videos load, before an encoding item exists."""
+    from dataclasses import replace
+
+    from epd.server.media.policy import MediaPolicy
+    from epd.server.media.video_loader import VideoLoader
+    from epd.server.media.video_planner import VideoPlanner
+    from epd.server.route.videos import load_videos
+    from tests.unit.models.clips import make_clip
+
+    planner = VideoPlanner(tiny_model_dir, "tiny")
+    clip, other = make_clip(num_frames=8, fps=1), make_clip(num_frames=9, fps=1)
+    tokens = planner.load(clip, MediaPolicy()).plan.num_tokens
+    loader = VideoLoader(planner, replace(MediaPolicy(), max_video_tokens=tokens))
+    (video,) = await load_videos(loader, [ImageSource(data=clip)], patches_per_chunk=2)
+    assert video.video.plan.num_tokens == tokens and len(video.items) == 2
+    for sources in ([clip, other], [clip] * 2):
+        with pytest.raises(InvalidArgument) as caught:
+            await load_videos(loader, [ImageSource(data=s) for s in sources], 2)
+        assert caught.value.reason == "TOO_MANY_VIDEO_TOKENS"
+    with pytest.raises(InvalidArgument) as caught:
+        await load_videos(loader, [ImageSource(data=clip)] * 5, 2)
+    assert caught.value.reason == "TOO_MANY_VIDEOS"
+
+
+@pytest.mark.parametrize("family", ["llava", "llava_onevision", "internvl"])
+async def test_a_family_without_video_refuses_it_at_the_route_by_name(
+    family: str, tiny_family_dir: Callable[[str], Path]
+) -> None:
+    from epd.server.media.policy import MediaPolicy
+    from epd.server.media.video_loader import VideoLoader
+    from epd.server.media.video_planner import VideoPlanner
+    from epd.server.models.registry import family_named
+    from epd.server.route.videos import load_videos
+    from tests.unit.models.clips import make_clip
+
+    loader = VideoLoader(VideoPlanner(tiny_family_dir(family), "tiny"), MediaPolicy())
+    with pytest.raises(InvalidArgument) as caught:
+        await load_videos(loader, [ImageSource(data=make_clip(num_frames=8, fps=1))], 2)
+    assert caught.value.reason == "VIDEO_NOT_SUPPORTED"
+    assert caught.value.message == f"{family_named(family).title} models do not take video"
