@@ -19,7 +19,7 @@ from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
 from epd.scheduler.config import DEFAULT_POLICY, SchedulerConfig, split_ratio
 from epd.scheduler.demand import DemandTracker, EncoderDemand
 from epd.scheduler.encoder_costs import EncoderCosts
-from epd.scheduler.holdings import STORE, Holdings
+from epd.scheduler.holdings import Holdings
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
@@ -358,26 +358,18 @@ class Scheduler:
             [(pending.units[o.item_index], o.latency_ms, o.cache_hit) for o in done],
             group.backlog_at_assign,
         )
-        self._learn_holdings(group, outcomes, pending)
-        self.registry.finish_drain(worker)
-
-    def _learn_holdings(
-        self, group: _Group, outcomes: dict[int, ItemOutcome], pending: _Pending
-    ) -> None:
-        """Close the group's encodings: an item its encoder answered is in its cache now; one
-        it had to encode though the store was believed to hold it is not in the store."""
-        worker_id = group.worker.id
         for index in group.item_indices:
-            if not (mm_hash := pending.mm_hashes[index]):
-                continue
-            outcome = outcomes.get(index)
-            answered = outcome is not None and not outcome.failed
-            if pending.is_encoding[index]:
-                self._holdings.finish_encoding(mm_hash, worker_id, is_held=answered)
-            elif answered:
-                self._holdings.hold(worker_id, mm_hash)
-            if outcome is not None and answered and not outcome.cache_hit:
-                self._holdings.drop(STORE, mm_hash)
+            if mm_hash := pending.mm_hashes[index]:
+                outcome = outcomes.get(index)
+                answered = outcome is not None and not outcome.failed
+                self._holdings.close(
+                    mm_hash,
+                    worker.id,
+                    was_encoding=pending.is_encoding[index],
+                    answered=answered,
+                    computed=answered and outcome is not None and not outcome.cache_hit,
+                )
+        self.registry.finish_drain(worker)
 
     def _forget(self, worker: RegisteredWorker) -> None:
         """Drop what is known about a worker that left (its caches left with it)."""

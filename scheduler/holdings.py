@@ -93,12 +93,21 @@ class Holdings:
         """``worker_id`` was given ``mm_hash`` to encode (one more open assignment)."""
         self._encoding.setdefault(mm_hash, Counter())[worker_id] += 1
 
-    def finish_encoding(self, mm_hash: str, worker_id: str, *, is_held: bool) -> None:
-        """One assignment of ``mm_hash`` to ``worker_id`` closed; ``is_held``: the encoder
-        answered it (it is in its cache now)."""
-        self._finish(mm_hash, worker_id)
-        if is_held:
+    def close(
+        self, mm_hash: str, worker_id: str, *, was_encoding: bool, answered: bool, computed: bool
+    ) -> None:
+        """One assignment of ``mm_hash`` to ``worker_id`` closed: ``was_encoding``, it was
+        given it to encode (``start_encoding``); ``answered``, it answered it (so its cache
+        holds it now); ``computed``, its tower ran for it (so the store, if believed to hold it,
+        did not)."""
+        if was_encoding:
+            self._finish(mm_hash, worker_id)
+        if answered:
             self.hold(worker_id, mm_hash)
+        holders = self._holders[mm_hash] if answered else self._holders.get(mm_hash, set())
+        if computed and STORE in holders:
+            holders.discard(STORE)
+            self._items_of[STORE].discard(mm_hash)
 
     def _finish(self, mm_hash: str, worker_id: str, *, everything: bool = False) -> None:
         encoders = self._encoding.get(mm_hash)

@@ -41,12 +41,13 @@ class EmbeddingCache:
         self.num_evictions = 0
         self.journal = HeldItemsJournal(self.hashes)
 
-    def get(self, mm_hash: str) -> CachedEmbedding | None:
-        """The entry of ``mm_hash`` (counted as a hit or miss)."""
+    def get(self, mm_hash: str, *, count_miss: bool = True) -> CachedEmbedding | None:
+        """The entry of ``mm_hash`` (counted as a hit, or a miss with ``count_miss``)."""
         with self._lock:
             entry = self._entries.get(mm_hash)
             if entry is None:
-                self.num_misses += 1
+                if count_miss:
+                    self.num_misses += 1
                 return None
             self._entries.move_to_end(mm_hash)
             self.num_hits += 1
@@ -76,11 +77,6 @@ class EmbeddingCache:
     @property
     def num_bytes(self) -> int:
         return self._bytes
-
-    def __contains__(self, mm_hash: str) -> bool:
-        """Whether ``mm_hash`` is cached (not counted as a hit or miss)."""
-        with self._lock:
-            return mm_hash in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -423,7 +423,7 @@ class EncodeWorker:
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
         # request that is cancelled stops waiting without failing the others.
         task = self._encoding.get(mm_hash)
-        if task is None and mm_hash in self.cache and (hit := self.cache.get(mm_hash)):
+        if task is None and (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
             return _Encoded(hit, 0, joined=True)
         if task is not None:
             encoded = await asyncio.shield(task)
