@@ -72,7 +72,9 @@ class Holdings:
         if keep_encoding:
             return
         for mm_hash in [h for h, on in self._encoding.items() if holder in on]:
-            self._finish(mm_hash, holder, everything=True)
+            del self._encoding[mm_hash][holder]
+            if not self._encoding[mm_hash]:
+                del self._encoding[mm_hash]
 
     def can_serve(self, worker_id: str, mm_hash: str) -> bool:
         """Whether ``worker_id`` answers ``mm_hash`` without its tower: held in its cache or in
@@ -100,24 +102,18 @@ class Holdings:
         given it to encode (``start_encoding``); ``answered``, it answered it (so its cache
         holds it now); ``computed``, its tower ran for it (so the store, if believed to hold it,
         did not)."""
-        if was_encoding:
-            self._finish(mm_hash, worker_id)
+        if was_encoding and (encoders := self._encoding.get(mm_hash)) is not None:
+            encoders[worker_id] -= 1
+            if encoders[worker_id] <= 0:
+                del encoders[worker_id]
+            if not encoders:
+                del self._encoding[mm_hash]
         if answered:
             self.hold(worker_id, mm_hash)
         holders = self._holders[mm_hash] if answered else self._holders.get(mm_hash, set())
         if computed and STORE in holders:
             holders.discard(STORE)
             self._items_of[STORE].discard(mm_hash)
-
-    def _finish(self, mm_hash: str, worker_id: str, *, everything: bool = False) -> None:
-        encoders = self._encoding.get(mm_hash)
-        if encoders is None:
-            return
-        encoders[worker_id] -= encoders[worker_id] if everything else 1
-        if encoders[worker_id] <= 0:
-            del encoders[worker_id]
-        if not encoders:
-            del self._encoding[mm_hash]
 
     # ---- placement
     def place(self, items: Sequence[EncodeItem], candidates: Iterable[str]) -> list[str | None]:
