@@ -117,3 +117,32 @@ async def test_waits_until_a_predecessor_at_another_endpoint_expires(endpoint: s
     await wait_until(replaced)
     assert registration.is_registered and registration.num_registrations == 1
     await registration.stop()
+
+
+async def test_resync_follows_each_registration_and_each_failed_heartbeat(endpoint: str) -> None:
+    resyncs: list[int] = []
+    num_loads = 0
+
+    def load() -> pb.WorkerLoad:
+        nonlocal num_loads
+        num_loads += 1
+        if num_loads == 2:
+            raise RuntimeError("a load that fails once")  # NOTE: its deltas never left
+        return pb.WorkerLoad()
+
+    registration = WorkerRegistration(
+        endpoint,
+        info(),
+        load,
+        interval_s=0.05,
+        retry_initial_s=0.05,
+        resync=lambda: resyncs.append(num_loads),
+    )
+    await registration.start()
+
+    async def after_the_failure() -> bool:
+        return num_loads >= 4
+
+    await wait_until(after_the_failure)
+    await registration.stop()
+    assert resyncs[:2] == [0, 2]  # registered before any load; the failed heartbeat's
