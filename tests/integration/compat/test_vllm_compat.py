@@ -1,8 +1,9 @@
 """The same chat-completions bodies sent to monolithic vLLM (``vllm serve`` on the tiny model) and
 to epd's route (E/PD and E/P/D, on the session's vLLM engines): the same status codes, and for
-greedy or seeded bodies the same text, finish reasons, completion tokens and logprobs. What epd
-does not implement yet is listed (``NOT_YET``) and must be refused by name, never answered
-differently."""
+greedy or seeded bodies the same text, finish reasons, tool calls, completion tokens and
+logprobs. Both run with ``--enable-auto-tool-choice --tool-call-parser hermes``. What epd does
+not implement yet is listed (``NOT_YET``) and must be refused by name, never answered
+differently. The ``openai`` client's structured-output and tool-call flows run unchanged."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
+from pydantic import BaseModel
 
 from epd.common.roles import Role
 from epd.launch.launcher import Deployment
@@ -24,6 +27,8 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
+from epd.server.route.tools import ToolOptions
+from epd.server.route.tools_request import AUTO_NEEDS_FLAGS
 from tests.integration.registered import until_registered
 from tests.pictures import picture
 from tests.unit.scripts.loader import load
@@ -45,9 +50,42 @@ IMAGE = [
 ]
 GREEDY = {"model": "tiny", "messages": IMAGE, "max_tokens": 10, "temperature": 0}
 CHAT = [*IMAGE, {"role": "assistant", "content": "It shows"}]
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # Special tokens of the tiny model's vocabulary pushed into the answer.
 SPECIALS = {"388": 30.0, "390": 30.0}
+# A strict tool: its call's arguments are held to the schema, so even the random tiny model's
+# call is short, valid JSON under tool_choice required or named.
+VERDICT = {
+    "type": "function",
+    "function": {
+        "name": "verdict",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "verdict"}}
+TOOL_GREEDY = {**GREEDY, "messages": TEXT, "max_tokens": 40, "tools": [VERDICT]}
+CALLED = [
+    *TEXT,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call-1",
+                "type": "function",
+                "function": {"name": "verdict", "arguments": '{"ok": true}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call-1", "content": "recorded"},
+]
+# The flags both servers run with, as vllm serve spells them.
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 # (name, body): both answer 200 with the same choices.
 SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
@@ -113,6 +151,12 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         {**GREEDY, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True},
     ),
     ("priority_and_cache_salt", {**GREEDY, "priority": 0, "cache_salt": "tenant-a"}),
+    ("tool_choice_required", {**TOOL_GREEDY, "tool_choice": "required"}),
+    ("tool_choice_named", {**TOOL_GREEDY, "tool_choice": NAMED}),
+    ("tool_choice_none", {**TOOL_GREEDY, "tool_choice": "none"}),
+    ("tool_choice_auto", TOOL_GREEDY),
+    ("one_tool_call", {**TOOL_GREEDY, "tool_choice": "required", "parallel_tool_calls": False}),
+    ("tool_result_in_history", {**TOOL_GREEDY, "messages": CALLED}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -135,13 +179,13 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
         "generation_prompt_and_continuation",
         {**GREEDY, "messages": CHAT, "continue_final_message": True},
     ),
-    # NOTE: vLLM refuses automatic tool choice unless started with --enable-auto-tool-choice.
-    ("tools_auto_without_a_parser", {**GREEDY, "tools": TOOLS}),
+    ("unknown_tool", {**TOOL_GREEDY, "tool_choice": {**NAMED, "function": {"name": "nope"}}}),
+    ("tool_choice_without_tools", {**GREEDY, "tool_choice": "required"}),
+    ("empty_tools", {**GREEDY, "tools": []}),
+    ("bad_tool_choice", {**TOOL_GREEDY, "tool_choice": "sometimes"}),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
-NOT_YET: list[tuple[str, dict[str, Any], str]] = [
-    ("tools", {**GREEDY, "tools": TOOLS, "tool_choice": "none"}, "tools"),
-]
+NOT_YET: list[tuple[str, dict[str, Any], str]] = []
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +194,13 @@ async def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     servers = load("vllm_servers")
     deployment = Deployment(tmp_path_factory.mktemp("vllm"), dict(os.environ))
     try:
-        yield await servers.start_vllm(deployment, tiny_model_dir)
+        yield await servers.start_vllm(deployment, tiny_model_dir, "vllm", *TOOL_FLAGS)
     finally:
         deployment.stop()
+
+
+# epd's route URL -> the URL of a route beside it without the tool flags.
+FLAGLESS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module", params=["e-pd", "e-p-d", "ep-d"])
@@ -179,10 +227,18 @@ async def epd_url(request, tiny_model_dir: Path, engines) -> AsyncIterator[str]:
     workers.append(await build_prefill_server(config, engines[0]))
     if is_split:
         workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
-    route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
+    tools = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    route = await build_route_server(
+        RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0, tools=tools)
+    )
+    # NOTE: a second route without the tool flags, on the same workers
+    flagless = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0))
     await until_registered(endpoint, len(workers))
-    assert route.http is not None
-    yield f"http://127.0.0.1:{route.http.port}/v1"
+    assert route.http is not None and flagless.http is not None
+    url = f"http://127.0.0.1:{route.http.port}/v1"
+    FLAGLESS[url] = f"http://127.0.0.1:{flagless.http.port}/v1"
+    yield url
+    await flagless.stop()
     await route.stop()
     for worker in reversed(workers):
         await worker.stop()
@@ -216,12 +272,19 @@ async def streamed(url: str, body: dict[str, Any], path: str) -> list[dict[str, 
 
 
 def choices(answer: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """What must be equal: each choice's text, finish reason and logprobs (tokens, top ones)."""
+    """What must be equal: each choice's text, reasoning, finish reason, logprobs (tokens, top
+    ones) and tool calls (name and arguments; their ids are random)."""
     result = []
     for choice in sorted(answer["choices"], key=lambda c: c["index"]):
         logprobs = (choice.get("logprobs") or {}).get("content") or []
         tokens = [(e["token"], [t["token"] for t in e["top_logprobs"]]) for e in logprobs]
-        result.append((choice["message"]["content"], choice["finish_reason"], tokens))
+        message = choice["message"]
+        calls = [
+            (call["type"], call["function"]["name"], call["function"]["arguments"])
+            for call in message.get("tool_calls") or []
+        ]
+        shown = (message["content"], message.get("reasoning"), choice["finish_reason"])
+        result.append((*shown, tokens, calls))
     return result
 
 
@@ -302,6 +365,76 @@ async def test_a_streamed_answer_is_the_whole_answer(vllm_url: str, epd_url: str
     assert texts[1] == texts[0]
     status, whole = await post(epd_url, GREEDY)
     assert status == 200 and whole["choices"][0]["message"]["content"] == texts[0][0]
+
+
+def streamed_calls(chunks: list[dict[str, Any]]) -> tuple[str, list[Any], str | None]:
+    """A streamed answer's content, tool calls (index, type, name, arguments as streamed, all
+    but ids) and finish reason."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], [call.get("type"), "", ""])
+                function = call.get("function") or {}
+                entry[1] += function.get("name") or ""
+                entry[2] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return content, sorted(calls.items()), finish
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED, "auto"], ids=["required", "named", "auto"])
+async def test_a_streamed_tool_call_is_vllms(vllm_url: str, epd_url: str, choice: Any) -> None:
+    body = {**TOOL_GREEDY, "tool_choice": choice, "stream": True}
+    answers = [
+        streamed_calls(await streamed(url, body, "chat/completions")) for url in (vllm_url, epd_url)
+    ]
+    assert answers[1] == answers[0]
+    if choice != "auto":  # NOTE: the constraint makes even the tiny model call the tool
+        assert answers[0][1][0][1][1] == "verdict"
+
+
+async def test_auto_without_the_flags_is_refused_as_vllm_refuses_it(
+    vllm_url: str, epd_url: str
+) -> None:
+    """vLLM without --enable-auto-tool-choice answers 400 with this message (this vLLM has the
+    flags, and answers)."""
+    vllm_status, _ = await post(vllm_url, TOOL_GREEDY)
+    status, answer = await post(FLAGLESS[epd_url], TOOL_GREEDY)
+    assert (vllm_status, status, answer["error"]["message"]) == (200, 400, AUTO_NEEDS_FLAGS)
+
+
+class Verdict(BaseModel):
+    """The answer the openai client's flows parse."""
+
+    ok: bool
+
+
+async def test_the_openai_clients_structured_output_and_tool_call_flows(
+    vllm_url: str, epd_url: str, tiny_model_dir: Path
+) -> None:
+    """``parse`` with a pydantic model, and a named tool call whose arguments parse into it."""
+    from transformers import AutoTokenizer
+
+    # NOTE: the random tiny model would fill JSON's optional whitespace up to max_tokens (vLLM
+    # 0.32 takes disable_any_whitespace from the engine's config only): bias it away.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    blanks = {str(i): -100 for i in range(len(tokenizer)) if not tokenizer.decode([i]).strip()}
+    named = {"type": "function", "function": {"name": "Verdict"}}
+    kwargs: dict[str, Any] = {"model": "tiny", "messages": TEXT, "temperature": 0}
+    kwargs.update(max_tokens=64, logit_bias=blanks)
+    answers = []
+    for url in (vllm_url, epd_url):
+        client = openai.AsyncOpenAI(base_url=url, api_key="unused")
+        structured = await client.chat.completions.parse(response_format=Verdict, **kwargs)
+        tool = openai.pydantic_function_tool(Verdict)
+        called = await client.chat.completions.parse(tools=[tool], tool_choice=named, **kwargs)
+        await client.close()
+        (call,) = called.choices[0].message.tool_calls or []
+        answers.append((structured.choices[0].message.parsed, call.function.parsed_arguments))
+    assert answers[1] == answers[0]
+    assert isinstance(answers[0][0], Verdict) and isinstance(answers[0][1], Verdict)
 
 
 PROMPT = {"model": "tiny", "prompt": "The sea is", "max_tokens": 8, "temperature": 0}
