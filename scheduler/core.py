@@ -204,10 +204,11 @@ class Scheduler:
             demands = self._costs.demand(self.registry.live([Role.ENCODE], "", ()))
             return [d for d in demands if not model or d.model == model]
 
-    def held_items(self, worker_id: str) -> list[str]:
-        """The items the scheduler believes ``worker_id``'s cache holds, sorted."""
+    def held_items(self, worker_id: str, limit: int | None = None) -> list[str]:
+        """The items the scheduler believes ``worker_id``'s cache holds (``limit``: at most that
+        many), sorted."""
         with self._lock:
-            return self._holdings.held_by(worker_id)
+            return self._holdings.held_by(worker_id, limit)
 
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""

@@ -83,9 +83,9 @@ class Holdings:
         encoding = self._encoding.get(mm_hash, ())
         return worker_id in holders or STORE in holders or worker_id in encoding
 
-    def held_by(self, holder: str) -> list[str]:
-        """The items ``holder`` is believed to hold, sorted."""
-        return sorted(self._items_of.get(holder, ()))
+    def held_by(self, holder: str, limit: int | None = None) -> list[str]:
+        """The items ``holder`` is believed to hold (``limit``: at most that many), sorted."""
+        return sorted(self._items_of.get(holder, ()))[:limit]
 
     def __len__(self) -> int:
         return len(self._holders)

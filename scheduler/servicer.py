@@ -17,6 +17,8 @@ from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+# The most held items ListWorkers shows per encoder (the route polls the listing every second).
+LISTED_HELD_ITEMS = 256
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
@@ -114,7 +116,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         return pb.ListWorkersResponse(
             workers=[
                 convert.status_to_proto(
-                    w, age(w), held(w.id) if w.spec.role is Role.ENCODE else None
+                    w, age(w), held(w.id, LISTED_HELD_ITEMS) if w.spec.role is Role.ENCODE else None
                 )
                 for w in workers
             ]

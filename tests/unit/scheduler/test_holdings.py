@@ -122,3 +122,10 @@ def test_an_item_encoded_though_the_store_held_it_leaves_the_store() -> None:
     scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(0, 40.0)])
     assert scheduler._holdings.held_by(STORE) == []
     assert scheduler.held_items(assignment.worker_ids[0]) == ["s"]
+
+
+def test_a_listing_shows_a_bounded_part_of_what_is_held() -> None:
+    holdings = Holdings()
+    holdings.apply("a", HeldReport(added=tuple(f"h{i:03}" for i in range(300))))
+    assert holdings.held_by("a", 256) == [f"h{i:03}" for i in range(256)]
+    assert len(holdings.held_by("a")) == 300
