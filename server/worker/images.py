@@ -20,7 +20,7 @@ from PIL import Image
 
 from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
-from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag, salted
 from epd.server.media.loader import MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.media.policy import MediaPolicy
@@ -118,7 +118,9 @@ class ImageResolver:
             if shared is not None:
                 return EngineImage(image.media.mm_hash, grid_of(image), image=shared)
             loaded = await self.loader.load(url=image.media.url, data=image.media.data)
-            return EngineImage(loaded.mm_hash, grid_of(image), image=loaded.image)
+            # NOTE: a tenant's image keeps its salted name in vLLM's caches (hashing.salted)
+            name = salted(loaded.mm_hash, image.media.key_salt)
+            return EngineImage(name, grid_of(image), image=loaded.image)
         raise InvalidArgument(
             f"image {index} has neither embeddings nor media", reason="MISSING_IMAGE_DATA"
         )
