@@ -251,7 +251,8 @@ class VllmEngine(Engine):
         final, prompt_logprobs = None, list[Candidates]()
         async for output in self._run(request_id, prompt_token_ids, images, params, sampling):
             final = output if final is None or output.finished else final
-            prompt_logprobs = prompt_logprobs or prompt_candidates(output.prompt_logprobs)
+            if output.prompt_logprobs:  # NOTE: asked for: not on an ordinary request's path
+                prompt_logprobs = prompt_candidates(output.prompt_logprobs)
         if final is None or not final.outputs[0].token_ids:
             raise Unavailable("the engine produced no first token", reason="ENGINE_NO_OUTPUT")
         completion = final.outputs[0]
@@ -462,7 +463,7 @@ def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> Toke
     """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
     completion = output.outputs[0]
     logprobs = [candidates(position) for position in completion.logprobs or []]
-    prompt_logprobs = prompt_candidates(output.prompt_logprobs)
+    prompt_logprobs = prompt_candidates(output.prompt_logprobs) if output.prompt_logprobs else []
     if not output.finished:
         return TokenChunk(
             list(completion.token_ids), logprobs=logprobs, prompt_logprobs=prompt_logprobs
