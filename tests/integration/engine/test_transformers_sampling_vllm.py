@@ -105,6 +105,28 @@ async def test_what_it_does_not_implement_is_refused_by_name(transformers_engine
     assert "transformers engine" in caught.value.message
 
 
+async def test_prompt_logprobs_and_kept_special_tokens_are_refused_by_name(
+    transformers_engine, prompt
+) -> None:
+    for name, value in [
+        ("prompt_logprobs", 0),
+        ("skip_special_tokens", False),
+        ("spaces_between_special_tokens", False),
+    ]:
+        with pytest.raises(InvalidArgument) as caught:
+            await tokens(
+                transformers_engine, f"refused-{name}", prompt, replace(GREEDY, **{name: value})
+            )
+        assert (caught.value.reason, caught.value.metadata) == (
+            "UNSUPPORTED_PARAMETER",
+            {"param": name},
+        )
+        assert "transformers engine" in caught.value.message
+    salted = replace(GREEDY, priority=3, cache_salt="tenant")
+    plain = await tokens(transformers_engine, "plain", prompt, GREEDY)
+    assert await tokens(transformers_engine, "salted", prompt, salted) == plain, "no effect here"
+
+
 async def test_token_ids_outside_the_vocabulary_are_bad_sampling(
     transformers_engine, prompt
 ) -> None:
