@@ -89,6 +89,7 @@ class Progress:
         sampling.CopyFrom(self.call.sampling)
         sampling.max_tokens = self.remaining
         sampling.min_tokens = max(sampling.min_tokens - len(self.sent), 0)
+        sampling.ClearField("prompt_logprobs")  # NOTE: sent with the first piece already
         request_id = f"{self.call.request_id}-resumed-{self.num_resumed}"
         return replace(self.call, request_id=request_id, prompt=extended, sampling=sampling)
 

@@ -124,6 +124,14 @@ def test_a_continued_call_asks_for_the_min_tokens_still_due() -> None:
     assert progress.continued(call.prompt).sampling.min_tokens == 0
 
 
+def test_a_continued_call_does_not_ask_for_the_prompts_logprobs_again() -> None:
+    call = call_of(E_PD, max_tokens=10)
+    call.sampling.prompt_logprobs = 1
+    assert Progress(call).continued(call.prompt).sampling.prompt_logprobs == 1, "none sent yet"
+    continued = Progress(call, sent=[7]).continued(call.prompt)
+    assert not continued.sampling.HasField("prompt_logprobs"), "its prompt holds the sent tokens"
+
+
 async def test_the_resumptions_of_a_request_are_limited() -> None:
     scheduler = FakeScheduler(prefills=[(f"pd{i}", Role.PREFILL_DECODE) for i in range(4)])
     engines = {f"pd{i}": ScriptedEngine(Unavailable("down"), num_before_error=1) for i in range(4)}
