@@ -205,7 +205,8 @@ class EncodeConfig:
     store_timeout_ms: float = field(
         default=50.0,
         metadata=flag(
-            "a store lookup not answered within this many ms is abandoned and the image encoded"
+            "a store lookup not answered within this many ms is abandoned and the image encoded",
+            env="EPD_STORE_TIMEOUT_MS",
         ),
     )
     store_segment_mb: int = field(

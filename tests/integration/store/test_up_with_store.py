@@ -65,9 +65,11 @@ async def encode_directly(endpoint: str, data: bytes) -> pb.EncodeResponse:
 
 
 def test_up_with_the_store_shares_encodings_and_outlives_its_master(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     skip_without_mooncake()
+    # NOTE: a store lookup may take longer than the default 50 ms on a busy CI machine
+    monkeypatch.setenv("EPD_STORE_TIMEOUT_MS", "2000")
     flags = ("--topology", "e-pd", "--engine", "transformers", "--encoders", "2")
     flags += ("--embedding-store", "mooncake", "--max-restarts", "4")
     with running_stack(tiny_model_dir, tmp_path, *flags) as stack:
