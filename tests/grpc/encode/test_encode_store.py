@@ -70,6 +70,7 @@ async def test_a_cold_encoder_serves_what_another_encoded_without_its_tower(
         try:
             encoded, embeddings = await ask(first, png(401))
             await stored(first, 1)
+            report = first.worker.cache.journal.take()  # what its next heartbeat says
             served, served_embeddings = await ask(second, png(401))
             again, _ = await ask(second, png(401))
             metrics = await asyncio.to_thread(
@@ -79,6 +80,7 @@ async def test_a_cold_encoder_serves_what_another_encoded_without_its_tower(
             await first.stop()
             await second.stop()
     assert not encoded.cache_hit and served.cache_hit and again.cache_hit
+    assert report is not None and report.stored == (encoded.mm_hash,)
     assert (tower_images(first), tower_images(second)) == (1, 0)
     assert served.mm_hash == encoded.mm_hash and served.grid == encoded.grid
     assert torch.equal(served_embeddings.view(torch.uint8), embeddings.view(torch.uint8))
