@@ -84,8 +84,8 @@ class PrefillChooser:
     """Chooses the prefill worker of each prompt and remembers the blocks it sent where.
 
     ``cache_aware``: the worker holding the longest prefix of the prompt, when it holds at
-    least ``cache_threshold`` of its blocks and the workers' loads differ by at most
-    ``balance_threshold`` (in requests per unit of capacity: waiting behind more than that
+    least ``cache_threshold`` of its blocks and its load exceeds the least-loaded worker's by at
+    most ``balance_threshold`` (in requests per unit of capacity: waiting behind more than that
     costs more than computing the prefix again); otherwise the least-loaded worker, and among
     equally loaded ones the one remembered to hold the fewest blocks (the most room: SGLang's
     router sends such a prompt to its smallest prefix tree), then the first by id.
