@@ -129,6 +129,12 @@ class TransformersEngine(Engine):
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.max_model_len)
+        if any(image.is_video for image in images):
+            # NOTE: its prefill would scatter a video's rows as an image's (or drop them).
+            raise InvalidArgument(
+                "the transformers engine takes no video yet (the vLLM engine does)",
+                reason="VIDEO_NOT_SUPPORTED",
+            )
         if unsupported := [
             name for name in sampling.beyond_basics() if name not in IMPLEMENTED_FIELDS
         ]:
