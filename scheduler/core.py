@@ -210,6 +210,12 @@ class Scheduler:
         with self._lock:
             return self._holdings.held_by(worker_id, limit)
 
+    def held_counts(self) -> tuple[dict[str, int], int]:
+        """How many items each holder (encoder id; "" the store) is believed to hold, and how
+        many items are being encoded now (for metrics)."""
+        with self._lock:
+            return self._holdings.num_held(), self._holdings.num_encoding
+
     def policy(self, policy: Policy) -> EncoderPolicy:
         """The policy object used for ``policy`` (for inspection and tests)."""
         return self._policies[policy]

@@ -87,6 +87,15 @@ class Holdings:
         """The items ``holder`` is believed to hold (``limit``: at most that many), sorted."""
         return sorted(self._items_of.get(holder, ()))[:limit]
 
+    def num_held(self) -> dict[str, int]:
+        """How many items each holder is believed to hold (holders holding none left out)."""
+        return {holder: len(items) for holder, items in self._items_of.items() if items}
+
+    @property
+    def num_encoding(self) -> int:
+        """Items being encoded now (assigned to encode, not yet reported)."""
+        return len(self._encoding)
+
     def __len__(self) -> int:
         return len(self._holders)
 

@@ -59,6 +59,7 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
         {(policy.value, encoder): n for (policy, encoder), n in scheduler.num_assigned.items()},
     )
     yield from _demand_families(scheduler)
+    yield from _held_families(scheduler)
     views = scheduler.encoder_views()
     yield labelled_gauge(
         "epd_scheduler_encoder_service_seconds",
@@ -78,6 +79,24 @@ def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetri
         "Expected seconds until each encoder finishes the work assigned to it (adaptive)",
         ["encoder"],
         {(v.id,): (v.backlog_ms or 0.0) / 1000 for v in views},
+    )
+
+
+def _held_families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily]:
+    """What the held-items index believes (``scheduler/holdings.py``)."""
+    held, num_encoding = scheduler.held_counts()
+    yield labelled_gauge(
+        "epd_scheduler_held_items",
+        "Items the scheduler believes each holder answers without a tower: an encoder's cache "
+        '(its id) or the embedding store ("store"), from the encoders\' held-item reports',
+        ["holder"],
+        {(holder or "store",): n for holder, n in held.items()},
+    )
+    yield gauge(
+        "epd_scheduler_items_encoding",
+        "Items assigned to an encoder to encode and not reported yet (requests for one of them "
+        "join its encoding)",
+        num_encoding,
     )
 
 

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epd.common.roles import Role
 from epd.scheduler.metrics import register_scheduler_metrics
-from epd.scheduler.model import EncodeItem, ItemOutcome, Policy
+from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Policy
 from tests.scrape import value
 from tests.unit.scheduler.factories import create_scheduler, spec
 
@@ -28,6 +28,7 @@ def test_metrics_follow_the_scheduler() -> None:
     first = scheduler.assign_encoders(items, policy=Policy.PER_REQUEST)
     second = scheduler.assign_encoders(items[:1], policy=Policy.ADAPTIVE, exclude=first.worker_ids)
     busy = samples(registry)
+    scheduler.heartbeat(scheduler.registry.get("gpu").lease_id, held=HeldReport(stored=("s",)))  # type: ignore[union-attr]
     outcomes = [ItemOutcome(i, 40.0) for i in range(3)]
     scheduler.complete_encoding(first.assignment_id, outcomes)
     scheduler.complete_encoding(second.assignment_id, outcomes[:1])
@@ -49,6 +50,10 @@ def test_metrics_follow_the_scheduler() -> None:
     assert per_request == 3
     assert value(busy, "epd_scheduler_assigned_items_total", policy="adaptive", encoder=other) == 1
     assert value(busy, "epd_scheduler_encoder_backlog_images", encoder=encoder) == 3
+    assert value(busy, "epd_scheduler_items_encoding") == 3  # h0 on both encoders: one item
+    assert value(learned, "epd_scheduler_items_encoding") == 0
+    assert value(learned, "epd_scheduler_held_items", holder=encoder) == 3
+    assert value(learned, "epd_scheduler_held_items", holder="store") == 1
     assert value(busy, "epd_scheduler_encoder_backlog_seconds", encoder=encoder) >= 0
     assert value(learned, "epd_scheduler_encoder_backlog_images", encoder=encoder) == 0
     for worker_id in (encoder, other):
