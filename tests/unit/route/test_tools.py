@@ -249,3 +249,28 @@ def test_epd_up_hands_the_tool_flags_to_the_route() -> None:
     assert route_tool_flags(parser.parse_args([])) == ()
     with pytest.raises(ValueError, match="--tool-call-parser hermez"):
         route_tool_flags(parser.parse_args(["--tool-call-parser", "hermez"]))
+
+
+def test_the_chat_template_sees_the_tools_and_the_calls_as_vllm_passes_them(
+    tiny_model_dir: Path,
+) -> None:
+    from epd.server.route.prompt import PromptBuilder
+
+    template = (tiny_model_dir / "chat_template.jinja").read_text() + (
+        "{% for tool in tools or [] %}[tool {{ tool.function.name }}]{% endfor %}"
+        "{% for m in messages %}{% for call in m.tool_calls or [] %}"
+        "[call {{ call.function.arguments.city }}]{% endfor %}"
+        "{% if m.tool_call_id %}[result {{ m.tool_call_id }}: {{ m.content }}]{% endif %}"
+        "{% endfor %}"
+    )
+    prompts = PromptBuilder(tiny_model_dir, chat_template=template)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather"}}
+    call["function"]["arguments"] = '{"city": "Paris"}'
+    messages = [
+        *BODY["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sun"}]},
+    ]
+    chat = schema.to_chat_request({**BODY, "messages": messages, "tool_choice": "none"}, "tiny")
+    text = prompts.tokenizer.decode(prompts.token_ids(chat.messages, chat.template_kwargs))
+    assert "[tool get_weather][call Paris][result c1: sun]" in text
