@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from epd.server.media.hashing import salted
 from epd.server.media.video import check_num_videos, check_video_tokens
 from epd.server.media.video_hashing import VideoChunk
 from epd.server.media.video_loader import VideoLoader
@@ -85,7 +86,8 @@ def video_input(
     plan = video.video.plan
     t, h, w = plan.grid
     return multimodal_pb2.VideoInput(
-        mm_hash=video.video.video_hash,
+        # NOTE: a tenant's video is named by its salted hash, as its chunks (hashing.salted)
+        mm_hash=salted(video.video.video_hash, video.items[0].key_salt if video.items else ""),
         grid=multimodal_pb2.ImageGrid(t=t, h=h, w=w),
         chunks=[result.embeddings for result in results],
         chunk_hashes=[result.mm_hash for result in results],
