@@ -5,7 +5,9 @@ heartbeat as ``epd.v1.HeldItems``).
 The scheduler places an item on the encoder holding it (no tower time) from these reports. A
 report that may have been lost (a heartbeat failed) or that the scheduler cannot have (the
 encoder registered again, e.g. after the scheduler restarted) is made good by a snapshot of the
-whole cache in the next one (``resync``); so is a window with more changes than ``max_changes``.
+whole cache in the next one (``resync``); so is a window with more changes than ``max_changes``,
+and every ``snapshot_every``-th report is one anyway, so whatever the scheduler believes wrongly
+(an item it assumed cached that the cache did not keep) lasts a bounded time.
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ class HeldItemsJournal:
     ``snapshot`` lists what the cache holds now, most recently used first; it is called without
     the journal's lock held."""
 
-    def __init__(self, snapshot: Callable[[int], list[str]], max_changes: int = 4096) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[int], list[str]],
+        max_changes: int = 4096,
+        snapshot_every: int = 10,
+    ) -> None:
         self._snapshot = snapshot
         self.max_changes = max_changes
+        self.snapshot_every = snapshot_every
+        self._num_takes = 0
         self._lock = threading.Lock()
         self._held: dict[str, bool] = {}  # mm_hash -> held (True) or evicted (False) last
         self._stored: dict[str, None] = {}
@@ -63,6 +72,8 @@ class HeldItemsJournal:
             held, self._held = self._held, {}
             stored, self._stored = tuple(self._stored), {}
             is_snapshot, self._needs_snapshot = self._needs_snapshot, False
+            self._num_takes += 1
+            is_snapshot = is_snapshot or self._num_takes % self.snapshot_every == 0
         if is_snapshot:
             self.num_snapshots += 1
             return HeldReport(True, tuple(self._snapshot(MAX_SNAPSHOT_ITEMS)), (), stored)

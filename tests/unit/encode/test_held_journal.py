@@ -47,3 +47,10 @@ def test_a_resync_or_too_many_changes_make_the_next_report_a_snapshot() -> None:
         journal.record(mm_hash, True)
     assert journal.take() == HeldReport(is_snapshot=True, added=("x", "y"))
     assert journal.num_snapshots == 3
+
+
+def test_every_tenth_report_is_a_snapshot() -> None:
+    journal = HeldItemsJournal(lambda limit: ["x"])
+    reports = [journal.take() for _ in range(20)]
+    snapshots = [i for i, report in enumerate(reports) if report is not None]
+    assert snapshots == [0, 9, 19]
