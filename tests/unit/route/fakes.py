@@ -222,7 +222,8 @@ class FakeEncoder:
 @dataclass
 class FakeEngine:
     """A prefill or decode worker producing ``tokens``, failing first with ``error`` if set;
-    Prefill and PrefillDecode answer once ``hold`` is set, if given."""
+    Prefill and PrefillDecode answer once ``hold`` is set, if given, the prompt's logprobs
+    ``prompt_logprobs`` with the first token."""
 
     tokens: list[int] = field(default_factory=lambda: [7, 8, 9])
     error: EpdError | None = None
@@ -230,6 +231,7 @@ class FakeEngine:
     hold: asyncio.Event | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
+    prompt_logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
 
     def _stream(self, tokens: list[int], response_type: Callable[..., Any]) -> FakeStream:
         count = self.num_before_error if self.error else len(tokens)
@@ -243,6 +245,8 @@ class FakeEngine:
     def PrefillDecode(self, request: Any, timeout: float | None = None) -> FakeStream:
         self.calls.append(("PrefillDecode", request))
         stream = self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
+        if stream.responses:
+            stream.responses[0].prompt_logprobs.extend(self.prompt_logprobs)
         stream.hold = self.hold
         return stream
 
@@ -256,7 +260,9 @@ class FakeEngine:
                 raise
         if self.error is not None:
             raise self.error
-        return prefill_pb.PrefillResponse(first_token_id=self.tokens[0])
+        return prefill_pb.PrefillResponse(
+            first_token_id=self.tokens[0], prompt_logprobs=self.prompt_logprobs
+        )
 
     def Decode(self, request: Any, timeout: float | None = None) -> FakeStream:
         from epd.v1 import decode_service_pb2
