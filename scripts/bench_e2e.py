@@ -63,7 +63,7 @@ from epd.launch.launcher import Deployment, start_topology
 from epd.launch.topology import Topology
 from epd.server.engine.device import resolve_device
 
-DEFAULT_VIDEO_SYSTEMS = "e-pd@auto,e-pd@auto/auto,e-pd@auto/auto/auto,vllm"
+DEFAULT_VIDEO_SYSTEMS = "e-pd@auto,e-pd:per_image@auto/auto,e-pd:per_image@auto/auto/auto,vllm"
 FIELDS = [
     "system",
     "concurrency",
