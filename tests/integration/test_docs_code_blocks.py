@@ -343,11 +343,11 @@ class RouteThread:
     async def _start(self, model_dir: Path) -> tuple[str, str]:
         from epd.common.server import ServerOptions
         from epd.server.route.openai_http import OpenAiHttp
+        from epd.server.route.tools import ToolOptions, parser_class
+        from epd.server.route.tools_request import ToolCalling
         from tests.unit.route.fake_route import serve_route
         from tests.unit.route.fakes import FakePeers
 
-        from epd.server.route.tools import ToolOptions, parser_class
-        from epd.server.route.tools_request import ToolCalling
         served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
         self.server = served.server
         # NOTE: as README's deployment: --enable-auto-tool-choice --tool-call-parser hermes
