@@ -91,7 +91,8 @@ class VisionLayout:
         )
 
     def expand(self, token_ids: list[int], images: list[EngineImage]) -> list[int]:
-        """``token_ids`` with each image's one placeholder repeated to its embedding rows.
+        """``token_ids`` with each image's (and video's) one placeholder token repeated to its
+        embedding rows.
 
         Every image needs its grid; call ``check`` first.
         """
@@ -100,17 +101,22 @@ class VisionLayout:
     def expand_with_ranges(
         self, token_ids: list[int], images: list[EngineImage]
     ) -> tuple[list[int], list[tuple[int, int]]]:
-        """``expand``'s tokens, and each image's placeholder run in them as (offset, length),
-        delimiters included."""
+        """``expand``'s tokens, and each image's or video's placeholder run in them as
+        (offset, length), in prompt order, an image's delimiters included (a video has none)."""
         expanded: list[int] = []
         ranges: list[tuple[int, int]] = []
-        remaining = iter(enumerate(images))
+        pictures = iter([(i, image) for i, image in enumerate(images) if not image.is_video])
+        videos = iter([(i, image) for i, image in enumerate(images) if image.is_video])
         previous = None
         for token in token_ids:
             if self._is_placeholder(token, previous):
-                rows = self._expected_rows(*next(remaining))
+                rows = self._expected_rows(*next(pictures))
                 ranges.append((len(expanded), rows + self.num_delimiters))
                 expanded.extend([*self.image_start_ids, *[token] * rows, *self.image_end_ids])
+            elif token == self.video_pad_id and previous == self.vision_start_id:
+                rows = self._expected_rows(*next(videos))
+                ranges.append((len(expanded), rows))
+                expanded.extend([token] * rows)
             else:
                 expanded.append(token)
             previous = token

@@ -129,10 +129,13 @@ class TransformersEngine(Engine):
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.max_model_len)
-        if any(image.is_video for image in images):
-            # NOTE: its prefill would scatter a video's rows as an image's (or drop them).
+        if (
+            any(image.is_video for image in images)
+            and not self.family.takes_video_in_transformers()
+        ):
             raise InvalidArgument(
-                "the transformers engine takes no video yet (the vLLM engine does)",
+                f"the transformers engine takes no {self.family.title} video (the vLLM engine "
+                "does)",
                 reason="VIDEO_NOT_SUPPORTED",
             )
         if unsupported := [
@@ -230,17 +233,33 @@ class TransformersEngine(Engine):
 
         ids = torch.tensor([input_ids], device=self.options.device)
         embeds = self.model.get_input_embeddings()(ids)
+        pictures = [image for image in images if not image.is_video]
         # NOTE: without images, an image token in the text is text (no image positions).
-        is_image = (ids == self.layout.image_pad_id) & bool(images)
+        is_image = (ids == self.layout.image_pad_id) & bool(pictures)
         image_inputs: dict[str, Any] = {}
-        if images:
-            features = torch.cat([_embeddings(image) for image in images])
+        if pictures:
+            features = torch.cat([_embeddings(image) for image in pictures])
             embeds, image_inputs = self.family.language_model_inputs(embeds, is_image, features)
-        grids = torch.tensor([list(image.grid or ()) for image in images], device=ids.device)
-        positions, delta = self.family.positions(self.model, ids, is_image, grids)
+        grids = torch.tensor([list(image.grid or ()) for image in pictures], device=ids.device)
+        embeds, videos = self._videos(ids, embeds, [i for i in images if i.is_video])
+        positions, delta = self.family.positions(self.model, ids, is_image, grids, videos)
         cache = DynamicCache(config=self.model.config.text_config)
         logits = self._forward(embeds, positions, cache, **image_inputs)
         return _Sequence(cache, logits, len(input_ids), delta)
+
+    def _videos(
+        self, ids: torch.Tensor, embeds: torch.Tensor, videos: list[EngineImage]
+    ) -> tuple[torch.Tensor, Any]:
+        """``embeds`` with ``videos``' rows at the video tokens, and the positions' video
+        inputs (``ModelFamily.positions``; None without videos)."""
+        if not videos:
+            return embeds, None
+        is_video = ids == self.layout.video_pad_id
+        rows = torch.cat([_embeddings(video) for video in videos])
+        embeds, _ = self.family.language_model_inputs(embeds, is_video, rows)
+        grids = torch.tensor([list(video.grid or ()) for video in videos], device=ids.device)
+        seconds = torch.tensor([video.seconds_per_temporal_patch or 1.0 for video in videos])
+        return embeds, (is_video, grids, seconds)
 
     @torch.inference_mode()
     def _extend(self, sequence: _Sequence, token_id: int) -> None:

@@ -155,10 +155,13 @@ class ModelFamily(ABC):
         rows = embeddings.to(inputs_embeds.device, inputs_embeds.dtype)
         return inputs_embeds.masked_scatter(is_image.unsqueeze(-1), rows), {}
 
-    def positions(self, model: Any, ids: Any, is_image: Any, grids: Any) -> tuple[Any, int]:
+    def positions(
+        self, model: Any, ids: Any, is_image: Any, grids: Any, videos: Any = None
+    ) -> tuple[Any, int]:
         """The transformers engine's prefill position ids for ``ids`` [1, length] (images at
-        ``is_image``, their grids [num_images, 3]) and the offset of later positions from the
-        cache length (default: 1-D positions 0..length-1, offset 0)."""
+        ``is_image``, their grids [num_images, 3]; ``videos``: None, or (is_video, their grids
+        [num_videos, 3], their seconds per temporal patch [num_videos])) and the offset of
+        later positions from the cache length (default: 1-D positions 0..length-1, offset 0)."""
         import torch
 
         return torch.arange(ids.shape[1], device=ids.device).unsqueeze(0), 0
@@ -204,6 +207,10 @@ class ModelFamily(ABC):
         has none) and time of each temporal patch (empty: the family shows none) (default: the
         family takes no video)."""
         raise self.refuse_video()
+
+    def takes_video_in_transformers(self) -> bool:
+        """Whether the transformers engine runs this family's videos (default: no)."""
+        return False
 
     def refuse_video(self) -> VideoRefused:
         """The refusal of a video by a family that takes none, naming the family."""

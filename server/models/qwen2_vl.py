@@ -47,15 +47,28 @@ class _QwenVl(ModelFamily):
         )
         return 1, resized_height // patch_size, resized_width // patch_size
 
-    def positions(self, model: Any, ids: Any, is_image: Any, grids: Any) -> tuple[Any, int]:
+    def positions(
+        self, model: Any, ids: Any, is_image: Any, grids: Any, videos: Any = None
+    ) -> tuple[Any, int]:
         import torch
 
-        if not bool(is_image.any()):
+        if not bool(is_image.any()) and videos is None:
             return torch.arange(ids.shape[1], device=ids.device).expand(3, 1, -1), 0
+        types, extra = is_image.int(), {}
+        if videos is not None:
+            is_video, video_grids, seconds = videos
+            types = types + 2 * is_video.int()
+            extra = {"video_grid_thw": video_grids, "second_per_grid_ts": seconds}
         positions, deltas = model.model.get_rope_index(
-            ids, mm_token_type_ids=is_image.int(), image_grid_thw=grids
+            ids,
+            mm_token_type_ids=types,
+            image_grid_thw=grids if bool(is_image.any()) else None,
+            **extra,
         )
         return positions, int(deltas.flatten()[0])
+
+    def takes_video_in_transformers(self) -> bool:
+        return True
 
     def decode_positions(self, position: int, device: Any) -> Any:
         import torch

@@ -45,6 +45,11 @@ class Qwen3Vl(_QwenVl):
         seconds = calculate(None, list(indices), clip.fps, processor.temporal_patch_size)
         return {"timestamps": tuple(float(second) for second in seconds)}
 
+    def takes_video_in_transformers(self) -> bool:
+        # NOTE: its prompt writes each temporal patch's time as text, which the engine would
+        # have to expand, and its DeepStack levels need the videos' positions too.
+        return False
+
     def embedding_width(self, config: Any) -> int:
         vision = config.vision_config
         return int(vision.out_hidden_size) * (1 + len(vision.deepstack_visual_indexes))

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import grpc
 import pytest
-import torch
 
 from epd.common.channels import create_channel
 from epd.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -228,18 +227,6 @@ async def test_bad_inputs_get_clear_status_codes(stack, oracle) -> None:
     with pytest.raises(FailedPrecondition) as refused:
         await stack.engine.prefill("p", list(prompt.token_ids), [], Sampling())
     assert refused.value.reason == "KV_TRANSFER_DISABLED"
-
-
-async def test_a_video_is_refused_by_name_not_taken_as_an_image(stack) -> None:
-    layout = stack.engine.layout
-    assert layout.vision_start_id is not None and layout.video_pad_id is not None
-    rows = torch.zeros(2 * 4 * 4 // layout.merge_size**2, layout.embedding_width)
-    video = EngineImage("v", (2, 4, 4), rows, seconds_per_temporal_patch=0.0)
-    prompt = [1, layout.vision_start_id, layout.video_pad_id, 2]
-    with pytest.raises(InvalidArgument) as refused:
-        await drain(stack.engine, "video", prompt, [video])
-    assert refused.value.reason == "VIDEO_NOT_SUPPORTED"
-    assert stack.engine.load().num_running == 0
 
 
 def sibling(engine: TransformersEngine, **options) -> TransformersEngine:

@@ -67,3 +67,11 @@ def test_the_prompt_check_counts_videos_apart_from_images() -> None:
         with pytest.raises(InvalidArgument) as caught:
             LAYOUT.check(prompt, images, 100, grids_suffice=True)
         assert caught.value.reason == reason
+
+
+def test_the_expansion_repeats_each_video_token_to_its_rows_in_prompt_order() -> None:
+    video = EngineImage("vid", (2, 2, 4), seconds_per_temporal_patch=0.0)
+    image = EngineImage("img", (1, 2, 2))
+    expanded, ranges = LAYOUT.expand_with_ranges([9, 1, 3, 9, 1, 2, 9], [image, video])
+    assert expanded == [9, 1, 3, 3, 3, 3, 9, 1, 2, 9]
+    assert ranges == [(2, 4), (8, 1)]

@@ -1,0 +1,121 @@
+"""A chat with a video through Route -> Scheduler -> Encode -> Prefill on the transformers engine,
+in one process over real gRPC (E/PD): the clip split over two encoders, the prefill worker's
+engine placing the joined rows at the video tokens with the family's M-RoPE positions (Qwen2.5-VL's
+seconds per temporal patch included), answered token for token as transformers' generate answers
+given the same kept frames and their timing. Qwen3-VL's video (its prompt writes each temporal
+patch's time as text) is refused by name on this engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from epd.common.channels import create_channel
+from epd.common.errors import InvalidArgument
+from epd.common.roles import Role
+from epd.scheduler.app import build_scheduler_server
+from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.engine.base import EngineImage, Sampling
+from epd.server.engine.transformers_engine import TransformersEngine
+from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_planner import VideoPlanner
+from epd.server.prefill.app import PrefillConfig, build_prefill_server
+from epd.server.route.app import RouteConfig, build_route_server
+from epd.v1 import route_service_pb2_grpc
+from tests.integration.e2e.test_video_in_process import CLIP, MAX_TOKENS, TEXT, video_request
+from tests.integration.registered import until_registered
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+async def deployment(
+    request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
+) -> AsyncIterator[dict[str, Any]]:
+    """Two encoders, a prefill worker on a transformers engine, a route cutting chunks of 2
+    temporal patches (the clip's 4 over both encoders)."""
+    model_dir = tiny_family_dir(request.param)
+    engine = await TransformersEngine.start(model_dir, model_id="tiny")
+    scheduler, scheduler_port = await build_scheduler_server()
+    endpoint = f"127.0.0.1:{scheduler_port}"
+    workers = [
+        await build_encode_server(
+            EncodeConfig(model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
+        )
+        for i in range(2)
+    ]
+    config = PrefillConfig(model_dir, mode=Role.PREFILL_DECODE, scheduler=endpoint)
+    workers.append(await build_prefill_server(config, engine))
+    route = await build_route_server(
+        RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=2)
+    )
+    await until_registered(endpoint, len(workers))
+    channel = create_channel(f"127.0.0.1:{route.port}")
+    yield {
+        "stub": route_service_pb2_grpc.RouteServiceStub(channel),
+        "model_dir": model_dir,
+        "encoders": workers[:2],
+    }
+    await channel.close()
+    await route.stop()
+    for worker in workers:
+        await worker.stop()
+    await scheduler.drain_and_stop(0)
+    await engine.close()
+
+
+def transformers_reference(model_dir: Path) -> list[int]:
+    """transformers' greedy generate on the chat with the kept frames and their metadata."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    chat = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": TEXT}]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    stream = video.stream
+    metadata = VideoMetadata(
+        total_num_frames=stream.num_frames,
+        fps=stream.fps,
+        frames_indices=list(video.plan.frame_indices),
+    )
+    inputs = processor(
+        text=[text],
+        videos=[video.frames],
+        video_metadata=[metadata],
+        do_sample_frames=False,
+        return_tensors="pt",
+    )
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False
+        )
+    return [int(t) for t in out[0, inputs["input_ids"].shape[1] :]]
+
+
+async def test_video_tokens_equal_transformers_on_the_same_frames(deployment) -> None:
+    expected = transformers_reference(deployment["model_dir"])
+    sizes = [len(e.worker.cache) for e in deployment["encoders"]]
+    responses = [r async for r in deployment["stub"].Generate(video_request(CLIP, "tf-video"))]
+    assert [t for r in responses for t in r.token_ids] == expected
+    added = [len(e.worker.cache) - n for e, n in zip(deployment["encoders"], sizes, strict=True)]
+    assert added == [1, 1], "the clip's two chunks, one on each encoder"
+
+
+async def test_qwen3_vl_video_is_refused_by_name(tiny_family_dir: Callable[[str], Path]) -> None:
+    engine = await TransformersEngine.start(tiny_family_dir("qwen3_vl"), model_id="tiny")
+    try:
+        layout = engine.layout
+        assert layout.vision_start_id is not None and layout.video_pad_id is not None
+        rows = torch.zeros(2 * 4 * 4 // layout.merge_size**2, layout.embedding_width)
+        video = EngineImage("v", (2, 4, 4), rows, seconds_per_temporal_patch=0.0)
+        prompt = [1, layout.vision_start_id, layout.video_pad_id, 2]
+        with pytest.raises(InvalidArgument) as refused:
+            _ = [c async for c in engine.generate("v", prompt, [video], Sampling(max_tokens=2))]
+        assert refused.value.reason == "VIDEO_NOT_SUPPORTED"
+        assert "Qwen3-VL" in refused.value.message
+    finally:
+        await engine.close()
