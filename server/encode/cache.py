@@ -26,8 +26,8 @@ class CachedEmbedding:
 
 
 class EmbeddingCache:
-    """Thread-safe LRU with a byte budget (0 disables caching); ``journal`` records what it
-    takes and evicts for the encoder's heartbeats."""
+    """Thread-safe LRU with a byte budget (0 disables caching); ``journal`` tells the
+    encoder's heartbeats what it took and evicted."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
@@ -62,12 +62,10 @@ class EmbeddingCache:
             self._bytes -= old.num_bytes if old else 0
             self._entries[mm_hash] = entry
             self._bytes += entry.num_bytes
-            self.journal.record(mm_hash, True)
             while self._bytes > self.max_bytes:
-                evicted_hash, evicted = self._entries.popitem(last=False)
+                _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.num_bytes
                 self.num_evictions += 1
-                self.journal.record(evicted_hash, False)
 
     def hashes(self, limit: int = 1024) -> list[str]:
         """Up to ``limit`` most recently used hashes, most recent first."""

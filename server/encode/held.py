@@ -2,12 +2,13 @@
 embedding store, since its last report to the scheduler (``HeldReport``, sent with each
 heartbeat as ``epd.v1.HeldItems``).
 
-The scheduler places an item on the encoder holding it (no tower time) from these reports. A
-report that may have been lost (a heartbeat failed) or that the scheduler cannot have (the
-encoder registered again, e.g. after the scheduler restarted) is made good by a snapshot of the
-whole cache in the next one (``resync``); so is a window with more changes than ``max_changes``,
-and every ``snapshot_every``-th report is one anyway, so whatever the scheduler believes wrongly
-(an item it assumed cached that the cache did not keep) lasts a bounded time.
+The changes are the difference between what the cache holds at each report and what the
+previous report said (its ``max_items`` most recently used entries), so nothing runs on a
+request's path and nothing is lost between two reports. A report that may itself have been lost
+(a heartbeat failed) or that the scheduler cannot have (the encoder registered again, e.g. after
+the scheduler restarted) is made good by a snapshot of the cache in the next one (``resync``),
+and every ``snapshot_every``-th report is a snapshot anyway, so what the scheduler assumed
+wrongly (an item it believed cached that the cache did not keep) lasts a bounded time.
 """
 
 from __future__ import annotations
@@ -17,47 +18,34 @@ from collections.abc import Callable
 
 from epd.scheduler.model import HeldReport
 
-# The most items one snapshot names (the cache's most recently used ones).
-MAX_SNAPSHOT_ITEMS = 4096
+# The most items a report names as held (the cache's most recently used ones).
+MAX_REPORTED_ITEMS = 4096
 
 
 class HeldItemsJournal:
-    """Thread-safe: the cache records from the event loop, the store from its writer thread.
-
-    ``snapshot`` lists what the cache holds now, most recently used first; it is called without
-    the journal's lock held."""
+    """``held(limit)`` lists what the cache holds now, most recently used first. ``take`` is
+    called from one thread (the heartbeat's); ``stored`` and ``resync`` from any."""
 
     def __init__(
         self,
-        snapshot: Callable[[int], list[str]],
-        max_changes: int = 4096,
+        held: Callable[[int], list[str]],
+        max_items: int = MAX_REPORTED_ITEMS,
         snapshot_every: int = 10,
     ) -> None:
-        self._snapshot = snapshot
-        self.max_changes = max_changes
+        self._held = held
+        self.max_items = max_items
         self.snapshot_every = snapshot_every
-        self._num_takes = 0
         self._lock = threading.Lock()
-        self._held: dict[str, bool] = {}  # mm_hash -> held (True) or evicted (False) last
+        self._reported: set[str] = set()
         self._stored: dict[str, None] = {}
         self._needs_snapshot = True
+        self._num_takes = 0
         self.num_snapshots = 0
-
-    def record(self, mm_hash: str, is_held: bool) -> None:
-        """The cache took (``is_held``) or evicted ``mm_hash``."""
-        with self._lock:
-            if self._needs_snapshot:
-                return
-            self._held.pop(mm_hash, None)
-            self._held[mm_hash] = is_held
-            if len(self._held) > self.max_changes:
-                self._held.clear()
-                self._needs_snapshot = True
 
     def stored(self, mm_hash: str) -> None:
         """``mm_hash`` was written to the embedding store."""
         with self._lock:
-            if len(self._stored) < self.max_changes:
+            if len(self._stored) < self.max_items:
                 self._stored[mm_hash] = None
 
     def resync(self) -> None:
@@ -66,19 +54,20 @@ class HeldItemsJournal:
             self._needs_snapshot = True
 
     def take(self) -> HeldReport | None:
-        """What changed since the previous ``take`` (a snapshot when one is due), cleared here;
-        None when nothing did."""
+        """What changed since the previous ``take`` (a snapshot when one is due); None when
+        nothing did."""
         with self._lock:
-            held, self._held = self._held, {}
             stored, self._stored = tuple(self._stored), {}
             is_snapshot, self._needs_snapshot = self._needs_snapshot, False
             self._num_takes += 1
             is_snapshot = is_snapshot or self._num_takes % self.snapshot_every == 0
+        held = self._held(self.max_items)
+        previous, self._reported = self._reported, set(held)
         if is_snapshot:
             self.num_snapshots += 1
-            return HeldReport(True, tuple(self._snapshot(MAX_SNAPSHOT_ITEMS)), (), stored)
-        if not held and not stored:
+            return HeldReport(True, tuple(held), (), stored)
+        added = tuple(h for h in held if h not in previous)
+        evicted = tuple(sorted(previous - self._reported))
+        if not (added or evicted or stored):
             return None
-        added = tuple(h for h, is_held in held.items() if is_held)
-        evicted = tuple(h for h, is_held in held.items() if not is_held)
         return HeldReport(False, added, evicted, stored)

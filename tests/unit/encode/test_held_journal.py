@@ -1,6 +1,6 @@
 """The encoder's held-item journal: a snapshot first and whenever one is due (after a lost
-report, past the bound), then what the cache took and evicted and what the store stored, netted
-per item."""
+report, every tenth report), else what the cache took and evicted since the previous report, and
+what the store stored; nothing on the cache's own path."""
 
 from __future__ import annotations
 
@@ -24,29 +24,28 @@ def test_the_first_report_is_a_snapshot_then_deltas() -> None:
     cache.put("b", entry(40))
     cache.put("c", entry(40))  # evicts a
     journal.stored("c")
-    assert journal.take() == HeldReport(added=("b", "c"), evicted=("a",), stored=("c",))
+    assert journal.take() == HeldReport(added=("c", "b"), evicted=("a",), stored=("c",))
 
 
-def test_an_item_taken_then_evicted_is_reported_evicted() -> None:
+def test_an_item_taken_then_evicted_between_two_reports_is_no_change() -> None:
     cache = EmbeddingCache(50)
+    cache.put("a", entry(40))
     cache.journal.take()
-    cache.put("a", entry(40))
+    cache.put("b", entry(40))  # evicts a
+    cache.put("a", entry(40))  # evicts b
+    assert cache.journal.take() is None
     cache.put("b", entry(40))
-    cache.put("a", entry(40))
-    assert cache.journal.take() == HeldReport(added=("a",), evicted=("b",))
+    assert cache.journal.take() == HeldReport(added=("b",), evicted=("a",))
 
 
-def test_a_resync_or_too_many_changes_make_the_next_report_a_snapshot() -> None:
+def test_a_resync_makes_the_next_report_a_snapshot() -> None:
     held = ["x", "y"]
-    journal = HeldItemsJournal(lambda limit: held[:limit], max_changes=2)
-    journal.take()
-    journal.record("z", True)
+    journal = HeldItemsJournal(lambda limit: held[:limit], max_items=1)
+    assert journal.take() == HeldReport(is_snapshot=True, added=("x",))
+    held.insert(0, "z")
     journal.resync()
-    assert journal.take() == HeldReport(is_snapshot=True, added=("x", "y"))
-    for mm_hash in ("p", "q", "r"):
-        journal.record(mm_hash, True)
-    assert journal.take() == HeldReport(is_snapshot=True, added=("x", "y"))
-    assert journal.num_snapshots == 3
+    assert journal.take() == HeldReport(is_snapshot=True, added=("z",))
+    assert journal.num_snapshots == 2
 
 
 def test_every_tenth_report_is_a_snapshot() -> None:
