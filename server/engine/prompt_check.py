@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +100,15 @@ class VisionLayout:
         return self.expand_with_ranges(token_ids, images)[0]
 
     def expand_with_ranges(
-        self, token_ids: list[int], images: list[EngineImage]
+        self,
+        token_ids: list[int],
+        images: list[EngineImage],
+        video_tokens: Callable[[EngineImage], list[int] | None] | None = None,
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """``expand``'s tokens, and each image's or video's placeholder run in them as
-        (offset, length), in prompt order, an image's delimiters included (a video has none)."""
+        (offset, length), in prompt order, an image's delimiters included (a video has none).
+        ``video_tokens``: what a video's token expands to where the family writes more than
+        its rows (None, or None for a video: its rows of the video token)."""
         expanded: list[int] = []
         ranges: list[tuple[int, int]] = []
         pictures = iter([(i, image) for i, image in enumerate(images) if not image.is_video])
@@ -114,9 +120,11 @@ class VisionLayout:
                 ranges.append((len(expanded), rows + self.num_delimiters))
                 expanded.extend([*self.image_start_ids, *[token] * rows, *self.image_end_ids])
             elif token == self.video_pad_id and previous == self.vision_start_id:
-                rows = self._expected_rows(*next(videos))
-                ranges.append((len(expanded), rows))
-                expanded.extend([token] * rows)
+                index, video = next(videos)
+                rows = self._expected_rows(index, video)
+                run = (video_tokens(video) if video_tokens else None) or [token] * rows
+                ranges.append((len(expanded), len(run)))
+                expanded.extend(run)
             else:
                 expanded.append(token)
             previous = token

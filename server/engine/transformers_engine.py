@@ -129,15 +129,6 @@ class TransformersEngine(Engine):
         sampling: Sampling,
     ) -> AsyncIterator[TokenChunk]:
         self.layout.check(prompt_token_ids, images, self.max_model_len)
-        if (
-            any(image.is_video for image in images)
-            and not self.family.takes_video_in_transformers()
-        ):
-            raise InvalidArgument(
-                f"the transformers engine takes no {self.family.title} video (the vLLM engine "
-                "does)",
-                reason="VIDEO_NOT_SUPPORTED",
-            )
         if unsupported := [
             name for name in sampling.beyond_basics() if name not in IMPLEMENTED_FIELDS
         ]:
@@ -177,7 +168,10 @@ class TransformersEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         if any(image.embeddings is None for image in images):
             images = await self._step(self._encode_pictures, images)
-        input_ids = self.layout.expand(prompt_token_ids, images)
+        input_ids, ranges = self.layout.expand_with_ranges(
+            prompt_token_ids, images, self._video_tokens
+        )
+        images = self._in_prompt_order(input_ids, ranges, images)
         max_new_tokens = min(sampling.max_tokens, self.max_model_len - len(input_ids))
         if max_new_tokens <= 0:
             raise InvalidArgument(
@@ -234,32 +228,43 @@ class TransformersEngine(Engine):
         ids = torch.tensor([input_ids], device=self.options.device)
         embeds = self.model.get_input_embeddings()(ids)
         pictures = [image for image in images if not image.is_video]
+        videos = [image for image in images if image.is_video]
         # NOTE: without images, an image token in the text is text (no image positions).
         is_image = (ids == self.layout.image_pad_id) & bool(pictures)
+        is_video = (ids == (self.layout.video_pad_id or -1)) & bool(videos)
         image_inputs: dict[str, Any] = {}
-        if pictures:
-            features = torch.cat([_embeddings(image) for image in pictures])
-            embeds, image_inputs = self.family.language_model_inputs(embeds, is_image, features)
+        if images:
+            rows = torch.cat([_embeddings(image) for image in images])
+            embeds, image_inputs = self.family.language_model_inputs(
+                embeds, is_image | is_video, rows
+            )
         grids = torch.tensor([list(image.grid or ()) for image in pictures], device=ids.device)
-        embeds, videos = self._videos(ids, embeds, [i for i in images if i.is_video])
-        positions, delta = self.family.positions(self.model, ids, is_image, grids, videos)
+        positions, delta = self.family.positions(
+            self.model, ids, is_image, grids, _video_positions(ids, is_video, videos)
+        )
         cache = DynamicCache(config=self.model.config.text_config)
         logits = self._forward(embeds, positions, cache, **image_inputs)
         return _Sequence(cache, logits, len(input_ids), delta)
 
-    def _videos(
-        self, ids: torch.Tensor, embeds: torch.Tensor, videos: list[EngineImage]
-    ) -> tuple[torch.Tensor, Any]:
-        """``embeds`` with ``videos``' rows at the video tokens, and the positions' video
-        inputs (``ModelFamily.positions``; None without videos)."""
-        if not videos:
-            return embeds, None
-        is_video = ids == self.layout.video_pad_id
-        rows = torch.cat([_embeddings(video) for video in videos])
-        embeds, _ = self.family.language_model_inputs(embeds, is_video, rows)
-        grids = torch.tensor([list(video.grid or ()) for video in videos], device=ids.device)
-        seconds = torch.tensor([video.seconds_per_temporal_patch or 1.0 for video in videos])
-        return embeds, (is_video, grids, seconds)
+    def _video_tokens(self, video: EngineImage) -> list[int] | None:
+        """What ``video``'s token expands to where its family writes more than its rows."""
+        assert video.grid is not None  # checked by VisionLayout.check
+        config, tokenizer = self.model.config, self.processor.tokenizer
+        return self.family.video_prompt_tokens(video.grid, video.timestamps, config, tokenizer)
+
+    def _in_prompt_order(
+        self, input_ids: list[int], ranges: list[tuple[int, int]], images: list[EngineImage]
+    ) -> list[EngineImage]:
+        """``images`` (pictures, then videos) in the order of their runs in ``input_ids``."""
+        pictures = iter([image for image in images if not image.is_video])
+        videos = iter([image for image in images if image.is_video])
+        first_row = len(self.layout.image_start_ids)
+        return [
+            next(pictures)
+            if input_ids[offset + first_row] == self.layout.image_pad_id
+            else next(videos)
+            for offset, _ in ranges
+        ]
 
     @torch.inference_mode()
     def _extend(self, sequence: _Sequence, token_id: int) -> None:
@@ -342,6 +347,15 @@ def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:
 
 def _layout(model: Any, processor: Any) -> VisionLayout:
     return VisionLayout.of(model.config, processor.tokenizer)
+
+
+def _video_positions(ids: torch.Tensor, is_video: torch.Tensor, videos: list[EngineImage]) -> Any:
+    """The positions' video inputs (``ModelFamily.positions``; None without videos)."""
+    if not videos:
+        return None
+    grids = torch.tensor([list(video.grid or ()) for video in videos], device=ids.device)
+    seconds = torch.tensor([video.seconds_per_temporal_patch or 1.0 for video in videos])
+    return is_video, grids, seconds
 
 
 def _embeddings(image: EngineImage) -> torch.Tensor:

@@ -208,9 +208,13 @@ class ModelFamily(ABC):
         family takes no video)."""
         raise self.refuse_video()
 
-    def takes_video_in_transformers(self) -> bool:
-        """Whether the transformers engine runs this family's videos (default: no)."""
-        return False
+    def video_prompt_tokens(
+        self, grid: Grid, timestamps: tuple[float, ...], config: Any, tokenizer: Any
+    ) -> list[int] | None:
+        """What a video's one video token expands to in the prompt where the family writes
+        more than the video's rows (Qwen3-VL: each temporal patch's time as text), for the
+        transformers engine; None (default): the rows alone."""
+        return None
 
     def refuse_video(self) -> VideoRefused:
         """The refusal of a video by a family that takes none, naming the family."""

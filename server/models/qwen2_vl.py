@@ -67,9 +67,6 @@ class _QwenVl(ModelFamily):
         )
         return positions, int(deltas.flatten()[0])
 
-    def takes_video_in_transformers(self) -> bool:
-        return True
-
     def decode_positions(self, position: int, device: Any) -> Any:
         import torch
 

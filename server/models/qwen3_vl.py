@@ -45,10 +45,19 @@ class Qwen3Vl(_QwenVl):
         seconds = calculate(None, list(indices), clip.fps, processor.temporal_patch_size)
         return {"timestamps": tuple(float(second) for second in seconds)}
 
-    def takes_video_in_transformers(self) -> bool:
-        # NOTE: its prompt writes each temporal patch's time as text, which the engine would
-        # have to expand, and its DeepStack levels need the videos' positions too.
-        return False
+    def video_prompt_tokens(
+        self, grid: Any, timestamps: tuple[float, ...], config: Any, tokenizer: Any
+    ) -> list[int] | None:
+        # NOTE: as vLLM's Qwen3VLMultiModalProcessor.get_video_repl and transformers'
+        # Qwen3VLProcessor.replace_video_token: each patch's "<t seconds>", tokenized alone,
+        # then its rows between vision start and end.
+        per_patch = int(grid[1]) * int(grid[2]) // self.merge_size(config) ** 2
+        start, end = int(config.vision_start_token_id), int(config.vision_end_token_id)
+        tokens: list[int] = []
+        for second in timestamps:
+            tokens += tokenizer.encode(f"<{second:.1f} seconds>", add_special_tokens=False)
+            tokens += [start, *[int(config.video_token_id)] * per_patch, end]
+        return tokens
 
     def embedding_width(self, config: Any) -> int:
         vision = config.vision_config

@@ -1,9 +1,10 @@
 """A chat with a video through Route -> Scheduler -> Encode -> Prefill on the transformers engine,
-in one process over real gRPC (E/PD): the clip split over two encoders, the prefill worker's
-engine placing the joined rows at the video tokens with the family's M-RoPE positions (Qwen2.5-VL's
-seconds per temporal patch included), answered token for token as transformers' generate answers
-given the same kept frames and their timing. Qwen3-VL's video (its prompt writes each temporal
-patch's time as text) is refused by name on this engine."""
+in one process over real gRPC (E/PD), for every Qwen family: the clip split over two encoders,
+the prefill worker's engine expanding the video's token (Qwen3-VL: each temporal patch's
+"<t seconds>" text, then its rows between vision start and end), placing the joined rows at the
+video tokens (Qwen3-VL's DeepStack levels too) with the family's M-RoPE positions (Qwen2.5-VL's
+seconds per temporal patch included), answered token for token as transformers' generate
+answers given the same kept frames and their timing."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ import pytest
 import torch
 
 from epd.common.channels import create_channel
-from epd.common.errors import InvalidArgument
 from epd.common.roles import Role
 from epd.scheduler.app import build_scheduler_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
-from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.transformers_engine import TransformersEngine
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_planner import VideoPlanner
@@ -30,7 +29,7 @@ from tests.integration.e2e.test_video_in_process import CLIP, MAX_TOKENS, TEXT, 
 from tests.integration.registered import until_registered
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 async def deployment(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
 ) -> AsyncIterator[dict[str, Any]]:
@@ -103,19 +102,3 @@ async def test_video_tokens_equal_transformers_on_the_same_frames(deployment) ->
     assert [t for r in responses for t in r.token_ids] == expected
     added = [len(e.worker.cache) - n for e, n in zip(deployment["encoders"], sizes, strict=True)]
     assert added == [1, 1], "the clip's two chunks, one on each encoder"
-
-
-async def test_qwen3_vl_video_is_refused_by_name(tiny_family_dir: Callable[[str], Path]) -> None:
-    engine = await TransformersEngine.start(tiny_family_dir("qwen3_vl"), model_id="tiny")
-    try:
-        layout = engine.layout
-        assert layout.vision_start_id is not None and layout.video_pad_id is not None
-        rows = torch.zeros(2 * 4 * 4 // layout.merge_size**2, layout.embedding_width)
-        video = EngineImage("v", (2, 4, 4), rows, seconds_per_temporal_patch=0.0)
-        prompt = [1, layout.vision_start_id, layout.video_pad_id, 2]
-        with pytest.raises(InvalidArgument) as refused:
-            _ = [c async for c in engine.generate("v", prompt, [video], Sampling(max_tokens=2))]
-        assert refused.value.reason == "VIDEO_NOT_SUPPORTED"
-        assert "Qwen3-VL" in refused.value.message
-    finally:
-        await engine.close()
