@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU check of the encoder tier in one command, for a lent GPU machine (Python 3.12, torch
-# with CUDA, no vLLM, no network; ../shared/GPU.md). Budget: under 5 minutes. Steps:
+# Every GPU check in one command, for a lent GPU machine (Python 3.12, torch with CUDA, no vLLM,
+# no network; ../shared/GPU.md). Budget: about 10 minutes. Steps:
 #   1. install the carried wheels (--wheels DIR, default .whl) and this checkout into /tmp/site;
 #   2. the CUDA tests (the encoder and the embeddings device) and the suite's encoder tests;
 #   3. bench_encode on the GPU for the small preset (fast tower, on one and on two encoder
@@ -10,31 +10,59 @@
 #      adaptive, each as a share of the ideal (GPU alone + CPU alone) (bench_e2e);
 #   5. JPEG decoding, Pillow against torchvision's CPU decoder and nvjpeg: time and whether the
 #      pixels equal Pillow's, which the mm_hash is a hash of (bench_jpeg_decode);
-#   6. the small tower eager against torch.compile with CUDA graphs (bench_tower_compile).
+#   6. the small tower eager against torch.compile with CUDA graphs (bench_tower_compile);
+#   7. video: one clip per request through E/PD with one, two and three encoders on the GPU
+#      sharing each clip in chunks, and monolithic vLLM given the same frames where vLLM is
+#      installed (bench_e2e --video; the engine is vLLM where installed, else transformers,
+#      which takes no video yet: without vLLM this step fails);
+#   8. the embedding store: put/get of embeddings through a Mooncake master against encoding
+#      (bench_store; needs Mooncake: --store-wheels DIR holding its cp312 wheel and the .deb
+#      files of libibverbs1 and librdmacm1, which gpu_wheels.sh --store downloads; skipped
+#      when Mooncake cannot load);
+#   9. autoscaling: a burst then quiet against epd up --encoders 1:3 and fixed counts
+#      (bench_autoscale, a shortened burst).
 # Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
 # A step that fails or outlives its share of the budget is reported and the next one runs; the
-# exit status is the number of failed steps. --cpu-only runs the same steps on CPU with the tiny
-# model and few requests: what CI runs. scripts/gpu_wheels.sh downloads the wheels.
+# exit status is the number of failed steps. --cpu-only runs steps 2-8 on CPU with the tiny
+# model and few requests (step 7 one E/PD with two encoders, on vLLM): what CI runs.
+# scripts/gpu_wheels.sh downloads the wheels.
 #
-#   scripts/gpu_check.sh [--cpu-only] [--wheels DIR] [--out DIR]
+#   scripts/gpu_check.sh [--cpu-only] [--wheels DIR] [--store-wheels DIR] [--out DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CPU_ONLY=0
 WHEELS="$ROOT/.whl"
+STORE_WHEELS="$ROOT/.whl-store"
 DEST="${OUT:-$ROOT/.epd/gpu_check}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu-only) CPU_ONLY=1; shift ;;
     --wheels) WHEELS="$2"; shift 2 ;;
+    --store-wheels) STORE_WHEELS="$2"; shift 2 ;;
     --out) DEST="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$DEST"
 PYTHON="${PYTHON:-python3}"
 step() { printf '\n==> %s\n' "$*"; }
+# Whether Mooncake's store loads; on the GPU machine, first from STORE_WHEELS (its wheel into
+# /tmp/site, its system libraries unpacked from the .deb files into /tmp/store-libs).
+store_loads() {
+  if [[ $CPU_ONLY == 0 && -d $STORE_WHEELS ]] && ! "$PYTHON" -c "import mooncake.store" 2>/dev/null
+  then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+      "$STORE_WHEELS"/*.whl || true
+    for deb in "$STORE_WHEELS"/*.deb; do [[ -f $deb ]] && dpkg-deb -x "$deb" /tmp/store-libs; done
+    local libs
+    libs=$(find /tmp/store-libs -maxdepth 4 -name 'lib*.so.*' -printf '%h\n' 2>/dev/null \
+      | sort -u | paste -sd: -)
+    [[ -z $libs ]] || export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  "$PYTHON" -c "import mooncake.store" 2>/dev/null
+}
 FAILED=0
 # Runs "$@" for at most $1 seconds; stdout to $2 (a file under DEST) unless it is "-".
 bounded() {
@@ -52,6 +80,9 @@ if [[ $CPU_ONLY == 1 ]]; then
   TESTS=(tests/unit/encode/test_fast_tower.py)
   SYSTEMS="e-pd@cpu,e-pd:per_image@cpu/cpu"
   E2E=(--concurrency 4 --requests 8 --tokens 2 --images 1 --engine transformers)
+  VIDEO=(--systems e-pd@cpu/cpu --clip-sizes 160x120 --clip-seconds 4 --concurrency 1
+    --requests 2 --repeats 1 --tokens 2)
+  STORE=(--repeats 3)
 else
   step "install the carried wheels and this checkout into /tmp/site"
   if [[ -d "$WHEELS" ]]; then
@@ -67,6 +98,12 @@ else
   BIG=(--vision-depth 32 --vision-embed-dim 1280 --max-pixels 200704)
   SYSTEMS="e-pd@cuda,e-pd@cpu,e-pd:per_image@cuda/cpu,e-pd:per_request@cuda/cpu,e-pd:adaptive@cuda/cpu"
   E2E=(--concurrency 16 --requests 48 --tokens 8 --images 4)
+  VIDEO_SYSTEMS="e-pd@cuda,e-pd@cuda/cuda,e-pd@cuda/cuda/cuda"
+  "$PYTHON" -c "import vllm" 2>/dev/null && VIDEO_SYSTEMS+=",vllm"
+  VIDEO=(--model /tmp/epd-small --systems "$VIDEO_SYSTEMS" --clip-sizes 640x480
+    --concurrency "1,4" --requests 12 --repeats 3 --tokens 8)
+  STORE=(--model /tmp/epd-small --repeats 10)
+  AUTOSCALE=(--model /tmp/epd-small --max-encoders 3 --concurrency 16 --burst-s 15 --quiet-s 12)
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [[ $CPU_ONLY == 0 ]]; then
@@ -119,6 +156,26 @@ if [[ $CPU_ONLY == 0 ]]; then  # NOTE: last: the step most likely to outlive its
   step "the small tower eager against torch.compile (CUDA graphs) at batch 1 and 8"
   bounded 100 tower_compile_small.json "$PYTHON" scripts/bench_tower_compile.py \
     --device "$DEVICE" --preset small --json
+fi
+
+step "video: one clip per request over one, two and three encoders (and vLLM given its frames)"
+if [[ $CPU_ONLY == 1 ]]; then
+  # NOTE: a fresh tiny build: one in .epd/models made before video support has no video clause
+  bounded 60 - "$PYTHON" -m epd model tiny --out "$DEST/tiny-video"
+  VIDEO+=(--model "$DEST/tiny-video")
+fi
+bounded 300 bench_e2e_video.json "$PYTHON" scripts/bench_e2e.py --video "${VIDEO[@]}" --json
+
+step "the embedding store (Mooncake) against encoding"
+if store_loads; then
+  bounded 90 bench_store.json "$PYTHON" scripts/bench_store.py "${STORE[@]}" --json
+else
+  echo "gpu_check: SKIPPED: Mooncake does not load here (carry --store-wheels DIR)" >&2
+fi
+
+if [[ $CPU_ONLY == 0 ]]; then
+  step "autoscaling encoders: a burst then quiet, 1:3 against fixed counts"
+  bounded 240 bench_autoscale.json "$PYTHON" scripts/bench_autoscale.py "${AUTOSCALE[@]}" --json
 fi
 step "figures in $DEST; $FAILED step(s) failed"
 exit "$FAILED"

@@ -3,11 +3,29 @@
 # this checkout's .venv holds, for scripts/gpu_check.sh to install there. About 41 MB; the working
 # tree a device call carries must stay under 64 MiB.
 #
+# --store downloads instead, into DIR (default .whl-store), what gpu_check.sh's embedding store
+# step needs (--store-wheels): Mooncake's cp312 wheel at requirements/store-cpu.txt's pin and the
+# Debian packages of the system libraries it loads (libibverbs1, librdmacm1 and their libnl),
+# which gpu_check.sh unpacks without installing them. Mooncake's wheel is large: carry it in a
+# device call of its own.
+#
 #   scripts/gpu_wheels.sh [DIR]
+#   scripts/gpu_wheels.sh --store [DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DEST="${1:-$ROOT/.whl}"
 PIP=("${EPD_VENV:-$ROOT/.venv}/bin/python" -m pip)
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+if [[ ${1:-} == --store ]]; then
+  DEST="$(realpath -m "${2:-$ROOT/.whl-store}")"
+  mkdir -p "$DEST"
+  "${PIP[@]}" download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]}" -d "$DEST" "$(grep -v '^#' "$ROOT/requirements/store-cpu.txt" | head -n 1)"
+  (cd "$DEST" && apt-get download -q libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200)
+  du -sh "$DEST"
+  exit 0
+fi
+DEST="${1:-$ROOT/.whl}"
 NAMES=(
   grpcio grpcio-health-checking grpcio-reflection grpcio-status grpcio-tools protobuf
   googleapis-common-protos opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions
@@ -30,7 +48,5 @@ for name in "${NAMES[@]}"; do
 done
 mkdir -p "$DEST"
 "${PIP[@]}" download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux1_x86_64 -d "$DEST" "${pins[@]}"
+  "${PLATFORMS[@]}" -d "$DEST" "${pins[@]}"
 du -sh "$DEST"

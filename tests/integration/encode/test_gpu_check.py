@@ -1,5 +1,6 @@
 """``scripts/gpu_check.sh --cpu-only``: the lent GPU machine's one command runs end to end here,
-on CPU with the tiny model, and writes every figure it promises."""
+on CPU with the tiny model, and writes every figure it promises (the autoscaling burst, GPU
+only, aside)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,11 @@ def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> Non
     assert all(row["failed"] == 0 and row["req_s"] > 0 for row in e2e["rows"])
     (mixed,) = [row for row in e2e["rows"] if "/" in row["system"]]
     assert mixed["share_of_ideal"] > 0
+    video = json.loads((tmp_path / "bench_e2e_video.json").read_text())
+    (clip,) = video["rows"]
+    assert (clip["system"], clip["encoders"], clip["chunk_patches"]) == ("e-pd@cpu/cpu", 2, 2)
+    assert clip["failed"] == 0 and clip["ttft_p50_ms"] > 0
+    assert clip["first_ttft_p50_ms"] > 0 and clip["repeat_ttft_p50_ms"] > 0
+    store = json.loads((tmp_path / "bench_store.json").read_text())
+    assert store["rows"][0]["encode_ms"] > 0
+    assert all(row["put_ms"] > 0 and row["get_ms"] > 0 for row in store["rows"])
