@@ -159,7 +159,13 @@ class Scheduler:
                 )
             chosen_policy = policy or self.config.default_policy
             hashes = frozenset(item.mm_hash for item in items if item.mm_hash)
-            views = [self._view(w, hashes) for w in workers]
+            # NOTE: an encoder's cached items: those it answers without its tower (held in its
+            # cache or the store, or being encoded there)
+            can_serve = self._holdings.can_serve
+            views = [
+                self._costs.view(w, frozenset(h for h in hashes if can_serve(w.id, h)))
+                for w in workers
+            ]
             self._adaptive.observe(items)
             ids = self._place(items, workers, views, self._policies[chosen_policy])
             self._costs.assigned(ids, items, views, workers)
@@ -194,7 +200,7 @@ class Scheduler:
         time, backlog), by id; for metrics and inspection."""
         with self._lock:
             encoders = [w for w in self.registry.all() if w.spec.role is Role.ENCODE]
-            return [self._view(worker) for worker in encoders]
+            return [self._costs.view(worker, frozenset()) for worker in encoders]
 
     def encoder_demand(self, model: str = "") -> list[EncoderDemand]:
         """How many encoders of each kind (device type) the current arrivals need, per model
@@ -266,14 +272,6 @@ class Scheduler:
                 metadata={"models": ",".join(models)},
             )
         return models[0] if models else ""
-
-    def _view(
-        self, worker: RegisteredWorker, mm_hashes: frozenset[str] = frozenset()
-    ) -> EncoderView:
-        """The policy's view of ``worker``; ``cached`` lists which of ``mm_hashes`` it answers
-        without its tower (held in its cache or the store, or being encoded there)."""
-        cached = frozenset(h for h in mm_hashes if self._holdings.can_serve(worker.id, h))
-        return self._costs.view(worker, cached)
 
     @staticmethod
     def _load_key(worker: RegisteredWorker) -> tuple[float, float, str]:
