@@ -23,15 +23,19 @@
 #      (bench_autoscale, a shortened burst).
 # Figures go to OUT (default $OUT, else .epd/gpu_check) as JSON files, one per step.
 # A step that fails or outlives its share of the budget is reported and the next one runs; the
-# exit status is the number of failed steps. --cpu-only runs steps 2-8 on CPU with the tiny
-# model and few requests (step 7 one E/PD with two encoders, on vLLM): what CI runs.
+# exit status is the number of failed steps. --steps 2,3,7 runs only those steps (after step 1):
+# all of them take more than one device call's 10 minutes, so a session runs them in two calls
+# (--steps 2,3,4,5,6 and --steps 7,8,9). --cpu-only runs steps 2-8 on CPU with the tiny model and
+# few requests (step 7 one E/PD with two encoders, on vLLM): what CI runs.
 # scripts/gpu_wheels.sh downloads the wheels.
 #
-#   scripts/gpu_check.sh [--cpu-only] [--wheels DIR] [--store-wheels DIR] [--out DIR]
+#   scripts/gpu_check.sh [--cpu-only] [--steps LIST] [--wheels DIR] [--store-wheels DIR]
+#       [--out DIR]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CPU_ONLY=0
+STEPS=""
 WHEELS="$ROOT/.whl"
 STORE_WHEELS="$ROOT/.whl-store"
 DEST="${OUT:-$ROOT/.epd/gpu_check}"
@@ -41,13 +45,16 @@ while [[ $# -gt 0 ]]; do
     --wheels) WHEELS="$2"; shift 2 ;;
     --store-wheels) STORE_WHEELS="$2"; shift 2 ;;
     --out) DEST="$2"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$DEST"
 PYTHON="${PYTHON:-python3}"
 step() { printf '\n==> %s\n' "$*"; }
+# Whether step $1 runs (every step unless --steps names some).
+want() { [[ -z $STEPS || ",$STEPS," == *",$1,"* ]]; }
 # Whether Mooncake's store loads; on the GPU machine, first from STORE_WHEELS (its wheel into
 # /tmp/site, its system libraries unpacked from the .deb files into /tmp/store-libs).
 store_loads() {
@@ -111,11 +118,16 @@ if [[ $CPU_ONLY == 0 ]]; then
   # shadow the installed package: it is moved aside while this runs.
   mv epd .epd-stubs-aside
   trap 'mv .epd-stubs-aside epd' EXIT
+  [[ -f /tmp/epd-small/config.json ]] || bounded 60 - "$PYTHON" -m epd model tiny \
+    --preset small --out /tmp/epd-small
 fi
 
+if want 2; then
 step "encoder tests on $DEVICE"
 bounded 120 - "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" -k "not vllm"
+fi
 
+if want 3; then
 step "bench_encode on $DEVICE"
 bounded 120 bench_encode_small.json "$PYTHON" scripts/bench_encode.py --device "$DEVICE" \
   "${SMALL[@]}" --encoders 1,2 --json
@@ -130,13 +142,12 @@ if [[ ${#BIG[@]} -gt 0 ]]; then
   bounded 90 bench_encode_32x1280.json "$PYTHON" scripts/bench_encode.py --device "$DEVICE" \
     --model "$big" --images 32 --json
 fi
+fi
 
+if want 4; then
 step "E/PD: encoders on $GPU only, CPU only, both under each policy"
 model_args=()
 [[ $CPU_ONLY == 1 ]] || model_args=(--model /tmp/epd-small)
-if [[ $CPU_ONLY == 0 && ! -f /tmp/epd-small/config.json ]]; then
-  bounded 60 - "$PYTHON" -m epd model tiny --preset small --out /tmp/epd-small
-fi
 bounded 240 bench_e2e.json "$PYTHON" scripts/bench_e2e.py "${model_args[@]}" \
   --systems "$SYSTEMS" "${E2E[@]}" --csv "" --json
 if [[ $CPU_ONLY == 0 && -s $DEST/bench_e2e.json ]]; then
@@ -149,15 +160,20 @@ print(f\"{max(1, round(rate['e-pd@cuda'] / rate['e-pd@cpu']))}:1\")" "$DEST/benc
     --model /tmp/epd-small --systems "e-pd:per_request@cuda/cpu" --split-ratio "$measured" \
     "${E2E[@]}" --csv "" --json
 fi
+fi
+
+if want 5; then
 step "JPEG decoding on $DEVICE against Pillow's"
 bounded 60 jpeg_decode.json "$PYTHON" scripts/bench_jpeg_decode.py --device "$DEVICE" \
   "${JPEG[@]}" --json
-if [[ $CPU_ONLY == 0 ]]; then  # NOTE: last: the step most likely to outlive its share
+fi
+if [[ $CPU_ONLY == 0 ]] && want 6; then
   step "the small tower eager against torch.compile (CUDA graphs) at batch 1 and 8"
   bounded 100 tower_compile_small.json "$PYTHON" scripts/bench_tower_compile.py \
     --device "$DEVICE" --preset small --json
 fi
 
+if want 7; then
 step "video: one clip per request over one, two and three encoders (and vLLM given its frames)"
 if [[ $CPU_ONLY == 1 ]]; then
   # NOTE: a fresh tiny build: one in .epd/models made before video support has no video clause
@@ -165,15 +181,18 @@ if [[ $CPU_ONLY == 1 ]]; then
   VIDEO+=(--model "$DEST/tiny-video")
 fi
 bounded 300 bench_e2e_video.json "$PYTHON" scripts/bench_e2e.py --video "${VIDEO[@]}" --json
+fi
 
+if want 8; then
 step "the embedding store (Mooncake) against encoding"
 if store_loads; then
   bounded 90 bench_store.json "$PYTHON" scripts/bench_store.py "${STORE[@]}" --json
 else
   echo "gpu_check: SKIPPED: Mooncake does not load here (carry --store-wheels DIR)" >&2
 fi
+fi
 
-if [[ $CPU_ONLY == 0 ]]; then
+if [[ $CPU_ONLY == 0 ]] && want 9; then
   step "autoscaling encoders: a burst then quiet, 1:3 against fixed counts"
   bounded 240 bench_autoscale.json "$PYTHON" scripts/bench_autoscale.py "${AUTOSCALE[@]}" --json
 fi
