@@ -342,6 +342,9 @@ class RouteThread:
 
     async def _start(self, model_dir: Path) -> tuple[str, str]:
         from epd.common.server import ServerOptions
+        from epd.server.media.policy import MediaPolicy
+        from epd.server.media.video_loader import VideoLoader
+        from epd.server.media.video_planner import VideoPlanner
         from epd.server.route.openai_http import OpenAiHttp
         from epd.server.route.tools import ToolOptions, parser_class
         from epd.server.route.tools_request import ToolCalling
@@ -349,6 +352,8 @@ class RouteThread:
         from tests.unit.route.fakes import FakePeers
 
         served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
+        # NOTE: the blocks' videos are decoded and planned for real; the fake encoders take them
+        served.router.videos = VideoLoader(VideoPlanner(model_dir, "tiny"), MediaPolicy())
         self.server = served.server
         # NOTE: as README's deployment: --enable-auto-tool-choice --tool-call-parser hermes
         tokenizer = served.prompts.tokenizer
