@@ -20,8 +20,8 @@ import torch
 
 from epd.common.errors import Cancelled, EpdError, Unavailable
 from epd.server.media.hashing import pixels_tag
-from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
+from epd.server.route.request import Deadline
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import multimodal_pb2, tensor_pb2

@@ -24,8 +24,8 @@ from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.engine.base import KV_LOAD_FAILED
-from epd.server.route.deadline import Deadline
 from epd.server.route.peers import Peers
+from epd.server.route.request import Deadline
 from epd.server.route.resumption import (
     DEFAULT_MAX_RESUMPTIONS,
     Progress,

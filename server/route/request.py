@@ -8,11 +8,12 @@ the caller's (the gRPC field, the X-Request-Id header), else a fresh one.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epd.common.errors import InvalidArgument
+from epd.common.errors import DeadlineExceeded, InvalidArgument
 from epd.v1 import generation_pb2, route_service_pb2
 
 if TYPE_CHECKING:
@@ -116,6 +117,22 @@ class ChatRequest:
     def videos(self) -> list[ImageSource]:
         """The chat's videos in order of appearance."""
         return [part.video for m in self.messages for part in m.parts if part.video is not None]
+
+
+class Deadline:
+    """The time left of a request, handed to every hop as its own timeout."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self._end = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def remaining(self) -> float | None:
+        """Seconds left (None: no deadline); DeadlineExceeded once it has passed."""
+        if self._end is None:
+            return None
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded("the request's deadline passed", reason="DEADLINE_EXCEEDED")
+        return left
 
 
 def new_request_id(given: str | None = None) -> str:

@@ -36,7 +36,6 @@ from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import key_salt, salted
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.media.video_loader import VideoLoader
-from epd.server.route.deadline import Deadline
 from epd.server.route.detokenize import StoppedText
 from epd.server.route.encoding import (
     EncodeStage,
@@ -57,7 +56,7 @@ from epd.server.route.hops import (
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatRequest, ImageSource
+from epd.server.route.request import ChatRequest, Deadline, ImageSource
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
 from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_videos, video_input

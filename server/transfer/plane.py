@@ -20,6 +20,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,7 +28,6 @@ import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer, TensorProducer
-from epd.server.transfer.counts import TransferCounts
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
 from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S, LeaseInfo
 from epd.server.transfer.nixl import NixlProducer
@@ -51,6 +51,47 @@ KINDS_BY_NAME = {name: kind for kind, name in KIND_NAMES.items()}
 ALL_KINDS = ("shm", "nixl", "inline")
 # How often the reaper unlinks shared-memory segments of dead producers on this host.
 ORPHAN_SWEEP_S = 10.0
+
+
+class TransferCounts:
+    """Bytes put and read and leases that expired unreleased, by transfer kind. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes_put: Counter[str] = Counter()
+        self._bytes_read: Counter[str] = Counter()
+        self._expired: Counter[str] = Counter()
+
+    def add_put(self, kind: str, num_bytes: int) -> None:
+        """A producer of ``kind`` took ``num_bytes``."""
+        with self._lock:
+            self._bytes_put[kind] += num_bytes
+
+    def add_read(self, kind: str, num_bytes: int) -> None:
+        """A consumer of ``kind`` read ``num_bytes``."""
+        with self._lock:
+            self._bytes_read[kind] += num_bytes
+
+    def add_expired(self, kind: str, num_leases: int) -> None:
+        """The reaper freed ``num_leases`` leases of ``kind`` that nobody released (a leak)."""
+        if num_leases:
+            with self._lock:
+                self._expired[kind] += num_leases
+
+    def bytes_put(self) -> dict[str, int]:
+        """Bytes put so far, by kind."""
+        with self._lock:
+            return dict(self._bytes_put)
+
+    def bytes_read(self) -> dict[str, int]:
+        """Bytes read so far, by kind."""
+        with self._lock:
+            return dict(self._bytes_read)
+
+    def expired(self) -> dict[str, int]:
+        """Leases freed by expiry so far, by kind."""
+        with self._lock:
+            return dict(self._expired)
 
 
 def default_host_id() -> str:

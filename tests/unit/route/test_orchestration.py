@@ -10,9 +10,9 @@ import pytest
 
 from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.common.roles import Role
-from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import EncodeStage, encode_all, release_all, release_pixels
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
+from epd.server.route.request import Deadline
 from epd.server.route.router import RouteImage, Router
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2

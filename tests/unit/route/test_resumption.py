@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from epd.common.errors import Cancelled, InvalidArgument, Unavailable
 from epd.common.roles import Role
 from epd.server.engine.base import KV_LOAD_FAILED
-from epd.server.route.deadline import Deadline
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
 from epd.server.route.metrics import RouteMetrics
+from epd.server.route.request import Deadline
 from epd.server.route.resumption import Progress
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from epd.common.errors import NotFound, Unavailable
 from epd.common.roles import Role
-from epd.server.route.deadline import Deadline
 from epd.server.route.encoding import encode_all
 from epd.server.route.metrics import RouteMetrics
+from epd.server.route.request import Deadline
 from epd.server.route.scheduler_fallback import REJOIN_GRACE_S, FallbackScheduler
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.unit.route.fakes import FakePeers, FakeScheduler, generate, text_router

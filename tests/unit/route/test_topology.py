@@ -6,7 +6,7 @@ import pytest
 
 from epd.common.errors import DeadlineExceeded
 from epd.common.roles import Role, hands_off_kv, role_to_proto
-from epd.server.route.deadline import Deadline
+from epd.server.route.request import Deadline
 from epd.server.route.topology import RoleView, plan_for
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
