@@ -213,12 +213,15 @@ def _plan(args: argparse.Namespace) -> None:
 
 
 def _resolve_model(args: argparse.Namespace) -> None:
-    """The model to serve: ``--model``, else the embedded tiny model (built on first use)."""
-    if args.model is None and not (DEFAULT_MODEL / "config.json").exists():
-        from epd.server.models.tiny.build import build_tiny_model
+    """The model to serve: ``--model``, else the embedded tiny model (built on first use, and
+    again when this epd's builder differs from the one that built it)."""
+    if args.model is None:
+        from epd.server.models.tiny.build import build_tiny_model, is_current
 
-        print(f"building the tiny model in {DEFAULT_MODEL} ...", flush=True)
-        build_tiny_model(DEFAULT_MODEL)
+        if not is_current(DEFAULT_MODEL):
+            again = " again (an older epd built it)" if DEFAULT_MODEL.exists() else ""
+            print(f"building the tiny model in {DEFAULT_MODEL}{again} ...", flush=True)
+            build_tiny_model(DEFAULT_MODEL)
     args.model = args.model or str(DEFAULT_MODEL)
     resolve_model_arguments(args)
 

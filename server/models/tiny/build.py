@@ -13,6 +13,7 @@ implementations (transformers vs vLLM kernels). The language model head is there
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -128,6 +129,33 @@ def preset(name: str, **overrides: Any) -> TinyModelConfig:
     return config
 
 
+MANIFEST = "epd_tiny_model.json"
+
+
+def builder_fingerprint() -> str:
+    """SHA-256 of this builder's source (every module of the ``tiny`` package): a checkpoint
+    built by other code (an older epd) may lack what this one writes, e.g. a chat template's
+    video clause."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def is_current(out_dir: str | Path, config: TinyModelConfig | None = None) -> bool:
+    """Whether ``out_dir`` holds this builder's checkpoint of ``config`` (default: the tiny
+    preset): False for a missing, unreadable or other build."""
+    try:
+        stored = json.loads((Path(out_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stored == _manifest(config or PRESETS["tiny"]))
+
+
+def _manifest(config: TinyModelConfig) -> dict[str, Any]:
+    return {**asdict(config), "builder_sha256": builder_fingerprint()}
+
+
 def build_tiny_model(
     out_dir: str | Path, config: TinyModelConfig | None = None, progress: Progress | None = None
 ) -> Path:
@@ -145,7 +173,7 @@ def build_tiny_model(
         _save_processor(tokenizer, config, chat_template, staging)
         report("initialising weights")
         _save_model(tokenizer, config, staging)
-        (staging / "epd_tiny_model.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+        (staging / MANIFEST).write_text(json.dumps(_manifest(config), indent=2) + "\n")
         for path in staging.iterdir():
             path.chmod(0o644)
         staging.chmod(0o755)

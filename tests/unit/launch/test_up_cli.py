@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,34 @@ def test_the_scheduler_policy_has_the_schedulers_flag_name(
     assert "--policy " not in parser.format_help() and "--policy\n" not in parser.format_help()
     with pytest.raises(SystemExit):
         parse("--policy", "fastest")
+
+
+def test_a_tiny_model_an_older_epd_built_is_built_again(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded default is rebuilt when its builder changed since (an older build may lack
+    e.g. the chat template's video clause), and reused while it has not."""
+    from epd.server.models.tiny import build
+
+    default = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, default)
+    monkeypatch.setattr(up_cli, "DEFAULT_MODEL", default)
+    built: list[Path] = []
+    monkeypatch.setattr(build, "build_tiny_model", lambda out: built.append(Path(out)))
+    flags = ("--device", "cpu", "--run-dir", str(tmp_path / "run"))
+    args = parse(*flags)
+    up_cli._resolve_model(args)
+    assert built == [] and Path(args.model) == default
+    manifest = default / build.MANIFEST
+    stale = json.loads(manifest.read_text()) | {"builder_sha256": "0" * 64}
+    manifest.write_text(json.dumps(stale))
+    up_cli._resolve_model(parse(*flags))
+    assert built == [default]
+
+
+def test_a_tiny_build_is_current_only_for_its_builder_and_config(tiny_model_dir: Path) -> None:
+    from epd.server.models.tiny.build import PRESETS, is_current
+
+    assert is_current(tiny_model_dir)
+    assert not is_current(tiny_model_dir, PRESETS["small"])
+    assert not is_current(tiny_model_dir / "missing")
