@@ -192,7 +192,8 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
             enable_auto = config.tools.enable_auto_tool_choice
             calling = ToolCalling(parser_cls, enable_auto, prompts.tokenizer)
         secured = _secured_like(config.http, options)
-        http = OpenAiHttp(router, secured, limits, defaults, calling)
+        trusted = config.tools.trust_request_chat_template
+        http = OpenAiHttp(router, secured, limits, defaults, calling, trusted)
         await http.start(options.host, config.http_port)
         server.add_drain_callback(http.start_draining)
     await server.mark_serving()

@@ -48,12 +48,15 @@ class OpenAiHttp:
         limits: RequestLimits | None = None,
         sampling_defaults: dict[str, Any] | None = None,
         tools: ToolCalling | None = None,
+        trust_chat_template: bool = False,
     ) -> None:
         """``options``: the port's limits, timeouts, token and TLS; ``limits``: what one
         chat-completions body may hold; ``sampling_defaults``: the model's default sampling
         values (``sampling.generation_defaults``), under a body's own; ``tools``: the tool and
-        reasoning parsers (``tools.ToolOptions``; None: none)."""
+        reasoning parsers (``tools.ToolOptions``; None: none); ``trust_chat_template``: a body
+        may bring its own chat template (``--trust-request-chat-template``)."""
         self.tools = tools
+        self.trust_chat_template = trust_chat_template
         self.router = router
         self.options = options or HttpOptions()
         self.limits = limits or RequestLimits()
@@ -236,12 +239,18 @@ class ChatApi:
     def convert(self, body: Any, request_id: str | None) -> ChatRequest:
         http = self.http
         chat = schema.to_chat_request(
-            body, http.router.model_id, request_id, http.limits, http.sampling_defaults, http.tools
+            body,
+            http.router.model_id,
+            request_id,
+            http.limits,
+            http.sampling_defaults,
+            http.tools,
+            http.trust_chat_template,
         )
         parsing = chat.answer_parsing
         if parsing is not None and parsing.needs_prompt:
             parsing.prompt_token_ids = http.router.prompts.token_ids(
-                chat.messages, chat.template_kwargs
+                chat.messages, chat.template_kwargs, chat.chat_template
             )
         return chat
 

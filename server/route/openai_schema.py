@@ -116,8 +116,14 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "tools",
     "tool_choice",
     "include_reasoning",
+    "chat_template",
 }
 IMAGE_DETAILS = ("auto", "low", "high")
+# vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
 
 
 def _text(value: Any, param: str) -> str:
@@ -236,13 +242,15 @@ def to_chat_request(
     limits: RequestLimits | None = None,
     defaults: dict[str, Any] | None = None,
     tools: ToolCalling | None = None,
+    trust_chat_template: bool = False,
 ) -> ChatRequest:
     """Check a chat-completions body whole, as vLLM's OpenAI server does, and convert it;
     ``request_id`` (the X-Request-Id header) names the request in every hop and trace, a fresh
     one is made when it is None. ``limits``: the request's limits (None: the defaults, the
     context unknown); ``defaults``: the model's default sampling values
     (``sampling.generation_defaults``); ``tools``: the route's tool and reasoning parsers (None:
-    none configured)."""
+    none configured); ``trust_chat_template``: render with the body's own ``chat_template``
+    (vLLM's ``--trust-request-chat-template``; otherwise refused as vLLM refuses it)."""
     if request_id is not None:
         check_request_id(request_id, "X-Request-Id")
     if not isinstance(body, dict):
@@ -252,6 +260,11 @@ def to_chat_request(
     messages = _chat(body.get("messages"))
     parsed = parse_with(ChatCompletionRequest, body)
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
+    if not trust_chat_template and (
+        parsed.chat_template is not None
+        or (parsed.chat_template_kwargs or {}).get("chat_template") is not None
+    ):
+        raise bad(UNTRUSTED_TEMPLATE, "chat_template")
     limits = limits or RequestLimits()
     name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
     max_tokens = parsed.max_completion_tokens or parsed.max_tokens
@@ -270,6 +283,7 @@ def to_chat_request(
         vllm_sampling(parsed, max_tokens, defaults or {}),
         template_kwargs=template_kwargs,
         answer_parsing=parsing,
+        chat_template=parsed.chat_template,
     )
     if parsed.echo:
         request.echo = echo_text(messages, parsed.add_generation_prompt)

@@ -91,11 +91,16 @@ class PromptBuilder:
         return sum(len(part.text or "") for message in messages for part in message.parts)
 
     def token_ids(
-        self, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None
+        self,
+        messages: list[ChatMessage],
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat, by default with the assistant's turn opened. The chat
         is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
-        again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``)."""
+        again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``);
+        ``chat_template``: the request's own template (None: the route's), a 400 naming
+        ``chat_template`` when it does not render the chat."""
         chat = [
             {
                 "role": message.role,
@@ -104,25 +109,59 @@ class PromptBuilder:
             }
             for message in messages
         ]
+        if chat_template is not None:
+            return self._with_request_template(chat, template_kwargs, chat_template)
         try:
             return self.rendered(chat, template_kwargs)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             raise bad(f"the chat template refused the chat: {e}"[:1024], "messages") from None
 
+    def _with_request_template(
+        self, chat: list[dict[str, Any]], template_kwargs: dict[str, Any] | None, template: str
+    ) -> list[int]:
+        """``chat`` rendered with a request's own template as vLLM renders it: the message
+        content as the template reads it (vLLM's detected content format: parts, or their texts
+        joined by newlines); a chat with images or videos must get one placeholder each."""
+        from vllm.renderers.hf import _detect_content_format
+
+        num_media = sum(1 for m in chat for part in _parts(m) if part["type"] != "text")
+        try:
+            template = self.tokenizer.get_chat_template(template)
+            if _detect_content_format(template, default="string") == "string":
+                chat = [{**m, "content": _joined_text(m)} for m in chat]
+            token_ids = self.rendered(chat, template_kwargs, template)
+        except Exception as e:  # noqa: BLE001 - a template raises what its author chose
+            message = f"the request's chat_template does not render the chat: {e}"
+            raise bad(message[:1024], "chat_template") from None
+        placeholders = {self.image_pad_id, self.video_pad_id}
+        if num_media and sum(token in placeholders for token in token_ids) != num_media:
+            raise bad(
+                "the request's chat_template must render each image or video part as the "
+                "model's placeholder",
+                "chat_template",
+            )
+        return token_ids
+
     def rendered(
-        self, chat: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+        self,
+        chat: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
         """Token ids of ``chat`` (chat-template form) rendered with ``template_kwargs`` as vLLM
-        passes a request's to the template (those it neither takes nor names are dropped);
-        raises what the template raises."""
+        passes a request's to the template (those it neither takes nor names are dropped) and
+        ``chat_template`` (None: the route's); raises what the template raises."""
         kwargs: dict[str, Any] = {"add_generation_prompt": True}
+        template = chat_template or self.tokenizer.chat_template
         if template_kwargs:  # NOTE: only the OpenAI door sends them, and it runs with vLLM
             from vllm.renderers.hf import resolve_chat_template_kwargs
 
             kwargs = resolve_chat_template_kwargs(
-                self.tokenizer, self.tokenizer.chat_template, {**kwargs, **template_kwargs}
+                self.tokenizer, template, {**kwargs, **template_kwargs}
             )
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, **kwargs)
+        text = self.tokenizer.apply_chat_template(
+            chat, tokenize=False, chat_template=chat_template, **kwargs
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def block_hashes(
@@ -156,6 +195,21 @@ class PromptBuilder:
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
         return hashes
+
+
+def _parts(message: dict[str, Any]) -> list[dict[str, str]]:
+    """A chat-template message's content parts (none where its content is already one string,
+    as a tool result's)."""
+    content = message["content"]
+    return content if isinstance(content, list) else []
+
+
+def _joined_text(message: dict[str, Any]) -> str:
+    """A message's text parts as one string, as vLLM gives a template that reads the content as
+    a string (``wrap_dicts`` off)."""
+    if isinstance(message["content"], str):
+        return str(message["content"])
+    return "\n".join(part["text"] for part in _parts(message) if part["type"] == "text")
 
 
 def _template_part(part: ChatPart) -> dict[str, str]:

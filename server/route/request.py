@@ -91,6 +91,9 @@ class ChatRequest:
     # continue_final_message, documents, the request's chat_template_kwargs); empty: the
     # assistant's turn opened
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # the body's own chat template, used instead of the route's (vLLM's request chat_template,
+    # accepted with --trust-request-chat-template; None: the route's)
+    chat_template: str | None = None
     # a completion's prompt, tokenised: no messages, no chat template, no image (None: a chat)
     prompt_token_ids: list[int] | None = None
     # a completion's further prompts (a list of prompts): each is answered as a request of its

@@ -341,9 +341,10 @@ class Router:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         messages, kwargs = request.messages, request.template_kwargs
+        template = request.chat_template
         if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
-            return self.prompts.token_ids(messages, kwargs)
-        return await asyncio.to_thread(self.prompts.token_ids, messages, kwargs)
+            return self.prompts.token_ids(messages, kwargs, template)
+        return await asyncio.to_thread(self.prompts.token_ids, messages, kwargs, template)
 
     def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
         """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""

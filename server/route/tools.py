@@ -17,8 +17,9 @@ from epd.common.flags import flag
 
 @dataclass(frozen=True, slots=True)
 class ToolOptions:
-    """How the OpenAI door parses tool calls and reasoning out of the generated text (flags in
-    ``epd route --help``, as ``vllm serve``'s)."""
+    """How the OpenAI door parses tool calls and reasoning out of the generated text, and
+    whether it trusts a request's chat template (flags in ``epd route --help``, as ``vllm
+    serve``'s)."""
 
     enable_auto_tool_choice: bool = field(
         default=False,
@@ -44,6 +45,16 @@ class ToolOptions:
             "serve's flag: answers carry the model's reasoning apart from its content",
             env="EPD_REASONING_PARSER",
             default_help="default: none",
+        ),
+    )
+
+    trust_request_chat_template: bool = field(
+        default=False,
+        metadata=flag(
+            "render a chat request with its own chat_template (or chat_template_kwargs' "
+            "chat_template), as vllm serve's flag; without it such a request is refused with "
+            "vLLM's 400",
+            env="EPD_TRUST_REQUEST_CHAT_TEMPLATE",
         ),
     )
 

@@ -1,7 +1,8 @@
 """The same chat-completions bodies sent to monolithic vLLM (``vllm serve`` on the tiny model) and
 to epd's route (E/PD and E/P/D, on the session's vLLM engines): the same status codes, and for
 greedy or seeded bodies the same text, finish reasons, tool calls, completion tokens and
-logprobs. Both run with ``--enable-auto-tool-choice --tool-call-parser hermes``. What epd does
+logprobs. Both run with ``--enable-auto-tool-choice --tool-call-parser hermes
+--trust-request-chat-template``. What epd does
 not implement yet is listed (``NOT_YET``) and must be refused by name, never answered
 differently. The ``openai`` client's structured-output and tool-call flows run unchanged."""
 
@@ -27,6 +28,7 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
+from epd.server.route.openai_schema import UNTRUSTED_TEMPLATE
 from epd.server.route.tools import ToolOptions
 from epd.server.route.tools_request import AUTO_NEEDS_FLAGS
 from tests.integration.registered import until_registered
@@ -86,6 +88,15 @@ CALLED = [
 ]
 # The flags both servers run with, as vllm serve spells them.
 TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+TRUST_FLAG = "--trust-request-chat-template"
+# A request's own chat templates: one reading the content as parts (with the tiny model's image
+# placeholder), one reading it as a string (vLLM's content formats "openai" and "string").
+PARTS_TEMPLATE = (
+    "{% for m in messages %}<<{{ m.role }}>>{% for p in m.content %}{% if p.type == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p.text }}{% endif %}{% endfor %}"
+    "\n{% endfor %}{% if add_generation_prompt %}<<assistant>>{% endif %}"
+)
+STRING_TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
 
 # (name, body): both answer 200 with the same choices.
 SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
@@ -157,6 +168,11 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("tool_choice_auto", TOOL_GREEDY),
     ("one_tool_call", {**TOOL_GREEDY, "tool_choice": "required", "parallel_tool_calls": False}),
     ("tool_result_in_history", {**TOOL_GREEDY, "messages": CALLED}),
+    ("request_chat_template", {**GREEDY, "chat_template": PARTS_TEMPLATE}),
+    (
+        "request_chat_template_string",
+        {**GREEDY, "messages": TEXT, "chat_template": STRING_TEMPLATE},
+    ),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -183,6 +199,15 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("tool_choice_without_tools", {**GREEDY, "tool_choice": "required"}),
     ("empty_tools", {**GREEDY, "tools": []}),
     ("bad_tool_choice", {**TOOL_GREEDY, "tool_choice": "sometimes"}),
+    ("request_chat_template_unclosed", {**GREEDY, "chat_template": "{% for m in messages %}"}),
+    (
+        "request_chat_template_raises",
+        {**GREEDY, "chat_template": "{{ raise_exception('no chat here') }}"},
+    ),
+    (
+        "chat_template_as_template_argument",
+        {**GREEDY, "chat_template_kwargs": {"chat_template": PARTS_TEMPLATE}},
+    ),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
 NOT_YET: list[tuple[str, dict[str, Any], str]] = []
@@ -194,12 +219,12 @@ async def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     servers = load("vllm_servers")
     deployment = Deployment(tmp_path_factory.mktemp("vllm"), dict(os.environ))
     try:
-        yield await servers.start_vllm(deployment, tiny_model_dir, "vllm", *TOOL_FLAGS)
+        yield await servers.start_vllm(deployment, tiny_model_dir, "vllm", *TOOL_FLAGS, TRUST_FLAG)
     finally:
         deployment.stop()
 
 
-# epd's route URL -> the URL of a route beside it without the tool flags.
+# epd's route URL -> the URL of a route beside it without the tool and trust flags.
 FLAGLESS: dict[str, str] = {}
 
 
@@ -227,7 +252,9 @@ async def epd_url(request, tiny_model_dir: Path, engines) -> AsyncIterator[str]:
     workers.append(await build_prefill_server(config, engines[0]))
     if is_split:
         workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
-    tools = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    tools = ToolOptions(
+        enable_auto_tool_choice=True, tool_call_parser="hermes", trust_request_chat_template=True
+    )
     route = await build_route_server(
         RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0, tools=tools)
     )
@@ -403,6 +430,17 @@ async def test_auto_without_the_flags_is_refused_as_vllm_refuses_it(
     vllm_status, _ = await post(vllm_url, TOOL_GREEDY)
     status, answer = await post(FLAGLESS[epd_url], TOOL_GREEDY)
     assert (vllm_status, status, answer["error"]["message"]) == (200, 400, AUTO_NEEDS_FLAGS)
+
+
+async def test_a_request_template_without_the_trust_flag_is_refused_as_vllm_refuses_it(
+    vllm_url: str, epd_url: str
+) -> None:
+    """vLLM without --trust-request-chat-template answers 400 with this message (this vLLM has
+    the flag, and answers)."""
+    body = {**GREEDY, "chat_template": PARTS_TEMPLATE}
+    vllm_status, _ = await post(vllm_url, body)
+    status, answer = await post(FLAGLESS[epd_url], body)
+    assert (vllm_status, status, answer["error"]["message"]) == (200, 400, UNTRUSTED_TEMPLATE)
 
 
 class Verdict(BaseModel):
