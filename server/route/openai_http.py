@@ -187,7 +187,8 @@ class OpenAiHttp:
             }
         )
         await response.prepare(request)
-        for payload in api.opening(chat):
+        prompt_ids = first.chunk.prompt_token_ids if first is not None else None
+        for payload in api.opening(chat, prompt_ids):
             await _send(response, payload)
         num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
         answers = [schema.Answer() for _ in range(num_answers)]
@@ -217,8 +218,9 @@ class Api(Protocol):
     def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
         """The non-streamed answer, one choice per answer."""
 
-    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
-        """What a stream sends before its first token."""
+    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
+        """What a stream sends before its first token (``prompt_ids``: the prompt's token ids
+        as the engine holds them, when the request asked for them)."""
 
     def delta(
         self, chat: ChatRequest, choice: Choice, so_far: schema.Answer
@@ -259,17 +261,22 @@ class ChatApi:
             answer.texts.insert(0, chat.echo)
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         body = schema.completion(chat.request_id, chat.model, answers, logprobs)
+        if chat.return_token_ids:
+            schema.add_token_ids(body, answers, chat.answer_parsing)
         if chat.answer_parsing is not None:
             chat.answer_parsing.parse_choices(body["choices"], answers)
         return body
 
-    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
+    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
         role = {"role": "assistant", "content": ""}
         num_choices = max(chat.sampling.n, 1)
         chunks = [
             schema.chunk(chat.request_id, chat.model, role, None, index=i)
             for i in range(num_choices)
         ]
+        if prompt_ids is not None:  # NOTE: as vLLM: on each choice's first chunk
+            for payload in chunks:
+                payload["prompt_token_ids"] = prompt_ids
         if chat.echo:  # NOTE: as vLLM: every choice's role, then every choice's echo
             echo = {"content": chat.echo}
             chunks += [
@@ -290,6 +297,8 @@ class ChatApi:
             logprobs=self._logprobs(chat, piece.logprobs),
             index=choice.index,
         )
+        if chat.return_token_ids:
+            payload["choices"][0]["token_ids"] = list(piece.token_ids)
         if chat.answer_parsing is not None:
             return _parsed_delta(chat.answer_parsing, payload, choice)
         return payload
@@ -331,7 +340,7 @@ class CompletionApi:
         assert self.writer is not None
         return self.writer.whole(answers)
 
-    def opening(self, chat: ChatRequest) -> list[dict[str, Any]]:
+    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
         return []
 
     def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
@@ -351,8 +360,11 @@ def _parsed_delta(
     piece, entry = choice.chunk, payload["choices"][0]
     if parsing.hides_metadata:
         entry["logprobs"] = None
+        entry.pop("token_ids", None)
     delta = parsing.delta(choice.index, piece.text, list(piece.token_ids), entry["finish_reason"])
-    if delta is None and entry["finish_reason"] is None and entry["logprobs"] is None:
+    # NOTE: as vLLM: a chunk with token ids is sent though the parser holds its text back
+    is_empty = entry["finish_reason"] is None and entry["logprobs"] is None
+    if delta is None and is_empty and entry.get("token_ids") is None:
         return None
     entry["delta"] = delta or {}
     if entry["finish_reason"] is not None:

@@ -117,6 +117,7 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "tool_choice",
     "include_reasoning",
     "chat_template",
+    "return_token_ids",
 }
 IMAGE_DETAILS = ("auto", "low", "high")
 # vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
@@ -288,6 +289,7 @@ def to_chat_request(
     if parsed.echo:
         request.echo = echo_text(messages, parsed.add_generation_prompt)
     request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
+    request.return_token_ids = bool(parsed.return_token_ids)
     check_request(request, limits, max_tokens_param=name)
     return request
 
@@ -366,10 +368,14 @@ class Answer:
     finish: int = 0
     usage: generation_pb2.Usage | None = None
     token_ids: list[int] = field(default_factory=list)
+    # the prompt as the engine holds it, when the request asked for it (vLLM's return_token_ids)
+    prompt_token_ids: list[int] | None = None
 
     def add(self, chunk: RouteChunk) -> None:
         """Gather a chunk of this completion."""
         self.texts.append(chunk.text)
+        if chunk.prompt_token_ids is not None:
+            self.prompt_token_ids = chunk.prompt_token_ids
         self.token_ids.extend(chunk.token_ids)
         self.positions.extend(chunk.logprobs)
         self.prompt_positions.extend(chunk.prompt_logprobs)
@@ -398,6 +404,16 @@ def completion(
     prompt = answers[0].prompt_positions if answers else []
     body["prompt_logprobs"] = prompt_logprobs_json(prompt) if prompt else None
     return {**body, "usage": usage_json(total_usage(answers))}
+
+
+def add_token_ids(body: dict[str, Any], answers: list[Answer], parsing: Any) -> None:
+    """vLLM's return_token_ids on a whole answer: the prompt's token ids as the engine holds
+    them, and each choice's generated ids (not with a parser that hides the reasoning:
+    ``parsing.hides_metadata``)."""
+    body["prompt_token_ids"] = answers[0].prompt_token_ids if answers else None
+    hidden = parsing is not None and parsing.hides_metadata
+    for choice, answer in zip(body["choices"], answers, strict=True):
+        choice["token_ids"] = None if hidden else list(answer.token_ids)
 
 
 def envelope(ident: str, kind: str, model: str, choices: list[Any]) -> dict[str, Any]:

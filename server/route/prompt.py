@@ -164,6 +164,24 @@ class PromptBuilder:
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def expanded_ids(
+        self, token_ids: list[int], image_tokens: list[int], video_tokens: list[int]
+    ) -> list[int]:
+        """The prompt as the engine holds it (vLLM's ``prompt_token_ids``): each image's
+        placeholder token repeated to its number of tokens (``image_tokens``, in prompt order)
+        between the family's delimiters, each video's to its own (``video_tokens``)."""
+        counts = {self.image_pad_id: iter(image_tokens), self.video_pad_id: iter(video_tokens)}
+        expanded: list[int] = []
+        for token in token_ids:
+            if token not in counts:
+                expanded.append(token)
+                continue
+            rows = [token] * next(counts[token], 1)
+            if token == self.image_pad_id:
+                rows = [*self.image_start_ids, *rows, *self.image_end_ids]
+            expanded.extend(rows)
+        return expanded
+
     def block_hashes(
         self,
         token_ids: list[int],

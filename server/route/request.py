@@ -99,6 +99,8 @@ class ChatRequest:
     # a completion's further prompts (a list of prompts): each is answered as a request of its
     # own with its n completions, numbered after those of the prompts before it
     more_prompts: list[list[int]] = field(default_factory=list)
+    # the first chunk carries the prompt as the engine holds it (vLLM's return_token_ids)
+    return_token_ids: bool = False
     # the OpenAI door names logprob tokens ``token_id:N`` (vLLM's return_tokens_as_token_ids)
     tokens_as_ids: bool = False
     # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the

@@ -84,6 +84,9 @@ class RouteChunk:
     # on the first chunk, one entry per prompt token when the sampling asked for them (the
     # first position without candidates)
     prompt_logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
+    # on the first chunk, the prompt as the engine holds it, images expanded, when the request
+    # asked for it (``ChatRequest.return_token_ids``; None: not asked, or a later chunk)
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +216,10 @@ class Router:
         try:
             share_pixels(self.plane, stage, _pixels_of(images, videos))
             pieces = self._engine_pieces(call, stage, images, videos)
-            async for chunk in self._chunks(pieces, call.sampling):
+            prompt_ids = None
+            if request.return_token_ids:
+                prompt_ids = self._engine_prompt(token_ids, images, videos)
+            async for chunk in self._chunks(pieces, call.sampling, prompt_ids):
                 yield chunk
         finally:
             self._refresh_roles()
@@ -223,10 +229,14 @@ class Router:
             await asyncio.shield(release_all(self.peers, stage))
 
     async def _chunks(
-        self, pieces: AsyncGenerator[Piece, None], sampling: generation_pb2.SamplingParams
+        self,
+        pieces: AsyncGenerator[Piece, None],
+        sampling: generation_pb2.SamplingParams,
+        prompt_ids: list[int] | None = None,
     ) -> AsyncIterator[RouteChunk]:
-        """The engine's pieces as text deltas, stop strings applied as vLLM applies them; the
-        view of the roles is refreshed once the first is out (off the request's path)."""
+        """The engine's pieces as text deltas, stop strings applied as vLLM applies them, the
+        first with ``prompt_ids`` (None: not asked); the view of the roles is refreshed once the
+        first is out (off the request's path)."""
         text_of = StoppedText(self.prompts.tokenizer, sampling)
         is_first = True
         async with aclosing(pieces):
@@ -240,6 +250,7 @@ class Router:
                     piece.usage,
                     piece.logprobs,
                     piece.prompt_logprobs,
+                    prompt_ids if is_first else None,
                 )
                 if is_first:
                     is_first = False
@@ -425,6 +436,14 @@ class Router:
             video_inputs.append(video_input(video, results))
             index += len(video.items)
         return generation_pb2.Prompt(token_ids=token_ids, images=inputs, videos=video_inputs)
+
+    def _engine_prompt(
+        self, token_ids: list[int], images: list[RouteImage], videos: list[RouteVideo]
+    ) -> list[int]:
+        """The prompt's token ids as the engine holds them, each image and video expanded."""
+        image_tokens = [image.num_tokens for image in images]
+        video_tokens = [v.video.plan.num_tokens for v in videos]
+        return self.prompts.expanded_ids(token_ids, image_tokens, video_tokens)
 
     def _block_hashes(
         self,

@@ -443,6 +443,43 @@ async def test_a_request_template_without_the_trust_flag_is_refused_as_vllm_refu
     assert (vllm_status, status, answer["error"]["message"]) == (200, 400, UNTRUSTED_TEMPLATE)
 
 
+def token_ids_shown(answer: dict[str, Any]) -> tuple[Any, ...]:
+    """A whole answer's prompt token ids and each choice's generated ids."""
+    choices = sorted(answer["choices"], key=lambda c: c["index"])
+    return answer["prompt_token_ids"], [c["token_ids"] for c in choices]
+
+
+def streamed_token_ids(chunks: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """A stream's prompt token ids (on each choice's first chunk) and each choice's ids."""
+    prompts = [c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids") is not None]
+    ids: dict[int, list[int]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            ids.setdefault(choice["index"], []).extend(choice.get("token_ids") or [])
+    return prompts, sorted(ids.items())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**GREEDY, "return_token_ids": True},
+        {**GREEDY, "messages": TEXT, "return_token_ids": True, "n": 2, "temperature": 1, "seed": 4},
+    ],
+    ids=["image", "text_n"],
+)
+async def test_return_token_ids_are_vllms(
+    vllm_url: str, epd_url: str, body: dict[str, Any]
+) -> None:
+    answers = [await post(url, body) for url in (vllm_url, epd_url)]
+    assert [status for status, _ in answers] == [200, 200], answers
+    expected, answer = (token_ids_shown(reply) for _, reply in answers)
+    assert answer == expected
+    assert len(answer[0]) == answers[1][1]["usage"]["prompt_tokens"]
+    stream = {**body, "stream": True}
+    chunks = [await streamed(url, stream, "chat/completions") for url in (vllm_url, epd_url)]
+    assert streamed_token_ids(chunks[1]) == streamed_token_ids(chunks[0])
+
+
 class Verdict(BaseModel):
     """The answer the openai client's flows parse."""
 

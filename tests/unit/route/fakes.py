@@ -359,7 +359,9 @@ class StubPrompts:
     def num_chars(self, messages: Any) -> int:
         return 2
 
-    def token_ids(self, messages: Any, template_kwargs: Any = None) -> list[int]:
+    def token_ids(
+        self, messages: Any, template_kwargs: Any = None, chat_template: Any = None
+    ) -> list[int]:
         return [1, 2]
 
     def block_hashes(
