@@ -168,7 +168,7 @@ class VisionEncoder:
             refusal = self.family.refuse_video()
             raise InvalidArgument(str(refusal), reason=refusal.reason)
         pixel_values, grid = self.family.video_pixel_inputs(
-            self.video_processor, frames, resized, self.preprocess_device
+            self.video_processor, frames, resized, self.preprocess_device, self.config
         )
         return Prepared(pixel_values, grid)
 

@@ -78,12 +78,16 @@ class VisionLayout:
         return count
 
     def count_videos(self, token_ids: list[int]) -> int:
-        """Video placeholders (the vision start, then the video token) in ``token_ids``."""
+        """Video placeholders (the vision start, then the video token; the video token alone
+        where ``vision_start_id`` is None) in ``token_ids``."""
         if self.video_pad_id is None:
             return 0
-        pairs = zip(token_ids, token_ids[1:], strict=False)
+        previous: list[int | None] = [None, *token_ids[:-1]]
+        # NOTE: inline, not a helper: the request walk counts the functions on an image's path
         return sum(
-            first == self.vision_start_id and pad == self.video_pad_id for first, pad in pairs
+            token == self.video_pad_id
+            and (self.vision_start_id is None or before == self.vision_start_id)
+            for token, before in zip(token_ids, previous, strict=True)
         )
 
     def _is_placeholder(self, token: int, previous: int | None) -> bool:
@@ -119,7 +123,9 @@ class VisionLayout:
                 rows = self._expected_rows(*next(pictures))
                 ranges.append((len(expanded), rows + self.num_delimiters))
                 expanded.extend([*self.image_start_ids, *[token] * rows, *self.image_end_ids])
-            elif token == self.video_pad_id and previous == self.vision_start_id:
+            elif token == self.video_pad_id and (
+                self.vision_start_id is None or previous == self.vision_start_id
+            ):
                 index, video = next(videos)
                 rows = self._expected_rows(index, video)
                 run = (video_tokens(video) if video_tokens else None) or [token] * rows

@@ -234,7 +234,7 @@ class TransformersEngine(Engine):
         is_video = (ids == (self.layout.video_pad_id or -1)) & bool(videos)
         image_inputs: dict[str, Any] = {}
         if images:
-            rows = torch.cat([_embeddings(image) for image in images])
+            rows = torch.cat([self._language_rows(image) for image in images])
             embeds, image_inputs = self.family.language_model_inputs(
                 embeds, is_image | is_video, rows
             )
@@ -245,6 +245,13 @@ class TransformersEngine(Engine):
         cache = DynamicCache(config=self.model.config.text_config)
         logits = self._forward(embeds, positions, cache, **image_inputs)
         return _Sequence(cache, logits, len(input_ids), delta)
+
+    def _language_rows(self, image: EngineImage) -> torch.Tensor:
+        """An image's rows, or a video's as its family hands them to the language model."""
+        rows = _embeddings(image)
+        if not image.is_video:
+            return rows
+        return self.family.video_language_rows(self.model, rows)  # type: ignore[no-any-return]
 
     def _video_tokens(self, video: EngineImage) -> list[int] | None:
         """What ``video``'s token expands to where its family writes more than its rows."""

@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.models.video import VideoRefused
 
 EMBEDS_HASH_PREFIX = "epd-embeds-"
 EMBEDS_BOUND_PREFIX = "epd-mm-"
@@ -63,7 +65,10 @@ def embeddings_prompt(
         embeddings, grids, names = _named(f"{request_id}-video", videos, layout, hash_algorithm)
         seconds = [video.seconds_per_temporal_patch or 0.0 for video in videos]
         timestamps = [video.timestamps for video in videos]
-        data["video"] = family.vllm_video_data(embeddings, grids, seconds, timestamps)
+        try:
+            data["video"] = family.vllm_video_data(embeddings, grids, seconds, timestamps)
+        except VideoRefused as e:  # NOTE: LLaVA-OneVision takes video on transformers only
+            raise InvalidArgument(str(e), reason=e.reason) from e
         uuids["video"] = names
     return {
         "prompt_token_ids": list(token_ids),

@@ -93,7 +93,9 @@ class VideoPlanner:
     ) -> tuple[Any, Any]:
         """The tower's pixel values and grid of ``frames`` (all of ``plan``'s kept frames, or a
         chunk's), resized as ``plan`` says."""
-        return self.family.video_pixel_inputs(self.processor, frames, plan.resized, device)
+        return self.family.video_pixel_inputs(
+            self.processor, frames, plan.resized, device, self.config
+        )
 
 
 def video_processor(model_dir: str | Path) -> Any:

@@ -186,14 +186,26 @@ class ModelFamily(ABC):
         raise self.refuse_video()
 
     def video_pixel_inputs(
-        self, processor: Any, frames: Any, resized: tuple[int, int], device: str | None = None
+        self,
+        processor: Any,
+        frames: Any,
+        resized: tuple[int, int],
+        device: str | None = None,
+        config: Any = None,
     ) -> tuple[Any, Any]:
-        """``processor`` (the checkpoint's video processor) on ``frames`` (uint8 [n, height,
-        width, 3]: a plan's kept frames, or a run of them cut at temporal patch boundaries),
-        each resized to ``resized`` (the plan's (height, width)), on ``device``: the pixel
-        values the tower takes and the grid [1, 3]. Runs cut at temporal patch boundaries give,
-        joined, the pixel values of the whole clip (default: the family takes no video)."""
+        """``processor`` (the checkpoint's video processor; ``config`` its model config, which
+        LLaVA-OneVision needs for the grid) on ``frames`` (uint8 [n, height, width, 3]: a plan's
+        kept frames, or a run of them cut at temporal patch boundaries), each resized to
+        ``resized`` (the plan's (height, width)), on ``device``: the pixel values the tower
+        takes and the grid [1, 3]. Runs cut at temporal patch boundaries give, joined, the pixel
+        values of the whole clip (default: the family takes no video)."""
         raise self.refuse_video()
+
+    def video_language_rows(self, model: Any, rows: Any) -> Any:
+        """For the transformers engine's prefill: a video's rows as the language model takes
+        them, from its chunks' joined rows and the loaded ``model`` (LLaVA-OneVision: the
+        ``image_newline`` row after the last frame; default: the rows themselves)."""
+        return rows
 
     def vllm_video_data(
         self,

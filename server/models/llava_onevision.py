@@ -25,6 +25,11 @@ schema refuses a batch of images of different row counts, so ``vllm_items`` keep
 Hub checkpoints name the tower's weights ``vision_tower.vision_model.*``, the projector's
 ``multi_modal_projector.*``, the newline row ``image_newline`` and the language model's
 ``language_model.*`` (the tiny builder, ``tiny/llava_onevision.py``, saves them so too).
+
+Video (``onevision_video``): each frame through the tower, projected and pooled 2 x 2, a grid
+of (frames, pooled side, pooled side); an encoder batch may join video chunks and images, told
+apart by their grids; the transformers engine appends the video's newline row. vLLM 0.32 takes
+no OneVision video embeddings, so ``vllm_video_data`` refuses.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from epd.server.models import onevision_video
 from epd.server.models.family import (
     Grid,
     SeparatelyBatchedFamily,
@@ -39,6 +45,7 @@ from epd.server.models.family import (
     image_size,
 )
 from epd.server.models.projected_tower import projected_tower
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
 
 
 class LlavaOnevision(SeparatelyBatchedFamily):
@@ -98,9 +105,22 @@ class LlavaOnevision(SeparatelyBatchedFamily):
 
     def join_pixel_inputs(self, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:
         """Each image's tiles padded with zero tiles to the most any has, as the processor pads
-        a batch (``image_embeddings`` reads each image's own tiles only)."""
+        a batch (``image_embeddings`` reads each image's own tiles only); video chunks' frames
+        concatenated beside them (``onevision_video.VIDEO_PIXELS_KEY``), the grids in the
+        parts' order."""
         import torch
         from transformers import BatchFeature
+
+        key = onevision_video.VIDEO_PIXELS_KEY
+        videos = [pixels[key] for pixels, _ in parts if key in pixels]
+        pictures = [(pixels, grid) for pixels, grid in parts if key not in pixels]
+        joined = self._join_pictures(pictures) if pictures else {}
+        if videos:
+            joined[key] = torch.cat(videos)
+        return BatchFeature(joined), torch.cat([grid for _, grid in parts])
+
+    def _join_pictures(self, parts: list[tuple[Any, Any]]) -> dict[str, Any]:
+        import torch
 
         tiles = [pixels["pixel_values"] for pixels, _ in parts]
         most = max(int(image.shape[1]) for image in tiles)
@@ -109,14 +129,37 @@ class LlavaOnevision(SeparatelyBatchedFamily):
             for image in tiles
         ]
         sizes = torch.cat([pixels["image_sizes"] for pixels, _ in parts])
-        grids = torch.cat([grid for _, grid in parts])
-        return BatchFeature({"pixel_values": torch.cat(padded), "image_sizes": sizes}), grids
+        return {"pixel_values": torch.cat(padded), "image_sizes": sizes}
 
     def image_embeddings(self, tower: Any, pixel_values: Any, grid: Any) -> Any:
-        """As transformers' ``LlavaOnevisionModel.get_image_features`` (every image tiled):
-        ``pixel_values`` is ``pixel_inputs``' ``BatchFeature`` (pixels and image sizes); the
-        tower's hidden states at ``vision_feature_layer`` (each of a list, concatenated) through
-        the projector, packed per image with its newline rows; [rows of all images, hidden]."""
+        """As transformers' ``LlavaOnevisionModel.get_image_features`` (every image tiled) and
+        ``get_video_features`` (less the video's newline row, which the engine appends):
+        ``pixel_values`` is ``pixel_inputs``' or ``video_pixel_inputs``' ``BatchFeature``, or
+        their join; the rows of each item in ``grid``'s order [rows of all, hidden]."""
+        import torch
+
+        key = onevision_video.VIDEO_PIXELS_KEY
+        if key not in pixel_values:
+            return self._picture_rows(tower, pixel_values)
+        is_video = [onevision_video.is_video_grid(item) for item in grid.tolist()]
+        sizes = [int(rows) for rows in grid.prod(-1).tolist()]
+        videos = iter(
+            torch.split(
+                onevision_video.frame_rows(tower, pixel_values[key]),
+                [n for n, video in zip(sizes, is_video, strict=True) if video],
+            )
+        )
+        pictures = iter(
+            torch.split(
+                # NOTE: a batch of video chunks alone has no picture rows to split
+                self._picture_rows(tower, pixel_values) if not all(is_video) else grid[:0],
+                [n for n, video in zip(sizes, is_video, strict=True) if not video],
+            )
+        )
+        return torch.cat([next(videos) if video else next(pictures) for video in is_video])
+
+    def _picture_rows(self, tower: Any, pixel_values: Any) -> Any:
+        """The packed rows of the images in ``pixel_values`` (tiles and image sizes)."""
         import torch
         from transformers.models.llava_onevision.modeling_llava_onevision import (
             LlavaOnevisionModel,
@@ -150,6 +193,47 @@ class LlavaOnevision(SeparatelyBatchedFamily):
 
     def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
         return 1, 1, num_image_rows(width, height, config, processor.image_grid_pinpoints)
+
+    def plan_video(self, clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
+        return onevision_video.plan(clip, config, processor)
+
+    def video_pixel_inputs(
+        self,
+        processor: Any,
+        frames: Any,
+        resized: tuple[int, int],
+        device: str | None = None,
+        config: Any = None,
+    ) -> tuple[Any, Any]:
+        if config is None:
+            raise ValueError("LLaVA-OneVision's video grid needs the model config")
+        side = onevision_video.pooled_side(config)
+        return onevision_video.pixel_inputs(processor, frames, resized, side, device)
+
+    def video_prompt_tokens(
+        self, grid: Grid, timestamps: tuple[float, ...], config: Any, tokenizer: Any
+    ) -> list[int] | None:
+        """The video's rows and its newline row, each a video token."""
+        return [int(config.video_token_id)] * (grid[0] * grid[1] * grid[2] + 1)
+
+    def video_language_rows(self, model: Any, rows: Any) -> Any:
+        return onevision_video.with_newline(model, rows)
+
+    def vllm_video_data(
+        self,
+        embeddings: list[Any],
+        grids: list[Grid],
+        seconds_per_temporal_patch: list[float],
+        timestamps: list[tuple[float, ...]],
+    ) -> Any:
+        # NOTE: vLLM 0.32's LLaVA-OneVision takes a video as pixels only
+        # (LlavaOnevisionVideoPixelInputs; _parse_and_validate_video_input reads
+        # pixel_values_videos alone), never as embeddings.
+        raise VideoRefused(
+            "LLaVA-OneVision takes video on the transformers engine only: vLLM's model takes "
+            "no video embeddings",
+            "VIDEO_NOT_SUPPORTED",
+        )
 
 
 def num_image_rows(width: int, height: int, config: Any, pinpoints: list[list[int]]) -> int:

@@ -115,7 +115,12 @@ class _QwenVl(ModelFamily):
         return qwen_video.plan(clip, processor, self._video_resized, self._video_timing)
 
     def video_pixel_inputs(
-        self, processor: Any, frames: Any, resized: tuple[int, int], device: str | None = None
+        self,
+        processor: Any,
+        frames: Any,
+        resized: tuple[int, int],
+        device: str | None = None,
+        config: Any = None,
     ) -> tuple[Any, Any]:
         return qwen_video.pixel_inputs(processor, frames, resized, device)
 

@@ -4,7 +4,9 @@ the prefill worker's engine expanding the video's token (Qwen3-VL: each temporal
 "<t seconds>" text, then its rows between vision start and end), placing the joined rows at the
 video tokens (Qwen3-VL's DeepStack levels too) with the family's M-RoPE positions (Qwen2.5-VL's
 seconds per temporal patch included), answered token for token as transformers' generate
-answers given the same kept frames and their timing."""
+answers given the same kept frames and their timing. LLaVA-OneVision too: each frame through the
+tower and pooled 2 x 2 on the encoders, the joined rows and the video's one newline row (the
+engine's) at the video tokens, 1-D positions."""
 
 from __future__ import annotations
 
@@ -28,13 +30,17 @@ from epd.v1 import route_service_pb2_grpc
 from tests.integration.e2e.test_video_in_process import CLIP, MAX_TOKENS, TEXT, video_request
 from tests.integration.registered import until_registered
 
+#: temporal patches a chunk, so that the clip's 8 frames make two chunks (LLaVA-OneVision's
+#: temporal patch is one frame; the Qwen families' two)
+CHUNK_PATCHES = {"qwen2_vl": 2, "qwen2_5_vl": 2, "qwen3_vl": 2, "llava_onevision": 4}
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+
+@pytest.fixture(scope="module", params=list(CHUNK_PATCHES))
 async def deployment(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
 ) -> AsyncIterator[dict[str, Any]]:
-    """Two encoders, a prefill worker on a transformers engine, a route cutting chunks of 2
-    temporal patches (the clip's 4 over both encoders)."""
+    """Two encoders, a prefill worker on a transformers engine, a route cutting the clip into
+    two chunks (one on each encoder)."""
     model_dir = tiny_family_dir(request.param)
     engine = await TransformersEngine.start(model_dir, model_id="tiny")
     scheduler, scheduler_port = await build_scheduler_server()
@@ -48,7 +54,7 @@ async def deployment(
     config = PrefillConfig(model_dir, mode=Role.PREFILL_DECODE, scheduler=endpoint)
     workers.append(await build_prefill_server(config, engine))
     route = await build_route_server(
-        RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=2)
+        RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=CHUNK_PATCHES[request.param])
     )
     await until_registered(endpoint, len(workers))
     channel = create_channel(f"127.0.0.1:{route.port}")

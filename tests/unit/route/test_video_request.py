@@ -128,7 +128,7 @@ async def test_the_route_refuses_videos_over_the_token_limit_before_any_encoder(
     assert caught.value.reason == "TOO_MANY_VIDEOS"
 
 
-@pytest.mark.parametrize("family", ["llava", "llava_onevision", "internvl"])
+@pytest.mark.parametrize("family", ["llava", "internvl"])
 async def test_a_family_without_video_refuses_it_at_the_route_by_name(
     family: str, tiny_family_dir: Callable[[str], Path]
 ) -> None:
