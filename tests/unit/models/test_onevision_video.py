@@ -55,17 +55,22 @@ def test_the_plan_and_pixels_are_the_processors(tiny_family_dir: Callable[[str],
     assert plan.num_tokens == counted[0] == 7 * 4 + 1
 
 
+@pytest.mark.parametrize(("attention", "patch_embedding"), [("auto", "auto"), ("packed", "matmul")])
 @pytest.mark.parametrize("frames_per_chunk", [1, 3])
 def test_chunks_batched_with_an_image_give_the_models_video_features(
-    frames_per_chunk: int, tiny_family_dir: Callable[[str], Path]
+    frames_per_chunk: int,
+    attention: str,
+    patch_embedding: str,
+    tiny_family_dir: Callable[[str], Path],
 ) -> None:
-    """The encoder's tower on runs of frames, each prepared apart and joined in one batch
-    after an image; the joined rows and the engine's newline row equal transformers'
-    ``get_video_features``, the image's rows its ``get_image_features``."""
+    """The encoder's tower (transformers' execution, and the accelerator's default forced on
+    CPU) on runs of frames, each prepared apart and joined in one batch after an image; the
+    joined rows and the engine's newline row equal transformers' ``get_video_features``, the
+    image's rows its ``get_image_features``."""
     from transformers import AutoModelForImageTextToText
 
     model_dir = tiny_family_dir(FAMILY)
-    encoder = VisionEncoder(model_dir)
+    encoder = VisionEncoder(model_dir, attention=attention, patch_embedding=patch_embedding)
     video, picture = frames(7), frames(1, 90, 60)[0]
     chunks = [
         encoder.prepare_video(torch.from_numpy(video[start : start + frames_per_chunk]), (56, 56))
