@@ -64,6 +64,8 @@ class PromptBuilder:
         self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_context_tokens = context_length(config)
+        # --chat-template's text (None: the model's own template)
+        self.route_template = chat_template
         if chat_template is not None:
             self.tokenizer.chat_template = chat_template
             self.check_template()
@@ -99,8 +101,9 @@ class PromptBuilder:
         """Token ids of the rendered chat, by default with the assistant's turn opened. The chat
         is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
         again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``);
-        ``chat_template``: the request's own template (None: the route's), a 400 naming
-        ``chat_template`` when it does not render the chat."""
+        ``chat_template``: the request's own template (None: the route's; then, as vLLM, a
+        ``chat_template`` among ``template_kwargs`` where the route has no ``--chat-template``),
+        a 400 naming ``chat_template`` when it does not render the chat."""
         chat = [
             {
                 "role": message.role,
@@ -109,6 +112,8 @@ class PromptBuilder:
             }
             for message in messages
         ]
+        if chat_template is None and template_kwargs and "chat_template" in template_kwargs:
+            chat_template = self.route_template or template_kwargs["chat_template"]
         if chat_template is not None:
             return self._with_request_template(chat, template_kwargs, chat_template)
         try:
@@ -125,6 +130,8 @@ class PromptBuilder:
         from vllm.renderers.hf import _detect_content_format
 
         num_media = sum(1 for m in chat for part in _parts(m) if part["type"] != "text")
+        # NOTE: the template itself is no argument of the template (vLLM passes it apart)
+        template_kwargs = {k: v for k, v in (template_kwargs or {}).items() if k != "chat_template"}
         try:
             template = self.tokenizer.get_chat_template(template)
             if _detect_content_format(template, default="string") == "string":

@@ -173,6 +173,10 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         "request_chat_template_string",
         {**GREEDY, "messages": TEXT, "chat_template": STRING_TEMPLATE},
     ),
+    (
+        "chat_template_as_template_argument",
+        {**GREEDY, "chat_template_kwargs": {"chat_template": PARTS_TEMPLATE}},
+    ),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -203,10 +207,6 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     (
         "request_chat_template_raises",
         {**GREEDY, "chat_template": "{{ raise_exception('no chat here') }}"},
-    ),
-    (
-        "chat_template_as_template_argument",
-        {**GREEDY, "chat_template_kwargs": {"chat_template": PARTS_TEMPLATE}},
     ),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.

@@ -89,12 +89,17 @@ def test_a_request_template_that_does_not_render_is_a_bad_request_naming_it(
     assert caught.value.metadata["param"] == "chat_template"
 
 
-def test_a_chat_template_in_the_template_arguments_is_refused_even_when_trusted(
-    builder: PromptBuilder,
+def test_a_trusted_chat_template_among_the_template_arguments_is_the_template(
+    builder: PromptBuilder, tiny_model_dir: Path
 ) -> None:
-    """As vLLM's ``resolve_chat_template_kwargs``: the template is a field, not an argument."""
-    with pytest.raises(InvalidArgument, match="unexpected chat template kwargs"):
-        prompt(builder, body(chat_template_kwargs={"chat_template": PARTS}))
+    """As vLLM's ``ChatParams.get_apply_chat_template_kwargs``: the body's ``chat_template``,
+    else the route's ``--chat-template``, else the arguments' one."""
+    in_arguments = body(chat_template_kwargs={"chat_template": PARTS})
+    assert prompt(builder, in_arguments) == "<<user>>ab<<assistant>>"
+    both = {**in_arguments, "chat_template": STRING}
+    assert prompt(builder, both) == "[user] a\nb\n[assistant]"
+    custom = PromptBuilder(tiny_model_dir, PARTS.replace("<<", "(("))
+    assert prompt(custom, in_arguments) == "((user>>ab((assistant>>"
 
 
 def test_epd_up_hands_the_trust_flag_to_the_route() -> None:
