@@ -252,7 +252,7 @@ class ChatApi:
         parsing = chat.answer_parsing
         if parsing is not None and parsing.needs_prompt:
             parsing.prompt_token_ids = http.router.prompts.token_ids(
-                chat.messages, chat.template_kwargs, chat.chat_template
+                chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
             )
         return chat
 

@@ -118,6 +118,9 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "include_reasoning",
     "chat_template",
     "return_token_ids",
+    "truncate_prompt_tokens",
+    "truncation_side",
+    "add_special_tokens",
 }
 IMAGE_DETAILS = ("auto", "low", "high")
 # vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
@@ -290,8 +293,30 @@ def to_chat_request(
         request.echo = echo_text(messages, parsed.add_generation_prompt)
     request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
     request.return_token_ids = bool(parsed.return_token_ids)
+    request.add_special_tokens = bool(parsed.add_special_tokens)
+    if parsed.truncate_prompt_tokens is not None:
+        request.truncate_prompt_tokens = kept_tokens(parsed, limits.max_context_tokens)
+        request.truncation_side = parsed.truncation_side
     check_request(request, limits, max_tokens_param=name)
     return request
+
+
+def kept_tokens(parsed: Any, context: int | None) -> int | None:
+    """The prompt tokens ``parsed``'s ``truncate_prompt_tokens`` keeps, as vLLM's
+    ``TokenizeParams`` reads it: -1 is the context (less the one token an answer needs when
+    ``max_tokens`` is set); None: no cut (-1 with the context unknown). A bound beyond the
+    context is vLLM's 400."""
+    keep = int(parsed.truncate_prompt_tokens)
+    if context is not None and keep > context:
+        raise bad(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {context}. "
+            "Please request a smaller truncation size.",
+            "truncate_prompt_tokens",
+        )
+    if keep >= 0 or context is None:
+        return keep if keep >= 0 else None
+    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+    return context if not max_tokens else max(0, context - 1)
 
 
 def parse_with(model: Any, body: dict[str, Any]) -> Any:

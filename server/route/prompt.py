@@ -24,6 +24,9 @@ from epd.server.models.model_dir import context_length
 from epd.server.route.request import ChatMessage, ChatPart, bad
 
 BLOCK_SIZE = 16
+# the side vLLM cuts a prompt on when a request names none (its tokenizer registry's default
+# for a generating model, whatever the checkpoint's tokenizer says)
+TRUNCATION_SIDE = "left"
 JINJA_CHARACTERS = "{}\n"
 # The chat a template is checked with: one image must render as one image token.
 PROBE_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
@@ -97,13 +100,16 @@ class PromptBuilder:
         messages: list[ChatMessage],
         template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of the rendered chat, by default with the assistant's turn opened. The chat
         is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
         again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``);
         ``chat_template``: the request's own template (None: the route's; then, as vLLM, a
         ``chat_template`` among ``template_kwargs`` where the route has no ``--chat-template``),
-        a 400 naming ``chat_template`` when it does not render the chat."""
+        a 400 naming ``chat_template`` when it does not render the chat;
+        ``add_special_tokens``: the tokenizer's own special tokens (a BOS) added to the
+        rendered text's, as vLLM's request field (its chat default: none)."""
         chat = [
             {
                 "role": message.role,
@@ -115,14 +121,20 @@ class PromptBuilder:
         if chat_template is None and template_kwargs and "chat_template" in template_kwargs:
             chat_template = self.route_template or template_kwargs["chat_template"]
         if chat_template is not None:
-            return self._with_request_template(chat, template_kwargs, chat_template)
+            return self._with_request_template(
+                chat, template_kwargs, chat_template, add_special_tokens
+            )
         try:
-            return self.rendered(chat, template_kwargs)
+            return self.rendered(chat, template_kwargs, None, add_special_tokens)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             raise bad(f"the chat template refused the chat: {e}"[:1024], "messages") from None
 
     def _with_request_template(
-        self, chat: list[dict[str, Any]], template_kwargs: dict[str, Any] | None, template: str
+        self,
+        chat: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None,
+        template: str,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """``chat`` rendered with a request's own template as vLLM renders it: the message
         content as the template reads it (vLLM's detected content format: parts, or their texts
@@ -136,7 +148,7 @@ class PromptBuilder:
             template = self.tokenizer.get_chat_template(template)
             if _detect_content_format(template, default="string") == "string":
                 chat = [{**m, "content": _joined_text(m)} for m in chat]
-            token_ids = self.rendered(chat, template_kwargs, template)
+            token_ids = self.rendered(chat, template_kwargs, template, add_special_tokens)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             message = f"the request's chat_template does not render the chat: {e}"
             raise bad(message[:1024], "chat_template") from None
@@ -154,10 +166,12 @@ class PromptBuilder:
         chat: list[dict[str, Any]],
         template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """Token ids of ``chat`` (chat-template form) rendered with ``template_kwargs`` as vLLM
         passes a request's to the template (those it neither takes nor names are dropped) and
-        ``chat_template`` (None: the route's); raises what the template raises."""
+        ``chat_template`` (None: the route's), tokenised with or without the tokenizer's
+        special tokens; raises what the template raises."""
         kwargs: dict[str, Any] = {"add_generation_prompt": True}
         template = chat_template or self.tokenizer.chat_template
         if template_kwargs:  # NOTE: only the OpenAI door sends them, and it runs with vLLM
@@ -169,7 +183,7 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(
             chat, tokenize=False, chat_template=chat_template, **kwargs
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def expanded_ids(
         self, token_ids: list[int], image_tokens: list[int], video_tokens: list[int]
@@ -188,6 +202,36 @@ class PromptBuilder:
                 rows = [*self.image_start_ids, *rows, *self.image_end_ids]
             expanded.extend(rows)
         return expanded
+
+    def truncated(
+        self,
+        token_ids: list[int],
+        keep: int,
+        side: str | None,
+        image_tokens: list[int],
+        video_tokens: list[int],
+    ) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: ``token_ids`` cut to ``keep`` tokens (``side``
+        left keeps the last, right the first; None: left, the side vLLM's tokenizer gets for a
+        generating model), then cut
+        again once each image and video is expanded to its tokens (``image_tokens``,
+        ``video_tokens``), as vLLM cuts the expanded prompt. A cut that would split or drop an
+        image or a video is a 400 naming ``truncate_prompt_tokens``, as vLLM refuses it."""
+        side = side or TRUNCATION_SIDE
+        media = {self.image_pad_id, self.video_pad_id}
+        kept = _cut(token_ids, len(token_ids) - keep, side)
+        excess = len(self.expanded_ids(kept, image_tokens, video_tokens)) - keep
+        cut = _cut(kept, excess, side)
+        num_media = sum(token in media for token in token_ids)
+        if sum(token in media for token in cut) != num_media:
+            raise bad(
+                f"truncate_prompt_tokens={keep} would split or drop a multimodal item: "
+                "multimodal placeholders expand after truncation is applied, so the limit must "
+                "leave every multimodal item intact. Please raise truncate_prompt_tokens or "
+                "shorten the multimodal input.",
+                "truncate_prompt_tokens",
+            )
+        return cut
 
     def block_hashes(
         self,
@@ -220,6 +264,13 @@ class PromptBuilder:
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
         return hashes
+
+
+def _cut(token_ids: list[int], excess: int, side: str) -> list[int]:
+    """``token_ids`` less ``excess`` tokens (none when it is not positive) on ``side``."""
+    if excess <= 0:
+        return token_ids
+    return token_ids[excess:] if side == "left" else token_ids[: len(token_ids) - excess]
 
 
 def _parts(message: dict[str, Any]) -> list[dict[str, str]]:

@@ -101,6 +101,12 @@ class ChatRequest:
     more_prompts: list[list[int]] = field(default_factory=list)
     # the first chunk carries the prompt as the engine holds it (vLLM's return_token_ids)
     return_token_ids: bool = False
+    # the prompt's tokens kept (vLLM's truncate_prompt_tokens, -1 already made the context's
+    # bound; None: all) and the side cut (vLLM's truncation_side; None: vLLM's default, left)
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None
+    # the tokenizer's special tokens added to the rendered chat's (vLLM's add_special_tokens)
+    add_special_tokens: bool = False
     # the OpenAI door names logprob tokens ``token_id:N`` (vLLM's return_tokens_as_token_ids)
     tokens_as_ids: bool = False
     # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the

@@ -183,6 +183,8 @@ class Router:
         images, videos = await asyncio.gather(
             self._load(request.images), self._load_videos(request.videos)
         )
+        if request.truncate_prompt_tokens is not None:
+            token_ids = self._truncated(request, token_ids, images, videos)
         sampling, salt = request.sampling, ""
         if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
             sampling, salt = _in_namespace(request, images, videos)
@@ -352,10 +354,10 @@ class Router:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         messages, kwargs = request.messages, request.template_kwargs
-        template = request.chat_template
+        arguments = (messages, kwargs, request.chat_template, request.add_special_tokens)
         if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
-            return self.prompts.token_ids(messages, kwargs, template)
-        return await asyncio.to_thread(self.prompts.token_ids, messages, kwargs, template)
+            return self.prompts.token_ids(*arguments)
+        return await asyncio.to_thread(self.prompts.token_ids, *arguments)
 
     def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
         """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""
@@ -444,6 +446,20 @@ class Router:
         image_tokens = [image.num_tokens for image in images]
         video_tokens = [v.video.plan.num_tokens for v in videos]
         return self.prompts.expanded_ids(token_ids, image_tokens, video_tokens)
+
+    def _truncated(
+        self,
+        request: ChatRequest,
+        token_ids: list[int],
+        images: list[RouteImage],
+        videos: list[RouteVideo],
+    ) -> list[int]:
+        """The prompt cut to the request's ``truncate_prompt_tokens``, as vLLM cuts it."""
+        assert request.truncate_prompt_tokens is not None
+        image_tokens = [image.num_tokens for image in images]
+        video_tokens = [v.video.plan.num_tokens for v in videos]
+        keep, side = request.truncate_prompt_tokens, request.truncation_side
+        return self.prompts.truncated(token_ids, keep, side, image_tokens, video_tokens)
 
     def _block_hashes(
         self,

@@ -114,3 +114,15 @@ def test_the_expanded_prompt_repeats_each_placeholder_to_its_tokens(
     ids = [1, image, 2, video, 3, image]
     expanded = prompts.expanded_ids(ids, [2, 3], [4])
     assert expanded == [1, image, image, 2, *[video] * 4, 3, image, image, image]
+
+
+async def test_a_truncated_prompt_reaches_the_engine_cut_and_an_image_is_never_cut(
+    url: str, prompts: PromptBuilder
+) -> None:
+    body = {**BODY, "truncate_prompt_tokens": 5, "truncation_side": "left"}
+    status, answer = await post(url, body)
+    assert status == 200, answer
+    assert answer["prompt_token_ids"] == text_prompt(prompts)[-5:]
+    status, refused = await post(url, {**body, "messages": IMAGE, "truncate_prompt_tokens": 3})
+    assert status == 400
+    assert refused["error"]["param"] == "truncate_prompt_tokens"

@@ -177,6 +177,13 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         "chat_template_as_template_argument",
         {**GREEDY, "chat_template_kwargs": {"chat_template": PARTS_TEMPLATE}},
     ),
+    ("truncate_prompt_tokens", {**GREEDY, "messages": TEXT, "truncate_prompt_tokens": 5}),
+    (
+        "truncate_prompt_tokens_left",
+        {**GREEDY, "messages": TEXT, "truncate_prompt_tokens": 6, "truncation_side": "left"},
+    ),
+    ("truncate_prompt_tokens_context", {**GREEDY, "truncate_prompt_tokens": -1}),
+    ("add_special_tokens", {**GREEDY, "add_special_tokens": True}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -203,6 +210,7 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("tool_choice_without_tools", {**GREEDY, "tool_choice": "required"}),
     ("empty_tools", {**GREEDY, "tools": []}),
     ("bad_tool_choice", {**TOOL_GREEDY, "tool_choice": "sometimes"}),
+    ("truncate_beyond_the_context", {**GREEDY, "truncate_prompt_tokens": 5000}),
     ("request_chat_template_unclosed", {**GREEDY, "chat_template": "{% for m in messages %}"}),
     (
         "request_chat_template_raises",
@@ -470,6 +478,12 @@ def streamed_token_ids(chunks: list[dict[str, Any]]) -> tuple[Any, ...]:
 async def test_return_token_ids_are_vllms(
     vllm_url: str, epd_url: str, body: dict[str, Any]
 ) -> None:
+    await assert_same_token_ids(vllm_url, epd_url, body)
+
+
+async def assert_same_token_ids(vllm_url: str, epd_url: str, body: dict[str, Any]) -> None:
+    """``body`` (with return_token_ids) gets the same prompt and generated ids from both, whole
+    and streamed."""
     answers = [await post(url, body) for url in (vllm_url, epd_url)]
     assert [status for status, _ in answers] == [200, 200], answers
     expected, answer = (token_ids_shown(reply) for _, reply in answers)
@@ -478,6 +492,37 @@ async def test_return_token_ids_are_vllms(
     stream = {**body, "stream": True}
     chunks = [await streamed(url, stream, "chat/completions") for url in (vllm_url, epd_url)]
     assert streamed_token_ids(chunks[1]) == streamed_token_ids(chunks[0])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+async def test_a_truncated_image_prompt_is_vllms(vllm_url: str, epd_url: str, side: str) -> None:
+    """Two tokens less than the whole prompt (the image expanded), on either side: the image
+    is kept whole, the prompt's ids are vLLM's."""
+    status, whole = await post(vllm_url, {**GREEDY, "return_token_ids": True})
+    assert status == 200
+    keep = len(whole["prompt_token_ids"]) - 2
+    body = {**GREEDY, "return_token_ids": True, "truncate_prompt_tokens": keep}
+    await assert_same_token_ids(vllm_url, epd_url, {**body, "truncation_side": side})
+
+
+async def test_a_cut_through_an_image_is_refused(
+    vllm_url: str, epd_url: str, tiny_model_dir: Path
+) -> None:
+    """A bound that keeps the image's placeholder but not its expanded first token: vLLM's 400,
+    naming truncate_prompt_tokens. One that drops the placeholder before expansion: vLLM fails
+    with a 500 (its processor finds no placeholder), epd with the same 400."""
+    from transformers import AutoTokenizer
+
+    pad = AutoTokenizer.from_pretrained(tiny_model_dir).convert_tokens_to_ids("<|image_pad|>")
+    status, whole = await post(vllm_url, {**GREEDY, "return_token_ids": True})
+    prompt = whole["prompt_token_ids"]
+    assert status == 200 and prompt.count(pad) >= 2
+    body = {**GREEDY, "truncation_side": "left"}
+    through = {**body, "truncate_prompt_tokens": len(prompt) - prompt.index(pad) - 1}
+    dropped = {**body, "truncate_prompt_tokens": 3}
+    replies = [await post(url, sent) for sent in (through, dropped) for url in (vllm_url, epd_url)]
+    assert [status for status, _ in replies] == [400, 400, 500, 400], replies
+    assert [reply["error"]["param"] for _, reply in replies[1::2]] == ["truncate_prompt_tokens"] * 2
 
 
 class Verdict(BaseModel):

@@ -360,7 +360,11 @@ class StubPrompts:
         return 2
 
     def token_ids(
-        self, messages: Any, template_kwargs: Any = None, chat_template: Any = None
+        self,
+        messages: Any,
+        template_kwargs: Any = None,
+        chat_template: Any = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         return [1, 2]
 

@@ -294,7 +294,7 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("truncate_prompt_tokens", 5),
+        ("vllm_xargs", {"a": 1}),
     ],
 )
 def test_a_field_epd_does_not_implement_yet_is_refused_not_ignored(param: str, value: Any) -> None:
