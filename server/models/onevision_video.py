@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from epd.server.models.family import Grid, device_argument
-from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, sample_frames
 
 #: the key of a video chunk's frames in the encoder's pixel inputs
 VIDEO_PIXELS_KEY = "pixel_values_videos"
@@ -58,19 +58,7 @@ def plan(clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
 def _kept_frames(clip: VideoClip, processor: Any) -> tuple[int, ...]:
     if not processor.do_sample_frames:
         return tuple(range(clip.num_frames))
-    from transformers.video_utils import VideoMetadata
-
-    metadata = VideoMetadata(total_num_frames=clip.num_frames, fps=clip.fps)
-    try:
-        indices = processor.sample_frames(
-            metadata, num_frames=processor.num_frames, fps=processor.fps
-        )
-    except (ValueError, ZeroDivisionError) as e:
-        raise VideoRefused(
-            f"a video of {clip.num_frames} frames is too short for this model's sampling: {e}",
-            "VIDEO_TOO_SHORT",
-        ) from e
-    return tuple(int(index) for index in indices)
+    return sample_frames(clip, processor, num_frames=processor.num_frames, fps=processor.fps)
 
 
 def _sampling_text(processor: Any) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epd.server.models.family import device_argument
-from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, sample_frames
 
 #: frames a second sampled when the processor sets neither ``fps`` nor ``num_frames``
 DEFAULT_FPS = 2.0
@@ -35,17 +35,7 @@ def sampling_settings(processor: Any) -> dict[str, Any]:
 
 def sample_indices(processor: Any, clip: VideoClip) -> tuple[int, ...]:
     """The decoded frames ``processor`` keeps of ``clip``."""
-    from transformers.video_utils import VideoMetadata
-
-    metadata = VideoMetadata(total_num_frames=clip.num_frames, fps=clip.fps)
-    try:
-        indices = processor.sample_frames(metadata, **sampling_settings(processor))
-    except (ValueError, ZeroDivisionError) as e:
-        raise VideoRefused(
-            f"a video of {clip.num_frames} frames is too short for this model's sampling: {e}",
-            "VIDEO_TOO_SHORT",
-        ) from e
-    return tuple(int(index) for index in indices)
+    return sample_frames(clip, processor, **sampling_settings(processor))
 
 
 def plan(

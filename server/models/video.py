@@ -11,6 +11,7 @@ patches; the last patch of a clip of an odd count repeats the last frame.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 Grid = tuple[int, int, int]
 
@@ -65,3 +66,20 @@ class VideoPlan:
     @property
     def tokens_per_temporal_patch(self) -> int:
         return self.num_tokens // self.grid[0]
+
+
+def sample_frames(clip: VideoClip, processor: Any, **settings: Any) -> tuple[int, ...]:
+    """The indices of the decoded frames of ``clip`` that ``processor``'s own ``sample_frames``
+    keeps under ``settings`` (its ``num_frames``/``fps`` keywords); a clip too short for them
+    is VIDEO_TOO_SHORT."""
+    from transformers.video_utils import VideoMetadata
+
+    metadata = VideoMetadata(total_num_frames=clip.num_frames, fps=clip.fps)
+    try:
+        indices = processor.sample_frames(metadata, **settings)
+    except (ValueError, ZeroDivisionError) as e:
+        raise VideoRefused(
+            f"a video of {clip.num_frames} frames is too short for this model's sampling: {e}",
+            "VIDEO_TOO_SHORT",
+        ) from e
+    return tuple(int(index) for index in indices)
