@@ -22,7 +22,7 @@ from epd.server.media.video_hashing import (
 )
 from epd.server.media.video_planner import VideoPlanner
 from epd.server.models.video import VideoPlan
-from tests.unit.models.clips import clip_frames, make_clip
+from tests.unit.models.clips import clip_frames, make_clip, remux
 
 POLICY = MediaPolicy()
 PLAN = VideoPlan(
@@ -108,7 +108,7 @@ def test_the_planner_decodes_plans_and_names_a_video(
 ) -> None:
     planner = VideoPlanner(tiny_family_dir(family), "tiny")
     mp4 = make_clip("mp4", num_frames=30, fps=10)
-    mkv = make_clip("matroska", num_frames=30, fps=10)
+    mkv = remux(mp4, "matroska")
 
     video = planner.load(mp4, POLICY)
 

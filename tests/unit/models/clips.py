@@ -43,6 +43,21 @@ def make_clip(
     return buffer.getvalue()
 
 
+def remux(data: bytes, container: str) -> bytes:
+    """``data``'s video packets, unchanged, in a ``container`` of another kind: the same
+    pictures under other timestamps (encoding twice may not give the same pictures: libx264
+    in PyAV 18 sometimes encodes the same frames to other bytes)."""
+    buffer = io.BytesIO()
+    with av.open(io.BytesIO(data)) as source, av.open(buffer, "w", format=container) as output:
+        video = source.streams.video[0]
+        stream = output.add_stream_from_template(video)
+        for packet in source.demux(video):
+            if packet.dts is not None:
+                packet.stream = stream
+                output.mux(packet)
+    return buffer.getvalue()
+
+
 def pyav_frames(data: bytes) -> np.ndarray:
     """Every frame of ``data`` as PyAV decodes it (RGB), for comparison."""
     with av.open(io.BytesIO(data)) as container:
