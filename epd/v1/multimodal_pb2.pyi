@@ -58,17 +58,25 @@ class ImageInput(_message.Message):
     def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., embeddings: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ...) -> None: ...
 
 class VideoInput(_message.Message):
-    __slots__ = ("mm_hash", "grid", "chunks", "chunk_hashes", "seconds_per_temporal_patch", "timestamps")
+    __slots__ = ("mm_hash", "grid", "chunks", "chunk_hashes", "seconds_per_temporal_patch", "timestamps", "media", "fps", "num_decoded_frames", "frame_indices")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_TEMPORAL_PATCH_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DECODED_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAME_INDICES_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     grid: ImageGrid
     chunks: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorRef]
     chunk_hashes: _containers.RepeatedScalarFieldContainer[str]
     seconds_per_temporal_patch: float
     timestamps: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[_tensor_pb2.TensorRef, _Mapping]]] = ..., chunk_hashes: _Optional[_Iterable[str]] = ..., seconds_per_temporal_patch: _Optional[float] = ..., timestamps: _Optional[_Iterable[float]] = ...) -> None: ...
+    media: MediaItem
+    fps: float
+    num_decoded_frames: int
+    frame_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, mm_hash: _Optional[str] = ..., grid: _Optional[_Union[ImageGrid, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[_tensor_pb2.TensorRef, _Mapping]]] = ..., chunk_hashes: _Optional[_Iterable[str]] = ..., seconds_per_temporal_patch: _Optional[float] = ..., timestamps: _Optional[_Iterable[float]] = ..., media: _Optional[_Union[MediaItem, _Mapping]] = ..., fps: _Optional[float] = ..., num_decoded_frames: _Optional[int] = ..., frame_indices: _Optional[_Iterable[int]] = ...) -> None: ...
