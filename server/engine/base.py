@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -52,10 +53,25 @@ DEFAULT_MAX_PENDING = 64
 
 
 @dataclass(frozen=True, slots=True)
+class VideoFrames:
+    """A video's kept frames as decoded, with the timing the route planned them with: what an
+    engine that runs its own video processor and tower takes (an encode_prefill worker's)."""
+
+    # uint8 [frames, height, width, 3] RGB at the decoded size, one per kept frame
+    pixels: np.ndarray
+    # the decoded clip's measured frame rate
+    fps: float
+    # frames the clip decoded to
+    num_decoded_frames: int
+    # index of each kept frame among the decoded ones
+    frame_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class EngineImage:
     """One image of a prompt: precomputed embeddings with their grid, or a raw picture; or one
-    video (``seconds_per_temporal_patch`` set): its embeddings joined from its chunks, with its
-    grid (t temporal patches)."""
+    video (``seconds_per_temporal_patch`` set): its embeddings joined from its chunks, or its
+    raw kept ``frames``, with its grid (t temporal patches)."""
 
     mm_hash: str
     grid: Grid | None = None
@@ -69,11 +85,18 @@ class EngineImage:
     # a video's time of each temporal patch in seconds, shown in the prompt (Qwen3-VL); empty
     # where its family shows none
     timestamps: tuple[float, ...] = ()
+    # a video's raw kept frames, for an engine that runs its own tower; None: not raw
+    frames: VideoFrames | None = None
 
     @property
     def is_video(self) -> bool:
         """Whether this is a video (its placeholder is the model's video token)."""
         return self.seconds_per_temporal_patch is not None
+
+    @property
+    def is_raw(self) -> bool:
+        """Whether the engine runs its own vision tower on it (a raw picture or raw frames)."""
+        return self.image is not None or self.frames is not None
 
 
 @dataclass(frozen=True, slots=True)

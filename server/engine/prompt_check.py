@@ -180,9 +180,9 @@ class VisionLayout:
     def _check_image(self, index: int, image: EngineImage, grids_suffice: bool) -> int:
         """The tokens image ``index``'s placeholder expands to (1 for a picture: vLLM expands)."""
         if image.embeddings is None:
-            if grids_suffice and image.image is None:
+            if grids_suffice and not image.is_raw:
                 return self._expected_rows(index, image) + self.num_delimiters
-            if image.image is None:
+            if not image.is_raw:
                 raise InvalidArgument(
                     f"image {index} has neither embeddings nor a picture",
                     reason="MISSING_IMAGE_DATA",

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from epd.server.engine.base import (
 from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
 from epd.server.engine.kv_budget import KvBudget, check_room, kv_capacity
 from epd.server.engine.prompt_check import VisionLayout
+from epd.server.engine.raw_video import video_pixel_inputs
 from epd.server.engine.sampler import (
     IMPLEMENTED_FIELDS,
     StopChecker,
@@ -301,15 +302,22 @@ class TransformersEngine(Engine):
         return [image if image.embeddings is not None else self._encode(image) for image in images]
 
     def _encode(self, image: EngineImage) -> EngineImage:
-        pixel_values, grid = self.family.pixel_inputs(
-            self.processor.image_processor, [image.image], self.model.config
-        )
+        """A raw picture's or video's embeddings from the model's own processor and tower."""
+        if image.frames is not None:
+            video_processor = getattr(self.processor, "video_processor", None)
+            pixel_values, grid = video_pixel_inputs(
+                self.family, video_processor, self.model.config, image
+            )
+        else:
+            pixel_values, grid = self.family.pixel_inputs(
+                self.processor.image_processor, [image.image], self.model.config
+            )
         pixel_values = pixel_values.to(self.options.device, self.model.dtype)
         features = self.family.image_embeddings(
             self.family.model_tower(self.model), pixel_values, grid.to(self.options.device)
         )
         t, h, w = (int(v) for v in grid[0])
-        return EngineImage(image.mm_hash, (t, h, w), features)
+        return replace(image, grid=(t, h, w), embeddings=features, image=None, frames=None)
 
     def _decode_text(self, token_ids: list[int]) -> str:
         return str(self.processor.tokenizer.decode(token_ids, skip_special_tokens=True))

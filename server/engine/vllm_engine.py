@@ -65,9 +65,8 @@ from epd.server.engine.vllm_inputs import (
     DEFAULT_KV_LEASE_S,
     SideChannel,
     candidates,
-    picture_data,
-    picture_names,
     prompt_candidates,
+    raw_prompt,
     sampling_params,
 )
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
@@ -382,10 +381,8 @@ class VllmEngine(Engine):
 
         assert self._llm is not None
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
-        if images and any(image.image is not None for image in images):
-            prompt["multi_modal_data"] = picture_data(images)
-            if (names := picture_names(images)) is not None:
-                prompt["multi_modal_uuids"] = names
+        if images and any(image.is_raw for image in images):
+            prompt = raw_prompt(prompt_token_ids, images)
         elif images:
             prompt = embeddings_prompt(
                 request_id, prompt_token_ids, images, self.layout, self._hash_algorithm

@@ -9,32 +9,82 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import Candidates, EngineImage, Sampling, StructuredOutput
+from epd.server.engine.base import (
+    Candidates,
+    EngineImage,
+    Sampling,
+    StructuredOutput,
+    VideoFrames,
+)
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
 PICTURE_NAME_PREFIX = "epd-picture-"
+VIDEO_NAME_PREFIX = "epd-video-"
+
+
+def raw_prompt(token_ids: list[int], images: list[EngineImage]) -> dict[str, Any]:
+    """vLLM's prompt for ``token_ids`` whose images and videos are all raw (vLLM runs its own
+    processor and tower): ``picture_data``, named by ``picture_names``; with videos, vLLM's
+    processor told to keep every frame given (they are sampled already)."""
+    prompt: dict[str, Any] = {
+        "prompt_token_ids": list(token_ids),
+        "multi_modal_data": picture_data(images),
+    }
+    if (names := picture_names(images)) is not None:
+        prompt["multi_modal_uuids"] = names
+    if any(image.is_video for image in images):
+        prompt["mm_processor_kwargs"] = {"do_sample_frames": False}
+    return prompt
 
 
 def picture_data(images: list[EngineImage]) -> dict[str, Any]:
-    """``multi_modal_data`` for a prompt whose images are all pictures (vLLM runs the tower)."""
-    if any(image.image is None for image in images):
+    """``multi_modal_data`` for a prompt whose images are all pictures and whose videos are all
+    raw frames (``video_data``)."""
+    if not all(image.is_raw for image in images):
         raise InvalidArgument(
             "a prompt's images must be all embeddings or all pictures", reason="MIXED_IMAGE_INPUTS"
         )
-    return {"image": [image.image for image in images]}
+    data: dict[str, Any] = {}
+    if pictures := [image.image for image in images if not image.is_video]:
+        data["image"] = pictures
+    if videos := [video_data(image.frames) for image in images if image.frames is not None]:
+        data["video"] = videos
+    return data
+
+
+def video_data(frames: VideoFrames) -> tuple[np.ndarray, dict[str, Any]]:
+    """One video of ``multi_modal_data``: its kept frames and vLLM's video metadata for them
+    (the decoded clip's rate and frame count, the kept frames' indices), from which vLLM's
+    processor times them (Qwen2.5-VL's seconds per temporal patch, Qwen3-VL's timestamps)."""
+    metadata = {
+        "fps": frames.fps,
+        "total_num_frames": frames.num_decoded_frames,
+        "duration": frames.num_decoded_frames / frames.fps,
+        "frames_indices": list(frames.frame_indices),
+        "do_sample_frames": False,
+    }
+    return frames.pixels, metadata
 
 
 def picture_names(images: list[EngineImage]) -> dict[str, Any] | None:
-    """``multi_modal_uuids`` naming pictures by their mm_hash, so that vLLM does not hash their
-    pixels again (the worker hashed them as it decoded them, or read them from a segment the
-    route tagged with it); None when one has no mm_hash. The names are apart from those of
-    embeddings and of a decode's grid-only images (``vllm_embeds``), which vLLM's caches hold
-    as other items."""
+    """``multi_modal_uuids`` naming pictures and videos by their mm_hash, so that vLLM does not
+    hash their pixels again (the worker hashed them as it decoded them, or read them from a
+    segment the route tagged with it); None when one has no mm_hash. The names are apart from
+    those of embeddings and of a decode's grid-only images (``vllm_embeds``), which vLLM's
+    caches hold as other items."""
     if not all(image.mm_hash for image in images):
         return None
-    return {"image": [f"{PICTURE_NAME_PREFIX}{image.mm_hash}" for image in images]}
+    names: dict[str, Any] = {}
+    for image in images:
+        prefix = VIDEO_NAME_PREFIX if image.is_video else PICTURE_NAME_PREFIX
+        names.setdefault("video" if image.is_video else "image", []).append(
+            f"{prefix}{image.mm_hash}"
+        )
+    return names
 
 
 def sampling_params(

@@ -14,6 +14,8 @@ from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_planner import VideoPlanner
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.servicer import PrefillServicer
 from epd.server.prefill.worker import PrefillWorker
@@ -90,8 +92,19 @@ async def build_prefill_server(
         metrics = PrefillMetrics(registry)
         register_plane_metrics(plane, registry)
         register_media_metrics(loader, registry)
+    videos = None
+    if config.mode is Role.ENCODE_PREFILL:
+        # NOTE: decodes a raw video only where the route's frames cannot be read (another host)
+        planner = VideoPlanner(config.model_dir, engine.model_id)
+        videos = VideoLoader(planner, config.media, cache_items=2)
     worker = PrefillWorker(
-        engine, plane, config.mode, loader, hands_off_kv=config.hands_off_kv, metrics=metrics
+        engine,
+        plane,
+        config.mode,
+        loader,
+        hands_off_kv=config.hands_off_kv,
+        metrics=metrics,
+        videos=videos,
     )
     binding = ServiceBinding(
         SERVICE_NAME, PrefillServicer(worker), pb_grpc.add_PrefillServiceServicer_to_server

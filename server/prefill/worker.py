@@ -3,8 +3,8 @@
 Modes (the worker's role, chosen at start-up):
 - ``prefill``: ``prefill`` only (first token + KV handle for a decode worker), from embeddings.
 - ``prefill_decode``: ``generate`` only (aggregated PD), from embeddings.
-- ``encode_prefill``: ``generate`` from embeddings or raw images (the engine runs its own vision
-  tower); also ``prefill`` when its engine is a KV producer (EP/D).
+- ``encode_prefill``: ``generate`` from embeddings or raw images and videos (the engine runs its
+  own vision tower); also ``prefill`` when its engine is a KV producer (EP/D).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from epd.common.errors import FailedPrecondition
 from epd.common.roles import Role
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk
 from epd.server.media.loader import MediaLoader
+from epd.server.media.video_loader import VideoLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.engine_worker import EngineDrain
@@ -41,10 +42,12 @@ class PrefillWorker:
         *,
         hands_off_kv: bool = False,
         metrics: PrefillMetrics | None = None,
+        videos: VideoLoader | None = None,
     ) -> None:
         """``mode``: the role served, one of ``PREFILL_MODES``; ``hands_off_kv``: the engine is
         a KV producer (always so in prefill mode); ``metrics``: where image hand-off times go
-        (None: nowhere)."""
+        (None: nowhere); ``videos``: decodes a raw video (encode_prefill) whose frames the
+        route shared where this worker cannot read them (None: such a video is refused)."""
         self.metrics = metrics
         self.engine = engine
         self.plane = plane
@@ -54,6 +57,7 @@ class PrefillWorker:
             plane,
             loader if mode is Role.ENCODE_PREFILL else None,
             device=engine.embeddings_device,
+            videos=videos if mode is Role.ENCODE_PREFILL else None,
         )
         # NOTE: a KV producer settles once every block handed to a decode worker was pulled.
         self.drain = EngineDrain(engine, "prefill", holds_kv=self.hands_off_kv)

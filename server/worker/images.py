@@ -7,7 +7,7 @@ bound to that image (``EngineImage.is_bound``): engines name them by it, without
 Raw images (an encode_prefill worker's) come as the route's decoded pixels where the route shared
 them on this host, in a segment it tagged with the image's mm_hash: neither decoded nor hashed
 again (one decode and one hash per image per deployment); else they are loaded under the media
-rules.
+rules. Raw videos likewise (``video_frames``): the route's kept frames and its plan.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag, sal
 from epd.server.media.loader import MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
 from epd.server.transfer.plane import DataPlane, is_accelerator
+from epd.server.worker.video_frames import raw_video
 from epd.v1 import multimodal_pb2, tensor_pb2
 from epd.v1.multimodal_pb2 import ImageInput
 
@@ -54,14 +56,21 @@ class ImageResolver:
     """Turns a prompt's ImageInputs into engine images for one worker."""
 
     def __init__(
-        self, plane: DataPlane, loader: MediaLoader | None = None, *, device: str = ""
+        self,
+        plane: DataPlane,
+        loader: MediaLoader | None = None,
+        *,
+        device: str = "",
+        videos: VideoLoader | None = None,
     ) -> None:
         """``loader`` None: raw images are refused (the worker takes embeddings only);
         ``device``: where embeddings are read into (its engine's ``embeddings_device``; empty
-        or ``cpu``: host memory)."""
+        or ``cpu``: host memory); ``videos``: decodes a raw video's source where the route's
+        frames cannot be read (None: such a video is refused)."""
         self.plane = plane
         self.loader = loader
         self.device = device
+        self.videos = videos
 
     async def resolve(self, images: Sequence[multimodal_pb2.ImageInput]) -> list[EngineImage]:
         """Engine images in prompt order (embeddings copied out of the data plane)."""
@@ -71,8 +80,21 @@ class ImageResolver:
         self, videos: Sequence[multimodal_pb2.VideoInput]
     ) -> list[EngineImage]:
         """Engine videos in prompt order: each video's chunk embeddings copied out of the data
-        plane and joined in order (bound to the video when their encoders bound every chunk)."""
-        return [self._resolve_video(i, video) for i, video in enumerate(videos)]
+        plane and joined in order (bound to the video when their encoders bound every chunk),
+        or, for a worker that takes raw images, its kept frames (``video_frames.raw_video``)."""
+        resolved = []
+        for index, video in enumerate(videos):
+            if video.HasField("media"):
+                if self.loader is None:
+                    raise FailedPrecondition(
+                        "this worker takes video embeddings, not raw videos; send raw videos "
+                        "to an encode_prefill worker",
+                        reason="RAW_VIDEOS_UNSUPPORTED",
+                    )
+                resolved.append(await raw_video(self.plane, self.videos, index, video))
+            else:
+                resolved.append(self._resolve_video(index, video))
+        return resolved
 
     def _resolve_video(self, index: int, video: multimodal_pb2.VideoInput) -> EngineImage:
         if not video.chunks or len(video.chunk_hashes) != len(video.chunks):

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import EngineImage, Sampling, TokenChunk
+from epd.server.engine.base import EngineImage, Sampling, TokenChunk, VideoFrames
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.vllm_inputs import kv_transfer_config, picture_data
+from epd.server.engine.vllm_inputs import (
+    PICTURE_NAME_PREFIX,
+    VIDEO_NAME_PREFIX,
+    kv_transfer_config,
+    picture_data,
+    raw_prompt,
+)
 from epd.server.worker import convert
 from epd.v1 import generation_pb2
 
@@ -22,6 +29,33 @@ def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
     mixed = [EngineImage("p", image=picture), EngineImage("a", (1, 2, 2), torch.ones(1, 8))]
     with pytest.raises(InvalidArgument) as caught:
         picture_data(mixed)
+    assert caught.value.reason == "MIXED_IMAGE_INPUTS"
+
+
+def test_raw_videos_go_in_as_sampled_frames_with_their_timing_and_names() -> None:
+    picture = Image.new("RGB", (4, 4))
+    pixels = np.zeros((4, 6, 8, 3), np.uint8)
+    frames = VideoFrames(pixels, 2.5, 12, (0, 3, 6, 9))
+    video = EngineImage("v", (2, 2, 2), seconds_per_temporal_patch=0.8, frames=frames)
+    prompt = raw_prompt([1, 2], [EngineImage("p", image=picture), video])
+    ((given, metadata),) = prompt["multi_modal_data"]["video"]
+    assert prompt["multi_modal_data"]["image"] == [picture] and given is pixels
+    assert metadata == {
+        "fps": 2.5,
+        "total_num_frames": 12,
+        "duration": 12 / 2.5,
+        "frames_indices": [0, 3, 6, 9],
+        "do_sample_frames": False,
+    }
+    assert prompt["mm_processor_kwargs"] == {"do_sample_frames": False}
+    assert prompt["multi_modal_uuids"] == {
+        "image": [f"{PICTURE_NAME_PREFIX}p"],
+        "video": [f"{VIDEO_NAME_PREFIX}v"],
+    }
+    assert "mm_processor_kwargs" not in raw_prompt([1], [EngineImage("p", image=picture)])
+    embedded = EngineImage("e", (2, 2, 2), torch.ones(2, 8), seconds_per_temporal_patch=0.0)
+    with pytest.raises(InvalidArgument) as caught:
+        raw_prompt([1], [video, embedded])
     assert caught.value.reason == "MIXED_IMAGE_INPUTS"
 
 
