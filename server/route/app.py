@@ -16,6 +16,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
 from epd.server.route.http_guard import HttpOptions
+from epd.server.route.media import DEFAULT_CHUNK_PATCHES
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.peers import Peers
@@ -28,7 +29,6 @@ from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.tools import ToolOptions, parser_class
 from epd.server.route.tools_request import ToolCalling
-from epd.server.route.videos import DEFAULT_CHUNK_PATCHES
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane

@@ -23,18 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 from opentelemetry import trace
 
-from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.common.errors import FailedPrecondition, NotFound
 from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import key_salt, salted
-from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.route.detokenize import StoppedText
 from epd.server.route.encoding import (
@@ -45,6 +43,7 @@ from epd.server.route.encoding import (
     release_pixels,
     share_pixels,
 )
+from epd.server.route.engine_prompt import block_hashes, embedded, engine_prompt, truncated
 from epd.server.route.hops import (
     EngineCall,
     OnPrefilled,
@@ -53,13 +52,21 @@ from epd.server.route.hops import (
     place,
     stream_tokens,
 )
+from epd.server.route.media import (
+    DEFAULT_CHUNK_PATCHES,
+    RouteImage,
+    RouteVideo,
+    in_namespace,
+    load_images,
+    load_videos,
+    pixels_of,
+)
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatRequest, Deadline, ImageSource
+from epd.server.route.request import ChatRequest, Deadline
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
-from epd.server.route.videos import DEFAULT_CHUNK_PATCHES, RouteVideo, load_videos, video_input
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -87,17 +94,6 @@ class RouteChunk:
     # on the first chunk, the prompt as the engine holds it, images expanded, when the request
     # asked for it (``ChatRequest.return_token_ids``; None: not asked, or a later chunk)
     prompt_token_ids: list[int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RouteImage:
-    """One image of a request as the route loaded it, each fact computed once: the item the
-    workers get (source, mm_hash, shared pixels), its grid and its number of tokens."""
-
-    item: multimodal_pb2.MediaItem
-    loaded: LoadedImage
-    grid: multimodal_pb2.ImageGrid
-    num_tokens: int
 
 
 class Router:
@@ -181,19 +177,20 @@ class Router:
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         token_ids = await self._token_ids(request)
         images, videos = await asyncio.gather(
-            self._load(request.images), self._load_videos(request.videos)
+            load_images(self.loader, self.grids, request.images),
+            load_videos(self.videos, request.videos, self.video_chunk_patches),
         )
         if request.truncate_prompt_tokens is not None:
-            token_ids = self._truncated(request, token_ids, images, videos)
+            token_ids = truncated(self.prompts, request, token_ids, images, videos)
         sampling, salt = request.sampling, ""
         if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
-            sampling, salt = _in_namespace(request, images, videos)
+            sampling, salt = in_namespace(request, images, videos)
         call = EngineCall(
             request.request_id,
             model,
             generation_pb2.Prompt(token_ids=token_ids),
             sampling,
-            self._block_hashes(token_ids, images, videos, salt),
+            block_hashes(self.prompts, token_ids, images, videos, salt),
             plan_for(live_roles, len(images) + len(videos)),
             live_roles,
             deadline,
@@ -216,11 +213,11 @@ class Router:
         span.set_attribute("epd.videos", len(videos))
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
-            share_pixels(self.plane, stage, _pixels_of(images, videos))
+            share_pixels(self.plane, stage, pixels_of(images, videos))
             pieces = self._engine_pieces(call, stage, images, videos)
             prompt_ids = None
             if request.return_token_ids:
-                prompt_ids = self._engine_prompt(token_ids, images, videos)
+                prompt_ids = engine_prompt(self.prompts, token_ids, images, videos)
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids):
                 yield chunk
         finally:
@@ -257,32 +254,6 @@ class Router:
                 if is_first:
                     is_first = False
                     self._refresh_roles()
-
-    async def _load(self, sources: list[ImageSource]) -> list[RouteImage]:
-        """Each image loaded under the media rules, with its grid and token count."""
-        loaded = await asyncio.gather(
-            *(self.loader.load(url=source.url, data=source.data) for source in sources)
-        )
-        images = []
-        for source, image in zip(sources, loaded, strict=True):
-            t, h, w = self.grids.grid_of_size(image.width, image.height)
-            images.append(
-                RouteImage(
-                    _media_item(source, image.mm_hash),
-                    image,
-                    multimodal_pb2.ImageGrid(t=t, h=h, w=w),
-                    self.grids.num_tokens((t, h, w)),
-                )
-            )
-        return images
-
-    async def _load_videos(self, sources: list[ImageSource]) -> list[RouteVideo]:
-        """Each video decoded, planned and cut into chunks under the media rules."""
-        if not sources:
-            return []
-        if self.videos is None:
-            raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
-        return await load_videos(self.videos, sources, self.video_chunk_patches)
 
     def _engine_pieces(
         self,
@@ -327,7 +298,7 @@ class Router:
             # A resumption finds them released once its predecessor had prefilled.
             if not stage.results or (worker.host_id or self.host_id) != stage.consumer_host_id:
                 await self._encode_again_for(worker, stage, call.deadline)
-            return self._embedded(call.prompt.token_ids, stage, images, videos)
+            return embedded(call.prompt.token_ids, stage, images, videos)
 
         async for piece in self._stream(call, prefilled, placement, prompt_for):
             yield piece
@@ -408,110 +379,7 @@ class Router:
             scheduler_pb.ListWorkersRequest(), timeout=timeout_s
         )
 
-    def _embedded(
-        self,
-        token_ids: Sequence[int],
-        stage: EncodeStage,
-        images: list[RouteImage],
-        videos: Sequence[RouteVideo],
-    ) -> generation_pb2.Prompt:
-        """The prompt with the encoders' embedding references (every item encoded)."""
-        span = trace.get_current_span()
-        span.set_attribute("epd.encoder_ids", sorted(stage.encoder_ids))
-        span.set_attribute("epd.cache_hits", sum(r.cache_hit for r in stage.results.values()))
-        span.set_attribute(
-            "epd.embedding_bytes", sum(r.embeddings.byte_size for r in stage.results.values())
-        )
-        inputs = []
-        for index, image in enumerate(images):
-            result = stage.results[index]
-            inputs.append(
-                multimodal_pb2.ImageInput(
-                    mm_hash=result.mm_hash,
-                    grid=result.grid if result.HasField("grid") else image.grid,
-                    embeddings=result.embeddings,
-                )
-            )
-        video_inputs, index = [], len(images)
-        for video in videos:
-            results = [stage.results[index + i] for i in range(len(video.items))]
-            video_inputs.append(video_input(video, results))
-            index += len(video.items)
-        return generation_pb2.Prompt(token_ids=token_ids, images=inputs, videos=video_inputs)
-
-    def _engine_prompt(
-        self, token_ids: list[int], images: list[RouteImage], videos: list[RouteVideo]
-    ) -> list[int]:
-        """The prompt's token ids as the engine holds them, each image and video expanded."""
-        image_tokens = [image.num_tokens for image in images]
-        video_tokens = [v.video.plan.num_tokens for v in videos]
-        return self.prompts.expanded_ids(token_ids, image_tokens, video_tokens)
-
-    def _truncated(
-        self,
-        request: ChatRequest,
-        token_ids: list[int],
-        images: list[RouteImage],
-        videos: list[RouteVideo],
-    ) -> list[int]:
-        """The prompt cut to the request's ``truncate_prompt_tokens``, as vLLM cuts it."""
-        assert request.truncate_prompt_tokens is not None
-        image_tokens = [image.num_tokens for image in images]
-        video_tokens = [v.video.plan.num_tokens for v in videos]
-        keep, side = request.truncate_prompt_tokens, request.truncation_side
-        return self.prompts.truncated(token_ids, keep, side, image_tokens, video_tokens)
-
-    def _block_hashes(
-        self,
-        token_ids: list[int],
-        images: list[RouteImage],
-        videos: list[RouteVideo],
-        salt: str = "",
-    ) -> list[int]:
-        return self.prompts.block_hashes(
-            token_ids,
-            [(image.item.mm_hash, image.num_tokens) for image in images],
-            [(salted(v.video.video_hash, salt), v.video.plan.num_tokens) for v in videos],
-            salt,
-        )
-
-
-def _in_namespace(
-    request: ChatRequest, images: list[RouteImage], videos: list[RouteVideo]
-) -> tuple[generation_pb2.SamplingParams, str]:
-    """Move the request's keys into its tenant's namespace (``hashing.key_salt`` of its caller
-    and cache_salt), once, before any hop sees them: each item's mm_hash salted (the key of
-    the pixels' tag, the encoders' caches, the store and vLLM's caches), and the sampling
-    given the salt as vLLM's cache_salt; each item carries the salt for an encoder that hashes
-    its source itself. Returns that sampling and the salt."""
-    salt = key_salt(request.tenant, request.sampling.cache_salt)
-    for item in [image.item for image in images] + [i for v in videos for i in v.items]:
-        item.mm_hash, item.key_salt = salted(item.mm_hash, salt), salt
-    sampling = generation_pb2.SamplingParams()
-    sampling.CopyFrom(request.sampling)
-    sampling.cache_salt = salt
-    return sampling, salt
-
 
 def _shortened(name: str, limit: int = 64) -> str:
     """``name`` cut to ``limit`` characters for an error: a caller's string is not echoed whole."""
     return name if len(name) <= limit else f"{name[:limit]}..."
-
-
-def _pixels_of(
-    images: list[RouteImage], videos: list[RouteVideo]
-) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
-    """Each item's decoded pixels: an image's, then each video chunk's kept frames."""
-    for image in images:
-        yield image.item, image.loaded.pixels
-    for video in videos:
-        for chunk, item in zip(video.chunks, video.items, strict=True):
-            yield item, video.video.frames[chunk.frames.start : chunk.frames.stop]
-
-
-def _media_item(source: ImageSource, mm_hash: str) -> multimodal_pb2.MediaItem:
-    """The item workers get for an image: its source (one member of the oneof: a data: URL is
-    a url) and mm_hash."""
-    if source.url:
-        return multimodal_pb2.MediaItem(url=source.url, mm_hash=mm_hash)
-    return multimodal_pb2.MediaItem(data=source.data, mm_hash=mm_hash)

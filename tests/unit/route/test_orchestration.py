@@ -12,8 +12,9 @@ from epd.common.errors import InvalidArgument, NotFound, Unavailable
 from epd.common.roles import Role
 from epd.server.route.encoding import EncodeStage, encode_all, release_all, release_pixels
 from epd.server.route.hops import EngineCall, Piece, stream_tokens
+from epd.server.route.media import RouteImage
 from epd.server.route.request import Deadline
-from epd.server.route.router import RouteImage, Router
+from epd.server.route.router import Router
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -294,7 +295,7 @@ async def _nothing() -> None:
 
 def test_media_items_keep_their_source_when_hashed() -> None:
     from epd.server.route.request import ImageSource
-    from epd.server.route.router import _media_item
+    from epd.server.route.media import _media_item
 
     for source in (ImageSource(url="data:image/png;base64,AA"), ImageSource(data=b"png")):
         item = _media_item(source, "abc")

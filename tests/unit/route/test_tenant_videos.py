@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from epd.server.media.hashing import key_salt, salted
-from epd.server.route.videos import RouteVideo, video_input
+from epd.server.route.media import RouteVideo, video_input
 from epd.v1 import multimodal_pb2
 
 VIDEO_HASH, CHUNK_HASH = "a" * 32, "c" * 32

@@ -110,7 +110,7 @@ async def test_the_route_refuses_videos_over_the_token_limit_before_any_encoder(
     from epd.server.media.policy import MediaPolicy
     from epd.server.media.video_loader import VideoLoader
     from epd.server.media.video_planner import VideoPlanner
-    from epd.server.route.videos import load_videos
+    from epd.server.route.media import load_videos
     from tests.unit.models.clips import make_clip
 
     planner = VideoPlanner(tiny_model_dir, "tiny")
@@ -136,7 +136,7 @@ async def test_a_family_without_video_refuses_it_at_the_route_by_name(
     from epd.server.media.video_loader import VideoLoader
     from epd.server.media.video_planner import VideoPlanner
     from epd.server.models.registry import family_named
-    from epd.server.route.videos import load_videos
+    from epd.server.route.media import load_videos
     from tests.unit.models.clips import make_clip
 
     loader = VideoLoader(VideoPlanner(tiny_family_dir(family), "tiny"), MediaPolicy())

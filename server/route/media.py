@@ -1,0 +1,180 @@
+"""A request's images and videos at the route: each loaded once, for every later hop (no grpc).
+
+Each image is decoded and hashed (mm_hash) under the media rules (``MediaLoader``), and its grid
+and token count computed once here (``RouteImage``). Each video is decoded and planned once here
+(``VideoLoader``: the model's video processor settings choose the frames, the size and the grid),
+so everything that shapes the prompt is fixed before any encoder runs. Its kept frames are then
+cut at temporal-patch boundaries into chunks of ``patches_per_chunk`` temporal patches, each an
+encoding item of its own, named by its content hash: the scheduler assigns chunks to encoders as
+it assigns images (weighted by their tokens), so one clip is encoded by several encoders at once,
+and a repeated or overlapping clip finds its chunks in the encoders' caches. The prefill worker
+gets the chunks' embeddings in order as one video (``VideoInput``).
+
+With a tenant or a cache_salt, every item's key moves into the tenant's namespace once, before
+any hop sees it (``in_namespace``); with a data plane, each item's decoded pixels are shared with
+the workers on this host that read them (``pixels_of``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from epd.common.errors import InvalidArgument
+from epd.server.media.grid import ImageGridder
+from epd.server.media.hashing import key_salt, salted
+from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.media.video import check_num_videos, check_video_tokens
+from epd.server.media.video_hashing import VideoChunk
+from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_planner import PlannedVideo
+from epd.server.route.request import ChatRequest, ImageSource
+from epd.v1 import encode_service_pb2 as encode_pb
+from epd.v1 import generation_pb2, multimodal_pb2
+
+#: temporal patches in one chunk by default (--video-chunk-patches)
+DEFAULT_CHUNK_PATCHES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class RouteImage:
+    """One image of a request as the route loaded it, each fact computed once: the item the
+    workers get (source, mm_hash, shared pixels), its grid and its number of tokens."""
+
+    item: multimodal_pb2.MediaItem
+    loaded: LoadedImage
+    grid: multimodal_pb2.ImageGrid
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteVideo:
+    """One video of a request as the route loaded it: its planned frames, and one encoding
+    item per chunk (``items[i]`` encodes ``chunks[i]``; their source is the whole video)."""
+
+    video: PlannedVideo
+    chunks: list[VideoChunk]
+    items: list[multimodal_pb2.MediaItem]
+
+    @property
+    def chunk_tokens(self) -> list[int]:
+        """Embedding rows of each chunk."""
+        per_patch = self.video.plan.tokens_per_temporal_patch
+        return [chunk.num_patches * per_patch for chunk in self.chunks]
+
+
+async def load_images(
+    loader: MediaLoader, grids: ImageGridder, sources: list[ImageSource]
+) -> list[RouteImage]:
+    """Each image loaded under the media rules, with its grid and token count."""
+    loaded = await asyncio.gather(
+        *(loader.load(url=source.url, data=source.data) for source in sources)
+    )
+    images = []
+    for source, image in zip(sources, loaded, strict=True):
+        t, h, w = grids.grid_of_size(image.width, image.height)
+        images.append(
+            RouteImage(
+                _media_item(source, image.mm_hash),
+                image,
+                multimodal_pb2.ImageGrid(t=t, h=h, w=w),
+                grids.num_tokens((t, h, w)),
+            )
+        )
+    return images
+
+
+async def load_videos(
+    loader: VideoLoader | None, sources: list[ImageSource], patches_per_chunk: int
+) -> list[RouteVideo]:
+    """``sources`` each loaded and cut into chunks (``load_video``), within the media policy's
+    count of videos and their tokens together (InvalidArgument ``TOO_MANY_VIDEOS``,
+    ``TOO_MANY_VIDEO_TOKENS``); ``loader`` None: the model takes no video
+    (``VIDEO_NOT_SUPPORTED`` when there is one)."""
+    if not sources:
+        return []
+    if loader is None:
+        raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
+    check_num_videos(len(sources), loader.policy)
+    videos = await asyncio.gather(*(load_video(loader, s, patches_per_chunk) for s in sources))
+    check_video_tokens([video.video.plan.num_tokens for video in videos], loader.policy)
+    return list(videos)
+
+
+async def load_video(
+    loader: VideoLoader, source: ImageSource, patches_per_chunk: int
+) -> RouteVideo:
+    """``source`` decoded, planned and cut into chunks of ``patches_per_chunk`` patches."""
+    video = await loader.load(url=source.url, data=source.data)
+    chunks = loader.planner.chunks(video, patches_per_chunk)
+    height, width = video.plan.resized
+    items = [
+        multimodal_pb2.MediaItem(
+            mm_hash=chunk.content_hash,
+            video=multimodal_pb2.VideoSpan(
+                first_frame=chunk.frames.start,
+                num_frames=len(chunk.frames),
+                resized_height=height,
+                resized_width=width,
+            ),
+            **({"url": source.url} if source.url else {"data": source.data}),
+        )
+        for chunk in chunks
+    ]
+    return RouteVideo(video, chunks, items)
+
+
+def in_namespace(
+    request: ChatRequest, images: list[RouteImage], videos: list[RouteVideo]
+) -> tuple[generation_pb2.SamplingParams, str]:
+    """Move the request's keys into its tenant's namespace (``hashing.key_salt`` of its caller
+    and cache_salt), once, before any hop sees them: each item's mm_hash salted (the key of
+    the pixels' tag, the encoders' caches, the store and vLLM's caches), and the sampling
+    given the salt as vLLM's cache_salt; each item carries the salt for an encoder that hashes
+    its source itself. Returns that sampling and the salt."""
+    salt = key_salt(request.tenant, request.sampling.cache_salt)
+    for item in [image.item for image in images] + [i for v in videos for i in v.items]:
+        item.mm_hash, item.key_salt = salted(item.mm_hash, salt), salt
+    sampling = generation_pb2.SamplingParams()
+    sampling.CopyFrom(request.sampling)
+    sampling.cache_salt = salt
+    return sampling, salt
+
+
+def pixels_of(
+    images: list[RouteImage], videos: list[RouteVideo]
+) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
+    """Each item's decoded pixels: an image's, then each video chunk's kept frames."""
+    for image in images:
+        yield image.item, image.loaded.pixels
+    for video in videos:
+        for chunk, item in zip(video.chunks, video.items, strict=True):
+            yield item, video.video.frames[chunk.frames.start : chunk.frames.stop]
+
+
+def video_input(
+    video: RouteVideo, results: list[encode_pb.EncodeResponse]
+) -> multimodal_pb2.VideoInput:
+    """The prefill worker's input for ``video`` from its chunks' encodings, in order."""
+    plan = video.video.plan
+    t, h, w = plan.grid
+    return multimodal_pb2.VideoInput(
+        # NOTE: a tenant's video is named by its salted hash, as its chunks (hashing.salted)
+        mm_hash=salted(video.video.video_hash, video.items[0].key_salt if video.items else ""),
+        grid=multimodal_pb2.ImageGrid(t=t, h=h, w=w),
+        chunks=[result.embeddings for result in results],
+        chunk_hashes=[result.mm_hash for result in results],
+        seconds_per_temporal_patch=plan.seconds_per_temporal_patch or 0.0,
+        timestamps=plan.timestamps or (),
+    )
+
+
+def _media_item(source: ImageSource, mm_hash: str) -> multimodal_pb2.MediaItem:
+    """The item workers get for an image: its source (one member of the oneof: a data: URL is
+    a url) and mm_hash."""
+    if source.url:
+        return multimodal_pb2.MediaItem(url=source.url, mm_hash=mm_hash)
+    return multimodal_pb2.MediaItem(data=source.data, mm_hash=mm_hash)
