@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epd.common.generation import finish_reason_name
+from epd.server.route.openai_answers import Answer, envelope, total_usage, usage_json
 from epd.server.route.openai_logprobs import (
     MIN_LOGPROB,
     Namer,
@@ -25,12 +26,8 @@ from epd.server.route.openai_logprobs import (
 )
 from epd.server.route.openai_schema import (
     SAMPLING_FIELDS,
-    Answer,
-    envelope,
     parse_with,
     refuse_unimplemented,
-    total_usage,
-    usage_json,
     vllm_sampling,
 )
 from epd.server.route.request import ChatRequest, bad, new_request_id

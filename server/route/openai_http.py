@@ -16,6 +16,7 @@ from aiohttp import web
 from epd import __version__
 from epd.common.errors import EpdError, Unavailable
 from epd.common.http_tracing import tracing_middleware
+from epd.server.route import openai_answers, openai_logprobs
 from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
 from epd.server.route.choices import Choice, generate_choices
@@ -154,7 +155,7 @@ class OpenAiHttp:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, api, include_usage)
         num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
-        answers = [schema.Answer() for _ in range(num_answers)]
+        answers = [openai_answers.Answer() for _ in range(num_answers)]
         try:
             choices = generate_choices(self.router, chat, self.options.request_timeout_s)
             async for choice in choices:
@@ -191,7 +192,7 @@ class OpenAiHttp:
         for payload in api.opening(chat, prompt_ids):
             await _send(response, payload)
         num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
-        answers = [schema.Answer() for _ in range(num_answers)]
+        answers = [openai_answers.Answer() for _ in range(num_answers)]
         try:
             choice = first
             while choice is not None:
@@ -201,9 +202,9 @@ class OpenAiHttp:
                 answers[choice.index].add(choice.chunk)
                 choice = await anext(pieces, None)
             if include_usage:
-                await _send(response, api.usage(chat, schema.total_usage(answers)))
+                await _send(response, api.usage(chat, openai_answers.total_usage(answers)))
         except Exception as e:  # noqa: BLE001 - mid-stream: an error event, then the end
-            await _send(response, schema.error_body(e)[1])
+            await _send(response, openai_answers.error_body(e)[1])
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -215,7 +216,7 @@ class Api(Protocol):
     def convert(self, body: Any, request_id: str | None) -> ChatRequest:
         """The request of ``body`` (``request_id``: the X-Request-Id header)."""
 
-    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+    def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
         """The non-streamed answer, one choice per answer."""
 
     def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
@@ -223,7 +224,7 @@ class Api(Protocol):
         as the engine holds them, when the request asked for them)."""
 
     def delta(
-        self, chat: ChatRequest, choice: Choice, so_far: schema.Answer
+        self, chat: ChatRequest, choice: Choice, so_far: openai_answers.Answer
     ) -> dict[str, Any] | None:
         """The payload of ``choice``'s chunk, ``so_far`` its completion before it (None: nothing
         to send for it)."""
@@ -256,13 +257,13 @@ class ChatApi:
             )
         return chat
 
-    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+    def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
         for answer in answers if chat.echo else []:
             answer.texts.insert(0, chat.echo)
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
-        body = schema.completion(chat.request_id, chat.model, answers, logprobs)
+        body = openai_answers.completion(chat.request_id, chat.model, answers, logprobs)
         if chat.return_token_ids:
-            schema.add_token_ids(body, answers, chat.answer_parsing)
+            openai_answers.add_token_ids(body, answers, chat.answer_parsing)
         if chat.answer_parsing is not None:
             chat.answer_parsing.parse_choices(body["choices"], answers)
         return body
@@ -271,7 +272,7 @@ class ChatApi:
         role = {"role": "assistant", "content": ""}
         num_choices = max(chat.sampling.n, 1)
         chunks = [
-            schema.chunk(chat.request_id, chat.model, role, None, index=i)
+            openai_answers.chunk(chat.request_id, chat.model, role, None, index=i)
             for i in range(num_choices)
         ]
         if prompt_ids is not None:  # NOTE: as vLLM: on each choice's first chunk
@@ -280,16 +281,16 @@ class ChatApi:
         if chat.echo:  # NOTE: as vLLM: every choice's role, then every choice's echo
             echo = {"content": chat.echo}
             chunks += [
-                schema.chunk(chat.request_id, chat.model, echo, None, index=i)
+                openai_answers.chunk(chat.request_id, chat.model, echo, None, index=i)
                 for i in range(num_choices)
             ]
         return chunks
 
     def delta(
-        self, chat: ChatRequest, choice: Choice, so_far: schema.Answer
+        self, chat: ChatRequest, choice: Choice, so_far: openai_answers.Answer
     ) -> dict[str, Any] | None:
         piece = choice.chunk
-        payload = schema.chunk(
+        payload = openai_answers.chunk(
             chat.request_id,
             chat.model,
             {"content": piece.text},
@@ -304,7 +305,7 @@ class ChatApi:
         return payload
 
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
-        return schema.chunk(chat.request_id, chat.model, {}, None, usage)
+        return openai_answers.chunk(chat.request_id, chat.model, {}, None, usage)
 
     def _logprobs(
         self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
@@ -312,7 +313,7 @@ class ChatApi:
         if not chat.sampling.HasField("logprobs"):
             return None
         num_top, decode = chat.sampling.logprobs, self.http.decode
-        return schema.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
+        return openai_logprobs.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
 
 
 @dataclass
@@ -336,14 +337,16 @@ class CompletionApi:
         self.writer = CompletionWriter(chat, prompt, http.decode)
         return chat
 
-    def whole(self, chat: ChatRequest, answers: list[schema.Answer]) -> dict[str, Any]:
+    def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
         assert self.writer is not None
         return self.writer.whole(answers)
 
     def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
         return []
 
-    def delta(self, chat: ChatRequest, choice: Choice, so_far: schema.Answer) -> dict[str, Any]:
+    def delta(
+        self, chat: ChatRequest, choice: Choice, so_far: openai_answers.Answer
+    ) -> dict[str, Any]:
         assert self.writer is not None
         return self.writer.delta(choice.index, choice.chunk, so_far)
 
@@ -379,5 +382,5 @@ async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
 def _error(err: Exception) -> web.Response:
     if not isinstance(err, EpdError):
         logger.error("unexpected error in HTTP handler", exc_info=err)
-    status, body = schema.error_body(err)
+    status, body = openai_answers.error_body(err)
     return web.json_response(body, status=status)

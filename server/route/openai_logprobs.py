@@ -1,5 +1,6 @@
 """Log probabilities as vLLM's OpenAI server names and writes them (no I/O): the shown text of a
-token (``return_tokens_as_token_ids``) and the ``prompt_logprobs`` list of an answer."""
+token (``return_tokens_as_token_ids``), the ``prompt_logprobs`` list of an answer and a chat
+choice's ``logprobs`` object."""
 
 from __future__ import annotations
 
@@ -47,4 +48,38 @@ def _position(position: generation_pb2.TokenLogprobs) -> dict[str, dict[str, Any
             "decoded_token": c.token if c.HasField("token") else None,
         }
         for c in position.candidates
+    }
+
+
+def logprobs_json(
+    positions: list[generation_pb2.TokenLogprobs],
+    num_top: int,
+    decode: Callable[[int], str],
+    as_token_ids: bool = False,
+) -> dict[str, Any]:
+    """OpenAI's chat logprobs object of ``positions`` as vLLM's OpenAI server writes it: each
+    generated token with its ``num_top`` first candidates (vLLM's order: the generated token
+    first); ``decode`` names a token the engine sent without its text; ``as_token_ids``: each
+    token named ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+    name = token_namer(decode, as_token_ids)
+    return {"content": [_position_json(position, num_top, name) for position in positions]}
+
+
+def _position_json(
+    position: generation_pb2.TokenLogprobs, num_top: int, name: Namer
+) -> dict[str, Any]:
+    generated = position.candidates[0]
+    entry = _candidate_json(generated, name)
+    if generated.HasField("token"):  # NOTE: vLLM's bytes are the decoded text's, even as an id
+        entry["bytes"] = list(generated.token.encode("utf-8", errors="replace"))
+    entry["top_logprobs"] = [_candidate_json(c, name) for c in position.candidates[:num_top]]
+    return entry
+
+
+def _candidate_json(candidate: generation_pb2.Logprob, name: Namer) -> dict[str, Any]:
+    token = candidate_name(candidate, name)
+    return {
+        "token": token,
+        "logprob": max(candidate.logprob, -9999.0),
+        "bytes": list(token.encode("utf-8", errors="replace")),
     }

@@ -10,6 +10,7 @@ from epd.common.generation import (
     finish_reason_value,
 )
 from epd.server.engine.base import Sampling, TokenChunk
+from epd.server.route import openai_answers
 from epd.server.route import openai_schema as schema
 from epd.server.worker.convert import chunk_fields, sampling_from_proto
 from epd.v1 import generation_pb2, route_service_pb2
@@ -50,9 +51,9 @@ def test_finish_reasons_go_both_ways_through_one_map() -> None:
         assert to_chunk(route_service_pb2.GenerateResponse(finish_reason=value)).finish_reason == (
             name
         )
-        assert schema.chunk("r", "tiny", {}, value)["choices"][0]["finish_reason"] == name
-        assert schema.completion("r", "tiny", [schema.Answer(finish=value)])["choices"][0][
-            "finish_reason"
-        ] == (name)
+        assert openai_answers.chunk("r", "tiny", {}, value)["choices"][0]["finish_reason"] == name
+        assert openai_answers.completion("r", "tiny", [openai_answers.Answer(finish=value)])[
+            "choices"
+        ][0]["finish_reason"] == (name)
     assert finish_reason_value(None) == generation_pb2.FINISH_REASON_UNSPECIFIED
     assert finish_reason_name(generation_pb2.FINISH_REASON_UNSPECIFIED) is None

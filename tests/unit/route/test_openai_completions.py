@@ -12,8 +12,8 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.server.route import openai_completions as completions
 from epd.server.route.choices import child_requests
+from epd.server.route.openai_answers import Answer
 from epd.server.route.openai_logprobs import token_namer
-from epd.server.route.openai_schema import Answer
 from epd.server.route.router import RouteChunk
 from epd.v1 import generation_pb2 as g
 

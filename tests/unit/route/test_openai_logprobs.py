@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from epd.server.route import openai_answers, openai_logprobs
 from epd.server.route import openai_schema as schema
 from epd.server.route.openai_logprobs import prompt_logprobs_json, token_namer
 from epd.server.route.router import RouteChunk
@@ -17,10 +18,12 @@ POSITION = g.TokenLogprobs(
 
 
 def test_tokens_are_named_by_their_text_their_id_or_as_ids() -> None:
-    chat = schema.logprobs_json([POSITION], 2, lambda token_id: f"<{token_id}>")["content"][0]
+    chat = openai_logprobs.logprobs_json([POSITION], 2, lambda token_id: f"<{token_id}>")[
+        "content"
+    ][0]
     assert (chat["token"], [t["token"] for t in chat["top_logprobs"]]) == ("é", ["é", "<3>"])
     assert chat["top_logprobs"][1]["logprob"] == -9999.0, "vLLM's floor for -inf"
-    as_ids = schema.logprobs_json([POSITION], 2, str, as_token_ids=True)
+    as_ids = openai_logprobs.logprobs_json([POSITION], 2, str, as_token_ids=True)
     entry = as_ids["content"][0]
     assert [t["token"] for t in entry["top_logprobs"]] == ["token_id:7", "token_id:3"]
     assert entry["token"] == "token_id:7" and entry["bytes"] == list("é".encode())
@@ -28,11 +31,11 @@ def test_tokens_are_named_by_their_text_their_id_or_as_ids() -> None:
 
 
 def test_a_chat_answer_carries_its_prompts_logprobs_as_vllm_writes_them() -> None:
-    answer = schema.Answer()
-    assert schema.completion("r", "m", [answer])["prompt_logprobs"] is None
+    answer = openai_answers.Answer()
+    assert openai_answers.completion("r", "m", [answer])["prompt_logprobs"] is None
     answer.add(RouteChunk("x", [1], prompt_logprobs=[g.TokenLogprobs(), POSITION]))
     answer.add(RouteChunk("y", [2]))
-    assert schema.completion("r", "m", [answer])["prompt_logprobs"] == [
+    assert openai_answers.completion("r", "m", [answer])["prompt_logprobs"] == [
         None,
         {
             "7": {"logprob": -1.0, "rank": 2, "decoded_token": "é"},

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epd.common.errors import InvalidArgument, NotFound
+from epd.server.route import openai_answers, openai_logprobs
 from epd.server.route import openai_schema as schema
 
 BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
@@ -26,7 +27,7 @@ def refusal(body: Any, limits: schema.RequestLimits | None = None) -> InvalidArg
     """The error ``body`` is refused with, after checking it maps to a 400 error object."""
     with pytest.raises(InvalidArgument) as caught:
         schema.to_chat_request(body, "tiny", limits=limits or schema.RequestLimits())
-    status, error = schema.error_body(caught.value)
+    status, error = openai_answers.error_body(caught.value)
     assert status == 400 and error["error"]["type"] == "invalid_request_error"
     assert error["error"]["param"] == caught.value.metadata["param"]
     return caught.value
@@ -39,10 +40,12 @@ def user(content: Any) -> dict[str, Any]:
 def test_the_x_request_id_header_names_the_request_and_the_completion() -> None:
     request = schema.to_chat_request(BODY, "tiny", "bench-7f3a-12")
     assert request.request_id == "bench-7f3a-12"
-    assert schema.completion(request.request_id, "tiny", [schema.Answer(["x"])])["id"] == (
-        "chatcmpl-bench-7f3a-12"
+    assert openai_answers.completion(request.request_id, "tiny", [openai_answers.Answer(["x"])])[
+        "id"
+    ] == ("chatcmpl-bench-7f3a-12")
+    assert (
+        openai_answers.chunk(request.request_id, "tiny", {}, None)["id"] == "chatcmpl-bench-7f3a-12"
     )
-    assert schema.chunk(request.request_id, "tiny", {}, None)["id"] == "chatcmpl-bench-7f3a-12"
 
 
 def test_without_the_header_each_request_gets_a_fresh_id() -> None:
@@ -56,7 +59,7 @@ def test_a_malformed_request_id_is_a_bad_request(bad: str) -> None:
         schema.to_chat_request(BODY, "tiny", bad)
     assert caught.value.reason == "BAD_REQUEST"
     assert caught.value.metadata["param"] == "X-Request-Id"
-    assert schema.error_body(caught.value)[0] == 400
+    assert openai_answers.error_body(caught.value)[0] == 400
 
 
 def test_vllm_extensions_reach_the_sampling_parameters() -> None:
@@ -148,12 +151,12 @@ def test_logprobs_json_is_vllms_shape_with_the_generated_token_first() -> None:
             g.Logprob(token_id=6, logprob=-1e6, rank=3, token="é"),
         ]
     )
-    body = schema.logprobs_json([position], 3, lambda token: f"<{token}>")
+    body = openai_logprobs.logprobs_json([position], 3, lambda token: f"<{token}>")
     [entry] = body["content"]
     assert (entry["token"], entry["logprob"], entry["bytes"]) == ("b", -0.5, [98])
     assert [t["token"] for t in entry["top_logprobs"]] == ["b", "<4>", "é"]
     assert entry["top_logprobs"][2] == {"token": "é", "logprob": -9999.0, "bytes": [195, 169]}
-    assert schema.logprobs_json([position], 0, str)["content"][0]["top_logprobs"] == []
+    assert openai_logprobs.logprobs_json([position], 0, str)["content"][0]["top_logprobs"] == []
 
 
 def test_n_reaches_the_sampling_parameters_up_to_its_limit() -> None:
@@ -166,10 +169,12 @@ def test_completions_gather_their_choices_and_count_the_prompt_once() -> None:
     from epd.v1 import generation_pb2 as g
 
     answers = [
-        schema.Answer(["a", "b"], finish=1, usage=g.Usage(prompt_tokens=9, completion_tokens=2)),
-        schema.Answer(["c"], finish=2, usage=g.Usage(prompt_tokens=9, completion_tokens=1)),
+        openai_answers.Answer(
+            ["a", "b"], finish=1, usage=g.Usage(prompt_tokens=9, completion_tokens=2)
+        ),
+        openai_answers.Answer(["c"], finish=2, usage=g.Usage(prompt_tokens=9, completion_tokens=1)),
     ]
-    body = schema.completion("r", "tiny", answers)
+    body = openai_answers.completion("r", "tiny", answers)
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "ab", "stop"),
         (1, "c", "length"),
@@ -383,7 +388,7 @@ def test_sizes_beyond_the_limits_are_refused_before_any_work(
 
 
 def test_error_body_maps_model_not_found_to_openais_404() -> None:
-    status, body = schema.error_body(NotFound("no model 'x'", reason="MODEL_NOT_FOUND"))
+    status, body = openai_answers.error_body(NotFound("no model 'x'", reason="MODEL_NOT_FOUND"))
     assert status == 404
     assert body["error"] == {
         "message": "no model 'x'",
@@ -394,7 +399,7 @@ def test_error_body_maps_model_not_found_to_openais_404() -> None:
 
 
 def test_error_body_hides_the_details_of_unexpected_errors() -> None:
-    status, body = schema.error_body(KeyError("secret path /etc/x"))
+    status, body = openai_answers.error_body(KeyError("secret path /etc/x"))
     assert status == 500 and "secret" not in str(body)
     assert body["error"]["type"] == "server_error"
 
@@ -429,7 +434,7 @@ def test_any_body_is_refused_or_becomes_a_request_that_serializes(body: Any, key
     try:
         request = schema.to_chat_request({**BODY, **body}, "tiny")
     except InvalidArgument as e:
-        assert schema.error_body(e)[0] == 400
+        assert openai_answers.error_body(e)[0] == 400
         return
     assert request.sampling.SerializeToString() is not None
     texts = [part.text or "" for message in request.messages for part in message.parts]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from epd.common.errors import InvalidArgument
+from epd.server.route import openai_answers
 from epd.server.route import openai_schema as schema
 from epd.server.route.prompt import PromptBuilder
 
@@ -53,7 +54,7 @@ def test_an_untrusted_request_template_is_refused_with_vllms_message(
         "Refused request with untrusted chat template."
     )
     assert caught.value.metadata["param"] == "chat_template"
-    status, _ = schema.error_body(caught.value)
+    status, _ = openai_answers.error_body(caught.value)
     assert status == 400
 
 
