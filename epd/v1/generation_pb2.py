@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/generation.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\"\xb1\x07\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x39\n\nlogit_bias\x18\x0e \x03(\x0b\x32%.epd.v1.SamplingParams.LogitBiasEntry\x12\x11\n\tbad_words\x18\x0f \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x10 \x03(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08\x12\x33\n\x11structured_output\x18\x12 \x01(\x0b\x32\x18.epd.v1.StructuredOutput\x12\x15\n\x08logprobs\x18\x13 \x01(\rH\x01\x88\x01\x01\x12\t\n\x01n\x18\x14 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x15 \x01(\rH\x02\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x16 \x01(\x08H\x03\x88\x01\x01\x12*\n\x1dspaces_between_special_tokens\x18\x17 \x01(\x08H\x04\x88\x01\x01\x12\x10\n\x08priority\x18\x18 \x01(\x05\x12\x12\n\ncache_salt\x18\x19 \x01(\t\x12\"\n\x15thinking_token_budget\x18\x1a \x01(\rH\x05\x88\x01\x01\x12\x39\n\x14repetition_detection\x18\x1b \x01(\x0b\x32\x1b.epd.v1.RepetitionDetection\x12\x12\n\nvllm_xargs\x18\x1c \x01(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB \n\x1e_spaces_between_special_tokensB\x18\n\x16_thinking_token_budget\"\\\n\x13RepetitionDetection\x12\x18\n\x10max_pattern_size\x18\x01 \x01(\r\x12\x18\n\x10min_pattern_size\x18\x02 \x01(\r\x12\x11\n\tmin_count\x18\x03 \x01(\r\"X\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x12\n\x05token\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_token\"4\n\rTokenLogprobs\x12#\n\ncandidates\x18\x01 \x03(\x0b\x32\x0f.epd.v1.Logprob\"\xfe\x02\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12!\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x0f.epd.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x18\n\x0estructural_tag\x18\t \x01(\tH\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x12%\n\x1d\x64isable_additional_properties\x18\x07 \x01(\x08\x12\x1f\n\x12whitespace_pattern\x18\x08 \x01(\tH\x01\x88\x01\x01\x12\x1c\n\x0freasoning_ended\x18\n \x01(\x08H\x02\x88\x01\x01\x12\x1c\n\x14\x63hat_template_kwargs\x18\x0b \x01(\tB\x0c\n\nconstraintB\x15\n\x13_whitespace_patternB\x12\n\x10_reasoning_ended\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"c\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\x12\"\n\x06videos\x18\x03 \x03(\x0b\x32\x12.epd.v1.VideoInput\"<\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0cJ\x04\x08\x02\x10\x03R\x06params*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/generation.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/multimodal.proto\"\xcc\x07\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x39\n\nlogit_bias\x18\x0e \x03(\x0b\x32%.epd.v1.SamplingParams.LogitBiasEntry\x12\x11\n\tbad_words\x18\x0f \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x10 \x03(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x11 \x01(\x08\x12\x33\n\x11structured_output\x18\x12 \x01(\x0b\x32\x18.epd.v1.StructuredOutput\x12\x15\n\x08logprobs\x18\x13 \x01(\rH\x01\x88\x01\x01\x12\t\n\x01n\x18\x14 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x15 \x01(\rH\x02\x88\x01\x01\x12 \n\x13skip_special_tokens\x18\x16 \x01(\x08H\x03\x88\x01\x01\x12*\n\x1dspaces_between_special_tokens\x18\x17 \x01(\x08H\x04\x88\x01\x01\x12\x10\n\x08priority\x18\x18 \x01(\x05\x12\x12\n\ncache_salt\x18\x19 \x01(\t\x12\"\n\x15thinking_token_budget\x18\x1a \x01(\rH\x05\x88\x01\x01\x12\x39\n\x14repetition_detection\x18\x1b \x01(\x0b\x32\x1b.epd.v1.RepetitionDetection\x12\x12\n\nvllm_xargs\x18\x1c \x01(\t\x12\x19\n\x11logprob_token_ids\x18\x1d \x03(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB \n\x1e_spaces_between_special_tokensB\x18\n\x16_thinking_token_budget\"\\\n\x13RepetitionDetection\x12\x18\n\x10max_pattern_size\x18\x01 \x01(\r\x12\x18\n\x10min_pattern_size\x18\x02 \x01(\r\x12\x11\n\tmin_count\x18\x03 \x01(\r\"X\n\x07Logprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x12\n\x05token\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_token\"4\n\rTokenLogprobs\x12#\n\ncandidates\x18\x01 \x03(\x0b\x32\x0f.epd.v1.Logprob\"\xfe\x02\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12!\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x0f.epd.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x18\n\x0estructural_tag\x18\t \x01(\tH\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x12%\n\x1d\x64isable_additional_properties\x18\x07 \x01(\x08\x12\x1f\n\x12whitespace_pattern\x18\x08 \x01(\tH\x01\x88\x01\x01\x12\x1c\n\x0freasoning_ended\x18\n \x01(\x08H\x02\x88\x01\x01\x12\x1c\n\x14\x63hat_template_kwargs\x18\x0b \x01(\tB\x0c\n\nconstraintB\x15\n\x13_whitespace_patternB\x12\n\x10_reasoning_ended\"\x19\n\x07\x43hoices\x12\x0e\n\x06values\x18\x01 \x03(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"c\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\x12\"\n\x06videos\x18\x03 \x03(\x0b\x32\x12.epd.v1.VideoInput\"<\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0cJ\x04\x08\x02\x10\x03R\x06params*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1910
-  _globals['_FINISHREASON']._serialized_end=2030
+  _globals['_FINISHREASON']._serialized_start=1937
+  _globals['_FINISHREASON']._serialized_end=2057
   _globals['_SAMPLINGPARAMS']._serialized_start=61
-  _globals['_SAMPLINGPARAMS']._serialized_end=1006
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=832
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=880
-  _globals['_REPETITIONDETECTION']._serialized_start=1008
-  _globals['_REPETITIONDETECTION']._serialized_end=1100
-  _globals['_LOGPROB']._serialized_start=1102
-  _globals['_LOGPROB']._serialized_end=1190
-  _globals['_TOKENLOGPROBS']._serialized_start=1192
-  _globals['_TOKENLOGPROBS']._serialized_end=1244
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1247
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1629
-  _globals['_CHOICES']._serialized_start=1631
-  _globals['_CHOICES']._serialized_end=1656
-  _globals['_USAGE']._serialized_start=1658
-  _globals['_USAGE']._serialized_end=1745
-  _globals['_PROMPT']._serialized_start=1747
-  _globals['_PROMPT']._serialized_end=1846
-  _globals['_KVHANDLE']._serialized_start=1848
-  _globals['_KVHANDLE']._serialized_end=1908
+  _globals['_SAMPLINGPARAMS']._serialized_end=1033
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=859
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=907
+  _globals['_REPETITIONDETECTION']._serialized_start=1035
+  _globals['_REPETITIONDETECTION']._serialized_end=1127
+  _globals['_LOGPROB']._serialized_start=1129
+  _globals['_LOGPROB']._serialized_end=1217
+  _globals['_TOKENLOGPROBS']._serialized_start=1219
+  _globals['_TOKENLOGPROBS']._serialized_end=1271
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1274
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1656
+  _globals['_CHOICES']._serialized_start=1658
+  _globals['_CHOICES']._serialized_end=1683
+  _globals['_USAGE']._serialized_start=1685
+  _globals['_USAGE']._serialized_end=1772
+  _globals['_PROMPT']._serialized_start=1774
+  _globals['_PROMPT']._serialized_end=1873
+  _globals['_KVHANDLE']._serialized_start=1875
+  _globals['_KVHANDLE']._serialized_end=1935
 # @@protoc_insertion_point(module_scope)
