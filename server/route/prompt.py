@@ -17,6 +17,7 @@ read as vLLM reads its own flag), checked once at start by rendering one image.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,16 +192,35 @@ class PromptBuilder:
         """The prompt as the engine holds it (vLLM's ``prompt_token_ids``): each image's
         placeholder token repeated to its number of tokens (``image_tokens``, in prompt order)
         between the family's delimiters, each video's to its own (``video_tokens``)."""
-        counts = {self.image_pad_id: iter(image_tokens), self.video_pad_id: iter(video_tokens)}
+        images = [(num_tokens, None) for num_tokens in image_tokens]
+        return self._expanded(
+            token_ids, images, [(num_tokens, None) for num_tokens in video_tokens]
+        )
+
+    def _expanded(
+        self,
+        token_ids: list[int],
+        images: Sequence[tuple[int, int | None]],
+        videos: Sequence[tuple[int, int | None]],
+        missing: int | None = None,
+    ) -> list[int]:
+        """``token_ids`` with each image's and video's placeholder token expanded as the engine
+        expands it, each row given its item's fill: an image's (number of rows, fill) becomes
+        its rows between the family's delimiters, a video's its rows. A fill of None is the
+        placeholder token itself; a placeholder beyond the items given becomes one row of
+        ``missing``."""
+        pending = {self.image_pad_id: iter(images), self.video_pad_id: iter(videos)}
         expanded: list[int] = []
         for token in token_ids:
-            if token not in counts:
+            if token not in pending:
                 expanded.append(token)
                 continue
-            rows = [token] * next(counts[token], 1)
+            rows, fill = next(pending[token], (1, missing))
+            row = token if fill is None else fill
             if token == self.image_pad_id:
-                rows = [*self.image_start_ids, *rows, *self.image_end_ids]
-            expanded.extend(rows)
+                expanded.extend([*self.image_start_ids, *[row] * rows, *self.image_end_ids])
+            else:
+                expanded.extend([row] * rows)
         return expanded
 
     def truncated(
@@ -240,23 +260,14 @@ class PromptBuilder:
         videos: list[tuple[str, int]] | None = None,
         salt: str = "",
     ) -> list[int]:
-        """Chained hashes of the full blocks of the expanded prompt (each image's rows between
-        the family's delimiters, if any); ``images`` holds (mm_hash, number of image tokens) per
-        image, in prompt order, ``videos`` the same per video. ``salt`` (the request's
-        ``hashing.key_salt``; "" for none) is mixed into the first block, as vLLM mixes a
-        request's cache_salt, so the whole chain is the tenant's own."""
-        expanded: list[int] = []
-        pending = {self.image_pad_id: iter(images), self.video_pad_id: iter(videos or [])}
-        for token in token_ids:
-            if token not in pending:
-                expanded.append(token)
-                continue
-            mm_hash, num_tokens = next(pending[token], ("", 1))
-            pad = -(int(mm_hash[:15] or "0", 16) + 1)
-            if token == self.image_pad_id:
-                expanded.extend([*self.image_start_ids, *[pad] * num_tokens, *self.image_end_ids])
-            else:
-                expanded.extend([pad] * num_tokens)
+        """Chained hashes of the full blocks of the expanded prompt (``_expanded``), each image's
+        and video's rows a pad value derived from its mm_hash; ``images`` holds (mm_hash, number
+        of image tokens) per image, in prompt order, ``videos`` the same per video. ``salt``
+        (the request's ``hashing.key_salt``; "" for none) is mixed into the first block, as vLLM
+        mixes a request's cache_salt, so the whole chain is the tenant's own."""
+        pictures = [(num_tokens, _pad(mm_hash)) for mm_hash, num_tokens in images]
+        clips = [(tokens, _pad(mm_hash)) for mm_hash, tokens in videos or []]
+        expanded = self._expanded(token_ids, pictures, clips, _pad(""))
         hashes, previous = [], f"{salt}|".encode() if salt else b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()
@@ -264,6 +275,11 @@ class PromptBuilder:
             hashes.append(int.from_bytes(digest, "little") & (2**63 - 1))
             previous = digest
         return hashes
+
+
+def _pad(mm_hash: str) -> int:
+    """The value an item's rows hash as: negative, so no token id, and the item's own."""
+    return -(int(mm_hash[:15] or "0", 16) + 1)
 
 
 def _cut(token_ids: list[int], excess: int, side: str) -> list[int]:
