@@ -14,49 +14,48 @@ An item given by mm_hash alone is answered from the cache, the store or an encod
 in flight, else refused (MM_HASH_NOT_CACHED).
 
 An item may carry its decoded pixels (a data-plane reference held by the route): read on this
-host, they replace fetching, decoding and hashing the source. The route tags their shared-memory
-segment with the item's mm_hash (``payload_layout``) and only the route writes it, so the pixels
-are trusted as that image after a check of the tag before and after reading them, whatever their
-size; on any failure to read them, or another tag, the source is loaded as if they were absent.
-Content from anywhere else (a URL, bytes) is decoded and hashed here, and an mm_hash sent with it
-must match.
+host and found tagged with the item's mm_hash (``preparing``), they replace fetching, decoding
+and hashing the source; on any failure to read them, or another tag, the source is loaded as if
+they were absent. Content from anywhere else (a URL, bytes) is decoded and hashed here, and an
+mm_hash sent with it must match.
 
 Images are made ready for the tower (the model's processor) one by one in a pool, in parallel
-with the tower running the previous batch; the batcher then runs the tower alone.
+with the tower running the previous batch (``preparing.Preparer``); the batcher then runs the
+tower alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
-from epd.common.errors import EpdError, InvalidArgument, Unavailable
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
-from epd.server.encode.video_items import VideoSpan, check_frames, frames_from_source
+from epd.server.encode.preparing import (
+    Preparer,
+    PrepareVideo,
+    SharedPixels,
+    Source,
+    VideoFrames,
+)
+from epd.server.encode.video_items import VideoSpan, frames_from_source
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag, salted
-from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage, MediaLoader
-from epd.server.media.pixels import check_pixels
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, salted
+from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.store.base import EmbeddingStore, NoStore
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 
 MAX_ITEMS_PER_REQUEST = 64
-# (frames uint8 [n, height, width, 3], resized (height, width)) -> pixel inputs for the tower
-PrepareVideo = Callable[[torch.Tensor, tuple[int, int]], Prepared]
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,24 +83,6 @@ class EncodedItem:
     cache_hit: bool
     encode_seconds: float
     batch_size: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Pixels:
-    """An image's pixels, or a video chunk's frames, shared by the route, tagged with their
-    mm_hash."""
-
-    ref: tensor_pb2.TensorRef
-    mm_hash: str
-    video: VideoSpan | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Frames:
-    """A video chunk's frames, loaded here from the video's source."""
-
-    frames: np.ndarray
-    video: VideoSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +129,11 @@ class EncodeWorker:
         ``prepare_video`` (thread-safe) makes a video chunk's frames ready for the tower,
         ``videos`` loads a video from its source where the route's frames cannot be read (None:
         video items are refused, VIDEO_NOT_SUPPORTED)."""
-        self.prepare_video = prepare_video
         self.videos = videos
         self.batcher = batcher
-        self.prepare = prepare
-        self.pool = pool
+        self.preparer = Preparer(
+            prepare, plane, loader.policy, pool=pool, prepare_video=prepare_video
+        )
         self.gridder = gridder
         self.loader = loader
         self.plane = plane
@@ -246,7 +227,7 @@ class EncodeWorker:
         """Stop the tower's batcher and the preparing pool (waiting items fail)."""
         await self.batcher.close()
         await self.store.close()
-        for executor in (self.pool, self.batcher.executor):
+        for executor in (self.preparer.pool, self.batcher.executor):
             if isinstance(executor, ThreadPoolExecutor):
                 executor.shutdown(wait=False, cancel_futures=True)
 
@@ -281,7 +262,7 @@ class EncodeWorker:
             return await self._compute_video(item, item.video)
         if item.pixels is not None and is_mm_hash(item.mm_hash):
             start = time.monotonic()
-            shared = _Pixels(item.pixels, item.mm_hash)
+            shared = SharedPixels(item.pixels, item.mm_hash)
             if (encoded := await self._encode_once(item.mm_hash, shared)) is not None:
                 seconds = time.monotonic() - start
                 return _Computed(
@@ -315,21 +296,21 @@ class EncodeWorker:
     async def _compute_video(self, item: MediaSource, span: VideoSpan) -> _Computed:
         """A video chunk's embeddings: from the route's shared frames, else from the video's
         source, decoded and planned here."""
-        if self.prepare_video is None or self.videos is None:
+        if self.preparer.prepare_video is None or self.videos is None:
             raise InvalidArgument("this encoder takes no video", reason="VIDEO_NOT_SUPPORTED")
         if not is_mm_hash(item.mm_hash):
             raise InvalidArgument("a video item needs its chunk's mm_hash", reason="BAD_VIDEO_SPAN")
         start = time.monotonic()
         encoded = None
         if item.pixels is not None:
-            shared = _Pixels(item.pixels, item.mm_hash, span)
+            shared = SharedPixels(item.pixels, item.mm_hash, span)
             encoded = await self._encode_once(item.mm_hash, shared)
         if encoded is None:
             frames = await frames_from_source(
                 self.videos, item.url, item.data, span, item.mm_hash, item.key_salt
             )
         while encoded is None:
-            encoded = await self._encode_once(item.mm_hash, _Frames(frames, span))
+            encoded = await self._encode_once(item.mm_hash, VideoFrames(frames, span))
         seconds = time.monotonic() - start
         return _Computed(encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size)
 
@@ -343,69 +324,13 @@ class EncodeWorker:
         self.cache.put(mm_hash, entry)
         return _Computed(entry, mm_hash, True, 0.0)
 
-    async def _prepare(self, source: _Pixels | LoadedImage | _Frames) -> Prepared | None:
-        """``source`` prepared for the tower (in the pool unless it is small), or None when the
-        route's shared pixels cannot be read here, or no longer hold the image they are tagged
-        with once read (the lease was released meanwhile): then the source is loaded."""
-        if isinstance(source, LoadedImage):
-            pixels = torch.from_numpy(source.pixels)
-            return await self._in_pool(pixels.numel(), self.prepare, pixels)
-        if isinstance(source, _Frames):
-            frames = torch.from_numpy(source.frames)
-            return await self._in_pool(
-                frames.numel(), lambda f: self._prepared(f, source.video), frames
-            )
-        try:
-            size = math.prod(source.ref.shape)
-            return await self._in_pool(size, self._prepare_shared, source)
-        except EpdError as e:
-            logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
-            return None
-
-    def _prepare_shared(self, source: _Pixels) -> Prepared:
-        """The route's pixels of ``source`` read and prepared, then found still tagged so (their
-        lease was not released while they were read); EpdError otherwise."""
-        prepared = self._prepared(self._shared_pixels(source), source.video)
-        self._shared_pixels(source)
-        return prepared
-
-    def _prepared(self, pixels: torch.Tensor, video: VideoSpan | None) -> Prepared:
-        """An image's pixels, or a video chunk's frames (``video`` set), ready for the tower."""
-        if video is None:
-            return self.prepare(pixels)
-        assert self.prepare_video is not None  # checked by _compute_video
-        return self.prepare_video(pixels, video.resized)
-
-    def _shared_pixels(self, source: _Pixels) -> torch.Tensor:
-        """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
-        (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
-        be read here or are not tagged so."""
-        pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
-        if source.video is not None:
-            return check_frames(pixels, source.video, self.loader.policy.max_video_frame_pixels)
-        return check_pixels(pixels, self.loader.policy)
-
-    async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:
-        """``run(arg)`` in the preparing pool (reading and preparing pixels, off the event loop),
-        or at once for an image of ``num_values`` values small enough that the hand-off would
-        cost more."""
-        if num_values <= 3 * INLINE_DECODE_PIXELS:
-            return run(arg)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, run, arg)
-
     async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
         """The embeddings of ``mm_hash`` from the cache or an encoding in flight."""
         if (hit := self.cache.get(mm_hash)) is not None:
             return _Computed(hit, mm_hash, True, 0.0)
-        if (task := self._encoding.get(mm_hash)) is None:
-            raise InvalidArgument(
-                f"mm_hash {mm_hash} is not cached on this encoder; send the "
-                "image (url or data) with it",
-                reason="MM_HASH_NOT_CACHED",
-            )
         start = time.monotonic()
-        encoded = await asyncio.shield(task)
-        if encoded is None:
+        task = self._encoding.get(mm_hash)
+        if task is None or (encoded := await asyncio.shield(task)) is None:
             raise InvalidArgument(
                 f"mm_hash {mm_hash} is not cached on this encoder; send the "
                 "image (url or data) with it",
@@ -413,9 +338,7 @@ class EncodeWorker:
             )
         return _Computed(encoded.entry, mm_hash, True, time.monotonic() - start, encoded.batch_size)
 
-    async def _encode_once(
-        self, mm_hash: str, source: _Pixels | LoadedImage | _Frames
-    ) -> _Encoded | None:
+    async def _encode_once(self, mm_hash: str, source: Source) -> _Encoded | None:
         """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile
         (``joined`` for all but the first, and when an encoding ended while this request
         loaded the image or asked the store); None if ``source`` is shared pixels that cannot be
@@ -433,11 +356,9 @@ class EncodeWorker:
         self._encoding[mm_hash] = task
         return await asyncio.shield(task)
 
-    async def _encode_and_cache(
-        self, mm_hash: str, source: _Pixels | LoadedImage | _Frames
-    ) -> _Encoded | None:
+    async def _encode_and_cache(self, mm_hash: str, source: Source) -> _Encoded | None:
         try:
-            prepared = await self._prepare(source)
+            prepared = await self.preparer.prepare(source)
             if prepared is None:
                 return None
             (embeddings, grid), batch_size = await self.batcher.submit_sized(prepared)

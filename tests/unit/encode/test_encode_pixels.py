@@ -131,13 +131,13 @@ async def test_pixels_released_while_being_read_are_not_encoded(worker, holder) 
     segment may hold another image by then) sends the worker to the source."""
     image = noise(seed=8)
     ref = put_pixels(holder, image)
-    prepare = worker.prepare
+    prepare = worker.preparer.prepare_image
 
     def release_while_reading(pixels: torch.Tensor) -> Prepared:
         holder.release([ref.lease_id])
         return prepare(pixels)
 
-    worker.prepare = release_while_reading
+    worker.preparer.prepare_image = release_while_reading
     with pytest.raises(InvalidArgument) as caught:
         await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
     assert caught.value.reason == "BAD_IMAGE"

@@ -1,0 +1,133 @@
+"""What an encoder encodes, made ready for the tower (no grpc).
+
+Three sources reach the tower: an image loaded here from its source (``LoadedImage``), the
+route's decoded pixels of an image or of a video chunk's frames, read through the data plane
+(``SharedPixels``), and a video chunk's frames loaded here from the video's source
+(``VideoFrames``). The route tags its shared-memory segment with the item's mm_hash
+(``payload_layout``) and only the route writes it, so its pixels are trusted as that item after
+a check of the tag before and after reading them, whatever their size; pixels that cannot be
+read here, or carry another tag, are no source (the worker loads the item's source instead).
+
+Each is prepared (the model's processor) in a pool, in parallel with the tower running the
+previous batch, unless it is small enough that the hand-off would cost more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from epd.common.errors import EpdError
+from epd.server.encode.video_items import VideoSpan, check_frames
+from epd.server.encode.vision import Prepared
+from epd.server.media.hashing import pixels_tag
+from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage
+from epd.server.media.pixels import check_pixels
+from epd.server.media.policy import MediaPolicy
+from epd.server.transfer.plane import DataPlane
+from epd.v1 import tensor_pb2
+
+# (frames uint8 [n, height, width, 3], resized (height, width)) -> pixel inputs for the tower
+PrepareVideo = Callable[[torch.Tensor, tuple[int, int]], Prepared]
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPixels:
+    """An image's pixels, or a video chunk's frames, shared by the route, tagged with their
+    mm_hash."""
+
+    ref: tensor_pb2.TensorRef
+    mm_hash: str
+    video: VideoSpan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrames:
+    """A video chunk's frames, loaded here from the video's source."""
+
+    frames: np.ndarray
+    video: VideoSpan
+
+
+Source = SharedPixels | LoadedImage | VideoFrames
+
+
+class Preparer:
+    """Sources made ready for the tower. ``prepare_image`` (thread-safe) makes an image's RGB
+    pixels ready, ``prepare_video`` (thread-safe; None: the encoder takes no video) a video
+    chunk's frames, in ``pool`` (None: asyncio's default executor); the route's pixels are
+    read from ``plane`` and checked against ``policy``."""
+
+    def __init__(
+        self,
+        prepare_image: Callable[[torch.Tensor], Prepared],
+        plane: DataPlane,
+        policy: MediaPolicy,
+        *,
+        pool: Executor | None = None,
+        prepare_video: PrepareVideo | None = None,
+    ) -> None:
+        self.prepare_image = prepare_image
+        self.prepare_video = prepare_video
+        self.plane = plane
+        self.policy = policy
+        self.pool = pool
+
+    async def prepare(self, source: Source) -> Prepared | None:
+        """``source`` prepared for the tower (in the pool unless it is small), or None when the
+        route's shared pixels cannot be read here, or no longer hold the image they are tagged
+        with once read (the lease was released meanwhile): then the source is loaded."""
+        if isinstance(source, LoadedImage):
+            pixels = torch.from_numpy(source.pixels)
+            return await self._in_pool(pixels.numel(), self.prepare_image, pixels)
+        if isinstance(source, VideoFrames):
+            frames = torch.from_numpy(source.frames)
+            return await self._in_pool(
+                frames.numel(), lambda f: self._prepared(f, source.video), frames
+            )
+        try:
+            size = math.prod(source.ref.shape)
+            return await self._in_pool(size, self._prepare_shared, source)
+        except EpdError as e:
+            logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
+            return None
+
+    def _prepare_shared(self, source: SharedPixels) -> Prepared:
+        """The route's pixels of ``source`` read and prepared, then found still tagged so (their
+        lease was not released while they were read); EpdError otherwise."""
+        prepared = self._prepared(self._shared_pixels(source), source.video)
+        self._shared_pixels(source)
+        return prepared
+
+    def _prepared(self, pixels: torch.Tensor, video: VideoSpan | None) -> Prepared:
+        """An image's pixels, or a video chunk's frames (``video`` set), ready for the tower."""
+        if video is None:
+            return self.prepare_image(pixels)
+        assert self.prepare_video is not None  # NOTE: the worker refuses video items without
+        return self.prepare_video(pixels, video.resized)
+
+    def _shared_pixels(self, source: SharedPixels) -> torch.Tensor:
+        """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
+        (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
+        be read here or are not tagged so."""
+        pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
+        if source.video is not None:
+            return check_frames(pixels, source.video, self.policy.max_video_frame_pixels)
+        return check_pixels(pixels, self.policy)
+
+    async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:
+        """``run(arg)`` in the preparing pool (reading and preparing pixels, off the event loop),
+        or at once for an image of ``num_values`` values small enough that the hand-off would
+        cost more."""
+        if num_values <= 3 * INLINE_DECODE_PIXELS:
+            return run(arg)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run, arg)
