@@ -18,7 +18,7 @@ the workers on this host that read them (``pixels_of``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,7 +145,7 @@ def in_namespace(
 
 
 def pixels_of(
-    images: list[RouteImage], videos: list[RouteVideo]
+    images: Sequence[RouteImage], videos: Sequence[RouteVideo]
 ) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
     """Each item's decoded pixels: an image's, then each video chunk's kept frames."""
     for image in images:
