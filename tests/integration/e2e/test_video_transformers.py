@@ -71,12 +71,13 @@ async def deployment(
     await engine.close()
 
 
-def transformers_reference(model_dir: Path) -> list[int]:
-    """transformers' greedy generate on the chat with the kept frames and their metadata."""
+def transformers_reference(model_dir: Path, clip: bytes = CLIP) -> list[int]:
+    """transformers' greedy generate on the chat with ``clip``'s kept frames (as the route
+    plans them) and their metadata."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from transformers.video_utils import VideoMetadata
 
-    video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
+    video = VideoPlanner(model_dir, "tiny").load(clip, MediaPolicy())
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     chat = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": TEXT}]}]
