@@ -11,7 +11,8 @@ from epd.common.ports import ENCODE_PORT
 from epd.common.server import ServerOptions, serve, stop_signals
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
-from epd.server.encode.app import EncodeConfig, build_encode_server
+from epd.server.encode.app import build_encode_server
+from epd.server.encode.config import EncodeConfig
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.transfer.transfer_cli import (
