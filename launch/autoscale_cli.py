@@ -13,10 +13,12 @@ from epd.common.flags import add_dataclass_arguments, add_passed_on_arguments, f
 from epd.common.metrics import new_registry, start_metrics_server
 from epd.common.telemetry import add_exporter, new_provider
 from epd.launch.autoscaler import EncoderAutoscaler, ScalingGroup, ScalingMetrics
+from epd.launch.encoders import AUTO_DEVICE
 from epd.launch.launcher import Deployment
+from epd.launch.ports import LAUNCHER_METRICS_OFFSET
 from epd.launch.public_entry import LOOPBACK
 from epd.launch.scaling import ScalingOptions
-from epd.launch.topology import AUTO_DEVICE, LAUNCHER_METRICS_OFFSET, Topology
+from epd.launch.topology import Topology
 from epd.scheduler.core import SchedulerConfig
 from epd.server.engine.device import CPU, CUDA, XPU, cuda_device_index, device_type, xpu_available
 

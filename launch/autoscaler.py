@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epd.common.channels import create_channel
 from epd.common.metrics import LATENCY_BUCKETS_S
+from epd.launch.encoders import EncoderGroup
 from epd.launch.launcher import Child, Deployment, EncoderSlots
 from epd.launch.scaling import GroupScaler, ScalingOptions
-from epd.launch.topology import EncoderGroup
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 

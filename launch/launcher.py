@@ -24,17 +24,16 @@ from typing import TYPE_CHECKING
 
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
-from epd.launch.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
-from epd.launch.topology import (
+from epd.launch.ports import (
     ENCODER_OFFSET,
     HTTP_OFFSET,
     METRICS_OFFSET,
-    PREFILL_MODES,
     ROUTE_OFFSET,
     SCHEDULER_OFFSET,
     EngineWorker,
-    Topology,
 )
+from epd.launch.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK, PublicEntry
+from epd.launch.topology import PREFILL_MODES, Topology
 from epd.server.engine.rpc_leftovers import cleanup_rpc_dirs
 from epd.server.store.base import MOONCAKE
 from epd.server.transfer.shm_leftovers import cleanup_leftovers

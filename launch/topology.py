@@ -1,14 +1,12 @@
 """What ``epd up`` starts: the topologies, their services, their engine replicas and ports.
 
-Ports, from ``--base-port`` BASE: route BASE, scheduler +1, the first prefill worker +2, the
-first decode worker +3, encoders +4..+9, OpenAI HTTP +10, then the other engine replicas from +11
-(``prefill1..``, then ``decode1..``), and each service's Prometheus metrics at +20 plus its own
-offset. ``port_offsets`` lists them; ``check_ports`` refuses a combination where two would meet.
+``Topology`` holds ``epd up``'s topology flags, each declared on its field, and derives from them
+the services to start, their flags and their ports (``ports``: the layout from ``--base-port``;
+``encoders``: the encoders' devices and the groups that scale together).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -16,6 +14,25 @@ from epd.common.cpus import format_cpu_list
 from epd.common.flags import flag
 from epd.common.roles import Role
 from epd.launch.cpu_layout import Service
+from epd.launch.encoders import (
+    AUTO_DEVICE,
+    CPU_DEVICE,
+    ENCODER_DEVICE,
+    EncoderGroup,
+    EncoderRange,
+    encoder_range,
+)
+from epd.launch.ports import (
+    ENCODER_OFFSET,
+    HTTP_OFFSET,
+    LAUNCHER_METRICS_OFFSET,
+    METRICS_OFFSET,
+    REPLICA_OFFSET,
+    ROUTE_OFFSET,
+    SCHEDULER_OFFSET,
+    EngineWorker,
+    engine_workers,
+)
 from epd.scheduler.core import DEFAULT_POLICY
 from epd.scheduler.model import Policy
 from epd.server.store.base import EMBEDDING_STORES, NONE
@@ -36,19 +53,6 @@ PREFILL_MODES = {
     "dual-encoder": ["--mode", Role.PREFILL_DECODE.label],
 }
 ENGINES = ("auto", "vllm", "transformers")
-AUTO_DEVICE = "auto"
-CPU_DEVICE = "cpu"
-ENCODER_DEVICE = re.compile(r"auto|cpu|(cuda|xpu)(:\d+)?")
-ROUTE_OFFSET = 0
-SCHEDULER_OFFSET = 1
-PREFILL_OFFSET = 2
-DECODE_OFFSET = 3
-ENCODER_OFFSET = 4
-HTTP_OFFSET = 10
-REPLICA_OFFSET = 11
-METRICS_OFFSET = 20
-# epd up's own metrics (the autoscaler's), after every service's.
-LAUNCHER_METRICS_OFFSET = 40
 # NOTE: the launcher's own choice, not `epd prefill`'s default (epd.server.engine.device's
 # CPU_KV_CACHE_MB, 256): it starts several engines (prefill, decode, replicas) on one machine,
 # each with a KV cache of this size on CPU.
@@ -68,49 +72,6 @@ def counts(text: str) -> tuple[int, ...]:
         raise ValueError(f"{text!r}: expected integers like 2,1") from None
 
 
-@dataclass(frozen=True, slots=True)
-class EncoderRange:
-    """``--encoders``: a fixed count (``minimum == maximum``) or the bounds an autoscaled group
-    of encoders moves between."""
-
-    minimum: int = 1
-    maximum: int = 1
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.minimum <= self.maximum:
-            raise ValueError(f"encoders {self}: expected 1 <= MIN <= MAX")
-
-    @property
-    def scales(self) -> bool:
-        """Whether the count moves (MIN:MAX with MIN < MAX)."""
-        return self.maximum > self.minimum
-
-    def __str__(self) -> str:
-        return f"{self.minimum}:{self.maximum}" if self.scales else str(self.minimum)
-
-
-def encoder_range(text: str) -> EncoderRange:
-    """``"2"`` -> 2 encoders, ``"1:3"`` -> between 1 and 3; ValueError names what is wrong."""
-    low, sep, high = text.partition(":")
-    try:
-        minimum = int(low)
-        maximum = int(high) if sep else minimum
-    except ValueError:
-        raise ValueError(f"expected N or MIN:MAX, e.g. 2 or 1:3, got {text!r}") from None
-    return EncoderRange(minimum, maximum)
-
-
-@dataclass(frozen=True, slots=True)
-class EncoderGroup:
-    """Encoders on one ``device`` that scale together: their ``slots`` (names ``encodeN``, ports
-    and CPUs are the slot's), ``minimum`` of them started at once, at most ``maximum``."""
-
-    device: str
-    slots: tuple[int, ...]
-    minimum: int
-    maximum: int
-
-
 def at_least_one(text: str) -> int:
     """A whole number of at least 1; ValueError otherwise."""
     try:
@@ -120,17 +81,6 @@ def at_least_one(text: str) -> int:
     if value < 1:
         raise ValueError(f"expected at least 1, got {value}")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class EngineWorker:
-    """One engine worker to start: ``name`` of its service (log, ``--cpus``, endpoints file),
-    ``worker_id`` it registers as, ``command`` (``prefill`` or ``decode``), port ``offset``."""
-
-    name: str
-    worker_id: str
-    command: str
-    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,14 +304,7 @@ class Topology:
     def engine_workers(self) -> list[EngineWorker]:
         """The engine workers to start: ``prefill`` (worker ``prefill0``), ``prefill1``..,
         then ``decode`` (``decode0``), ``decode1``.. where the topology has decode workers."""
-        prefill = [
-            _replica("prefill", i, PREFILL_OFFSET, REPLICA_OFFSET) for i in range(self.num_prefill)
-        ]
-        if not self.has_decode:
-            return prefill
-        after = REPLICA_OFFSET + self.num_prefill - 1
-        decode = [_replica("decode", i, DECODE_OFFSET, after) for i in range(self.num_decode)]
-        return prefill + decode
+        return engine_workers(self.num_prefill, self.num_decode if self.has_decode else 0)
 
     @property
     def num_engines(self) -> int:
@@ -433,9 +376,3 @@ def check_ports(topology: Topology, metrics: bool) -> None:
             "engine replicas beyond the first prefill and decode workers; without --base-port "
             "every port is a free one)"
         )
-
-
-def _replica(command: str, index: int, first_offset: int, block_start: int) -> EngineWorker:
-    if index == 0:
-        return EngineWorker(command, f"{command}0", command, first_offset)
-    return EngineWorker(f"{command}{index}", f"{command}{index}", command, block_start + index - 1)

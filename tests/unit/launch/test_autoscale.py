@@ -9,8 +9,9 @@ import pytest
 
 from epd.launch import up_cli
 from epd.launch.autoscale_cli import encoder_kind, scaling_groups, scheduler_flags
+from epd.launch.encoders import EncoderGroup, EncoderRange, encoder_range
 from epd.launch.scaling import GroupScaler, ScalingOptions
-from epd.launch.topology import EncoderGroup, EncoderRange, Topology, check_ports, encoder_range
+from epd.launch.topology import Topology, check_ports
 
 
 def parse(*flags: str) -> argparse.Namespace:

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from epd.launch.encoders import EncoderRange
 from epd.launch.launcher import Deployment, start_topology
-from epd.launch.topology import (
-    PREFILL_MODES,
-    TOPOLOGIES,
-    EncoderRange,
-    Topology,
-    check_ports,
-)
+from epd.launch.topology import PREFILL_MODES, TOPOLOGIES, Topology, check_ports
 from tests.unit.launch.test_public_entry import Unstarted, flag
 
 
