@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 
-from epd.common.errors import FailedPrecondition, NotFound
+from epd.common.errors import NotFound
 from epd.common.roles import Role, known_role
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
@@ -59,16 +59,16 @@ from epd.server.route.media import (
     in_namespace,
     load_images,
     load_videos,
-    pixels_of,
 )
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder
+from epd.server.route.raw_media import raw_prompt, stage_items
 from epd.server.route.request import ChatRequest, Deadline
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for
 from epd.server.transfer.plane import DataPlane
-from epd.v1 import generation_pb2, multimodal_pb2
+from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 # Chats of up to this many text characters are tokenised on the event loop, where that costs
@@ -178,7 +178,13 @@ class Router:
         token_ids = await self._token_ids(request)
         images, videos = await asyncio.gather(
             load_images(self.loader, self.grids, request.images),
-            load_videos(self.videos, request.videos, self.video_chunk_patches),
+            load_videos(
+                self.videos,
+                request.videos,
+                self.video_chunk_patches,
+                request.media_kwargs,
+                has_images=bool(request.images),
+            ),
         )
         if request.truncate_prompt_tokens is not None:
             token_ids = truncated(self.prompts, request, token_ids, images, videos)
@@ -195,15 +201,11 @@ class Router:
             live_roles,
             deadline,
         )
-        if videos and not call.plan.uses_encoders:
-            raise FailedPrecondition(
-                "videos are encoded by encode workers, and none is live for this model",
-                reason="NO_VIDEO_ENCODER",
-            )
+        items, pixels = stage_items(call.plan.uses_encoders, images, videos)
         stage = EncodeStage(
             request.request_id,
             model,
-            [image.item for image in images] + [item for v in videos for item in v.items],
+            items,
             request.encoder_policy,
             consumer_host_id=self.host_id,
             num_tokens=[image.num_tokens for image in images]
@@ -213,7 +215,7 @@ class Router:
         span.set_attribute("epd.videos", len(videos))
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
-            share_pixels(self.plane, stage, pixels_of(images, videos))
+            share_pixels(self.plane, stage, pixels)
             pieces = self._engine_pieces(call, stage, images, videos)
             prompt_ids = None
             if request.return_token_ids:
@@ -263,7 +265,8 @@ class Router:
         videos: Sequence[RouteVideo] = (),
     ) -> AsyncGenerator[Piece, None]:
         """The engine's tokens: with encoders, once the images and videos are encoded for the
-        chosen prefill worker; else for the raw images (if any). The leases go once it is
+        chosen prefill worker; else for the raw images and whole videos (if any; ``stage``'s
+        items after the images are the videos' ``whole_video_item``). The leases go once it is
         prefilled."""
 
         async def prefilled() -> None:
@@ -272,8 +275,8 @@ class Router:
 
         if call.plan.uses_encoders:
             return self._encoded_pieces(call, stage, images, videos, prefilled)
-        raw = [multimodal_pb2.ImageInput(mm_hash=i.item.mm_hash, media=i.item) for i in images]
-        prompt = generation_pb2.Prompt(token_ids=call.prompt.token_ids, images=raw)
+        video_items = stage.items[len(images) :]
+        prompt = raw_prompt(call.prompt.token_ids, images, videos, video_items)
         return self._stream(replace(call, prompt=prompt), prefilled)
 
     async def _encoded_pieces(

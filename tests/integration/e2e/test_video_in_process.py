@@ -4,7 +4,9 @@ Qwen2-VL, ``family_engines``' for the others): the route decodes the clip once a
 chunks three encoders share, the prefill worker joins their embeddings into one video, and the
 tokens equal monolithic vLLM's given the same decoded frames and their timing (its own processor
 and tower), in E/PD and E/P/D, with the clip in one chunk, in two chunks on two encoders and in
-four on three. The clip is sampled at 1 frame a second, not the processors' 2, so Qwen2.5-VL's
+four on three; and in EPD and EP/D (no encoder: an encode_prefill worker takes the route's kept
+frames and plan whole, and its engine runs its own processor and tower; Qwen2.5-VL there with
+``--all-families``). The clip is sampled at 1 frame a second, not the processors' 2, so Qwen2.5-VL's
 seconds per temporal patch (2.0) differ from vLLM's default (1.0) and Qwen3-VL's timestamps
 from the indices'."""
 
@@ -31,6 +33,7 @@ from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request import ChatMessage, ChatPart, ImageSource
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
+from tests.families import skip_unless_run
 from tests.integration.registered import until_registered
 from tests.unit.models.clips import make_clip
 
@@ -43,11 +46,13 @@ CLIP = make_clip(num_frames=8, width=64, height=48, fps=1)
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 #: temporal patches a chunk -> the encoders that take the clip's 4 patches
 CHUNKS = {1: 3, 2: 2, 64: 1}
+#: topologies without encoders: an encode_prefill worker takes the video raw
+RAW_TOPOLOGIES = ("epd", "ep-d")
 
 
 @pytest.fixture(
     scope="module",
-    params=[(f, t) for f in FAMILIES for t in ("e-pd", "e-p-d")],
+    params=[(f, t) for f in FAMILIES for t in ("e-pd", "e-p-d", *RAW_TOPOLOGIES)],
     ids=lambda param: "-".join(param),
 )
 async def deployment(
@@ -55,21 +60,29 @@ async def deployment(
 ) -> AsyncIterator[dict[str, Any]]:
     """Three encoders, a prefill worker on the family's producer (E/PD: it serves whole
     generations) and for E/P/D a decode worker on its consumer; a route for each chunk size
-    in ``CHUNKS``."""
+    in ``CHUNKS``. EPD, EP/D: no encoder, an encode_prefill worker on the producer (handing
+    its KV to a decode worker on the consumer in EP/D) and one route."""
     family, topology = request.param
+    is_raw = topology in RAW_TOPOLOGIES
+    if is_raw:
+        skip_unless_run(request, family)
     model_dir = tiny_model_dir if family == "qwen2_vl" else tiny_family_dir(family)
     pair = engines if family == "qwen2_vl" else await family_engines(family)
-    is_split = topology == "e-p-d"
+    is_split = topology in ("e-p-d", "ep-d")
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
     workers = [
         await build_encode_server(
             EncodeConfig(model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
         )
-        for i in range(3)
+        for i in range(0 if is_raw else 3)
     ]
     mode = Role.PREFILL if is_split else Role.PREFILL_DECODE
     config = PrefillConfig(model_dir, mode=mode, scheduler=endpoint)
+    if is_raw:
+        config = PrefillConfig(
+            model_dir, mode=Role.ENCODE_PREFILL, hands_off_kv=is_split, scheduler=endpoint
+        )
     workers.append(await build_prefill_server(config, pair[0]))
     if is_split:
         workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), pair[1]))
@@ -77,14 +90,15 @@ async def deployment(
         patches: await build_route_server(
             RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=patches)
         )
-        for patches in CHUNKS
+        for patches in ((2,) if is_raw else CHUNKS)
     }
     await until_registered(endpoint, len(workers))
     channels = {patches: create_channel(f"127.0.0.1:{r.port}") for patches, r in routes.items()}
     yield {
         "stubs": {p: route_service_pb2_grpc.RouteServiceStub(c) for p, c in channels.items()},
         "routes": routes,
-        "encoders": workers[:3],
+        "encoders": workers[: len(workers) - 1 - is_split],
+        "prefill": workers[len(workers) - 1 - is_split],
         "model_dir": model_dir,
         "engine": pair[0],
     }
@@ -161,6 +175,9 @@ async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(deployment)
         assert tokens == expected, f"chunks of {patches} temporal patches"
         assert responses[-1].usage.completion_tokens == MAX_TOKENS
         encoders = deployment["encoders"]
+        if not encoders:  # NOTE: EPD, EP/D: the worker took the route's frames whole
+            assert deployment["prefill"].worker.images.videos.num_decoded == 0
+            continue
         added = [len(e.worker.cache) - n for e, n in zip(encoders, encoded_before, strict=True)]
         # NOTE: the clip's chunks spread over CHUNKS[patches] encoders, each chunk encoded once
         assert sum(added) == -(-4 // patches)
@@ -173,6 +190,8 @@ async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(deployment)
 async def test_a_repeated_clip_is_answered_from_the_encoders_caches(deployment) -> None:
     # NOTE: the adaptive policy sends a chunk where it is cached (per_image rotates over the
     # encoders whatever they hold).
+    if not deployment["encoders"]:
+        pytest.skip("no encoder: nothing is cached by chunk")
     stub, adaptive = deployment["stubs"][2], scheduler_pb.ENCODER_POLICY_ADAPTIVE
     first = [r async for r in stub.Generate(video_request(CLIP, "video-repeat-1", adaptive))]
     sizes = [len(e.worker.cache) for e in deployment["encoders"]]
