@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import EngineImage
+from epd.server.engine.base import EngineImage, Grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,10 @@ class VisionLayout:
     ``video_pad_id``: the video token, after ``vision_start_id`` in a video's placeholder (None:
     the family takes no video). A prompt's ``EngineImage``s are its images in prompt order, then
     its videos in prompt order (``EngineImage.is_video``).
+    ``video_prompt_tokens``: what a video's token expands to, from its grid and timestamps,
+    where the family writes more than the video's rows (``ModelFamily.video_prompt_tokens``
+    bound to the model's config and tokenizer; Qwen3-VL: each temporal patch's time as text,
+    then its rows between vision start and end); None, or None for a video: its rows alone.
     """
 
     vision_start_id: int | None
@@ -35,13 +40,18 @@ class VisionLayout:
     image_start_ids: tuple[int, ...] = ()
     image_end_ids: tuple[int, ...] = ()
     video_pad_id: int | None = None
+    video_prompt_tokens: Callable[[Grid, tuple[float, ...]], list[int] | None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, config: Any, tokenizer: Any = None) -> VisionLayout:
         """The layout of a model's transformers config (and its ``tokenizer``, which families
-        whose rows sit between delimiter tokens need) as its family reads it (placeholder
-        tokens, merge size, embedding width, delimiters); UnsupportedModel if no family serves
-        its architecture, ValueError if the family needs the tokenizer and has none."""
+        whose rows sit between delimiter tokens need, and the videos' prompt tokens: without
+        it a video counts its rows alone) as its family reads it (placeholder tokens, merge
+        size, embedding width, delimiters, videos' prompt tokens); UnsupportedModel if no
+        family serves its architecture, ValueError if the family needs the tokenizer and has
+        none."""
         from epd.server.models.registry import family_of_config
 
         family = family_of_config(config)
@@ -55,6 +65,11 @@ class VisionLayout:
             image_start_ids=tuple(start_ids),
             image_end_ids=tuple(end_ids),
             video_pad_id=getattr(config, "video_token_id", None),
+            video_prompt_tokens=(
+                None
+                if tokenizer is None
+                else partial(family.video_prompt_tokens, config=config, tokenizer=tokenizer)
+            ),
         )
 
     @property
@@ -104,15 +119,11 @@ class VisionLayout:
         return self.expand_with_ranges(token_ids, images)[0]
 
     def expand_with_ranges(
-        self,
-        token_ids: list[int],
-        images: list[EngineImage],
-        video_tokens: Callable[[EngineImage], list[int] | None] | None = None,
+        self, token_ids: list[int], images: list[EngineImage]
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """``expand``'s tokens, and each image's or video's placeholder run in them as
-        (offset, length), in prompt order, an image's delimiters included (a video has none).
-        ``video_tokens``: what a video's token expands to where the family writes more than
-        its rows (None, or None for a video: its rows of the video token)."""
+        (offset, length), in prompt order, an image's delimiters included, a video's run as
+        its family writes it (``video_tokens``)."""
         expanded: list[int] = []
         ranges: list[tuple[int, int]] = []
         pictures = iter([(i, image) for i, image in enumerate(images) if not image.is_video])
@@ -126,9 +137,7 @@ class VisionLayout:
             elif token == self.video_pad_id and (
                 self.vision_start_id is None or previous == self.vision_start_id
             ):
-                index, video = next(videos)
-                rows = self._expected_rows(index, video)
-                run = (video_tokens(video) if video_tokens else None) or [token] * rows
+                run = self.video_tokens(*next(videos))
                 ranges.append((len(expanded), len(run)))
                 expanded.extend(run)
             else:
@@ -181,6 +190,8 @@ class VisionLayout:
         """The tokens image ``index``'s placeholder expands to (1 for a picture: vLLM expands)."""
         if image.embeddings is None:
             if grids_suffice and not image.is_raw:
+                if image.is_video:
+                    return len(self.video_tokens(index, image))
                 return self._expected_rows(index, image) + self.num_delimiters
             if not image.is_raw:
                 raise InvalidArgument(
@@ -202,7 +213,20 @@ class VisionLayout:
                 f"{list(image.grid or ())} (expected [{expected}, {self.embedding_width}])",
                 reason="EMBEDDING_SHAPE_MISMATCH",
             )
-        return expected + self.num_delimiters
+        return (
+            len(self.video_tokens(index, image))
+            if image.is_video
+            else expected + self.num_delimiters
+        )
+
+    def video_tokens(self, index: int, video: EngineImage) -> list[int]:
+        """What video ``index``'s one token expands to: the tokens its family writes
+        (``video_prompt_tokens``), else its rows of the video token."""
+        rows = self._expected_rows(index, video)
+        written = None
+        if self.video_prompt_tokens is not None and video.grid is not None:
+            written = self.video_prompt_tokens(video.grid, video.timestamps)
+        return written or [self.video_pad_id or 0] * rows
 
     def _expected_rows(self, index: int, image: EngineImage) -> int:
         grid = image.grid

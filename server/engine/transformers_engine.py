@@ -169,9 +169,7 @@ class TransformersEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         if any(image.embeddings is None for image in images):
             images = await self._step(self._encode_pictures, images)
-        input_ids, ranges = self.layout.expand_with_ranges(
-            prompt_token_ids, images, self._video_tokens
-        )
+        input_ids, ranges = self.layout.expand_with_ranges(prompt_token_ids, images)
         images = self._in_prompt_order(input_ids, ranges, images)
         max_new_tokens = min(sampling.max_tokens, self.max_model_len - len(input_ids))
         if max_new_tokens <= 0:
@@ -253,12 +251,6 @@ class TransformersEngine(Engine):
         if not image.is_video:
             return rows
         return self.family.video_language_rows(self.model, rows)  # type: ignore[no-any-return]
-
-    def _video_tokens(self, video: EngineImage) -> list[int] | None:
-        """What ``video``'s token expands to where its family writes more than its rows."""
-        assert video.grid is not None  # checked by VisionLayout.check
-        config, tokenizer = self.model.config, self.processor.tokenizer
-        return self.family.video_prompt_tokens(video.grid, video.timestamps, config, tokenizer)
 
     def _in_prompt_order(
         self, input_ids: list[int], ranges: list[tuple[int, int]], images: list[EngineImage]

@@ -224,8 +224,9 @@ class ModelFamily(ABC):
         self, grid: Grid, timestamps: tuple[float, ...], config: Any, tokenizer: Any
     ) -> list[int] | None:
         """What a video's one video token expands to in the prompt where the family writes
-        more than the video's rows (Qwen3-VL: each temporal patch's time as text), for the
-        transformers engine; None (default): the rows alone."""
+        more than the video's rows (Qwen3-VL: each temporal patch's time as text), as engines
+        expand it: the one source of the route's expanded prompt and block hashes, the engines'
+        length check and the transformers engine's expansion; None (default): the rows alone."""
         return None
 
     def refuse_video(self) -> VideoRefused:

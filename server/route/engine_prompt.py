@@ -33,7 +33,7 @@ def block_hashes(
     return prompts.block_hashes(
         token_ids,
         [(image.item.mm_hash, image.num_tokens) for image in images],
-        [(salted(v.video.video_hash, salt), v.video.plan.num_tokens) for v in videos],
+        [(salted(v.video.video_hash, salt), prompts.video_tokens(v.video.plan)) for v in videos],
         salt,
     )
 
@@ -48,7 +48,7 @@ def truncated(
     """The prompt cut to the request's ``truncate_prompt_tokens``, as vLLM cuts it."""
     assert request.truncate_prompt_tokens is not None
     image_tokens = [image.num_tokens for image in images]
-    video_tokens = [v.video.plan.num_tokens for v in videos]
+    video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
     keep, side = request.truncate_prompt_tokens, request.truncation_side
     return prompts.truncated(token_ids, keep, side, image_tokens, video_tokens)
 
@@ -61,7 +61,7 @@ def engine_prompt(
 ) -> list[int]:
     """The prompt's token ids as the engine holds them, each image and video expanded."""
     image_tokens = [image.num_tokens for image in images]
-    video_tokens = [v.video.plan.num_tokens for v in videos]
+    video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
     return prompts.expanded_ids(token_ids, image_tokens, video_tokens)
 
 

@@ -4,10 +4,12 @@ The prompt keeps one placeholder per image as the chat template emits it (Qwen f
 ``<|vision_start|><|image_pad|><|vision_end|>``; LLaVA-1.5: ``<image>``), holding the model's image
 token once; the engine expands it. A video's placeholder (Qwen2-VL, Qwen2.5-VL:
 ``<|vision_start|><|video_pad|><|vision_end|>``) likewise holds the video token once, which the
-engine expands to the video's rows, as the family's processor does. For KV-aware routing the
-route hashes the prompt as the engine will hold it: each image's (or video's) single token becomes
-its token count of a pad value derived from its mm_hash (as Dynamo and SGLang do), so prompts
-share a block hash only if they share every token and image before it. Hashes chain block to
+engine expands as the family's processor does: to the video's rows, or (Qwen3-VL) to each
+temporal patch's ``<t seconds>`` text and its rows between vision start and end. For KV-aware
+routing the route hashes the prompt as the engine will hold it (one expansion, ``_expanded``,
+serves this and the expanded ids): each image's (or video's) rows become a pad value derived from
+its mm_hash (as Dynamo and SGLang do), so prompts share a block hash only if they share every
+token and image before it. Hashes chain block to
 block; only full blocks count.
 
 The chat template is the model's own, or ``--chat-template``'s (a file, or the Jinja text itself,
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.server.models.model_dir import context_length
+from epd.server.models.video import VideoPlan
 from epd.server.route.request import ChatMessage, ChatPart, bad
 
 BLOCK_SIZE = 16
@@ -31,6 +34,9 @@ TRUNCATION_SIDE = "left"
 JINJA_CHARACTERS = "{}\n"
 # The chat a template is checked with: one image must render as one image token.
 PROBE_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+#: what a video's one placeholder token expands to: its tokens where its family writes more than
+#: its rows (``PromptBuilder.video_tokens``), else the number of its rows
+VideoTokens = int | list[int]
 
 
 def load_chat_template(text: str) -> str:
@@ -64,7 +70,8 @@ class PromptBuilder:
         # NOTE: None for a family without video; a video then never reaches the prompt.
         video_token_id = getattr(config, "video_token_id", None)
         self.video_pad_id = int(video_token_id) if video_token_id is not None else None
-        start_ids, end_ids = family_of_config(config).image_delimiters(config, self.tokenizer)
+        self.family, self.config = family_of_config(config), config
+        start_ids, end_ids = self.family.image_delimiters(config, self.tokenizer)
         self.image_start_ids, self.image_end_ids = list(start_ids), list(end_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.max_context_tokens = context_length(config)
@@ -186,12 +193,23 @@ class PromptBuilder:
         )
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
+    def video_tokens(self, plan: VideoPlan) -> VideoTokens:
+        """What the placeholder token of the video ``plan`` plans expands to, as the engine
+        expands it: the tokens its family writes where they are more than its rows (Qwen3-VL:
+        each temporal patch's ``<t seconds>``, then its rows between vision start and end),
+        else the number of its rows."""
+        timestamps = plan.timestamps or ()
+        written = self.family.video_prompt_tokens(
+            plan.grid, timestamps, self.config, self.tokenizer
+        )
+        return written or plan.num_tokens
+
     def expanded_ids(
-        self, token_ids: list[int], image_tokens: list[int], video_tokens: list[int]
+        self, token_ids: list[int], image_tokens: list[int], video_tokens: Sequence[VideoTokens]
     ) -> list[int]:
         """The prompt as the engine holds it (vLLM's ``prompt_token_ids``): each image's
         placeholder token repeated to its number of tokens (``image_tokens``, in prompt order)
-        between the family's delimiters, each video's to its own (``video_tokens``)."""
+        between the family's delimiters, each video's expanded to its own (``video_tokens``)."""
         images = [(num_tokens, None) for num_tokens in image_tokens]
         return self._expanded(
             token_ids, images, [(num_tokens, None) for num_tokens in video_tokens]
@@ -201,14 +219,14 @@ class PromptBuilder:
         self,
         token_ids: list[int],
         images: Sequence[tuple[int, int | None]],
-        videos: Sequence[tuple[int, int | None]],
+        videos: Sequence[tuple[VideoTokens, int | None]],
         missing: int | None = None,
     ) -> list[int]:
         """``token_ids`` with each image's and video's placeholder token expanded as the engine
         expands it, each row given its item's fill: an image's (number of rows, fill) becomes
-        its rows between the family's delimiters, a video's its rows. A fill of None is the
-        placeholder token itself; a placeholder beyond the items given becomes one row of
-        ``missing``."""
+        its rows between the family's delimiters, a video's (``VideoTokens``, fill) its tokens
+        with the fill for each video token. A fill of None is the placeholder token itself; a
+        placeholder beyond the items given becomes one row of ``missing``."""
         pending = {self.image_pad_id: iter(images), self.video_pad_id: iter(videos)}
         expanded: list[int] = []
         for token in token_ids:
@@ -217,7 +235,9 @@ class PromptBuilder:
                 continue
             rows, fill = next(pending[token], (1, missing))
             row = token if fill is None else fill
-            if token == self.image_pad_id:
+            if isinstance(rows, list):
+                expanded.extend(row if written == token else written for written in rows)
+            elif token == self.image_pad_id:
                 expanded.extend([*self.image_start_ids, *[row] * rows, *self.image_end_ids])
             else:
                 expanded.extend([row] * rows)
@@ -229,7 +249,7 @@ class PromptBuilder:
         keep: int,
         side: str | None,
         image_tokens: list[int],
-        video_tokens: list[int],
+        video_tokens: Sequence[VideoTokens],
     ) -> list[int]:
         """vLLM's ``truncate_prompt_tokens``: ``token_ids`` cut to ``keep`` tokens (``side``
         left keeps the last, right the first; None: left, the side vLLM's tokenizer gets for a
@@ -257,12 +277,13 @@ class PromptBuilder:
         self,
         token_ids: list[int],
         images: list[tuple[str, int]],
-        videos: list[tuple[str, int]] | None = None,
+        videos: Sequence[tuple[str, VideoTokens]] | None = None,
         salt: str = "",
     ) -> list[int]:
         """Chained hashes of the full blocks of the expanded prompt (``_expanded``), each image's
         and video's rows a pad value derived from its mm_hash; ``images`` holds (mm_hash, number
-        of image tokens) per image, in prompt order, ``videos`` the same per video. ``salt``
+        of image tokens) per image, in prompt order, ``videos`` (mm_hash, ``VideoTokens``) per
+        video. ``salt``
         (the request's ``hashing.key_salt``; "" for none) is mixed into the first block, as vLLM
         mixes a request's cache_salt, so the whole chain is the tenant's own."""
         pictures = [(num_tokens, _pad(mm_hash)) for mm_hash, num_tokens in images]

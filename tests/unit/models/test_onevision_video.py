@@ -111,7 +111,8 @@ def test_a_video_placeholder_is_the_video_token_alone(
     tokens = family_named(FAMILY).video_prompt_tokens((3, 2, 2), (), config, None)
 
     layout.check(prompt, [video], 100)
-    expanded, ranges = layout.expand_with_ranges(prompt, [video], lambda _: tokens)
+    assert layout.video_tokens(0, video) == tokens
+    expanded, ranges = layout.expand_with_ranges(prompt, [video])
     assert layout.count_videos(prompt) == 1
     assert expanded == [1, *[config.video_token_id] * 13, 2] and ranges == [(1, 13)]
 
