@@ -40,6 +40,7 @@ ENGINE_FIELDS = {
     "logprobs": "logprobs",
     "top_logprobs": "logprobs",
     "prompt_logprobs": "prompt_logprobs",
+    "logprob_token_ids": "logprob_token_ids",
     "echo": "prompt_logprobs",
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",

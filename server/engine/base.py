@@ -146,6 +146,9 @@ class Sampling:
     priority: int = 0
     # the prompt's prefix-cache salt ("": unsalted)
     cache_salt: str = ""
+    # report these token ids' log probabilities at each position instead of the most likely
+    # tokens' (vLLM's logprob_token_ids; (): none)
+    logprob_token_ids: tuple[int, ...] = ()
 
     def beyond_basics(self) -> list[str]:
         """The names of the fields set beyond the basic ones (max_tokens ... ignore_eos): what an
@@ -173,6 +176,7 @@ EXTENDED_SAMPLING_FIELDS = (
     "prompt_logprobs",
     "skip_special_tokens",
     "spaces_between_special_tokens",
+    "logprob_token_ids",
 )
 
 

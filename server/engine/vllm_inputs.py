@@ -125,6 +125,7 @@ def sampling_params(
             structured_outputs=structured_outputs(sampling.structured_output),
             logprobs=sampling.logprobs,
             prompt_logprobs=sampling.prompt_logprobs,
+            logprob_token_ids=list(sampling.logprob_token_ids) or None,
             skip_special_tokens=sampling.skip_special_tokens,
             spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             output_kind=RequestOutputKind.DELTA,

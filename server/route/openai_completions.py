@@ -18,9 +18,12 @@ from typing import Any
 from epd.common.generation import finish_reason_name
 from epd.server.route.openai_answers import Answer, envelope, total_usage, usage_json
 from epd.server.route.openai_logprobs import (
+    ALL_CANDIDATES,
     MIN_LOGPROB,
     Namer,
     candidate_name,
+    first_candidates,
+    num_top_logprobs,
     prompt_logprobs_json,
     token_namer,
 )
@@ -193,7 +196,7 @@ class CompletionWriter:
         echo = self.prompt.echo[index // self.num_per_prompt] if self.prompt.echo else ""
         if self.prompt.is_echo_only:
             text, positions = "", []
-        if echo and self.request.sampling.HasField("logprobs"):
+        if echo and num_top_logprobs(self.request.sampling) is not None:
             prompt_ids = self.prompt.token_ids[index // self.num_per_prompt]
             logprobs = self._logprobs([*prompt_positions, *positions], 0, prompt_ids)
         else:
@@ -210,11 +213,11 @@ class CompletionWriter:
         offset: int,
         token_ids: list[int] | None = None,
     ) -> dict[str, Any] | None:
-        sampling = self.request.sampling
-        if not sampling.HasField("logprobs"):
+        num_top = num_top_logprobs(self.request.sampling)
+        if num_top is None:
             return None
         name = token_namer(self.decode, self.request.tokens_as_ids)
-        return completion_logprobs_json(positions, sampling.logprobs, name, offset, token_ids)
+        return completion_logprobs_json(positions, num_top, name, offset, token_ids)
 
     def _usage(self, answers: list[Answer]) -> generation_pb2.Usage | None:
         usage = total_usage(answers)
@@ -257,12 +260,14 @@ def completion_logprobs_json(
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's completion logprobs of ``positions`` as vLLM's server writes them: tokens, their
-    log probabilities, the ``num_top`` + 1 first candidates of each (the token first) and each
-    token's offset in the text, from ``text_offset``; a position without candidates (an echoed
-    prompt's first) is ``token_ids``' token there, with None for its log probabilities."""
+    log probabilities, the ``num_top`` + 1 first candidates of each (the token first; all of them
+    for ``ALL_CANDIDATES``) and each token's offset in the text, from ``text_offset``; a
+    position without candidates (an echoed prompt's first) is ``token_ids``' token there, with
+    None for its log probabilities."""
     body: dict[str, list[Any]] = {"text_offset": [], "token_logprobs": [], "tokens": []}
     body["top_logprobs"] = []
     offset = text_offset
+    shown = num_top if num_top == ALL_CANDIDATES else num_top + 1
     for index, position in enumerate(positions):
         body["text_offset"].append(offset)
         if not position.candidates:
@@ -275,7 +280,7 @@ def completion_logprobs_json(
             body["top_logprobs"].append(
                 {
                     candidate_name(c, name): max(c.logprob, MIN_LOGPROB)
-                    for c in position.candidates[: num_top + 1]
+                    for c in first_candidates(position, shown)
                 }
             )
         body["tokens"].append(token)

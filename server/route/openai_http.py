@@ -310,9 +310,10 @@ class ChatApi:
     def _logprobs(
         self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
     ) -> dict[str, Any] | None:
-        if not chat.sampling.HasField("logprobs"):
+        num_top = openai_logprobs.num_top_logprobs(chat.sampling)
+        if num_top is None:
             return None
-        num_top, decode = chat.sampling.logprobs, self.http.decode
+        decode = self.http.decode
         return openai_logprobs.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
 
 

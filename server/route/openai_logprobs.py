@@ -13,6 +13,26 @@ from epd.v1 import generation_pb2
 Namer = Callable[[int, str | None], str]
 # vLLM's floor for a log probability in JSON (-inf is not JSON).
 MIN_LOGPROB = -9999.0
+# A number of top logprobs that shows every candidate of a position (vLLM's -1).
+ALL_CANDIDATES = -1
+
+
+def num_top_logprobs(sampling: generation_pb2.SamplingParams) -> int | None:
+    """The top logprobs an answer shows beside each token (chat's ``top_logprobs``,
+    completions' ``logprobs``) as vLLM's OpenAI server reads the request: ``ALL_CANDIDATES``
+    where it names ``logprob_token_ids`` (the engine reports exactly those, and vLLM shows them
+    all); None where it asked for no log probabilities."""
+    if sampling.logprob_token_ids:
+        return ALL_CANDIDATES
+    return sampling.logprobs if sampling.HasField("logprobs") else None
+
+
+def first_candidates(
+    position: generation_pb2.TokenLogprobs, count: int
+) -> list[generation_pb2.Logprob]:
+    """The first ``count`` candidates of ``position`` (all: ``ALL_CANDIDATES``)."""
+    candidates = list(position.candidates)
+    return candidates if count == ALL_CANDIDATES else candidates[:count]
 
 
 def token_namer(decode: Callable[[int], str], as_token_ids: bool = False) -> Namer:
@@ -59,8 +79,9 @@ def logprobs_json(
 ) -> dict[str, Any]:
     """OpenAI's chat logprobs object of ``positions`` as vLLM's OpenAI server writes it: each
     generated token with its ``num_top`` first candidates (vLLM's order: the generated token
-    first); ``decode`` names a token the engine sent without its text; ``as_token_ids``: each
-    token named ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+    first; all of them for ``ALL_CANDIDATES``); ``decode`` names a token the engine sent without
+    its text; ``as_token_ids``: each token named ``token_id:N`` (vLLM's
+    return_tokens_as_token_ids)."""
     name = token_namer(decode, as_token_ids)
     return {"content": [_position_json(position, num_top, name) for position in positions]}
 
@@ -72,7 +93,7 @@ def _position_json(
     entry = _candidate_json(generated, name)
     if generated.HasField("token"):  # NOTE: vLLM's bytes are the decoded text's, even as an id
         entry["bytes"] = list(generated.token.encode("utf-8", errors="replace"))
-    entry["top_logprobs"] = [_candidate_json(c, name) for c in position.candidates[:num_top]]
+    entry["top_logprobs"] = [_candidate_json(c, name) for c in first_candidates(position, num_top)]
     return entry
 
 

@@ -68,6 +68,7 @@ SAMPLING_FIELDS = frozenset(
         "logprobs",
         "n",
         "prompt_logprobs",
+        "logprob_token_ids",
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "return_tokens_as_token_ids",

@@ -77,6 +77,7 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         "logprobs": params.logprobs,
         "n": params.n,
         "prompt_logprobs": params.prompt_logprobs,
+        "logprob_token_ids": list(params.logprob_token_ids or []),
         # NOTE: unset is true: an ordinary request's message stays as it was
         "skip_special_tokens": None if params.skip_special_tokens else False,
         "spaces_between_special_tokens": None if params.spaces_between_special_tokens else False,

@@ -44,6 +44,7 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         or not params.HasField("spaces_between_special_tokens"),
         priority=params.priority,
         cache_salt=params.cache_salt,
+        logprob_token_ids=tuple(params.logprob_token_ids),
     )
 
 

@@ -115,6 +115,11 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("seeded_min_p", {**GREEDY, "temperature": 0.8, "top_p": 0.9, "min_p": 0.05, "seed": 3}),
     ("n", {**GREEDY, "temperature": 1.0, "seed": 5, "n": 3}),
     ("logprobs", {**GREEDY, "logprobs": True, "top_logprobs": 3}),
+    ("logprob_token_ids", {**GREEDY, "logprobs": True, "logprob_token_ids": [60, 61, 388]}),
+    (
+        "logprob_token_ids_over_top_logprobs",
+        {**GREEDY, "logprobs": True, "top_logprobs": 1, "logprob_token_ids": [62, 60]},
+    ),
     ("regex", {**GREEDY, "structured_outputs": {"regex": "(yes|no)[a-z]{0,4}"}}),
     ("choice", {**GREEDY, "structured_outputs": {"choice": ["red", "green", "blue"]}}),
     ("json_object", {**GREEDY, "response_format": {"type": "json_object"}}),
@@ -194,6 +199,15 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("n_zero", {**GREEDY, "n": 0}),
     ("min_tokens_beyond_max", {**GREEDY, "min_tokens": 20}),
     ("top_logprobs_without_logprobs", {**GREEDY, "top_logprobs": 2}),
+    ("logprob_token_ids_without_logprobs", {**GREEDY, "logprob_token_ids": [60]}),
+    (
+        "logprob_token_ids_beyond_the_vocabulary",
+        {**GREEDY, "logprobs": True, "logprob_token_ids": [60, 9396]},
+    ),
+    (
+        "logprob_token_ids_too_many",
+        {**GREEDY, "logprobs": True, "logprob_token_ids": list(range(129))},
+    ),
     ("seed_beyond_int64", {**GREEDY, "seed": 2**70}),
     ("bad_response_format", {**GREEDY, "response_format": {"type": "xml"}}),
     ("two_constraints", {**GREEDY, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
@@ -578,6 +592,8 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
     ("echo_only", {**PROMPT, "echo": True, "logprobs": 1, "max_tokens": 0}),
     ("prompt_logprobs", {**PROMPT, "prompt_logprobs": 3}),
     ("tokens_as_ids", {**PROMPT, "logprobs": 1, "return_tokens_as_token_ids": True}),
+    ("logprob_token_ids", {**PROMPT, "logprobs": 1, "logprob_token_ids": [60, 61, 62]}),
+    ("echo_logprob_token_ids", {**PROMPT, "echo": True, "logprobs": 2, "logprob_token_ids": [60]}),
     ("special_tokens", {**PROMPT, "skip_special_tokens": False, "logit_bias": SPECIALS}),
 ]
 
@@ -621,6 +637,15 @@ async def test_the_same_completion_body_gets_the_same_answer(
         ("suffix", {**PROMPT, "suffix": "!"}),
         ("logprobs_beyond_the_limit", {**PROMPT, "logprobs": 100}),
         ("token_beyond_the_vocabulary", {**PROMPT, "prompt": [100, 9396]}),
+        ("logprob_token_ids_without_logprobs", {**PROMPT, "logprob_token_ids": [60]}),
+        (
+            "echo_only_logprob_token_ids",
+            {**PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1, "logprob_token_ids": [60]},
+        ),
+        (
+            "logprob_token_ids_beyond_the_vocabulary",
+            {**PROMPT, "logprobs": 1, "logprob_token_ids": [9396]},
+        ),
     ],
 )
 async def test_the_same_bad_completion_body_gets_the_same_refusal(

@@ -110,6 +110,7 @@ async def test_prompt_logprobs_and_kept_special_tokens_are_refused_by_name(
 ) -> None:
     for name, value in [
         ("prompt_logprobs", 0),
+        ("logprob_token_ids", (60, 61)),
         ("skip_special_tokens", False),
         ("spaces_between_special_tokens", False),
     ]:

@@ -96,6 +96,24 @@ def test_prompt_logprobs_cross_the_proto_with_an_empty_first_position() -> None:
     assert "prompt_logprobs" not in convert.chunk_fields(TokenChunk([4]))
 
 
+def test_logprob_token_ids_cross_the_proto_to_vllms_sampling_params() -> None:
+    pytest.importorskip("vllm")
+    from epd.server.engine.vllm_inputs import sampling_params
+
+    message = generation_pb2.SamplingParams(logprob_token_ids=[9, 5])
+    sampling = convert.sampling_from_proto(message)
+    assert sampling.logprob_token_ids == (9, 5)
+    assert sampling.beyond_basics() == ["logprob_token_ids"], "the transformers engine refuses"
+    params = sampling_params(sampling)
+    assert (params.logprob_token_ids, params.logprobs) == ([9, 5], None)
+    assert (
+        sampling_params(
+            convert.sampling_from_proto(generation_pb2.SamplingParams())
+        ).logprob_token_ids
+        is None
+    )
+
+
 def test_vllm_sampling_params_reject_bad_values() -> None:
     pytest.importorskip("vllm")
     from epd.server.engine.vllm_inputs import sampling_params

@@ -1,10 +1,16 @@
 """Log probabilities as vLLM's OpenAI server writes them: tokens named by their text or as
-``token_id:N`` (return_tokens_as_token_ids), and a chat answer's prompt_logprobs."""
+``token_id:N`` (return_tokens_as_token_ids), a chat answer's prompt_logprobs, and the
+candidates vLLM's logprob_token_ids name."""
 
 from __future__ import annotations
 
+import pytest
+
+from epd.common.errors import InvalidArgument
 from epd.server.route import openai_answers, openai_logprobs
+from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
+from epd.server.route.openai_completions import completion_logprobs_json
 from epd.server.route.openai_logprobs import prompt_logprobs_json, token_namer
 from epd.server.route.router import RouteChunk
 from epd.v1 import generation_pb2 as g
@@ -84,3 +90,34 @@ def test_the_output_options_reach_the_sampling_and_the_request() -> None:
     unset = schema.to_chat_request(defaults, "tiny")
     assert not unset.sampling.HasField("skip_special_tokens"), "the ordinary message as it was"
     assert not unset.tokens_as_ids
+
+
+def test_logprob_token_ids_reach_the_sampling_and_every_one_is_shown() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "tiny", "messages": messages, "logprobs": True, "top_logprobs": 1}
+    sampling = schema.to_chat_request({**body, "logprob_token_ids": [9, 5]}, "tiny").sampling
+    assert list(sampling.logprob_token_ids) == [9, 5]
+    assert not sampling.HasField("logprobs"), "vLLM: the ids take the place of top_logprobs"
+    assert openai_logprobs.num_top_logprobs(sampling) == openai_logprobs.ALL_CANDIDATES
+    assert openai_logprobs.num_top_logprobs(schema.to_chat_request(body, "tiny").sampling) == 1
+    position = g.TokenLogprobs(
+        candidates=[g.Logprob(token_id=t, logprob=-t, token=str(t)) for t in (7, 9, 5)]
+    )
+    chat = openai_logprobs.logprobs_json([position], openai_logprobs.ALL_CANDIDATES, str)
+    assert [t["token"] for t in chat["content"][0]["top_logprobs"]] == ["7", "9", "5"]
+    name = token_namer(str)
+    shown = completion_logprobs_json([position], openai_logprobs.ALL_CANDIDATES, name)
+    assert shown["top_logprobs"] == [{"7": -7.0, "9": -9.0, "5": -5.0}]
+    assert completion_logprobs_json([position], 0, name)["top_logprobs"] == [{"7": -7.0}]
+
+
+def test_logprob_token_ids_without_logprobs_are_refused_as_vllm_refuses_them() -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(InvalidArgument) as caught:
+        schema.to_chat_request({**body, "logprob_token_ids": [5]}, "tiny")
+    assert caught.value.metadata["param"] == "logprob_token_ids"
+    with pytest.raises(InvalidArgument) as caught:
+        completions.to_completion_request(
+            {"model": "tiny", "prompt": [1, 2], "logprob_token_ids": [5]}, "tiny", None
+        )
+    assert caught.value.metadata["param"] == "logprob_token_ids"
