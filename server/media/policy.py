@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
@@ -24,6 +26,14 @@ DEFAULT_MAX_VIDEOS = 4
 # Video tokens (embedding rows) one prompt may hold by default: about two minutes of Qwen2.5-VL
 # video sampled at 2 frames a second at 448 x 448 (256 tokens a temporal patch of 2 frames).
 DEFAULT_MAX_VIDEO_TOKENS = 32768
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object from its text (vLLM's ``--mm-processor-kwargs '{"fps": 1}'``)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"{text!r} is not a JSON object")
+    return value
 
 
 def format_list(text: str) -> tuple[str, ...]:
@@ -50,6 +60,11 @@ class MediaPolicy:
     decodes (frames, seconds measured from the frames' timestamps, pixels per frame, frame rate,
     time spent), the containers and codecs accepted, and the videos one prompt may hold and their
     tokens together.
+
+    ``mm_processor_kwargs`` and ``media_io_kwargs`` are vLLM's flags of the same names: the
+    server's overrides of the model's video sampling and pixel budget, under which a request's
+    own are merged where ``trust_request_mm_kwargs`` lets it send them
+    (``video_overrides``); the limits above bound either.
     """
 
     max_bytes: int = field(
@@ -204,6 +219,38 @@ class MediaPolicy:
             "videos of one prompt may hold together; checked before any encoder runs",
             env="EPD_MEDIA_MAX_VIDEO_TOKENS",
             name="media-max-video-tokens",
+        ),
+    )
+    mm_processor_kwargs: dict[str, Any] | None = field(
+        default=None,
+        metadata=flag(
+            "the model's processor settings changed for every request, as vllm serve's flag: a "
+            'JSON object, e.g. \'{"fps": 1, "max_pixels": 200704}\'; epd honours the video '
+            "sampling (fps, num_frames, min_frames, max_frames) and pixel budget (min_pixels, "
+            "max_pixels, size) and refuses the rest by name (docs/video.md)",
+            env="EPD_MM_PROCESSOR_KWARGS",
+            type=json_object,
+            default_help="default: the checkpoint's",
+        ),
+    )
+    media_io_kwargs: dict[str, Any] | None = field(
+        default=None,
+        metadata=flag(
+            "media loading options by modality for every request, as vllm serve's flag: a JSON "
+            'object, e.g. \'{"video": {"num_frames": 16}}\'; epd honours video fps, num_frames, '
+            "min_frames and max_frames",
+            env="EPD_MEDIA_IO_KWARGS",
+            type=json_object,
+            default_help="default: none",
+        ),
+    )
+    trust_request_mm_kwargs: bool = field(
+        default=False,
+        metadata=flag(
+            "accept a request's own mm_processor_kwargs and media_io_kwargs (vllm serve's flag); "
+            "without it they are refused as vLLM refuses them, since they change the work a "
+            "request costs",
+            env="EPD_TRUST_REQUEST_MM_KWARGS",
         ),
     )
 

@@ -19,6 +19,13 @@ from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.fetch import fetch_url, url_scheme
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_overrides import (
+    NO_KWARGS,
+    MediaKwargs,
+    VideoOverrides,
+    check_trusted,
+    resolve,
+)
 from epd.server.media.video_planner import PlannedVideo, VideoPlanner
 
 # The fetch guard's refusal of too many bytes, which for a video means its own limit.
@@ -48,10 +55,38 @@ class VideoLoader:
         )
         self.num_refused: Counter[str] = Counter()  # by error reason, for metrics
         self.num_decoded = 0
+        self.server_kwargs = MediaKwargs(policy.mm_processor_kwargs, policy.media_io_kwargs)
+        self.processor_keys, self.image_keys = planner.processor_keys()
+        try:
+            self.defaults = self._resolve(NO_KWARGS, has_images=True)
+        except InvalidArgument as e:
+            raise ValueError(f"--{e.metadata['param'].split('.')[0].replace('_', '-')}: {e}") from e
+        planner.check(self.defaults)
 
-    async def load(self, *, url: str = "", data: bytes = b"") -> PlannedVideo:
-        """The planned video at ``url`` or in ``data`` (exactly one must be given); a refusal
-        (an EpdError: bad URL, too large, not a video, too long...) is counted by its reason."""
+    def overrides(self, request: MediaKwargs, *, has_images: bool) -> VideoOverrides:
+        """The video overrides of a request that sent ``request`` (refused as vLLM refuses them
+        unless the policy trusts them) merged over the server's; ``has_images``: the request
+        holds an image too (whose settings epd cannot change). InvalidArgument naming the key."""
+        check_trusted(request, self.policy.trust_request_mm_kwargs)
+        return self._resolve(request, has_images=has_images) if request else self.defaults
+
+    def _resolve(self, request: MediaKwargs, *, has_images: bool) -> VideoOverrides:
+        return resolve(
+            self.server_kwargs,
+            request,
+            processor_keys=self.processor_keys,
+            image_keys=self.image_keys,
+            has_images=has_images,
+        )
+
+    async def load(
+        self, *, url: str = "", data: bytes = b"", overrides: VideoOverrides | None = None
+    ) -> PlannedVideo:
+        """The planned video at ``url`` or in ``data`` (exactly one must be given) under
+        ``overrides`` of the model's video settings (None: the server's, ``defaults``); a
+        refusal (an EpdError: bad URL, too large, not a video, too long...) is counted by its
+        reason."""
+        overrides = self.defaults if overrides is None else overrides
         try:
             if bool(url) == bool(data):
                 raise InvalidArgument(
@@ -61,15 +96,20 @@ class VideoLoader:
                 key = "url:" + url
             else:
                 key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
-            return await self.cache.get_or_load(key, lambda: self._fetch_and_plan(url, data))
+            key = f"{overrides.key}|{key}" if overrides.key else key
+            return await self.cache.get_or_load(
+                key, lambda: self._fetch_and_plan(url, data, overrides)
+            )
         except EpdError as e:
             self.num_refused[e.reason] += 1
             raise
 
-    async def _fetch_and_plan(self, url: str, data: bytes) -> PlannedVideo:
+    async def _fetch_and_plan(
+        self, url: str, data: bytes, overrides: VideoOverrides
+    ) -> PlannedVideo:
         raw = data or await fetch_video(url, self.policy)
         planned = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.planner.load, raw, self.policy
+            self.executor, self.planner.load, raw, self.policy, overrides
         )
         self.num_decoded += 1
         return planned

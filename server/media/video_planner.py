@@ -23,7 +23,8 @@ from epd.server.media.video_hashing import (
     video_hash,
     video_processor_fingerprint,
 )
-from epd.server.models.video import VideoClip, VideoPlan, VideoRefused
+from epd.server.media.video_overrides import NO_OVERRIDES, VideoOverrides
+from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, with_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +48,21 @@ class VideoPlanner:
         from epd.server.models.registry import family_of
 
         self.family = family_of(model_dir)
+        self.model_dir = model_dir
         self.model_id = model_id
         self.config: Any = AutoConfig.from_pretrained(model_dir)
         self.processor: Any = video_processor(model_dir)
         self.fingerprint = video_processor_fingerprint(model_dir)
 
-    def load(self, data: bytes, policy: MediaPolicy) -> PlannedVideo:
-        """Decode ``data`` under ``policy`` and keep the frames the model's sampling picks."""
+    def load(
+        self, data: bytes, policy: MediaPolicy, overrides: VideoOverrides = NO_OVERRIDES
+    ) -> PlannedVideo:
+        """Decode ``data`` under ``policy`` and keep the frames the model's sampling picks,
+        with ``overrides`` of its settings (a request's or the server's)."""
         plans: list[VideoPlan] = []
 
         def choose(stream: VideoStream) -> tuple[int, ...]:
-            plans.append(self.plan(stream))
+            plans.append(check_resized(self.plan(stream, overrides), policy))
             return plans[0].frame_indices
 
         decoded = decode_video(data, policy, choose)
@@ -67,16 +72,34 @@ class VideoPlanner:
         )
         return PlannedVideo(decoded.stream, plan, decoded.frames, identity)
 
-    def plan(self, stream: VideoStream) -> VideoPlan:
-        """The family's plan of a decoded ``stream``; InvalidArgument with the family's reason
-        if it cannot take it."""
+    def plan(self, stream: VideoStream, overrides: VideoOverrides = NO_OVERRIDES) -> VideoPlan:
+        """The family's plan of a decoded ``stream`` under ``overrides`` of its video processor
+        settings; InvalidArgument with the family's reason if it cannot take it."""
         clip = VideoClip(stream.num_frames, stream.fps, stream.width, stream.height)
         try:
             if self.processor is None:
                 raise self.family.refuse_video()
-            return self.family.plan_video(clip, self.config, self.processor)
+            processor = with_settings(self.processor, overrides.settings)
+            return self.family.plan_video(clip, self.config, processor)
         except VideoRefused as e:
             raise InvalidArgument(str(e), reason=e.reason) from e
+
+    def check(self, overrides: VideoOverrides) -> None:
+        """ValueError when the model's video processor cannot take ``overrides`` (a server's
+        flags, checked at startup)."""
+        if self.processor is not None:
+            try:
+                with_settings(self.processor, overrides.settings)
+            except VideoRefused as e:
+                raise ValueError(str(e)) from e
+
+    def processor_keys(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The keyword arguments the model's video and image processors take together, and its
+        image processor's (``video_overrides.resolve``)."""
+        from transformers import AutoImageProcessor
+
+        image = _valid_kwargs(AutoImageProcessor.from_pretrained(self.model_dir))
+        return image | _valid_kwargs(self.processor), image
 
     def chunks(self, video: PlannedVideo, patches_per_chunk: int) -> list[VideoChunk]:
         """``video``'s chunks of ``patches_per_chunk`` temporal patches with their hashes."""
@@ -96,6 +119,24 @@ class VideoPlanner:
         return self.family.video_pixel_inputs(
             self.processor, frames, plan.resized, device, self.config
         )
+
+
+def check_resized(plan: VideoPlan, policy: MediaPolicy) -> VideoPlan:
+    """``plan`` if its frames, resized, are within the policy's frame size (a request's pixel
+    budget cannot lift it); else InvalidArgument VIDEO_FRAME_TOO_LARGE."""
+    height, width = plan.resized
+    if height * width > policy.max_video_frame_pixels:
+        raise InvalidArgument(
+            f"the video's frames would be resized to {width}x{height} pixels, over the limit of "
+            f"{policy.max_video_frame_pixels} (--media-max-video-frame-pixels)",
+            reason="VIDEO_FRAME_TOO_LARGE",
+        )
+    return plan
+
+
+def _valid_kwargs(processor: Any) -> frozenset[str]:
+    valid = getattr(processor, "valid_kwargs", None)
+    return frozenset(getattr(valid, "__annotations__", {}))
 
 
 def video_processor(model_dir: str | Path) -> Any:

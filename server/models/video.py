@@ -10,6 +10,7 @@ patches; the last patch of a clip of an odd count repeats the last frame.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +84,58 @@ def sample_frames(clip: VideoClip, processor: Any, **settings: Any) -> tuple[int
             "VIDEO_TOO_SHORT",
         ) from e
     return tuple(int(index) for index in indices)
+
+
+def with_settings(processor: Any, settings: dict[str, Any]) -> Any:
+    """``processor`` (the checkpoint's video processor, shared: left as it is) or a copy of it
+    with ``settings`` changed, as a request's ``mm_processor_kwargs`` change them for one call
+    (``epd.server.media.video_overrides``): sampling (``fps`` and ``num_frames`` exclude each
+    other, so setting one clears the other; ``min_frames``/``max_frames`` only where the
+    processor's ``sample_frames`` takes them, as transformers passes them), and the pixel budget (``min_pixels`` /
+    ``max_pixels`` are the ``size`` edges of a processor that budgets pixels, as Qwen's; any
+    other processor refuses them with BAD_MEDIA_KWARGS)."""
+    settings = {name: value for name, value in settings.items() if _takes(processor, name)}
+    if not settings:
+        return processor
+    changed = copy.copy(processor)
+    for name, other in (("fps", "num_frames"), ("num_frames", "fps")):
+        if name in settings:
+            setattr(changed, other, None)
+    bounds = {
+        edge: settings.pop(name)
+        for name, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge"))
+        if name in settings
+    }
+    if bounds:
+        changed.size = _pixel_budget(processor, bounds)
+    for name, value in settings.items():
+        if not hasattr(processor, name):
+            raise VideoRefused(
+                f"this model's video processor has no {name} setting", "MEDIA_KWARGS_NOT_SUPPORTED"
+            )
+        setattr(changed, name, value)
+    return changed
+
+
+def _takes(processor: Any, name: str) -> bool:
+    """Whether ``processor`` applies a call's ``name`` setting: transformers hands the frame
+    bounds to ``sample_frames``, and Qwen3-VL's ignores them (it reads its own)."""
+    import inspect
+
+    if name not in ("min_frames", "max_frames"):
+        return True
+    return name in inspect.signature(processor.sample_frames).parameters
+
+
+def _pixel_budget(processor: Any, bounds: dict[str, int]) -> Any:
+    import dataclasses
+
+    size: Any = processor.size
+    edges = ("shortest_edge", "longest_edge")
+    if isinstance(size, dict) or any(getattr(size, edge, None) is None for edge in edges):
+        raise VideoRefused(
+            "this model's video processor resizes to a fixed size, not within a pixel budget: "
+            "min_pixels and max_pixels do not apply",
+            "MEDIA_KWARGS_NOT_SUPPORTED",
+        )
+    return dataclasses.replace(size, **bounds)

@@ -30,6 +30,7 @@ from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.media.video import check_num_videos, check_video_tokens
 from epd.server.media.video_hashing import VideoChunk
 from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_overrides import NO_KWARGS, MediaKwargs, VideoOverrides
 from epd.server.media.video_planner import PlannedVideo
 from epd.server.route.request import ChatRequest, ImageSource
 from epd.v1 import encode_service_pb2 as encode_pb
@@ -88,27 +89,39 @@ async def load_images(
 
 
 async def load_videos(
-    loader: VideoLoader | None, sources: list[ImageSource], patches_per_chunk: int
+    loader: VideoLoader | None,
+    sources: list[ImageSource],
+    patches_per_chunk: int,
+    kwargs: MediaKwargs = NO_KWARGS,
+    has_images: bool = False,
 ) -> list[RouteVideo]:
     """``sources`` each loaded and cut into chunks (``load_video``), within the media policy's
     count of videos and their tokens together (InvalidArgument ``TOO_MANY_VIDEOS``,
-    ``TOO_MANY_VIDEO_TOKENS``); ``loader`` None: the model takes no video
-    (``VIDEO_NOT_SUPPORTED`` when there is one)."""
+    ``TOO_MANY_VIDEO_TOKENS``), under the request's ``kwargs`` (``VideoLoader.overrides``:
+    checked in every request, videos or not; ``has_images``: it holds an image too);
+    ``loader`` None: the model takes no video (``VIDEO_NOT_SUPPORTED`` when there is one)."""
+    overrides = loader.overrides(kwargs, has_images=has_images) if loader else None
     if not sources:
         return []
     if loader is None:
         raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
     check_num_videos(len(sources), loader.policy)
-    videos = await asyncio.gather(*(load_video(loader, s, patches_per_chunk) for s in sources))
+    videos = await asyncio.gather(
+        *(load_video(loader, s, patches_per_chunk, overrides) for s in sources)
+    )
     check_video_tokens([video.video.plan.num_tokens for video in videos], loader.policy)
     return list(videos)
 
 
 async def load_video(
-    loader: VideoLoader, source: ImageSource, patches_per_chunk: int
+    loader: VideoLoader,
+    source: ImageSource,
+    patches_per_chunk: int,
+    overrides: VideoOverrides | None = None,
 ) -> RouteVideo:
-    """``source`` decoded, planned and cut into chunks of ``patches_per_chunk`` patches."""
-    video = await loader.load(url=source.url, data=source.data)
+    """``source`` decoded, planned (under ``overrides``; None: the server's) and cut into
+    chunks of ``patches_per_chunk`` patches."""
+    video = await loader.load(url=source.url, data=source.data, overrides=overrides)
     chunks = loader.planner.chunks(video, patches_per_chunk)
     height, width = video.plan.resized
     items = [

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from epd.common.errors import DeadlineExceeded, InvalidArgument
+from epd.server.media.video_overrides import MediaKwargs
 from epd.v1 import generation_pb2, route_service_pb2
 
 if TYPE_CHECKING:
@@ -112,6 +113,9 @@ class ChatRequest:
     # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the
     # answer's; "": none)
     echo: str = ""
+    # the request's own mm_processor_kwargs and media_io_kwargs (vLLM's; the media loaders
+    # check and apply them: video_overrides)
+    media_kwargs: MediaKwargs = field(default_factory=MediaKwargs)
     # how the OpenAI door splits the answer into content, reasoning and tool calls (vLLM's
     # parsers; None: the text is the content)
     answer_parsing: AnswerParsing | None = None

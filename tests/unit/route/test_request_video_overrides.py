@@ -1,0 +1,60 @@
+"""A request's mm_processor_kwargs and media_io_kwargs at the route: checked in every request
+(refused as vLLM refuses them without --trust-request-mm-kwargs, videos or not), and applied to
+each video's plan, which the chunks the encoders get carry (frames kept, size)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from epd.common.errors import InvalidArgument
+from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_overrides import MediaKwargs
+from epd.server.media.video_planner import VideoPlanner
+from epd.server.route.media import load_videos
+from epd.server.route.request import ImageSource
+from tests.unit.models.clips import make_clip
+
+CLIP = ImageSource(data=make_clip(num_frames=24, width=64, height=48, fps=8))
+
+
+def loader(model_dir: Path, trusted: bool) -> VideoLoader:
+    policy = MediaPolicy(trust_request_mm_kwargs=trusted)
+    return VideoLoader(VideoPlanner(model_dir, "tiny"), policy)
+
+
+def test_the_requests_override_reaches_the_chunks(tiny_model_dir: Path) -> None:
+    videos = loader(tiny_model_dir, trusted=True)
+    default = asyncio.run(load_videos(videos, [CLIP], 1))[0]
+    kwargs = MediaKwargs({"fps": 1, "min_pixels": 12544}, None)
+    slow = asyncio.run(load_videos(videos, [CLIP], 1, kwargs))[0]
+
+    assert len(slow.items) < len(default.items)
+    span = slow.items[0].video
+    assert (span.resized_height, span.resized_width) == slow.video.plan.resized
+    assert span.resized_height * span.resized_width >= 12544
+    assert slow.items[0].mm_hash not in {item.mm_hash for item in default.items}
+
+
+@pytest.mark.parametrize("sources", [[], [CLIP]], ids=["text", "video"])
+def test_untrusted_kwargs_are_refused_with_or_without_a_video(
+    tiny_model_dir: Path, sources: list[ImageSource]
+) -> None:
+    videos = loader(tiny_model_dir, trusted=False)
+    with pytest.raises(InvalidArgument) as caught:
+        asyncio.run(load_videos(videos, sources, 1, MediaKwargs(None, {"video": {"fps": 1}})))
+    assert caught.value.metadata["param"] == "media_io_kwargs"
+    assert "--trust-request-mm-kwargs" in str(caught.value)
+
+
+def test_a_pixel_budget_beside_an_image_is_refused(tiny_model_dir: Path) -> None:
+    videos = loader(tiny_model_dir, trusted=True)
+    kwargs = MediaKwargs({"max_pixels": 6272}, None)
+    with pytest.raises(InvalidArgument) as caught:
+        asyncio.run(load_videos(videos, [CLIP], 1, kwargs, has_images=True))
+    assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
+    scoped = MediaKwargs({"videos_kwargs": {"max_pixels": 6272}}, None)
+    assert asyncio.run(load_videos(videos, [CLIP], 1, scoped, has_images=True))
