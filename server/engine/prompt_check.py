@@ -187,18 +187,19 @@ class VisionLayout:
             )
 
     def _check_image(self, index: int, image: EngineImage, grids_suffice: bool) -> int:
-        """The tokens image ``index``'s placeholder expands to (1 for a picture: vLLM expands)."""
+        """The tokens image ``index``'s placeholder expands to (1 for a raw picture: vLLM
+        expands it; a video, raw or not, its family's tokens from its grid and timestamps)."""
         if image.embeddings is None:
-            if grids_suffice and not image.is_raw:
-                if image.is_video:
-                    return len(self.video_tokens(index, image))
-                return self._expected_rows(index, image) + self.num_delimiters
-            if not image.is_raw:
+            if not (grids_suffice or image.is_raw):
                 raise InvalidArgument(
                     f"image {index} has neither embeddings nor a picture",
                     reason="MISSING_IMAGE_DATA",
                 )
-            return 1
+            if image.is_video:
+                return len(self.video_tokens(index, image))
+            if image.image is not None:
+                return 1
+            return self._expected_rows(index, image) + self.num_delimiters
         expected = self._expected_rows(index, image)
         if image.timestamps and image.grid is not None and len(image.timestamps) != image.grid[0]:
             raise InvalidArgument(

@@ -6,6 +6,7 @@ between vision start and end), as transformers' processor expands the same chat 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from epd.common.errors import Code, InvalidArgument
-from epd.server.engine.base import EngineImage
+from epd.server.engine.base import EngineImage, VideoFrames
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_planner import PlannedVideo, VideoPlanner
@@ -107,9 +108,16 @@ def test_the_engines_pre_check_counts_the_videos_prompt_tokens(
     assert caught.value.code == Code.INVALID_ARGUMENT
     assert f"expands to {len(reference)} tokens" in str(caught.value)
     assert layout.expand(token_ids, [engine_video]) == reference
-    # NOTE: a decode worker's video comes with its grid and timestamps only
+    # NOTE: a decode worker's video comes with its grid and timestamps only, an encode_prefill
+    # worker's with its raw kept frames (its engine runs the tower): each counts the same
     grid_only = EngineImage(
         MM_HASH, plan.grid, seconds_per_temporal_patch=0.0, timestamps=plan.timestamps or ()
     )
     with pytest.raises(InvalidArgument, match=f"expands to {len(reference)} tokens"):
         layout.check(token_ids, [grid_only], len(reference) - 2, grids_suffice=True)
+    stream = video.stream
+    frames = VideoFrames(video.frames, stream.fps, stream.num_frames, plan.frame_indices)
+    raw = replace(grid_only, frames=frames)
+    layout.check(token_ids, [raw], max_len=len(reference) + 1)
+    with pytest.raises(InvalidArgument, match=f"expands to {len(reference)} tokens"):
+        layout.check(token_ids, [raw], len(reference) - 2)
