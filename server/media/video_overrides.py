@@ -78,6 +78,13 @@ class VideoOverrides:
         return {name: value for name, value in asdict(self).items() if value is not None}
 
     @property
+    def changes_pixels(self) -> bool:
+        """Whether the pixel budget differs from the checkpoint's."""
+        return any(
+            v is not None for v in (self.min_pixels, self.max_pixels, self.cap_pixels_per_frame)
+        )
+
+    @property
     def key(self) -> str:
         """Canonical text of the settings changed ("" for none): part of a cache key."""
         settings = self.settings

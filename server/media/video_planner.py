@@ -30,12 +30,27 @@ from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, with_set
 @dataclass(frozen=True, slots=True)
 class PlannedVideo:
     """A decoded video: what decoding found (``stream``), the family's ``plan``, the kept
-    ``frames`` (uint8 [len(plan.frame_indices), height, width, 3]) and the video's hash."""
+    ``frames`` (uint8 [len(plan.frame_indices), height, width, 3]), the video's hash and the
+    ``overrides`` of the model's settings it was planned under."""
 
     stream: VideoStream
     plan: VideoPlan
     frames: np.ndarray
     video_hash: str
+    overrides: VideoOverrides = NO_OVERRIDES
+
+    def check_whole(self) -> None:
+        """Refuse to hand this video whole to a worker that runs vLLM's own processor (no
+        encoders) when it was planned under another pixel budget: that processor resizes with
+        the model's settings (MEDIA_KWARGS_NOT_SUPPORTED)."""
+        if self.overrides.changes_pixels:
+            raise InvalidArgument(
+                "a video's pixel budget (min_pixels, max_pixels, size, cap_pixels_per_frame) "
+                "needs encode workers; an encode_prefill worker's engine resizes the frames "
+                "with the model's own settings",
+                reason="MEDIA_KWARGS_NOT_SUPPORTED",
+                metadata={"param": "mm_processor_kwargs"},
+            )
 
 
 class VideoPlanner:
@@ -70,7 +85,7 @@ class VideoPlanner:
         identity = video_hash(
             decoded.frames, plan, model_id=self.model_id, fingerprint=self.fingerprint
         )
-        return PlannedVideo(decoded.stream, plan, decoded.frames, identity)
+        return PlannedVideo(decoded.stream, plan, decoded.frames, identity, overrides)
 
     def plan(self, stream: VideoStream, overrides: VideoOverrides = NO_OVERRIDES) -> VideoPlan:
         """The family's plan of a decoded ``stream`` under ``overrides`` of its video processor

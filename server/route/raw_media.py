@@ -41,6 +41,8 @@ def stage_items(
     if uses_encoders:
         chunk_items = [item for video in videos for item in video.items]
         return image_items + chunk_items, pixels_of(images, videos)
+    for video in videos:
+        video.video.check_whole()
     video_items = [whole_video_item(video) for video in videos]
     return image_items + video_items, _raw_pixels(images, videos, video_items)
 

@@ -58,3 +58,19 @@ def test_a_pixel_budget_beside_an_image_is_refused(tiny_model_dir: Path) -> None
     assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
     scoped = MediaKwargs({"videos_kwargs": {"max_pixels": 6272}}, None)
     assert asyncio.run(load_videos(videos, [CLIP], 1, scoped, has_images=True))
+
+
+def test_a_pixel_budget_needs_encoders_and_a_sampling_override_does_not(
+    tiny_model_dir: Path,
+) -> None:
+    from epd.server.route.raw_media import stage_items
+
+    videos = loader(tiny_model_dir, trusted=True)
+    pixels = MediaKwargs({"max_pixels": 6272}, None)
+    budgeted = asyncio.run(load_videos(videos, [CLIP], 1, pixels))
+    assert stage_items(True, [], budgeted)[0] == budgeted[0].items
+    with pytest.raises(InvalidArgument) as caught:
+        stage_items(False, [], budgeted)
+    assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
+    sampled = asyncio.run(load_videos(videos, [CLIP], 1, MediaKwargs({"fps": 1}, None)))
+    assert len(stage_items(False, [], sampled)[0]) == 1
