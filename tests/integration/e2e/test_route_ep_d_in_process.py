@@ -1,11 +1,12 @@
 """Route -> Scheduler -> encode_prefill worker (-> decode worker) in one process over real gRPC,
-on the session's vLLM engines: EPD and EP/D decode and hash each image once per deployment, in
-the route. The worker reads the pixels the route shared, tagged with the image's mm_hash, and
-names the picture by it for vLLM, which hashes no pixels either; the answer equals the
-transformers reference token for token."""
+on the session's vLLM engines: EPD and EP/D decode and hash each image and each video once per
+deployment, in the route. The worker reads the pixels (a video's kept frames) the route shared,
+tagged with the item's mm_hash, and names the picture (the video) by it for vLLM, which hashes no
+pixels either; the image's answer equals the transformers reference token for token."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,3 +82,47 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
     assert counts == {"decode": 1, "hash": 1}, "the route's decode and hash, and nobody else's"
     assert deployment["prefill"].worker.images.loader.num_decoded == 0
     assert deployment["route"].router.plane.held() == [], "the route released the pixels"
+
+
+async def test_each_video_is_decoded_and_hashed_once_in_the_deployment(
+    deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route decodes, plans and hashes a clip; the encode_prefill worker takes its kept
+    frames from the route's segment, and vLLM takes them as frames named by the video's hash:
+    no decode, plan or hash of them anywhere else."""
+    from vllm.multimodal.hasher import MultiModalHasher
+
+    from epd.server.media import video_planner
+    from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
+    from tests.unit.models.clips import make_clip
+
+    counts: Counter[str] = Counter()
+    for name in ("decode_video", "video_hash"):
+        monkeypatch.setattr(
+            video_planner, name, counted(counts, name, getattr(video_planner, name))
+        )
+    hash_kwargs = MultiModalHasher.hash_kwargs
+
+    def hash_of(*args: Any, **kwargs: Any) -> str:
+        # NOTE: with the processor's do_sample_frames, vLLM hashes the video's name (a string)
+        # with it; a hash of the frames themselves is what must not happen.
+        if not isinstance(kwargs.get("video", ""), str):
+            counts["vllm frames hash"] += 1
+        return hash_kwargs(*args, **kwargs)
+
+    monkeypatch.setattr(MultiModalHasher, "hash_kwargs", staticmethod(hash_of))
+    content = [
+        route_service_pb2.ContentPart(video=multimodal_pb2.MediaItem(data=make_clip(fps=4))),
+        route_service_pb2.ContentPart(text="what happens?"),
+    ]
+    request = route_service_pb2.GenerateRequest(
+        request_id="video-once",
+        model="tiny",
+        messages=[route_service_pb2.ChatMessage(role="user", content=content)],
+        sampling=generation_pb2.SamplingParams(max_tokens=4, ignore_eos=True),
+    )
+    responses = [r async for r in deployment["stub"].Generate(request)]
+    assert sum(len(r.token_ids) for r in responses) == 4
+    assert counts == {"decode_video": 1, "video_hash": 1}, "the route's, and nobody else's"
+    assert deployment["prefill"].worker.images.videos.num_decoded == 0
+    assert deployment["route"].router.plane.held() == [], "the route released the frames"
