@@ -6,7 +6,10 @@ video tokens (Qwen3-VL's DeepStack levels too) with the family's M-RoPE position
 seconds per temporal patch included), answered token for token as transformers' generate
 answers given the same kept frames and their timing. LLaVA-OneVision too: each frame through the
 tower and pooled 2 x 2 on the encoders, the joined rows and the video's one newline row (the
-engine's) at the video tokens, 1-D positions."""
+engine's) at the video tokens, 1-D positions. And in EPD (no encoder): an encode_prefill worker
+takes the route's kept frames and plan whole, and its engine runs the family's video processor
+and tower on them. (The transformers engine serves no P/D split: it has no KV hand-off, so E/P/D
+and EP/D are vLLM's alone.)"""
 
 from __future__ import annotations
 
@@ -35,13 +38,19 @@ from tests.integration.registered import until_registered
 CHUNK_PATCHES = {"qwen2_vl": 2, "qwen2_5_vl": 2, "qwen3_vl": 2, "llava_onevision": 4}
 
 
-@pytest.fixture(scope="module", params=list(CHUNK_PATCHES))
+@pytest.fixture(
+    scope="module",
+    params=[(f, t) for f in CHUNK_PATCHES for t in ("e-pd", "epd")],
+    ids=lambda param: "-".join(param),
+)
 async def deployment(
     request: pytest.FixtureRequest, tiny_family_dir: Callable[[str], Path]
 ) -> AsyncIterator[dict[str, Any]]:
     """Two encoders, a prefill worker on a transformers engine, a route cutting the clip into
-    two chunks (one on each encoder)."""
-    model_dir = tiny_family_dir(request.param)
+    two chunks (one on each encoder); EPD: an encode_prefill worker alone."""
+    family, topology = request.param
+    is_raw = topology == "epd"
+    model_dir = tiny_family_dir(family)
     engine = await TransformersEngine.start(model_dir, model_id="tiny")
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
@@ -49,19 +58,21 @@ async def deployment(
         await build_encode_server(
             EncodeConfig(model_dir, model_id="tiny", scheduler=endpoint, worker_id=f"enc{i}")
         )
-        for i in range(2)
+        for i in range(0 if is_raw else 2)
     ]
-    config = PrefillConfig(model_dir, mode=Role.PREFILL_DECODE, scheduler=endpoint)
+    mode = Role.ENCODE_PREFILL if is_raw else Role.PREFILL_DECODE
+    config = PrefillConfig(model_dir, mode=mode, scheduler=endpoint)
     workers.append(await build_prefill_server(config, engine))
     route = await build_route_server(
-        RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=CHUNK_PATCHES[request.param])
+        RouteConfig(model_dir, endpoint, "tiny", video_chunk_patches=CHUNK_PATCHES[family])
     )
     await until_registered(endpoint, len(workers))
     channel = create_channel(f"127.0.0.1:{route.port}")
     yield {
         "stub": route_service_pb2_grpc.RouteServiceStub(channel),
         "model_dir": model_dir,
-        "encoders": workers[:2],
+        "encoders": workers[:-1],
+        "prefill": workers[-1],
     }
     await channel.close()
     await route.stop()
@@ -107,5 +118,8 @@ async def test_video_tokens_equal_transformers_on_the_same_frames(deployment) ->
     sizes = [len(e.worker.cache) for e in deployment["encoders"]]
     responses = [r async for r in deployment["stub"].Generate(video_request(CLIP, "tf-video"))]
     assert [t for r in responses for t in r.token_ids] == expected
+    if not deployment["encoders"]:  # NOTE: EPD: the worker took the route's frames whole
+        assert deployment["prefill"].worker.images.videos.num_decoded == 0
+        return
     added = [len(e.worker.cache) - n for e, n in zip(deployment["encoders"], sizes, strict=True)]
     assert added == [1, 1], "the clip's two chunks, one on each encoder"
