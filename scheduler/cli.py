@@ -10,8 +10,9 @@ import sys
 from epd.common.errors import InvalidArgument
 from epd.common.flags import add_dataclass_arguments, from_arguments
 from epd.common.ports import SCHEDULER_PORT
-from epd.common.server import ServerOptions, serve, stop_signals
+from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.core import SchedulerConfig
 

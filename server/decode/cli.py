@@ -8,8 +8,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from epd.common.ports import DECODE_PORT
-from epd.common.server import ServerOptions, serve, stop_signals
+from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.device import resolve_device

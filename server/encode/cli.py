@@ -8,8 +8,9 @@ import sys
 
 from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
 from epd.common.ports import ENCODE_PORT
-from epd.common.server import ServerOptions, serve, stop_signals
+from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.encode.app import build_encode_server
 from epd.server.encode.config import EncodeConfig

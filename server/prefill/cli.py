@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
 from epd.common.ports import PREFILL_PORT
 from epd.common.roles import Role
-from epd.common.server import ServerOptions, serve, stop_signals
+from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.engine.device import CPU, device_type, resolve_device
 from epd.server.engine.engine_cli import (

@@ -8,8 +8,9 @@ import sys
 
 from epd.common.flags import add_dataclass_arguments, from_arguments
 from epd.common.ports import LOCAL_SCHEDULER, ROUTE_PORT
-from epd.common.server import ServerOptions, serve, stop_signals
+from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments

@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epd.common import errors
 from epd.common.channels import create_channel, wait_for_health
-from epd.common.server import EpdServer, ServerOptions, build_server, serve
+from epd.common.server import EpdServer, ServerOptions, build_server
+from epd.common.serving import serve
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2

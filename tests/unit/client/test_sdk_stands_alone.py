@@ -21,6 +21,7 @@ SERVER_SIDE = (
     "epd.scheduler",
     "epd.launch",
     "epd.common.server",
+    "epd.common.serving",
     "epd.common.server_cli",
     "epd.common.metrics",
 )
