@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from epd.common.generation import SAMPLING_DEFAULTS
+from epd.server.media.video_overrides import REQUEST_FIELDS, media_kwargs_of
 from epd.server.route.chat_echo import echo_text
 from epd.server.route.request import (
     MAX_NAME_CHARS,
@@ -97,7 +98,7 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "truncate_prompt_tokens",
     "truncation_side",
     "add_special_tokens",
-}
+} | REQUEST_FIELDS
 IMAGE_DETAILS = ("auto", "low", "high")
 # vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
 UNTRUSTED_TEMPLATE = (
@@ -268,6 +269,7 @@ def to_chat_request(
     if parsed.echo:
         request.echo = echo_text(messages, parsed.add_generation_prompt)
     request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
+    request.media_kwargs = media_kwargs_of(parsed)
     request.return_token_ids = bool(parsed.return_token_ids)
     request.add_special_tokens = bool(parsed.add_special_tokens)
     if parsed.truncate_prompt_tokens is not None:

@@ -74,3 +74,19 @@ def test_a_pixel_budget_needs_encoders_and_a_sampling_override_does_not(
     assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
     sampled = asyncio.run(load_videos(videos, [CLIP], 1, MediaKwargs({"fps": 1}, None)))
     assert len(stage_items(False, [], sampled)[0]) == 1
+
+
+def test_the_openai_body_carries_both_fields_and_vllm_checks_their_types() -> None:
+    from epd.server.route.openai_schema import to_chat_request
+
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "mm_processor_kwargs": {"fps": 1},
+        "media_io_kwargs": {"video": {"num_frames": 16}},
+    }
+    request = to_chat_request(body, "tiny")
+    assert request.media_kwargs == MediaKwargs({"fps": 1}, {"video": {"num_frames": 16}})
+    with pytest.raises(InvalidArgument) as caught:
+        to_chat_request({**body, "media_io_kwargs": {"video": 3}}, "tiny")
+    assert caught.value.metadata["param"].startswith("media_io_kwargs")
