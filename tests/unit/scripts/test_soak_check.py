@@ -134,16 +134,16 @@ def test_the_flags_after_a_double_dash_go_to_epd_up_with_restarts_for_every_kill
 
 
 def test_json_figures_carry_none_where_a_group_had_no_request() -> None:
-    bench = load("bench_soak")
+    report = load("soak_report")
     figures = {"moved": {"count": 0, "p50_ms": math.nan}, "kills": [{"at_s": 1.5}]}
-    assert bench.without_nan(figures) == {
+    assert report.without_nan(figures) == {
         "moved": {"count": 0, "p50_ms": None},
         "kills": [{"at_s": 1.5}],
     }
 
 
 def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
-    bench, load_module = load("bench_soak"), load("soak_load")
+    bench, report, load_module = load("bench_soak"), load("soak_report"), load("soak_load")
     outcomes = [
         load_module.Outcome(0, 0, "ok", 10.0, 11.0, 0.2),
         load_module.Outcome(1, 1, "ok", 10.5, 13.0, 0.3),
@@ -152,9 +152,9 @@ def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
     ]
     fired = [load_module.Fired(check.Kill("prefill", 1), "prefill", 42, 12.0)]
     samples = {"prefill": [(42, 100 * 2**20), (43, 50 * 2**20)]}
-    run = bench.Soaked(outcomes, fired, [3.5], samples, 10.0, 4.0, 2)
+    run = report.Soaked(outcomes, fired, [3.5], samples, 10.0, 4.0, 2)
     args = bench.parse_args(["--concurrency", "2", "--tokens", "3"])[0]
-    figures = bench.summarise(args, run)
+    figures = report.summarise(args, run)
     assert (figures["ok"], figures["failed"], figures["corrupted"]) == (2, 1, 1)
     assert figures["latency_p50_ms"] == 1000 and figures["latency_p99_ms"] == 2500
     assert figures["reasons"] == {"HTTP 503: no worker": 1, "repeated from piece 2": 1}
@@ -169,17 +169,17 @@ def test_figures_count_failures_and_time_only_the_ok_requests() -> None:
     }
     assert figures["latency_by_group"]["moved"]["count"] == 1
     assert figures["memory"]["prefill"]["trend"] == "restarted"
-    assert not bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": ["x"]})
-    assert bench.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": []})
+    assert not report.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": ["x"]})
+    assert report.is_clean({**figures, "failed": 0, "corrupted": 0, "leaked_segments": []})
 
 
 def test_memory_rows_carry_the_largest_rss_of_each_quarter() -> None:
-    bench = load("bench_soak")
+    report = load("soak_report")
     series = [(7, mib * 2**20) for mib in (100, 140, 110, 120, 150, 115, 118, 119)]
-    row = bench.memory_row(series)
+    row = report.memory_row(series)
     assert row["quarter_max_mib"] == [140.0, 120.0, 150.0, 119.0]
     assert (row["warm_mib"], row["end_mib"], row["max_mib"]) == (100.0, 119.0, 150.0)
-    assert bench.memory_row(series[:2])["quarter_max_mib"] == [100.0, 140.0]
+    assert report.memory_row(series[:2])["quarter_max_mib"] == [100.0, 140.0]
 
 
 def test_a_service_s_transfer_state_is_read_from_its_metrics() -> None:
@@ -206,7 +206,7 @@ def test_a_service_s_transfer_state_is_read_from_its_metrics() -> None:
 
 
 def test_a_lease_outstanding_after_the_load_makes_the_soak_fail() -> None:
-    bench = load("bench_soak")
+    report = load("soak_report")
     clean = {"failed": 0, "corrupted": 0, "leaked_segments": [], "leases_outstanding": 0}
-    assert bench.is_clean(clean)
-    assert not bench.is_clean({**clean, "leases_outstanding": 1})
+    assert report.is_clean(clean)
+    assert not report.is_clean({**clean, "leases_outstanding": 1})
