@@ -29,10 +29,12 @@ from epd.server.route.openai_logprobs import (
 )
 from epd.server.route.openai_schema import (
     SAMPLING_FIELDS,
+    kept_tokens,
     parse_with,
     refuse_unimplemented,
     vllm_sampling,
 )
+from epd.server.route.prompt import TRUNCATION_SIDE
 from epd.server.route.request import ChatRequest, bad, new_request_id
 from epd.server.route.request_check import (
     MAX_CHOICES,
@@ -43,13 +45,21 @@ from epd.server.route.request_check import (
 from epd.v1 import generation_pb2
 
 # vLLM's CompletionRequest fields epd implements.
-IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "add_special_tokens"}
+IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
+    "prompt",
+    "echo",
+    "add_special_tokens",
+    "return_token_ids",
+    "truncate_prompt_tokens",
+    "truncation_side",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionPrompt:
-    """A completion request's prompts: each one's token ids, and each one's text when ``echo``
-    repeats it (None: no echo)."""
+    """A completion request's prompts: each one's token ids (as the engine gets them, cut to
+    ``truncate_prompt_tokens``), and each one's text when ``echo`` repeats it (None: no echo;
+    as vLLM's, the whole text though the prompt was cut, and '' with ``return_token_ids``)."""
 
     token_ids: list[list[int]]
     echo: list[str] | None = None
@@ -75,9 +85,10 @@ def to_completion_request(
         raise bad("the body must be a JSON object", "body")
     parsed = parse_with(CompletionRequest, body)
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
-    prompt = _prompts(parsed, tokenizer)
     limits = limits or RequestLimits()
     context = limits.max_context_tokens
+    keep = None if parsed.truncate_prompt_tokens is None else kept_tokens(parsed, context)
+    prompt = _prompts(parsed, tokenizer, keep)
     max_tokens = parsed.max_tokens
     if max_tokens is None or (context is not None and max_tokens > context):
         max_tokens = context or 16
@@ -96,26 +107,37 @@ def to_completion_request(
         prompt_token_ids=first,
         more_prompts=others,
         tokens_as_ids=bool(parsed.return_tokens_as_token_ids),
+        return_token_ids=bool(parsed.return_token_ids),
     )
     for token_ids in prompt.token_ids:
         check_request(replace(request, prompt_token_ids=token_ids), limits)
     return request, prompt
 
 
-def _prompts(parsed: Any, tokenizer: Any) -> CompletionPrompt:
+def _prompts(parsed: Any, tokenizer: Any, keep: int | None) -> CompletionPrompt:
     prompt = parsed.prompt
     is_one = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
     prompts = [prompt] if is_one else list(prompt or [])
     if not prompts:
         raise bad("the prompt is empty", "prompt")
-    token_ids = [_token_ids(one, parsed, tokenizer) for one in prompts]
+    whole = [_token_ids(one, parsed, tokenizer) for one in prompts]
+    token_ids = [_truncated(ids, keep, parsed.truncation_side) for ids in whole]
     if not parsed.echo:
         return CompletionPrompt(token_ids)
     texts = [
-        one if isinstance(one, str) else tokenizer.decode(ids)
-        for one, ids in zip(prompts, token_ids, strict=True)
+        "" if parsed.return_token_ids else one if isinstance(one, str) else tokenizer.decode(ids)
+        for one, ids in zip(prompts, whole, strict=True)
     ]
     return CompletionPrompt(token_ids, texts, parsed.max_tokens == 0)
+
+
+def _truncated(token_ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens`` on a completion's prompt: its last ``keep`` tokens
+    (``side`` right: its first; None: no cut)."""
+    if keep is None or keep >= len(token_ids):
+        return token_ids
+    is_left = (side or TRUNCATION_SIDE) == "left"
+    return token_ids[len(token_ids) - keep :] if is_left else token_ids[:keep]
 
 
 def _token_ids(prompt: str | list[int], parsed: Any, tokenizer: Any) -> list[int]:
@@ -132,13 +154,17 @@ def _token_ids(prompt: str | list[int], parsed: Any, tokenizer: Any) -> list[int
 @dataclass(slots=True)
 class CompletionWriter:
     """Writes the answers of one completions request as vLLM does: each choice's echo, text,
-    logprobs and prompt logprobs, whole or streamed, and the usage of all its prompts."""
+    logprobs, prompt logprobs and token ids, whole or streamed, and the usage of all its
+    prompts."""
 
     request: ChatRequest
     prompt: CompletionPrompt
     decode: Callable[[int], str]
     # prompt tokens of each prompt, as its first choice's usage reported them
     num_prompt_tokens: dict[int, int] = field(default_factory=dict)
+    # each streamed choice's next logprobs text offset: after the tokens it reported, as vLLM
+    # counts it (their shown lengths, not its text's, which a stop string may hold back)
+    next_offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_per_prompt(self) -> int:
@@ -153,6 +179,9 @@ class CompletionWriter:
             choice = self._choice(index, "".join(answer.texts), answer.positions, prompt_positions)
             choice["finish_reason"] = finish_reason_name(answer.finish) or "stop"
             choice["prompt_logprobs"] = prompt_logprobs_json(prompt_positions)
+            if self.request.return_token_ids:
+                choice["prompt_token_ids"] = self._prompt_ids(index)
+                choice["token_ids"] = list(answer.token_ids)
             choices.append(choice)
         body = envelope(
             f"cmpl-{self.request.request_id}", "text_completion", self.request.model, choices
@@ -166,13 +195,19 @@ class CompletionWriter:
             self.num_prompt_tokens[index] = chunk.usage.prompt_tokens
         if not so_far.texts:
             choice = self._choice(index, chunk.text, chunk.logprobs, chunk.prompt_logprobs)
+            if self.request.return_token_ids:  # NOTE: as vLLM: on each choice's first chunk
+                choice["prompt_token_ids"] = self._prompt_ids(index)
         elif self.prompt.is_echo_only:
             choice = {"index": index, "text": "", "logprobs": None}
         else:
-            offset = self._offset(index, so_far)
-            logprobs = self._logprobs(chunk.logprobs, offset)
+            logprobs = self._logprobs(chunk.logprobs, self.next_offsets.get(index, 0))
             choice = {"index": index, "text": chunk.text, "logprobs": logprobs}
+        if choice["logprobs"] and choice["logprobs"]["tokens"]:
+            shown = choice["logprobs"]
+            self.next_offsets[index] = shown["text_offset"][-1] + len(shown["tokens"][-1])
         choice["finish_reason"] = finish_reason_name(chunk.finish_reason)
+        if self.request.return_token_ids:
+            choice["token_ids"] = list(chunk.token_ids)
         request = self.request
         return envelope(f"cmpl-{request.request_id}", "text_completion", request.model, [choice])
 
@@ -193,19 +228,20 @@ class CompletionWriter:
         positions: list[generation_pb2.TokenLogprobs],
         prompt_positions: list[generation_pb2.TokenLogprobs],
     ) -> dict[str, Any]:
-        echo = self.prompt.echo[index // self.num_per_prompt] if self.prompt.echo else ""
+        echoes = self.prompt.echo
+        echo = echoes[index // self.num_per_prompt] if echoes is not None else ""
         if self.prompt.is_echo_only:
             text, positions = "", []
-        if echo and num_top_logprobs(self.request.sampling) is not None:
-            prompt_ids = self.prompt.token_ids[index // self.num_per_prompt]
+        if echoes is not None and num_top_logprobs(self.request.sampling) is not None:
+            prompt_ids = self._prompt_ids(index)
             logprobs = self._logprobs([*prompt_positions, *positions], 0, prompt_ids)
         else:
-            logprobs = self._logprobs(positions, len(echo))
+            logprobs = self._logprobs(positions, 0)
         return {"index": index, "text": echo + text, "logprobs": logprobs}
 
-    def _offset(self, index: int, so_far: Answer) -> int:
-        echo = self.prompt.echo[index // self.num_per_prompt] if self.prompt.echo else ""
-        return len(echo) + sum(map(len, so_far.texts))
+    def _prompt_ids(self, index: int) -> list[int]:
+        """The token ids of choice ``index``'s prompt, as the engine got them."""
+        return self.prompt.token_ids[index // self.num_per_prompt]
 
     def _logprobs(
         self,

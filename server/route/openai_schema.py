@@ -293,7 +293,7 @@ def kept_tokens(parsed: Any, context: int | None) -> int | None:
         )
     if keep >= 0 or context is None:
         return keep if keep >= 0 else None
-    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+    max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
     return context if not max_tokens else max(0, context - 1)
 
 

@@ -572,6 +572,7 @@ async def test_the_openai_clients_structured_output_and_tool_call_flows(
 
 
 PROMPT = {"model": "tiny", "prompt": "The sea is", "max_tokens": 8, "temperature": 0}
+LONG_PROMPT = "The sea is deep and blue and the ships sail on it"
 # (name, body): /v1/completions answers alike.
 SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
     ("text", PROMPT),
@@ -595,6 +596,16 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
     ("logprob_token_ids", {**PROMPT, "logprobs": 1, "logprob_token_ids": [60, 61, 62]}),
     ("echo_logprob_token_ids", {**PROMPT, "echo": True, "logprobs": 2, "logprob_token_ids": [60]}),
     ("special_tokens", {**PROMPT, "skip_special_tokens": False, "logit_bias": SPECIALS}),
+    ("truncate_prompt_tokens", {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 4}),
+    (
+        "truncate_prompt_tokens_right",
+        {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 4, "truncation_side": "right"},
+    ),
+    ("truncate_prompt_tokens_context", {**PROMPT, "truncate_prompt_tokens": -1}),
+    (
+        "echo_truncated",
+        {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 3, "echo": True, "logprobs": 1},
+    ),
 ]
 
 
@@ -646,6 +657,17 @@ async def test_the_same_completion_body_gets_the_same_answer(
             "logprob_token_ids_beyond_the_vocabulary",
             {**PROMPT, "logprobs": 1, "logprob_token_ids": [9396]},
         ),
+        ("truncate_beyond_the_context", {**PROMPT, "truncate_prompt_tokens": 100000}),
+        ("truncate_to_nothing", {**PROMPT, "truncate_prompt_tokens": 0}),
+        ("logprob_token_ids_without_logprobs", {**PROMPT, "logprob_token_ids": [60]}),
+        (
+            "echo_only_logprob_token_ids",
+            {**PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1, "logprob_token_ids": [60]},
+        ),
+        (
+            "logprob_token_ids_beyond_the_vocabulary",
+            {**PROMPT, "logprobs": 1, "logprob_token_ids": [9396]},
+        ),
     ],
 )
 async def test_the_same_bad_completion_body_gets_the_same_refusal(
@@ -664,3 +686,43 @@ async def test_a_streamed_completion_is_the_whole_one(vllm_url: str, epd_url: st
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         texts.append((text, chunks[-1]["usage"]["completion_tokens"]))
     assert texts[1] == texts[0]
+
+
+def completion_ids(chunks: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each choice's text, prompt token ids, generated ids and logprob tokens with their offsets,
+    joined over a stream's chunks (or from a whole answer, its one 'chunk')."""
+    joined: dict[int, list[Any]] = {}
+    for chunk in chunks:
+        for c in chunk["choices"]:
+            entry = joined.setdefault(c["index"], ["", [], [], [], []])
+            entry[0] += c["text"]
+            entry[1] += [c["prompt_token_ids"]] if c.get("prompt_token_ids") else []
+            entry[2] += c.get("token_ids") or []
+            entry[3] += (c["logprobs"] or {}).get("tokens", [])
+            entry[4] += (c["logprobs"] or {}).get("text_offset", [])
+    return [(index, *entry) for index, entry in sorted(joined.items())]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**PROMPT, "return_token_ids": True},
+        {**PROMPT, "return_token_ids": True, "echo": True, "logprobs": 1},
+        {**PROMPT, "return_token_ids": True, "echo": True, "max_tokens": 0, "logprobs": 0},
+        {**PROMPT, "prompt": ["The sea is", "A cat"], "n": 2, "temperature": 1, "seed": 3}
+        | {"return_token_ids": True},
+        {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 3, "return_token_ids": True},
+    ],
+    ids=["plain", "echo", "echo_only", "prompts_n", "truncated"],
+)
+async def test_completion_token_ids_are_vllms(
+    vllm_url: str, epd_url: str, body: dict[str, Any]
+) -> None:
+    """vLLM's return_token_ids on /v1/completions, mixed with echo as vLLM mixes them (no echoed
+    text, the prompt's logprobs all the same), whole and streamed."""
+    answers = [await post(url, body, "completions") for url in (vllm_url, epd_url)]
+    assert [status for status, _ in answers] == [200, 200], answers
+    assert completion_ids([answers[1][1]]) == completion_ids([answers[0][1]])
+    stream = {**body, "stream": True}
+    chunks = [await streamed(url, stream, "completions") for url in (vllm_url, epd_url)]
+    assert completion_ids(chunks[1]) == completion_ids(chunks[0])

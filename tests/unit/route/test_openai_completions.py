@@ -175,3 +175,74 @@ def test_tokens_as_ids_and_every_prompt_counted_once(tokenizer: Any) -> None:
     assert (
         as_ids.usage(g.Usage(prompt_tokens=2, completion_tokens=4))["usage"]["prompt_tokens"] == 3
     )
+
+
+def test_return_token_ids_as_vllm_mixes_them_with_echo(tokenizer: Any) -> None:
+    plain = writer(tokenizer, return_token_ids=True)
+    answer = Answer()
+    answer.add(chunk(" x", prompt=2, done=True))
+    (choice,) = plain.whole([answer])["choices"]
+    assert (choice["prompt_token_ids"], choice["token_ids"], choice["text"]) == ([5, 6], [9], " x")
+    assert "token_ids" not in writer(tokenizer).whole([answer])["choices"][0]
+    echo = writer(tokenizer, echo=True, logprobs=1, return_token_ids=True)
+    answer = Answer()
+    answer.add(chunk(" x", positions=PROMPT_POSITIONS, prompt=2, done=True))
+    (choice,) = echo.whole([answer])["choices"]
+    assert choice["text"] == " x", "vLLM: with return_token_ids, echo repeats no text"
+    assert choice["logprobs"]["tokens"] == ["<5>", " sea", " x"], "but the prompt's logprobs"
+    first = echo.delta(0, chunk(" x", positions=PROMPT_POSITIONS), Answer())["choices"][0]
+    assert (first["text"], first["prompt_token_ids"], first["token_ids"]) == (" x", [5, 6], [9])
+    so_far = Answer()
+    so_far.add(chunk(" x"))
+    later = echo.delta(0, chunk(" y", done=True), so_far)["choices"][0]
+    assert "prompt_token_ids" not in later and later["token_ids"] == [9]
+
+
+def test_a_streamed_choice_offsets_its_logprobs_by_the_tokens_shown(tokenizer: Any) -> None:
+    stream = writer(tokenizer, logprobs=0)
+    held = chunk("", positions=())
+    held.logprobs[0].candidates[0].token = "ab"
+    first = stream.delta(0, held, Answer())["choices"][0]
+    assert first["text"] == "" and first["logprobs"]["text_offset"] == [0]
+    so_far = Answer()
+    so_far.add(held)
+    later = stream.delta(0, chunk("abc"), so_far)["choices"][0]
+    assert later["logprobs"]["text_offset"] == [2], "vLLM: after 'ab', though no text was sent"
+
+
+@pytest.mark.parametrize(
+    ("fields", "kept"),
+    [
+        ({"truncate_prompt_tokens": 2}, [7, 8]),
+        ({"truncate_prompt_tokens": 2, "truncation_side": "right"}, [5, 6]),
+        ({"truncate_prompt_tokens": 9}, [5, 6, 7, 8]),
+        ({"truncate_prompt_tokens": 0}, []),
+    ],
+)
+def test_truncate_prompt_tokens_cuts_each_prompt_as_vllm_does(
+    tokenizer: Any, fields: dict[str, Any], kept: list[int]
+) -> None:
+    body = {**BODY, "prompt": [5, 6, 7, 8], "echo": True, **fields}
+    if not kept:
+        with pytest.raises(InvalidArgument):
+            completions.to_completion_request(body, "tiny", tokenizer)
+        return
+    request, prompt = completions.to_completion_request(body, "tiny", tokenizer)
+    assert request.prompt_token_ids == kept and request.truncate_prompt_tokens is None
+    assert prompt.echo == [tokenizer.decode([5, 6, 7, 8])], "vLLM echoes the whole prompt"
+
+
+def test_truncate_prompt_tokens_against_the_context(tokenizer: Any) -> None:
+    from epd.server.route.request_check import RequestLimits
+
+    limits = RequestLimits(max_context_tokens=3)
+    body = {**BODY, "prompt": [5, 6, 7, 8], "max_tokens": 1}
+    request, _ = completions.to_completion_request(
+        {**body, "truncate_prompt_tokens": -1}, "tiny", tokenizer, limits=limits
+    )
+    assert request.prompt_token_ids == [7, 8], "-1: the context less the answer's token"
+    with pytest.raises(InvalidArgument) as caught:
+        completions.to_completion_request(
+            {**body, "truncate_prompt_tokens": 4}, "tiny", tokenizer, limits=limits
+        )
+    assert caught.value.metadata["param"] == "truncate_prompt_tokens"
