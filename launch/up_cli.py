@@ -46,6 +46,7 @@ from epd.server.engine.device import (
     xpu_available,
 )
 from epd.server.engine.engine_cli import vllm_installed
+from epd.server.media.media_cli import add_passed_on_media_arguments, route_media_flags
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 from epd.server.route.tools_cli import add_passed_on_tool_arguments, route_tool_flags
 
@@ -163,6 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, WatchOptions)
     add_scaling_arguments(parser)
     add_passed_on_tool_arguments(parser)
+    add_passed_on_media_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,7 +202,9 @@ def _plan(args: argparse.Namespace) -> None:
     args.watch = WatchOptions(max_restarts=args.max_restarts)
     args.scaling = scaling_options(args)
     topology = replace(
-        topology_of(args), scheduler_flags=scheduler_flags(args), route_flags=route_tool_flags(args)
+        topology_of(args),
+        scheduler_flags=scheduler_flags(args),
+        route_flags=route_tool_flags(args) + route_media_flags(args),
     )
     args.planned_topology = topology
     scaling_groups(topology)

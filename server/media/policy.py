@@ -225,9 +225,10 @@ class MediaPolicy:
         default=None,
         metadata=flag(
             "the model's processor settings changed for every request, as vllm serve's flag: a "
-            'JSON object, e.g. \'{"fps": 1, "max_pixels": 200704}\'; epd honours the video '
-            "sampling (fps, num_frames, min_frames, max_frames) and pixel budget (min_pixels, "
-            "max_pixels, size) and refuses the rest by name (docs/video.md)",
+            'JSON object, e.g. \'{"fps": 1, "videos_kwargs": {"max_pixels": 200704}}\'; epd '
+            "honours the video sampling (fps, num_frames, min_frames, max_frames) and pixel "
+            "budget (min_pixels, max_pixels, size: for videos only, so in videos_kwargs) and "
+            "refuses the rest by name (docs/video.md)",
             env="EPD_MM_PROCESSOR_KWARGS",
             type=json_object,
             default_help="default: the checkpoint's",

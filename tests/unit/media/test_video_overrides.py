@@ -327,3 +327,31 @@ def test_the_pixel_budget_is_vllms_on_the_same_frames(
     assert output["mm_kwargs"]["video"][0]["video_grid_thw"].data.tolist() == list(plan.grid)
     assert output["prompt_token_ids"].count(prompt[0]) == plan.num_tokens
     assert plan.grid != loader.planner.plan(_stream(clip)).grid
+
+
+def test_epd_up_hands_the_flags_to_the_route_which_reads_them_back() -> None:
+    import argparse
+
+    from epd.server.media.media_cli import (
+        add_media_arguments,
+        add_passed_on_media_arguments,
+        media_policy,
+        route_media_flags,
+    )
+
+    up = argparse.ArgumentParser()
+    add_passed_on_media_arguments(up)
+    assert route_media_flags(up.parse_args([])) == ()
+    given = ['{"fps": 1, "videos_kwargs": {"max_pixels": 9000}}', '{"video": {"num_frames": 8}}']
+    args = up.parse_args(
+        ["--mm-processor-kwargs", given[0], "--media-io-kwargs", given[1]]
+        + ["--trust-request-mm-kwargs"]
+    )
+    route = argparse.ArgumentParser()
+    add_media_arguments(route)
+    policy = media_policy(route.parse_args(list(route_media_flags(args))))
+    assert policy.mm_processor_kwargs == {"fps": 1, "videos_kwargs": {"max_pixels": 9000}}
+    assert policy.media_io_kwargs == {"video": {"num_frames": 8}}
+    assert policy.trust_request_mm_kwargs
+    with pytest.raises(SystemExit):
+        route.parse_args(["--mm-processor-kwargs", "[1]"])
