@@ -6,9 +6,10 @@ tokens equal monolithic vLLM's given the same decoded frames and their timing (i
 and tower), in E/PD and E/P/D, with the clip in one chunk, in two chunks on two encoders and in
 four on three; and in EPD and EP/D (no encoder: an encode_prefill worker takes the route's kept
 frames and plan whole, and its engine runs its own processor and tower; Qwen2.5-VL there with
-``--all-families``). The clip is sampled at 1 frame a second, not the processors' 2, so Qwen2.5-VL's
-seconds per temporal patch (2.0) differ from vLLM's default (1.0) and Qwen3-VL's timestamps
-from the indices'."""
+``--all-families``, and LLaVA-OneVision in EPD, whose vLLM takes video as pixels only). The
+clip is sampled at 1 frame a second, not the processors' 2, so Qwen2.5-VL's seconds per
+temporal patch (2.0) differ from vLLM's default (1.0) and Qwen3-VL's timestamps from the
+indices'."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ RAW_TOPOLOGIES = ("epd", "ep-d")
 
 @pytest.fixture(
     scope="module",
-    params=[(f, t) for f in FAMILIES for t in ("e-pd", "e-p-d", *RAW_TOPOLOGIES)],
+    params=[(f, t) for f in FAMILIES for t in ("e-pd", "e-p-d", *RAW_TOPOLOGIES)]
+    + [("llava_onevision", "epd")],
     ids=lambda param: "-".join(param),
 )
 async def deployment(
@@ -164,7 +166,7 @@ async def vllm_reference(
 async def test_video_tokens_equal_monolithic_vllm_on_the_same_frames(deployment) -> None:
     model_dir, engine = deployment["model_dir"], deployment["engine"]
     video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
-    assert len(video.frames) == 8 and video.plan.grid[0] == 4
+    assert len(video.frames) == 8 and video.plan.grid[0] == 8 // video.plan.temporal_patch_size
     expected = await vllm_reference(engine, model_dir, video.frames, video)
     # NOTE: the answer depends on the frames and their order: equal tokens mean equal embeddings.
     assert await vllm_reference(engine, model_dir, video.frames[::-1].copy(), video) != expected
