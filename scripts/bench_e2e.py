@@ -36,72 +36,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import csv
 import functools
 import io
 import json
-import os
 import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from e2e_report import (
+    FIELDS,
+    Row,
+    compare_to_vllm,
+    print_cpu_table,
+    print_ideal_table,
+    print_table,
+    share_of_ideal,
+)
+from e2e_serving import log, serving
 from PIL import Image
 from process_cpu import cpu_by_process
-from vllm_servers import start_vllm, start_vllm_ec
 
-from epd.common.cpus import allowed_cpus
-from epd.launch.cpu_layout import LAYOUTS, describe, lay_out
-from epd.launch.launcher import Deployment, start_topology
-from epd.launch.topology import Topology
-from epd.server.engine.device import resolve_device
+from epd.launch.cpu_layout import LAYOUTS
 
 DEFAULT_VIDEO_SYSTEMS = "e-pd@auto,e-pd:per_image@auto/auto,e-pd:per_image@auto/auto/auto,vllm"
-FIELDS = [
-    "system",
-    "concurrency",
-    "rate",
-    "requests",
-    "failed",
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "tpot_ms",
-    "output_tok_s",
-    "req_s",
-    "ttft_p50_vs_vllm",
-    "tok_s_vs_vllm",
-    "ttft_p50_vs_vllm_ec",
-    "tok_s_vs_vllm_ec",
-]
-
-
-@dataclass
-class Row:
-    """One (system, concurrency) measurement."""
-
-    system: str
-    concurrency: int
-    rate: float
-    requests: int
-    failed: int
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    tpot_ms: float
-    output_tok_s: float
-    req_s: float
-    ttft_p50_vs_vllm: float | None = None
-    tok_s_vs_vllm: float | None = None
-    ttft_p50_vs_vllm_ec: float | None = None
-    tok_s_vs_vllm_ec: float | None = None
-    cpu_ms_per_request: dict[str, float] = field(default_factory=dict)
-    share_of_ideal: float | None = None
 
 
 def tiny_model_dir() -> Path:
@@ -225,158 +190,6 @@ async def arrivals(num_requests: int, rate: float) -> AsyncIterator[int]:
         yield seed
 
 
-@contextlib.asynccontextmanager
-async def serving(
-    system: str,
-    model_dir: Path,
-    run_dir: Path,
-    args: argparse.Namespace,
-    more_env: dict[str, str] | None = None,
-    vllm_flags: tuple[str, ...] = (),
-) -> AsyncIterator[tuple[str, dict[str, int]]]:
-    """Start ``system`` (every process with ``more_env``, monolithic vLLM with ``vllm_flags``);
-    yield its OpenAI base URL and its processes (name: pid); stop it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        **(more_env or {}),
-    }
-    system, metrics, _ = system.partition("+metrics")
-    deployment = Deployment(run_dir, env, metrics=bool(metrics))
-    scraper: asyncio.Task[None] | None = None
-    try:
-        if system in ("vllm", "vllm-ec"):
-            if system == "vllm":
-                url = await start_vllm(deployment, model_dir, "vllm", *vllm_flags)
-            else:
-                url = await start_vllm_ec(deployment, model_dir)
-            yield url, {c.name: c.process.pid for c in deployment.children}
-        else:
-            system, _, devices = system.partition("@")
-            name, _, policy = system.partition(":")
-            dual = name == "dual-encoder"
-            topology = Topology(
-                name,
-                policy=policy or "adaptive",
-                split_ratio=args.split_ratio if dual or devices else "",
-                encoder_threads=args.encoder_threads if dual else (),
-                devices=tuple(device for device in devices.split("/") if device),
-                engine=args.engine,
-            )
-            accelerator = resolve_device("auto") != "cpu"
-            plan = lay_out(topology.services(accelerator), allowed_cpus(), args.cpu_layout, {})
-            log(args, f"{system}: CPUs: {describe(plan)}")
-            topology = topology.with_cpus(plan)
-            route = await start_topology(deployment, model_dir, "tiny", topology)
-            urls = [c.metrics_url for c in deployment.children if c.metrics_url]
-            scraper = asyncio.create_task(scrape_every_second(urls)) if urls else None
-            processes = {c.name: c.process.pid for c in deployment.children}
-            yield f"http://127.0.0.1:{route.http_port}/v1", processes
-    finally:
-        if scraper is not None:
-            scraper.cancel()
-        deployment.stop()
-
-
-async def scrape_every_second(urls: list[str]) -> None:
-    """Read every service's metrics once a second, as a Prometheus with a 1 s interval would."""
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session:
-        while True:
-            for url in urls:
-                async with session.get(url) as response:
-                    await response.read()
-            await asyncio.sleep(1.0)
-
-
-def ratio(value: float, reference: float) -> float | None:
-    return round(value / reference, 3) if reference and reference == reference else None
-
-
-def compare_to_vllm(rows: list[Row]) -> None:
-    """Fill each row's ratios to the vllm and vllm-ec rows at the same concurrency and rate."""
-    monolithic = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm"}
-    split = {(r.concurrency, r.rate): r for r in rows if r.system == "vllm-ec"}
-    for row in rows:
-        if (reference := monolithic.get((row.concurrency, row.rate))) is not None:
-            row.ttft_p50_vs_vllm = ratio(row.ttft_p50_ms, reference.ttft_p50_ms)
-            row.tok_s_vs_vllm = ratio(row.output_tok_s, reference.output_tok_s)
-        if (reference := split.get((row.concurrency, row.rate))) is not None:
-            row.ttft_p50_vs_vllm_ec = ratio(row.ttft_p50_ms, reference.ttft_p50_ms)
-            row.tok_s_vs_vllm_ec = ratio(row.output_tok_s, reference.output_tok_s)
-
-
-def share_of_ideal(rows: list[Row]) -> None:
-    """Fill the share of the ideal of each row of a system whose encoders are on several devices
-    (``e-pd:POLICY@cuda/cpu``): its req/s over the sum of the req/s of the same topology with one
-    encoder on each of those devices alone (``e-pd@cuda`` + ``e-pd@cpu``), at the same
-    concurrency and rate: 1.0 means the mixed encoders lose nothing of what each adds alone."""
-    alone = {
-        (r.system, r.concurrency, r.rate): r.req_s
-        for r in rows
-        if "@" in r.system and "/" not in r.system
-    }
-    for row in rows:
-        system, _, devices = row.system.partition("@")
-        if "/" not in devices:
-            continue
-        name = system.partition(":")[0]
-        parts = [alone.get((f"{name}@{d}", row.concurrency, row.rate)) for d in devices.split("/")]
-        if all(parts):
-            row.share_of_ideal = ratio(row.req_s, sum(p for p in parts if p))
-
-
-def print_ideal_table(rows: list[Row]) -> None:
-    mixed = [r for r in rows if r.share_of_ideal is not None]
-    if not mixed:
-        return
-    print("encoders on several devices: req/s against the sum of each device's alone (ideal)")
-    for r in mixed:
-        print(
-            f"  {r.system:<32} concurrency {r.concurrency:>3}: {r.req_s:7.2f} req/s, "
-            f"{r.share_of_ideal:.2f} of the ideal"
-        )
-
-
-def print_table(rows: list[Row]) -> None:
-    def times(value: float | None) -> str:
-        return f"{value:>7.2f}x" if value is not None else f"{'-':>8}"
-
-    print(
-        f"{'system':<26}{'conc':>5}{'rate':>6}{'ok':>5}{'fail':>5}{'TTFT p50':>10}"
-        f"{'TTFT p99':>10}{'TPOT':>8}{'tok/s':>8}{'req/s':>7}{'TTFT/vllm':>10}"
-        f"{'tok/s/vllm':>11}{'TTFT/v-ec':>10}{'tok/s/v-ec':>11}"
-    )
-    for r in rows:
-        print(
-            f"{r.system:<26}{r.concurrency:>5}{r.rate:>6.1f}{r.requests:>5}{r.failed:>5}"
-            f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p99_ms:>8.0f}ms{r.tpot_ms:>6.0f}ms"
-            f"{r.output_tok_s:>8.1f}{r.req_s:>7.2f}  {times(r.ttft_p50_vs_vllm)}"
-            f"  {times(r.tok_s_vs_vllm)}  {times(r.ttft_p50_vs_vllm_ec)}"
-            f"  {times(r.tok_s_vs_vllm_ec)}"
-        )
-
-
-def print_cpu_table(rows: list[Row]) -> None:
-    """CPU ms per request by process, one block per row; processes under 0.5 ms are summed
-    into ``(others)``."""
-    print("CPU time per request, ms (user+system, from /proc)")
-    for r in rows:
-        total = sum(r.cpu_ms_per_request.values())
-        print(f"  {r.system} @ concurrency {r.concurrency}, rate {r.rate:g}: {total:.1f} ms")
-        others = 0.0
-        for name, ms in r.cpu_ms_per_request.items():
-            if ms < 0.5:
-                others += ms
-            else:
-                print(f"    {ms:>8.1f}  {name}")
-        if others:
-            print(f"    {others:>8.1f}  (others)")
-
-
 async def main(args: argparse.Namespace) -> int:
     model_dir = args.model or tiny_model_dir()
     run_root = Path(tempfile.mkdtemp(prefix="epd-bench-"))
@@ -439,10 +252,6 @@ async def main(args: argparse.Namespace) -> int:
 
 def parse_list(text: str, kind: type[float] | type[int]) -> list[Any]:
     return [kind(part) for part in text.split(",") if part.strip()]
-
-
-def log(args: argparse.Namespace, message: str) -> None:
-    print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_e2e import log, serving, tiny_model_dir
+from bench_e2e import tiny_model_dir
+from e2e_serving import log, serving
 
 from epd.launch.cpu_layout import LAYOUTS
 

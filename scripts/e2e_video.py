@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e_report import ratio, times
 from video_clips import ClipShape, VideoClips
 
 QUESTION = "What happens in this video?"
@@ -82,10 +83,6 @@ def chunk_patches(system: str, temporal_patches: int) -> int | None:
     """``--video-chunk-patches`` for ``system``: the clip cut into one chunk per encoder."""
     encoders = num_encoders(system)
     return math.ceil(temporal_patches / encoders) if encoders else None
-
-
-def ratio(value: float, reference: float | None) -> float | None:
-    return round(value / reference, 3) if reference and reference == reference else None
 
 
 def compare(rows: list[VideoRow]) -> None:
@@ -153,7 +150,8 @@ async def run_system(
     """Every clip size and concurrency level of ``system``; its rows and its greedy answer per
     clip size."""
     import openai
-    from bench_e2e import log, measure, parse_list, serving
+    from bench_e2e import measure, parse_list
+    from e2e_serving import log, serving
 
     shapes, levels = clips.shapes, parse_list(args.concurrency, int)
     patches = clips.temporal_patches(shapes[0])
@@ -246,9 +244,6 @@ async def run_video(args: argparse.Namespace, model_dir: Path, run_root: Path) -
 
 
 def print_table(rows: list[VideoRow]) -> None:
-    def times(value: float | None) -> str:
-        return f"{value:>7.2f}x" if value is not None else f"{'-':>8}"
-
     def ms(value: float | None) -> str:
         return f"{value:>7.0f}ms" if value is not None else f"{'-':>9}"
 
