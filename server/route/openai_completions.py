@@ -108,6 +108,7 @@ def to_completion_request(
         more_prompts=others,
         tokens_as_ids=bool(parsed.return_tokens_as_token_ids),
         return_token_ids=bool(parsed.return_token_ids),
+        stream_interval=parsed.stream_interval or 1,
     )
     for token_ids in prompt.token_ids:
         check_request(replace(request, prompt_token_ids=token_ids), limits)

@@ -32,6 +32,7 @@ from epd.server.route.openai_completions import CompletionWriter
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
+from epd.server.route.stream_interval import batched
 from epd.server.route.tools_answer import AnswerParsing
 from epd.server.route.tools_request import ToolCalling
 from epd.v1 import generation_pb2
@@ -174,6 +175,8 @@ class OpenAiHttp:
         self, request: web.Request, chat: ChatRequest, api: Api, include_usage: bool
     ) -> web.StreamResponse:
         pieces = generate_choices(self.router, chat, self.options.request_timeout_s)
+        if chat.stream_interval > 1:
+            pieces = batched(pieces, chat.stream_interval)
         try:
             first = await anext(pieces)
         except StopAsyncIteration:

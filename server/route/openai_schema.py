@@ -60,6 +60,7 @@ SAMPLING_FIELDS = frozenset(
         "bad_words",
         "stream",
         "stream_options",
+        "stream_interval",
         "temperature",
         "top_p",
         "top_k",
@@ -269,6 +270,7 @@ def to_chat_request(
     if parsed.echo:
         request.echo = echo_text(messages, parsed.add_generation_prompt)
     request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
+    request.stream_interval = parsed.stream_interval or 1
     request.media_kwargs = media_kwargs_of(parsed)
     request.return_token_ids = bool(parsed.return_token_ids)
     request.add_special_tokens = bool(parsed.add_special_tokens)

@@ -113,6 +113,9 @@ class ChatRequest:
     # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the
     # answer's; "": none)
     echo: str = ""
+    # the OpenAI door streams a completion's tokens this many at a time, its first and last
+    # chunks at once (vLLM's stream_interval)
+    stream_interval: int = 1
     # the request's own mm_processor_kwargs and media_io_kwargs (vLLM's; the media loaders
     # check and apply them: video_overrides)
     media_kwargs: MediaKwargs = field(default_factory=MediaKwargs)
