@@ -190,6 +190,7 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("truncate_prompt_tokens_context", {**GREEDY, "truncate_prompt_tokens": -1}),
     ("add_special_tokens", {**GREEDY, "add_special_tokens": True}),
     ("empty_media_kwargs", {**GREEDY, "mm_processor_kwargs": {}, "media_io_kwargs": {}}),
+    ("stream_interval_whole", {**GREEDY, "stream_interval": 4}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -213,6 +214,7 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("bad_response_format", {**GREEDY, "response_format": {"type": "xml"}}),
     ("two_constraints", {**GREEDY, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
     ("wrong_type", {**GREEDY, "max_tokens": "many"}),
+    ("stream_interval_zero", {**GREEDY, "stream": True, "stream_interval": 0}),
     ("prompt_logprobs_negative", {**GREEDY, "prompt_logprobs": -2}),
     ("prompt_logprobs_streamed", {**GREEDY, "prompt_logprobs": 1, "stream": True}),
     ("prompt_logprobs_beyond_the_limit", {**GREEDY, "prompt_logprobs": 100}),
@@ -744,3 +746,33 @@ async def test_completion_token_ids_are_vllms(
     stream = {**body, "stream": True}
     chunks = [await streamed(url, stream, "completions") for url in (vllm_url, epd_url)]
     assert completion_ids(chunks[1]) == completion_ids(chunks[0])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("chat/completions", {**GREEDY, "messages": TEXT, "n": 2, "temperature": 1, "seed": 5}),
+        ("completions", {**PROMPT, "echo": True, "logprobs": 1}),
+    ],
+    ids=["chat", "completions"],
+)
+async def test_stream_interval_batches_the_deltas_as_vllm_does(
+    vllm_url: str, epd_url: str, path: str, body: dict[str, Any]
+) -> None:
+    """The first token at once, then at least k tokens a chunk, the last with what is left.
+    NOTE: the exact chunks are not compared: vLLM's own reader joins outputs it has not taken
+    yet (RequestOutputCollector), and epd's engines hand the route tokens likewise."""
+    stream = {**body, "max_tokens": 11, "ignore_eos": True, "stream": True, "stream_interval": 3}
+    stream["return_token_ids"] = True
+    joined = []
+    for url in (vllm_url, epd_url):
+        groups: dict[int, list[list[int]]] = {}
+        for chunk in await streamed(url, stream, path):
+            for choice in chunk["choices"]:
+                if choice.get("token_ids"):
+                    groups.setdefault(choice["index"], []).append(choice["token_ids"])
+        for ids in groups.values():
+            assert len(ids[0]) == 1 and all(len(group) >= 3 for group in ids[1:-1]), ids
+            assert len(ids) < 11, ids
+        joined.append({index: sum(ids, []) for index, ids in groups.items()})
+    assert joined[1] == joined[0]
