@@ -261,14 +261,15 @@ class ChatApi:
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
-        for answer in answers if chat.echo else []:
-            answer.texts.insert(0, chat.echo)
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         body = openai_answers.completion(chat.request_id, chat.model, answers, logprobs)
         if chat.return_token_ids:
             openai_answers.add_token_ids(body, answers, chat.answer_parsing)
         if chat.answer_parsing is not None:
-            chat.answer_parsing.parse_choices(body["choices"], answers)
+            chat.answer_parsing.parse_choices(body["choices"], answers, chat.echo)
+        elif chat.echo:
+            for choice in body["choices"]:
+                choice["message"]["content"] = chat.echo + choice["message"]["content"]
         return body
 
     def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:

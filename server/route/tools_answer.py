@@ -111,15 +111,20 @@ class AnswerParsing:
         dumped: dict[str, Any] = delta.model_dump(exclude_unset=True)
         return dumped
 
-    def parse_choices(self, choices: list[dict[str, Any]], answers: list[Any]) -> None:
-        """Rewrite the whole answer's ``choices`` (``openai_schema.completion``'s, in the order of
-        ``answers``, each an ``openai_schema.Answer``) with each completion's parsed message and
-        finish reason."""
+    def parse_choices(
+        self, choices: list[dict[str, Any]], answers: list[Any], echo: str = ""
+    ) -> None:
+        """Rewrite the whole answer's ``choices`` (``openai_answers.completion``'s, in the order
+        of ``answers``, each an ``openai_answers.Answer``) with each completion's parsed message
+        and finish reason; where the request asked for ``echo``, the content starts with
+        ``echo``, put there after the parsers, which never see it, as vLLM does."""
         for choice, answer in zip(choices, answers, strict=True):
             text = "".join(answer.texts)
             message, finish = self.message(
                 choice["index"], text, answer.token_ids, choice["finish_reason"]
             )
+            if self.request.echo:
+                message["content"] = echo + (message["content"] or "")
             choice.update(message=message, finish_reason=finish)
             if self.hides_metadata:
                 choice["logprobs"] = None

@@ -86,6 +86,8 @@ CALLED = [
     },
     {"role": "tool", "tool_call_id": "call-1", "content": "recorded"},
 ]
+# A continued assistant message that reads as a tool call: echo repeats it, the parser must not.
+ECHOED_CALL = '<tool_call>\n{"name": "verdict", "arguments": {"ok": true}}\n</tool_call>\n'
 # The flags both servers run with, as vllm serve spells them.
 TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 TRUST_FLAG = "--trust-request-chat-template"
@@ -173,6 +175,16 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("tool_choice_auto", TOOL_GREEDY),
     ("one_tool_call", {**TOOL_GREEDY, "tool_choice": "required", "parallel_tool_calls": False}),
     ("tool_result_in_history", {**TOOL_GREEDY, "messages": CALLED}),
+    (
+        "echo_with_a_tool_parser",
+        {
+            **TOOL_GREEDY,
+            "messages": [*TEXT, {"role": "assistant", "content": ECHOED_CALL}],
+            "echo": True,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+    ),
     ("request_chat_template", {**GREEDY, "chat_template": PARTS_TEMPLATE}),
     (
         "request_chat_template_string",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -274,3 +274,25 @@ def test_the_chat_template_sees_the_tools_and_the_calls_as_vllm_passes_them(
     chat = schema.to_chat_request({**BODY, "messages": messages, "tool_choice": "none"}, "tiny")
     text = prompts.tokenizer.decode(prompts.token_ids(chat.messages, chat.template_kwargs))
     assert "[tool get_weather][call Paris][result c1: sun]" in text
+
+
+def test_echo_goes_before_the_parsed_content_unparsed_as_vllm_puts_it(
+    hermes: ToolCalling, tokenizer: Any
+) -> None:
+    from epd.server.route.openai_answers import Answer
+    from epd.server.route.openai_http import ChatApi
+
+    messages = [*BODY["messages"], {"role": "assistant", "content": CALL}]
+    body = {**BODY, "messages": messages, "add_generation_prompt": False}
+    body.update(continue_final_message=True, echo=True)
+    chat = schema.to_chat_request(body, "tiny", tools=hermes)
+    assert chat.echo == CALL
+    answer = Answer(["Sunny."], token_ids=tokenizer("Sunny.").input_ids)
+    (choice,) = ChatApi(cast(Any, None)).whole(chat, [answer])["choices"]
+    assert choice["message"]["content"] == CALL + "Sunny.", "the echo is not parsed"
+    assert not choice["message"].get("tool_calls") and choice["finish_reason"] == "stop"
+    tool = schema.to_chat_request({**BODY, "echo": True}, "tiny", tools=hermes)
+    assert tool.echo == "" and tool.answer_parsing is not None
+    answer = Answer([CALL], token_ids=tokenizer(CALL).input_ids)
+    (choice,) = ChatApi(cast(Any, None)).whole(tool, [answer])["choices"]
+    assert choice["message"]["content"] == "", "vLLM: echo asked, the parsed None made ''"
