@@ -224,7 +224,8 @@ class Api(Protocol):
 
     def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
         """What a stream sends before its first token (``prompt_ids``: the prompt's token ids
-        as the engine holds them, when the request asked for them)."""
+        as the engine holds them, when the request asked for them or its reasoning parser reads
+        them)."""
 
     def delta(
         self, chat: ChatRequest, choice: Choice, so_far: openai_answers.Answer
@@ -254,7 +255,13 @@ class ChatApi:
             http.trust_chat_template,
         )
         parsing = chat.answer_parsing
-        if parsing is not None and parsing.needs_prompt:
+        # NOTE: a structured output's start is judged on the prompt before the engines answer;
+        # else the parsers get the prompt from the router's first chunk, as the engine holds it
+        if (
+            parsing is not None
+            and parsing.needs_prompt
+            and chat.sampling.HasField("structured_output")
+        ):
             parsing.prompt_token_ids = http.router.prompts.token_ids(
                 chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
             )
@@ -266,6 +273,8 @@ class ChatApi:
         if chat.return_token_ids:
             openai_answers.add_token_ids(body, answers, chat.answer_parsing)
         if chat.answer_parsing is not None:
+            if answers and answers[0].prompt_token_ids is not None:
+                chat.answer_parsing.prompt_token_ids = answers[0].prompt_token_ids
             chat.answer_parsing.parse_choices(body["choices"], answers, chat.echo)
         elif chat.echo:
             for choice in body["choices"]:
@@ -279,7 +288,9 @@ class ChatApi:
             openai_answers.chunk(chat.request_id, chat.model, role, None, index=i)
             for i in range(num_choices)
         ]
-        if prompt_ids is not None:  # NOTE: as vLLM: on each choice's first chunk
+        if chat.answer_parsing is not None and prompt_ids is not None:
+            chat.answer_parsing.prompt_token_ids = prompt_ids
+        if chat.return_token_ids and prompt_ids is not None:  # NOTE: as vLLM: each first chunk
             for payload in chunks:
                 payload["prompt_token_ids"] = prompt_ids
         if chat.echo:  # NOTE: as vLLM: every choice's role, then every choice's echo

@@ -92,7 +92,8 @@ class RouteChunk:
     # first position without candidates)
     prompt_logprobs: list[generation_pb2.TokenLogprobs] = field(default_factory=list)
     # on the first chunk, the prompt as the engine holds it, images expanded, when the request
-    # asked for it (``ChatRequest.return_token_ids``; None: not asked, or a later chunk)
+    # asked for it (``ChatRequest.return_token_ids``) or its reasoning parser reads it (None:
+    # neither, or a later chunk)
     prompt_token_ids: list[int] | None = None
 
 
@@ -218,7 +219,8 @@ class Router:
             share_pixels(self.plane, stage, pixels)
             pieces = self._engine_pieces(call, stage, images, videos)
             prompt_ids = None
-            if request.return_token_ids:
+            parsing = request.answer_parsing  # NOTE: a reasoning parser reads the prompt too
+            if request.return_token_ids or (parsing is not None and parsing.needs_prompt):
                 prompt_ids = engine_prompt(self.prompts, token_ids, images, videos)
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids):
                 yield chunk

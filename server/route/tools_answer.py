@@ -16,8 +16,10 @@ from typing import Any
 class AnswerParsing:
     """The parsing of one request's completions: ``request`` is vLLM's ``ChatCompletionRequest``
     (adjusted by the parser), ``parser_cls`` vLLM's composed ``Parser`` class.
-    ``prompt_token_ids``: the rendered prompt, which reasoning parsers look at (None: not
-    rendered here)."""
+    ``prompt_token_ids``: the prompt, which reasoning parsers look at, as the engine holds it
+    (the router's first chunk, as vLLM gives its parsers the engine's prompt_token_ids), or as
+    rendered where a structured output's start is judged before the engines answer (None: not
+    known yet)."""
 
     def __init__(
         self, request: Any, parser_cls: Any, enable_auto_tools: bool, tokenizer: Any

@@ -126,3 +126,49 @@ async def test_a_truncated_prompt_reaches_the_engine_cut_and_an_image_is_never_c
     status, refused = await post(url, {**body, "messages": IMAGE, "truncate_prompt_tokens": 3})
     assert status == 400
     assert refused["error"]["param"] == "truncate_prompt_tokens"
+
+
+async def test_a_reasoning_parser_reads_the_engines_prompt_tokenised_once(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As vLLM gives its parsers the engine's prompt_token_ids (each image expanded): the
+    router's first chunk carries them, and the prompt is tokenised once, by the router."""
+    from epd.server.route.tools import ToolOptions, check_tool_options, parser_class
+    from epd.server.route.tools_answer import AnswerParsing
+    from epd.server.route.tools_request import ToolCalling
+
+    prompts = PromptBuilder(tiny_model_dir)
+    prompts.tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    peers = FakePeers(FakeScheduler(encoders=["enc0"]))
+    peers.engines["pd0"] = FakeEngine(tokens=ANSWER)
+    router = model_router(peers, prompts, tiny_model_dir)
+    options = check_tool_options(ToolOptions(reasoning_parser="deepseek_r1"))
+    parser = parser_class(options, prompts.tokenizer, "tiny")
+    tools = ToolCalling(parser, False, prompts.tokenizer)
+    limits = schema.RequestLimits(max_context_tokens=prompts.max_context_tokens)
+    http = OpenAiHttp(router, limits=limits, tools=tools)
+    url = f"http://127.0.0.1:{await http.start('127.0.0.1', 0)}/v1/chat/completions"
+    body = {"model": "tiny", "max_tokens": 3, "messages": IMAGE}
+    status, answer = await post(url, {**body, "return_token_ids": True})
+    assert status == 200, answer
+    expanded = answer["prompt_token_ids"]
+    assert len(expanded) > len(prompts.token_ids(schema.to_chat_request(body, "tiny").messages))
+    tokenised, seen = [], []
+    token_ids, parser_of = PromptBuilder.token_ids, AnswerParsing.parser
+
+    def counted(self: PromptBuilder, *args: Any, **kwargs: Any) -> list[int]:
+        tokenised.append(1)
+        return token_ids(self, *args, **kwargs)
+
+    def watched(self: AnswerParsing, index: int) -> Any:
+        seen.append(self.prompt_token_ids)
+        return parser_of(self, index)
+
+    monkeypatch.setattr(PromptBuilder, "token_ids", counted)
+    monkeypatch.setattr(AnswerParsing, "parser", watched)
+    for stream in (False, True):
+        tokenised.clear()
+        status, _ = await post(url, {**body, "stream": stream})
+        assert status == 200 and len(tokenised) == 1, "the router's tokenisation alone"
+    assert seen and all(ids == expanded for ids in seen)
+    await http.stop()
