@@ -25,7 +25,8 @@ class RequestOptions(TypedDict, total=False):
     - ``logit_bias`` (token id -> bias), ``bad_words``, ``allowed_token_ids``.
     - ``logprobs``: None for none, k for the generated token's with the k most likely beside it
       (``Chunk.logprobs``); ``prompt_logprobs`` likewise for each prompt token
-      (``Chunk.prompt_logprobs``, computed by the prefill worker).
+      (``Chunk.prompt_logprobs``, computed by the prefill worker); ``logprob_token_ids``: the
+      generated token's with these ids' beside it instead of the most likely ones.
     - ``skip_special_tokens``, ``spaces_between_special_tokens`` (True): special tokens left out
       of the text, or kept with or without a space between two of them.
     - ``priority`` (0; lower first, where the engine schedules by priority), ``cache_salt``
@@ -57,6 +58,7 @@ class RequestOptions(TypedDict, total=False):
     allowed_token_ids: Sequence[int]
     logprobs: int | None
     prompt_logprobs: int | None
+    logprob_token_ids: Sequence[int]
     skip_special_tokens: bool
     spaces_between_special_tokens: bool
     priority: int
@@ -89,7 +91,7 @@ _PLAIN = (
     "priority",
     "cache_salt",
 )
-_LISTS = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids")
+_LISTS = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids", "logprob_token_ids")
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
 _REQUEST = ("model", "encoder_policy", "request_id")
 

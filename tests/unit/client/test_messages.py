@@ -198,6 +198,8 @@ def test_options_are_vllms_sampling_options_and_a_structured_output() -> None:
     assert not build_request([user("hi")]).sampling.HasField("logprobs")
     choice = build_request([user("hi")], choice=["a", "b"]).sampling.structured_output
     assert list(choice.choice.values) == ["a", "b"]
+    ids = build_request([user("hi")], logprob_token_ids=[7, 3]).sampling.logprob_token_ids
+    assert list(ids) == [7, 3]
 
 
 @pytest.mark.parametrize(
