@@ -80,26 +80,30 @@ SAMPLING_FIELDS = frozenset(
 )
 # vLLM's ChatCompletionRequest fields epd implements; any other is refused at a value other than
 # its default.
-IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
-    "messages",
-    "echo",
-    "max_completion_tokens",
-    "parallel_tool_calls",
-    "top_logprobs",
-    "add_generation_prompt",
-    "continue_final_message",
-    "chat_template_kwargs",
-    "documents",
-    "reasoning_effort",
-    "tools",
-    "tool_choice",
-    "include_reasoning",
-    "chat_template",
-    "return_token_ids",
-    "truncate_prompt_tokens",
-    "truncation_side",
-    "add_special_tokens",
-} | REQUEST_FIELDS
+IMPLEMENTED_FIELDS = (
+    SAMPLING_FIELDS
+    | {
+        "messages",
+        "echo",
+        "max_completion_tokens",
+        "parallel_tool_calls",
+        "top_logprobs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "documents",
+        "reasoning_effort",
+        "tools",
+        "tool_choice",
+        "include_reasoning",
+        "chat_template",
+        "return_token_ids",
+        "truncate_prompt_tokens",
+        "truncation_side",
+        "add_special_tokens",
+    }
+    | REQUEST_FIELDS
+)
 IMAGE_DETAILS = ("auto", "low", "high")
 # vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
 UNTRUSTED_TEMPLATE = (
