@@ -680,15 +680,6 @@ async def test_the_same_completion_body_gets_the_same_answer(
         ("suffix", {**PROMPT, "suffix": "!"}),
         ("logprobs_beyond_the_limit", {**PROMPT, "logprobs": 100}),
         ("token_beyond_the_vocabulary", {**PROMPT, "prompt": [100, 9396]}),
-        ("logprob_token_ids_without_logprobs", {**PROMPT, "logprob_token_ids": [60]}),
-        (
-            "echo_only_logprob_token_ids",
-            {**PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1, "logprob_token_ids": [60]},
-        ),
-        (
-            "logprob_token_ids_beyond_the_vocabulary",
-            {**PROMPT, "logprobs": 1, "logprob_token_ids": [9396]},
-        ),
         ("truncate_beyond_the_context", {**PROMPT, "truncate_prompt_tokens": 100000}),
         ("truncate_to_nothing", {**PROMPT, "truncate_prompt_tokens": 0}),
         ("logprob_token_ids_without_logprobs", {**PROMPT, "logprob_token_ids": [60]}),
