@@ -3,11 +3,13 @@
 One path per request, each step a function of what the steps before it made:
 1. prompt: render and tokenise the chat (``prompt``);
 2. media: load every image under the media rules: decoded, hashed (mm_hash) and its grid and
-   token count computed once here, for every later hop (``RouteImage``); with a data plane its
-   decoded pixels are shared with the workers on this host that read images (encoders, an
-   encode_prefill worker), in segments tagged with its mm_hash, so none of them decodes or
-   hashes it again; every video decoded, planned and cut into chunks once here
-   (``videos``), each chunk an encoding item whose frames are shared likewise;
+   token count computed once here, for every later hop (``media.RouteImage``); with a data
+   plane its decoded pixels are shared with the workers on this host that read images
+   (encoders, an encode_prefill worker), in segments tagged with its mm_hash, so none of them
+   decodes or hashes it again; every video decoded, planned and cut into chunks once here
+   (``media.RouteVideo``), each chunk an encoding item whose frames are shared likewise; the
+   prompt as the engine will hold it (block hashes, a requested cut, the embedded prompt)
+   follows from those counts (``engine_prompt``);
 3. encoding: with live encoders, the scheduler assigns them while it chooses the prefill worker
    (KV-aware, from the hashes of the expanded prompt), and the images are encoded for that
    worker's host and device (``encoding``); without, the images go raw to an encode_prefill
