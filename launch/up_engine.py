@@ -84,7 +84,8 @@ def engine_settings(
     """(KV cache MiB or None, other flags, ``--engine-arg`` included) for engines on ``device``
     (``cpu`` or ``cuda:N``),
     ``num_engines`` of them on this machine; ``engines_pinned``: each engine has CPUs of its
-    own (``--cpus``) and sizes its threads from them."""
+    own (``--cpus``) and sizes its threads from them. The route's ``--reasoning-parser`` goes
+    to the engines too, as ``vllm serve`` gives its engine the parser."""
     kind = device_type(device)
     flags = ["--device", kind]
     if kind != CPU and args.gpu_memory_utilization is None and num_engines > 1:
@@ -98,6 +99,8 @@ def engine_settings(
         flags += ["--cpu-threads", str(max(1, threads // num_engines))]
     if args.enforce_eager is not None:
         flags.append("--enforce-eager" if args.enforce_eager else "--no-enforce-eager")
+    if args.reasoning_parser:  # NOTE: the route's flag (tools_cli): the engines need it too
+        flags += ["--reasoning-parser", args.reasoning_parser]
     for pair in args.engine_arg:
         flags += ["--engine-arg", pair]
     kv_cache_mb = args.kv_cache_mb

@@ -44,6 +44,9 @@ ENGINE_FIELDS = {
     "echo": "prompt_logprobs",
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "thinking_token_budget": "thinking_token_budget",
+    "repetition_detection": "repetition_detection",
+    "vllm_xargs": "vllm_xargs",
 }
 REFUSED = "400 `UNSUPPORTED_PARAMETER` unless default"
 

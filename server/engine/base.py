@@ -111,6 +111,23 @@ class StructuredOutput:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
+    # whether the prompt has ended the model's reasoning, as the route's reasoning parser judged
+    # it (vLLM's reasoning_ended: True constrains from the first token, False once the engine's
+    # reasoning parser sees reasoning end); None: the engine's parser judges the prompt
+    reasoning_ended: bool | None = None
+    # the request's chat template arguments as JSON object text, for the engine's reasoning
+    # parser (vLLM's reasoning_parser_kwargs); "": none
+    chat_template_kwargs: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RepetitionDetection:
+    """vLLM's ``RepetitionDetectionParams``: stop when an n-gram of ``min_pattern_size`` (0: 1)
+    to ``max_pattern_size`` tokens repeats ``min_count`` times at the end of the output."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +163,11 @@ class Sampling:
     priority: int = 0
     # the prompt's prefix-cache salt ("": unsalted)
     cache_salt: str = ""
+    # tokens the model may reason before the engine ends its reasoning (None: no budget)
+    thinking_token_budget: int | None = None
+    repetition_detection: RepetitionDetection | None = None
+    # vLLM's vllm_xargs as JSON object text, for custom logits processors ("": none)
+    vllm_xargs: str = ""
     # report these token ids' log probabilities at each position instead of the most likely
     # tokens' (vLLM's logprob_token_ids; (): none)
     logprob_token_ids: tuple[int, ...] = ()
@@ -177,6 +199,9 @@ EXTENDED_SAMPLING_FIELDS = (
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "logprob_token_ids",
+    "thinking_token_budget",
+    "repetition_detection",
+    "vllm_xargs",
 )
 
 

@@ -18,6 +18,7 @@ from epd.server.engine.device import defaults_for
 from epd.server.engine.settings import EngineSettings
 from epd.server.engine.vllm_args import parse_engine_args
 from epd.server.engine.vllm_engine import VllmOptions
+from epd.server.engine.vllm_reasoning import check_reasoning_parser
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def engine_options(args: argparse.Namespace, kv_role: str | None, device: str) -
         side_channel=SideChannel(settings.kv_host, settings.kv_port),
         kv_lease_s=settings.kv_lease_s,
         cpu_threads=settings.cpu_threads,
+        reasoning_parser=check_reasoning_parser(settings.reasoning_parser),
         overrides=overrides,
     )
 

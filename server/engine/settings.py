@@ -152,6 +152,18 @@ class EngineSettings:
         ),
     )
 
+    reasoning_parser: str | None = field(
+        default=_VLLM.reasoning_parser,
+        metadata=flag(
+            "vLLM's reasoning parser of the model (deepseek_r1, qwen3, ...), as vllm serve's "
+            "flag and the same as the route's: the engine starts a structured output (a JSON "
+            "schema, a required or named tool call) after the model's reasoning, and takes "
+            "thinking_token_budget; vLLM engine only",
+            env="EPD_REASONING_PARSER",
+            default_help="default: none",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.kv_lease_s < MIN_KV_LEASE_S:
             raise ValueError(

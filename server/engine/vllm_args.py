@@ -61,6 +61,8 @@ def engine_args(model_dir: Path, model_id: str, options: VllmOptions) -> Any:
         disable_log_stats=False,
         kv_transfer_config=kv_config,
     )
+    if options.reasoning_parser:
+        epd_values["reasoning_parser"] = options.reasoning_parser
     return AsyncEngineArgs(**{**epd_values, **options.overrides})
 
 

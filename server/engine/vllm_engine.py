@@ -70,6 +70,7 @@ from epd.server.engine.vllm_inputs import (
     sampling_params,
 )
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
+from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.engine.vllm_stats import LoadTracker
 from epd.server.media.policy import DEFAULT_MAX_VIDEOS
 
@@ -102,7 +103,9 @@ class VllmOptions:
     value epd computes from the settings above; ``start`` reads the prompt limits
     (``max_model_len``, images and videos per prompt) back from the engine when they override
     those or leave them to vLLM. ``max_videos_per_prompt``: vLLM's ``limit_mm_per_prompt`` for
-    video, given explicitly (the route's ``--media-max-videos`` default).
+    video, given explicitly (the route's ``--media-max-videos`` default). ``reasoning_parser``:
+    vLLM's reasoning parser (``vllm serve --reasoning-parser``; None: none): structured outputs
+    start after the reasoning, and ``thinking_token_budget`` is accepted (``vllm_reasoning``).
     """
 
     device: str = CPU
@@ -121,6 +124,7 @@ class VllmOptions:
     side_channel: SideChannel = field(default_factory=SideChannel)
     kv_lease_s: int = DEFAULT_KV_LEASE_S
     cpu_threads: int | None = None
+    reasoning_parser: str | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -357,7 +361,9 @@ class VllmEngine(Engine):
             prompt = await self._render(request_id, prompt_token_ids, images)
             if sampling.cache_salt:
                 prompt["cache_salt"] = sampling.cache_salt
-            outputs = self._llm.generate(prompt, params, request_id, priority=sampling.priority)
+            outputs = self._llm.generate(
+                prompt, params, request_id, priority=sampling.priority, **generate_options(sampling)
+            )
             async for output in outputs:
                 if output.finished and output.outputs[0].finish_reason == "error":
                     raise _request_failed(params)

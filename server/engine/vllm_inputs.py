@@ -19,6 +19,7 @@ from epd.server.engine.base import (
     StructuredOutput,
     VideoFrames,
 )
+from epd.server.engine.vllm_reasoning import request_options
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
@@ -100,8 +101,8 @@ def sampling_params(
 
     if sampling.max_tokens < 1:
         raise InvalidArgument("max_tokens must be at least 1", reason="BAD_SAMPLING")
-    extra_args = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
     try:
+        options = request_options(sampling, kv_transfer_params)
         return SamplingParams(
             max_tokens=max_tokens or sampling.max_tokens,
             temperature=sampling.temperature,
@@ -129,7 +130,7 @@ def sampling_params(
             skip_special_tokens=sampling.skip_special_tokens,
             spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             output_kind=RequestOutputKind.DELTA,
-            extra_args=extra_args,
+            **options,
         )
     except (ValueError, VLLMClientError) as e:
         param = getattr(e, "parameter", None)

@@ -29,6 +29,7 @@ from epd.server.route.http_guard import (
     read_json,
 )
 from epd.server.route.openai_completions import CompletionWriter
+from epd.server.route.reasoning_gate import gate_structured_output
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
@@ -265,6 +266,7 @@ class ChatApi:
             parsing.prompt_token_ids = http.router.prompts.token_ids(
                 chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
             )
+        gate_structured_output(chat.sampling, parsing)
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:

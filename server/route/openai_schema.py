@@ -76,6 +76,9 @@ SAMPLING_FIELDS = frozenset(
         "return_tokens_as_token_ids",
         "priority",
         "cache_salt",
+        "thinking_token_budget",
+        "repetition_detection",
+        "vllm_xargs",
     }
 )
 # vLLM's ChatCompletionRequest fields epd implements; any other is refused at a value other than

@@ -16,6 +16,7 @@ from typing import Any
 
 from epd.common.errors import EpdError
 from epd.server.engine.vllm_inputs import sampling_params
+from epd.server.engine.vllm_reasoning import OWNED_EXTRA_ARGS
 from epd.server.route.request import bad
 from epd.server.worker.convert import sampling_from_proto
 from epd.v1 import generation_pb2
@@ -83,6 +84,9 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         "spaces_between_special_tokens": None if params.spaces_between_special_tokens else False,
         "priority": getattr(request, "priority", 0),
         "cache_salt": getattr(request, "cache_salt", None),
+        "thinking_token_budget": params.thinking_token_budget,
+        "repetition_detection": _repetition_detection(params.repetition_detection),
+        "vllm_xargs": _xargs(params.extra_args),
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():
@@ -96,14 +100,36 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
 def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:
     if value is None:
         return
-    if name == "structured_output":
-        message.structured_output.CopyFrom(value)
+    if name in ("structured_output", "repetition_detection"):
+        getattr(message, name).CopyFrom(value)
     elif name == "logit_bias":
         message.logit_bias.update(value)
     elif isinstance(value, list):
         getattr(message, name).extend(value)
     else:
         setattr(message, name, value)
+
+
+def _repetition_detection(detection: Any) -> generation_pb2.RepetitionDetection | None:
+    """vLLM's ``RepetitionDetectionParams`` (None: no detection) as epd's message."""
+    if detection is None:
+        return None
+    return generation_pb2.RepetitionDetection(
+        max_pattern_size=detection.max_pattern_size,
+        min_pattern_size=detection.min_pattern_size,
+        min_count=detection.min_count,
+    )
+
+
+def _xargs(extra_args: dict[str, Any] | None) -> str | None:
+    """vLLM's ``extra_args`` (a request's ``vllm_xargs``) as JSON text; the KV handoff's keys
+    are epd's own: a 400 naming vllm_xargs."""
+    if not extra_args:
+        return None
+    for key in OWNED_EXTRA_ARGS:
+        if key in extra_args:
+            raise bad(f"vllm_xargs.{key}: epd passes the KV handoff itself", "vllm_xargs")
+    return json.dumps(extra_args)
 
 
 def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutput | None:

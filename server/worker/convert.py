@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any, overload
 
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
-from epd.server.engine.base import Candidates, Sampling, StructuredOutput, TokenChunk, Usage
+from epd.server.engine.base import (
+    Candidates,
+    RepetitionDetection,
+    Sampling,
+    StructuredOutput,
+    TokenChunk,
+    Usage,
+)
 from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
@@ -44,7 +51,24 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         or not params.HasField("spaces_between_special_tokens"),
         priority=params.priority,
         cache_salt=params.cache_salt,
+        thinking_token_budget=(
+            params.thinking_token_budget if params.HasField("thinking_token_budget") else None
+        ),
+        repetition_detection=repetition_detection_from_proto(params),
+        vllm_xargs=params.vllm_xargs,
         logprob_token_ids=tuple(params.logprob_token_ids),
+    )
+
+
+def repetition_detection_from_proto(
+    params: generation_pb2.SamplingParams,
+) -> RepetitionDetection | None:
+    """The n-gram repetition stop ``params`` sets, or None."""
+    if not params.HasField("repetition_detection"):
+        return None
+    detection = params.repetition_detection
+    return RepetitionDetection(
+        detection.max_pattern_size, detection.min_pattern_size, detection.min_count
     )
 
 
@@ -69,6 +93,10 @@ def structured_output_from_proto(params: generation_pb2.SamplingParams) -> Struc
         whitespace_pattern=(
             constraint.whitespace_pattern if constraint.HasField("whitespace_pattern") else None
         ),
+        reasoning_ended=(
+            constraint.reasoning_ended if constraint.HasField("reasoning_ended") else None
+        ),
+        chat_template_kwargs=constraint.chat_template_kwargs,
     )
 
 

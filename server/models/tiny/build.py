@@ -99,6 +99,9 @@ class TinyModelConfig:
     lm_head_scale: float = 8.0
     seed: int = 0
     family: str = "qwen2_vl"
+    # tokens added to the vocabulary whole but not as special tokens, so that their text stays
+    # in the output: a reasoning model's <think> and </think>
+    added_tokens: tuple[str, ...] = ()
 
 
 PRESETS: dict[str, TinyModelConfig] = {
@@ -153,7 +156,9 @@ def is_current(out_dir: str | Path, config: TinyModelConfig | None = None) -> bo
 
 
 def _manifest(config: TinyModelConfig) -> dict[str, Any]:
-    return {**asdict(config), "builder_sha256": builder_fingerprint()}
+    manifest = {**asdict(config), "builder_sha256": builder_fingerprint()}
+    # NOTE: as stored: JSON has lists where the config has tuples
+    return dict(json.loads(json.dumps(manifest)))
 
 
 def build_tiny_model(
@@ -206,13 +211,14 @@ def _train_tokenizer(
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=config.vocab_size - len(special_tokens),
+        vocab_size=config.vocab_size - len(special_tokens) - len(config.added_tokens),
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(corpus, trainer=trainer)
     bpe.add_special_tokens(list(special_tokens))
+    bpe.add_tokens(list(config.added_tokens))
     tokenizer = Qwen2Tokenizer(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",

@@ -169,6 +169,17 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         {**GREEDY, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True},
     ),
     ("priority_and_cache_salt", {**GREEDY, "priority": 0, "cache_salt": "tenant-a"}),
+    (
+        "repetition_detection",
+        {
+            **GREEDY,
+            "max_tokens": 40,
+            "repetition_detection": {"max_pattern_size": 4, "min_count": 2},
+        },
+    ),
+    ("vllm_xargs", {**GREEDY, "vllm_xargs": {"mode": "fast", "weights": [1, 2.5]}}),
+    # NOTE: -1 is vLLM's "no budget", taken without a reasoning parser too
+    ("thinking_token_budget_unbounded", {**GREEDY, "thinking_token_budget": -1}),
     ("tool_choice_required", {**TOOL_GREEDY, "tool_choice": "required"}),
     ("tool_choice_named", {**TOOL_GREEDY, "tool_choice": NAMED}),
     ("tool_choice_none", {**TOOL_GREEDY, "tool_choice": "none"}),
@@ -231,6 +242,14 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("prompt_logprobs_streamed", {**GREEDY, "prompt_logprobs": 1, "stream": True}),
     ("prompt_logprobs_beyond_the_limit", {**GREEDY, "prompt_logprobs": 100}),
     ("empty_cache_salt", {**GREEDY, "cache_salt": ""}),
+    # NOTE: neither engine has a reasoning parser here (test_reasoning_compat.py has one)
+    ("thinking_token_budget_without_a_parser", {**GREEDY, "thinking_token_budget": 4}),
+    ("thinking_token_budget_negative", {**GREEDY, "thinking_token_budget": -2}),
+    (
+        "repetition_detection_once",
+        {**GREEDY, "repetition_detection": {"max_pattern_size": 4, "min_count": 1}},
+    ),
+    ("vllm_xargs_not_an_object", {**GREEDY, "vllm_xargs": [1]}),
     (
         "generation_prompt_and_continuation",
         {**GREEDY, "messages": CHAT, "continue_final_message": True},

@@ -1,0 +1,38 @@
+"""Where a chat's structured output starts on a reasoning model, as ``vllm serve
+--reasoning-parser`` decides it (no I/O).
+
+vLLM's chat server judges the rendered prompt with its composed ``Parser``
+(``ChatCompletionRequest.resolve_reasoning_ended``) and hands the verdict, and the request's
+chat template arguments for the engine's own reasoning parser, to the engine beside the
+sampling. ``gate_structured_output`` writes the same onto the ``StructuredOutput`` the prefill
+and decode workers get (``engine.vllm_reasoning`` passes it to vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+
+from epd.server.route.tools_answer import AnswerParsing
+from epd.v1 import generation_pb2
+
+
+def gate_structured_output(
+    sampling: generation_pb2.SamplingParams, parsing: AnswerParsing | None
+) -> None:
+    """Set ``sampling``'s structured output's ``reasoning_ended`` and ``chat_template_kwargs``
+    as vLLM's chat server sets them (``parsing.prompt_token_ids``: the rendered prompt). Without
+    a reasoning parser on the route the constraint holds from the first token, as ``vllm serve``
+    without one constrains, whatever parser the engines have."""
+    if not sampling.HasField("structured_output"):
+        return
+    constraint = sampling.structured_output
+    if parsing is None or parsing.parser_cls.reasoning_parser_cls is None:
+        constraint.reasoning_ended = True
+        return
+    request = parsing.request
+    kwargs = request.build_chat_params(None, "auto").chat_template_kwargs
+    parser = parsing.parser_cls(parsing.tokenizer, request.tools, chat_template_kwargs=kwargs)
+    ended = request.resolve_reasoning_ended(parser, parsing.prompt_token_ids or [])
+    if ended is not None:
+        constraint.reasoning_ended = ended
+    constraint.chat_template_kwargs = json.dumps(kwargs, default=str)
