@@ -45,7 +45,6 @@ from epd.server.engine.base import (
     DEFAULT_MAX_PENDING,
     IMAGE_GRIDS_KEY,
     IMAGE_HASHES_KEY,
-    KV_LOAD_FAILED,
     Candidates,
     Engine,
     EngineImage,
@@ -69,6 +68,7 @@ from epd.server.engine.vllm_inputs import (
     raw_prompt,
     sampling_params,
 )
+from epd.server.engine.vllm_outputs import chunk_of, request_failed
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.engine.vllm_stats import LoadTracker
@@ -231,7 +231,7 @@ class VllmEngine(Engine):
         ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
-                yield _chunk(output, prompt_token_ids, num_generated)
+                yield chunk_of(output, prompt_token_ids, num_generated)
 
     async def prefill(
         self,
@@ -304,7 +304,7 @@ class VllmEngine(Engine):
         ) as outputs:
             async for output in outputs:
                 num_generated += len(output.outputs[0].token_ids)
-                chunk = _chunk(output, prompt_token_ids, num_generated)
+                chunk = chunk_of(output, prompt_token_ids, num_generated)
                 if is_first and chunk.token_ids:
                     is_first = False
                     if chunk.token_ids[0] != first_token_id:
@@ -366,7 +366,7 @@ class VllmEngine(Engine):
             )
             async for output in outputs:
                 if output.finished and output.outputs[0].finish_reason == "error":
-                    raise _request_failed(params)
+                    raise request_failed(params)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
@@ -447,35 +447,3 @@ class VllmEngine(Engine):
             # NOTE: libzmq never unlinks a named ipc socket file: without this, every engine left
             # its three sockets (/tmp/<uuid>) behind.
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
-
-
-def _request_failed(params: Any) -> Unavailable:
-    """The error for a request vLLM finished with reason ``error`` (retryable, request-level):
-    on a decode worker, the KV it was to read from its prefill worker could not be loaded (the
-    prefill worker died or dropped it; vLLM's ``kv_load_failure_policy`` is ``fail``)."""
-    kv_params = (params.extra_args or {}).get("kv_transfer_params") or {}
-    if kv_params.get("do_remote_prefill"):
-        return Unavailable(
-            "the request's KV could not be loaded from its prefill worker",
-            reason=KV_LOAD_FAILED,
-        )
-    return Unavailable("the engine failed the request", reason="ENGINE_REQUEST_FAILED")
-
-
-def _chunk(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:
-    """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
-    completion = output.outputs[0]
-    logprobs = [candidates(position) for position in completion.logprobs or []]
-    prompt_logprobs = prompt_candidates(output.prompt_logprobs) if output.prompt_logprobs else []
-    if not output.finished:
-        return TokenChunk(
-            list(completion.token_ids), logprobs=logprobs, prompt_logprobs=prompt_logprobs
-        )
-    num_prompt = len(output.prompt_token_ids or prompt_token_ids)
-    return TokenChunk(
-        list(completion.token_ids),
-        completion.finish_reason,
-        Usage(num_prompt, num_generated, output.num_cached_tokens or 0),
-        logprobs,
-        prompt_logprobs,
-    )
