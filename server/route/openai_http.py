@@ -327,9 +327,11 @@ class ChatApi:
     def _logprobs(
         self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
     ) -> dict[str, Any] | None:
-        num_top = openai_logprobs.num_top_logprobs(chat.sampling)
-        if num_top is None:
-            return None
+        sampling = chat.sampling
+        if not sampling.HasField("logprobs") and not sampling.logprob_token_ids:
+            return None  # NOTE: an ordinary request's chunks make no call
+        num_top = openai_logprobs.num_top_logprobs(sampling)
+        assert num_top is not None
         decode = self.http.decode
         return openai_logprobs.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
 
