@@ -126,7 +126,7 @@ def changed_value(action: argparse.Action) -> str:
         return "1"
     if isinstance(action.default, int | float) or action.type in (int, float):
         return "7"
-    for text in ("7", "v1", "8:1"):  # NOTE: the first text the flag's own type takes
+    for text in ("7", "v1", "8:1", '{"k": 1}'):  # NOTE: the first text the flag's own type takes
         try:
             if action.type:
                 action.type(text)  # type: ignore[operator]
