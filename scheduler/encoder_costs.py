@@ -63,6 +63,8 @@ class EncoderCosts:
             worker.spec.weight,
             backlog_items=worker.num_assigned_in_flight,
             service_ms=self._service.get(worker.id),
+            own_ms=self._service.own(worker.id),
+            inferred_ms=self._service.inferred(worker.id),
             backlog_ms=max(0.0, busy_ms),
             cached=cached,
             is_stale=self.is_stale(worker.id),

@@ -43,6 +43,10 @@ class EncoderView:
     weight: float = 1.0
     backlog_items: int = 0
     service_ms: float | None = None
+    # the two figures service_ms is the better of (the encoder's own first): the encoder's own
+    # (compute per item, from its heartbeats) and the scheduler's (inferred from completions)
+    own_ms: float | None = None
+    inferred_ms: float | None = None
     backlog_ms: float | None = None
     cached: frozenset[str] = field(default_factory=frozenset)
     # no fresh service-time sample for longer than the probe horizon: send it work to learn
@@ -180,9 +184,20 @@ class AdaptivePolicy(EncoderPolicy):
     def service_times(self, encoders: Sequence[EncoderView]) -> dict[str, float]:
         """Per-item service time per encoder; unknown ones from weights scaled to known ones."""
         weights = dict(weights_of(encoders, self.split_ratio))
-        known = [e.service_ms * weights[e.id] for e in encoders if e.service_ms]
+        measured = comparable_figures(encoders)
+        known = [ms * weights[e.id] for e in encoders if (ms := measured[e.id])]
         scale = sorted(known)[len(known) // 2] if known else 1.0
-        return {e.id: e.service_ms if e.service_ms else scale / weights[e.id] for e in encoders}
+        return {e.id: measured[e.id] or scale / weights[e.id] for e in encoders}
+
+
+def comparable_figures(encoders: Sequence[EncoderView]) -> dict[str, float | None]:
+    """One kind of service time for every encoder: their own figures when each has one, else
+    the inferred ones (an encoder with none inferred: its own). The encoder's own figure is its
+    compute alone, the inferred one everything around it too, so one encoder's own against
+    another's inferred would make the first look faster than it is."""
+    if all(e.own_ms for e in encoders) or not any(e.own_ms for e in encoders):
+        return {e.id: e.own_ms or e.service_ms for e in encoders}
+    return {e.id: e.inferred_ms or e.own_ms for e in encoders}
 
 
 def make_policy(policy: Policy, split_ratio: tuple[float, float] | None = None) -> EncoderPolicy:

@@ -63,6 +63,16 @@ class ServiceTimes:
                 return ewma.value
         return None
 
+    def own(self, worker_id: str) -> float | None:
+        """The worker's own figure (from its heartbeats), or None before its first."""
+        ewma = self._reported.get(worker_id)
+        return ewma.value if ewma is not None else None
+
+    def inferred(self, worker_id: str) -> float | None:
+        """The figure inferred from completed assignments, or None before the first."""
+        ewma = self._by_worker.get(worker_id)
+        return ewma.value if ewma is not None else None
+
     def slowest(self, worker_id: str) -> float | None:
         """The larger of the two estimates (None without samples): the worker's own figure is
         its compute alone, the inferred one includes what surrounds it (loading, preparing,

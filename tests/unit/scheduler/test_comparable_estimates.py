@@ -1,0 +1,57 @@
+"""The adaptive policy compares encoders by one kind of service time. The scheduler infers one
+from completions (the latency the route saw: everything around the tower included) and takes
+another from each encoder's heartbeats (its own compute time per item, smaller); the encoder's
+own arrives at its first heartbeat with a figure, one encoder before the other. Judging one
+twin by its own figure and the other by the inferred one sent a clip's two chunks to the first
+(docs/benchmarks/video.md, "adaptive against per_image"); each kind is compared with its kind."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from epd.scheduler.core import Scheduler
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
+from tests.unit.scheduler.factories import create_scheduler, spec
+
+INFERRED_MS, OWN_MS = 28.0, 12.0
+
+
+def clip(scheduler: Scheduler, n: int) -> list[str]:
+    """The encoders a clip's two chunks are placed on (then encoded, as the route saw it, in
+    INFERRED_MS each)."""
+    chunks = [EncodeItem(f"clip{n}-{i}", num_tokens=162) for i in range(2)]
+    work = scheduler.assign_encoders(chunks, policy=Policy.ADAPTIVE)
+    scheduler.complete_encoding(work.assignment_id, [ItemOutcome(i, INFERRED_MS) for i in range(2)])
+    return list(work.worker_ids)
+
+
+def twins_measured_by_completions() -> Scheduler:
+    """Twins a and b, each having encoded chunks in INFERRED_MS as the route saw them."""
+    scheduler, _ = create_scheduler(spec("a"), spec("b"))
+    for n in range(4):
+        work = scheduler.assign_encoders(
+            [EncodeItem(f"warm{n}-{i}", num_tokens=162) for i in range(2)],
+            policy=Policy.PER_IMAGE,
+        )
+        outcomes = [ItemOutcome(i, INFERRED_MS) for i in range(2)]
+        scheduler.complete_encoding(work.assignment_id, outcomes)
+    return scheduler
+
+
+def heartbeat(scheduler: Scheduler, worker_id: str, item_ms: float) -> None:
+    lease = next(w.lease_id for w in scheduler.registry.all() if w.id == worker_id)
+    scheduler.heartbeat(lease, Load(item_latency_ms=item_ms))
+
+
+def test_a_twin_with_its_own_figure_is_not_compared_with_the_others_inferred_one() -> None:
+    scheduler = twins_measured_by_completions()
+    heartbeat(scheduler, "a", OWN_MS)  # NOTE: b's first heartbeat with a figure is to come
+    assert scheduler.service_ms("a") == OWN_MS and scheduler.service_ms("b") == INFERRED_MS
+    assert all(sorted(clip(scheduler, n)) == ["a", "b"] for n in range(6))
+
+
+def test_once_every_encoder_has_its_own_figure_those_are_compared() -> None:
+    scheduler = twins_measured_by_completions()
+    heartbeat(scheduler, "a", OWN_MS)
+    heartbeat(scheduler, "b", 4 * OWN_MS)  # NOTE: b really is slower: a finishes both sooner
+    assert Counter(w for n in range(6) for w in clip(scheduler, n)) == {"a": 12}
