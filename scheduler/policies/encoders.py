@@ -4,7 +4,8 @@
   request's images spread over encoders (and wait for the slowest).
 - ``PerRequestPolicy``: the whole request to one encoder by smooth weighted round robin.
 - ``AdaptivePolicy``: list scheduling by least expected completion time. Each encoder's per-item
-  service time is learned (EWMA, see ``stats``); its backlog is the work the scheduler assigned and
+  service time is learned (EWMA, see ``stats``; encoders compared by one kind of figure, see
+  ``comparable_figures``); its backlog is the work the scheduler assigned and
   not yet saw completed (or what it reports, if more). Images go one by one to the encoder that
   would finish them first, an image already in an encoder's cache costing almost nothing there.
   A slow encoder thus gets exactly the work it finishes sooner than the fast one would: none at
