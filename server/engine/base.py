@@ -65,6 +65,8 @@ class VideoFrames:
     num_decoded_frames: int
     # index of each kept frame among the decoded ones
     frame_indices: tuple[int, ...]
+    # (height, width) the route's plan resizes each frame to; None: not given
+    resized: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,16 @@ from epd.v1 import generation_pb2, multimodal_pb2
 
 def whole_video_item(video: RouteVideo) -> multimodal_pb2.MediaItem:
     """The item of the whole ``video``: its source, its hash (salted as its chunks are, with
-    their ``key_salt``), no span."""
+    their ``key_salt``), a span of every kept frame at the plan's size."""
     first = video.items[0]
     salt = first.key_salt
-    item = multimodal_pb2.MediaItem(mm_hash=salted(video.video.video_hash, salt), key_salt=salt)
+    height, width = video.video.plan.resized
+    span = multimodal_pb2.VideoSpan(
+        num_frames=len(video.video.frames), resized_height=height, resized_width=width
+    )
+    item = multimodal_pb2.MediaItem(
+        mm_hash=salted(video.video.video_hash, salt), key_salt=salt, video=span
+    )
     if first.WhichOneof("source") == "url":
         item.url = first.url
     else:

@@ -95,7 +95,9 @@ def _checked(
             f"frames and kept indices {list(indices)} do not fit together",
             reason="BAD_VIDEO_TIMING",
         )
-    return VideoFrames(pixels.numpy(), video.fps, video.num_decoded_frames, indices)
+    span = video.media.video
+    resized = (span.resized_height, span.resized_width) if span.resized_height else None
+    return VideoFrames(pixels.numpy(), video.fps, video.num_decoded_frames, indices, resized)
 
 
 async def _planned_again(
@@ -121,4 +123,5 @@ async def _planned_again(
         )
     stream, plan = planned.stream, planned.plan
     frames: np.ndarray = planned.frames
-    return VideoFrames(frames, stream.fps, stream.num_frames, tuple(plan.frame_indices))
+    indices = tuple(plan.frame_indices)
+    return VideoFrames(frames, stream.fps, stream.num_frames, indices, plan.resized)

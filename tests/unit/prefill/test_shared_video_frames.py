@@ -45,7 +45,11 @@ def raw_input(
     """The route's message for ``video`` (its source ``source``, its frames at ``pixels``)."""
     t, h, w = video.plan.grid
     mm_hash = salted(video.video_hash, salt)
-    media = multimodal_pb2.MediaItem(mm_hash=mm_hash, data=source, key_salt=salt)
+    height, width = video.plan.resized
+    span = multimodal_pb2.VideoSpan(
+        num_frames=len(video.frames), resized_height=height, resized_width=width
+    )
+    media = multimodal_pb2.MediaItem(mm_hash=mm_hash, data=source, key_salt=salt, video=span)
     if pixels is not None:
         media.pixels.CopyFrom(pixels)
     return multimodal_pb2.VideoInput(
@@ -79,7 +83,7 @@ def assert_is_the_planned_video(resolved: EngineImage, video: PlannedVideo, name
     assert frames is not None and resolved.is_video and resolved.is_raw
     assert np.array_equal(frames.pixels, video.frames)
     assert (frames.fps, frames.num_decoded_frames) == (video.stream.fps, video.stream.num_frames)
-    assert frames.frame_indices == video.plan.frame_indices
+    assert (frames.frame_indices, frames.resized) == (video.plan.frame_indices, video.plan.resized)
     assert (resolved.mm_hash, resolved.grid) == (name, video.plan.grid)
     assert resolved.seconds_per_temporal_patch == (video.plan.seconds_per_temporal_patch or 0.0)
 
