@@ -42,7 +42,9 @@ class ToolOptions:
         default=None,
         metadata=flag(
             "vLLM's reasoning parser for the model's output (deepseek_r1, qwen3, ...), as vllm "
-            "serve's flag: answers carry the model's reasoning apart from its content",
+            "serve's flag: answers carry the model's reasoning apart from its content; the "
+            "engines take the same flag, for structured outputs to start after the reasoning "
+            "(epd up passes it to them)",
             env="EPD_REASONING_PARSER",
             default_help="default: none",
         ),

@@ -180,3 +180,23 @@ async def test_a_streamed_answer_after_reasoning_is_vllms(urls: tuple[str, str])
             )
         )
     assert shown[1] == shown[0] and shown[0][1] in COLOURS
+
+
+async def test_a_completion_after_reasoning_is_vllms(urls: tuple[str, str]) -> None:
+    """/v1/completions sends no verdict (as vLLM's completions server): the engines' parser
+    judges the prompt, which opens the reasoning."""
+    body = {
+        "model": "tiny",
+        "prompt": "the sea<think>",
+        "max_tokens": 12,
+        "temperature": 0,
+        "thinking_token_budget": 2,
+        **CHOICE,
+    }
+    (vllm_status, expected), (status, answer) = [
+        await post(url, body, "completions") for url in urls
+    ]
+    assert (status, vllm_status) == (200, 200), (answer, expected)
+    texts = [reply["choices"][0]["text"] for reply in (answer, expected)]
+    assert texts[0] == texts[1] and "</think>" in texts[0], texts
+    assert texts[0].rsplit("</think>", 1)[1] in COLOURS
