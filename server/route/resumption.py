@@ -55,13 +55,16 @@ class Progress:
     def can_resume(self) -> bool:
         """Whether a new attempt can continue the tokens sent as its prompt and still answer as
         the uninterrupted request would: not when a grammar constrains the output (it would
-        start again mid-answer) or penalties count the output's tokens (they would count them
-        as prompt)."""
+        start again mid-answer), penalties or the repetition stop count the output's tokens
+        (they would count them as prompt), or a thinking budget counts the reasoning (its count
+        over reasoning turned prompt is not shown equal to the uninterrupted one's)."""
         sampling = self.call.sampling
         return not (
             sampling.HasField("structured_output")
             or sampling.presence_penalty
             or sampling.frequency_penalty
+            or sampling.HasField("repetition_detection")
+            or sampling.HasField("thinking_token_budget")
         )
 
     @property

@@ -95,8 +95,20 @@ async def test_a_decode_worker_dying_mid_stream_is_continued_through_another_pre
         {"structured_output": generation_pb2.StructuredOutput(regex="[a-z]+")},
         {"presence_penalty": 1.0},
         {"frequency_penalty": -0.5},
+        {
+            "repetition_detection": generation_pb2.RepetitionDetection(
+                max_pattern_size=3, min_count=2
+            )
+        },
+        {"thinking_token_budget": 0},
     ],
-    ids=["grammar", "presence_penalty", "frequency_penalty"],
+    ids=[
+        "grammar",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_detection",
+        "thinking_token_budget",
+    ],
 )
 async def test_a_stream_whose_output_shapes_its_sampling_is_not_resumed(
     sampling: dict[str, Any],
