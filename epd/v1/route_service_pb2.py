@@ -25,9 +25,10 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import generation_pb2 as epd_dot_v1_dot_generation__pb2
 from epd.v1 import multimodal_pb2 as epd_dot_v1_dot_multimodal__pb2
 from epd.v1 import scheduler_service_pb2 as epd_dot_v1_dot_scheduler__service__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\xb4\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\"\xfa\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\x12.\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard2\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\x1a\x1cgoogle/protobuf/struct.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\x9c\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\x12\x34\n\x13mm_processor_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x30\n\x0fmedia_io_kwargs\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xfa\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\x12.\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard2\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,22 +37,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELCARD_WORKERCOUNTSENTRY']._loaded_options = None
   _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_CONTENTPART']._serialized_start=120
-  _globals['_CONTENTPART']._serialized_end=229
-  _globals['_CHATMESSAGE']._serialized_start=231
-  _globals['_CHATMESSAGE']._serialized_end=296
-  _globals['_GENERATEREQUEST']._serialized_start=299
-  _globals['_GENERATEREQUEST']._serialized_end=479
-  _globals['_GENERATERESPONSE']._serialized_start=482
-  _globals['_GENERATERESPONSE']._serialized_end=732
-  _globals['_LISTMODELSREQUEST']._serialized_start=734
-  _globals['_LISTMODELSREQUEST']._serialized_end=753
-  _globals['_MODELCARD']._serialized_start=756
-  _globals['_MODELCARD']._serialized_end=892
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=841
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=892
-  _globals['_LISTMODELSRESPONSE']._serialized_start=894
-  _globals['_LISTMODELSRESPONSE']._serialized_end=949
-  _globals['_ROUTESERVICE']._serialized_start=952
-  _globals['_ROUTESERVICE']._serialized_end=1100
+  _globals['_CONTENTPART']._serialized_start=150
+  _globals['_CONTENTPART']._serialized_end=259
+  _globals['_CHATMESSAGE']._serialized_start=261
+  _globals['_CHATMESSAGE']._serialized_end=326
+  _globals['_GENERATEREQUEST']._serialized_start=329
+  _globals['_GENERATEREQUEST']._serialized_end=613
+  _globals['_GENERATERESPONSE']._serialized_start=616
+  _globals['_GENERATERESPONSE']._serialized_end=866
+  _globals['_LISTMODELSREQUEST']._serialized_start=868
+  _globals['_LISTMODELSREQUEST']._serialized_end=887
+  _globals['_MODELCARD']._serialized_start=890
+  _globals['_MODELCARD']._serialized_end=1026
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=975
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=1026
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1028
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1083
+  _globals['_ROUTESERVICE']._serialized_start=1086
+  _globals['_ROUTESERVICE']._serialized_end=1234
 # @@protoc_insertion_point(module_scope)
