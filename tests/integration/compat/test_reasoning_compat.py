@@ -62,6 +62,18 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
         {**THINKING, **CHOICE, "thinking_token_budget": 2, "temperature": 1.0, "seed": 7},
     ),
     ("budget_alone", {**THINKING, "thinking_token_budget": 4}),
+    (
+        "json_schema_after_a_budget",
+        {
+            **THINKING,
+            "max_tokens": 20,
+            "thinking_token_budget": 1,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": VERDICT["function"]["parameters"]},
+            },
+        },
+    ),
     ("reasoning_closed_in_the_prompt", {**THINKING, **CHOICE, "messages": CLOSED}),
     ("reasoning_hidden", {**THINKING, **CHOICE, "include_reasoning": False}),
     (
@@ -72,6 +84,16 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
             "thinking_token_budget": 2,
             "tools": [VERDICT],
             "tool_choice": NAMED,
+        },
+    ),
+    (
+        "required_tool_after_a_budget",
+        {
+            **THINKING,
+            "max_tokens": 40,
+            "thinking_token_budget": 2,
+            "tools": [VERDICT],
+            "tool_choice": "required",
         },
     ),
 ]
