@@ -174,7 +174,17 @@ def from_proto(request: route_service_pb2.GenerateRequest) -> ChatRequest:
         messages,
         request.sampling,
         int(request.encoder_policy),
+        media_kwargs=MediaKwargs(
+            _struct(request, "mm_processor_kwargs"), _struct(request, "media_io_kwargs")
+        ),
     )
+
+
+def _struct(request: route_service_pb2.GenerateRequest, name: str) -> dict[str, Any] | None:
+    """The JSON object of ``request``'s Struct field ``name``; None when unset."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(getattr(request, name)) if request.HasField(name) else None
 
 
 def _part(part: route_service_pb2.ContentPart, param: str) -> ChatPart:

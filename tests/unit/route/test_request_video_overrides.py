@@ -90,3 +90,27 @@ def test_the_openai_body_carries_both_fields_and_vllm_checks_their_types() -> No
     with pytest.raises(InvalidArgument) as caught:
         to_chat_request({**body, "media_io_kwargs": {"video": 3}}, "tiny")
     assert caught.value.metadata["param"].startswith("media_io_kwargs")
+
+
+def test_a_grpc_request_carries_both_fields_as_json_objects(tiny_model_dir: Path) -> None:
+    from google.protobuf import struct_pb2
+
+    from epd.server.route.request import from_proto
+    from epd.v1 import route_service_pb2
+
+    processor, io = struct_pb2.Struct(), struct_pb2.Struct()
+    processor.update({"fps": 1, "videos_kwargs": {"max_pixels": 6272}})
+    io.update({"video": {"num_frames": 16}})
+    request = route_service_pb2.GenerateRequest(mm_processor_kwargs=processor, media_io_kwargs=io)
+    kwargs = from_proto(request).media_kwargs
+    expected = {"fps": 1, "videos_kwargs": {"max_pixels": 6272}}
+    assert kwargs == MediaKwargs(expected, {"video": {"num_frames": 16}})
+    assert from_proto(route_service_pb2.GenerateRequest()).media_kwargs == MediaKwargs()
+    # NOTE: a Struct's numbers are floats; 16.0 frames is 16
+    io.update({"video": {"num_frames": 16, "max_frames": 20}})
+    request = route_service_pb2.GenerateRequest(media_io_kwargs=io)
+    overrides = loader(tiny_model_dir, trusted=True).overrides(
+        from_proto(request).media_kwargs, has_images=False
+    )
+    assert (overrides.num_frames, overrides.max_frames) == (16, 20)
+    assert isinstance(overrides.num_frames, int)
