@@ -6,7 +6,6 @@ pixels either; the image's answer equals the transformers reference token for to
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +25,7 @@ from tests.integration.e2e.test_route_epd_in_process import (
     counted,
 )
 from tests.integration.registered import until_registered
-from tests.pictures import picture
+from tests.pictures import picture, png
 
 pytestmark = pytest.mark.vllm
 
@@ -87,16 +86,16 @@ async def test_each_image_is_decoded_and_hashed_once_in_the_deployment(
 async def test_each_video_is_decoded_and_hashed_once_in_the_deployment(
     deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The route decodes, plans and hashes a clip; the encode_prefill worker takes its kept
-    frames from the route's segment, and vLLM takes them as frames named by the video's hash:
-    no decode, plan or hash of them anywhere else."""
+    """The route decodes, plans and hashes a clip (and a picture beside it); the encode_prefill
+    worker takes its kept frames from the route's segment, and vLLM takes them as frames named
+    by the video's hash: no decode, plan or hash of them anywhere else."""
     from vllm.multimodal.hasher import MultiModalHasher
 
     from epd.server.media import video_planner
     from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
     from tests.unit.models.clips import make_clip
 
-    counts: Counter[str] = Counter()
+    counts = count_decodes_and_hashes(monkeypatch)
     for name in ("decode_video", "video_hash"):
         monkeypatch.setattr(
             video_planner, name, counted(counts, name, getattr(video_planner, name))
@@ -111,7 +110,9 @@ async def test_each_video_is_decoded_and_hashed_once_in_the_deployment(
         return hash_kwargs(*args, **kwargs)
 
     monkeypatch.setattr(MultiModalHasher, "hash_kwargs", staticmethod(hash_of))
+    still = png(picture(42, 64, 64))
     content = [
+        route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=still)),
         route_service_pb2.ContentPart(video=multimodal_pb2.MediaItem(data=make_clip(fps=4))),
         route_service_pb2.ContentPart(text="what happens?"),
     ]
@@ -123,6 +124,7 @@ async def test_each_video_is_decoded_and_hashed_once_in_the_deployment(
     )
     responses = [r async for r in deployment["stub"].Generate(request)]
     assert sum(len(r.token_ids) for r in responses) == 4
-    assert counts == {"decode_video": 1, "video_hash": 1}, "the route's, and nobody else's"
+    once = {"decode": 1, "hash": 1, "decode_video": 1, "video_hash": 1}
+    assert counts == once, "the route's, and nobody else's"
     assert deployment["prefill"].worker.images.videos.num_decoded == 0
     assert deployment["route"].router.plane.held() == [], "the route released the frames"
