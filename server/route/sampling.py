@@ -16,7 +16,6 @@ from typing import Any
 
 from epd.common.errors import EpdError
 from epd.server.engine.vllm_inputs import sampling_params
-from epd.server.engine.vllm_reasoning import OWNED_EXTRA_ARGS
 from epd.server.route.request import bad
 from epd.server.worker.convert import sampling_from_proto
 from epd.v1 import generation_pb2
@@ -86,7 +85,8 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         "cache_salt": getattr(request, "cache_salt", None),
         "thinking_token_budget": params.thinking_token_budget,
         "repetition_detection": _repetition_detection(params.repetition_detection),
-        "vllm_xargs": _xargs(params.extra_args),
+        # NOTE: the engine's conversion (check_sampling) refuses the keys of epd's KV handoff
+        "vllm_xargs": json.dumps(params.extra_args) if params.extra_args else None,
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():
@@ -119,17 +119,6 @@ def _repetition_detection(detection: Any) -> generation_pb2.RepetitionDetection 
         min_pattern_size=detection.min_pattern_size,
         min_count=detection.min_count,
     )
-
-
-def _xargs(extra_args: dict[str, Any] | None) -> str | None:
-    """vLLM's ``extra_args`` (a request's ``vllm_xargs``) as JSON text; the KV handoff's keys
-    are epd's own: a 400 naming vllm_xargs."""
-    if not extra_args:
-        return None
-    for key in OWNED_EXTRA_ARGS:
-        if key in extra_args:
-            raise bad(f"vllm_xargs.{key}: epd passes the KV handoff itself", "vllm_xargs")
-    return json.dumps(extra_args)
 
 
 def structured_output_to_proto(constraint: Any) -> generation_pb2.StructuredOutput | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epd.common.errors import InvalidArgument
+from epd.common.errors import EpdError, InvalidArgument
 from epd.launch import up_cli
 from epd.launch.up_engine import engine_settings
 from epd.server.engine.base import RepetitionDetection, Sampling, StructuredOutput
@@ -20,7 +20,7 @@ from epd.server.engine.vllm_args import engine_args
 from epd.server.engine.vllm_inputs import sampling_params
 from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.prefill import cli as prefill_cli
-from epd.server.route.sampling import sampling_to_proto
+from epd.server.route.sampling import check_sampling, sampling_to_proto
 from epd.server.worker import convert
 from epd.v1 import generation_pb2
 
@@ -141,3 +141,18 @@ def test_a_structured_outputs_start_reaches_vllms_generate() -> None:
     assert generate_options(Sampling(structured_output=StructuredOutput("regex", "a"))) == {
         "reasoning_ended": None
     }
+
+
+def test_the_route_refuses_vllm_xargs_naming_epds_kv_handoff_as_the_engine_would() -> None:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "vllm_xargs": {"kv_transfer_params": "x"},
+    }
+    request = ChatCompletionRequest.model_validate(body)
+    message = sampling_to_proto(request.to_sampling_params(8, {}), request)
+    with pytest.raises(EpdError) as caught:
+        check_sampling(message)
+    assert (caught.value.metadata or {}).get("param") == "vllm_xargs"
