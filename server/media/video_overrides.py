@@ -106,14 +106,8 @@ class MediaKwargs:
 
 
 NO_KWARGS = MediaKwargs()
-#: the request fields ``media_kwargs_of`` reads
+#: the request fields a ``MediaKwargs`` holds
 REQUEST_FIELDS = frozenset({"mm_processor_kwargs", "media_io_kwargs"})
-
-
-def media_kwargs_of(parsed: Any) -> MediaKwargs:
-    """The ``mm_processor_kwargs`` and ``media_io_kwargs`` of a vLLM ``ChatCompletionRequest``
-    (checked by ``VideoLoader.overrides`` where the route loads the request's videos)."""
-    return MediaKwargs(parsed.mm_processor_kwargs, parsed.media_io_kwargs)
 
 
 def check_trusted(kwargs: MediaKwargs, trusted: bool) -> None:

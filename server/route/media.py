@@ -100,6 +100,8 @@ async def load_videos(
     ``TOO_MANY_VIDEO_TOKENS``), under the request's ``kwargs`` (``VideoLoader.overrides``:
     checked in every request, videos or not; ``has_images``: it holds an image too);
     ``loader`` None: the model takes no video (``VIDEO_NOT_SUPPORTED`` when there is one)."""
+    if not sources and kwargs == NO_KWARGS:
+        return []
     overrides = loader.overrides(kwargs, has_images=has_images) if loader else None
     if not sources:
         return []

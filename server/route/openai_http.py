@@ -258,15 +258,12 @@ class ChatApi:
         parsing = chat.answer_parsing
         # NOTE: a structured output's start is judged on the prompt before the engines answer;
         # else the parsers get the prompt from the router's first chunk, as the engine holds it
-        if (
-            parsing is not None
-            and parsing.needs_prompt
-            and chat.sampling.HasField("structured_output")
-        ):
-            parsing.prompt_token_ids = http.router.prompts.token_ids(
-                chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
-            )
-        gate_structured_output(chat.sampling, parsing)
+        if chat.sampling.HasField("structured_output"):
+            if parsing is not None and parsing.needs_prompt:
+                parsing.prompt_token_ids = http.router.prompts.token_ids(
+                    chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
+                )
+            gate_structured_output(chat.sampling, parsing)
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:

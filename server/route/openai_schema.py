@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from epd.common.generation import SAMPLING_DEFAULTS
-from epd.server.media.video_overrides import REQUEST_FIELDS, media_kwargs_of
+from epd.server.media.video_overrides import REQUEST_FIELDS, MediaKwargs
 from epd.server.route.chat_echo import echo_text
 from epd.server.route.request import (
     MAX_NAME_CHARS,
@@ -278,7 +278,7 @@ def to_chat_request(
         request.echo = echo_text(messages, parsed.add_generation_prompt)
     request.tokens_as_ids = bool(parsed.return_tokens_as_token_ids)
     request.stream_interval = parsed.stream_interval or 1
-    request.media_kwargs = media_kwargs_of(parsed)
+    request.media_kwargs = MediaKwargs(parsed.mm_processor_kwargs, parsed.media_io_kwargs)
     request.return_token_ids = bool(parsed.return_token_ids)
     request.add_special_tokens = bool(parsed.add_special_tokens)
     if parsed.truncate_prompt_tokens is not None:

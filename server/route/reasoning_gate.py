@@ -22,9 +22,8 @@ def gate_structured_output(
     """Set ``sampling``'s structured output's ``reasoning_ended`` and ``chat_template_kwargs``
     as vLLM's chat server sets them (``parsing.prompt_token_ids``: the rendered prompt). Without
     a reasoning parser on the route the constraint holds from the first token, as ``vllm serve``
-    without one constrains, whatever parser the engines have."""
-    if not sampling.HasField("structured_output"):
-        return
+    without one constrains, whatever parser the engines have. Called only for a sampling with
+    a structured output."""
     constraint = sampling.structured_output
     if parsing is None or parsing.parser_cls.reasoning_parser_cls is None:
         constraint.reasoning_ended = True
