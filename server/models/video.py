@@ -91,9 +91,9 @@ def with_settings(processor: Any, settings: dict[str, Any]) -> Any:
     with ``settings`` changed, as a request's ``mm_processor_kwargs`` change them for one call
     (``epd.server.media.video_overrides``): sampling (``fps`` and ``num_frames`` exclude each
     other, so setting one clears the other; ``min_frames``/``max_frames`` only where the
-    processor's ``sample_frames`` takes them, as transformers passes them), and the pixel budget (``min_pixels`` /
-    ``max_pixels`` are the ``size`` edges of a processor that budgets pixels, as Qwen's; any
-    other processor refuses them with BAD_MEDIA_KWARGS)."""
+    processor's ``sample_frames`` takes them, as transformers passes them), and the pixel
+    budget (``min_pixels`` / ``max_pixels`` are the ``size`` edges of a processor that budgets
+    pixels, as Qwen's; any other processor refuses them with BAD_MEDIA_KWARGS)."""
     settings = {name: value for name, value in settings.items() if _takes(processor, name)}
     if not settings:
         return processor
