@@ -129,16 +129,17 @@ def video_request(
     )
 
 
-async def vllm_reference(
-    engine: Any, model_dir: Any, frames: np.ndarray, video: PlannedVideo
-) -> list[int]:
-    """Monolithic vLLM's greedy tokens for the chat with ``frames`` (the kept frames, already
-    sampled) as its raw video, with their timing (vLLM's video metadata: the decoded clip's
-    rate and frame count, the kept frames' indices): its own processor resizes and patches
-    them and times them (Qwen2.5-VL's seconds per temporal patch, Qwen3-VL's timestamps), its
-    tower encodes."""
-    from vllm import SamplingParams
-
+def vllm_video_prompt(
+    model_dir: Any,
+    video: PlannedVideo,
+    frames: np.ndarray | None = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """vLLM's prompt of the chat (a video, then ``TEXT``) with ``frames`` (default: ``video``'s
+    kept frames, already sampled) as its raw video, with their timing (vLLM's video metadata:
+    the decoded clip's rate and frame count, the kept frames' indices) and
+    ``mm_processor_kwargs``: its own processor resizes and patches them and times them
+    (Qwen2.5-VL's seconds per temporal patch, Qwen3-VL's timestamps)."""
     prompt_ids = PromptBuilder(model_dir).token_ids(
         [ChatMessage("user", [ChatPart(video=ImageSource(data=b"-")), ChatPart(text=TEXT)])]
     )
@@ -150,11 +151,21 @@ async def vllm_reference(
         "frames_indices": list(video.plan.frame_indices),
         "do_sample_frames": False,
     }
-    prompt = {
+    return {
         "prompt_token_ids": prompt_ids,
-        "multi_modal_data": {"video": (frames, metadata)},
-        "mm_processor_kwargs": {"do_sample_frames": False},
+        "multi_modal_data": {"video": (video.frames if frames is None else frames, metadata)},
+        "mm_processor_kwargs": {**(mm_processor_kwargs or {}), "do_sample_frames": False},
     }
+
+
+async def vllm_reference(
+    engine: Any, model_dir: Any, frames: np.ndarray, video: PlannedVideo
+) -> list[int]:
+    """Monolithic vLLM's greedy tokens for ``vllm_video_prompt`` with ``frames``: its own
+    processor resizes, patches and times them, its tower encodes."""
+    from vllm import SamplingParams
+
+    prompt = vllm_video_prompt(model_dir, video, frames)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     final = None
     async for output in engine._llm.generate(prompt, params, f"vllm-reference-{id(frames)}"):

@@ -25,15 +25,13 @@ from epd.server.media.video_overrides import MediaKwargs
 from epd.server.media.video_planner import PlannedVideo
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
-from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatMessage, ChatPart, ImageSource
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
 from tests.families import skip_unless_run
+from tests.integration.e2e.test_video_in_process import TEXT, vllm_video_prompt
 from tests.integration.registered import until_registered
 from tests.unit.models.clips import make_clip
 
 pytestmark = pytest.mark.vllm
-TEXT = "what happens in this video?"
 MAX_TOKENS = 10
 CLIP = make_clip(num_frames=8, width=64, height=48, fps=1)
 SAMPLING = {"fps": 0.5}
@@ -102,22 +100,7 @@ async def vllm_reference(engine: Any, model_dir: Any, video: PlannedVideo) -> li
     encodes."""
     from vllm import SamplingParams
 
-    prompt_ids = PromptBuilder(model_dir).token_ids(
-        [ChatMessage("user", [ChatPart(video=ImageSource(data=b"-")), ChatPart(text=TEXT)])]
-    )
-    stream = video.stream
-    metadata = {
-        "fps": stream.fps,
-        "total_num_frames": stream.num_frames,
-        "duration": stream.num_frames / stream.fps,
-        "frames_indices": list(video.plan.frame_indices),
-        "do_sample_frames": False,
-    }
-    prompt = {
-        "prompt_token_ids": prompt_ids,
-        "multi_modal_data": {"video": (video.frames, metadata)},
-        "mm_processor_kwargs": {**PIXELS, "do_sample_frames": False},
-    }
+    prompt = vllm_video_prompt(model_dir, video, mm_processor_kwargs=PIXELS)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     final = None
     async for output in engine._llm.generate(prompt, params, f"vllm-override-{id(video)}"):

@@ -12,8 +12,7 @@ import pytest
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_planner import VideoPlanner
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatMessage, ChatPart, ImageSource
-from tests.integration.e2e.test_video_in_process import CLIP, TEXT
+from tests.integration.e2e.test_video_in_process import CLIP, vllm_video_prompt
 
 pytestmark = pytest.mark.vllm
 FAMILY = "qwen3_vl"
@@ -29,21 +28,8 @@ async def test_the_routes_expanded_video_prompt_is_the_one_vllm_prefills(
     producer, _ = await family_engines(FAMILY)
     video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
     builder = PromptBuilder(model_dir)
-    chat = [ChatMessage("user", [ChatPart(video=ImageSource(data=b"-")), ChatPart(text=TEXT)])]
-    token_ids = builder.token_ids(chat)
-    stream = video.stream
-    metadata = {
-        "fps": stream.fps,
-        "total_num_frames": stream.num_frames,
-        "duration": stream.num_frames / stream.fps,
-        "frames_indices": list(video.plan.frame_indices),
-        "do_sample_frames": False,
-    }
-    prompt = {
-        "prompt_token_ids": token_ids,
-        "multi_modal_data": {"video": (video.frames, metadata)},
-        "mm_processor_kwargs": {"do_sample_frames": False},
-    }
+    prompt = vllm_video_prompt(model_dir, video)
+    token_ids = prompt["prompt_token_ids"]
     final = None
     async for output in producer._llm.generate(prompt, SamplingParams(max_tokens=1), "ids"):
         final = output
