@@ -230,8 +230,8 @@ class LlavaOnevision(SeparatelyBatchedFamily):
         # (LlavaOnevisionVideoPixelInputs; _parse_and_validate_video_input reads
         # pixel_values_videos alone), never as embeddings.
         raise VideoRefused(
-            "LLaVA-OneVision takes video on the transformers engine only: vLLM's model takes "
-            "no video embeddings",
+            "LLaVA-OneVision takes video embeddings on the transformers engine only: vLLM's "
+            "model takes a video as frames, on an encode_prefill worker (EPD)",
             "VIDEO_NOT_SUPPORTED",
         )
 

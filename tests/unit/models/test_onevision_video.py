@@ -118,6 +118,6 @@ def test_a_video_placeholder_is_the_video_token_alone(
 
 
 def test_vllm_is_refused_a_video_by_name() -> None:
-    with pytest.raises(VideoRefused, match="transformers engine only") as refused:
+    with pytest.raises(VideoRefused, match="embeddings on the transformers engine only") as refused:
         family_named(FAMILY).vllm_video_data([torch.zeros(5, 8)], [(1, 2, 2)], [0.0], [()])
     assert refused.value.reason == "VIDEO_NOT_SUPPORTED"
