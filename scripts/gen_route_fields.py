@@ -3,9 +3,11 @@
 
 Every field of vLLM's ``ChatCompletionRequest`` and ``CompletionRequest`` (vLLM 0.32, in vLLM's
 order), read off the code: answered where the route implements it (``openai_schema`` and
-``openai_completions``' ``IMPLEMENTED_FIELDS``), else refused by name at any value but its
-default; and, on a transformers engine, refused where it sets a sampling field that engine does
-not implement (``engine/base.py``'s extended fields less ``engine/sampler.py``'s).
+``openai_completions``' ``IMPLEMENTED_FIELDS``), taken with no effect where vLLM's generation
+endpoints do nothing with it (``openai_schema.IGNORED_FIELDS``), else refused by name at any
+value but its default; and, on a transformers engine, refused where it sets a sampling field
+that engine does not implement (``engine/base.py``'s extended fields less
+``engine/sampler.py``'s).
 tests/unit/docs/test_route_fields.py fails when the table is stale, so a field lands in the docs
 with its code.
 
@@ -49,6 +51,7 @@ ENGINE_FIELDS = {
     "vllm_xargs": "vllm_xargs",
 }
 REFUSED = "400 `UNSUPPORTED_PARAMETER` unless default"
+IGNORED = "taken, no effect (as vLLM's generation endpoints)"
 
 
 def rows() -> list[tuple[str, str, str, str]]:
@@ -59,6 +62,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     from epd.server.engine.base import EXTENDED_SAMPLING_FIELDS
     from epd.server.engine.sampler import IMPLEMENTED_FIELDS as TRANSFORMERS_FIELDS
     from epd.server.route.openai_completions import IMPLEMENTED_FIELDS as COMPLETION_FIELDS
+    from epd.server.route.openai_schema import IGNORED_FIELDS
     from epd.server.route.openai_schema import IMPLEMENTED_FIELDS as CHAT_FIELDS
 
     chat, completion = ChatCompletionRequest.model_fields, CompletionRequest.model_fields
@@ -66,7 +70,13 @@ def rows() -> list[tuple[str, str, str, str]]:
     table = []
     for name in names:
         answers = [
-            "" if name not in fields else "yes" if name in implemented else REFUSED
+            ""
+            if name not in fields
+            else "yes"
+            if name in implemented
+            else IGNORED
+            if name in IGNORED_FIELDS
+            else REFUSED
             for fields, implemented in ((chat, CHAT_FIELDS), (completion, COMPLETION_FIELDS))
         ]
         engine_field = ENGINE_FIELDS.get(name)

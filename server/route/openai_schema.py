@@ -107,6 +107,21 @@ IMPLEMENTED_FIELDS = (
     }
     | REQUEST_FIELDS
 )
+# vLLM's request fields that its generation endpoints take and do nothing with for a deployment
+# like epd's: the render endpoints' (token offsets, the multimodal payload and its deprecated
+# alias), the routed experts of a model started to return them, the watermark of an engine
+# given a watermark config (vLLM warns and goes on without), and the session id that vLLM
+# writes only into KV cache events. Accepted at any valid value, as vLLM accepts them.
+IGNORED_FIELDS = frozenset(
+    {
+        "return_token_offsets",
+        "mm_payload",
+        "return_mm_kwargs",
+        "routed_experts_prompt_start",
+        "watermarking",
+        "session_id",
+    }
+)
 IMAGE_DETAILS = ("auto", "low", "high")
 # vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
 UNTRUSTED_TEMPLATE = (
@@ -334,9 +349,10 @@ def _invalid(error: Any) -> Exception:
 
 
 def refuse_unimplemented(parsed: Any, implemented: frozenset[str]) -> None:
-    """Refuse each field of ``parsed`` but ``implemented`` at a value other than its default."""
+    """Refuse each field of ``parsed`` but ``implemented`` and ``IGNORED_FIELDS`` at a value
+    other than its default."""
     for name in type(parsed).model_fields:
-        if name in implemented or name not in parsed.model_fields_set:
+        if name in implemented or name in IGNORED_FIELDS or name not in parsed.model_fields_set:
             continue
         default = type(parsed).model_fields[name].get_default(call_default_factory=True)
         if getattr(parsed, name) != default:

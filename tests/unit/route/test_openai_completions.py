@@ -39,6 +39,18 @@ def test_a_text_prompt_is_tokenised_without_a_template_and_echoed_when_asked(
     assert request.sampling.max_tokens == 16
 
 
+def test_what_vllms_generation_endpoints_ignore_is_taken(tokenizer: Any) -> None:
+    ignored = {
+        "return_token_offsets": True,
+        "mm_payload": "none",
+        "routed_experts_prompt_start": 2,
+        "watermarking": True,
+        "session_id": "conversation-7",
+    }
+    request, _ = completions.to_completion_request({**BODY, **ignored}, "tiny", tokenizer)
+    assert request.sampling.max_tokens == BODY["max_tokens"]
+
+
 def test_token_ids_go_as_they_are(tokenizer: Any) -> None:
     body = {**BODY, "prompt": [5, 6, 7], "echo": True}
     request, prompt = completions.to_completion_request(body, "tiny", tokenizer)

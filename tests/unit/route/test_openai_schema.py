@@ -326,6 +326,26 @@ def test_unimplemented_fields_at_their_defaults_and_harmless_ones_pass() -> None
     assert schema.to_chat_request({**BODY, **no_ops}, "tiny").sampling.max_tokens == 3
 
 
+# vLLM's fields that its generation endpoints take and do nothing with here, at values not
+# their defaults
+IGNORED = {
+    "return_token_offsets": True,
+    "mm_payload": "none",
+    "return_mm_kwargs": False,
+    "routed_experts_prompt_start": 2,
+    "watermarking": True,
+    "session_id": "conversation-7",
+}
+
+
+def test_what_vllms_generation_endpoints_ignore_is_taken() -> None:
+    assert set(IGNORED) == schema.IGNORED_FIELDS
+    assert schema.to_chat_request({**BODY, **IGNORED}, "tiny").sampling.max_tokens == 3
+    assert refusal({**BODY, **IGNORED, "routed_experts_prompt_start": -1}).metadata["param"] == (
+        "routed_experts_prompt_start"
+    )
+
+
 def test_an_unknown_field_is_accepted_as_vllm_accepts_it() -> None:
     """vLLM accepts fields it does not know (and logs them); so do OpenAI's newer ones."""
     extra = {"temprature": 0.5, "metadata": {"k": "v"}, "modalities": ["text"], "store": False}
