@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from epd.common.flags import flag
 from epd.common.metrics import new_registry
@@ -179,25 +180,38 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     )
     server, port = await build_server([binding], options, registry)
     http = None
-    if config.http_port is not None and not IS_VLLM_INSTALLED:
+    if config.http_port is not None:
+        http = await _open_http(config, config.http_port, options, router, limits, parser_cls)
+        server.add_drain_callback(http.start_draining)
+    await server.mark_serving()
+    return RouteApp(server, port, router, http)
+
+
+async def _open_http(
+    config: RouteConfig,
+    http_port: int,
+    options: ServerOptions,
+    router: Router,
+    limits: RequestLimits,
+    parser_cls: Any,
+) -> OpenAiHttp:
+    """The OpenAI door on ``http_port``, serving through ``router``."""
+    if not IS_VLLM_INSTALLED:
         raise ValueError(
             "--http-port: the OpenAI door parses bodies with vLLM's own request models; "
             "install vLLM, or serve gRPC alone (no --http-port)"
         )
-    if config.http_port is not None:
-        defaults = generation_defaults(config.model_dir)
-        # NOTE: no parser, no tool step: a request without tools then takes the plain path
-        calling = None
-        if parser_cls is not None:
-            enable_auto = config.tools.enable_auto_tool_choice
-            calling = ToolCalling(parser_cls, enable_auto, prompts.tokenizer)
-        secured = _secured_like(config.http, options)
-        trusted = config.tools.trust_request_chat_template
-        http = OpenAiHttp(router, secured, limits, defaults, calling, trusted)
-        await http.start(options.host, config.http_port)
-        server.add_drain_callback(http.start_draining)
-    await server.mark_serving()
-    return RouteApp(server, port, router, http)
+    defaults = generation_defaults(config.model_dir)
+    # NOTE: no parser, no tool step: a request without tools then takes the plain path
+    calling = None
+    if parser_cls is not None:
+        enable_auto = config.tools.enable_auto_tool_choice
+        calling = ToolCalling(parser_cls, enable_auto, router.prompts.tokenizer)
+    secured = _secured_like(config.http, options)
+    trusted = config.tools.trust_request_chat_template
+    http = OpenAiHttp(router, secured, limits, defaults, calling, trusted)
+    await http.start(options.host, http_port)
+    return http
 
 
 def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:

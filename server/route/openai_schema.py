@@ -270,12 +270,7 @@ def to_chat_request(
     ):
         raise bad(UNTRUSTED_TEMPLATE, "chat_template")
     limits = limits or RequestLimits()
-    name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
-    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
-    context = limits.max_context_tokens
-    if max_tokens is None or (context is not None and max_tokens > context):
-        # NOTE: as vLLM: no limit, or one beyond the context, is the rest of the context.
-        max_tokens = context or SAMPLING_DEFAULTS.max_tokens
+    name, max_tokens = _max_tokens(parsed, limits.max_context_tokens)
     template_kwargs = parsed.build_chat_params(None, "auto").chat_template_kwargs
     parsing = None
     if tools is not None or parsed.tools is not None:
@@ -301,6 +296,16 @@ def to_chat_request(
         request.truncation_side = parsed.truncation_side
     check_request(request, limits, max_tokens_param=name)
     return request
+
+
+def _max_tokens(parsed: Any, context: int | None) -> tuple[str, int]:
+    """The field that bounds ``parsed``'s answer and its bound: as vLLM, none, or one beyond
+    the ``context``, is the rest of the context."""
+    name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
+    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+    if max_tokens is None or (context is not None and max_tokens > context):
+        max_tokens = context or SAMPLING_DEFAULTS.max_tokens
+    return name, int(max_tokens)
 
 
 def kept_tokens(parsed: Any, context: int | None) -> int | None:

@@ -175,8 +175,7 @@ class Router:
     ) -> AsyncIterator[RouteChunk]:
         deadline = Deadline(timeout_s)
         model = request.model or self.model_id
-        span = trace.get_current_span()
-        span.set_attribute("epd.request_id", request.request_id)
+        trace.get_current_span().set_attribute("epd.request_id", request.request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         token_ids = await self._token_ids(request)
         images, videos = await asyncio.gather(
@@ -214,8 +213,8 @@ class Router:
             num_tokens=[image.num_tokens for image in images]
             + [tokens for v in videos for tokens in v.chunk_tokens],
         )
-        span.set_attribute("epd.images", len(images))
-        span.set_attribute("epd.videos", len(videos))
+        span = trace.get_current_span()
+        span.set_attributes({"epd.images": len(images), "epd.videos": len(videos)})
         span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
             share_pixels(self.plane, stage, pixels)
@@ -227,11 +226,17 @@ class Router:
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids):
                 yield chunk
         finally:
-            self._refresh_roles()
-            release_pixels(self.plane, stage)
-            if self.metrics is not None and stage.num_retried:
-                self.metrics.encode_retries.inc(stage.num_retried)
-            await asyncio.shield(release_all(self.peers, stage))
+            await self._release(stage)
+
+    async def _release(self, stage: EncodeStage) -> None:
+        """Let go of what a request held once it ends, however it ends: its pixels, its
+        embeddings' leases on the encoders (shielded from the request's cancellation), and
+        count its retried encodings."""
+        self._refresh_roles()
+        release_pixels(self.plane, stage)
+        if self.metrics is not None and stage.num_retried:
+            self.metrics.encode_retries.inc(stage.num_retried)
+        await asyncio.shield(release_all(self.peers, stage))
 
     async def _chunks(
         self,
