@@ -24,16 +24,18 @@ class MediaItem(_message.Message):
     def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., video: _Optional[_Union[VideoSpan, _Mapping]] = ..., key_salt: _Optional[str] = ...) -> None: ...
 
 class VideoSpan(_message.Message):
-    __slots__ = ("first_frame", "num_frames", "resized_height", "resized_width")
+    __slots__ = ("first_frame", "num_frames", "resized_height", "resized_width", "video_settings")
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
     NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
     RESIZED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     RESIZED_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     first_frame: int
     num_frames: int
     resized_height: int
     resized_width: int
-    def __init__(self, first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., resized_height: _Optional[int] = ..., resized_width: _Optional[int] = ...) -> None: ...
+    video_settings: str
+    def __init__(self, first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., resized_height: _Optional[int] = ..., resized_width: _Optional[int] = ..., video_settings: _Optional[str] = ...) -> None: ...
 
 class ImageGrid(_message.Message):
     __slots__ = ("t", "h", "w")

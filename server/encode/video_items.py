@@ -4,8 +4,8 @@ The route cuts a video's kept frames into chunks at temporal-patch boundaries (`
 a run of kept frames and the size the plan resizes them to) and asks encoders for each chunk as
 an item named by the chunk's content hash. The frames come as the route's shared pixels (uint8
 [n, height, width, 3], tagged with that hash) or, where those cannot be read, from the video's
-source: decoded and planned here as the route did (``VideoLoader``), the span's frames cut out
-and hashed again, which must give the item's hash.
+source: decoded and planned here as the route did (``VideoLoader``, under the settings the route
+planned it with), the span's frames cut out and hashed again, which must give the item's hash.
 """
 
 from __future__ import annotations
@@ -19,26 +19,30 @@ from epd.common.errors import InvalidArgument
 from epd.server.media.hashing import salted
 from epd.server.media.video_hashing import chunk_hash
 from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_overrides import NO_OVERRIDES, VideoOverrides, overrides_of
 from epd.v1 import multimodal_pb2
 
 
 @dataclass(frozen=True, slots=True)
 class VideoSpan:
     """A run of ``num_frames`` kept frames from ``first_frame``, resized to ``resized``
-    (height, width)."""
+    (height, width), of a video planned under ``settings``."""
 
     first_frame: int
     num_frames: int
     resized: tuple[int, int]
+    settings: VideoOverrides = NO_OVERRIDES
 
     @classmethod
     def from_proto(cls, span: multimodal_pb2.VideoSpan) -> VideoSpan:
-        """The span of a ``MediaItem.video``; InvalidArgument (BAD_VIDEO_SPAN) when empty."""
+        """The span of a ``MediaItem.video``; InvalidArgument (BAD_VIDEO_SPAN) when empty or
+        its settings are not video processor settings."""
         if not (span.num_frames and span.resized_height and span.resized_width):
             raise InvalidArgument(
                 "a video item needs frames and a resized size", reason="BAD_VIDEO_SPAN"
             )
-        return cls(span.first_frame, span.num_frames, (span.resized_height, span.resized_width))
+        resized = (span.resized_height, span.resized_width)
+        return cls(span.first_frame, span.num_frames, resized, overrides_of(span.video_settings))
 
     @property
     def stop(self) -> int:
@@ -53,7 +57,7 @@ async def frames_from_source(
     the chunk's ``mm_hash`` salted with ``key_salt`` (a tenant's, ``hashing.salted``; "": none)
     (InvalidArgument MM_HASH_MISMATCH: the caller planned or hashed the video otherwise, e.g. for
     another model; BAD_VIDEO_SPAN: the video has no such frames)."""
-    video = await loader.load(url=url, data=data)
+    video = await loader.load(url=url, data=data, overrides=span.settings)
     if span.stop > len(video.frames) or span.resized != video.plan.resized:
         raise InvalidArgument(
             f"the video keeps {len(video.frames)} frames resized to {video.plan.resized}, not "

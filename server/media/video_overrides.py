@@ -94,6 +94,29 @@ class VideoOverrides:
 NO_OVERRIDES = VideoOverrides()
 
 
+def overrides_of(key: str) -> VideoOverrides:
+    """The overrides whose ``VideoOverrides.key`` is ``key`` ("": none), as another hop sent
+    them; InvalidArgument (BAD_VIDEO_SPAN) when it is not such a key."""
+    if not key:
+        return NO_OVERRIDES
+    try:
+        settings = json.loads(key)
+        overrides = VideoOverrides(**settings)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(
+            f"video settings {key[:200]!r} are not a JSON object of video processor settings",
+            reason="BAD_VIDEO_SPAN",
+        ) from e
+    if overrides.key != key or not all(
+        isinstance(value, int | float) for value in overrides.settings.values()
+    ):
+        raise InvalidArgument(
+            f"video settings {key[:200]!r} are not canonical video processor settings",
+            reason="BAD_VIDEO_SPAN",
+        )
+    return overrides
+
+
 @dataclass(frozen=True, slots=True)
 class MediaKwargs:
     """A request's ``mm_processor_kwargs`` and ``media_io_kwargs`` as sent (None: not sent)."""

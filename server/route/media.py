@@ -134,6 +134,7 @@ async def load_video(
                 num_frames=len(chunk.frames),
                 resized_height=height,
                 resized_width=width,
+                video_settings=video.overrides.key,
             ),
             **({"url": source.url} if source.url else {"data": source.data}),
         )

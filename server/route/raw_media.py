@@ -25,7 +25,10 @@ def whole_video_item(video: RouteVideo) -> multimodal_pb2.MediaItem:
     salt = first.key_salt
     height, width = video.video.plan.resized
     span = multimodal_pb2.VideoSpan(
-        num_frames=len(video.video.frames), resized_height=height, resized_width=width
+        num_frames=len(video.video.frames),
+        resized_height=height,
+        resized_width=width,
+        video_settings=video.video.overrides.key,
     )
     item = multimodal_pb2.MediaItem(
         mm_hash=salted(video.video.video_hash, salt), key_salt=salt, video=span

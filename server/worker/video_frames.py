@@ -19,6 +19,7 @@ from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, VideoFrames
 from epd.server.media.hashing import is_mm_hash, pixels_tag, salted
 from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_overrides import overrides_of
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import multimodal_pb2
 
@@ -103,8 +104,9 @@ def _checked(
 async def _planned_again(
     loader: VideoLoader | None, index: int, video: multimodal_pb2.VideoInput
 ) -> VideoFrames:
-    """The kept frames of ``video``'s source decoded and planned here, which must hash to the
-    video's mm_hash (salted with its ``key_salt``, a tenant's)."""
+    """The kept frames of ``video``'s source decoded and planned here, under the settings the
+    route planned it with, which must hash to the video's mm_hash (salted with its
+    ``key_salt``, a tenant's)."""
     media = video.media
     if loader is None:
         raise FailedPrecondition(
@@ -114,7 +116,8 @@ async def _planned_again(
         raise InvalidArgument(
             f"video {index} has neither chunks nor a source", reason="MISSING_IMAGE_DATA"
         )
-    planned = await loader.load(url=media.url, data=media.data)
+    overrides = overrides_of(media.video.video_settings)
+    planned = await loader.load(url=media.url, data=media.data, overrides=overrides)
     if salted(planned.video_hash, media.key_salt) != video.mm_hash:
         raise InvalidArgument(
             f"mm_hash {video.mm_hash} does not match video {index} ({planned.video_hash}); the "

@@ -17,6 +17,7 @@ from epd.server.engine.base import EngineImage
 from epd.server.media.hashing import pixels_tag, salted
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
+from epd.server.media.video_overrides import VideoOverrides
 from epd.server.media.video_planner import PlannedVideo, VideoPlanner
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.images import ImageResolver
@@ -47,7 +48,10 @@ def raw_input(
     mm_hash = salted(video.video_hash, salt)
     height, width = video.plan.resized
     span = multimodal_pb2.VideoSpan(
-        num_frames=len(video.frames), resized_height=height, resized_width=width
+        num_frames=len(video.frames),
+        resized_height=height,
+        resized_width=width,
+        video_settings=video.overrides.key,
     )
     media = multimodal_pb2.MediaItem(mm_hash=mm_hash, data=source, key_salt=salt, video=span)
     if pixels is not None:
@@ -118,6 +122,16 @@ async def test_frames_not_bound_to_the_video_here_are_ignored_for_the_source(
     assert_is_the_planned_video(resolved, video, name)
     assert videos.num_decoded == 1
     route.release([ref.lease_id])
+
+
+async def test_the_source_is_planned_under_the_settings_the_route_planned_it_with(
+    planner: VideoPlanner,
+) -> None:
+    video = planner.load(CLIP, MediaPolicy(), VideoOverrides(fps=0.5))
+    assert len(video.frames) == 4, "the override keeps every other frame"
+    resolved, videos = await resolve(planner, raw_input(video, CLIP))
+    assert_is_the_planned_video(resolved, video, video.video_hash)
+    assert videos.num_decoded == 1
 
 
 async def test_a_source_that_is_another_video_is_refused(planner: VideoPlanner) -> None:
