@@ -176,8 +176,8 @@ def build_request(
     messages: Sequence[Message], **options: Unpack[RequestOptions]
 ) -> route_service_pb2.GenerateRequest:
     """The GenerateRequest for ``messages`` and ``options`` (``RequestOptions``: vLLM's sampling
-    options, a structured output, the encoder policy, the request id). Images: see
-    ``Picture``."""
+    options, a structured output, the multimodal options, the encoder policy, the request id).
+    Images: see ``Picture``."""
     check_options(options)
     fields = request_fields(options)
     if fields["encoder_policy"] not in POLICIES:
@@ -186,13 +186,17 @@ def build_request(
     for message in messages:
         content = [_content_part(part) for part in message.parts]
         chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
-    return route_service_pb2.GenerateRequest(
+    request = route_service_pb2.GenerateRequest(
         request_id=fields["request_id"],
         model=fields["model"],
         messages=chat,
         sampling=sampling_of(options),
         encoder_policy=POLICIES[fields["encoder_policy"]],
     )
+    for name in ("mm_processor_kwargs", "media_io_kwargs"):
+        if options.get(name) is not None:
+            getattr(request, name).update(options[name])  # type: ignore[literal-required]
+    return request
 
 
 def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:

@@ -34,6 +34,9 @@ class RequestOptions(TypedDict, total=False):
     - ``n``: completions to generate (``Chunk.index`` tells them apart).
     - One structured output at most: ``json_schema`` (a schema, as a dict or JSON text),
       ``json_object``, ``regex``, ``choice`` or ``grammar``.
+    - ``mm_processor_kwargs``, ``media_io_kwargs``: vLLM's per-request multimodal options (a
+      video's sampling and pixel budget, as vLLM's fields; the route takes them only when
+      started with ``--trust-request-mm-kwargs``).
     - ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's).
     - ``request_id``: the route makes one up when empty.
     """
@@ -69,6 +72,8 @@ class RequestOptions(TypedDict, total=False):
     regex: str
     choice: Sequence[str]
     grammar: str
+    mm_processor_kwargs: Mapping[str, Any]
+    media_io_kwargs: Mapping[str, Any]
     encoder_policy: str
     request_id: str
 

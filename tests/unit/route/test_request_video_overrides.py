@@ -114,3 +114,16 @@ def test_a_grpc_request_carries_both_fields_as_json_objects(tiny_model_dir: Path
     )
     assert (overrides.num_frames, overrides.max_frames) == (16, 20)
     assert isinstance(overrides.num_frames, int)
+
+
+def test_the_sdk_sends_both_fields_typed(tiny_model_dir: Path) -> None:
+    from epd.client.messages import build_request, user
+    from epd.server.route.request import from_proto
+
+    processor = {"fps": 1, "videos_kwargs": {"max_pixels": 6272}}
+    io = {"video": {"num_frames": 16}}
+    request = build_request(
+        [user("what happens?")], mm_processor_kwargs=processor, media_io_kwargs=io
+    )
+    assert from_proto(request).media_kwargs == MediaKwargs(processor, io)
+    assert from_proto(build_request([user("hi")])).media_kwargs == MediaKwargs()
