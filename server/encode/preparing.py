@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from epd.common.errors import EpdError
-from epd.server.encode.video_items import VideoSpan, check_frames
+from epd.server.encode.video_items import VideoSpan
 from epd.server.encode.vision import Prepared
 from epd.server.media.hashing import pixels_tag
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage
-from epd.server.media.pixels import check_pixels
+from epd.server.media.pixels import check_frames, check_pixels
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
@@ -121,7 +121,8 @@ class Preparer:
         be read here or are not tagged so."""
         pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
         if source.video is not None:
-            return check_frames(pixels, source.video, self.policy.max_video_frame_pixels)
+            limit = self.policy.max_video_frame_pixels
+            return check_frames(pixels, source.video.num_frames, limit)
         return check_pixels(pixels, self.policy)
 
     async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:

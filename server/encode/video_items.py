@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from epd.common.errors import InvalidArgument
 from epd.server.media.hashing import salted
@@ -78,24 +77,5 @@ async def frames_from_source(
             f"mm_hash {mm_hash} does not match the video chunk ({digest}); the caller hashes "
             "with another model id or processor",
             reason="MM_HASH_MISMATCH",
-        )
-    return frames
-
-
-def check_frames(frames: torch.Tensor, span: VideoSpan, max_frame_pixels: int) -> torch.Tensor:
-    """``frames`` if they are ``span``'s RGB frames within the frame pixel limit; else
-    InvalidArgument (BAD_PIXELS)."""
-    shape = list(frames.shape)
-    if frames.dtype != torch.uint8 or frames.ndim != 4 or shape[0] != span.num_frames:
-        raise InvalidArgument(
-            f"pixels of a video chunk must be uint8 [{span.num_frames}, height, width, 3], not "
-            f"{frames.dtype} {shape}",
-            reason="BAD_PIXELS",
-        )
-    if shape[3] != 3 or not shape[1] * shape[2] or shape[1] * shape[2] > max_frame_pixels:
-        raise InvalidArgument(
-            f"video frames of {shape[2]}x{shape[1]} are empty or over the limit of "
-            f"{max_frame_pixels} pixels",
-            reason="BAD_PIXELS",
         )
     return frames

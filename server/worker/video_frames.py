@@ -18,6 +18,7 @@ import torch
 from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, VideoFrames
 from epd.server.media.hashing import is_mm_hash, pixels_tag, salted
+from epd.server.media.pixels import check_frames
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_overrides import overrides_of
 from epd.server.transfer.plane import DataPlane
@@ -75,19 +76,7 @@ def _checked(
     """``pixels`` with ``video``'s timing if they are its kept frames (uint8 [frames, height,
     width, 3], one per kept frame index, within the frame pixel limit) and the timing is sound;
     else InvalidArgument BAD_PIXELS or BAD_VIDEO_TIMING."""
-    shape = list(pixels.shape)
-    num_kept = len(video.frame_indices)
-    if pixels.dtype != torch.uint8 or pixels.ndim != 4 or shape[0] != num_kept or shape[3] != 3:
-        raise InvalidArgument(
-            f"a video's frames must be uint8 [{num_kept}, height, width, 3], not "
-            f"{pixels.dtype} {shape}",
-            reason="BAD_PIXELS",
-        )
-    if not shape[1] * shape[2] or (max_pixels is not None and shape[1] * shape[2] > max_pixels):
-        raise InvalidArgument(
-            f"video frames of {shape[2]}x{shape[1]} are empty or over the limit",
-            reason="BAD_PIXELS",
-        )
+    check_frames(pixels, len(video.frame_indices), max_pixels)
     indices = tuple(video.frame_indices)
     is_ordered = all(a < b for a, b in zip(indices, indices[1:], strict=False))
     if not (video.fps > 0 and is_ordered and indices[-1] < video.num_decoded_frames):
