@@ -793,9 +793,10 @@ async def test_completion_token_ids_are_vllms(
 async def test_stream_interval_batches_the_deltas_as_vllm_does(
     vllm_url: str, epd_url: str, path: str, body: dict[str, Any]
 ) -> None:
-    """The first token at once, then at least k tokens a chunk, the last with what is left.
-    NOTE: the exact chunks are not compared: vLLM's own reader joins outputs it has not taken
-    yet (RequestOutputCollector), and epd's engines hand the route tokens likewise."""
+    """The first output at once, then at least k tokens a chunk, the last with what is left.
+    NOTE: neither the exact chunks nor the first one's size are compared: vLLM's own reader joins
+    outputs it has not taken yet (RequestOutputCollector), and epd's engines hand the route tokens
+    likewise, so a first chunk may hold two tokens (CI saw [2, 3, 3, 3] from one of them)."""
     stream = {**body, "max_tokens": 11, "ignore_eos": True, "stream": True, "stream_interval": 3}
     stream["return_token_ids"] = True
     joined = []
@@ -806,7 +807,7 @@ async def test_stream_interval_batches_the_deltas_as_vllm_does(
                 if choice.get("token_ids"):
                     groups.setdefault(choice["index"], []).append(choice["token_ids"])
         for ids in groups.values():
-            assert len(ids[0]) == 1 and all(len(group) >= 3 for group in ids[1:-1]), ids
-            assert len(ids) < 11, ids
+            assert all(len(group) >= 3 for group in ids[1:-1]), ids
+            assert len(ids) <= 5, ids
         joined.append({index: sum(ids, []) for index, ids in groups.items()})
     assert joined[1] == joined[0]
