@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import tensor_pb2 as epd_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"\x9c\x01\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12 \n\x05video\x18\x05 \x01(\x0b\x32\x11.epd.v1.VideoSpan\x12\x10\n\x08key_salt\x18\x06 \x01(\tB\x08\n\x06source\"{\n\tVideoSpan\x12\x13\n\x0b\x66irst_frame\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x16\n\x0eresized_height\x18\x03 \x01(\r\x12\x15\n\rresized_width\x18\x04 \x01(\r\x12\x16\n\x0evideo_settings\x18\x05 \x01(\t\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xa4\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x08\n\x06sourceJ\x04\x08\x05\x10\x06R\x07\x65ncoder\"\x91\x02\n\nVideoInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12!\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x11.epd.v1.TensorRef\x12\x14\n\x0c\x63hunk_hashes\x18\x04 \x03(\t\x12\"\n\x1aseconds_per_temporal_patch\x18\x05 \x01(\x01\x12\x12\n\ntimestamps\x18\x06 \x03(\x01\x12 \n\x05media\x18\x07 \x01(\x0b\x32\x11.epd.v1.MediaItem\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\x12\x1a\n\x12num_decoded_frames\x18\t \x01(\r\x12\x15\n\rframe_indices\x18\n \x03(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65pd/v1/multimodal.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/tensor.proto\"\xb4\x01\n\tMediaItem\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x03 \x01(\x0cH\x00\x12!\n\x06pixels\x18\x04 \x01(\x0b\x32\x11.epd.v1.TensorRef\x12 \n\x05video\x18\x05 \x01(\x0b\x32\x11.epd.v1.VideoSpan\x12\x10\n\x08key_salt\x18\x06 \x01(\t\x12\x16\n\x0eimage_settings\x18\x07 \x01(\tB\x08\n\x06source\"{\n\tVideoSpan\x12\x13\n\x0b\x66irst_frame\x18\x01 \x01(\r\x12\x12\n\nnum_frames\x18\x02 \x01(\r\x12\x16\n\x0eresized_height\x18\x03 \x01(\r\x12\x15\n\rresized_width\x18\x04 \x01(\r\x12\x16\n\x0evideo_settings\x18\x05 \x01(\t\",\n\tImageGrid\x12\t\n\x01t\x18\x01 \x01(\r\x12\t\n\x01h\x18\x02 \x01(\r\x12\t\n\x01w\x18\x03 \x01(\r\"\xa4\x01\n\nImageInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12\'\n\nembeddings\x18\x03 \x01(\x0b\x32\x11.epd.v1.TensorRefH\x00\x12\"\n\x05media\x18\x04 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x08\n\x06sourceJ\x04\x08\x05\x10\x06R\x07\x65ncoder\"\x91\x02\n\nVideoInput\x12\x0f\n\x07mm_hash\x18\x01 \x01(\t\x12\x1f\n\x04grid\x18\x02 \x01(\x0b\x32\x11.epd.v1.ImageGrid\x12!\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x11.epd.v1.TensorRef\x12\x14\n\x0c\x63hunk_hashes\x18\x04 \x03(\t\x12\"\n\x1aseconds_per_temporal_patch\x18\x05 \x01(\x01\x12\x12\n\ntimestamps\x18\x06 \x03(\x01\x12 \n\x05media\x18\x07 \x01(\x0b\x32\x11.epd.v1.MediaItem\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\x12\x1a\n\x12num_decoded_frames\x18\t \x01(\r\x12\x15\n\rframe_indices\x18\n \x03(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.multimodal_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MEDIAITEM']._serialized_start=57
-  _globals['_MEDIAITEM']._serialized_end=213
-  _globals['_VIDEOSPAN']._serialized_start=215
-  _globals['_VIDEOSPAN']._serialized_end=338
-  _globals['_IMAGEGRID']._serialized_start=340
-  _globals['_IMAGEGRID']._serialized_end=384
-  _globals['_IMAGEINPUT']._serialized_start=387
-  _globals['_IMAGEINPUT']._serialized_end=551
-  _globals['_VIDEOINPUT']._serialized_start=554
-  _globals['_VIDEOINPUT']._serialized_end=827
+  _globals['_MEDIAITEM']._serialized_end=237
+  _globals['_VIDEOSPAN']._serialized_start=239
+  _globals['_VIDEOSPAN']._serialized_end=362
+  _globals['_IMAGEGRID']._serialized_start=364
+  _globals['_IMAGEGRID']._serialized_end=408
+  _globals['_IMAGEINPUT']._serialized_start=411
+  _globals['_IMAGEINPUT']._serialized_end=575
+  _globals['_VIDEOINPUT']._serialized_start=578
+  _globals['_VIDEOINPUT']._serialized_end=851
 # @@protoc_insertion_point(module_scope)

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MediaItem(_message.Message):
-    __slots__ = ("mm_hash", "url", "data", "pixels", "video", "key_salt")
+    __slots__ = ("mm_hash", "url", "data", "pixels", "video", "key_salt", "image_settings")
     MM_HASH_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PIXELS_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     KEY_SALT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     mm_hash: str
     url: str
     data: bytes
     pixels: _tensor_pb2.TensorRef
     video: VideoSpan
     key_salt: str
-    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., video: _Optional[_Union[VideoSpan, _Mapping]] = ..., key_salt: _Optional[str] = ...) -> None: ...
+    image_settings: str
+    def __init__(self, mm_hash: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[bytes] = ..., pixels: _Optional[_Union[_tensor_pb2.TensorRef, _Mapping]] = ..., video: _Optional[_Union[VideoSpan, _Mapping]] = ..., key_salt: _Optional[str] = ..., image_settings: _Optional[str] = ...) -> None: ...
 
 class VideoSpan(_message.Message):
     __slots__ = ("first_frame", "num_frames", "resized_height", "resized_width", "video_settings")
