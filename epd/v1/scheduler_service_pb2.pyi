@@ -65,7 +65,7 @@ class WorkerInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., endpoint: _Optional[str] = ..., device: _Optional[str] = ..., weight: _Optional[float] = ..., capacity: _Optional[int] = ..., host_id: _Optional[str] = ..., model: _Optional[str] = ..., embeddings_device: _Optional[str] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("queue_depth", "num_in_flight", "item_latency_ms", "kv_usage", "stored_block_hashes", "removed_block_hashes", "held_items")
+    __slots__ = ("queue_depth", "num_in_flight", "item_latency_ms", "kv_usage", "stored_block_hashes", "removed_block_hashes", "held_items", "batches_finished")
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ITEM_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class WorkerLoad(_message.Message):
     STORED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     REMOVED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     HELD_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FINISHED_FIELD_NUMBER: _ClassVar[int]
     queue_depth: int
     num_in_flight: int
     item_latency_ms: float
@@ -80,7 +81,8 @@ class WorkerLoad(_message.Message):
     stored_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     removed_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     held_items: HeldItems
-    def __init__(self, queue_depth: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., item_latency_ms: _Optional[float] = ..., kv_usage: _Optional[float] = ..., stored_block_hashes: _Optional[_Iterable[int]] = ..., removed_block_hashes: _Optional[_Iterable[int]] = ..., held_items: _Optional[_Union[HeldItems, _Mapping]] = ...) -> None: ...
+    batches_finished: int
+    def __init__(self, queue_depth: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., item_latency_ms: _Optional[float] = ..., kv_usage: _Optional[float] = ..., stored_block_hashes: _Optional[_Iterable[int]] = ..., removed_block_hashes: _Optional[_Iterable[int]] = ..., held_items: _Optional[_Union[HeldItems, _Mapping]] = ..., batches_finished: _Optional[int] = ...) -> None: ...
 
 class HeldItems(_message.Message):
     __slots__ = ("is_snapshot", "added_mm_hashes", "evicted_mm_hashes", "stored_mm_hashes")
