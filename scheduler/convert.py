@@ -70,6 +70,7 @@ def load_from_proto(load: pb.WorkerLoad) -> Load:
         load.num_in_flight,
         load.item_latency_ms,
         load.kv_usage,
+        load.batches_finished,
     )
 
 
@@ -104,6 +105,7 @@ def load_to_proto(load: Load, held: list[str] | None = None) -> pb.WorkerLoad:
         num_in_flight=load.num_in_flight,
         item_latency_ms=load.item_latency_ms,
         kv_usage=load.kv_usage,
+        batches_finished=load.batches_finished,
     )
     if held is not None:
         reply.held_items.CopyFrom(pb.HeldItems(is_snapshot=True, added_mm_hashes=held))

@@ -110,7 +110,7 @@ class Scheduler:
             if held is not None:
                 self._holdings.apply(worker.id, held)
             if load is not None and load.item_latency_ms > 0:
-                self._costs.reported(worker.id, load.item_latency_ms)
+                self._costs.reported(worker.id, load.item_latency_ms, load.batches_finished)
             self._prefixes.store(worker.id, stored_blocks)
             self._prefixes.remove(worker.id, removed_blocks)
             return worker

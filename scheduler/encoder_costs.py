@@ -39,13 +39,21 @@ class EncoderCosts:
         # NOTE: when each encoder last finished computed work (its registration until then):
         # an idle encoder's estimate older than probe_after_s is stale and gets probed.
         self._sampled_at: dict[str, float] = {}
+        self._batches_seen: dict[str, int] = {}
 
     def registered(self, worker_id: str) -> None:
         """A worker (re)registered: its estimate is fresh from now on."""
         self._sampled_at[worker_id] = self._clock()
+        self._batches_seen.pop(worker_id, None)
 
-    def reported(self, worker_id: str, item_latency_ms: float) -> None:
-        """An encoder's heartbeat reported its recent latency per item."""
+    def reported(self, worker_id: str, item_latency_ms: float, batches_finished: int = 0) -> None:
+        """An encoder's heartbeat reported its latest batch's latency per item, after
+        ``batches_finished`` batches (0: not counted); a figure it already reported after as
+        many batches is not a new sample (an idle encoder repeats its last batch's)."""
+        if batches_finished:
+            if self._batches_seen.get(worker_id) == batches_finished:
+                return
+            self._batches_seen[worker_id] = batches_finished
         units = self._units_per_item.get(worker_id, Ewma()).value or 1.0
         self._service.add_reported(worker_id, item_latency_ms, units)
 
@@ -142,3 +150,4 @@ class EncoderCosts:
         self._busy_until.pop(worker_id, None)
         self._units_per_item.pop(worker_id, None)
         self._sampled_at.pop(worker_id, None)
+        self._batches_seen.pop(worker_id, None)

@@ -39,6 +39,7 @@ class Load:
     num_in_flight: int = 0
     item_latency_ms: float = 0.0
     kv_usage: float = 0.0
+    batches_finished: int = 0  # encoders: a new batch's figure when it grew (0: not reported)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ class _EncoderState:
     busy_s: float = 0.0
     cache: OrderedDict[str, None] = field(default_factory=OrderedDict)
     recent_item_ms: float = 0.0
+    batches_finished: int = 0
     is_cold: bool = True
     is_down: bool = False
 
@@ -125,7 +126,11 @@ class Simulation:
         for state in self.encoders.values():
             if state.is_down:
                 continue
-            load = Load(queue_depth=len(state.queue), item_latency_ms=state.recent_item_ms)
+            load = Load(
+                queue_depth=len(state.queue),
+                item_latency_ms=state.recent_item_ms,
+                batches_finished=state.batches_finished,
+            )
             held = HeldReport(is_snapshot=True, added=tuple(state.cache))
             self.scheduler.heartbeat(state.lease_id, load, held=held)
         self._push(self.clock.now + HEARTBEAT_S, "heartbeat", "")
@@ -142,6 +147,7 @@ class Simulation:
         state.lease_id = self._register(state.model)
         state.cache.clear()
         state.is_cold, state.is_down, state.recent_item_ms = True, False, 0.0
+        state.batches_finished = 0
 
     # ---- mechanics
     def _start(self, name: str) -> None:
@@ -159,6 +165,7 @@ class Simulation:
             state.is_cold = False
         if misses:
             state.recent_item_ms = duration_ms / len(misses)
+            state.batches_finished += 1
         state.busy_until = self.clock.now + duration_ms / 1000
         state.busy_s += duration_ms / 1000
         state.in_service = [(r, i, (r, i) not in misses) for r, i in batch]

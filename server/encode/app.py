@@ -202,6 +202,7 @@ def _load_of(worker: EncodeWorker) -> LoadFn:
             queue_depth=worker.batcher.queue_depth,
             num_in_flight=worker.num_in_flight,
             item_latency_ms=worker.batcher.stats.item_latency_ms,
+            batches_finished=worker.batcher.stats.num_batches,
             held_items=None if held is None else held_to_proto(held),
         )
 

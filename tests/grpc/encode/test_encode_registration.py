@@ -1,5 +1,5 @@
 """An encoder whose scheduler is absent serves direct calls, registers once the scheduler comes
-up, and heartbeats its load (what its cache holds included)."""
+up, and heartbeats its load (what its cache holds and how many batches it ran included)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ async def test_late_scheduler_gets_registration_and_load(tiny_model_dir) -> None
         assert worker.info.capacity == 8 and worker.info.endpoint.endswith(f":{encoder.port}")
         assert worker.load.held_items.is_snapshot
         assert list(worker.load.held_items.added_mm_hashes) == [response.mm_hash]
+        assert worker.load.batches_finished == 1 and worker.load.item_latency_ms > 0
     finally:
         await encoder.stop()
     await scheduler.drain_and_stop(0)

@@ -64,12 +64,14 @@ async def test_register_heartbeat_list_deregister(scheduler) -> None:
     assert reply.ttl_ms == 30_000
     await stub.Heartbeat(
         pb.HeartbeatRequest(
-            lease_id=reply.lease_id, load=pb.WorkerLoad(queue_depth=3, item_latency_ms=12.5)
+            lease_id=reply.lease_id,
+            load=pb.WorkerLoad(queue_depth=3, item_latency_ms=12.5, batches_finished=4),
         )
     )
     listing = await stub.ListWorkers(pb.ListWorkersRequest(role=pb.WORKER_ROLE_ENCODE))
     (status,) = listing.workers
     assert status.info.id == "e1" and status.load.queue_depth == 3
+    assert status.load.batches_finished == 4
     assert status.state == pb.WORKER_STATE_LIVE
     await stub.Deregister(pb.DeregisterRequest(lease_id=reply.lease_id))
     assert not (await stub.ListWorkers(pb.ListWorkersRequest())).workers

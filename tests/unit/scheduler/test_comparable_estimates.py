@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from epd.scheduler.core import Scheduler
 from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import create_scheduler, spec
@@ -55,3 +57,33 @@ def test_once_every_encoder_has_its_own_figure_those_are_compared() -> None:
     heartbeat(scheduler, "a", OWN_MS)
     heartbeat(scheduler, "b", 4 * OWN_MS)  # NOTE: b really is slower: a finishes both sooner
     assert Counter(w for n in range(6) for w in clip(scheduler, n)) == {"a": 12}
+
+
+def test_an_idle_encoders_repeated_figure_counts_once() -> None:
+    """An idle encoder's heartbeats repeat its last batch's figure: one slow batch reported by
+    ten heartbeats pulled its estimate to that batch's alone (docs/benchmarks/video.md). A
+    figure counts as a sample only when the encoder finished another batch."""
+    scheduler, _ = create_scheduler(spec("a"))
+    lease = next(w.lease_id for w in scheduler.registry.all() if w.id == "a")
+    scheduler.heartbeat(lease, Load(item_latency_ms=10.0, batches_finished=1))
+    for _ in range(10):
+        scheduler.heartbeat(lease, Load(item_latency_ms=100.0, batches_finished=2))
+    assert scheduler.service_ms("a") == pytest.approx(0.3 * 100.0 + 0.7 * 10.0)
+
+
+def test_a_worker_that_counts_no_batches_reports_every_figure() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    heartbeat(scheduler, "a", 10.0)
+    heartbeat(scheduler, "a", 100.0)
+    heartbeat(scheduler, "a", 100.0)
+    assert scheduler.service_ms("a") == pytest.approx(0.3 * 100.0 + 0.7 * (0.3 * 100.0 + 7.0))
+
+
+def test_a_reregistered_encoder_counts_its_batches_anew() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    lease = next(w.lease_id for w in scheduler.registry.all() if w.id == "a")
+    scheduler.heartbeat(lease, Load(item_latency_ms=10.0, batches_finished=1))
+    scheduler.deregister(lease)
+    lease = scheduler.register(spec("a")).lease_id
+    scheduler.heartbeat(lease, Load(item_latency_ms=40.0, batches_finished=1))
+    assert scheduler.service_ms("a") == pytest.approx(40.0)
