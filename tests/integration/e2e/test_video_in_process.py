@@ -36,6 +36,7 @@ from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_serv
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from tests.families import skip_unless_run
 from tests.integration.registered import until_registered
+from tests.pictures import picture, png
 from tests.unit.models.clips import make_clip
 
 pytestmark = pytest.mark.vllm
@@ -103,6 +104,7 @@ async def deployment(
         "prefill": workers[len(workers) - 1 - is_split],
         "model_dir": model_dir,
         "engine": pair[0],
+        "family": family,
     }
     for channel in channels.values():
         await channel.close()
@@ -219,4 +221,43 @@ async def test_a_bad_video_is_a_clear_error_and_holds_nothing(deployment) -> Non
         _ = [r async for r in stub.Generate(video_request(b"not a video", "video-bad"))]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert from_rpc_error(caught.value).reason == "BAD_VIDEO"
+    assert deployment["routes"][2].router.plane.held() == []
+
+
+async def vllm_mixed_reference(deployment: dict[str, Any], image: Any) -> list[int]:
+    """Monolithic vLLM's greedy tokens for ``image``, then the clip's kept frames, then TEXT."""
+    from vllm import SamplingParams
+
+    model_dir = deployment["model_dir"]
+    video = VideoPlanner(model_dir, "tiny").load(CLIP, MediaPolicy())
+    prompt = vllm_video_prompt(model_dir, video)
+    parts = [ChatPart(image=ImageSource(data=b"-")), ChatPart(video=ImageSource(data=b"-"))]
+    prompt["prompt_token_ids"] = PromptBuilder(model_dir).token_ids(
+        [ChatMessage("user", [*parts, ChatPart(text=TEXT)])]
+    )
+    prompt["multi_modal_data"]["image"] = image
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    final = None
+    async for output in deployment["engine"]._llm.generate(prompt, params, f"mixed-{id(image)}"):
+        final = output
+    assert final is not None
+    return list(final.outputs[0].token_ids)
+
+
+async def test_an_image_and_a_video_in_one_chat_equal_monolithic_vllm(deployment) -> None:
+    """A picture, then the clip, in one message: the picture's embeddings and the video's take
+    their places in one prompt (encoders for both in E/PD and E/P/D; in EPD and EP/D the worker
+    takes the picture's pixels and the video's frames whole) and the tokens equal monolithic
+    vLLM's given the same picture and frames."""
+    if deployment["family"] == "llava_onevision":
+        pytest.skip("LLaVA-OneVision's vLLM takes video as pixels only; the Qwen families run it")
+    image = picture(7, 56, 56)
+    expected = await vllm_mixed_reference(deployment, image)
+    # NOTE: the answer depends on the picture too: equal tokens mean both embeddings were used
+    assert await vllm_mixed_reference(deployment, picture(8, 56, 56)) != expected
+    request = video_request(CLIP, "image-and-video")
+    picture_part = route_service_pb2.ContentPart(image=multimodal_pb2.MediaItem(data=png(image)))
+    request.messages[0].content.insert(0, picture_part)
+    responses = [r async for r in deployment["stubs"][2].Generate(request)]
+    assert [t for r in responses for t in r.token_ids] == expected
     assert deployment["routes"][2].router.plane.held() == []
