@@ -35,6 +35,8 @@ FINISH_REASONS: dict[str, int] = {
     "stop": generation_pb2.FINISH_REASON_STOP,
     "length": generation_pb2.FINISH_REASON_LENGTH,
     "abort": generation_pb2.FINISH_REASON_ABORT,
+    # the route's answer only, with a tool parser: the model called tools
+    "tool_calls": generation_pb2.FINISH_REASON_TOOL_CALLS,
 }
 _FINISH_NAMES = {value: name for name, value in FINISH_REASONS.items()}
 

@@ -143,7 +143,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     plane.start_reaper()
     prompts = PromptBuilder(config.model_dir, config.chat_template)
     # NOTE: before any port opens: a parser the tokenizer cannot serve is a ValueError
-    parser_cls = parser_class(config.tools, prompts.tokenizer, model_id)
+    calling = _tool_calling(config.tools, prompts.tokenizer, model_id)
     # NOTE: one set of limits for both doors: gRPC and HTTP judge a request alike.
     limits = config.limits.with_context(prompts.max_context_tokens)
     registry = new_registry() if options.exports_metrics else None
@@ -173,15 +173,19 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
         videos=VideoLoader(VideoPlanner(config.model_dir, model_id), config.media),
         video_chunk_patches=config.video_chunk_patches,
     )
-    binding = ServiceBinding(
-        SERVICE_NAME,
-        RouteServicer(router, limits, has_tenants=bool(options.auth_token)),
-        pb_grpc.add_RouteServiceServicer_to_server,
+    trusted = config.tools.trust_request_chat_template
+    servicer = RouteServicer(
+        router,
+        limits,
+        has_tenants=bool(options.auth_token),
+        tools=calling,
+        trust_chat_template=trusted,
     )
+    binding = ServiceBinding(SERVICE_NAME, servicer, pb_grpc.add_RouteServiceServicer_to_server)
     server, port = await build_server([binding], options, registry)
     http = None
     if config.http_port is not None:
-        http = await _open_http(config, config.http_port, options, router, limits, parser_cls)
+        http = await _open_http(config, config.http_port, options, router, limits, calling)
         server.add_drain_callback(http.start_draining)
     await server.mark_serving()
     return RouteApp(server, port, router, http)
@@ -193,7 +197,7 @@ async def _open_http(
     options: ServerOptions,
     router: Router,
     limits: RequestLimits,
-    parser_cls: Any,
+    calling: ToolCalling | None,
 ) -> OpenAiHttp:
     """The OpenAI door on ``http_port``, serving through ``router``."""
     if not IS_VLLM_INSTALLED:
@@ -202,16 +206,20 @@ async def _open_http(
             "install vLLM, or serve gRPC alone (no --http-port)"
         )
     defaults = generation_defaults(config.model_dir)
-    # NOTE: no parser, no tool step: a request without tools then takes the plain path
-    calling = None
-    if parser_cls is not None:
-        enable_auto = config.tools.enable_auto_tool_choice
-        calling = ToolCalling(parser_cls, enable_auto, router.prompts.tokenizer)
     secured = _secured_like(config.http, options)
     trusted = config.tools.trust_request_chat_template
     http = OpenAiHttp(router, secured, limits, defaults, calling, trusted)
     await http.start(options.host, http_port)
     return http
+
+
+def _tool_calling(options: ToolOptions, tokenizer: Any, model_id: str) -> ToolCalling | None:
+    """The route's parsers, which both doors use (None: none configured, and a request
+    without tools takes the plain path)."""
+    parser_cls = parser_class(options, tokenizer, model_id)
+    if parser_cls is None:
+        return None
+    return ToolCalling(parser_cls, options.enable_auto_tool_choice, tokenizer)
 
 
 def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:

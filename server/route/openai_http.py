@@ -29,7 +29,7 @@ from epd.server.route.http_guard import (
     read_json,
 )
 from epd.server.route.openai_completions import CompletionWriter
-from epd.server.route.reasoning_gate import gate_structured_output
+from epd.server.route.reasoning_gate import gate_request
 from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
@@ -255,15 +255,8 @@ class ChatApi:
             http.tools,
             http.trust_chat_template,
         )
-        parsing = chat.answer_parsing
-        # NOTE: a structured output's start is judged on the prompt before the engines answer;
-        # else the parsers get the prompt from the router's first chunk, as the engine holds it
         if chat.sampling.HasField("structured_output"):
-            if parsing is not None and parsing.needs_prompt:
-                parsing.prompt_token_ids = http.router.prompts.token_ids(
-                    chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
-                )
-            gate_structured_output(chat.sampling, parsing)
+            gate_request(chat, http.router.prompts)
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:

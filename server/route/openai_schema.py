@@ -30,7 +30,7 @@ from epd.server.route.request import (
 )
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
 from epd.server.route.sampling import sampling_to_proto
-from epd.server.route.tools_request import ToolCalling, prepare
+from epd.server.route.tools_request import ToolCalling, chat_step
 from epd.v1 import generation_pb2
 
 MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})
@@ -123,11 +123,6 @@ IGNORED_FIELDS = frozenset(
     }
 )
 IMAGE_DETAILS = ("auto", "low", "high")
-# vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
-UNTRUSTED_TEMPLATE = (
-    "Chat template is passed with request, but --trust-request-chat-template is not set. "
-    "Refused request with untrusted chat template."
-)
 
 
 def _text(value: Any, param: str) -> str:
@@ -264,17 +259,9 @@ def to_chat_request(
     messages = _chat(body.get("messages"))
     parsed = parse_with(ChatCompletionRequest, body)
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
-    if not trust_chat_template and (
-        parsed.chat_template is not None
-        or (parsed.chat_template_kwargs or {}).get("chat_template") is not None
-    ):
-        raise bad(UNTRUSTED_TEMPLATE, "chat_template")
+    template_kwargs, parsing = chat_step(parsed, tools, trust_chat_template, "chat_template")
     limits = limits or RequestLimits()
     name, max_tokens = _max_tokens(parsed, limits.max_context_tokens)
-    template_kwargs = parsed.build_chat_params(None, "auto").chat_template_kwargs
-    parsing = None
-    if tools is not None or parsed.tools is not None:
-        parsing = prepare(parsed, tools, template_kwargs)
     request = ChatRequest(
         new_request_id(request_id),
         parsed.model or default_model,

@@ -11,9 +11,29 @@ and decode workers get (``engine.vllm_reasoning`` passes it to vLLM).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from epd.server.route.tools_answer import AnswerParsing
 from epd.v1 import generation_pb2
+
+if TYPE_CHECKING:
+    from epd.server.route.prompt import PromptBuilder
+    from epd.server.route.request import ChatRequest
+
+
+def gate_request(chat: ChatRequest, prompts: PromptBuilder) -> None:
+    """Where ``chat``'s structured output starts (``gate_structured_output``), either door's
+    request: judged on the prompt ``prompts`` renders, before the engines answer, where a
+    reasoning parser reads it (else the parsers get the prompt from the router's first chunk,
+    as the engine holds it). Nothing for a request without a structured output."""
+    if not chat.sampling.HasField("structured_output"):
+        return
+    parsing = chat.answer_parsing
+    if parsing is not None and parsing.needs_prompt:
+        parsing.prompt_token_ids = prompts.token_ids(
+            chat.messages, chat.template_kwargs, chat.chat_template, chat.add_special_tokens
+        )
+    gate_structured_output(chat.sampling, parsing)
 
 
 def gate_structured_output(

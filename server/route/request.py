@@ -113,13 +113,13 @@ class ChatRequest:
     # the text a chat answer starts with (vLLM's echo: the last message's, when its role is the
     # answer's; "": none)
     echo: str = ""
-    # the OpenAI door streams a completion's tokens this many at a time, its first and last
-    # chunks at once (vLLM's stream_interval)
+    # either door streams a completion's tokens this many at a time, its first and last chunks
+    # at once (vLLM's stream_interval)
     stream_interval: int = 1
     # the request's own mm_processor_kwargs and media_io_kwargs (vLLM's; the media loaders
     # check and apply them: video_overrides)
     media_kwargs: MediaKwargs = field(default_factory=MediaKwargs)
-    # how the OpenAI door splits the answer into content, reasoning and tool calls (vLLM's
+    # how either door splits the answer into content, reasoning and tool calls (vLLM's
     # parsers; None: the text is the content)
     answer_parsing: AnswerParsing | None = None
     # the caller's identity where the door authenticates it (``common.auth.token_identity``),
@@ -160,7 +160,8 @@ def new_request_id(given: str | None = None) -> str:
 
 def from_proto(request: route_service_pb2.GenerateRequest) -> ChatRequest:
     """The ``ChatRequest`` of a gRPC ``GenerateRequest`` (unchecked, but for image parts naming
-    pixels: shared memory is the route's to name, never a caller's)."""
+    pixels: shared memory is the route's to name, never a caller's), its tool fields left to
+    ``tools_proto.add_tools``."""
     messages = [
         ChatMessage(
             message.role,
@@ -174,6 +175,7 @@ def from_proto(request: route_service_pb2.GenerateRequest) -> ChatRequest:
         messages,
         request.sampling,
         int(request.encoder_policy),
+        stream_interval=max(request.stream_interval, 1),
         media_kwargs=MediaKwargs(
             _struct(request, "mm_processor_kwargs"), _struct(request, "media_io_kwargs")
         ),

@@ -19,6 +19,11 @@ from epd.server.route.tools_answer import AnswerParsing
 AUTO_NEEDS_FLAGS = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
+# vLLM's refusal of a request's chat template when not started with --trust-request-chat-template
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,25 @@ class ToolCalling:
     def tool_parser_cls(self) -> Any:
         """vLLM's tool parser class, or None."""
         return self.parser_cls.tool_parser_cls if self.parser_cls is not None else None
+
+
+def chat_step(
+    parsed: Any, calling: ToolCalling | None, trust_chat_template: bool, param: str
+) -> tuple[dict[str, Any], AnswerParsing | None]:
+    """What both doors make of ``parsed`` (vLLM's ``ChatCompletionRequest``) before rendering:
+    its chat template arguments and its answer's parsing (``prepare``; None: no tool or parser
+    step). A request's own chat template without ``trust_chat_template`` is vLLM's refusal,
+    naming ``param``."""
+    if not trust_chat_template and (
+        parsed.chat_template is not None
+        or (parsed.chat_template_kwargs or {}).get("chat_template") is not None
+    ):
+        raise bad(UNTRUSTED_TEMPLATE, param)
+    template_kwargs = parsed.build_chat_params(None, "auto").chat_template_kwargs
+    parsing = None
+    if calling is not None or parsed.tools is not None:
+        parsing = prepare(parsed, calling, template_kwargs)
+    return template_kwargs, parsing
 
 
 def prepare(
