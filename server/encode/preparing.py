@@ -29,6 +29,7 @@ from epd.common.errors import EpdError
 from epd.server.encode.video_items import VideoSpan
 from epd.server.encode.vision import Prepared
 from epd.server.media.hashing import pixels_tag
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 from epd.server.media.loader import INLINE_DECODE_PIXELS, LoadedImage
 from epd.server.media.pixels import check_frames, check_pixels
 from epd.server.media.policy import MediaPolicy
@@ -37,6 +38,8 @@ from epd.v1 import tensor_pb2
 
 # (frames uint8 [n, height, width, 3], resized (height, width)) -> pixel inputs for the tower
 PrepareVideo = Callable[[torch.Tensor, tuple[int, int]], Prepared]
+# (pixels uint8 [height, width, 3], the pixel budget to resize within) -> pixel inputs
+PrepareImage = Callable[[torch.Tensor, ImageSettings], Prepared]
 logger = logging.getLogger(__name__)
 
 
@@ -69,7 +72,7 @@ class Preparer:
 
     def __init__(
         self,
-        prepare_image: Callable[[torch.Tensor], Prepared],
+        prepare_image: PrepareImage,
         plane: DataPlane,
         policy: MediaPolicy,
         *,
@@ -82,36 +85,44 @@ class Preparer:
         self.policy = policy
         self.pool = pool
 
-    async def prepare(self, source: Source) -> Prepared | None:
-        """``source`` prepared for the tower (in the pool unless it is small), or None when the
-        route's shared pixels cannot be read here, or no longer hold the image they are tagged
-        with once read (the lease was released meanwhile): then the source is loaded."""
+    async def prepare(
+        self, source: Source, settings: ImageSettings = NO_IMAGE_SETTINGS
+    ) -> Prepared | None:
+        """``source`` prepared for the tower (in the pool unless it is small), an image's
+        resized within ``settings``; or None when the route's shared pixels cannot be read
+        here, or no longer hold the image they are tagged with once read (the lease was
+        released meanwhile): then the source is loaded."""
         if isinstance(source, LoadedImage):
             pixels = torch.from_numpy(source.pixels)
-            return await self._in_pool(pixels.numel(), self.prepare_image, pixels)
+            return await self._in_pool(
+                pixels.numel(), lambda p: self.prepare_image(p, settings), pixels
+            )
         if isinstance(source, VideoFrames):
             frames = torch.from_numpy(source.frames)
             return await self._in_pool(
-                frames.numel(), lambda f: self._prepared(f, source.video), frames
+                frames.numel(), lambda f: self._prepared(f, source.video, settings), frames
             )
         try:
             size = math.prod(source.ref.shape)
-            return await self._in_pool(size, self._prepare_shared, source)
+            return await self._in_pool(size, lambda s: self._prepare_shared(s, settings), source)
         except EpdError as e:
             logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
             return None
 
-    def _prepare_shared(self, source: SharedPixels) -> Prepared:
+    def _prepare_shared(self, source: SharedPixels, settings: ImageSettings) -> Prepared:
         """The route's pixels of ``source`` read and prepared, then found still tagged so (their
         lease was not released while they were read); EpdError otherwise."""
-        prepared = self._prepared(self._shared_pixels(source), source.video)
+        prepared = self._prepared(self._shared_pixels(source), source.video, settings)
         self._shared_pixels(source)
         return prepared
 
-    def _prepared(self, pixels: torch.Tensor, video: VideoSpan | None) -> Prepared:
-        """An image's pixels, or a video chunk's frames (``video`` set), ready for the tower."""
+    def _prepared(
+        self, pixels: torch.Tensor, video: VideoSpan | None, settings: ImageSettings
+    ) -> Prepared:
+        """An image's pixels (resized within ``settings``), or a video chunk's frames
+        (``video`` set), ready for the tower."""
         if video is None:
-            return self.prepare_image(pixels)
+            return self.prepare_image(pixels, settings)
         assert self.prepare_video is not None  # NOTE: the worker refuses video items without
         return self.prepare_video(pixels, video.resized)
 

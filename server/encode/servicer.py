@@ -11,6 +11,7 @@ from opentelemetry import trace
 from epd.common.status import handle_errors
 from epd.server.encode.video_items import VideoSpan
 from epd.server.encode.worker import EncodeWorker, MediaSource
+from epd.server.media.image_settings import image_settings_of
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
@@ -40,6 +41,7 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
                 item.pixels if item.HasField("pixels") else None,
                 VideoSpan.from_proto(item.video) if item.HasField("video") else None,
                 key_salt=item.key_salt,
+                image_settings=image_settings_of(item.image_settings),
             )
             for item in request.items
         ]

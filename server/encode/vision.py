@@ -21,6 +21,7 @@ import torch
 from epd.common.errors import InvalidArgument
 from epd.server.encode.fast_tower import use_attention, use_patch_embedding
 from epd.server.engine.device import CUDA, XPU, resolve_device
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 from epd.server.media.video_planner import video_processor
 
 logger = logging.getLogger(__name__)
@@ -144,19 +145,25 @@ class VisionEncoder:
             self.attention,
         )
 
-    def preprocess(self, images: list[Any]) -> tuple[Any, torch.Tensor]:
+    def preprocess(
+        self, images: list[Any], settings: ImageSettings = NO_IMAGE_SETTINGS
+    ) -> tuple[Any, torch.Tensor]:
         """Pixel inputs of all ``images`` (Pillow images or uint8 [3, height, width] tensors) in
-        one processor call, and their grids [num_images, 3]."""
+        one processor call, resized within ``settings`` (none: the model's own), and their
+        grids [num_images, 3]."""
+        processor = self.family.image_processor_within(self.processor, settings.settings)
         return self.family.pixel_inputs(
-            self.processor, images, self.config, device=self.preprocess_device
+            processor, images, self.config, device=self.preprocess_device
         )
 
-    def prepare(self, pixels: torch.Tensor) -> Prepared:
+    def prepare(
+        self, pixels: torch.Tensor, settings: ImageSettings = NO_IMAGE_SETTINGS
+    ) -> Prepared:
         """The pixel inputs of one image given as its RGB pixels (uint8 [height, width, 3], a
         view is enough: they are read before this returns), made by the model's processor on
-        ``preprocess_device``; thread-safe, so images are prepared in parallel, apart from the
-        tower."""
-        pixel_values, grid = self.preprocess([pixels.permute(2, 0, 1)])
+        ``preprocess_device`` within ``settings``; thread-safe, so images are prepared in
+        parallel, apart from the tower."""
+        pixel_values, grid = self.preprocess([pixels.permute(2, 0, 1)], settings)
         return Prepared(pixel_values, grid)
 
     def prepare_video(self, frames: torch.Tensor, resized: tuple[int, int]) -> Prepared:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +39,7 @@ from epd.common.errors import InvalidArgument, Unavailable
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.preparing import (
+    PrepareImage,
     Preparer,
     PrepareVideo,
     SharedPixels,
@@ -48,7 +49,8 @@ from epd.server.encode.preparing import (
 from epd.server.encode.video_items import VideoSpan, frames_from_source
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import embeddings_tag, is_mm_hash, salted
+from epd.server.media.hashing import embeddings_tag, is_mm_hash, salted, under_settings
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings, within_policy
 from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.store.base import EmbeddingStore, NoStore
@@ -70,6 +72,8 @@ class MediaSource:
     video: VideoSpan | None = None
     # a tenant's item: the salt its mm_hash was salted with (``hashing.salted``; "": none)
     key_salt: str = ""
+    # an image's pixel budget (mm_hash covers it: ``hashing.under_settings``; none: the model's)
+    image_settings: ImageSettings = NO_IMAGE_SETTINGS
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,7 @@ class EncodeWorker:
     def __init__(
         self,
         batcher: DynamicBatcher[Prepared, tuple[torch.Tensor, Grid]],
-        prepare: Callable[[torch.Tensor], Prepared],
+        prepare: PrepareImage,
         loader: MediaLoader,
         plane: DataPlane,
         cache: EmbeddingCache,
@@ -121,14 +125,14 @@ class EncodeWorker:
         prepare_video: PrepareVideo | None = None,
         videos: VideoLoader | None = None,
     ) -> None:
-        """``batcher`` runs the tower on prepared images, ``prepare`` (thread-safe) makes an
-        image's RGB pixels ready for it, in ``pool`` (None: asyncio's default executor; the
-        loader should decode there too). ``gridder`` (the model's processor rules) refuses
-        images the processor cannot take before they reach a batch; without it such an image
-        fails in the tower. ``store``: the deployment's embedding store (None: none).
-        ``prepare_video`` (thread-safe) makes a video chunk's frames ready for the tower,
-        ``videos`` loads a video from its source where the route's frames cannot be read (None:
-        video items are refused, VIDEO_NOT_SUPPORTED)."""
+        """``batcher`` runs the tower on prepared images, ``prepare`` (thread-safe) makes an image's
+        RGB pixels ready for it (resized within a pixel budget), in ``pool`` (None:
+        asyncio's default executor; the loader should decode there too). ``gridder`` (the
+        model's processor rules) refuses images the processor cannot take before they reach
+        a batch; without it such an image fails in the tower. ``store``: the deployment's
+        embedding store (None: none). ``prepare_video`` (thread-safe) makes a video chunk's
+        frames ready for the tower, ``videos`` loads a video from its source where the
+        route's frames cannot be read (None: video items are refused, VIDEO_NOT_SUPPORTED)."""
         self.videos = videos
         self.batcher = batcher
         self.preparer = Preparer(
@@ -247,6 +251,8 @@ class EncodeWorker:
             raise InvalidArgument(
                 f"this encoder serves {self.model_id!r}, not {model!r}", reason="WRONG_MODEL"
             )
+        for item in items:
+            within_policy(item.image_settings.settings, self.loader.policy.max_pixels)
 
     async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
         return index, await self._compute(item)
@@ -260,17 +266,19 @@ class EncodeWorker:
             return await self._computed_elsewhere(item.mm_hash)
         if item.video is not None:
             return await self._compute_video(item, item.video)
+        settings = item.image_settings
         if item.pixels is not None and is_mm_hash(item.mm_hash):
             start = time.monotonic()
             shared = SharedPixels(item.pixels, item.mm_hash)
-            if (encoded := await self._encode_once(item.mm_hash, shared)) is not None:
+            if (encoded := await self._encode_once(item.mm_hash, shared, settings)) is not None:
                 seconds = time.monotonic() - start
                 return _Computed(
                     encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size
                 )
         loaded = await self.loader.load(url=item.url, data=item.data)
-        if item.key_salt:  # NOTE: a tenant's item: its keys are its salted hash
-            loaded = replace(loaded, mm_hash=salted(loaded.mm_hash, item.key_salt))
+        # NOTE: its keys are its hash under its budget, salted for a tenant's item
+        name = salted(under_settings(loaded.mm_hash, settings.key), item.key_salt)
+        loaded = replace(loaded, mm_hash=name)
         if item.mm_hash and item.mm_hash != loaded.mm_hash:
             raise InvalidArgument(
                 f"mm_hash {item.mm_hash} does not match the image ({loaded.mm_hash}); the caller "
@@ -283,13 +291,13 @@ class EncodeWorker:
             return stored
         if self.gridder is not None:
             # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
-            self.gridder.grid_of_size(loaded.width, loaded.height)
+            self.gridder.grid_of_size(loaded.width, loaded.height, settings)
         start = time.monotonic()
         encoded = None
         while encoded is None:
             # NOTE: None only where this joined another request's encoding from shared pixels
             # that could not be read: that one has ended, so the next call encodes these.
-            encoded = await self._encode_once(loaded.mm_hash, loaded)
+            encoded = await self._encode_once(loaded.mm_hash, loaded, settings)
         seconds = time.monotonic() - start
         return _Computed(encoded.entry, loaded.mm_hash, encoded.joined, seconds, encoded.batch_size)
 
@@ -338,11 +346,13 @@ class EncodeWorker:
             )
         return _Computed(encoded.entry, mm_hash, True, time.monotonic() - start, encoded.batch_size)
 
-    async def _encode_once(self, mm_hash: str, source: Source) -> _Encoded | None:
-        """The embeddings of ``source``, encoded once whoever asks for ``mm_hash`` meanwhile
-        (``joined`` for all but the first, and when an encoding ended while this request
-        loaded the image or asked the store); None if ``source`` is shared pixels that cannot be
-        read (nothing was encoded)."""
+    async def _encode_once(
+        self, mm_hash: str, source: Source, settings: ImageSettings = NO_IMAGE_SETTINGS
+    ) -> _Encoded | None:
+        """The embeddings of ``source`` (an image's resized within ``settings``), encoded once
+        whoever asks for ``mm_hash`` meanwhile (``joined`` for all but the first, and when an
+        encoding ended while this request loaded the image or asked the store); None if
+        ``source`` is shared pixels that cannot be read (nothing was encoded)."""
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
         # request that is cancelled stops waiting without failing the others.
         task = self._encoding.get(mm_hash)
@@ -351,14 +361,16 @@ class EncodeWorker:
         if task is not None:
             encoded = await asyncio.shield(task)
             return None if encoded is None else replace(encoded, joined=True)
-        task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source))
+        task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source, settings))
         task.add_done_callback(_retrieve_exception)
         self._encoding[mm_hash] = task
         return await asyncio.shield(task)
 
-    async def _encode_and_cache(self, mm_hash: str, source: Source) -> _Encoded | None:
+    async def _encode_and_cache(
+        self, mm_hash: str, source: Source, settings: ImageSettings
+    ) -> _Encoded | None:
         try:
-            prepared = await self.preparer.prepare(source)
+            prepared = await self.preparer.prepare(source, settings)
             if prepared is None:
                 return None
             (embeddings, grid), batch_size = await self.batcher.submit_sized(prepared)

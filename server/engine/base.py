@@ -32,6 +32,7 @@ from PIL import Image
 
 from epd.common.errors import FailedPrecondition
 from epd.common.generation import SAMPLING_DEFAULTS
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 
 Grid = tuple[int, int, int]
 # What an engine reports at the position of one generated token, as vLLM orders it: the generated
@@ -89,6 +90,9 @@ class EngineImage:
     timestamps: tuple[float, ...] = ()
     # a video's raw kept frames, for an engine that runs its own tower; None: not raw
     frames: VideoFrames | None = None
+    # the pixel budget a raw picture is resized within (its mm_hash covers it); none: the
+    # model's own
+    image_settings: ImageSettings = NO_IMAGE_SETTINGS
 
     @property
     def is_video(self) -> bool:

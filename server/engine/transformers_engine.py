@@ -301,8 +301,11 @@ class TransformersEngine(Engine):
                 self.family, video_processor, self.model.config, image
             )
         else:
+            processor = self.family.image_processor_within(
+                self.processor.image_processor, image.image_settings.settings
+            )
             pixel_values, grid = self.family.pixel_inputs(
-                self.processor.image_processor, [image.image], self.model.config
+                processor, [image.image], self.model.config
             )
         pixel_values = pixel_values.to(self.options.device, self.model.dtype)
         features = self.family.image_embeddings(

@@ -20,6 +20,7 @@ from epd.server.engine.base import (
     VideoFrames,
 )
 from epd.server.engine.vllm_reasoning import request_options
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_BUFFER_DEVICES = ("cpu", "cuda")
@@ -30,16 +31,33 @@ VIDEO_NAME_PREFIX = "epd-video-"
 def raw_prompt(token_ids: list[int], images: list[EngineImage]) -> dict[str, Any]:
     """vLLM's prompt for ``token_ids`` whose images and videos are all raw (vLLM runs its own
     processor and tower): ``picture_data``, named by ``picture_names``; with videos, vLLM's
-    processor told to keep every frame given (they are sampled already)."""
+    processor told to keep every frame given (they are sampled already); with a pixel budget,
+    told to resize the pictures within it (``images_kwargs``)."""
     prompt: dict[str, Any] = {
         "prompt_token_ids": list(token_ids),
         "multi_modal_data": picture_data(images),
     }
     if (names := picture_names(images)) is not None:
         prompt["multi_modal_uuids"] = names
+    kwargs: dict[str, Any] = {}
     if any(image.is_video for image in images):
-        prompt["mm_processor_kwargs"] = {"do_sample_frames": False}
+        kwargs["do_sample_frames"] = False
+    if budget := pictures_budget(images).settings:
+        kwargs["images_kwargs"] = budget
+    if kwargs:
+        prompt["mm_processor_kwargs"] = kwargs
     return prompt
+
+
+def pictures_budget(images: list[EngineImage]) -> ImageSettings:
+    """The one pixel budget of a prompt's pictures (vLLM takes one per prompt); InvalidArgument
+    (MIXED_IMAGE_SETTINGS) when they have several."""
+    budgets = {image.image_settings for image in images if not image.is_video}
+    if len(budgets) > 1:
+        raise InvalidArgument(
+            "a prompt's pictures must share one pixel budget", reason="MIXED_IMAGE_SETTINGS"
+        )
+    return budgets.pop() if budgets else NO_IMAGE_SETTINGS
 
 
 def picture_data(images: list[EngineImage]) -> dict[str, Any]:

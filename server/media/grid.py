@@ -16,6 +16,8 @@ from typing import Any
 from PIL import Image
 
 from epd.common.errors import InvalidArgument
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings, resolve_image
+from epd.server.media.video_overrides import MediaKwargs
 
 Grid = tuple[int, int, int]
 
@@ -32,16 +34,38 @@ class ImageGridder:
         self.config: Any = AutoConfig.from_pretrained(model_dir)
         self.processor: Any = AutoImageProcessor.from_pretrained(model_dir)
         self.merge_size = self.family.merge_size(self.config)
+        valid = getattr(self.processor, "valid_kwargs", None)
+        self.image_keys = frozenset(getattr(valid, "__annotations__", {}))
 
     def grid(self, image: Image.Image) -> Grid:
         """(t, h, w) in patches for ``image`` (t is 1 for a still image)."""
         return self.grid_of_size(image.width, image.height)
 
-    def grid_of_size(self, width: int, height: int) -> Grid:
-        """(t, h, w) for an image of ``width`` x ``height`` pixels."""
-        _check_shape(width, height, self.family.max_aspect_ratio)
+    def budget(self, server: MediaKwargs, request: MediaKwargs, max_pixels: int) -> ImageSettings:
+        """The whole pixel budget (``ModelFamily.image_pixel_budget``) of an image under
+        ``request``'s ``mm_processor_kwargs`` merged over the ``server``'s (``resolve_image``,
+        within the policy's ``max_pixels``); none when they set none. InvalidArgument naming
+        the key, MEDIA_KWARGS_NOT_SUPPORTED where the model's processor has no pixel budget."""
+        given = resolve_image(server, request, image_keys=self.image_keys, max_pixels=max_pixels)
         try:
-            return self.family.image_grid(width, height, self.config, self.processor)
+            return ImageSettings(**self.family.image_pixel_budget(self.processor, given.settings))
+        except ValueError as e:
+            reason, param = "MEDIA_KWARGS_NOT_SUPPORTED", {"param": "mm_processor_kwargs"}
+            raise InvalidArgument(str(e), reason=reason, metadata=param) from e
+
+    def processor_within(self, settings: ImageSettings) -> Any:
+        """The model's image processor resizing within ``settings`` (none: its own)."""
+        return self.family.image_processor_within(self.processor, settings.settings)
+
+    def grid_of_size(
+        self, width: int, height: int, settings: ImageSettings = NO_IMAGE_SETTINGS
+    ) -> Grid:
+        """(t, h, w) for an image of ``width`` x ``height`` pixels resized within
+        ``settings``."""
+        _check_shape(width, height, self.family.max_aspect_ratio)
+        processor = self.processor_within(settings)
+        try:
+            return self.family.image_grid(width, height, self.config, processor)
         except ValueError as e:
             raise InvalidArgument(
                 f"image of {width}x{height} pixels cannot be resized by this model's image "

@@ -25,6 +25,7 @@ RGB = "RGB"
 MM_HASH_CHARS = 32
 HEX_DIGITS = frozenset("0123456789abcdef")
 KEY_SALT_VERSION = b"epd-tenant-v1"
+IMAGE_SETTINGS_VERSION = b"epd-image-settings-v1"
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -59,6 +60,19 @@ def mm_hash(pixels: np.ndarray, *, model_id: str, processor_fingerprint: str) ->
     ):
         digest.update(len(part).to_bytes(4, "little") + part)
     digest.update(np.ascontiguousarray(pixels).data)
+    return digest.hexdigest()
+
+
+def under_settings(mm_hash_hex: str, settings_key: str) -> str:
+    """The identity of the image ``mm_hash_hex`` resized under the processor settings
+    ``settings_key`` (``image_settings.ImageSettings.key``): itself for "" (the model's own
+    settings, already in the content hash's processor fingerprint), else an mm_hash of both
+    that no other settings give, as vLLM hashes an item with its ``hf_processor_mm_kwargs``."""
+    if not settings_key:
+        return mm_hash_hex
+    digest = hashlib.blake2b(IMAGE_SETTINGS_VERSION, digest_size=16)
+    for part in (settings_key.encode(), mm_hash_hex.encode()):
+        digest.update(len(part).to_bytes(4, "little") + part)
     return digest.hexdigest()
 
 

@@ -20,10 +20,12 @@ the model's video processor settings, so the keys that set those settings are ho
 Keys vLLM ignores or that change nothing epd computes are ignored as vLLM ignores them
 (``do_normalize``/``do_rescale``: vLLM normalises on the device; ``device``, ``return_*``;
 ``media_io_kwargs.video``'s ``hw_decoders``, ``pool_size``, ``device``; keys no processor
-takes). Every other processor setting, every other loader option, and an image setting in a
-request with an image are refused by name (``MEDIA_KWARGS_NOT_SUPPORTED``): encoders resize
-images with the model's own settings, and videos are decoded by epd's decoder. Bad values are
-``BAD_MEDIA_KWARGS``. Nothing here lifts a media limit: plans are checked against the policy.
+takes). An image's pixel budget (the same pixel keys, flat or under ``images_kwargs``) is
+``image_settings``'. Every other processor setting, every other loader option, and every other
+image setting in a request with an image are refused by name (``MEDIA_KWARGS_NOT_SUPPORTED``):
+encoders resize images within that budget and otherwise with the model's own settings, and
+videos are decoded by epd's decoder. Bad values are ``BAD_MEDIA_KWARGS``. Nothing here lifts a
+media limit: plans are checked against the policy.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from epd.common.errors import InvalidArgument
 
 SAMPLING_KEYS = ("fps", "num_frames", "min_frames", "max_frames")
 PIXEL_KEYS = ("min_pixels", "max_pixels", "size", "cap_pixels_per_frame")
+#: the pixel budget of an image (``image_settings``)
+IMAGE_PIXEL_KEYS = ("min_pixels", "max_pixels", "size")
 #: processor keys vLLM does not apply (normalised on the device) or that set where, not what
 IGNORED_PROCESSOR_KEYS = frozenset(
     {"do_normalize", "do_rescale", "device", "return_tensors", "return_metadata"}
@@ -159,18 +163,14 @@ def resolve(
     (refused when ``has_images``, but the ignored ones). InvalidArgument naming the key."""
     if not server and not request:
         return NO_OVERRIDES
-    from vllm.config.multimodal import _merge_mm_processor_kwargs
     from vllm.multimodal.media.video import VideoMediaIO
 
-    processor = _merge_mm_processor_kwargs(
-        _mapping(server.mm_processor_kwargs, "mm_processor_kwargs"),
-        _mapping(request.mm_processor_kwargs, "mm_processor_kwargs"),
-    )
+    processor = merged_processor_kwargs(server, request)
     io = _io_video(server.media_io_kwargs, request.media_io_kwargs)
     video_io = VideoMediaIO.merge_kwargs(io[0], io[1])
     if has_images:
         _refuse_image_keys(processor, image_keys)
-    video = _scoped(processor, "videos_kwargs")
+    video = scoped(processor, "videos_kwargs")
     _refuse_unhonoured(video, processor_keys)
     if "fps" in video and "num_frames" in video:
         raise _refused(
@@ -183,7 +183,19 @@ def resolve(
         sampling.pop("num_frames", None)
     sampling.update({key: video[key] for key in SAMPLING_KEYS if key in video})
     checked = _checked_sampling(sampling, "mm_processor_kwargs")
-    return VideoOverrides(**checked, **_checked_pixels(video))
+    return VideoOverrides(**checked, **checked_pixels(video))
+
+
+def merged_processor_kwargs(server: MediaKwargs, request: MediaKwargs) -> dict[str, Any]:
+    """``request``'s ``mm_processor_kwargs`` merged over the ``server``'s, as vLLM merges them;
+    InvalidArgument when either is not an object."""
+    from vllm.config.multimodal import _merge_mm_processor_kwargs
+
+    merged = _merge_mm_processor_kwargs(
+        _mapping(server.mm_processor_kwargs, "mm_processor_kwargs"),
+        _mapping(request.mm_processor_kwargs, "mm_processor_kwargs"),
+    )
+    return dict(merged)
 
 
 def _mapping(value: Any, param: str) -> dict[str, Any]:
@@ -222,20 +234,21 @@ def _io_video(server: Any, request: Any) -> tuple[dict[str, Any], dict[str, Any]
     return found[0], found[1]
 
 
-def _scoped(kwargs: Mapping[str, Any], scope: str) -> dict[str, Any]:
+def scoped(kwargs: Mapping[str, Any], scope: str) -> dict[str, Any]:
     """The keys one modality's processor gets: the flat ones, then its scope's over them (a
     key set to null is left at the processor's setting)."""
     flat = {key: value for key, value in kwargs.items() if key not in SCOPES}
-    scoped = {**flat, **_mapping(kwargs.get(scope), f"mm_processor_kwargs.{scope}")}
-    return {key: value for key, value in scoped.items() if value is not None}
+    merged = {**flat, **_mapping(kwargs.get(scope), f"mm_processor_kwargs.{scope}")}
+    return {key: value for key, value in merged.items() if value is not None}
 
 
 def _refuse_image_keys(processor: Mapping[str, Any], image_keys: frozenset[str]) -> None:
-    for key in _scoped(processor, "images_kwargs"):
-        if key in image_keys and key not in IGNORED_PROCESSOR_KEYS:
+    for key in scoped(processor, "images_kwargs"):
+        if key in image_keys and key not in IGNORED_PROCESSOR_KEYS | set(IMAGE_PIXEL_KEYS):
             raise _refused(
                 f"mm_processor_kwargs.{key} is not supported with an image in the request: "
-                "epd's encoders resize images with the model's own settings",
+                "epd's encoders resize images within a pixel budget (min_pixels, max_pixels, "
+                "size) and otherwise with the model's own settings",
                 f"mm_processor_kwargs.{key}",
                 "MEDIA_KWARGS_NOT_SUPPORTED",
             )
@@ -268,14 +281,14 @@ def _checked_sampling(sampling: Mapping[str, Any], prefix: str) -> dict[str, Any
     return checked
 
 
-def _checked_pixels(video: Mapping[str, Any]) -> dict[str, Any]:
-    """The pixel settings of ``video``'s keys: ``size``'s edges, then ``min_pixels`` /
-    ``max_pixels`` over them (vLLM's ``_get_vision_size``)."""
+def checked_pixels(video: Mapping[str, Any]) -> dict[str, Any]:
+    """The pixel settings of ``video``'s keys (or an image's: ``image_settings``): ``size``'s
+    edges, then ``min_pixels`` / ``max_pixels`` over them (vLLM's ``_get_vision_size``)."""
     size = _mapping(video.get("size"), "mm_processor_kwargs.size")
     for key in size.keys() - {"shortest_edge", "longest_edge"}:
         raise _refused(
-            f"mm_processor_kwargs.size.{key} is not supported: a video's size is a pixel "
-            "budget, shortest_edge and longest_edge",
+            f"mm_processor_kwargs.size.{key} is not supported: size is a pixel budget, "
+            "shortest_edge and longest_edge",
             f"mm_processor_kwargs.size.{key}",
             "MEDIA_KWARGS_NOT_SUPPORTED",
         )

@@ -178,6 +178,25 @@ class ModelFamily(ABC):
         config) gives a ``width`` x ``height`` image, from the size alone; ValueError if it
         cannot take it."""
 
+    def image_pixel_budget(self, processor: Any, given: dict[str, int]) -> dict[str, int]:
+        """The whole pixel budget (``min_pixels`` and ``max_pixels``) ``processor`` (the
+        checkpoint's image processor) resizes images within once ``given`` (some of them, as a
+        request's ``mm_processor_kwargs`` set them) replaces its own; {} for none given.
+        ValueError (default) when it resizes to a fixed size instead."""
+        if given:
+            raise ValueError(
+                f"{self.title} image processors resize to a fixed size, not within a pixel "
+                "budget: min_pixels, max_pixels and size do not apply"
+            )
+        return {}
+
+    def image_processor_within(self, processor: Any, budget: dict[str, int]) -> Any:
+        """``processor`` (shared: left as it is), or a copy of it that resizes within
+        ``budget`` (a whole ``image_pixel_budget``; {}: its own), as the same
+        ``mm_processor_kwargs`` change it for one call of vLLM's processor."""
+        self.image_pixel_budget(processor, budget)
+        return processor
+
     def plan_video(self, clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
         """The ``VideoPlan`` ``processor`` (the checkpoint's video processor; ``config`` its
         model config) makes of ``clip``: frames kept, size, grid, token count, timing, from the

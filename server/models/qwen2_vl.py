@@ -10,6 +10,8 @@ a temporal patch; Qwen2.5-VL's positions need the seconds each temporal patch sp
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 from epd.server.models import qwen_video
@@ -46,6 +48,25 @@ class _QwenVl(ModelFamily):
             int(processor.size["longest_edge"]),
         )
         return 1, resized_height // patch_size, resized_width // patch_size
+
+    def image_pixel_budget(self, processor: Any, given: dict[str, int]) -> dict[str, int]:
+        if not given:
+            return {}
+        size = processor.size
+        own = {"min_pixels": int(size["shortest_edge"]), "max_pixels": int(size["longest_edge"])}
+        return {**own, **given}
+
+    def image_processor_within(self, processor: Any, budget: dict[str, int]) -> Any:
+        if not budget:
+            return processor
+        changed = copy.copy(processor)
+        size = processor.size
+        changed.size = dataclasses.replace(
+            size,
+            shortest_edge=budget.get("min_pixels", size.shortest_edge),
+            longest_edge=budget.get("max_pixels", size.longest_edge),
+        )
+        return changed
 
     def positions(
         self, model: Any, ids: Any, is_image: Any, grids: Any, videos: Any = None

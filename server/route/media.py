@@ -1,14 +1,15 @@
 """A request's images and videos at the route: each loaded once, for every later hop (no grpc).
 
 Each image is decoded and hashed (mm_hash) under the media rules (``MediaLoader``), and its grid
-and token count computed once here (``RouteImage``). Each video is decoded and planned once here
-(``VideoLoader``: the model's video processor settings choose the frames, the size and the grid),
-so everything that shapes the prompt is fixed before any encoder runs. Its kept frames are then
-cut at temporal-patch boundaries into chunks of ``patches_per_chunk`` temporal patches, each an
-encoding item of its own, named by its content hash: the scheduler assigns chunks to encoders as
-it assigns images (weighted by their tokens), so one clip is encoded by several encoders at once,
-and a repeated or overlapping clip finds its chunks in the encoders' caches. The prefill worker
-gets the chunks' embeddings in order as one video (``VideoInput``).
+and token count computed once here (``RouteImage``), within the request's pixel budget
+(``image_budget``), which its item carries to the encoder. Each video is decoded and planned
+once here (``VideoLoader``: the model's video processor settings choose the frames, the size and
+the grid), so everything that shapes the prompt is fixed before any encoder runs. Its kept
+frames are then cut at temporal-patch boundaries into chunks of ``patches_per_chunk`` temporal
+patches, each an encoding item of its own, named by its content hash: the scheduler assigns
+chunks to encoders as it assigns images (weighted by their tokens), so one clip is encoded by
+several encoders at once, and a repeated or overlapping clip finds its chunks in the encoders'
+caches. The prefill worker gets the chunks' embeddings in order as one video (``VideoInput``).
 
 With a tenant or a cache_salt, every item's key moves into the tenant's namespace once, before
 any hop sees it (``in_namespace``); with a data plane, each item's decoded pixels are shared with
@@ -25,12 +26,19 @@ import numpy as np
 
 from epd.common.errors import InvalidArgument
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import key_salt, salted
+from epd.server.media.hashing import key_salt, salted, under_settings
+from epd.server.media.image_settings import ImageSettings
 from epd.server.media.loader import LoadedImage, MediaLoader
+from epd.server.media.policy import MediaPolicy
 from epd.server.media.video import check_num_videos, check_video_tokens
 from epd.server.media.video_hashing import VideoChunk
 from epd.server.media.video_loader import VideoLoader
-from epd.server.media.video_overrides import NO_KWARGS, MediaKwargs, VideoOverrides
+from epd.server.media.video_overrides import (
+    NO_KWARGS,
+    MediaKwargs,
+    VideoOverrides,
+    check_trusted,
+)
 from epd.server.media.video_planner import PlannedVideo
 from epd.server.route.request import ChatRequest, ImageSource
 from epd.v1 import encode_service_pb2 as encode_pb
@@ -67,19 +75,37 @@ class RouteVideo:
         return [chunk.num_patches * per_patch for chunk in self.chunks]
 
 
+def image_budget(grids: ImageGridder, policy: MediaPolicy, kwargs: MediaKwargs) -> ImageSettings:
+    """The pixel budget of a request's images under its ``kwargs`` (refused as vLLM refuses
+    them unless the policy trusts them) merged over the server's (``ImageGridder.budget``)."""
+    check_trusted(kwargs, policy.trust_request_mm_kwargs)
+    server = MediaKwargs(policy.mm_processor_kwargs, policy.media_io_kwargs)
+    return grids.budget(server, kwargs, policy.max_pixels)
+
+
 async def load_images(
-    loader: MediaLoader, grids: ImageGridder, sources: list[ImageSource]
+    loader: MediaLoader,
+    grids: ImageGridder,
+    sources: list[ImageSource],
+    kwargs: MediaKwargs = NO_KWARGS,
 ) -> list[RouteImage]:
-    """Each image loaded under the media rules, with its grid and token count."""
+    """Each image loaded under the media rules, with its grid and token count resized within
+    the pixel budget of the request's ``kwargs`` (``image_budget``, checked before any image
+    loads), which its item carries and its mm_hash covers (``hashing.under_settings``)."""
+    if not sources:
+        return []
+    settings = image_budget(grids, loader.policy, kwargs)
     loaded = await asyncio.gather(
         *(loader.load(url=source.url, data=source.data) for source in sources)
     )
     images = []
     for source, image in zip(sources, loaded, strict=True):
-        t, h, w = grids.grid_of_size(image.width, image.height)
+        t, h, w = grids.grid_of_size(image.width, image.height, settings)
+        item = _media_item(source, under_settings(image.mm_hash, settings.key))
+        item.image_settings = settings.key
         images.append(
             RouteImage(
-                _media_item(source, image.mm_hash),
+                item,
                 image,
                 multimodal_pb2.ImageGrid(t=t, h=h, w=w),
                 grids.num_tokens((t, h, w)),

@@ -179,7 +179,7 @@ class Router:
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
         token_ids = await self._token_ids(request)
         images, videos = await asyncio.gather(
-            load_images(self.loader, self.grids, request.images),
+            load_images(self.loader, self.grids, request.images, request.media_kwargs),
             load_videos(
                 self.videos,
                 request.videos,

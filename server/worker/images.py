@@ -20,7 +20,14 @@ from PIL import Image
 
 from epd.common.errors import EpdError, FailedPrecondition, InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
-from epd.server.media.hashing import embeddings_tag, is_mm_hash, pixels_tag, salted
+from epd.server.media.hashing import (
+    embeddings_tag,
+    is_mm_hash,
+    pixels_tag,
+    salted,
+    under_settings,
+)
+from epd.server.media.image_settings import image_settings_of, within_policy
 from epd.server.media.loader import MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.media.policy import MediaPolicy
@@ -136,16 +143,24 @@ class ImageResolver:
                     "send raw images to an encode_prefill worker",
                     reason="RAW_IMAGES_UNSUPPORTED",
                 )
-            shared = self._shared_picture(image.media, self.loader.policy)
-            if shared is not None:
-                return EngineImage(image.media.mm_hash, grid_of(image), image=shared)
-            loaded = await self.loader.load(url=image.media.url, data=image.media.data)
-            # NOTE: a tenant's image keeps its salted name in vLLM's caches (hashing.salted)
-            name = salted(loaded.mm_hash, image.media.key_salt)
-            return EngineImage(name, grid_of(image), image=loaded.image)
+            return await self._raw_picture(image, self.loader)
         raise InvalidArgument(
             f"image {index} has neither embeddings nor media", reason="MISSING_IMAGE_DATA"
         )
+
+    async def _raw_picture(self, image: ImageInput, loader: MediaLoader) -> EngineImage:
+        """A raw picture of ``image`` (the route's pixels, else its source loaded), to be
+        resized within its pixel budget (``MediaItem.image_settings``), named by its mm_hash."""
+        media = image.media
+        settings = image_settings_of(media.image_settings)
+        within_policy(settings.settings, loader.policy.max_pixels)
+        shared = self._shared_picture(media, loader.policy)
+        if shared is not None:
+            return EngineImage(media.mm_hash, grid_of(image), image=shared, image_settings=settings)
+        loaded = await loader.load(url=media.url, data=media.data)
+        # NOTE: named under its budget; a tenant's keeps its salted name in vLLM's caches
+        name = salted(under_settings(loaded.mm_hash, settings.key), media.key_salt)
+        return EngineImage(name, grid_of(image), image=loaded.image, image_settings=settings)
 
     def _shared_picture(
         self, media: multimodal_pb2.MediaItem, policy: MediaPolicy

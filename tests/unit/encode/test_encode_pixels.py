@@ -18,6 +18,7 @@ from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
 from epd.server.media.hashing import mm_hash
+from epd.server.media.image_settings import ImageSettings
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import tensor_pb2
 from tests.unit.encode.test_encode_worker import FakeTower, new_worker
@@ -133,9 +134,9 @@ async def test_pixels_released_while_being_read_are_not_encoded(worker, holder) 
     ref = put_pixels(holder, image)
     prepare = worker.preparer.prepare_image
 
-    def release_while_reading(pixels: torch.Tensor) -> Prepared:
+    def release_while_reading(pixels: torch.Tensor, settings: ImageSettings) -> Prepared:
         holder.release([ref.lease_id])
-        return prepare(pixels)
+        return prepare(pixels, settings)
 
     worker.preparer.prepare_image = release_while_reading
     with pytest.raises(InvalidArgument) as caught:

@@ -16,6 +16,7 @@ from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodedItem, EncodeWorker, MediaSource
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.transfer.plane import DataPlane
@@ -25,8 +26,9 @@ from tests.unit.media.images import encode, noise
 Grid = tuple[int, int, int]
 
 
-def fake_prepare(pixels: torch.Tensor) -> Prepared:
-    """An image's pixels made ready for ``FakeTower``: a copy of them (read before returning)."""
+def fake_prepare(pixels: torch.Tensor, settings: ImageSettings = NO_IMAGE_SETTINGS) -> Prepared:
+    """An image's pixels made ready for ``FakeTower``: a copy of them (read before returning),
+    whatever the pixel budget."""
     return Prepared(pixels.clone(), torch.tensor([[1, 2, 2]]))
 
 

@@ -17,6 +17,7 @@ from epd.server.engine.vllm_inputs import (
     picture_data,
     raw_prompt,
 )
+from epd.server.media.image_settings import ImageSettings
 from epd.server.worker import convert
 from epd.v1 import generation_pb2
 
@@ -57,6 +58,25 @@ def test_raw_videos_go_in_as_sampled_frames_with_their_timing_and_names() -> Non
     with pytest.raises(InvalidArgument) as caught:
         raw_prompt([1], [video, embedded])
     assert caught.value.reason == "MIXED_IMAGE_INPUTS"
+
+
+def test_a_pixel_budget_tells_vllms_processor_to_resize_the_pictures_within_it() -> None:
+    picture = Image.new("RGB", (4, 4))
+    small = ImageSettings(3136, 5000)
+    budgeted = [EngineImage("p", image=picture, image_settings=small)] * 2
+    prompt = raw_prompt([1], budgeted)
+    assert prompt["mm_processor_kwargs"] == {
+        "images_kwargs": {"max_pixels": 5000, "min_pixels": 3136}
+    }
+    frames = VideoFrames(np.zeros((2, 6, 8, 3), np.uint8), 2.0, 2, (0, 1))
+    video = EngineImage("v", (1, 2, 2), seconds_per_temporal_patch=1.0, frames=frames)
+    assert raw_prompt([1], [*budgeted, video])["mm_processor_kwargs"] == {
+        "do_sample_frames": False,
+        "images_kwargs": small.settings,
+    }
+    with pytest.raises(InvalidArgument) as caught:
+        raw_prompt([1], [budgeted[0], EngineImage("q", image=picture)])
+    assert caught.value.reason == "MIXED_IMAGE_SETTINGS"
 
 
 def test_sampling_defaults_and_ranges() -> None:

@@ -112,14 +112,23 @@ def test_a_key_epd_cannot_honour_or_a_bad_value_is_a_400_naming_it(
     assert (caught.value.metadata["param"], caught.value.reason) == (param, reason)
 
 
-def test_an_image_setting_is_refused_only_with_an_image(loader: VideoLoader) -> None:
-    for processor in ({"max_pixels": 9000}, {"images_kwargs": {"size": {"longest_edge": 9000}}}):
+def test_an_image_setting_but_its_pixel_budget_is_refused_only_with_an_image(
+    loader: VideoLoader,
+) -> None:
+    """An image's pixel budget is honoured (``image_settings``); its other settings are not."""
+    for processor in (
+        {"images_kwargs": {"image_mean": [0.5] * 3}},
+        {"images_kwargs": {"resample": 2}},
+    ):
         with pytest.raises(InvalidArgument, match="image") as caught:
             overrides_of(loader, processor, has_images=True)
         assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
-    assert overrides_of(loader, {"videos_kwargs": {"max_pixels": 9000}}, has_images=True) == (
+        assert overrides_of(loader, processor, has_images=False) == VideoOverrides()
+    assert overrides_of(loader, {"max_pixels": 9000}, has_images=True) == (
         VideoOverrides(max_pixels=9000)
     )
+    images_only = {"images_kwargs": {"size": {"longest_edge": 9000}}}
+    assert overrides_of(loader, images_only, has_images=True) == VideoOverrides()
     assert overrides_of(loader, {"fps": 1, "do_rescale": True}, has_images=True).fps == 1.0
 
 
@@ -159,7 +168,8 @@ def test_the_servers_kwargs_are_the_default_and_a_requests_merge_over_them(
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"max_pixels": 9000}, {"do_resize": False}, {"fps": -2}, {"videos_kwargs": 1}]
+    "kwargs",
+    [{"images_kwargs": {"resample": 2}}, {"do_resize": False}, {"fps": -2}, {"videos_kwargs": 1}],
 )
 def test_a_bad_server_flag_fails_at_startup(tiny_model_dir: Path, kwargs: Any) -> None:
     with pytest.raises(ValueError, match="--mm-processor-kwargs"):

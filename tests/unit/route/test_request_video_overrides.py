@@ -50,14 +50,17 @@ def test_untrusted_kwargs_are_refused_with_or_without_a_video(
     assert "--trust-request-mm-kwargs" in str(caught.value)
 
 
-def test_a_pixel_budget_beside_an_image_is_refused(tiny_model_dir: Path) -> None:
+def test_a_pixel_budget_beside_an_image_reaches_the_video_and_other_image_keys_are_refused(
+    tiny_model_dir: Path,
+) -> None:
     videos = loader(tiny_model_dir, trusted=True)
     kwargs = MediaKwargs({"max_pixels": 6272}, None)
+    (budgeted,) = asyncio.run(load_videos(videos, [CLIP], 1, kwargs, has_images=True))
+    assert budgeted.video.overrides.max_pixels == 6272
+    other = MediaKwargs({"images_kwargs": {"resample": 2}}, None)
     with pytest.raises(InvalidArgument) as caught:
-        asyncio.run(load_videos(videos, [CLIP], 1, kwargs, has_images=True))
+        asyncio.run(load_videos(videos, [CLIP], 1, other, has_images=True))
     assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
-    scoped = MediaKwargs({"videos_kwargs": {"max_pixels": 6272}}, None)
-    assert asyncio.run(load_videos(videos, [CLIP], 1, scoped, has_images=True))
 
 
 def test_a_pixel_budget_needs_encoders_and_a_sampling_override_does_not(
