@@ -33,9 +33,10 @@ from transformers.generation.logits_process import (
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Sampling
 
-# The fields of ``Sampling`` beyond the basics these implement, as vLLM means them; an engine
-# using them refuses the others (a structured output needs a grammar engine in the decode loop).
-# ``include_stop_str_in_output`` changes the text vLLM makes of the tokens, never the tokens.
+# The fields of ``Sampling`` beyond the basics these implement, as vLLM means them (the log
+# probabilities in ``logprobs.py``); an engine using them refuses the others (a structured output
+# needs a grammar engine in the decode loop). ``include_stop_str_in_output`` changes the text vLLM
+# makes of the tokens, never the tokens.
 IMPLEMENTED_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
@@ -46,6 +47,9 @@ IMPLEMENTED_FIELDS = (
     "bad_words",
     "allowed_token_ids",
     "include_stop_str_in_output",
+    "logprobs",
+    "prompt_logprobs",
+    "logprob_token_ids",
 )
 # A logits processor and whether it reads the prompt's tokens too (else the output's only).
 Step = tuple[LogitsProcessor, bool]

@@ -6,7 +6,7 @@ the model's own vision tower from a raw picture) enter the prompt at its image p
 model's family says (``language_model_inputs``), with the positions the family gives
 (``positions``: Qwen families' M-RoPE from the model's ``get_rope_index`` with the images' grids,
 LLaVA-1.5's 1-D ones), and a per-request KV cache drives the decode loop (sampling and stop
-rules in ``sampler.py``).
+rules in ``sampler.py``, log probabilities as vLLM's engine reports them in ``logprobs.py``).
 
 Model steps run on one worker thread; concurrent requests interleave token by token (no batching:
 this is the fallback, vLLM is the fast path). Admission: at most ``max_pending_requests`` requests,
@@ -30,6 +30,7 @@ import torch
 from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import (
     DEFAULT_MAX_PENDING,
+    Candidates,
     Engine,
     EngineImage,
     EngineLoad,
@@ -39,6 +40,12 @@ from epd.server.engine.base import (
 )
 from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
 from epd.server.engine.kv_budget import KvBudget, check_room, kv_capacity
+from epd.server.engine.logprobs import (
+    Ranked,
+    RequestLogprobs,
+    check_logprobs,
+    prompt_ranked,
+)
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.raw_video import video_pixel_inputs
 from epd.server.engine.sampler import (
@@ -48,6 +55,7 @@ from epd.server.engine.sampler import (
     bad_words_token_ids,
     check_token_ids,
 )
+from epd.server.engine.token_text import TokenTexts
 from epd.server.models.model_dir import max_model_len
 from epd.server.models.registry import family_of_config
 
@@ -75,6 +83,8 @@ class _Sequence:
     logits: torch.Tensor
     num_prompt_tokens: int
     position_delta: int
+    # the prompt's tokens after the first, ranked, where the request asked for them
+    prompt_ranked: list[Ranked]
 
 
 class TransformersEngine(Engine):
@@ -100,6 +110,7 @@ class TransformersEngine(Engine):
         self.budget = KvBudget(_kv_capacity(options, model.config))
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._eos_ids = _eos_ids(model, processor)
+        self._texts = TokenTexts(processor.tokenizer)
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, "epd-transformers")
         self._running: set[str] = set()
         self._aborted: set[str] = set()
@@ -179,37 +190,50 @@ class TransformersEngine(Engine):
                 reason="PROMPT_TOO_LONG",
             )
         sampler = self._sampler(sampling, input_ids)
+        report = RequestLogprobs(sampling, self.vocab_size, self._texts)
         num_reserved = len(input_ids) + max_new_tokens
         await self.budget.acquire(num_reserved)
         try:
-            sequence = await self._step(self._prefill, input_ids, images)
+            sequence = await self._step(self._prefill, input_ids, images, report.num_prompt_top)
             stops = StopChecker(sampling, self._eos_ids, self._decode_text, max_new_tokens)
-            async for chunk in self._decode_loop(request_id, sequence, sampler, stops):
+            async for chunk in self._decode_loop(request_id, sequence, sampler, stops, report):
                 yield chunk
         finally:
             self.budget.release(num_reserved)
 
     async def _decode_loop(
-        self, request_id: str, sequence: _Sequence, sampler: TokenSampler, stops: StopChecker
+        self,
+        request_id: str,
+        sequence: _Sequence,
+        sampler: TokenSampler,
+        stops: StopChecker,
+        report: RequestLogprobs,
     ) -> AsyncIterator[TokenChunk]:
         token_ids: list[int] = []
+        prompt_logprobs: list[Candidates] = []
+        if report.num_prompt_top is not None:
+            prompt_logprobs = await self._step(report.prompt, sequence.prompt_ranked)
         while True:
             token_ids.append(sampler.select(sequence.logits, token_ids))
+            logprobs = (
+                [report.sample(sequence.logits, token_ids[-1])] if report.wants_samples else []
+            )
             reason = stops.check(token_ids)
             if reason is None and request_id in self._aborted:
                 reason = "abort"
+            usage = Usage(sequence.num_prompt_tokens, len(token_ids)) if reason else None
+            yield TokenChunk([token_ids[-1]], reason, usage, logprobs, prompt_logprobs)
             if reason is not None:
-                yield TokenChunk(
-                    [token_ids[-1]], reason, Usage(sequence.num_prompt_tokens, len(token_ids))
-                )
                 return
-            yield TokenChunk([token_ids[-1]])
+            prompt_logprobs = []
             await self._step(self._extend, sequence, token_ids[-1])
 
     def _sampler(self, sampling: Sampling, input_ids: list[int]) -> TokenSampler:
-        """The request's sampler; InvalidArgument for token ids the model does not have."""
+        """The request's sampler; InvalidArgument for token ids the model does not have and
+        for log probabilities vLLM would refuse."""
         bad_words = bad_words_token_ids(sampling.bad_words, self._encode_text)
         check_token_ids(sampling, self.vocab_size, bad_words)
+        check_logprobs(sampling, self.vocab_size)
         return TokenSampler(
             sampling, input_ids, eos_token_ids=self._eos_ids, bad_words_ids=bad_words
         )
@@ -220,8 +244,11 @@ class TransformersEngine(Engine):
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     @torch.inference_mode()
-    def _prefill(self, input_ids: list[int], images: list[EngineImage]) -> _Sequence:
-        """Run the prompt through the model: KV cache and the first token's logits."""
+    def _prefill(
+        self, input_ids: list[int], images: list[EngineImage], num_prompt_top: int | None
+    ) -> _Sequence:
+        """Run the prompt through the model: KV cache, the first token's logits and, with
+        ``num_prompt_top`` (None: none), the prompt's tokens ranked."""
         from transformers import DynamicCache
 
         ids = torch.tensor([input_ids], device=self.options.device)
@@ -242,8 +269,11 @@ class TransformersEngine(Engine):
             self.model, ids, is_image, grids, _video_positions(ids, is_video, videos)
         )
         cache = DynamicCache(config=self.model.config.text_config)
-        logits = self._forward(embeds, positions, cache, **image_inputs)
-        return _Sequence(cache, logits, len(input_ids), delta)
+        hidden = self._forward(embeds, positions, cache, **image_inputs)
+        ranked: list[Ranked] = []
+        if num_prompt_top is not None:
+            ranked = prompt_ranked(hidden[:-1], self._logits, input_ids, num_prompt_top)
+        return _Sequence(cache, self._logits(hidden[-1]), len(input_ids), delta, ranked)
 
     def _language_rows(self, image: EngineImage) -> torch.Tensor:
         """An image's rows, or a video's as its family hands them to the language model."""
@@ -272,13 +302,13 @@ class TransformersEngine(Engine):
         length = sequence.cache.get_seq_length()
         ids = torch.tensor([[token_id]], device=self.options.device)
         positions = self.family.decode_positions(length + sequence.position_delta, ids.device)
-        sequence.logits = self._forward(
-            self.model.get_input_embeddings()(ids), positions, sequence.cache
-        )
+        hidden = self._forward(self.model.get_input_embeddings()(ids), positions, sequence.cache)
+        sequence.logits = self._logits(hidden[-1])
 
     def _forward(
         self, embeds: torch.Tensor, positions: torch.Tensor, cache: Any, **image_inputs: Any
     ) -> torch.Tensor:
+        """The hidden states [positions, hidden size] of ``embeds``' positions."""
         out = self.model.model.language_model(
             inputs_embeds=embeds,
             position_ids=positions,
@@ -286,7 +316,11 @@ class TransformersEngine(Engine):
             use_cache=True,
             **image_inputs,
         )
-        return self.model.lm_head(out.last_hidden_state[0, -1]).float()  # type: ignore[no-any-return]
+        return out.last_hidden_state[0]  # type: ignore[no-any-return]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The (float) logits of hidden states."""
+        return self.model.lm_head(hidden).float()  # type: ignore[no-any-return]
 
     @torch.inference_mode()
     def _encode_pictures(self, images: list[EngineImage]) -> list[EngineImage]:

@@ -1,7 +1,9 @@
 """The transformers engine's sampling beyond the basics means what vLLM's means: on the tiny
 model, each option that changes the answer gives the vLLM engine's tokens (greedy, or sampling
-that leaves one token by construction); what it does not implement is refused by name. Both
-engines take the model's own context as their length limit by default."""
+that leaves one token by construction), and its log probabilities (a generated token's with the
+most likely or named tokens, the prompt's) are the vLLM engine's, text and image prompts alike;
+what it does not implement is refused by name. Both engines take the model's own context as their
+length limit by default."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import Engine, Sampling, StructuredOutput
+from epd.server.engine.base import Engine, EngineImage, Sampling, StructuredOutput, TokenChunk
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
 from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from tests.pictures import picture
 
 from .helpers import prompt_tokens
 
@@ -105,12 +108,88 @@ async def test_what_it_does_not_implement_is_refused_by_name(transformers_engine
     assert "transformers engine" in caught.value.message
 
 
-async def test_prompt_logprobs_and_kept_special_tokens_are_refused_by_name(
-    transformers_engine, prompt
+LOGPROBS = {
+    "top": replace(GREEDY, logprobs=5, prompt_logprobs=3),
+    "generated only": replace(GREEDY, logprobs=0),
+    "prompt only": replace(GREEDY, prompt_logprobs=0),
+    "named ids": replace(GREEDY, logprob_token_ids=(60, 61, 5), prompt_logprobs=1),
+    "named ids and logprobs": replace(GREEDY, logprobs=2, logprob_token_ids=(7, 60)),
+    # NOTE: reported before the penalty and the temperature; min_p 1 makes it one token
+    "penalised and seeded": replace(SEEDED, logprobs=4, repetition_penalty=1.5, min_p=1.0),
+}
+
+
+async def answer(engine: Engine, request_id: str, prompt, images, sampling) -> list[TokenChunk]:
+    return [c async for c in engine.generate(request_id, prompt, images, sampling)]
+
+
+def reported(chunks: list[TokenChunk]) -> dict[str, list]:
+    """What a request's chunks report: tokens, each token's candidates, the prompt's (the first
+    chunk's only)."""
+    assert all(not c.prompt_logprobs for c in chunks[1:])
+    return {
+        "tokens": [t for c in chunks for t in c.token_ids],
+        "logprobs": [p for c in chunks for p in c.logprobs],
+        "prompt_logprobs": chunks[0].prompt_logprobs,
+    }
+
+
+def assert_same_candidates(got: list, expected: list, name: str) -> None:
+    """Same ids, ranks and texts in the same order at each position; log probabilities within
+    the compat suite's tolerance."""
+    assert [[c[0] for c in p] for p in got] == [[c[0] for c in p] for p in expected], name
+    assert [[(c[2], c[3]) for c in p] for p in got] == [
+        [(c[2], c[3]) for c in p] for p in expected
+    ], name
+    values = [c[1] for p in got for c in p]
+    assert values == pytest.approx([c[1] for p in expected for c in p], abs=1e-3), name
+
+
+@pytest.fixture(scope="module")
+def image_prompt(oracle) -> tuple[list[int], list[EngineImage]]:
+    """One picture as the encoder's embeddings, and a question about it."""
+    _, encoder = oracle
+    ((embeddings, grid),) = encoder.encode([picture(5, 96, 64)])
+    image = EngineImage("logprobs-picture", grid, embeddings)
+    return prompt_tokens(oracle, 1, "what is in the picture?"), [image]
+
+
+@pytest.mark.parametrize("with_image", [False, True], ids=["text", "image"])
+async def test_log_probabilities_are_the_vllm_engines(
+    engines, transformers_engine, prompt, image_prompt, with_image
 ) -> None:
+    vllm_engine, _ = engines
+    token_ids, images = image_prompt if with_image else (prompt, [])
+    for name, sampling in LOGPROBS.items():
+        request_id = f"lp-{with_image}-{name}"
+        expected = reported(await answer(vllm_engine, request_id, token_ids, images, sampling))
+        got = reported(await answer(transformers_engine, request_id, token_ids, images, sampling))
+        assert got["tokens"] == expected["tokens"], name
+        assert len(got["logprobs"]) == (NUM_TOKENS if sampling != LOGPROBS["prompt only"] else 0)
+        assert_same_candidates(got["logprobs"], expected["logprobs"], name)
+        if sampling.repetition_penalty != 1.0:
+            assert any(p[0][2] > 1 for p in got["logprobs"]), "a token the penalty chose"
+        if sampling.prompt_logprobs is None:
+            assert got["prompt_logprobs"] == expected["prompt_logprobs"] == [], name
+            continue
+        assert got["prompt_logprobs"][0] == ()
+        assert (len(got["prompt_logprobs"]) > len(token_ids)) == with_image, "images expanded"
+        assert_same_candidates(got["prompt_logprobs"], expected["prompt_logprobs"], name)
+
+
+async def test_log_probabilities_vllm_refuses_are_refused(transformers_engine, prompt) -> None:
+    for name, sampling in [
+        ("logprobs", replace(GREEDY, logprobs=21)),
+        ("logprob_token_ids", replace(GREEDY, logprob_token_ids=(1, 1 << 20))),
+    ]:
+        with pytest.raises(InvalidArgument) as caught:
+            await tokens(transformers_engine, f"refused-{name}", prompt, sampling)
+        assert (caught.value.reason, caught.value.metadata) == ("BAD_SAMPLING", {"param": name})
+    assert transformers_engine.budget.num_used == 0
+
+
+async def test_kept_special_tokens_are_refused_by_name(transformers_engine, prompt) -> None:
     for name, value in [
-        ("prompt_logprobs", 0),
-        ("logprob_token_ids", (60, 61)),
         ("skip_special_tokens", False),
         ("spaces_between_special_tokens", False),
     ]:

@@ -24,9 +24,10 @@ def test_every_field_of_vllms_requests_has_a_row_and_refusals_say_how() -> None:
     assert set(rows) == set(ChatCompletionRequest.model_fields) | set(
         CompletionRequest.model_fields
     )
-    assert rows["prompt_logprobs"] == (
+    assert rows["skip_special_tokens"] == (
         "yes",
         "yes",
-        "400 `UNSUPPORTED_PARAMETER`, param `prompt_logprobs`",
+        "400 `UNSUPPORTED_PARAMETER`, param `skip_special_tokens`",
     )
+    assert rows["prompt_logprobs"] == rows["logprob_token_ids"] == ("yes", "yes", "yes")
     assert rows["suffix"][:2] == ("", "400 `UNSUPPORTED_PARAMETER` unless default")
