@@ -31,6 +31,7 @@ from epd.client.messages import (
 from epd.client.options import RequestOptions
 from epd.client.sdk import AsyncEpdClient
 from epd.client.sync_client import EpdClient
+from epd.client.tools import Tool, ToolCall
 
 __all__ = [
     "AsyncEpdClient",
@@ -44,6 +45,8 @@ __all__ = [
     "Message",
     "Picture",
     "RequestOptions",
+    "Tool",
+    "ToolCall",
     "Usage",
     "Video",
     "Unauthenticated",

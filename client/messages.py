@@ -13,6 +13,7 @@ from typing import Unpack
 from PIL import Image
 
 from epd.client.options import RequestOptions, check_options, request_fields, sampling_of
+from epd.client.tools import ToolCall, add_tool_fields, joined_calls, to_tool_calls
 from epd.common.generation import finish_reason_name
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -114,7 +115,11 @@ class Chunk:
     the generated one first, then the most likely (when ``logprobs`` was asked for).
     ``index``: which of the request's ``n`` completions. ``prompt_logprobs``: on a completion's
     first chunk, for each prompt token, that token first, then the most likely (the first
-    position empty: nothing precedes it), when ``prompt_logprobs`` was asked for."""
+    position empty: nothing precedes it), when ``prompt_logprobs`` was asked for. Where the
+    route has a reasoning parser, ``reasoning`` is the model's reasoning and ``text`` the rest
+    of the answer; where it has a tool parser and the request tools, ``tool_calls`` are the
+    calls the model made (parts of them in a stream: see ``ToolCall``), whose text is not in
+    ``text``, and the completion that made them ends with "tool_calls"."""
 
     text: str
     token_ids: list[int]
@@ -124,6 +129,8 @@ class Chunk:
     logprobs: list[list[Candidate]] = field(default_factory=list)
     index: int = 0
     prompt_logprobs: list[list[Candidate]] = field(default_factory=list)
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def local_path(source: str | Path) -> Path | None:
@@ -176,8 +183,8 @@ def build_request(
     messages: Sequence[Message], **options: Unpack[RequestOptions]
 ) -> route_service_pb2.GenerateRequest:
     """The GenerateRequest for ``messages`` and ``options`` (``RequestOptions``: vLLM's sampling
-    options, a structured output, the multimodal options, the encoder policy, the request id).
-    Images: see ``Picture``."""
+    options, a structured output, the multimodal options, tools, the encoder policy, the request
+    id). Images: see ``Picture``."""
     check_options(options)
     fields = request_fields(options)
     if fields["encoder_policy"] not in POLICIES:
@@ -196,6 +203,7 @@ def build_request(
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if options.get(name) is not None:
             getattr(request, name).update(options[name])  # type: ignore[literal-required]
+    add_tool_fields(request, options)
     return request
 
 
@@ -217,6 +225,8 @@ def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
         _candidates(response.logprobs),
         response.index,
         _candidates(response.prompt_logprobs),
+        response.reasoning,
+        to_tool_calls(response.tool_calls),
     )
 
 
@@ -239,6 +249,8 @@ def join(chunks: Sequence[Chunk]) -> Chunk:
         [position for c in chunks for position in c.logprobs],
         last.index,
         [position for c in chunks for position in c.prompt_logprobs],
+        "".join(c.reasoning for c in chunks),
+        joined_calls([call for c in chunks for call in c.tool_calls]),
     )
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
+from epd.client.tools import Tool
 from epd.common.generation import SAMPLING_DEFAULTS
 from epd.v1 import generation_pb2
 
@@ -37,6 +38,16 @@ class RequestOptions(TypedDict, total=False):
     - ``mm_processor_kwargs``, ``media_io_kwargs``: vLLM's per-request multimodal options (a
       video's sampling and pixel budget, as vLLM's fields; the route takes them only when
       started with ``--trust-request-mm-kwargs``).
+    - ``tools``: functions the model may call, each a ``Tool`` or an OpenAI ``tools`` entry
+      (``{"type": "function", "function": {...}}``); the calls come back as
+      ``Chunk.tool_calls`` where the route has a tool parser (``--tool-call-parser``).
+    - ``tool_choice``: "none", "auto" (the default with tools; needs the route's
+      ``--enable-auto-tool-choice``), "required", or a named function as OpenAI writes it
+      (``{"type": "function", "function": {"name": ...}}``).
+    - ``parallel_tool_calls`` (True): whether one answer may call several tools.
+    - ``chat_template_kwargs``: arguments for the chat template and the route's parsers, as
+      vLLM's (``{"enable_thinking": False}``).
+    - ``stream_interval`` (1): each completion streamed at least this many tokens a chunk.
     - ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's).
     - ``request_id``: the route makes one up when empty.
     """
@@ -74,6 +85,11 @@ class RequestOptions(TypedDict, total=False):
     grammar: str
     mm_processor_kwargs: Mapping[str, Any]
     media_io_kwargs: Mapping[str, Any]
+    tools: Sequence[Tool | Mapping[str, Any]]
+    tool_choice: str | Mapping[str, Any]
+    parallel_tool_calls: bool
+    chat_template_kwargs: Mapping[str, Any]
+    stream_interval: int
     encoder_policy: str
     request_id: str
 

@@ -92,7 +92,8 @@ class AsyncEpdClient:
         """Stream the answer to ``messages``.
 
         ``options``: ``RequestOptions`` (model, vLLM's sampling options, a structured output,
-        logprobs, n, encoder_policy, request_id).
+        logprobs, n, tools and tool_choice, chat_template_kwargs, stream_interval,
+        encoder_policy, request_id).
         ``timeout_s``: this call's deadline (default: the client's). ``metadata``: extra gRPC
         metadata pairs. Breaking out of the loop cancels the request on every service.
         """

@@ -1,4 +1,4 @@
-"""Tool calling and reasoning on the OpenAI door: ``vllm serve``'s flags and its parsers.
+"""Tool calling and reasoning on both doors: ``vllm serve``'s flags and its parsers.
 
 ``ToolOptions`` holds ``--enable-auto-tool-choice``, ``--tool-call-parser`` and
 ``--reasoning-parser`` with vLLM's names and meanings; ``check_tool_options`` refuses a name
@@ -17,8 +17,8 @@ from epd.common.flags import flag
 
 @dataclass(frozen=True, slots=True)
 class ToolOptions:
-    """How the OpenAI door parses tool calls and reasoning out of the generated text, and
-    whether it trusts a request's chat template (flags in ``epd route --help``, as ``vllm
+    """How the route (either door) parses tool calls and reasoning out of the generated text,
+    and whether it trusts a request's chat template (flags in ``epd route --help``, as ``vllm
     serve``'s)."""
 
     enable_auto_tool_choice: bool = field(

@@ -346,20 +346,17 @@ class RouteThread:
         from epd.server.media.video_loader import VideoLoader
         from epd.server.media.video_planner import VideoPlanner
         from epd.server.route.openai_http import OpenAiHttp
-        from epd.server.route.tools import ToolOptions, parser_class
-        from epd.server.route.tools_request import ToolCalling
+        from epd.server.route.tools import ToolOptions
         from tests.unit.route.fake_route import serve_route
         from tests.unit.route.fakes import FakePeers
 
-        served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions())
+        # NOTE: as README's deployment: --enable-auto-tool-choice --tool-call-parser hermes
+        tools = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
+        served = await serve_route(model_dir, FakePeers(), " a red square", ServerOptions(), tools)
         # NOTE: the blocks' videos are decoded and planned for real; the fake encoders take them
         served.router.videos = VideoLoader(VideoPlanner(model_dir, "tiny"), MediaPolicy())
         self.server = served.server
-        # NOTE: as README's deployment: --enable-auto-tool-choice --tool-call-parser hermes
-        tokenizer = served.prompts.tokenizer
-        tools = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
-        calling = ToolCalling(parser_class(tools, tokenizer, "tiny"), True, tokenizer)
-        self.http = OpenAiHttp(served.router, tools=calling)
+        self.http = OpenAiHttp(served.router, tools=served.calling)
         http_port = await self.http.start("127.0.0.1", 0)
         return f"127.0.0.1:{served.port}", f"http://127.0.0.1:{http_port}"
 

@@ -7,6 +7,8 @@ tool calls, reasoning, content and finish reason, and the same refusals; gRPC's
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +17,10 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
-from epd.client import EpdClientError
+from epd.client import AsyncEpdClient, EpdClientError, Tool, ToolCall, user
+from epd.client.messages import join
 from epd.common.server import EpdServer, ServiceBinding, build_server
 from epd.server.route.app import SERVICE_NAME
 from epd.server.route.http_guard import HttpOptions
@@ -323,3 +326,53 @@ async def test_stream_interval_gathers_chunks_as_over_http(plain: Doors) -> None
     assert sum(sizes) == num_tokens and all(size >= 4 for size in sizes[1:-1])
     assert len(responses) == len(http_chunks) - 1  # NOTE: HTTP's first chunk is the role's
     assert len(await plain.generate()) == num_tokens
+
+
+async def test_the_sdk_returns_the_tool_call_and_reasoning_typed(
+    hermes: Doors, deepseek: Doors
+) -> None:
+    status, whole = await hermes.post({"tools": [TOOL]})
+    (expected,) = json.loads(whole)["choices"][0]["message"]["tool_calls"]
+    async with AsyncEpdClient(hermes.grpc_endpoint) as client:
+        typed = await client.generate([user("weather in Paris?")], max_tokens=64, tools=[TOOL])
+        chunks = [
+            chunk
+            async for chunk in client.stream(
+                [user("weather in Paris?")],
+                max_tokens=64,
+                tools=[Tool("get_weather", "today's weather", PARAMETERS)],
+                tool_choice="auto",
+            )
+        ]
+    assert status == 200
+    (call,) = typed.tool_calls
+    assert (typed.text, typed.finish_reason) == ("Sure. ", "tool_calls")
+    assert (call.index, call.name, call.arguments) == (0, "get_weather", '{"city": "Paris"}')
+    assert call.parsed_arguments() == json.loads(expected["function"]["arguments"])
+    assert call.id.startswith("chatcmpl-tool-")
+    assert sum(len(chunk.tool_calls) for chunk in chunks) > 1  # NOTE: parts, joined by generate
+    assert join(chunks).tool_calls == [ToolCall(0, chunks_id(chunks), call.name, call.arguments)]
+    async with AsyncEpdClient(deepseek.grpc_endpoint) as client:
+        thought = await client.generate([user("weather?")], max_tokens=64, stream_interval=3)
+    assert (thought.reasoning, thought.text) == ("the sky is clear", "It is sunny.")
+
+
+def chunks_id(chunks: list[Any]) -> str:
+    """The id of a stream's (one) tool call."""
+    (call_id,) = [call.id for chunk in chunks for call in chunk.tool_calls if call.id]
+    return str(call_id)
+
+
+async def test_the_grpcurl_example_of_the_docs_calls_the_tool(hermes: Doors) -> None:
+    """docs/route.md's grpcurl request, read as grpcurl reads its JSON."""
+    text = (Path(__file__).parents[3] / "docs" / "route.md").read_text()
+    (command,) = [
+        block for block in re.findall(r"```bash\n(.*?)```", text, re.S) if "tools" in block
+    ]
+    arguments = shlex.split(command.replace("\\\n", " "))
+    request = json_format.Parse(arguments[arguments.index("-d") + 1], pb.GenerateRequest())
+    assert arguments[-1] == "epd.v1.RouteService/Generate"
+    async with grpc.aio.insecure_channel(hermes.grpc_endpoint) as channel:
+        responses = [r async for r in pb_grpc.RouteServiceStub(channel).Generate(request)]
+    assert grpc_answer(responses)[2:] == ([(0, "get_weather", '{"city": "Paris"}')], "tool_calls")
+    assert all(len(response.token_ids) >= 32 for response in responses[1:-1])
