@@ -57,12 +57,16 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)
     # the prompt as the engine holds it, when the request asked for it (vLLM's return_token_ids)
     prompt_token_ids: list[int] | None = None
+    # the chat template's text, when the request asked for it (vLLM's return_prompt_text)
+    prompt_text: str | None = None
 
     def add(self, chunk: RouteChunk) -> None:
         """Gather a chunk of this completion."""
         self.texts.append(chunk.text)
         if chunk.prompt_token_ids is not None:
             self.prompt_token_ids = chunk.prompt_token_ids
+        if chunk.prompt_text is not None:
+            self.prompt_text = chunk.prompt_text
         self.token_ids.extend(chunk.token_ids)
         self.positions.extend(chunk.logprobs)
         self.prompt_positions.extend(chunk.prompt_logprobs)

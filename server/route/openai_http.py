@@ -193,7 +193,8 @@ class OpenAiHttp:
         )
         await response.prepare(request)
         prompt_ids = first.chunk.prompt_token_ids if first is not None else None
-        for payload in api.opening(chat, prompt_ids):
+        prompt_text = first.chunk.prompt_text if first is not None else None
+        for payload in api.opening(chat, prompt_ids, prompt_text):
             await _send(response, payload)
         num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
         answers = [openai_answers.Answer() for _ in range(num_answers)]
@@ -223,10 +224,12 @@ class Api(Protocol):
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
         """The non-streamed answer, one choice per answer."""
 
-    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
+    def opening(
+        self, chat: ChatRequest, prompt_ids: list[int] | None, prompt_text: str | None
+    ) -> list[dict[str, Any]]:
         """What a stream sends before its first token (``prompt_ids``: the prompt's token ids
         as the engine holds them, when the request asked for them or its reasoning parser reads
-        them)."""
+        them; ``prompt_text``: the chat template's text, when the request asked for it)."""
 
     def delta(
         self, chat: ChatRequest, choice: Choice, so_far: openai_answers.Answer
@@ -262,6 +265,7 @@ class ChatApi:
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
         logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
         body = openai_answers.completion(chat.request_id, chat.model, answers, logprobs)
+        body["prompt_text"] = answers[0].prompt_text if answers else None
         if chat.return_token_ids:
             openai_answers.add_token_ids(body, answers, chat.answer_parsing)
         if chat.answer_parsing is not None:
@@ -273,7 +277,9 @@ class ChatApi:
                 choice["message"]["content"] = chat.echo + choice["message"]["content"]
         return body
 
-    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
+    def opening(
+        self, chat: ChatRequest, prompt_ids: list[int] | None, prompt_text: str | None
+    ) -> list[dict[str, Any]]:
         role = {"role": "assistant", "content": ""}
         num_choices = max(chat.sampling.n, 1)
         chunks = [
@@ -285,6 +291,9 @@ class ChatApi:
         if chat.return_token_ids and prompt_ids is not None:  # NOTE: as vLLM: each first chunk
             for payload in chunks:
                 payload["prompt_token_ids"] = prompt_ids
+        if chat.return_prompt_text:  # NOTE: likewise
+            for payload in chunks:
+                payload["prompt_text"] = prompt_text
         if chat.echo:  # NOTE: as vLLM: every choice's role, then every choice's echo
             echo = {"content": chat.echo}
             chunks += [
@@ -351,7 +360,9 @@ class CompletionApi:
         assert self.writer is not None
         return self.writer.whole(answers)
 
-    def opening(self, chat: ChatRequest, prompt_ids: list[int] | None) -> list[dict[str, Any]]:
+    def opening(
+        self, chat: ChatRequest, prompt_ids: list[int] | None, prompt_text: str | None
+    ) -> list[dict[str, Any]]:
         return []
 
     def delta(

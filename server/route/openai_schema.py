@@ -101,6 +101,7 @@ IMPLEMENTED_FIELDS = (
         "include_reasoning",
         "chat_template",
         "return_token_ids",
+        "return_prompt_text",
         "truncate_prompt_tokens",
         "truncation_side",
         "add_special_tokens",
@@ -277,6 +278,7 @@ def to_chat_request(
     request.stream_interval = parsed.stream_interval or 1
     request.media_kwargs = MediaKwargs(parsed.mm_processor_kwargs, parsed.media_io_kwargs)
     request.return_token_ids = bool(parsed.return_token_ids)
+    request.return_prompt_text = bool(parsed.return_prompt_text)
     request.add_special_tokens = bool(parsed.add_special_tokens)
     if parsed.truncate_prompt_tokens is not None:
         request.truncate_prompt_tokens = kept_tokens(parsed, limits.max_context_tokens)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,15 @@ PROBE_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "
 #: what a video's one placeholder token expands to: its tokens where its family writes more than
 #: its rows (``PromptBuilder.video_tokens``), else the number of its rows
 VideoTokens = int | list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A chat as the route renders it: the chat template's text (vLLM's ``prompt_text``; None
+    for a prompt given as token ids, or where nobody asked for it) and its token ids."""
+
+    text: str | None
+    token_ids: list[int]
 
 
 def load_chat_template(text: str) -> str:
@@ -87,7 +97,7 @@ class PromptBuilder:
         import jinja2
 
         try:
-            token_ids = self.rendered(PROBE_CHAT)
+            token_ids = self.rendered(PROBE_CHAT).token_ids
         except jinja2.TemplateError as e:
             line = f" (line {e.lineno})" if isinstance(e, jinja2.TemplateSyntaxError) else ""
             raise ValueError(f"--chat-template does not render{line}: {e}") from None
@@ -110,7 +120,18 @@ class PromptBuilder:
         chat_template: str | None = None,
         add_special_tokens: bool = False,
     ) -> list[int]:
-        """Token ids of the rendered chat, by default with the assistant's turn opened. The chat
+        """Token ids of the rendered chat (``render``'s)."""
+        return self.render(messages, template_kwargs, chat_template, add_special_tokens).token_ids
+
+    def render(
+        self,
+        messages: list[ChatMessage],
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        add_special_tokens: bool = False,
+    ) -> Rendered:
+        """The rendered chat, by default with the assistant's turn opened: its text and token
+        ids. The chat
         is one ``request_check.check_request`` passed: messages, roles and sizes are not checked
         again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``);
         ``chat_template``: the request's own template (None: the route's; then, as vLLM, a
@@ -143,7 +164,7 @@ class PromptBuilder:
         template_kwargs: dict[str, Any] | None,
         template: str,
         add_special_tokens: bool = False,
-    ) -> list[int]:
+    ) -> Rendered:
         """``chat`` rendered with a request's own template as vLLM renders it: the message
         content as the template reads it (vLLM's detected content format: parts, or their texts
         joined by newlines); a chat with images or videos must get one placeholder each."""
@@ -156,18 +177,18 @@ class PromptBuilder:
             template = self.tokenizer.get_chat_template(template)
             if _detect_content_format(template, default="string") == "string":
                 chat = [{**m, "content": _joined_text(m)} for m in chat]
-            token_ids = self.rendered(chat, template_kwargs, template, add_special_tokens)
+            rendered = self.rendered(chat, template_kwargs, template, add_special_tokens)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             message = f"the request's chat_template does not render the chat: {e}"
             raise bad(message[:1024], "chat_template") from None
         placeholders = {self.image_pad_id, self.video_pad_id}
-        if num_media and sum(token in placeholders for token in token_ids) != num_media:
+        if num_media and sum(t in placeholders for t in rendered.token_ids) != num_media:
             raise bad(
                 "the request's chat_template must render each image or video part as the "
                 "model's placeholder",
                 "chat_template",
             )
-        return token_ids
+        return rendered
 
     def rendered(
         self,
@@ -175,11 +196,11 @@ class PromptBuilder:
         template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
         add_special_tokens: bool = False,
-    ) -> list[int]:
-        """Token ids of ``chat`` (chat-template form) rendered with ``template_kwargs`` as vLLM
-        passes a request's to the template (those it neither takes nor names are dropped) and
-        ``chat_template`` (None: the route's), tokenised with or without the tokenizer's
-        special tokens; raises what the template raises."""
+    ) -> Rendered:
+        """Text and token ids of ``chat`` (chat-template form) rendered with ``template_kwargs``
+        as vLLM passes a request's to the template (those it neither takes nor names are
+        dropped) and ``chat_template`` (None: the route's), tokenised with or without the
+        tokenizer's special tokens; raises what the template raises."""
         kwargs: dict[str, Any] = {"add_generation_prompt": True}
         template = chat_template or self.tokenizer.chat_template
         if template_kwargs:  # NOTE: only the OpenAI door sends them, and it runs with vLLM
@@ -191,7 +212,8 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(
             chat, tokenize=False, chat_template=chat_template, **kwargs
         )
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        token_ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        return Rendered(text, list(token_ids))
 
     def video_tokens(self, plan: VideoPlan) -> VideoTokens:
         """What the placeholder token of the video ``plan`` plans expands to, as the engine

@@ -102,6 +102,8 @@ class ChatRequest:
     more_prompts: list[list[int]] = field(default_factory=list)
     # the first chunk carries the prompt as the engine holds it (vLLM's return_token_ids)
     return_token_ids: bool = False
+    # the first chunk carries the chat template's text (vLLM's return_prompt_text)
+    return_prompt_text: bool = False
     # the prompt's tokens kept (vLLM's truncate_prompt_tokens, -1 already made the context's
     # bound; None: all) and the side cut (vLLM's truncation_side; None: vLLM's default, left)
     truncate_prompt_tokens: int | None = None

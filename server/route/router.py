@@ -64,7 +64,7 @@ from epd.server.route.media import (
 )
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
-from epd.server.route.prompt import PromptBuilder
+from epd.server.route.prompt import PromptBuilder, Rendered
 from epd.server.route.raw_media import raw_prompt, stage_items
 from epd.server.route.request import ChatRequest, Deadline
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
@@ -97,6 +97,10 @@ class RouteChunk:
     # asked for it (``ChatRequest.return_token_ids``) or its reasoning parser reads it (None:
     # neither, or a later chunk)
     prompt_token_ids: list[int] | None = None
+    # on the first chunk, the chat template's text when the request asked for it
+    # (``ChatRequest.return_prompt_text``; None: not asked, a prompt given as tokens, or a
+    # later chunk)
+    prompt_text: str | None = None
 
 
 class Router:
@@ -177,7 +181,8 @@ class Router:
         model = request.model or self.model_id
         trace.get_current_span().set_attribute("epd.request_id", request.request_id)
         live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
-        token_ids = await self._token_ids(request)
+        prompt = await self._prompt(request)
+        token_ids = prompt.token_ids
         images, videos = await asyncio.gather(
             load_images(self.loader, self.grids, request.images, request.media_kwargs),
             load_videos(
@@ -223,7 +228,7 @@ class Router:
             parsing = request.answer_parsing  # NOTE: a reasoning parser reads the prompt too
             if request.return_token_ids or (parsing is not None and parsing.needs_prompt):
                 prompt_ids = engine_prompt(self.prompts, token_ids, images, videos)
-            async for chunk in self._chunks(pieces, call.sampling, prompt_ids):
+            async for chunk in self._chunks(pieces, call.sampling, prompt_ids, prompt.text):
                 yield chunk
         finally:
             await self._release(stage)
@@ -243,10 +248,11 @@ class Router:
         pieces: AsyncGenerator[Piece, None],
         sampling: generation_pb2.SamplingParams,
         prompt_ids: list[int] | None = None,
+        prompt_text: str | None = None,
     ) -> AsyncIterator[RouteChunk]:
         """The engine's pieces as text deltas, stop strings applied as vLLM applies them, the
-        first with ``prompt_ids`` (None: not asked); the view of the roles is refreshed once the
-        first is out (off the request's path)."""
+        first with ``prompt_ids`` and ``prompt_text`` (None: not asked); the view of the roles
+        is refreshed once the first is out (off the request's path)."""
         text_of = StoppedText(self.prompts.tokenizer, sampling)
         is_first = True
         async with aclosing(pieces):
@@ -261,6 +267,7 @@ class Router:
                     piece.logprobs,
                     piece.prompt_logprobs,
                     prompt_ids if is_first else None,
+                    prompt_text if is_first else None,
                 )
                 if is_first:
                     is_first = False
@@ -332,15 +339,19 @@ class Router:
             on_resumed=self._count_resumption,
         )
 
-    async def _token_ids(self, request: ChatRequest) -> list[int]:
-        """The prompt's tokens (size checked first); long chats are tokenised off the loop."""
+    async def _prompt(self, request: ChatRequest) -> Rendered:
+        """The prompt's tokens (size checked first), with the chat template's text where the
+        request asked for it (vLLM's return_prompt_text; none for tokens given as such); long
+        chats are rendered off the loop."""
         if request.prompt_token_ids is not None:
-            return list(request.prompt_token_ids)
+            return Rendered(None, list(request.prompt_token_ids))
         messages, kwargs = request.messages, request.template_kwargs
         arguments = (messages, kwargs, request.chat_template, request.add_special_tokens)
         if self.prompts.num_chars(messages) <= INLINE_TOKENIZE_CHARS:
-            return self.prompts.token_ids(*arguments)
-        return await asyncio.to_thread(self.prompts.token_ids, *arguments)
+            rendered = self.prompts.render(*arguments)
+        else:
+            rendered = await asyncio.to_thread(self.prompts.render, *arguments)
+        return rendered if request.return_prompt_text else Rendered(None, rendered.token_ids)
 
     def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
         """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""

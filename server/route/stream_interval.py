@@ -40,4 +40,5 @@ def joined(first: RouteChunk, then: RouteChunk) -> RouteChunk:
         [*first.logprobs, *then.logprobs],
         [*first.prompt_logprobs, *then.prompt_logprobs],
         first.prompt_token_ids if first.prompt_token_ids is not None else then.prompt_token_ids,
+        first.prompt_text if first.prompt_text is not None else then.prompt_text,
     )

@@ -17,7 +17,7 @@ from PIL import Image
 
 from epd.server.route import openai_schema as schema
 from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.prompt import PromptBuilder
+from epd.server.route.prompt import PromptBuilder, Rendered
 from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, model_router
 
 ANSWER = [11, 12, 13]
@@ -154,17 +154,17 @@ async def test_a_reasoning_parser_reads_the_engines_prompt_tokenised_once(
     expanded = answer["prompt_token_ids"]
     assert len(expanded) > len(prompts.token_ids(schema.to_chat_request(body, "tiny").messages))
     tokenised, seen = [], []
-    token_ids, parser_of = PromptBuilder.token_ids, AnswerParsing.parser
+    render, parser_of = PromptBuilder.render, AnswerParsing.parser
 
-    def counted(self: PromptBuilder, *args: Any, **kwargs: Any) -> list[int]:
+    def counted(self: PromptBuilder, *args: Any, **kwargs: Any) -> Rendered:
         tokenised.append(1)
-        return token_ids(self, *args, **kwargs)
+        return render(self, *args, **kwargs)
 
     def watched(self: AnswerParsing, index: int) -> Any:
         seen.append(self.prompt_token_ids)
         return parser_of(self, index)
 
-    monkeypatch.setattr(PromptBuilder, "token_ids", counted)
+    monkeypatch.setattr(PromptBuilder, "render", counted)
     monkeypatch.setattr(AnswerParsing, "parser", watched)
     for stream in (False, True):
         tokenised.clear()

@@ -580,6 +580,43 @@ async def test_a_truncated_image_prompt_is_vllms(vllm_url: str, epd_url: str, si
     await assert_same_token_ids(vllm_url, epd_url, {**body, "truncation_side": side})
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**GREEDY, "return_prompt_text": True},
+        {**GREEDY, "messages": TEXT, "return_prompt_text": True, "n": 2, "temperature": 1},
+        {
+            **GREEDY,
+            "messages": CHAT,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "return_prompt_text": True,
+        },
+        {**GREEDY, "messages": TEXT, "truncate_prompt_tokens": 5, "return_prompt_text": True},
+        {**GREEDY, "return_prompt_text": False},
+    ],
+    ids=["image", "text_n", "continued", "truncated", "not_asked"],
+)
+async def test_return_prompt_text_is_vllms(
+    vllm_url: str, epd_url: str, body: dict[str, Any]
+) -> None:
+    """The chat template's text as vLLM shows it: on the whole answer, and on each choice's
+    first streamed chunk."""
+    answers = [await post(url, body) for url in (vllm_url, epd_url)]
+    assert [status for status, _ in answers] == [200, 200], answers
+    expected, answer = (reply.get("prompt_text") for _, reply in answers)
+    assert answer == expected
+    assert (expected is not None) == bool(body["return_prompt_text"])
+    stream = {**body, "stream": True}
+    shown = []
+    for url in (vllm_url, epd_url):
+        chunks = await streamed(url, stream, "chat/completions")
+        texts = [c.get("prompt_text") for c in chunks if c["choices"] and c.get("prompt_text")]
+        shown.append(texts)
+    assert shown[1] == shown[0]
+    assert len(shown[0]) == (max(body.get("n", 1), 1) if body["return_prompt_text"] else 0)
+
+
 async def test_a_cut_through_an_image_is_refused(
     vllm_url: str, epd_url: str, tiny_model_dir: Path
 ) -> None:
