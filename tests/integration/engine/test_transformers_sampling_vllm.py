@@ -1,9 +1,9 @@
 """The transformers engine's sampling beyond the basics means what vLLM's means: on the tiny
 model, each option that changes the answer gives the vLLM engine's tokens (greedy, or sampling
 that leaves one token by construction), and its log probabilities (a generated token's with the
-most likely or named tokens, the prompt's) are the vLLM engine's, text and image prompts alike;
-what it does not implement is refused by name. Both engines take the model's own context as their
-length limit by default."""
+most likely or named tokens, the prompt's) are the vLLM engine's, for text and for a picture
+given as embeddings (E/PD) or raw (EPD); what it does not implement is refused by name. Both
+engines take the model's own context as their length limit by default."""
 
 from __future__ import annotations
 
@@ -145,23 +145,30 @@ def assert_same_candidates(got: list, expected: list, name: str) -> None:
     assert values == pytest.approx([c[1] for p in expected for c in p], abs=1e-3), name
 
 
-@pytest.fixture(scope="module")
-def image_prompt(oracle) -> tuple[list[int], list[EngineImage]]:
-    """One picture as the encoder's embeddings, and a question about it."""
+def image_prompt(oracle, embedded: bool) -> tuple[list[int], list[EngineImage]]:
+    """One picture, as the encoder's embeddings (E/PD) or raw (EPD), and a question about it."""
     _, encoder = oracle
-    ((embeddings, grid),) = encoder.encode([picture(5, 96, 64)])
-    image = EngineImage("logprobs-picture", grid, embeddings)
-    return prompt_tokens(oracle, 1, "what is in the picture?"), [image]
+    image = picture(5, 96, 64)
+    ((embeddings, grid),) = encoder.encode([image])
+    item = (
+        EngineImage("lp-embedded", grid, embeddings)
+        if embedded
+        else EngineImage("lp-raw", image=image)
+    )
+    return prompt_tokens(oracle, 1, "what is in the picture?"), [item]
 
 
-@pytest.mark.parametrize("with_image", [False, True], ids=["text", "image"])
+@pytest.mark.parametrize("image_kind", ["none", "embedded", "raw"])
 async def test_log_probabilities_are_the_vllm_engines(
-    engines, transformers_engine, prompt, image_prompt, with_image
+    engines, transformers_engine, prompt, oracle, image_kind
 ) -> None:
     vllm_engine, _ = engines
-    token_ids, images = image_prompt if with_image else (prompt, [])
+    with_image = image_kind != "none"
+    token_ids, images = (prompt, [])
+    if with_image:
+        token_ids, images = image_prompt(oracle, embedded=image_kind == "embedded")
     for name, sampling in LOGPROBS.items():
-        request_id = f"lp-{with_image}-{name}"
+        request_id = f"lp-{image_kind}-{name}"
         expected = reported(await answer(vllm_engine, request_id, token_ids, images, sampling))
         got = reported(await answer(transformers_engine, request_id, token_ids, images, sampling))
         assert got["tokens"] == expected["tokens"], name
