@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from epd.server.route.beam_choices import beam_chunks
 from epd.server.route.request import ChatRequest
 from epd.server.route.router import RouteChunk, Router
 from epd.v1 import generation_pb2
@@ -53,6 +54,10 @@ async def generate_choices(
 ) -> AsyncIterator[Choice]:
     """The chunks of every completion of ``request`` as they come; the first failure ends them
     all."""
+    if request.use_beam_search:
+        async for index, chunk in beam_chunks(router, request, timeout_s):
+            yield Choice(index, chunk)
+        return
     children = child_requests(request)
     if len(children) == 1:
         async for chunk in router.generate(request, timeout_s):

@@ -32,6 +32,7 @@ from epd.server.route.openai_schema import (
     kept_tokens,
     parse_with,
     refuse_unimplemented,
+    take_beam_search,
     vllm_sampling,
 )
 from epd.server.route.prompt import TRUNCATION_SIDE
@@ -53,6 +54,9 @@ IMPLEMENTED_FIELDS = SAMPLING_FIELDS | {
     "truncate_prompt_tokens",
     "truncation_side",
 }
+
+# vLLM's refusal of a streamed beam search on /v1/completions (its chat streams one).
+STREAMED_BEAMS = "Streaming is not currently supported with beam search"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,8 @@ def to_completion_request(
         raise bad("the body must be a JSON object", "body")
     parsed = parse_with(CompletionRequest, body)
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
+    if parsed.stream and parsed.use_beam_search:
+        raise bad(STREAMED_BEAMS, "stream")
     limits = limits or RequestLimits()
     context = limits.max_context_tokens
     keep = None if parsed.truncate_prompt_tokens is None else kept_tokens(parsed, context)
@@ -110,6 +116,8 @@ def to_completion_request(
         return_token_ids=bool(parsed.return_token_ids),
         stream_interval=parsed.stream_interval or 1,
     )
+    if parsed.use_beam_search:
+        take_beam_search(parsed, request)
     for token_ids in prompt.token_ids:
         check_request(replace(request, prompt_token_ids=token_ids), limits)
     return request, prompt

@@ -29,7 +29,7 @@ from epd.server.route.request import (
     new_request_id,
 )
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
-from epd.server.route.sampling import sampling_to_proto
+from epd.server.route.sampling import beam_sampling_to_proto, sampling_to_proto
 from epd.server.route.tools_request import ToolCalling, chat_step
 from epd.v1 import generation_pb2
 
@@ -79,6 +79,8 @@ SAMPLING_FIELDS = frozenset(
         "thinking_token_budget",
         "repetition_detection",
         "vllm_xargs",
+        "use_beam_search",
+        "length_penalty",
     }
 )
 # vLLM's ChatCompletionRequest fields epd implements; any other is refused at a value other than
@@ -280,6 +282,8 @@ def to_chat_request(
     request.return_token_ids = bool(parsed.return_token_ids)
     request.return_prompt_text = bool(parsed.return_prompt_text)
     request.add_special_tokens = bool(parsed.add_special_tokens)
+    if parsed.use_beam_search:
+        take_beam_search(parsed, request)
     if parsed.truncate_prompt_tokens is not None:
         request.truncate_prompt_tokens = kept_tokens(parsed, limits.max_context_tokens)
         request.truncation_side = parsed.truncation_side
@@ -353,6 +357,20 @@ def refuse_unimplemented(parsed: Any, implemented: frozenset[str]) -> None:
             raise bad(f"{name} is not supported by epd yet", name, "UNSUPPORTED_PARAMETER")
 
 
+def take_beam_search(parsed: Any, request: ChatRequest) -> None:
+    """vLLM's ``use_beam_search`` and ``length_penalty`` of ``parsed`` (which asks for beam
+    search) onto ``request``; its log probabilities are refused by name: vLLM shows each beam
+    token's beside its step's first candidates, which epd's answers do not write yet."""
+    if parsed.logprobs is not None and parsed.logprobs is not False:
+        raise bad(
+            "logprobs with use_beam_search are not supported by epd yet",
+            "logprobs",
+            "UNSUPPORTED_PARAMETER",
+        )
+    request.use_beam_search = True
+    request.length_penalty = float(parsed.length_penalty)
+
+
 def vllm_sampling(
     parsed: Any, max_tokens: int, defaults: dict[str, Any]
 ) -> generation_pb2.SamplingParams:
@@ -360,6 +378,9 @@ def vllm_sampling(
     from vllm.exceptions import VLLMClientError
 
     try:
+        if parsed.use_beam_search:
+            beams = parsed.to_beam_search_params(max_tokens, defaults)
+            return beam_sampling_to_proto(beams, parsed)
         params = parsed.to_sampling_params(max_tokens, defaults)
     except (ValueError, VLLMClientError) as e:
         raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "sampling") from None

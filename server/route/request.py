@@ -124,6 +124,13 @@ class ChatRequest:
     # how either door splits the answer into content, reasoning and tool calls (vLLM's
     # parsers; None: the text is the content)
     answer_parsing: AnswerParsing | None = None
+    # vLLM's use_beam_search: the answer is the best ``sampling.n`` beams (``beam_choices``),
+    # ranked with vLLM's length_penalty
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    # tokens the answer has begun with, appended to the prompt once it is built and cut (a
+    # beam's tokens so far: ``beam_choices``)
+    answer_prefix: list[int] = field(default_factory=list)
     # the caller's identity where the door authenticates it (``common.auth.token_identity``),
     # which keeps its cache keys apart from other callers' ("": unauthenticated, shared keys)
     tenant: str = ""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from epd.common.flags import flag
 from epd.common.generation import SAMPLING_DEFAULTS
 from epd.server.route.request import ChatMessage, ChatRequest, ImageSource, bad, check_name
-from epd.server.route.sampling import check_sampling
+from epd.server.route.sampling import beam_step_sampling, check_sampling
 from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
@@ -96,7 +96,7 @@ def check_request(
         _check_chat(request.messages, limits)
     else:
         _check_prompt(request.prompt_token_ids, limits)
-    _check_sampling(request.sampling, limits, max_tokens_param)
+    _check_sampling(request.sampling, limits, max_tokens_param, request.use_beam_search)
 
 
 def _check_prompt(token_ids: list[int], limits: RequestLimits) -> None:
@@ -166,7 +166,10 @@ def _check_media(source: ImageSource, param: str) -> None:
 
 
 def _check_sampling(
-    sampling: generation_pb2.SamplingParams, limits: RequestLimits, max_tokens_param: str
+    sampling: generation_pb2.SamplingParams,
+    limits: RequestLimits,
+    max_tokens_param: str,
+    is_beam_search: bool = False,
 ) -> None:
     context = limits.max_context_tokens
     if not sampling.max_tokens:
@@ -178,7 +181,7 @@ def _check_sampling(
             max_tokens_param,
         )
     _check_sizes(sampling)
-    check_sampling(sampling)
+    check_sampling(beam_step_sampling(sampling) if is_beam_search else sampling)
 
 
 def _check_sizes(sampling: generation_pb2.SamplingParams) -> None:

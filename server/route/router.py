@@ -195,6 +195,7 @@ class Router:
         )
         if request.truncate_prompt_tokens is not None:
             token_ids = truncated(self.prompts, request, token_ids, images, videos)
+        token_ids = token_ids + request.answer_prefix  # NOTE: a beam's step: its tokens so far
         sampling, salt = request.sampling, ""
         if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
             sampling, salt = in_namespace(request, images, videos)

@@ -34,6 +34,8 @@ GENERATION_DEFAULTS = (
     "min_p",
     "max_new_tokens",
 )
+# vLLM's candidates per beam and step of a beam search: twice the beams (as transformers').
+CANDIDATES_PER_BEAM = 2
 
 
 def generation_defaults(model_dir: Path) -> dict[str, Any]:
@@ -95,6 +97,35 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         except (TypeError, ValueError):
             raise bad(f"{name} is out of the range epd carries", name) from None
     return message
+
+
+def beam_sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.SamplingParams:
+    """epd's ``SamplingParams`` of vLLM's ``BeamSearchParams`` (its ``to_beam_search_params``):
+    the beam width as ``n``, and the fields a beam search reads; its steps' sampling is
+    ``beam_step_sampling``'s."""
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        n=params.beam_width,
+        ignore_eos=params.ignore_eos,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        cache_salt=getattr(request, "cache_salt", None),
+    )
+    if not params.skip_special_tokens:
+        sampling.skip_special_tokens = False
+    return sampling
+
+
+def beam_step_sampling(sampling: generation_pb2.SamplingParams) -> generation_pb2.SamplingParams:
+    """vLLM's sampling of one step of a beam search's beam: one token, the log probabilities of
+    twice the beams' number of most likely candidates, at the search's temperature (and its
+    cache salt, which names its prompt's cache entries)."""
+    return generation_pb2.SamplingParams(
+        max_tokens=1,
+        temperature=sampling.temperature,
+        logprobs=CANDIDATES_PER_BEAM * max(sampling.n, 1),
+        cache_salt=sampling.cache_salt,
+    )
 
 
 def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:

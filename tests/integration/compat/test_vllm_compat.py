@@ -21,6 +21,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from epd.client import AsyncEpdClient, user
+from epd.client.messages import join
 from epd.common.roles import Role
 from epd.launch.launcher import Deployment
 from epd.scheduler.app import build_scheduler_server
@@ -51,6 +53,8 @@ IMAGE = [
 ]
 GREEDY = {"model": "tiny", "messages": IMAGE, "max_tokens": 10, "temperature": 0}
 CHAT = [*IMAGE, {"role": "assistant", "content": "It shows"}]
+# vLLM's beam search: the n best beams, best first.
+BEAMS = {**GREEDY, "use_beam_search": True, "n": 4}
 # Special tokens of the tiny model's vocabulary pushed into the answer.
 SPECIALS = {"388": 30.0, "390": 30.0}
 # A strict tool: its call's arguments are held to the schema, so even the random tiny model's
@@ -224,6 +228,11 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("add_special_tokens", {**GREEDY, "add_special_tokens": True}),
     ("empty_media_kwargs", {**GREEDY, "mm_processor_kwargs": {}, "media_io_kwargs": {}}),
     ("stream_interval_whole", {**GREEDY, "stream_interval": 4}),
+    ("beam_search", {**GREEDY, "messages": TEXT, "use_beam_search": True, "n": 3}),
+    ("beam_search_image", {**BEAMS, "n": 2}),
+    ("beam_search_length_penalty", {**BEAMS, "length_penalty": 0.4, "max_tokens": 12}),
+    ("beam_search_kept_eos", {**BEAMS, "include_stop_str_in_output": True, "max_tokens": 12}),
+    ("beam_search_ignore_eos", {**BEAMS, "messages": TEXT, "ignore_eos": True}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -274,9 +283,16 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
         "request_chat_template_raises",
         {**GREEDY, "chat_template": "{{ raise_exception('no chat here') }}"},
     ),
+    ("beam_search_logprob_token_ids", {**BEAMS, "logprobs": True, "logprob_token_ids": [60]}),
+    ("beam_search_not_a_bool", {**GREEDY, "use_beam_search": "maybe"}),
+    ("length_penalty_not_a_number", {**BEAMS, "length_penalty": "long"}),
+    ("beam_search_n_zero", {**BEAMS, "n": 0}),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
-NOT_YET: list[tuple[str, dict[str, Any], str]] = []
+NOT_YET: list[tuple[str, dict[str, Any], str]] = [
+    # NOTE: vLLM shows each beam token's logprob beside its step's first candidates
+    ("beam_search_logprobs", {**BEAMS, "logprobs": True, "top_logprobs": 2}, "logprobs"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +308,10 @@ async def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 # epd's route URL -> the URL of a route beside it without the tool and trust flags.
 FLAGLESS: dict[str, str] = {}
+# epd's route URL -> the same route's gRPC endpoint.
+GRPC: dict[str, str] = {}
+# epd's route URL -> its encoder (none in EP/D).
+ENCODERS: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module", params=["e-pd", "e-p-d", "ep-d"])
@@ -330,6 +350,9 @@ async def epd_url(request, tiny_model_dir: Path, engines) -> AsyncIterator[str]:
     assert route.http is not None and flagless.http is not None
     url = f"http://127.0.0.1:{route.http.port}/v1"
     FLAGLESS[url] = f"http://127.0.0.1:{flagless.http.port}/v1"
+    GRPC[url] = f"127.0.0.1:{route.port}"
+    if request.param != "ep-d":
+        ENCODERS[url] = workers[0]
     yield url
     await flagless.stop()
     await route.stop()
@@ -488,6 +511,27 @@ async def test_a_streamed_tool_call_is_vllms(vllm_url: str, epd_url: str, choice
         assert answers[0][1][0][1][1] == "verdict"
 
 
+@pytest.mark.parametrize("choice", ["required", NAMED, "auto"], ids=["required", "named", "auto"])
+async def test_a_tool_call_over_grpc_is_the_http_doors(epd_url: str, choice: Any) -> None:
+    """The same chat with the same tool through the route's two doors: the same content, tool
+    calls (whole, then as parts) and finish reason, the tiny model held to the call's grammar
+    (but for auto) on real engines."""
+    body = {**TOOL_GREEDY, "tool_choice": choice, "stream": True}
+    http = streamed_calls(await streamed(epd_url, body, "chat/completions"))
+    async with AsyncEpdClient(GRPC[epd_url]) as client:
+        chunks = [
+            chunk
+            async for chunk in client.stream(
+                [user(TEXT[0]["content"])], max_tokens=40, tools=[VERDICT], tool_choice=choice
+            )
+        ]
+    answer = join(chunks)
+    calls = [(call.index, ["function", call.name, call.arguments]) for call in answer.tool_calls]
+    assert (answer.text, calls, answer.finish_reason) == http
+    if choice != "auto":  # NOTE: the constraint makes even the tiny model call the tool
+        assert calls[0][1][1] == "verdict"
+
+
 async def test_auto_without_the_flags_is_refused_as_vllm_refuses_it(
     vllm_url: str, epd_url: str
 ) -> None:
@@ -547,8 +591,9 @@ def streamed_token_ids(chunks: list[dict[str, Any]]) -> tuple[Any, ...]:
     [
         {**GREEDY, "return_token_ids": True},
         {**GREEDY, "messages": TEXT, "return_token_ids": True, "n": 2, "temperature": 1, "seed": 4},
+        {**BEAMS, "n": 3, "return_token_ids": True, "include_stop_str_in_output": True},
     ],
-    ids=["image", "text_n"],
+    ids=["image", "text_n", "beam_search"],
 )
 async def test_return_token_ids_are_vllms(
     vllm_url: str, epd_url: str, body: dict[str, Any]
@@ -637,6 +682,30 @@ async def test_a_cut_through_an_image_is_refused(
     assert [reply["error"]["param"] for _, reply in replies[1::2]] == ["truncate_prompt_tokens"] * 2
 
 
+async def test_a_beam_search_encodes_its_image_once(vllm_url: str, epd_url: str) -> None:
+    """Each step of each beam is a request of its own through the route, its image found again
+    by its mm hash: the tower runs once, and each of the 8 later steps' Encode call (2 beams, 4
+    steps after the first; the tiny model's end of sequence is never among its candidates) is
+    a hit in the encoder's cache; the beams are vLLM's."""
+    encoder = ENCODERS.get(epd_url)
+    if encoder is None:
+        pytest.skip("EP/D: no encoder")
+    image = io.BytesIO()
+    picture(23, 72, 56).save(image, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(image.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "and?"}]
+    body = {**BEAMS, "n": 2, "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
+    stats, cache = encoder.worker.batcher.stats, encoder.worker.cache
+    before = (stats.num_items, cache.num_misses, cache.num_hits)
+    status, answer = await post(epd_url, body)
+    runs, misses, hits = (stats.num_items, cache.num_misses, cache.num_hits)
+    assert status == 200, answer
+    assert (runs - before[0], misses - before[1]) == (1, 1)
+    assert hits - before[2] == 2 * (5 - 1)
+    vllm_status, expected = await post(vllm_url, body)
+    assert vllm_status == 200 and choices(answer) == choices(expected)
+
+
 class Verdict(BaseModel):
     """The answer the openai client's flows parse."""
 
@@ -705,6 +774,17 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
         "echo_truncated",
         {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 3, "echo": True, "logprobs": 1},
     ),
+    ("beam_search", {**PROMPT, "use_beam_search": True, "n": 3}),
+    (
+        "beam_search_prompts",
+        {**PROMPT, "prompt": ["The sea is", "A cat"], "use_beam_search": True, "n": 2}
+        | {"length_penalty": 1.5, "max_tokens": 12},
+    ),
+    ("beam_search_echo", {**PROMPT, "use_beam_search": True, "n": 2, "echo": True}),
+    (
+        "beam_search_truncated",
+        {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 4, "use_beam_search": True},
+    ),
 ]
 
 
@@ -757,6 +837,11 @@ async def test_the_same_completion_body_gets_the_same_answer(
         (
             "logprob_token_ids_beyond_the_vocabulary",
             {**PROMPT, "logprobs": 1, "logprob_token_ids": [9396]},
+        ),
+        ("beam_search_streamed", {**PROMPT, "use_beam_search": True, "stream": True}),
+        (
+            "beam_search_echo_logprobs",
+            {**PROMPT, "use_beam_search": True, "echo": True, "logprobs": 1},
         ),
     ],
 )

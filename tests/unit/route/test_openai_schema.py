@@ -299,7 +299,8 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("use_beam_search", True),
+        ("kv_transfer_params", {"do_remote_decode": True}),
+        ("ec_transfer_params", {"do_remote_encode": True}),
     ],
 )
 def test_a_field_epd_does_not_implement_yet_is_refused_not_ignored(param: str, value: Any) -> None:

@@ -1,0 +1,124 @@
+"""The choices of a beam-search request (vLLM's ``use_beam_search``): ``beam_search`` run over the
+route's own pipeline, as vLLM's OpenAI server runs it over its engine.
+
+Each step of a beam is a request of its own through the router (``<request id>-beam-<k>``): the
+request's prompt (its chat rendered, cut and its images placed, as any request's) followed by
+the beam's tokens (``ChatRequest.answer_prefix``), one token with the ``2 * n`` most likely
+candidates, sampled at the request's temperature and nothing else of its sampling, as vLLM's
+step. Its images are loaded once (the route's media cache) and encoded once (the encoders'
+caches answer the later steps by mm_hash); the prompt's KV is the prefill workers' prefix cache.
+The answer is the ``n`` best beams, best first, each a choice with its whole text at once (as
+vLLM's, a stream sends each in one chunk); prompt ``p``'s beams are choices ``p * n`` to
+``p * n + n - 1``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from epd.common.errors import Internal
+from epd.common.tasks import every
+from epd.server.route.beam_search import (
+    BeamAnswer,
+    BeamParams,
+    StepResult,
+    beam_search,
+    text_token_ids,
+)
+from epd.server.route.request import ChatRequest, Deadline
+from epd.server.route.router import RouteChunk, Router
+from epd.server.route.sampling import beam_step_sampling
+from epd.v1 import generation_pb2
+
+STOPPED = generation_pb2.FINISH_REASON_STOP
+
+
+async def beam_chunks(
+    router: Router, request: ChatRequest, timeout_s: float | None = None
+) -> AsyncIterator[tuple[int, RouteChunk]]:
+    """Each beam of each prompt of ``request`` as one chunk with its choice's index, once every
+    prompt's search has ended; the first failure ends them all."""
+    deadline = Deadline(timeout_s)
+    prompts = [request.prompt_token_ids, *request.more_prompts]
+    one = [
+        replace(request, request_id=f"{request.request_id}-{index}", prompt_token_ids=prompt)
+        if request.more_prompts
+        else request
+        for index, prompt in enumerate(prompts)
+    ]
+    answers = await every([_search(router, each, deadline) for each in one])
+    num_beams = max(request.sampling.n, 1)
+    for prompt_index, answer in enumerate(answers):
+        for index, chunk in enumerate(_chunks(router, request, answer)):
+            yield prompt_index * num_beams + index, chunk
+
+
+def beam_params(router: Router, request: ChatRequest) -> BeamParams:
+    """vLLM's ``BeamSearchParams`` of ``request`` (its ``to_beam_search_params``)."""
+    sampling = request.sampling
+    return BeamParams(
+        width=max(sampling.n, 1),
+        max_tokens=sampling.max_tokens,
+        eos_token_id=router.prompts.eos_token_id,
+        length_penalty=request.length_penalty,
+        ignore_eos=sampling.ignore_eos,
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        max_context_tokens=router.prompts.max_context_tokens,
+    )
+
+
+async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> BeamAnswer:
+    numbers = itertools.count()
+    sampling = beam_step_sampling(request.sampling)
+
+    async def step(token_ids: Sequence[int]) -> StepResult:
+        number = next(numbers)
+        child = replace(
+            request,
+            request_id=f"{request.request_id}-beam-{number}",
+            more_prompts=[],
+            sampling=sampling,
+            answer_prefix=list(token_ids),
+            return_token_ids=not number,
+            answer_parsing=None,
+            use_beam_search=False,
+        )
+        return await _step(router, child, deadline)
+
+    return await beam_search(beam_params(router, request), step)
+
+
+async def _step(router: Router, child: ChatRequest, deadline: Deadline) -> StepResult:
+    """The candidates of ``child``'s one token (and its prompt, when it asked for it)."""
+    chunks = [chunk async for chunk in router.generate(child, deadline.remaining())]
+    positions = [position for chunk in chunks for position in chunk.logprobs]
+    if not positions:
+        raise Internal("the engine sent no log probabilities for a beam's step")
+    candidates = [(c.token_id, c.logprob) for c in positions[0].candidates]
+    prompt = next((c.prompt_token_ids for c in chunks if c.prompt_token_ids is not None), None)
+    return StepResult(candidates, prompt)
+
+
+def _chunks(router: Router, request: ChatRequest, answer: BeamAnswer) -> list[RouteChunk]:
+    """One chunk per beam: its text, tokens, finish reason and usage (the prompt's tokens and
+    the beam's), the prompt's ids where the request asked for them (or its reasoning parser
+    reads them)."""
+    params = beam_params(router, request)
+    sampling, parsing = request.sampling, request.answer_parsing
+    skip = sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
+    shows_prompt = request.return_token_ids or (parsing is not None and parsing.needs_prompt)
+    prompt = answer.prompt_token_ids
+    chunks = []
+    for beam in answer.beams:
+        text = router.prompts.tokenizer.decode(
+            list(text_token_ids(params, beam)), skip_special_tokens=skip
+        )
+        usage = generation_pb2.Usage(
+            prompt_tokens=len(prompt), completion_tokens=len(beam.token_ids)
+        )
+        finish = STOPPED if beam.is_stopped else generation_pb2.FINISH_REASON_LENGTH
+        shown = list(prompt) if shows_prompt else None
+        chunks.append(RouteChunk(str(text), list(beam.token_ids), finish, usage, [], [], shown))
+    return chunks
