@@ -70,6 +70,8 @@ def beam_params(router: Router, request: ChatRequest) -> BeamParams:
 
 
 async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> BeamAnswer:
+    """The beams of ``request``'s one prompt, observed in the route's metrics as one request
+    (its steps are not)."""
     numbers = itertools.count()
     sampling = beam_step_sampling(request.sampling)
 
@@ -87,12 +89,25 @@ async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> B
         )
         return await _step(router, child, deadline)
 
-    return await beam_search(beam_params(router, request), step)
+    metrics = router.metrics
+    observation = metrics.observe(len(request.images)) if metrics is not None else None
+    try:
+        answer = await beam_search(beam_params(router, request), step)
+    except BaseException as e:
+        if observation is not None:
+            observation.end(e)
+        raise
+    if observation is not None:
+        for beam in answer.beams:
+            observation.add(len(beam.token_ids), len(answer.prompt_token_ids))
+        observation.end(None)
+    return answer
 
 
 async def _step(router: Router, child: ChatRequest, deadline: Deadline) -> StepResult:
     """The candidates of ``child``'s one token (and its prompt, when it asked for it)."""
-    chunks = [chunk async for chunk in router.generate(child, deadline.remaining())]
+    answer = router.generate(child, deadline.remaining(), is_observed=False)
+    chunks = [chunk async for chunk in answer]
     positions = [position for chunk in chunks for position in chunk.logprobs]
     if not positions:
         raise Internal("the engine sent no log probabilities for a beam's step")

@@ -142,10 +142,12 @@ class Router:
         self.roles = RoleView()
 
     async def generate(
-        self, request: ChatRequest, timeout_s: float | None = None
+        self, request: ChatRequest, timeout_s: float | None = None, *, is_observed: bool = True
     ) -> AsyncIterator[RouteChunk]:
-        """Stream the answer to ``request`` (checked: ``request_check.check_request``)."""
-        if self.metrics is None:
+        """Stream the answer to ``request`` (checked: ``request_check.check_request``), counted
+        and timed in ``metrics`` unless not ``is_observed`` (a step of a request observed whole:
+        ``beam_choices``)."""
+        if self.metrics is None or not is_observed:
             async for chunk in self._answer(request, timeout_s):
                 yield chunk
             return

@@ -12,11 +12,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from epd.common.errors import InvalidArgument
 from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
 from epd.server.route.choices import generate_choices
+from epd.server.route.metrics import RouteMetrics
 from epd.server.route.request import ChatMessage, ChatPart, ChatRequest
 from epd.server.route.router import RouteChunk
 from epd.v1 import generation_pb2 as g
@@ -37,12 +40,16 @@ class FakeRouter:
         )
         self.prompt = prompt
         self.steps: list[ChatRequest] = []
+        self.metrics: RouteMetrics | None = None
 
     @staticmethod
     def decode(token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(f"<{t}>" for t in token_ids if t != EOS or not skip_special_tokens)
 
-    async def generate(self, request: ChatRequest, timeout_s: float | None) -> AsyncIterator[Any]:
+    async def generate(
+        self, request: ChatRequest, timeout_s: float | None, *, is_observed: bool = True
+    ) -> AsyncIterator[Any]:
+        assert not is_observed
         self.steps.append(request)
         found = NEXT[: request.sampling.logprobs]
         scale = 1 + 0.1 * len(request.answer_prefix)
@@ -110,6 +117,18 @@ async def test_each_prompt_has_its_own_beams_numbered_after_the_prompts_before()
     assert indices == [(0, 2), (1, 2), (2, 4), (3, 4)]
     assert len({step.request_id for step in router.steps}) == len(router.steps)
     assert not any(step.more_prompts for step in router.steps)
+
+
+async def test_the_route_s_metrics_count_each_prompt_s_search_once_not_its_steps() -> None:
+    router = FakeRouter([])
+    router.metrics = RouteMetrics(registry := CollectorRegistry())
+    await answer(router, chat(prompt_token_ids=[4, 4], more_prompts=[[5, 5, 5, 5]]))
+    text = generate_latest(registry).decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert len(router.steps) == 10
+    assert found["epd_route_requests_total"] == 2
+    assert found["epd_route_generated_tokens_total"] == 2 * (3 + 0)  # NOTE: [7, 7, 7], ended []
+    assert found["epd_route_requests_in_flight"] == 0
 
 
 BODY = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
