@@ -252,7 +252,8 @@ class EncodeWorker:
                 f"this encoder serves {self.model_id!r}, not {model!r}", reason="WRONG_MODEL"
             )
         for item in items:
-            within_policy(item.image_settings.settings, self.loader.policy.max_pixels)
+            if budget := item.image_settings.settings:
+                within_policy(budget, self.loader.policy.max_pixels)
 
     async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
         return index, await self._compute(item)

@@ -27,7 +27,7 @@ import numpy as np
 from epd.common.errors import InvalidArgument
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import key_salt, salted, under_settings
-from epd.server.media.image_settings import ImageSettings
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings
 from epd.server.media.loader import LoadedImage, MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video import check_num_videos, check_video_tokens
@@ -78,6 +78,8 @@ class RouteVideo:
 def image_budget(grids: ImageGridder, policy: MediaPolicy, kwargs: MediaKwargs) -> ImageSettings:
     """The pixel budget of a request's images under its ``kwargs`` (refused as vLLM refuses
     them unless the policy trusts them) merged over the server's (``ImageGridder.budget``)."""
+    if kwargs == NO_KWARGS and not policy.mm_processor_kwargs:
+        return NO_IMAGE_SETTINGS
     check_trusted(kwargs, policy.trust_request_mm_kwargs)
     server = MediaKwargs(policy.mm_processor_kwargs, policy.media_io_kwargs)
     return grids.budget(server, kwargs, policy.max_pixels)
