@@ -1,4 +1,4 @@
-"""vLLM's ``stream_interval`` on the OpenAI door's streams (no I/O): a completion's chunks
+"""vLLM's ``stream_interval`` on either door's streams (no I/O): a completion's chunks
 gathered so that each streamed one carries at least that many tokens, its first and last sent
 at once, as vLLM's output processor batches a request's outputs
 (``RequestState.make_request_output``)."""
