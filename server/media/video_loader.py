@@ -18,6 +18,7 @@ from dataclasses import replace
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.fetch import fetch_url, url_scheme
+from epd.server.media.image_settings import resolve_image
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_overrides import (
     NO_KWARGS,
@@ -59,6 +60,9 @@ class VideoLoader:
         self.processor_keys, self.image_keys = planner.processor_keys()
         try:
             self.defaults = self._resolve(NO_KWARGS, has_images=True)
+            # NOTE: and its image pixel budget, which the route resolves per request
+            server, keys = self.server_kwargs, self.image_keys
+            resolve_image(server, NO_KWARGS, image_keys=keys, max_pixels=policy.max_pixels)
         except InvalidArgument as e:
             raise ValueError(f"--{e.metadata['param'].split('.')[0].replace('_', '-')}: {e}") from e
         planner.check(self.defaults)

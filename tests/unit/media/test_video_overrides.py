@@ -169,7 +169,13 @@ def test_the_servers_kwargs_are_the_default_and_a_requests_merge_over_them(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"images_kwargs": {"resample": 2}}, {"do_resize": False}, {"fps": -2}, {"videos_kwargs": 1}],
+    [
+        {"images_kwargs": {"resample": 2}},
+        {"images_kwargs": {"min_pixels": 40_000_000}},
+        {"do_resize": False},
+        {"fps": -2},
+        {"videos_kwargs": 1},
+    ],
 )
 def test_a_bad_server_flag_fails_at_startup(tiny_model_dir: Path, kwargs: Any) -> None:
     with pytest.raises(ValueError, match="--mm-processor-kwargs"):
