@@ -7,7 +7,9 @@ import asyncio
 from dataclasses import replace
 
 import grpc
+import numpy as np
 import pytest
+import torch
 
 from epd.common.channels import create_channel
 from epd.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -15,9 +17,11 @@ from epd.common.roles import Role
 from epd.common.status import from_rpc_error
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
+from epd.server.media.grid import ImageGridder
+from epd.server.media.image_settings import ImageSettings
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.transfer.plane import DataPlane
-from epd.v1 import generation_pb2
+from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 from tests.pictures import picture
@@ -94,6 +98,34 @@ async def test_epd_from_raw_images_gives_the_reference_tokens(stack, oracle) -> 
     images, text = [picture(3, 96, 64), picture(4, 60, 90)], "describe this picture"
     tokens, _ = await generate(stack.encode_prefill, "raw", media_prompt(oracle, images, text))
     assert tokens == expected_tokens(oracle, images, text, NUM_TOKENS)
+
+
+async def test_a_raw_image_under_a_pixel_budget_is_the_encoders_under_it(
+    stack, oracle, tiny_model_dir
+) -> None:
+    """EPD's raw picture under its item's pixel budget (``MediaItem.image_settings``) is resized
+    as an encoder resizes it under that budget: the same grid, the same tokens (E/PD on the same
+    engine), and fewer prompt tokens than without the budget."""
+    _, encoder = oracle
+    image, text, small = picture(30, 150, 100), "describe this picture", ImageSettings(3136, 5000)
+    raw = media_prompt(oracle, [image], text)
+    raw.images[0].media.image_settings = small.key
+    tokens, last = await generate(stack.encode_prefill, "budget-raw", raw)
+    pixels = torch.from_numpy(np.array(image))
+    ((embeddings, grid),) = encoder.run([encoder.prepare(pixels, small)])
+    assert grid == ImageGridder(tiny_model_dir).grid_of_size(150, 100, small)
+    image_input = multimodal_pb2.ImageInput(
+        mm_hash="budget-embedded",
+        grid=multimodal_pb2.ImageGrid(t=grid[0], h=grid[1], w=grid[2]),
+        embeddings=stack.plane.put(embeddings, stack.plane.host_id),
+    )
+    embedded = generation_pb2.Prompt(token_ids=prompt_tokens(oracle, 1, text), images=[image_input])
+    assert (await generate(stack.aggregated, "budget-embedded", embedded))[0] == tokens
+    release(stack.plane, embedded)
+    _, plain = await generate(
+        stack.encode_prefill, "plain-raw", media_prompt(oracle, [image], text)
+    )
+    assert last.usage.prompt_tokens < plain.usage.prompt_tokens
 
 
 async def test_concurrent_requests_each_get_their_own_answer(stack, oracle) -> None:
