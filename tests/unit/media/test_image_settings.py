@@ -119,6 +119,23 @@ def test_the_grid_under_a_budget_is_the_processors_under_the_same_kwargs(
     assert grids != [gridder.grid_of_size(width, height) for width, height in sizes]
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_every_qwen_familys_grid_under_a_budget_is_its_processors(
+    tiny_family_dir: Any, family: str
+) -> None:
+    from transformers import AutoImageProcessor
+
+    model_dir = tiny_family_dir(family)
+    gridder = ImageGridder(model_dir)
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    for kwargs in ({"max_pixels": 5000}, {"min_pixels": 40000}):
+        settings = budget_of(gridder, kwargs)
+        image = Image.new("RGB", (150, 100), (30, 60, 90))
+        (expected,) = processor(images=[image], return_tensors="pt", **kwargs)["image_grid_thw"]
+        assert gridder.grid_of_size(150, 100, settings) == tuple(expected.tolist())
+        assert gridder.grid_of_size(150, 100, settings) != gridder.grid_of_size(150, 100)
+
+
 def test_a_fixed_size_processor_refuses_a_budget_and_ignores_keys_it_does_not_take(
     tiny_family_dir: Any,
 ) -> None:
