@@ -226,9 +226,9 @@ class MediaPolicy:
         metadata=flag(
             "the model's processor settings changed for every request, as vllm serve's flag: a "
             'JSON object, e.g. \'{"fps": 1, "videos_kwargs": {"max_pixels": 200704}}\'; epd '
-            "honours the video sampling (fps, num_frames, min_frames, max_frames) and pixel "
-            "budget (min_pixels, max_pixels, size: for videos only, so in videos_kwargs) and "
-            "refuses the rest by name (docs/video.md)",
+            "honours the video sampling (fps, num_frames, min_frames, max_frames) and the pixel "
+            "budget (min_pixels, max_pixels, size: flat for images and videos, or in "
+            "images_kwargs or videos_kwargs) and refuses the rest by name (docs/video.md)",
             env="EPD_MM_PROCESSOR_KWARGS",
             type=json_object,
             default_help="default: the checkpoint's",
