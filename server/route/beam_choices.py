@@ -21,6 +21,7 @@ from dataclasses import replace
 from epd.common.errors import Internal
 from epd.common.tasks import every
 from epd.server.route.beam_search import (
+    Beam,
     BeamAnswer,
     BeamParams,
     StepResult,
@@ -113,7 +114,14 @@ async def _step(router: Router, child: ChatRequest, deadline: Deadline) -> StepR
         raise Internal("the engine sent no log probabilities for a beam's step")
     candidates = [(c.token_id, c.logprob) for c in positions[0].candidates]
     prompt = next((c.prompt_token_ids for c in chunks if c.prompt_token_ids is not None), None)
-    return StepResult(candidates, prompt)
+    # NOTE: vLLM's steps are not detokenized: its beams' candidates have no text of their own
+    position = generation_pb2.TokenLogprobs(
+        candidates=[
+            generation_pb2.Logprob(token_id=c.token_id, logprob=c.logprob, rank=c.rank)
+            for c in positions[0].candidates
+        ]
+    )
+    return StepResult(candidates, prompt, position)
 
 
 def _chunks(router: Router, request: ChatRequest, answer: BeamAnswer) -> list[RouteChunk]:
@@ -135,5 +143,15 @@ def _chunks(router: Router, request: ChatRequest, answer: BeamAnswer) -> list[Ro
         )
         finish = STOPPED if beam.is_stopped else generation_pb2.FINISH_REASON_LENGTH
         shown = list(prompt) if shows_prompt else None
-        chunks.append(RouteChunk(str(text), list(beam.token_ids), finish, usage, [], [], shown))
+        logprobs = _positions(beam) if sampling.HasField("logprobs") else []
+        chunks.append(
+            RouteChunk(str(text), list(beam.token_ids), finish, usage, logprobs, [], shown)
+        )
     return chunks
+
+
+def _positions(beam: Beam) -> list[generation_pb2.TokenLogprobs]:
+    """Each of ``beam``'s tokens' step candidates, where vLLM's beam search shows them (the
+    step's candidates in the engine's order; the token among them where it ranks)."""
+    positions = beam.positions[: len(beam.token_ids)]
+    return [p for p in positions if isinstance(p, generation_pb2.TokenLogprobs)]

@@ -40,22 +40,28 @@ class BeamParams:
 
 @dataclass(frozen=True, slots=True)
 class Beam:
-    """One beam: its tokens after the prompt, their summed log probability, and whether it
-    ended with the end-of-sequence token (vLLM's finish reason "stop"; else "length")."""
+    """One beam: its tokens after the prompt, their summed log probability, whether it ended
+    with the end-of-sequence token (vLLM's finish reason "stop"; else "length"), and each of
+    its steps' ``StepResult.position`` (as vLLM's beam keeps each step's logprobs: one more
+    than its tokens where it ended without keeping its end-of-sequence token)."""
 
     token_ids: tuple[int, ...] = ()
     cum_logprob: float = 0.0
     is_stopped: bool = False
+    positions: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """The engine's answer to one step of one beam: the candidates for its next token as the
     engine lists them (the sampled one first, then by rank), each ``(token_id, logprob)``; and
-    on the first step, the prompt as the engine holds it (None on later steps)."""
+    on the first step, the prompt as the engine holds it (None on later steps); ``position``:
+    what the step function reports of the step, kept by every beam it makes (``Beam.positions``).
+    """
 
     candidates: Sequence[tuple[int, float]]
     prompt_token_ids: Sequence[int] | None = None
+    position: object = None
 
 
 # One engine step of a beam, given the beam's tokens after the prompt.
@@ -124,13 +130,14 @@ def _advance(
     ``width`` best of the other candidates by cumulative log probability, best first."""
     candidates: list[Beam] = []
     for beam, result in zip(beams, results, strict=True):
+        positions = (*beam.positions, result.position)
         for token_id, logprob in result.candidates:
             cum_logprob = beam.cum_logprob + logprob
             if token_id == params.eos_token_id and not params.ignore_eos:
                 kept = (token_id,) if params.include_stop_str_in_output else ()
-                ended.append(Beam(beam.token_ids + kept, cum_logprob, is_stopped=True))
+                ended.append(Beam(beam.token_ids + kept, cum_logprob, True, positions))
             else:
-                candidates.append(Beam((*beam.token_ids, token_id), cum_logprob))
+                candidates.append(Beam((*beam.token_ids, token_id), cum_logprob, False, positions))
     logprobs = np.fromiter((c.cum_logprob for c in candidates), np.float64, len(candidates))
     if len(candidates) <= params.width:
         order = np.argsort(-logprobs)

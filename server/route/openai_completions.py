@@ -25,6 +25,7 @@ from epd.server.route.openai_logprobs import (
     first_candidates,
     num_top_logprobs,
     prompt_logprobs_json,
+    shown_candidate,
     token_namer,
 )
 from epd.server.route.openai_schema import (
@@ -185,7 +186,8 @@ class CompletionWriter:
         choices = []
         for index, answer in enumerate(answers):
             prompt_positions = answer.prompt_positions
-            choice = self._choice(index, "".join(answer.texts), answer.positions, prompt_positions)
+            text = "".join(answer.texts)
+            choice = self._choice(index, text, answer.positions, prompt_positions, answer.token_ids)
             choice["finish_reason"] = finish_reason_name(answer.finish) or "stop"
             choice["prompt_logprobs"] = prompt_logprobs_json(prompt_positions)
             if self.request.return_token_ids:
@@ -203,13 +205,16 @@ class CompletionWriter:
         if chunk.usage is not None and index % self.num_per_prompt == 0:
             self.num_prompt_tokens[index] = chunk.usage.prompt_tokens
         if not so_far.texts:
-            choice = self._choice(index, chunk.text, chunk.logprobs, chunk.prompt_logprobs)
+            choice = self._choice(
+                index, chunk.text, chunk.logprobs, chunk.prompt_logprobs, list(chunk.token_ids)
+            )
             if self.request.return_token_ids:  # NOTE: as vLLM: on each choice's first chunk
                 choice["prompt_token_ids"] = self._prompt_ids(index)
         elif self.prompt.is_echo_only:
             choice = {"index": index, "text": "", "logprobs": None}
         else:
-            logprobs = self._logprobs(chunk.logprobs, self.next_offsets.get(index, 0))
+            offset = self.next_offsets.get(index, 0)
+            logprobs = self._logprobs(chunk.logprobs, offset, list(chunk.token_ids))
             choice = {"index": index, "text": chunk.text, "logprobs": logprobs}
         if choice["logprobs"] and choice["logprobs"]["tokens"]:
             shown = choice["logprobs"]
@@ -236,6 +241,7 @@ class CompletionWriter:
         text: str,
         positions: list[generation_pb2.TokenLogprobs],
         prompt_positions: list[generation_pb2.TokenLogprobs],
+        token_ids: list[int],
     ) -> dict[str, Any]:
         echoes = self.prompt.echo
         echo = echoes[index // self.num_per_prompt] if echoes is not None else ""
@@ -243,9 +249,10 @@ class CompletionWriter:
             text, positions = "", []
         if echoes is not None and num_top_logprobs(self.request.sampling) is not None:
             prompt_ids = self._prompt_ids(index)
-            logprobs = self._logprobs([*prompt_positions, *positions], 0, prompt_ids)
+            shown = [*prompt_positions, *positions]
+            logprobs = self._logprobs(shown, 0, [*prompt_ids, *token_ids])
         else:
-            logprobs = self._logprobs(positions, 0)
+            logprobs = self._logprobs(positions, 0, token_ids)
         return {"index": index, "text": echo + text, "logprobs": logprobs}
 
     def _prompt_ids(self, index: int) -> list[int]:
@@ -306,9 +313,10 @@ def completion_logprobs_json(
 ) -> dict[str, Any]:
     """OpenAI's completion logprobs of ``positions`` as vLLM's server writes them: tokens, their
     log probabilities, the ``num_top`` + 1 first candidates of each (the token first; all of them
-    for ``ALL_CANDIDATES``) and each token's offset in the text, from ``text_offset``; a
-    position without candidates (an echoed prompt's first) is ``token_ids``' token there, with
-    None for its log probabilities."""
+    for ``ALL_CANDIDATES``) and each token's offset in the text, from ``text_offset``. Each
+    position's token is ``token_ids``' there (``shown_candidate``; the first candidate where
+    none is given); a position without candidates (an echoed prompt's first) has None for its
+    log probabilities."""
     body: dict[str, list[Any]] = {"text_offset": [], "token_logprobs": [], "tokens": []}
     body["top_logprobs"] = []
     offset = text_offset
@@ -320,8 +328,10 @@ def completion_logprobs_json(
             body["token_logprobs"].append(None)
             body["top_logprobs"].append(None)
         else:
-            token = candidate_name(position.candidates[0], name)
-            body["token_logprobs"].append(max(position.candidates[0].logprob, MIN_LOGPROB))
+            shown_id = token_ids[index] if token_ids and index < len(token_ids) else None
+            generated = shown_candidate(position, shown_id)
+            token = candidate_name(generated, name)
+            body["token_logprobs"].append(max(generated.logprob, MIN_LOGPROB))
             body["top_logprobs"].append(
                 {
                     candidate_name(c, name): max(c.logprob, MIN_LOGPROB)

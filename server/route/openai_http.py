@@ -263,7 +263,7 @@ class ChatApi:
         return chat
 
     def whole(self, chat: ChatRequest, answers: list[openai_answers.Answer]) -> dict[str, Any]:
-        logprobs = [self._logprobs(chat, answer.positions) for answer in answers]
+        logprobs = [self._logprobs(chat, answer.positions, answer.token_ids) for answer in answers]
         body = openai_answers.completion(chat.request_id, chat.model, answers, logprobs)
         body["prompt_text"] = answers[0].prompt_text if answers else None
         if chat.return_token_ids:
@@ -311,7 +311,7 @@ class ChatApi:
             chat.model,
             {"content": piece.text},
             piece.finish_reason or None,
-            logprobs=self._logprobs(chat, piece.logprobs),
+            logprobs=self._logprobs(chat, piece.logprobs, piece.token_ids),
             index=choice.index,
         )
         if chat.return_token_ids:
@@ -324,7 +324,10 @@ class ChatApi:
         return openai_answers.chunk(chat.request_id, chat.model, {}, None, usage)
 
     def _logprobs(
-        self, chat: ChatRequest, positions: list[generation_pb2.TokenLogprobs]
+        self,
+        chat: ChatRequest,
+        positions: list[generation_pb2.TokenLogprobs],
+        token_ids: list[int],
     ) -> dict[str, Any] | None:
         sampling = chat.sampling
         if not sampling.HasField("logprobs") and not sampling.logprob_token_ids:
@@ -332,7 +335,8 @@ class ChatApi:
         num_top = openai_logprobs.num_top_logprobs(sampling)
         assert num_top is not None
         decode = self.http.decode
-        return openai_logprobs.logprobs_json(positions, num_top, decode, chat.tokens_as_ids)
+        as_ids = chat.tokens_as_ids
+        return openai_logprobs.logprobs_json(positions, num_top, decode, as_ids, token_ids)
 
 
 @dataclass

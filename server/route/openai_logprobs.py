@@ -4,7 +4,7 @@ choice's ``logprobs`` object."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from epd.v1 import generation_pb2
@@ -71,28 +71,50 @@ def _position(position: generation_pb2.TokenLogprobs) -> dict[str, dict[str, Any
     }
 
 
+def shown_candidate(
+    position: generation_pb2.TokenLogprobs, token_id: int | None = None
+) -> generation_pb2.Logprob:
+    """The candidate of ``position`` shown as its token: ``token_id``'s (a beam's token, which
+    its step lists where it ranks, as vLLM's beam search shows it), else the first (the
+    generated token, as an engine lists it)."""
+    if token_id is not None:
+        for candidate in position.candidates:
+            if candidate.token_id == token_id:
+                return candidate
+    return position.candidates[0]
+
+
 def logprobs_json(
     positions: list[generation_pb2.TokenLogprobs],
     num_top: int,
     decode: Callable[[int], str],
     as_token_ids: bool = False,
+    token_ids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """OpenAI's chat logprobs object of ``positions`` as vLLM's OpenAI server writes it: each
-    generated token with its ``num_top`` first candidates (vLLM's order: the generated token
-    first; all of them for ``ALL_CANDIDATES``); ``decode`` names a token the engine sent without
-    its text; ``as_token_ids``: each token named ``token_id:N`` (vLLM's
+    generated token (``token_ids``' where given, else each position's first candidate:
+    ``shown_candidate``) with its position's ``num_top`` first candidates (vLLM's order: the
+    generated token first; all of them for ``ALL_CANDIDATES``); ``decode`` names a token the
+    engine sent without its text; ``as_token_ids``: each token named ``token_id:N`` (vLLM's
     return_tokens_as_token_ids)."""
     name = token_namer(decode, as_token_ids)
-    return {"content": [_position_json(position, num_top, name) for position in positions]}
+    shown = [*token_ids, *[None] * (len(positions) - len(token_ids))]
+    return {
+        "content": [
+            _position_json(position, num_top, name, token_id)
+            for position, token_id in zip(positions, shown, strict=False)
+        ]
+    }
 
 
 def _position_json(
-    position: generation_pb2.TokenLogprobs, num_top: int, name: Namer
+    position: generation_pb2.TokenLogprobs, num_top: int, name: Namer, token_id: int | None
 ) -> dict[str, Any]:
-    generated = position.candidates[0]
+    generated = shown_candidate(position, token_id)
     entry = _candidate_json(generated, name)
-    if generated.HasField("token"):  # NOTE: vLLM's bytes are the decoded text's, even as an id
-        entry["bytes"] = list(generated.token.encode("utf-8", errors="replace"))
+    # NOTE: vLLM's bytes are the decoded text's, even as an id; none without a decoded text
+    has_text = generated.HasField("token")
+    entry["bytes"] = list(generated.token.encode("utf-8", errors="replace")) if has_text else None
     entry["top_logprobs"] = [_candidate_json(c, name) for c in first_candidates(position, num_top)]
     return entry
 

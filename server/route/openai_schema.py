@@ -359,14 +359,7 @@ def refuse_unimplemented(parsed: Any, implemented: frozenset[str]) -> None:
 
 def take_beam_search(parsed: Any, request: ChatRequest) -> None:
     """vLLM's ``use_beam_search`` and ``length_penalty`` of ``parsed`` (which asks for beam
-    search) onto ``request``; its log probabilities are refused by name: vLLM shows each beam
-    token's beside its step's first candidates, which epd's answers do not write yet."""
-    if parsed.logprobs is not None and parsed.logprobs is not False:
-        raise bad(
-            "logprobs with use_beam_search are not supported by epd yet",
-            "logprobs",
-            "UNSUPPORTED_PARAMETER",
-        )
+    search) onto ``request``."""
     request.use_beam_search = True
     request.length_penalty = float(parsed.length_penalty)
 

@@ -101,7 +101,8 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
 
 def beam_sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.SamplingParams:
     """epd's ``SamplingParams`` of vLLM's ``BeamSearchParams`` (its ``to_beam_search_params``):
-    the beam width as ``n``, and the fields a beam search reads; its steps' sampling is
+    the beam width as ``n``, the fields a beam search reads, and the log probabilities vLLM's
+    OpenAI ``request`` shows beside each token; its steps' sampling is
     ``beam_step_sampling``'s."""
     sampling = generation_pb2.SamplingParams(
         max_tokens=params.max_tokens,
@@ -113,6 +114,13 @@ def beam_sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.S
     )
     if not params.skip_special_tokens:
         sampling.skip_special_tokens = False
+    logprobs = getattr(request, "logprobs", None)
+    if isinstance(logprobs, bool):  # NOTE: chat's: top_logprobs beside each token, when true
+        logprobs = request.top_logprobs if logprobs else None
+    try:
+        _set(sampling, "logprobs", logprobs)
+    except (TypeError, ValueError):
+        raise bad("logprobs is out of the range epd carries", "logprobs") from None
     return sampling
 
 

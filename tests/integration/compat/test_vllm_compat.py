@@ -233,6 +233,8 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("beam_search_length_penalty", {**BEAMS, "length_penalty": 0.4, "max_tokens": 12}),
     ("beam_search_kept_eos", {**BEAMS, "include_stop_str_in_output": True, "max_tokens": 12}),
     ("beam_search_ignore_eos", {**BEAMS, "messages": TEXT, "ignore_eos": True}),
+    # NOTE: vLLM shows each beam token's logprob beside its step's first candidates
+    ("beam_search_logprobs", {**BEAMS, "logprobs": True, "top_logprobs": 3}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
@@ -289,10 +291,7 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("beam_search_n_zero", {**BEAMS, "n": 0}),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
-NOT_YET: list[tuple[str, dict[str, Any], str]] = [
-    # NOTE: vLLM shows each beam token's logprob beside its step's first candidates
-    ("beam_search_logprobs", {**BEAMS, "logprobs": True, "top_logprobs": 2}, "logprobs"),
-]
+NOT_YET: list[tuple[str, dict[str, Any], str]] = []
 
 
 @pytest.fixture(scope="module")
@@ -781,6 +780,7 @@ SAME_COMPLETION: list[tuple[str, dict[str, Any]]] = [
         | {"length_penalty": 1.5, "max_tokens": 12},
     ),
     ("beam_search_echo", {**PROMPT, "use_beam_search": True, "n": 2, "echo": True}),
+    ("beam_search_logprobs", {**PROMPT, "use_beam_search": True, "n": 3, "logprobs": 2}),
     (
         "beam_search_truncated",
         {**PROMPT, "prompt": LONG_PROMPT, "truncate_prompt_tokens": 4, "use_beam_search": True},

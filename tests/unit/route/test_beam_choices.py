@@ -54,7 +54,10 @@ class FakeRouter:
         found = NEXT[: request.sampling.logprobs]
         scale = 1 + 0.1 * len(request.answer_prefix)
         position = g.TokenLogprobs(
-            candidates=[g.Logprob(token_id=t, logprob=lp * scale) for t, lp in found]
+            candidates=[
+                g.Logprob(token_id=t, logprob=lp * scale, rank=rank, token=f"'{t}'")
+                for rank, (t, lp) in enumerate(found, 1)
+            ]
         )
         prompt = [*(request.prompt_token_ids or self.prompt), *request.answer_prefix]
         shown = prompt if request.return_token_ids else None
@@ -165,15 +168,27 @@ def test_the_completions_door_takes_beam_search_but_not_streamed(tokenizer: Any)
 
 
 @pytest.mark.parametrize("logprobs", [0, 2])
-def test_logprobs_with_beam_search_are_refused_by_name(tokenizer: Any, logprobs: int) -> None:
+def test_both_doors_take_logprobs_with_beam_search(tokenizer: Any, logprobs: int) -> None:
     body = {"model": "tiny", "prompt": "The sea is", "use_beam_search": True, "logprobs": logprobs}
-    with pytest.raises(InvalidArgument) as caught:
-        completions.to_completion_request(body, "tiny", tokenizer)
-    assert (caught.value.reason, caught.value.metadata["param"]) == (
-        "UNSUPPORTED_PARAMETER",
-        "logprobs",
-    )
-    with pytest.raises(InvalidArgument) as caught:
-        schema.to_chat_request({**BEAMS, "logprobs": True}, "tiny")
-    assert caught.value.metadata["param"] == "logprobs"
-    assert not schema.to_chat_request({**BEAMS, "logprobs": False}, "tiny").sampling.logprobs
+    request, _ = completions.to_completion_request(body, "tiny", tokenizer)
+    assert request.sampling.HasField("logprobs") and request.sampling.logprobs == logprobs
+    chat_request = schema.to_chat_request({**BEAMS, "logprobs": True, "top_logprobs": 2}, "tiny")
+    assert chat_request.sampling.logprobs == 2
+    assert not schema.to_chat_request(BEAMS, "tiny").sampling.HasField("logprobs")
+
+
+async def test_each_beam_token_has_its_step_s_candidates_without_their_texts() -> None:
+    """As vLLM's beam search: each token's step lists the candidates in the engine's order
+    (the token where it ranks), without texts (vLLM's steps are not detokenized); an ended
+    beam's end-of-sequence step is not shown where its token is not kept."""
+    router = FakeRouter([1, 1, 1])
+    request = chat()
+    request.sampling.logprobs = 1
+    (first, second) = [chunk for _, chunk in await answer(router, request)]
+    assert len(first.logprobs) == 3 and second.logprobs == []
+    step = first.logprobs[1]
+    assert [(c.token_id, c.rank) for c in step.candidates] == [(7, 1), (EOS, 2), (8, 3), (9, 4)]
+    assert not any(c.HasField("token") for c in step.candidates)
+    assert step.candidates[0].logprob == pytest.approx(-0.5 * 1.1)
+    (_, plain) = [chunk for _, chunk in await answer(router, chat())]
+    assert all(not chunk.logprobs for chunk in (plain,))

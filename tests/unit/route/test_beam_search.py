@@ -77,7 +77,8 @@ async def vllm_beams(params: BeamParams, eos_boost: float) -> list[tuple[Any, ..
     search = BeamSearchOnlineMixin.beam_search(server, prompt, "r", vllm_params)  # type: ignore[arg-type]
     (answer,) = [output async for output in search]
     return [
-        (tuple(o.token_ids), o.cumulative_logprob, o.finish_reason, o.text) for o in answer.outputs
+        (tuple(o.token_ids), o.cumulative_logprob, o.finish_reason, o.text, len(o.logprobs))
+        for o in answer.outputs
     ]
 
 
@@ -87,7 +88,7 @@ async def epd_beams(params: BeamParams, eos_boost: float) -> list[tuple[Any, ...
     async def step(token_ids: Sequence[int]) -> StepResult:
         steps.append(token_ids)
         found = candidates([*PROMPT, *token_ids], 2 * params.width, eos_boost)
-        return StepResult(found, PROMPT if len(steps) == 1 else None)
+        return StepResult(found, PROMPT if len(steps) == 1 else None, tuple(token_ids))
 
     answer = await beam_search(params, step)
     assert answer.prompt_token_ids == PROMPT
@@ -97,8 +98,11 @@ async def epd_beams(params: BeamParams, eos_boost: float) -> list[tuple[Any, ...
             beam.cum_logprob,
             "stop" if beam.is_stopped else "length",
             str(list(text_token_ids(params, beam))),
+            len(beam.positions),
         )
         for beam in answer.beams
+        # NOTE: each step's position is the tokens its beam had before it
+        if all(p == beam.token_ids[:i] for i, p in enumerate(beam.positions))
     ]
 
 

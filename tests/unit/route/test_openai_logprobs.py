@@ -121,3 +121,30 @@ def test_logprob_token_ids_without_logprobs_are_refused_as_vllm_refuses_them() -
             {"model": "tiny", "prompt": [1, 2], "logprob_token_ids": [5]}, "tiny", None
         )
     assert caught.value.metadata["param"] == "logprob_token_ids"
+
+
+# A beam search's step, as vLLM's beam search keeps it: the candidates in the engine's order,
+# without texts (its steps are not detokenized).
+STEP = g.TokenLogprobs(
+    candidates=[
+        g.Logprob(token_id=4, logprob=-0.5, rank=1),
+        g.Logprob(token_id=9, logprob=-1.5, rank=2),
+        g.Logprob(token_id=6, logprob=-2.0, rank=3),
+    ]
+)
+
+
+def test_a_beam_token_is_shown_beside_its_step_s_first_candidates() -> None:
+    """vLLM shows a beam's token (found among its step's candidates) with the step's first
+    top_logprobs (or logprobs + 1) candidates, each named by a decode of its id, and no bytes of
+    a decoded text it has none of."""
+    decode = lambda token_id: f"<{token_id}>"  # noqa: E731
+    [entry] = openai_logprobs.logprobs_json([STEP], 2, decode, token_ids=[9])["content"]
+    assert (entry["token"], entry["logprob"], entry["bytes"]) == ("<9>", -1.5, None)
+    assert [t["token"] for t in entry["top_logprobs"]] == ["<4>", "<9>"]
+    [first] = openai_logprobs.logprobs_json([STEP], 1, decode)["content"]
+    assert first["token"] == "<4>"
+    body = completion_logprobs_json([STEP, STEP], 1, token_namer(decode), 0, [6, 4])
+    assert (body["tokens"], body["token_logprobs"]) == (["<6>", "<4>"], [-2.0, -0.5])
+    assert body["top_logprobs"] == [{"<4>": -0.5, "<9>": -1.5}] * 2
+    assert body["text_offset"] == [0, 3]
