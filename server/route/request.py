@@ -212,5 +212,11 @@ def _part(part: route_service_pb2.ContentPart, param: str) -> ChatPart:
                 f"{param}.{kind}.{field_name}",
                 "BAD_MEDIA_ITEM",
             )
+    if item.image_settings:
+        raise bad(
+            "a media item's image settings are the route's to set: send mm_processor_kwargs",
+            f"{param}.{kind}.image_settings",
+            "BAD_MEDIA_ITEM",
+        )
     source = ImageSource(item.url, item.data)
     return ChatPart(video=source) if kind == "video" else ChatPart(image=source)

@@ -225,3 +225,17 @@ def test_an_untrusted_requests_budget_is_refused_with_vllms_message(
     source = [ImageSource(data=png(20, 20))]
     with pytest.raises(InvalidArgument, match="--trust-request-mm-kwargs"):
         asyncio.run(load_images(loader, gridder, source, MediaKwargs({"max_pixels": 5000})))
+
+
+def test_a_clients_item_may_not_name_its_image_settings() -> None:
+    """Only the route sets them (``MediaItem.image_settings``); a client sends kwargs."""
+    from epd.server.route.request import from_proto
+    from epd.v1 import multimodal_pb2, route_service_pb2
+
+    item = multimodal_pb2.MediaItem(data=b"png", image_settings=ImageSettings(max_pixels=9).key)
+    content = [route_service_pb2.ContentPart(image=item)]
+    message = route_service_pb2.ChatMessage(role="user", content=content)
+    with pytest.raises(InvalidArgument) as caught:
+        from_proto(route_service_pb2.GenerateRequest(request_id="r", messages=[message]))
+    assert caught.value.reason == "BAD_MEDIA_ITEM"
+    assert caught.value.metadata["param"] == "messages[0].content[0].image.image_settings"
