@@ -239,3 +239,14 @@ def test_a_clients_item_may_not_name_its_image_settings() -> None:
         from_proto(route_service_pb2.GenerateRequest(request_id="r", messages=[message]))
     assert caught.value.reason == "BAD_MEDIA_ITEM"
     assert caught.value.metadata["param"] == "messages[0].content[0].image.image_settings"
+
+
+def test_the_servers_budget_reaches_every_image(gridder: ImageGridder) -> None:
+    """``--mm-processor-kwargs`` (here under ``images_kwargs``) sizes an image of a request that
+    sends none, untrusted or not."""
+    policy = MediaPolicy(mm_processor_kwargs={"images_kwargs": {"max_pixels": 5000}})
+    loader = MediaLoader(policy, model_id="tiny", processor_fingerprint="p")
+    (image,) = asyncio.run(load_images(loader, gridder, [ImageSource(data=png(150, 100))]))
+    assert image.item.image_settings == ImageSettings(OWN_MIN, 5000).key
+    budgeted = gridder.grid_of_size(150, 100, ImageSettings(OWN_MIN, 5000))
+    assert (image.grid.t, image.grid.h, image.grid.w) == budgeted
