@@ -17,7 +17,7 @@ from epd.common.tasks import BackgroundCalls
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
-from epd.server.route.prompt import PromptBuilder
+from epd.server.route.prompt import PromptBuilder, Rendered
 from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, new_request_id
 from epd.server.route.router import Router
 from epd.v1 import encode_service_pb2 as encode_pb
@@ -359,14 +359,14 @@ class StubPrompts:
     def num_chars(self, messages: Any) -> int:
         return 2
 
-    def token_ids(
+    def render(
         self,
         messages: Any,
         template_kwargs: Any = None,
         chat_template: Any = None,
         add_special_tokens: bool = False,
-    ) -> list[int]:
-        return [1, 2]
+    ) -> Rendered:
+        return Rendered("ab", [1, 2])
 
     def block_hashes(
         self, token_ids: list[int], images: Any, videos: Any = None, salt: str = ""
