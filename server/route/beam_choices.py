@@ -51,8 +51,8 @@ async def beam_chunks(
     ]
     answers = await every([_search(router, each, deadline) for each in one])
     num_beams = max(request.sampling.n, 1)
-    for prompt_index, answer in enumerate(answers):
-        for index, chunk in enumerate(_chunks(router, request, answer)):
+    for prompt_index, (answer, prompt_text) in enumerate(answers):
+        for index, chunk in enumerate(_chunks(router, request, answer, prompt_text)):
             yield prompt_index * num_beams + index, chunk
 
 
@@ -70,11 +70,14 @@ def beam_params(router: Router, request: ChatRequest) -> BeamParams:
     )
 
 
-async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> BeamAnswer:
+async def _search(
+    router: Router, request: ChatRequest, deadline: Deadline
+) -> tuple[BeamAnswer, str | None]:
     """The beams of ``request``'s one prompt, observed in the route's metrics as one request
-    (its steps are not)."""
+    (its steps are not), and the chat template's text where the request asked for it."""
     numbers = itertools.count()
     sampling = beam_step_sampling(request.sampling)
+    prompt_texts: list[str] = []
 
     async def step(token_ids: Sequence[int]) -> StepResult:
         number = next(numbers)
@@ -85,10 +88,14 @@ async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> B
             sampling=sampling,
             answer_prefix=list(token_ids),
             return_token_ids=not number,
+            return_prompt_text=request.return_prompt_text and not number,
             answer_parsing=None,
             use_beam_search=False,
         )
-        return await _step(router, child, deadline)
+        result, prompt_text = await _step(router, child, deadline)
+        if prompt_text is not None:
+            prompt_texts.append(prompt_text)
+        return result
 
     metrics = router.metrics
     observation = metrics.observe(len(request.images)) if metrics is not None else None
@@ -102,11 +109,14 @@ async def _search(router: Router, request: ChatRequest, deadline: Deadline) -> B
         for beam in answer.beams:
             observation.add(len(beam.token_ids), len(answer.prompt_token_ids))
         observation.end(None)
-    return answer
+    return answer, next(iter(prompt_texts), None)
 
 
-async def _step(router: Router, child: ChatRequest, deadline: Deadline) -> StepResult:
-    """The candidates of ``child``'s one token (and its prompt, when it asked for it)."""
+async def _step(
+    router: Router, child: ChatRequest, deadline: Deadline
+) -> tuple[StepResult, str | None]:
+    """The candidates of ``child``'s one token (and its prompt, when it asked for it), and the
+    chat template's text where it asked for it."""
     answer = router.generate(child, deadline.remaining(), is_observed=False)
     chunks = [chunk async for chunk in answer]
     positions = [position for chunk in chunks for position in chunk.logprobs]
@@ -121,13 +131,16 @@ async def _step(router: Router, child: ChatRequest, deadline: Deadline) -> StepR
             for c in positions[0].candidates
         ]
     )
-    return StepResult(candidates, prompt, position)
+    text = next((c.prompt_text for c in chunks if c.prompt_text is not None), None)
+    return StepResult(candidates, prompt, position), text
 
 
-def _chunks(router: Router, request: ChatRequest, answer: BeamAnswer) -> list[RouteChunk]:
+def _chunks(
+    router: Router, request: ChatRequest, answer: BeamAnswer, prompt_text: str | None
+) -> list[RouteChunk]:
     """One chunk per beam: its text, tokens, finish reason and usage (the prompt's tokens and
     the beam's), the prompt's ids where the request asked for them (or its reasoning parser
-    reads them)."""
+    reads them), and ``prompt_text``."""
     params = beam_params(router, request)
     sampling, parsing = request.sampling, request.answer_parsing
     skip = sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True
@@ -145,7 +158,15 @@ def _chunks(router: Router, request: ChatRequest, answer: BeamAnswer) -> list[Ro
         shown = list(prompt) if shows_prompt else None
         logprobs = _positions(beam) if sampling.HasField("logprobs") else []
         chunks.append(
-            RouteChunk(str(text), list(beam.token_ids), finish, usage, logprobs, [], shown)
+            RouteChunk(
+                str(text),
+                list(beam.token_ids),
+                finish,
+                usage,
+                logprobs,
+                prompt_token_ids=shown,
+                prompt_text=prompt_text,
+            )
         )
     return chunks
 

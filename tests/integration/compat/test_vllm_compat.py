@@ -289,6 +289,8 @@ SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
     ("beam_search_not_a_bool", {**GREEDY, "use_beam_search": "maybe"}),
     ("length_penalty_not_a_number", {**BEAMS, "length_penalty": "long"}),
     ("beam_search_n_zero", {**BEAMS, "n": 0}),
+    # NOTE: 2n candidates a step: beyond the engines' 20 logprobs
+    ("beam_search_too_wide", {**BEAMS, "n": 11}),
 ]
 # (name, body, field): vLLM answers; epd refuses naming the field, until it implements it.
 NOT_YET: list[tuple[str, dict[str, Any], str]] = []
@@ -638,8 +640,9 @@ async def test_a_truncated_image_prompt_is_vllms(vllm_url: str, epd_url: str, si
         },
         {**GREEDY, "messages": TEXT, "truncate_prompt_tokens": 5, "return_prompt_text": True},
         {**GREEDY, "return_prompt_text": False},
+        {**BEAMS, "n": 2, "return_prompt_text": True},
     ],
-    ids=["image", "text_n", "continued", "truncated", "not_asked"],
+    ids=["image", "text_n", "continued", "truncated", "not_asked", "beam_search"],
 )
 async def test_return_prompt_text_is_vllms(
     vllm_url: str, epd_url: str, body: dict[str, Any]

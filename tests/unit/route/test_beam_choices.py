@@ -61,7 +61,10 @@ class FakeRouter:
         )
         prompt = [*(request.prompt_token_ids or self.prompt), *request.answer_prefix]
         shown = prompt if request.return_token_ids else None
-        yield RouteChunk("", [found[0][0]], g.FINISH_REASON_LENGTH, None, [position], [], shown)
+        text = "<chat>" if request.return_prompt_text else None
+        yield RouteChunk(
+            "", [found[0][0]], g.FINISH_REASON_LENGTH, None, [position], [], shown, text
+        )
 
 
 def chat(**fields: Any) -> ChatRequest:
@@ -111,6 +114,15 @@ async def test_a_kept_eos_is_a_token_not_text_and_the_prompt_is_shown_when_asked
     assert (stopped.token_ids, stopped.text) == ([EOS], "")
     assert stopped.usage == g.Usage(prompt_tokens=3, completion_tokens=1)
     assert stopped.prompt_token_ids == [1, 1, 1]
+
+
+async def test_the_chat_template_s_text_is_on_each_beam_when_asked() -> None:
+    router = FakeRouter([1, 1, 1])
+    chunks = [chunk for _, chunk in await answer(router, chat(return_prompt_text=True))]
+    assert [chunk.prompt_text for chunk in chunks] == ["<chat>", "<chat>"]
+    assert [step.return_prompt_text for step in router.steps] == [True] + [False] * 4
+    (_, plain) = [chunk for _, chunk in await answer(router, chat())]
+    assert plain.prompt_text is None
 
 
 async def test_each_prompt_has_its_own_beams_numbered_after_the_prompts_before() -> None:
