@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from epd.common.roles import Role
@@ -27,6 +28,9 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.server.route.tools import ToolOptions
+from epd.v1 import generation_pb2
+from epd.v1 import route_service_pb2 as pb
+from epd.v1 import route_service_pb2_grpc as pb_grpc
 from tests.integration.compat.test_vllm_compat import (
     NAMED,
     TEXT,
@@ -136,6 +140,10 @@ async def servers(
         deployment.stop()
 
 
+# epd's route URL -> the same route's gRPC endpoint.
+GRPC: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module", params=["e-pd", "e-p-d"])
 async def urls(
     request: pytest.FixtureRequest, thinking_model_dir: Path, servers: tuple[str, Any, Any]
@@ -159,7 +167,9 @@ async def urls(
     )
     await until_registered(endpoint, len(workers))
     assert route.http is not None
-    yield vllm_url, f"http://127.0.0.1:{route.http.port}/v1"
+    epd_url = f"http://127.0.0.1:{route.http.port}/v1"
+    GRPC[epd_url] = f"127.0.0.1:{route.port}"
+    yield vllm_url, epd_url
     await route.stop()
     for worker in reversed(workers):
         await worker.stop()
@@ -202,6 +212,38 @@ async def test_a_streamed_answer_after_reasoning_is_vllms(urls: tuple[str, str])
             )
         )
     assert shown[1] == shown[0] and shown[0][1] in COLOURS
+
+
+async def test_reasoning_over_grpc_is_the_http_doors(urls: tuple[str, str]) -> None:
+    """The same chat through the route's two doors, the engine closing the reasoning the user's
+    ``<think>`` opened after its budget (the prompt's 5 tokens after it count) and the choice
+    holding after it: the same reasoning and content, streamed apart."""
+    question = "tell me about the sea<think>"
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 20,
+        "temperature": 0,
+        "thinking_token_budget": 8,
+        "stream": True,
+        **CHOICE,
+    }
+    chunks = await streamed(urls[1], body, "chat/completions")
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    http = tuple("".join(d.get(key) or "" for d in deltas) for key in ("reasoning", "content"))
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=20,
+        thinking_token_budget=8,
+        structured_output=generation_pb2.StructuredOutput(
+            choice=generation_pb2.Choices(values=COLOURS)
+        ),
+    )
+    message = pb.ChatMessage(role="user", content=[pb.ContentPart(text=question)])
+    request = pb.GenerateRequest(model="tiny", messages=[message], sampling=sampling)
+    async with grpc.aio.insecure_channel(GRPC[urls[1]]) as channel:
+        responses = [r async for r in pb_grpc.RouteServiceStub(channel).Generate(request)]
+    shown = tuple("".join(getattr(r, key) for r in responses) for key in ("reasoning", "text"))
+    assert shown == http and http[1] in COLOURS and http[0], (shown, http)
 
 
 async def test_a_completion_after_reasoning_is_vllms(urls: tuple[str, str]) -> None:
