@@ -26,6 +26,7 @@ from epd.client.messages import (
     build_request,
     completions,
     system,
+    tool,
     user,
 )
 from epd.client.options import RequestOptions
@@ -55,5 +56,6 @@ __all__ = [
     "build_request",
     "completions",
     "system",
+    "tool",
     "user",
 ]

@@ -57,10 +57,15 @@ class Video:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One chat turn: ``role`` ("system", "user", "assistant") and its parts in order."""
+    """One chat turn: ``role`` ("system", "user", "assistant", "tool") and its parts in order;
+    an assistant turn's ``tool_calls`` (whole) and ``reasoning``, a tool turn's
+    ``tool_call_id`` (the call whose result it is), as an OpenAI chat's messages carry them."""
 
     role: str
     parts: tuple[str | Picture | Video, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    reasoning: str = ""
 
 
 def user(
@@ -83,9 +88,18 @@ def system(text: str) -> Message:
     return Message("system", (text,))
 
 
-def assistant(text: str) -> Message:
-    """An assistant turn (an earlier answer, for multi-turn chats)."""
-    return Message("assistant", (text,))
+def assistant(
+    text: str = "", *, tool_calls: Sequence[ToolCall] = (), reasoning: str = ""
+) -> Message:
+    """An assistant turn (an earlier answer, for multi-turn chats): its text, the tools it
+    called (an answer's ``Chunk.tool_calls``; no text needed then) and its reasoning."""
+    parts = (text,) if text or not tool_calls else ()
+    return Message("assistant", parts, tuple(tool_calls), reasoning=reasoning)
+
+
+def tool(text: str, *, call_id: str) -> Message:
+    """A tool's result: ``text``, for the call ``call_id`` (its ``ToolCall.id``)."""
+    return Message("tool", (text,), tool_call_id=call_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +203,7 @@ def build_request(
     fields = request_fields(options)
     if fields["encoder_policy"] not in POLICIES:
         raise ValueError(f"encoder_policy must be one of {sorted(POLICIES)}")
-    chat = []
-    for message in messages:
-        content = [_content_part(part) for part in message.parts]
-        chat.append(route_service_pb2.ChatMessage(role=message.role, content=content))
+    chat = [_chat_message(message) for message in messages]
     request = route_service_pb2.GenerateRequest(
         request_id=fields["request_id"],
         model=fields["model"],
@@ -205,6 +216,19 @@ def build_request(
             getattr(request, name).update(options[name])  # type: ignore[literal-required]
     add_tool_fields(request, options)
     return request
+
+
+def _chat_message(message: Message) -> route_service_pb2.ChatMessage:
+    return route_service_pb2.ChatMessage(
+        role=message.role,
+        content=[_content_part(part) for part in message.parts],
+        tool_calls=[
+            route_service_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
+            for call in message.tool_calls
+        ],
+        tool_call_id=message.tool_call_id,
+        reasoning=message.reasoning,
+    )
 
 
 def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:

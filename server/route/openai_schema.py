@@ -189,13 +189,13 @@ def _message(message: Any, param: str) -> ChatMessage:
     if message.get("name") is not None:
         check_name(message["name"], f"{param}.name")
     if message.get("content") is None and message.get("tool_calls") and role == "assistant":
-        return ChatMessage(role, [], _template_fields(message, role, [], param))
+        return ChatMessage(role, [], template_fields(message, role, [], param))
     content = _content(message.get("content"), f"{param}.content")
-    fields = _template_fields(message, role, content, param) if role in TOOL_ROLES else {}
+    fields = template_fields(message, role, content, param) if role in TOOL_ROLES else {}
     return ChatMessage(role, content, fields)
 
 
-def _template_fields(
+def template_fields(
     message: dict[str, Any], role: str, parts: list[ChatPart], param: str
 ) -> dict[str, Any]:
     """What vLLM gives the chat template of an assistant's or a tool's message beside its role

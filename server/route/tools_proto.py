@@ -1,7 +1,8 @@
 """A GenerateRequest's tool fields, taken as the OpenAI door takes a body's (no I/O, no grpc).
 
 The gRPC door's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``chat_template_kwargs``
-mean what an OpenAI body's fields of those names mean. ``openai_fields`` writes them as vLLM's
+mean what an OpenAI body's fields of those names mean, and so do its messages' ``tool_calls``,
+``tool_call_id`` and ``reasoning`` (``add_turn_fields``). ``openai_fields`` writes them as vLLM's
 ``ChatCompletionRequest`` reads them, and ``add_tools`` has vLLM check them and runs the OpenAI
 door's own step on the result (``tools_request.chat_step``): the same refusals, the tools given
 to the chat template, the constraint a forced tool choice puts on the output, and the
@@ -15,7 +16,7 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from epd.server.engine.vllm_inputs import structured_outputs
-from epd.server.route.openai_schema import parse_with
+from epd.server.route.openai_schema import TOOL_ROLES, parse_with, template_fields
 from epd.server.route.request import ChatRequest, bad
 from epd.server.route.sampling import IS_VLLM_INSTALLED, structured_output_to_proto
 from epd.server.route.tools_request import ToolCalling, chat_step
@@ -40,6 +41,7 @@ def add_tools(
     makes of ``request``'s tool fields: its chat template arguments, its answer's parsing and
     the constraint its tool choice puts on its sampling. Nothing when ``request`` sets none of
     the fields and the route has no parser (``calling``: None)."""
+    add_turn_fields(chat, request)
     fields = openai_fields(request)
     if not fields and calling is None:
         return
@@ -84,6 +86,40 @@ def _adjust_sampling(
     for name in ("skip_special_tokens", "spaces_between_special_tokens"):
         if getattr(parsed, name) != given[name]:
             setattr(sampling, name, getattr(parsed, name))
+
+
+def add_turn_fields(chat: ChatRequest, request: pb.GenerateRequest) -> None:
+    """Give each assistant and tool turn of ``chat`` what the OpenAI door gives the chat
+    template beside its content (``openai_schema.template_fields``): an assistant's tool calls
+    and reasoning, a tool result's call id and its text as one string."""
+    for index, (message, turn) in enumerate(zip(request.messages, chat.messages, strict=True)):
+        if message.role not in TOOL_ROLES:
+            continue
+        param = f"messages[{index}]"
+        if message.tool_calls and not IS_VLLM_INSTALLED:
+            raise bad("tool_calls need vLLM on the route", f"{param}.tool_calls")
+        turn.template_fields = template_fields(
+            _openai_turn(message), message.role, turn.parts, param
+        )
+
+
+def _openai_turn(message: pb.ChatMessage) -> dict[str, Any]:
+    """``message``'s tool fields as an OpenAI message spells them (none: left out)."""
+    turn: dict[str, Any] = {}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.reasoning:
+        turn["reasoning"] = message.reasoning
+    return turn
 
 
 def openai_fields(request: pb.GenerateRequest) -> dict[str, Any]:

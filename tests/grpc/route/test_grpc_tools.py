@@ -19,7 +19,7 @@ import grpc
 import pytest
 from google.protobuf import json_format, struct_pb2
 
-from epd.client import AsyncEpdClient, EpdClientError, Tool, ToolCall, user
+from epd.client import AsyncEpdClient, EpdClientError, Tool, ToolCall, assistant, tool, user
 from epd.client.messages import join
 from epd.common.server import EpdServer, ServiceBinding, build_server
 from epd.server.route.app import SERVICE_NAME
@@ -67,6 +67,7 @@ class Doors:
     http_url: str
     grpc_endpoint: str
     engine: FakeEngine
+    tokenizer: Any
 
     async def post(self, body: dict[str, Any]) -> tuple[int, str]:
         body = {"model": "tiny", "max_tokens": 64, "messages": QUESTION, **body}
@@ -78,11 +79,9 @@ class Doors:
 
     async def generate(self, **fields: Any) -> list[pb.GenerateResponse]:
         message = pb.ChatMessage(role="user", content=[pb.ContentPart(text="weather in Paris?")])
+        fields.setdefault("messages", [message])
         request = pb.GenerateRequest(
-            model="tiny",
-            messages=[message],
-            sampling=generation_pb2.SamplingParams(max_tokens=64),
-            **fields,
+            model="tiny", sampling=generation_pb2.SamplingParams(max_tokens=64), **fields
         )
         async with grpc.aio.insecure_channel(self.grpc_endpoint) as channel:
             stub = pb_grpc.RouteServiceStub(channel)
@@ -124,7 +123,7 @@ async def open_doors(
     http = OpenAiHttp(router, HttpOptions(), limits, tools=calling)
     http_port = await http.start("127.0.0.1", 0)
     url = f"http://127.0.0.1:{http_port}/v1/chat/completions"
-    return Doors(url, f"127.0.0.1:{port}", engine), http, server
+    return Doors(url, f"127.0.0.1:{port}", engine, tokenizer), http, server
 
 
 def doors_fixture(options: ToolOptions | None, answer: str, model: str) -> Any:
@@ -262,6 +261,40 @@ async def test_chat_template_kwargs_reach_the_template_as_over_http(deepseek: Do
     assert list(deepseek.last_call().prompt.token_ids) == http_prompt
 
 
+async def test_earlier_tool_calls_and_results_reach_the_template_as_over_http(
+    hermes: Doors,
+) -> None:
+    arguments = '{"city": "Paris"}'
+    call = {"name": "get_weather", "arguments": arguments}
+    history = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning": "they ask about Paris",
+            "tool_calls": [{"id": "call-1", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "call-1", "content": "sunny"},
+    ]
+    status, text = await hermes.post({"tools": [TOOL], "messages": history})
+    http_prompt = list(hermes.last_call().prompt.token_ids)
+    turns = [
+        pb.ChatMessage(role="user", content=[pb.ContentPart(text="weather in Paris?")]),
+        pb.ChatMessage(
+            role="assistant",
+            reasoning="they ask about Paris",
+            tool_calls=[pb.ToolCall(id="call-1", name="get_weather", arguments=arguments)],
+        ),
+        pb.ChatMessage(role="tool", tool_call_id="call-1", content=[pb.ContentPart(text="sunny")]),
+    ]
+    await hermes.generate(tools=[grpc_tool()], messages=turns)
+    assert status == 200, text
+    prompt = list(hermes.last_call().prompt.token_ids)
+    assert prompt == http_prompt
+    rendered = hermes.tokenizer.decode(prompt)
+    assert "sunny" in rendered  # NOTE: the tiny model's template leaves tool calls out
+
+
 # (name, OpenAI body fields, GenerateRequest fields): both doors refuse them alike.
 REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("auto without the flags", {"tools": [TOOL]}, {"tools": [grpc_tool()]}),
@@ -352,6 +385,18 @@ async def test_the_sdk_returns_the_tool_call_and_reasoning_typed(
     assert call.id.startswith("chatcmpl-tool-")
     assert sum(len(chunk.tool_calls) for chunk in chunks) > 1  # NOTE: parts, joined by generate
     assert join(chunks).tool_calls == [ToolCall(0, chunks_id(chunks), call.name, call.arguments)]
+    # NOTE: the agent's next turn: the call and its result given back, as over HTTP
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [{**expected, "id": call.id}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    await hermes.post({"tools": [TOOL], "messages": history})
+    http_prompt = list(hermes.last_call().prompt.token_ids)
+    turns = [user("weather in Paris?"), assistant(tool_calls=typed.tool_calls)]
+    async with AsyncEpdClient(hermes.grpc_endpoint) as client:
+        await client.generate([*turns, tool("sunny", call_id=call.id)], tools=[TOOL])
+    assert list(hermes.last_call().prompt.token_ids) == http_prompt
     async with AsyncEpdClient(deepseek.grpc_endpoint) as client:
         thought = await client.generate([user("weather?")], max_tokens=64, stream_interval=3)
     assert (thought.reasoning, thought.text) == ("the sky is clear", "It is sunny.")

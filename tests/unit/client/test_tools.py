@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd.client import Tool, ToolCall, build_request, user
+from epd.client import Tool, ToolCall, assistant, build_request, tool, user
 from epd.client.messages import join, to_chunk
 from epd.v1 import generation_pb2, route_service_pb2
 
@@ -109,3 +109,21 @@ def test_streamed_tool_call_parts_join_into_whole_calls() -> None:
         ToolCall(1, "c1", "get_time", "{}"),
     ]
     assert answer.tool_calls[0].parsed_arguments() == {"city": "Paris"}
+
+
+def test_an_agent_turn_and_a_tool_result_become_their_messages() -> None:
+    call = ToolCall(0, "c1", "get_weather", '{"city": "Paris"}')
+    request = build_request(
+        [
+            user("weather?"),
+            assistant(tool_calls=[call], reasoning="they ask"),
+            tool("sunny", call_id="c1"),
+            assistant("It is sunny."),
+        ]
+    )
+    asked, called, result, answered = request.messages
+    assert (called.role, list(called.content), called.reasoning) == ("assistant", [], "they ask")
+    (sent,) = called.tool_calls
+    assert (sent.id, sent.name, sent.arguments) == ("c1", "get_weather", '{"city": "Paris"}')
+    assert (result.role, result.tool_call_id, result.content[0].text) == ("tool", "c1", "sunny")
+    assert answered.content[0].text == "It is sunny." and not answered.tool_calls

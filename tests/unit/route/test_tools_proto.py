@@ -73,3 +73,48 @@ def test_without_vllm_tool_fields_are_refused_and_plain_requests_pass(
     chat = from_proto(plain)
     tools_proto.add_tools(chat, plain, None, False)
     assert chat.answer_parsing is None and chat.template_kwargs == {}
+
+
+def test_earlier_calls_and_results_get_the_openai_doors_template_fields() -> None:
+    from epd.server.route.openai_schema import to_chat_request
+
+    arguments = '{"city": "Paris", "days": 2}'
+    body = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning": "they ask",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"}]},
+            {"role": "assistant", "content": "It is sunny."},
+        ]
+    }
+    text = [pb.ContentPart(text="weather?")]
+    request = pb.GenerateRequest(
+        messages=[
+            pb.ChatMessage(role="user", content=text),
+            pb.ChatMessage(
+                role="assistant",
+                reasoning="they ask",
+                tool_calls=[pb.ToolCall(id="c1", name="f", arguments=arguments)],
+            ),
+            pb.ChatMessage(role="tool", tool_call_id="c1", content=[pb.ContentPart(text="sunny")]),
+            pb.ChatMessage(role="assistant", content=[pb.ContentPart(text="It is sunny.")]),
+        ]
+    )
+    chat = from_proto(request)
+    tools_proto.add_tools(chat, request, None, False)
+    expected = [turn.template_fields for turn in to_chat_request(body, "tiny").messages]
+    assert [turn.template_fields for turn in chat.messages] == expected
+    (call,) = expected[1]["tool_calls"]
+    assert call["function"]["arguments"] == {"city": "Paris", "days": 2}  # NOTE: as vLLM gives it
+    assert expected[2] == {"tool_call_id": "c1", "content": "sunny"}
