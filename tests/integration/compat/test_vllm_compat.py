@@ -235,6 +235,8 @@ SAME_ANSWER: list[tuple[str, dict[str, Any]]] = [
     ("beam_search_ignore_eos", {**BEAMS, "messages": TEXT, "ignore_eos": True}),
     # NOTE: vLLM shows each beam token's logprob beside its step's first candidates
     ("beam_search_logprobs", {**BEAMS, "logprobs": True, "top_logprobs": 3}),
+    # NOTE: the prompt is cut before each step's beam tokens follow it
+    ("beam_search_truncated", {**BEAMS, "messages": TEXT, "truncate_prompt_tokens": 5}),
 ]
 # (name, body): both refuse with 400.
 SAME_REFUSAL: list[tuple[str, dict[str, Any]]] = [
