@@ -1,9 +1,10 @@
 """An image under a request's pixel budget (vLLM 0.32's ``mm_processor_kwargs``: ``max_pixels``)
 through a route started with ``--trust-request-mm-kwargs``, on the session's vLLM engine, token
 for token what monolithic vLLM answers given the same image and kwargs, the prompt's ids too:
-E/PD (the encoder resizes within the item's budget) and EPD (the encode_prefill worker's vLLM
-processor does). The budget shrinks the image's tokens, so the answer without it differs. On
-E/PD the same image under two budgets is encoded twice, under one budget once."""
+E/PD and E/P/D (the encoder resizes within the item's budget; the decode worker lays out the
+prefill's grids) and EPD (the encode_prefill worker's vLLM processor resizes). The budget
+shrinks the image's tokens, so the answer without it differs. With an encoder the same image
+under two budgets is encoded twice, under one budget once (E/PD, E/P/D)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from epd.common.roles import Role
 from epd.scheduler.app import build_scheduler_server
+from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
@@ -33,19 +35,22 @@ IMAGE = picture(44, 150, 100)
 BUDGET = {"max_pixels": 5000}
 
 
-@pytest.fixture(scope="module", params=["e-pd", "epd"])
+@pytest.fixture(scope="module", params=["e-pd", "e-p-d", "epd"])
 async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str, Any]]:
-    """A trusting route over an encoder and a prefill+decode worker (E/PD), or over an
-    encode_prefill worker (EPD), on the session's producer engine."""
+    """A trusting route over an encoder and a prefill+decode worker (E/PD) or a prefill worker
+    handing its KV to a decode worker (E/P/D), or over an encode_prefill worker (EPD), on the
+    session's engines."""
     scheduler, scheduler_port = await build_scheduler_server()
     endpoint = f"127.0.0.1:{scheduler_port}"
     workers = []
-    if request.param == "e-pd":
+    if request.param != "epd":
         config = EncodeConfig(tiny_model_dir, model_id="tiny", scheduler=endpoint)
         workers.append(await build_encode_server(config))
-    mode = Role.PREFILL_DECODE if request.param == "e-pd" else Role.ENCODE_PREFILL
-    prefill = PrefillConfig(tiny_model_dir, mode=mode, scheduler=endpoint)
+    modes = {"e-pd": Role.PREFILL_DECODE, "e-p-d": Role.PREFILL, "epd": Role.ENCODE_PREFILL}
+    prefill = PrefillConfig(tiny_model_dir, mode=modes[request.param], scheduler=endpoint)
     workers.append(await build_prefill_server(prefill, engines[0]))
+    if request.param == "e-p-d":
+        workers.append(await build_decode_server(DecodeConfig(scheduler=endpoint), engines[1]))
     trusting = MediaPolicy(trust_request_mm_kwargs=True)
     route = await build_route_server(
         RouteConfig(tiny_model_dir, endpoint, "tiny", http_port=0, media=trusting)
@@ -54,7 +59,7 @@ async def deployment(request, tiny_model_dir, engines) -> AsyncIterator[dict[str
     assert route.http is not None
     yield {
         "url": f"http://127.0.0.1:{route.http.port}/v1/chat/completions",
-        "encoder": workers[0] if request.param == "e-pd" else None,
+        "encoder": workers[0] if request.param != "epd" else None,
     }
     await route.stop()
     for worker in reversed(workers):
