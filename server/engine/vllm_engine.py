@@ -246,10 +246,11 @@ class VllmEngine(Engine):
         if seed is None and sampling.temperature > 0:
             # NOTE: the decode engine samples the first token again; the same seed: the same token.
             seed = random.getrandbits(63)
+        # NOTE: a one-token answer ends here (a beam search's every step): no decode worker
+        # reads its KV, which vLLM would hold for it until the lease (kv_lease_s) ran out
+        handoff = {"do_remote_decode": True} if sampling.max_tokens > 1 else None
         params = sampling_params(
-            replace(sampling, seed=seed),
-            max_tokens=1,
-            kv_transfer_params={"do_remote_decode": True},
+            replace(sampling, seed=seed), max_tokens=1, kv_transfer_params=handoff
         )
         final, prompt_logprobs = None, list[Candidates]()
         async for output in self._run(request_id, prompt_token_ids, images, params, sampling):
