@@ -60,17 +60,3 @@ class PrefillDecodeResponse(_message.Message):
     logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprobs]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprobs]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
-
-class PrefillDecodeStreamRequest(_message.Message):
-    __slots__ = ("request", "prompt")
-    REQUEST_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_FIELD_NUMBER: _ClassVar[int]
-    request: PrefillDecodeRequest
-    prompt: _generation_pb2.Prompt
-    def __init__(self, request: _Optional[_Union[PrefillDecodeRequest, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.Prompt, _Mapping]] = ...) -> None: ...
-
-class PrefillDecodeStreamResponse(_message.Message):
-    __slots__ = ("chunk",)
-    CHUNK_FIELD_NUMBER: _ClassVar[int]
-    chunk: PrefillDecodeResponse
-    def __init__(self, chunk: _Optional[_Union[PrefillDecodeResponse, _Mapping]] = ...) -> None: ...

@@ -49,11 +49,6 @@ class PrefillServiceStub:
                 request_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.FromString,
                 _registered_method=True)
-        self.PrefillDecodeStream = channel.stream_stream(
-                '/epd.v1.PrefillService/PrefillDecodeStream',
-                request_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamRequest.SerializeToString,
-                response_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamResponse.FromString,
-                _registered_method=True)
 
 
 class PrefillServiceServicer:
@@ -82,21 +77,6 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PrefillDecodeStream(self, request_iterator, context):
-        """PrefillDecodeStream is PrefillDecode opened before the prompt's embeddings exist: the route
-        calls it as soon as the scheduler has chosen this worker, while the images are encoded, so
-        the call is set up off the path to the first token. The first request message carries the
-        request without its prompt, the second the prompt with its embeddings' references, once
-        encoded; nothing after it is read. The worker waits for the prompt as long as the call
-        lasts (its deadline, or until the caller cancels it: a request whose encoding failed).
-        Any other order of messages is INVALID_ARGUMENT (BAD_PREFILL_STREAM); the rest is
-        PrefillDecode's contract (cancelling aborts the engine request; the caller releases the
-        embeddings).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_PrefillServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,11 +89,6 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.PrefillDecode,
                     request_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.FromString,
                     response_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.SerializeToString,
-            ),
-            'PrefillDecodeStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.PrefillDecodeStream,
-                    request_deserializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamRequest.FromString,
-                    response_serializer=epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,33 +150,6 @@ class PrefillService:
             '/epd.v1.PrefillService/PrefillDecode',
             epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeRequest.SerializeToString,
             epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PrefillDecodeStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/epd.v1.PrefillService/PrefillDecodeStream',
-            epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamRequest.SerializeToString,
-            epd_dot_v1_dot_prefill__service__pb2.PrefillDecodeStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
