@@ -255,7 +255,7 @@ async def _attempt(
         placement = await choose_prefill(peers, call, recovery.excluded.prefill)
     choice = placement.prefill
     worker = attempt.prefill = choice.worker
-    prompt = call.prompt if prompt_for is None else await prompt_for(worker)
+    prompt = call.prompt if prompt_for is None else await _prompt(attempt, prompt_for, worker)
     call = progress.continued(prompt)
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
@@ -271,6 +271,19 @@ async def _attempt(
         if not progress.sent:
             span.add_event(FIRST_TOKEN_EVENT)
         yield progress.record(piece)
+
+
+async def _prompt(
+    attempt: Attempt, prompt_for: PromptFor, worker: scheduler_pb.WorkerInfo
+) -> generation_pb2.Prompt:
+    """The prompt for ``worker``. When it cannot be made (its images could not be encoded
+    again for the worker's host), the failure is the request's, not the worker's: the attempt
+    then names no worker, and none is excluded or retried for it."""
+    try:
+        return await prompt_for(worker)
+    except EpdError:
+        attempt.prefill = None
+        raise
 
 
 async def _settle(release: asyncio.Future[Any] | None) -> None:

@@ -5,6 +5,7 @@ encoded, and the items workers get."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -163,6 +164,40 @@ async def test_a_retry_on_another_host_encodes_the_images_again_for_that_host() 
     assert len(released) == 4  # the host-a leases at the retry, the host-b ones once prefilled
     [served] = peers.engines["pd1"].calls
     assert len(served[1].prompt.images) == 2
+
+
+async def test_a_retry_whose_images_cannot_be_encoded_again_blames_no_prefill_worker() -> None:
+    """The first prefill worker (host a) fails; the retry's worker is on host b, and encoding
+    the images again for it fails: the request ends with that failure, without excluding the
+    retry's worker and asking for a third (before: the encoding's failure was taken for the
+    retry's worker's, which was excluded and replaced)."""
+    scheduler = FakeScheduler(
+        prefills=[("pd0", Role.PREFILL_DECODE), ("pd1", Role.PREFILL_DECODE)],
+        prefill_hosts={"pd0": "host-a", "pd1": "host-b"},
+    )
+    encoders = {name: FakeEncoder(name) for name in ("enc0", "enc1")}
+    failing = EncodersBreakingEngine(encoders, error=Unavailable("down"))
+    peers = FakePeers(scheduler, encoders=encoders, engines={"pd0": failing})
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
+    with pytest.raises(Unavailable) as caught:
+        _ = [piece async for piece in engine_pieces(text_router(peers), call, stage_of(2))]
+    assert caught.value.reason == "NO_ENCODER"  # NOTE: the fake scheduler's, both encoders down
+    chosen = [request for name, request in scheduler.calls if name == "ChoosePrefill"]
+    assert [list(request.exclude_worker_ids) for request in chosen] == [[], ["pd0"]]  # Place's, pd1
+    await peers.background.settle()
+
+
+class EncodersBreakingEngine(FakeEngine):
+    """A prefill worker that fails, and whose failure takes every encoder down with it."""
+
+    def __init__(self, encoders: dict[str, FakeEncoder], error: Unavailable) -> None:
+        super().__init__(error=error)
+        self.encoders = encoders
+
+    def PrefillDecode(self, request: Any, timeout: float | None = None) -> Any:
+        for encoder in self.encoders.values():
+            encoder.error = Unavailable("gone")
+        return super().PrefillDecode(request, timeout)
 
 
 async def test_a_retry_on_the_same_host_keeps_the_embeddings() -> None:
