@@ -113,8 +113,11 @@ IMPLEMENTED_FIELDS = (
 # vLLM's request fields that its generation endpoints take and do nothing with for a deployment
 # like epd's: the render endpoints' (token offsets, the multimodal payload and its deprecated
 # alias), the routed experts of a model started to return them, the watermark of an engine
-# given a watermark config (vLLM warns and goes on without), and the session id that vLLM
-# writes only into KV cache events. Accepted at any valid value, as vLLM accepts them.
+# given a watermark config (vLLM warns and goes on without), the session id that vLLM
+# writes only into KV cache events, and the KV and encoder-cache transfer parameters of an
+# external P/D or E/PD proxy, which ``vllm serve`` without a KV or EC connector warns about and
+# disables (``EngineCore.add_request``): epd's route makes every hand-off itself. Accepted at any
+# valid value, as vLLM accepts them.
 IGNORED_FIELDS = frozenset(
     {
         "return_token_offsets",
@@ -123,6 +126,8 @@ IGNORED_FIELDS = frozenset(
         "routed_experts_prompt_start",
         "watermarking",
         "session_id",
+        "kv_transfer_params",
+        "ec_transfer_params",
     }
 )
 IMAGE_DETAILS = ("auto", "low", "high")

@@ -36,6 +36,9 @@ GENERATION_DEFAULTS = (
 )
 # vLLM's candidates per beam and step of a beam search: twice the beams (as transformers').
 CANDIDATES_PER_BEAM = 2
+# Request fields vLLM's ``to_sampling_params`` moves into ``extra_args``, which epd's route takes
+# with no effect (``openai_schema.IGNORED_FIELDS``): the hand-offs are the route's own.
+TRANSFER_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 
 
 def generation_defaults(model_dir: Path) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         "thinking_token_budget": params.thinking_token_budget,
         "repetition_detection": _repetition_detection(params.repetition_detection),
         # NOTE: the engine's conversion (check_sampling) refuses the keys of epd's KV handoff
-        "vllm_xargs": json.dumps(params.extra_args) if params.extra_args else None,
+        "vllm_xargs": json.dumps(xargs) if (xargs := _xargs(params, request)) else None,
     }
     message = generation_pb2.SamplingParams()
     for name, value in fields.items():
@@ -147,6 +150,16 @@ def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:
         getattr(message, name).extend(value)
     else:
         setattr(message, name, value)
+
+
+def _xargs(params: Any, request: Any) -> dict[str, Any]:
+    """vLLM's ``extra_args`` of ``params`` less what ``request``'s ``TRANSFER_FIELDS`` put
+    there (a ``vllm_xargs`` key of those names stays, for the engine to refuse)."""
+    extra = dict(params.extra_args or {})
+    for name in TRANSFER_FIELDS:
+        if getattr(request, name, None):
+            extra.pop(name, None)
+    return extra
 
 
 def _repetition_detection(detection: Any) -> generation_pb2.RepetitionDetection | None:

@@ -303,9 +303,15 @@ def test_min_tokens_beyond_max_tokens_is_refused_as_vllm_refuses_it() -> None:
         ("ec_transfer_params", {"do_remote_encode": True}),
     ],
 )
-def test_a_field_epd_does_not_implement_yet_is_refused_not_ignored(param: str, value: Any) -> None:
-    error = refusal({**BODY, param: value})
-    assert (error.reason, error.metadata["param"]) == ("UNSUPPORTED_PARAMETER", param)
+def test_a_proxys_transfer_params_are_taken_and_reach_no_engine(param: str, value: Any) -> None:
+    """As ``vllm serve`` without a connector, which disables them: the route makes every
+    hand-off itself, so they go nowhere; a ``vllm_xargs`` key of that name is still refused."""
+    sampling = schema.to_chat_request({**BODY, param: value}, "tiny").sampling
+    assert sampling.vllm_xargs == ""
+    with_xargs = {**BODY, param: value, "vllm_xargs": {"tag": "a"}}
+    assert schema.to_chat_request(with_xargs, "tiny").sampling.vllm_xargs == '{"tag": "a"}'
+    error = refusal({**BODY, "vllm_xargs": {param: "x"}})
+    assert error.metadata["param"] == "vllm_xargs"
 
 
 def test_unimplemented_fields_at_their_defaults_and_harmless_ones_pass() -> None:
@@ -336,6 +342,8 @@ IGNORED = {
     "routed_experts_prompt_start": 2,
     "watermarking": True,
     "session_id": "conversation-7",
+    "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
+    "ec_transfer_params": {"do_remote_encode": True},
 }
 
 
