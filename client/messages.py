@@ -12,7 +12,13 @@ from typing import Unpack
 
 from PIL import Image
 
-from epd.client.options import RequestOptions, check_options, request_fields, sampling_of
+from epd.client.options import (
+    RequestOptions,
+    answer_fields,
+    check_options,
+    request_fields,
+    sampling_of,
+)
 from epd.client.tools import ToolCall, add_tool_fields, joined_calls, to_tool_calls
 from epd.common.generation import finish_reason_name
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
@@ -133,7 +139,9 @@ class Chunk:
     route has a reasoning parser, ``reasoning`` is the model's reasoning and ``text`` the rest
     of the answer; where it has a tool parser and the request tools, ``tool_calls`` are the
     calls the model made (parts of them in a stream: see ``ToolCall``), whose text is not in
-    ``text``, and the completion that made them ends with "tool_calls"."""
+    ``text``, and the completion that made them ends with "tool_calls". ``prompt_text``: on a
+    completion's first chunk, the prompt as the chat template wrote it, when
+    ``return_prompt_text`` was asked for ("" otherwise)."""
 
     text: str
     token_ids: list[int]
@@ -145,6 +153,7 @@ class Chunk:
     prompt_logprobs: list[list[Candidate]] = field(default_factory=list)
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    prompt_text: str = ""
 
 
 def local_path(source: str | Path) -> Path | None:
@@ -210,6 +219,7 @@ def build_request(
         messages=chat,
         sampling=sampling_of(options),
         encoder_policy=POLICIES[fields["encoder_policy"]],
+        **answer_fields(options),
     )
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if options.get(name) is not None:
@@ -251,6 +261,7 @@ def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
         _candidates(response.prompt_logprobs),
         response.reasoning,
         to_tool_calls(response.tool_calls),
+        response.prompt_text,
     )
 
 
@@ -275,6 +286,7 @@ def join(chunks: Sequence[Chunk]) -> Chunk:
         [position for c in chunks for position in c.prompt_logprobs],
         "".join(c.reasoning for c in chunks),
         joined_calls([call for c in chunks for call in c.tool_calls]),
+        next((c.prompt_text for c in chunks if c.prompt_text), ""),
     )
 
 

@@ -48,6 +48,19 @@ class RequestOptions(TypedDict, total=False):
     - ``chat_template_kwargs``: arguments for the chat template and the route's parsers, as
       vLLM's (``{"enable_thinking": False}``).
     - ``stream_interval`` (1): each completion streamed at least this many tokens a chunk.
+    - ``use_beam_search`` (False): vLLM's beam search, ``n`` beams wide, its ``n`` best beams
+      the completions (each in one chunk), ranked with ``length_penalty`` (1.0); of the other
+      options it reads what vLLM's does (max_tokens, temperature, ignore_eos,
+      include_stop_str_in_output, skip_special_tokens, logprobs, cache_salt).
+    - ``add_generation_prompt`` (True): the chat template opens the assistant's turn;
+      ``continue_final_message`` (False): the answer continues the chat's last message (an
+      assistant's opened ``<think>``, say), which needs ``add_generation_prompt=False``.
+    - ``include_reasoning`` (True): the answer carries ``Chunk.reasoning`` where the route has
+      a reasoning parser; False drops it.
+    - ``return_prompt_text`` (False): each completion's first chunk carries the prompt as the
+      chat template wrote it (``Chunk.prompt_text``).
+    - ``echo`` (False): each completion starts with the last message's text when its role is
+      the answer's (a chunk of its own), as vLLM's chat ``echo``.
     - ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's).
     - ``request_id``: the route makes one up when empty.
     """
@@ -90,6 +103,13 @@ class RequestOptions(TypedDict, total=False):
     parallel_tool_calls: bool
     chat_template_kwargs: Mapping[str, Any]
     stream_interval: int
+    use_beam_search: bool
+    length_penalty: float
+    add_generation_prompt: bool
+    continue_final_message: bool
+    include_reasoning: bool
+    return_prompt_text: bool
+    echo: bool
     encoder_policy: str
     request_id: str
 
@@ -115,6 +135,16 @@ _PLAIN = (
 _LISTS = ("stop", "stop_token_ids", "bad_words", "allowed_token_ids", "logprob_token_ids")
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "choice", "grammar")
 _REQUEST = ("model", "encoder_policy", "request_id")
+# The GenerateRequest's own answer options, set as they are.
+_ANSWER = (
+    "use_beam_search",
+    "length_penalty",
+    "add_generation_prompt",
+    "continue_final_message",
+    "include_reasoning",
+    "return_prompt_text",
+    "echo",
+)
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -174,3 +204,9 @@ def _structured_output(options: Mapping[str, Any]) -> generation_pb2.StructuredO
 def request_fields(options: Mapping[str, Any]) -> dict[str, str]:
     """The GenerateRequest's own fields among ``options`` (model, encoder policy, request id)."""
     return {name: options.get(name, "") for name in _REQUEST}
+
+
+def answer_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The GenerateRequest's answer options among ``options`` (beam search, the chat template's
+    generation prompt, reasoning, the prompt's text, echo); an absent one is left unset."""
+    return {name: options[name] for name in _ANSWER if options.get(name) is not None}

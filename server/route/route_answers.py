@@ -21,11 +21,26 @@ from epd.v1 import route_service_pb2 as pb
 async def responses(
     chat: ChatRequest, choices: AsyncIterator[Choice]
 ) -> AsyncIterator[pb.GenerateResponse]:
-    """``chat``'s answer, one ``GenerateResponse`` per (gathered) chunk of ``choices``."""
+    """``chat``'s answer, one ``GenerateResponse`` per (gathered) chunk of ``choices``, after a
+    chunk per completion with its echo (vLLM's ``echo``) when ``chat`` has one."""
     if chat.stream_interval > 1:
         choices = batched(choices, chat.stream_interval)
+    echoes = _echoes(chat)
     async for choice in choices:
+        for echo in echoes:  # NOTE: as the OpenAI stream, once the answer's first chunk came
+            yield echo
+        echoes = []
         yield response(chat, choice)
+
+
+def _echoes(chat: ChatRequest) -> list[pb.GenerateResponse]:
+    """A chunk per completion of ``chat`` carrying its echo alone (none without one)."""
+    if not chat.echo:
+        return []
+    return [
+        pb.GenerateResponse(request_id=chat.request_id, text=chat.echo, index=index)
+        for index in range(max(chat.sampling.n, 1))
+    ]
 
 
 def response(chat: ChatRequest, choice: Choice) -> pb.GenerateResponse:
@@ -39,6 +54,7 @@ def response(chat: ChatRequest, choice: Choice) -> pb.GenerateResponse:
         logprobs=chunk.logprobs,
         index=choice.index,
         prompt_logprobs=chunk.prompt_logprobs,
+        prompt_text=chunk.prompt_text or "",
     )
     if chunk.usage is not None:
         message.usage.CopyFrom(chunk.usage)

@@ -10,6 +10,7 @@ import grpc
 from epd.common.auth import AUTHORIZATION_KEY, bearer_token, token_identity
 from epd.common.status import handle_errors
 from epd.server.route.choices import generate_choices
+from epd.server.route.options_proto import add_options
 from epd.server.route.reasoning_gate import gate_request
 from epd.server.route.request import from_proto
 from epd.server.route.request_check import RequestLimits, check_request
@@ -52,6 +53,7 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.GenerateResponse]:
         chat = from_proto(request)
         add_tools(chat, request, self.tools, self.trust_chat_template)
+        add_options(chat, request)
         check_request(chat, self.limits)
         gate_request(chat, self.router.prompts)
         if self.has_tenants:

@@ -1,7 +1,8 @@
 """A GenerateRequest's tool fields, taken as the OpenAI door takes a body's (no I/O, no grpc).
 
-The gRPC door's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``chat_template_kwargs``
-mean what an OpenAI body's fields of those names mean, and so do its messages' ``tool_calls``,
+The gRPC door's ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``chat_template_kwargs``,
+``add_generation_prompt``, ``continue_final_message`` and ``include_reasoning`` mean what an
+OpenAI body's fields of those names mean, and so do its messages' ``tool_calls``,
 ``tool_call_id`` and ``reasoning`` (``add_turn_fields``). ``openai_fields`` writes them as vLLM's
 ``ChatCompletionRequest`` reads them, and ``add_tools`` has vLLM check them and runs the OpenAI
 door's own step on the result (``tools_request.chat_step``): the same refusals, the tools given
@@ -47,7 +48,7 @@ def add_tools(
         return
     if not IS_VLLM_INSTALLED:
         raise bad(
-            "tools, tool_choice and chat_template_kwargs need vLLM on the route",
+            f"{next(iter(fields))} needs vLLM on the route",
             next(iter(fields)),
             "UNSUPPORTED_PARAMETER",
         )
@@ -123,7 +124,8 @@ def _openai_turn(message: pb.ChatMessage) -> dict[str, Any]:
 
 
 def openai_fields(request: pb.GenerateRequest) -> dict[str, Any]:
-    """``request``'s tool fields as an OpenAI chat body spells them (empty: none set)."""
+    """``request``'s tool fields, chat template options and include_reasoning as an OpenAI chat
+    body spells them (empty: none set)."""
     fields: dict[str, Any] = {}
     if request.tools:
         fields["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools)]
@@ -134,6 +136,11 @@ def openai_fields(request: pb.GenerateRequest) -> dict[str, Any]:
         fields["parallel_tool_calls"] = request.parallel_tool_calls
     if request.HasField("chat_template_kwargs"):
         fields["chat_template_kwargs"] = json_object(request.chat_template_kwargs)
+    for name in ("add_generation_prompt", "include_reasoning"):
+        if request.HasField(name):
+            fields[name] = getattr(request, name)
+    if request.continue_final_message:
+        fields["continue_final_message"] = True
     return fields
 
 
