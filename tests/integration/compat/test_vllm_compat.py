@@ -537,6 +537,38 @@ async def test_a_tool_call_over_grpc_is_the_http_doors(epd_url: str, choice: Any
         assert calls[0][1][1] == "verdict"
 
 
+@pytest.mark.parametrize("messages", [IMAGE, TEXT], ids=["image", "text"])
+async def test_a_beam_search_over_grpc_is_the_http_doors(
+    epd_url: str, messages: list[dict[str, Any]]
+) -> None:
+    """The same beam search (3 beams, length_penalty 0.4, the prompt's text asked for) through
+    the route's two doors on real engines: the same beams, best first, with the same texts and
+    finish reasons, and the same chat template text."""
+    body = {**GREEDY, "messages": messages, "use_beam_search": True, "n": 3}
+    body |= {"length_penalty": 0.4, "return_prompt_text": True}
+    status, http = await post(epd_url, body)
+    content = messages[0]["content"]
+    question = content if isinstance(content, str) else content[1]["text"]
+    image = IMAGE_URL if messages is IMAGE else None
+    async with AsyncEpdClient(GRPC[epd_url]) as client:
+        chunks = [
+            chunk
+            async for chunk in client.stream(
+                [user(question, image=image)],
+                max_tokens=10,
+                n=3,
+                use_beam_search=True,
+                length_penalty=0.4,
+                return_prompt_text=True,
+            )
+        ]
+    assert status == 200, http
+    beams = [(c["index"], c["message"]["content"], c["finish_reason"]) for c in http["choices"]]
+    assert [(c.index, c.text, c.finish_reason) for c in chunks] == beams
+    assert len(beams) == 3 and http["prompt_text"]
+    assert [c.prompt_text for c in chunks] == [http["prompt_text"]] * 3
+
+
 async def test_auto_without_the_flags_is_refused_as_vllm_refuses_it(
     vllm_url: str, epd_url: str
 ) -> None:
