@@ -75,7 +75,8 @@ def hop_table(spans_path: Path, requests: list[tuple[float, float, float]]) -> l
         span = json.loads(line)
         traces[span["context"]["trace_id"]].append(span)
     starts = sorted(
-        (min(_seconds(s["start_time"]) for s in spans), spans) for spans in traces.values()
+        ((min(_seconds(s["start_time"]) for s in spans), spans) for spans in traces.values()),
+        key=lambda start: start[0],
     )
     marks: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
     for sent, _, total in requests:
