@@ -126,7 +126,7 @@ def print_figures(figures: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--serve":
+    if sys.argv[1:2] == ["--serve"]:
         asyncio.run(serve(Path(sys.argv[2]), Path(sys.argv[3])))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
