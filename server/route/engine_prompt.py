@@ -4,8 +4,9 @@ The rendered prompt keeps one placeholder per image and video; the engine expand
 token count. What the route derives from that expanded prompt, each from the counts the media
 step computed once (``media.RouteImage``, ``media.RouteVideo``): its block hashes for KV-aware
 routing (``block_hashes``), the cut a request's ``truncate_prompt_tokens`` asks for
-(``truncated``), the expanded token ids a request may ask back (``engine_prompt``), and the
-prefill worker's prompt with the encoders' embedding references (``embedded``).
+(``truncated``), the expanded token ids, checked against the model's context before anything is
+encoded and given back to a request that asks for them (``engine_prompt``), and the prefill
+worker's prompt with the encoders' embedding references (``embedded``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from epd.server.media.hashing import salted
 from epd.server.route.encoding import EncodeStage
 from epd.server.route.media import RouteImage, RouteVideo, video_input
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatRequest
+from epd.server.route.request import ChatRequest, bad
 from epd.v1 import generation_pb2, multimodal_pb2
 
 
@@ -58,11 +59,24 @@ def engine_prompt(
     token_ids: list[int],
     images: list[RouteImage],
     videos: list[RouteVideo],
+    param: str = "messages",
 ) -> list[int]:
-    """The prompt's token ids as the engine holds them, each image and video expanded."""
+    """The prompt's token ids as the engine holds them, each image and video expanded; a 400
+    naming ``param`` (``PROMPT_TOO_LONG``, as the engines refuse it) when they leave no room
+    for an answer in the model's context, so that nothing is encoded for a prompt the engine
+    would refuse."""
     image_tokens = [image.num_tokens for image in images]
     video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
-    return prompts.expanded_ids(token_ids, image_tokens, video_tokens)
+    expanded = prompts.expanded_ids(token_ids, image_tokens, video_tokens)
+    context = prompts.max_context_tokens
+    if context is not None and len(expanded) >= context:
+        raise bad(
+            f"the prompt expands to {len(expanded)} tokens; the model's context is {context} "
+            "tokens, which leaves no room for an answer",
+            param,
+            "PROMPT_TOO_LONG",
+        )
+    return expanded
 
 
 def embedded(

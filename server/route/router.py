@@ -9,7 +9,8 @@ One path per request, each step a function of what the steps before it made:
    decodes or hashes it again; every video decoded, planned and cut into chunks once here
    (``media.RouteVideo``), each chunk an encoding item whose frames are shared likewise; the
    prompt as the engine will hold it (block hashes, a requested cut, the embedded prompt)
-   follows from those counts (``engine_prompt``);
+   follows from those counts (``engine_prompt``), and one beyond the model's context is
+   refused there, before anything is encoded;
 3. encoding: with live encoders, the scheduler assigns them while it chooses the prefill worker
    (KV-aware, from the hashes of the expanded prompt), and the images are encoded for that
    worker's host and device (``encoding``); without, the images go raw to an encode_prefill
@@ -198,6 +199,8 @@ class Router:
         if request.truncate_prompt_tokens is not None:
             token_ids = truncated(self.prompts, request, token_ids, images, videos)
         token_ids = token_ids + request.answer_prefix  # NOTE: a beam's step: its tokens so far
+        param = "messages" if request.prompt_token_ids is None else "prompt"
+        expanded = engine_prompt(self.prompts, token_ids, images, videos, param)
         sampling, salt = request.sampling, ""
         if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
             sampling, salt = in_namespace(request, images, videos)
@@ -230,7 +233,7 @@ class Router:
             prompt_ids = None
             parsing = request.answer_parsing  # NOTE: a reasoning parser reads the prompt too
             if request.return_token_ids or (parsing is not None and parsing.needs_prompt):
-                prompt_ids = engine_prompt(self.prompts, token_ids, images, videos)
+                prompt_ids = expanded
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids, prompt.text):
                 yield chunk
         finally:

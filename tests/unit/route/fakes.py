@@ -373,6 +373,11 @@ class StubPrompts:
     ) -> list[int]:
         return []
 
+    max_context_tokens = None
+
+    def expanded_ids(self, token_ids: list[int], image_tokens: Any, video_tokens: Any) -> list[int]:
+        return token_ids
+
 
 def text_router(peers: FakePeers) -> Router:
     """A router for the model ``tiny`` serving text-only requests over ``peers``."""
