@@ -246,6 +246,38 @@ async def test_reasoning_over_grpc_is_the_http_doors(urls: tuple[str, str]) -> N
     assert shown == http and http[1] in COLOURS and http[0], (shown, http)
 
 
+async def test_a_continued_think_over_grpc_is_the_http_doors(urls: tuple[str, str]) -> None:
+    """An assistant's opened ``<think>`` continued (add_generation_prompt false,
+    continue_final_message) through the route's two doors, the budget closing the reasoning and
+    the choice holding after it: the same reasoning and content (the HTTP door's is vLLM's:
+    ``choice_after_a_budget``)."""
+    body = {**THINKING, **CHOICE, "thinking_token_budget": 3, "stream": True}
+    chunks = await streamed(urls[1], body, "chat/completions")
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    http = tuple("".join(d.get(key) or "" for d in deltas) for key in ("reasoning", "content"))
+    sampling = generation_pb2.SamplingParams(
+        max_tokens=12,
+        thinking_token_budget=3,
+        structured_output=generation_pb2.StructuredOutput(
+            choice=generation_pb2.Choices(values=COLOURS)
+        ),
+    )
+    messages = [
+        pb.ChatMessage(role=m["role"], content=[pb.ContentPart(text=m["content"])]) for m in OPEN
+    ]
+    request = pb.GenerateRequest(
+        model="tiny",
+        messages=messages,
+        sampling=sampling,
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    async with grpc.aio.insecure_channel(GRPC[urls[1]]) as channel:
+        responses = [r async for r in pb_grpc.RouteServiceStub(channel).Generate(request)]
+    shown = tuple("".join(getattr(r, key) for r in responses) for key in ("reasoning", "text"))
+    assert shown == http and http[1] in COLOURS, (shown, http)
+
+
 async def test_a_completion_after_reasoning_is_vllms(urls: tuple[str, str]) -> None:
     """/v1/completions sends no verdict (as vLLM's completions server): the engines' parser
     judges the prompt, which opens the reasoning."""
