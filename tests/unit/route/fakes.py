@@ -247,6 +247,8 @@ class FakeEngine:
         stream = self._stream(self.tokens, prefill_pb.PrefillDecodeResponse)
         if stream.responses:
             stream.responses[0].prompt_logprobs.extend(self.prompt_logprobs)
+        for response in stream.responses:  # NOTE: the token, then the next ids, less likely
+            response.logprobs.extend(candidates(response.token_ids, request.sampling.logprobs))
         stream.hold = self.hold
         return stream
 
@@ -269,6 +271,24 @@ class FakeEngine:
 
         self.calls.append(("Decode", request))
         return self._stream(self.tokens[1:], decode_service_pb2.DecodeResponse)
+
+
+def candidates(token_ids: Any, num_candidates: int) -> list[generation_pb2.TokenLogprobs]:
+    """Each of ``token_ids``' logprobs as a fake engine reports them when asked for
+    ``num_candidates``: the token itself (rank 1), then the ids after it."""
+    if not num_candidates:
+        return []
+    return [
+        generation_pb2.TokenLogprobs(
+            candidates=[
+                generation_pb2.Logprob(
+                    token_id=token + rank, logprob=-0.5 * (rank + 1), rank=rank + 1
+                )
+                for rank in range(num_candidates + 1)
+            ]
+        )
+        for token in token_ids
+    ]
 
 
 SCRIPT = list(range(100, 140))
