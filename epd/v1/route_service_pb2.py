@@ -28,7 +28,7 @@ from epd.v1 import scheduler_service_pb2 as epd_dot_v1_dot_scheduler__service__p
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\x1a\x1cgoogle/protobuf/struct.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"\x90\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\x12$\n\ntool_calls\x18\x03 \x03(\x0b\x32\x10.epd.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x11\n\treasoning\x18\x05 \x01(\t\"\xf3\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\x12\x34\n\x13mm_processor_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x30\n\x0fmedia_io_kwargs\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1b\n\x05tools\x18\x08 \x03(\x0b\x32\x0c.epd.v1.Tool\x12\'\n\x0btool_choice\x18\t \x01(\x0b\x32\x12.epd.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fstream_interval\x18\x0c \x01(\r\x12\x17\n\x0fuse_beam_search\x18\r \x01(\x08\x12\x1b\n\x0elength_penalty\x18\x0e \x01(\x01H\x01\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x0f \x01(\x08H\x02\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x10 \x01(\x08\x12\x1e\n\x11include_reasoning\x18\x11 \x01(\x08H\x03\x88\x01\x01\x12\x1a\n\x12return_prompt_text\x18\x12 \x01(\x08\x12\x0c\n\x04\x65\x63ho\x18\x13 \x01(\x08\x42\x16\n\x14_parallel_tool_callsB\x11\n\x0f_length_penaltyB\x18\n\x16_add_generation_promptB\x14\n\x12_include_reasoning\"v\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06strict\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_strict\"W\n\nToolChoice\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x16.epd.v1.ToolChoiceModeH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xc8\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\x12.\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\x11\n\treasoning\x18\t \x01(\t\x12$\n\ntool_calls\x18\n \x03(\x0b\x32\x10.epd.v1.ToolCall\x12\x13\n\x0bprompt_text\x18\x0b \x01(\t\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x32\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65pd/v1/route_service.proto\x12\x06\x65pd.v1\x1a\x17\x65pd/v1/generation.proto\x1a\x17\x65pd/v1/multimodal.proto\x1a\x1e\x65pd/v1/scheduler_service.proto\x1a\x1cgoogle/protobuf/struct.proto\"m\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\"\n\x05image\x18\x02 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x12\"\n\x05video\x18\x03 \x01(\x0b\x32\x11.epd.v1.MediaItemH\x00\x42\x06\n\x04part\"\x90\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\x12$\n\ntool_calls\x18\x03 \x03(\x0b\x32\x10.epd.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x11\n\treasoning\x18\x05 \x01(\t\"\xdf\x07\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x08messages\x18\x03 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12-\n\x0e\x65ncoder_policy\x18\x05 \x01(\x0e\x32\x15.epd.v1.EncoderPolicy\x12\x34\n\x13mm_processor_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x30\n\x0fmedia_io_kwargs\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1b\n\x05tools\x18\x08 \x03(\x0b\x32\x0c.epd.v1.Tool\x12\'\n\x0btool_choice\x18\t \x01(\x0b\x32\x12.epd.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\n \x01(\x08H\x00\x88\x01\x01\x12\x35\n\x14\x63hat_template_kwargs\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fstream_interval\x18\x0c \x01(\r\x12\x17\n\x0fuse_beam_search\x18\r \x01(\x08\x12\x1b\n\x0elength_penalty\x18\x0e \x01(\x01H\x01\x88\x01\x01\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x0f \x01(\x08H\x02\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x10 \x01(\x08\x12\x1e\n\x11include_reasoning\x18\x11 \x01(\x08H\x03\x88\x01\x01\x12\x1a\n\x12return_prompt_text\x18\x12 \x01(\x08\x12\x0c\n\x04\x65\x63ho\x18\x13 \x01(\x08\x12#\n\x16truncate_prompt_tokens\x18\x14 \x01(\x03H\x04\x88\x01\x01\x12\x17\n\x0ftruncation_side\x18\x15 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x16 \x01(\x08\x12\x18\n\x10return_token_ids\x18\x17 \x01(\x08\x12\x18\n\x10reasoning_effort\x18\x18 \x01(\t\x12\x15\n\rchat_template\x18\x19 \x01(\t\x12*\n\tdocuments\x18\x1a \x03(\x0b\x32\x17.google.protobuf.StructB\x16\n\x14_parallel_tool_callsB\x11\n\x0f_length_penaltyB\x18\n\x16_add_generation_promptB\x14\n\x12_include_reasoningB\x19\n\x17_truncate_prompt_tokens\"v\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06strict\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_strict\"W\n\nToolChoice\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x16.epd.v1.ToolChoiceModeH\x00\x12\x17\n\rfunction_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"F\n\x08ToolCall\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\xe2\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.epd.v1.Usage\x12\'\n\x08logprobs\x18\x06 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\r\n\x05index\x18\x07 \x01(\r\x12.\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x15.epd.v1.TokenLogprobs\x12\x11\n\treasoning\x18\t \x01(\t\x12$\n\ntool_calls\x18\n \x03(\x0b\x32\x10.epd.v1.ToolCall\x12\x13\n\x0bprompt_text\x18\x0b \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x0c \x03(\r\"\x13\n\x11ListModelsRequest\"\x88\x01\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12:\n\rworker_counts\x18\x02 \x03(\x0b\x32#.epd.v1.ModelCard.WorkerCountsEntry\x1a\x33\n\x11WorkerCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"7\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.epd.v1.ModelCard*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x32\x94\x01\n\x0cRouteService\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x12\x43\n\nListModels\x12\x19.epd.v1.ListModelsRequest\x1a\x1a.epd.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,30 +37,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELCARD_WORKERCOUNTSENTRY']._loaded_options = None
   _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLCHOICEMODE']._serialized_start=1996
-  _globals['_TOOLCHOICEMODE']._serialized_end=2131
+  _globals['_TOOLCHOICEMODE']._serialized_start=2258
+  _globals['_TOOLCHOICEMODE']._serialized_end=2393
   _globals['_CONTENTPART']._serialized_start=150
   _globals['_CONTENTPART']._serialized_end=259
   _globals['_CHATMESSAGE']._serialized_start=262
   _globals['_CHATMESSAGE']._serialized_end=406
   _globals['_GENERATEREQUEST']._serialized_start=409
-  _globals['_GENERATEREQUEST']._serialized_end=1164
-  _globals['_TOOL']._serialized_start=1166
-  _globals['_TOOL']._serialized_end=1284
-  _globals['_TOOLCHOICE']._serialized_start=1286
-  _globals['_TOOLCHOICE']._serialized_end=1373
-  _globals['_TOOLCALL']._serialized_start=1375
-  _globals['_TOOLCALL']._serialized_end=1445
-  _globals['_GENERATERESPONSE']._serialized_start=1448
-  _globals['_GENERATERESPONSE']._serialized_end=1776
-  _globals['_LISTMODELSREQUEST']._serialized_start=1778
-  _globals['_LISTMODELSREQUEST']._serialized_end=1797
-  _globals['_MODELCARD']._serialized_start=1800
-  _globals['_MODELCARD']._serialized_end=1936
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=1885
-  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=1936
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1938
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1993
-  _globals['_ROUTESERVICE']._serialized_start=2134
-  _globals['_ROUTESERVICE']._serialized_end=2282
+  _globals['_GENERATEREQUEST']._serialized_end=1400
+  _globals['_TOOL']._serialized_start=1402
+  _globals['_TOOL']._serialized_end=1520
+  _globals['_TOOLCHOICE']._serialized_start=1522
+  _globals['_TOOLCHOICE']._serialized_end=1609
+  _globals['_TOOLCALL']._serialized_start=1611
+  _globals['_TOOLCALL']._serialized_end=1681
+  _globals['_GENERATERESPONSE']._serialized_start=1684
+  _globals['_GENERATERESPONSE']._serialized_end=2038
+  _globals['_LISTMODELSREQUEST']._serialized_start=2040
+  _globals['_LISTMODELSREQUEST']._serialized_end=2059
+  _globals['_MODELCARD']._serialized_start=2062
+  _globals['_MODELCARD']._serialized_end=2198
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_start=2147
+  _globals['_MODELCARD_WORKERCOUNTSENTRY']._serialized_end=2198
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2200
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2255
+  _globals['_ROUTESERVICE']._serialized_start=2396
+  _globals['_ROUTESERVICE']._serialized_end=2544
 # @@protoc_insertion_point(module_scope)

@@ -47,7 +47,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "messages", "sampling", "encoder_policy", "mm_processor_kwargs", "media_io_kwargs", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "stream_interval", "use_beam_search", "length_penalty", "add_generation_prompt", "continue_final_message", "include_reasoning", "return_prompt_text", "echo")
+    __slots__ = ("request_id", "model", "messages", "sampling", "encoder_policy", "mm_processor_kwargs", "media_io_kwargs", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "stream_interval", "use_beam_search", "length_penalty", "add_generation_prompt", "continue_final_message", "include_reasoning", "return_prompt_text", "echo", "truncate_prompt_tokens", "truncation_side", "add_special_tokens", "return_token_ids", "reasoning_effort", "chat_template", "documents")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,13 @@ class GenerateRequest(_message.Message):
     INCLUDE_REASONING_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     ECHO_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_SIDE_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -86,7 +93,14 @@ class GenerateRequest(_message.Message):
     include_reasoning: bool
     return_prompt_text: bool
     echo: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., encoder_policy: _Optional[_Union[_scheduler_service_pb2.EncoderPolicy, str]] = ..., mm_processor_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., media_io_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., stream_interval: _Optional[int] = ..., use_beam_search: _Optional[bool] = ..., length_penalty: _Optional[float] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., include_reasoning: _Optional[bool] = ..., return_prompt_text: _Optional[bool] = ..., echo: _Optional[bool] = ...) -> None: ...
+    truncate_prompt_tokens: int
+    truncation_side: str
+    add_special_tokens: bool
+    return_token_ids: bool
+    reasoning_effort: str
+    chat_template: str
+    documents: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., encoder_policy: _Optional[_Union[_scheduler_service_pb2.EncoderPolicy, str]] = ..., mm_processor_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., media_io_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., stream_interval: _Optional[int] = ..., use_beam_search: _Optional[bool] = ..., length_penalty: _Optional[float] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., include_reasoning: _Optional[bool] = ..., return_prompt_text: _Optional[bool] = ..., echo: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., truncation_side: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., return_token_ids: _Optional[bool] = ..., reasoning_effort: _Optional[str] = ..., chat_template: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters", "strict")
@@ -121,7 +135,7 @@ class ToolCall(_message.Message):
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "logprobs", "index", "prompt_logprobs", "reasoning", "tool_calls", "prompt_text")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "logprobs", "index", "prompt_logprobs", "reasoning", "tool_calls", "prompt_text", "prompt_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +147,7 @@ class GenerateResponse(_message.Message):
     REASONING_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -144,7 +159,8 @@ class GenerateResponse(_message.Message):
     reasoning: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     prompt_text: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., prompt_text: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
