@@ -141,7 +141,9 @@ class Chunk:
     calls the model made (parts of them in a stream: see ``ToolCall``), whose text is not in
     ``text``, and the completion that made them ends with "tool_calls". ``prompt_text``: on a
     completion's first chunk, the prompt as the chat template wrote it, when
-    ``return_prompt_text`` was asked for ("" otherwise)."""
+    ``return_prompt_text`` was asked for ("" otherwise); ``prompt_token_ids``: likewise, the
+    prompt's token ids as the engine holds them, when ``return_token_ids`` was asked for
+    (empty otherwise)."""
 
     text: str
     token_ids: list[int]
@@ -154,6 +156,7 @@ class Chunk:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_text: str = ""
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 def local_path(source: str | Path) -> Path | None:
@@ -206,8 +209,8 @@ def build_request(
     messages: Sequence[Message], **options: Unpack[RequestOptions]
 ) -> route_service_pb2.GenerateRequest:
     """The GenerateRequest for ``messages`` and ``options`` (``RequestOptions``: vLLM's sampling
-    options, a structured output, the multimodal options, tools, the encoder policy, the request
-    id). Images: see ``Picture``."""
+    options, a structured output, the multimodal options, tools, the answer options, the encoder
+    policy, the request id). Images: see ``Picture``."""
     check_options(options)
     fields = request_fields(options)
     if fields["encoder_policy"] not in POLICIES:
@@ -224,6 +227,8 @@ def build_request(
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if options.get(name) is not None:
             getattr(request, name).update(options[name])  # type: ignore[literal-required]
+    for document in options.get("documents") or []:
+        request.documents.add().update(document)
     add_tool_fields(request, options)
     return request
 
@@ -262,6 +267,7 @@ def to_chunk(response: route_service_pb2.GenerateResponse) -> Chunk:
         response.reasoning,
         to_tool_calls(response.tool_calls),
         response.prompt_text,
+        list(response.prompt_token_ids),
     )
 
 
@@ -287,6 +293,7 @@ def join(chunks: Sequence[Chunk]) -> Chunk:
         "".join(c.reasoning for c in chunks),
         joined_calls([call for c in chunks for call in c.tool_calls]),
         next((c.prompt_text for c in chunks if c.prompt_text), ""),
+        next((c.prompt_token_ids for c in chunks if c.prompt_token_ids), []),
     )
 
 

@@ -61,6 +61,19 @@ class RequestOptions(TypedDict, total=False):
       chat template wrote it (``Chunk.prompt_text``).
     - ``echo`` (False): each completion starts with the last message's text when its role is
       the answer's (a chunk of its own), as vLLM's chat ``echo``.
+    - ``truncate_prompt_tokens`` (None: no cut): how many of the prompt's tokens the engine
+      keeps, -1 for the model's context; ``truncation_side``: "left" (the default) keeps the
+      last ones, "right" the first.
+    - ``add_special_tokens`` (False): the tokenizer's special tokens (a BOS) added to the
+      prompt on top of the chat template's.
+    - ``return_token_ids`` (False): each completion's first chunk carries the prompt's token
+      ids as the engine holds them (``Chunk.prompt_token_ids``).
+    - ``reasoning_effort``: given to the chat template ("none", "minimal", "low", "medium",
+      "high", "xhigh", "max"), as vLLM's.
+    - ``chat_template``: a Jinja chat template for this request (the route takes it only when
+      started with ``--trust-request-chat-template``).
+    - ``documents``: documents for the chat template's retrieval-augmented generation, each a
+      mapping of strings (``{"title": ..., "text": ...}``).
     - ``encoder_policy``: "per_image", "per_request", "adaptive" or "" (the deployment's).
     - ``request_id``: the route makes one up when empty.
     """
@@ -110,6 +123,13 @@ class RequestOptions(TypedDict, total=False):
     include_reasoning: bool
     return_prompt_text: bool
     echo: bool
+    truncate_prompt_tokens: int
+    truncation_side: str
+    add_special_tokens: bool
+    return_token_ids: bool
+    reasoning_effort: str
+    chat_template: str
+    documents: Sequence[Mapping[str, str]]
     encoder_policy: str
     request_id: str
 
@@ -144,6 +164,12 @@ _ANSWER = (
     "include_reasoning",
     "return_prompt_text",
     "echo",
+    "truncate_prompt_tokens",
+    "truncation_side",
+    "add_special_tokens",
+    "return_token_ids",
+    "reasoning_effort",
+    "chat_template",
 )
 
 
@@ -207,6 +233,7 @@ def request_fields(options: Mapping[str, Any]) -> dict[str, str]:
 
 
 def answer_fields(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The GenerateRequest's answer options among ``options`` (beam search, the chat template's
-    generation prompt, reasoning, the prompt's text, echo); an absent one is left unset."""
+    """The GenerateRequest's answer options among ``options`` (beam search, the chat template
+    and its generation prompt, reasoning, the prompt's text and token ids, echo, truncation,
+    special tokens); an absent one is left unset."""
     return {name: options[name] for name in _ANSWER if options.get(name) is not None}

@@ -94,7 +94,9 @@ class AsyncEpdClient:
         ``options``: ``RequestOptions`` (model, vLLM's sampling options, a structured output,
         logprobs, n, tools and tool_choice, chat_template_kwargs, stream_interval,
         beam search, add_generation_prompt and continue_final_message, include_reasoning,
-        return_prompt_text, echo, encoder_policy, request_id).
+        return_prompt_text, echo, truncate_prompt_tokens and truncation_side,
+        add_special_tokens, return_token_ids, reasoning_effort, chat_template, documents,
+        encoder_policy, request_id).
         ``timeout_s``: this call's deadline (default: the client's). ``metadata``: extra gRPC
         metadata pairs. Breaking out of the loop cancels the request on every service.
         """

@@ -56,6 +56,8 @@ def response(chat: ChatRequest, choice: Choice) -> pb.GenerateResponse:
         prompt_logprobs=chunk.prompt_logprobs,
         prompt_text=chunk.prompt_text or "",
     )
+    if chat.return_token_ids and chunk.prompt_token_ids is not None:
+        message.prompt_token_ids.extend(chunk.prompt_token_ids)
     if chunk.usage is not None:
         message.usage.CopyFrom(chunk.usage)
     if chat.answer_parsing is not None:

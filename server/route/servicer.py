@@ -53,7 +53,7 @@ class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.GenerateResponse]:
         chat = from_proto(request)
         add_tools(chat, request, self.tools, self.trust_chat_template)
-        add_options(chat, request)
+        add_options(chat, request, self.limits.max_context_tokens)
         check_request(chat, self.limits)
         gate_request(chat, self.router.prompts)
         if self.has_tenants:

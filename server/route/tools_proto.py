@@ -1,13 +1,13 @@
 """A GenerateRequest's tool fields, taken as the OpenAI door takes a body's (no I/O, no grpc).
 
 The gRPC door's ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``chat_template_kwargs``,
-``add_generation_prompt``, ``continue_final_message`` and ``include_reasoning`` mean what an
-OpenAI body's fields of those names mean, and so do its messages' ``tool_calls``,
-``tool_call_id`` and ``reasoning`` (``add_turn_fields``). ``openai_fields`` writes them as vLLM's
-``ChatCompletionRequest`` reads them, and ``add_tools`` has vLLM check them and runs the OpenAI
-door's own step on the result (``tools_request.chat_step``): the same refusals, the tools given
-to the chat template, the constraint a forced tool choice puts on the output, and the
-``AnswerParsing`` that splits the answer into content, reasoning and tool calls.
+``chat_template``, ``add_generation_prompt``, ``continue_final_message``, ``reasoning_effort``,
+``documents`` and ``include_reasoning`` mean what an OpenAI body's fields of those names mean, and
+so do its messages' ``tool_calls``, ``tool_call_id`` and ``reasoning`` (``add_turn_fields``).
+``openai_fields`` writes them as vLLM's ``ChatCompletionRequest`` reads them, and ``add_tools`` has
+vLLM check them and runs the OpenAI door's own step on the result (``tools_request.chat_step``): the
+same refusals, the tools given to the chat template, the constraint a forced tool choice puts on the
+output, and the ``AnswerParsing`` that splits the answer into content, reasoning and tool calls.
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ def add_tools(
 
     sampling = _parser_sampling(chat.sampling)
     parsed = parse_with(ChatCompletionRequest, {"messages": [], **fields, **sampling})
+    param = "chat_template" if request.chat_template else "chat_template_kwargs"
     chat.template_kwargs, chat.answer_parsing = chat_step(
-        parsed, calling, trust_chat_template, "chat_template_kwargs"
+        parsed, calling, trust_chat_template, param
     )
+    chat.chat_template = parsed.chat_template
     _adjust_sampling(chat.sampling, sampling, parsed)
 
 
@@ -124,8 +126,8 @@ def _openai_turn(message: pb.ChatMessage) -> dict[str, Any]:
 
 
 def openai_fields(request: pb.GenerateRequest) -> dict[str, Any]:
-    """``request``'s tool fields, chat template options and include_reasoning as an OpenAI chat
-    body spells them (empty: none set)."""
+    """``request``'s tool fields, chat template and its options and include_reasoning as an
+    OpenAI chat body spells them (empty: none set)."""
     fields: dict[str, Any] = {}
     if request.tools:
         fields["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools)]
@@ -141,6 +143,11 @@ def openai_fields(request: pb.GenerateRequest) -> dict[str, Any]:
             fields[name] = getattr(request, name)
     if request.continue_final_message:
         fields["continue_final_message"] = True
+    for name in ("chat_template", "reasoning_effort"):
+        if getattr(request, name):
+            fields[name] = getattr(request, name)
+    if request.documents:
+        fields["documents"] = [json_object(document) for document in request.documents]
     return fields
 
 

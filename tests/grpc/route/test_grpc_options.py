@@ -1,8 +1,10 @@
 """The OpenAI chat door's answer options through gRPC ``RouteService.Generate``: the same chat sent
 to both doors of one router (a fake engine's) with beam search, ``add_generation_prompt`` and
 ``continue_final_message``, ``include_reasoning``, ``return_prompt_text`` or ``echo`` gets the same
-prompt, the same engine requests and the same answer, and the same refusals; the SDK sends them
-typed."""
+prompt, the same engine requests and the same answer, and the same refusals; likewise
+``truncate_prompt_tokens`` and ``truncation_side``, ``return_token_ids``, and what reaches the chat
+template (``add_special_tokens``, ``reasoning_effort``, ``documents``, ``chat_template``); the SDK
+sends them typed."""
 
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
 from epd.client import AsyncEpdClient, EpdClientError, assistant, user
+from epd.server.route.openai_schema import to_chat_request
+from epd.server.route.options_proto import add_options
+from epd.server.route.request import from_proto
+from epd.server.route.tools_proto import add_tools
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import route_service_pb2 as pb
@@ -180,12 +187,126 @@ async def test_echo_starts_each_completion_as_over_http(plain: Doors) -> None:
     assert [(r.text, list(r.token_ids)) for r in responses[:2]] == [("Well,", [])] * 2
 
 
+@pytest.mark.parametrize(
+    ("fields", "kept"),
+    [
+        ({"truncate_prompt_tokens": 5}, slice(-5, None)),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "left"}, slice(-5, None)),
+        ({"truncate_prompt_tokens": 5, "truncation_side": "right"}, slice(5)),
+        ({"truncate_prompt_tokens": -1}, slice(None)),
+        ({"truncation_side": "right"}, slice(None)),
+    ],
+)
+async def test_truncate_prompt_tokens_cuts_the_prompt_as_over_http(
+    plain: Doors, fields: dict[str, Any], kept: slice
+) -> None:
+    await plain.post({"max_tokens": 8})
+    whole = list(plain.last_call().prompt.token_ids)
+    status, text = await plain.post({**fields, "max_tokens": 8})
+    http_prompt = list(plain.last_call().prompt.token_ids)
+    await generate(plain, generation_pb2.SamplingParams(max_tokens=8), **fields)
+    assert status == 200, text
+    assert list(plain.last_call().prompt.token_ids) == http_prompt == whole[kept]
+    assert len(whole) > 10
+
+
+def http_prompt_ids(text: str) -> list[tuple[int, list[int]]]:
+    """A streamed OpenAI chat answer's prompt_token_ids, with the index of the choice whose
+    chunk carried them."""
+    shown = []
+    for line in text.splitlines():
+        if line.startswith("data: {") and "prompt_token_ids" in (payload := json.loads(line[6:])):
+            shown.append((payload["choices"][0]["index"], payload["prompt_token_ids"]))
+    return shown
+
+
+async def test_return_token_ids_is_on_each_completion_s_first_chunk_as_over_http(
+    plain: Doors,
+) -> None:
+    status, streamed = await plain.post({"return_token_ids": True, "n": 2, "stream": True})
+    responses = await generate(
+        plain, generation_pb2.SamplingParams(max_tokens=64, n=2), return_token_ids=True
+    )
+    engine_prompt = list(plain.last_call().prompt.token_ids)
+    shown = [(r.index, list(r.prompt_token_ids)) for r in responses if r.prompt_token_ids]
+    assert status == 200, streamed
+    assert (
+        sorted(shown)
+        == sorted(http_prompt_ids(streamed))
+        == [(0, engine_prompt)] + [(1, engine_prompt)]
+    )
+    plainly = await generate(plain, generation_pb2.SamplingParams(max_tokens=64))
+    assert not any(response.prompt_token_ids for response in plainly)
+
+
+def struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    message = struct_pb2.Struct()
+    message.update(value)
+    return message
+
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_template_s_options_are_the_openai_doors(trusted: bool) -> None:
+    chat = [{"role": "user", "content": "weather?"}]
+    documents = [{"title": "Paris", "text": "sunny"}]
+    body = {"messages": chat, "reasoning_effort": "low", "documents": documents}
+    body |= {"add_special_tokens": True, "return_token_ids": True}
+    request = pb.GenerateRequest(
+        messages=grpc_chat(chat),
+        reasoning_effort="low",
+        documents=[struct(document) for document in documents],
+        add_special_tokens=True,
+        return_token_ids=True,
+    )
+    if trusted:
+        body["chat_template"] = request.chat_template = TEMPLATE
+    http = to_chat_request(body, "tiny", trust_chat_template=trusted)
+    answered = from_proto(request)
+    add_tools(answered, request, None, trusted)
+    add_options(answered, request)
+    assert answered.template_kwargs == http.template_kwargs
+    assert http.template_kwargs["documents"] == documents
+    assert http.template_kwargs["reasoning_effort"] == "low"
+    assert answered.chat_template == http.chat_template == (TEMPLATE if trusted else None)
+    assert answered.add_special_tokens and answered.return_token_ids
+    assert (http.add_special_tokens, http.return_token_ids) == (True, True)
+
+
 # (name, OpenAI body fields, GenerateRequest fields): both doors refuse them alike.
 REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     (
         "continue_final_message with the generation prompt",
         {"messages": OPENED, "continue_final_message": True},
         {"messages": grpc_chat(OPENED), "continue_final_message": True},
+    ),
+    (
+        "truncate_prompt_tokens beyond the context",
+        {"truncate_prompt_tokens": 10**6},
+        {"truncate_prompt_tokens": 10**6},
+    ),
+    (
+        "truncate_prompt_tokens below -1",
+        {"truncate_prompt_tokens": -2},
+        {"truncate_prompt_tokens": -2},
+    ),
+    (
+        "truncation_side neither left nor right",
+        {"truncate_prompt_tokens": 5, "truncation_side": "middle"},
+        {"truncate_prompt_tokens": 5, "truncation_side": "middle"},
+    ),
+    ("an unknown reasoning_effort", {"reasoning_effort": "huge"}, {"reasoning_effort": "huge"}),
+    (
+        "a request's chat_template on an untrusting route",
+        {"chat_template": TEMPLATE},
+        {"chat_template": TEMPLATE},
+    ),
+    (
+        "a document whose value is no string",
+        {"documents": [{"title": 1}]},
+        {"documents": [struct({"title": 1})]},
     ),
 ]
 
@@ -303,3 +424,24 @@ async def test_the_sdk_sends_the_options_typed(deepseek: Doors, beams: Doors) ->
         ]
     assert status == 200, text
     assert [chunk.text for chunk in chunks] == expected
+
+
+async def test_the_sdk_sends_the_prompt_options_typed(plain: Doors) -> None:
+    await plain.post({"max_tokens": 8})
+    whole = list(plain.last_call().prompt.token_ids)
+    async with AsyncEpdClient(plain.grpc_endpoint) as client:
+        answer = await client.generate(
+            [user("weather in Paris?")],
+            max_tokens=8,
+            truncate_prompt_tokens=5,
+            truncation_side="right",
+            add_special_tokens=True,
+            return_token_ids=True,
+            reasoning_effort="low",
+            documents=[{"title": "Paris", "text": "sunny"}],
+        )
+        with pytest.raises(EpdClientError) as raised:
+            await client.generate([user("weather?")], max_tokens=8, chat_template=TEMPLATE)
+    assert answer.prompt_token_ids == list(plain.last_call().prompt.token_ids) == whole[:5]
+    assert raised.value.code == "INVALID_ARGUMENT"
+    assert raised.value.metadata["param"] == "chat_template"
