@@ -569,6 +569,28 @@ async def test_a_beam_search_over_grpc_is_the_http_doors(
     assert [c.prompt_text for c in chunks] == [http["prompt_text"]] * 3
 
 
+async def test_a_cut_prompt_over_grpc_is_the_http_doors(epd_url: str) -> None:
+    """A text chat rendered with the request's own chat template, the tokenizer's special tokens
+    added, cut to its first 6 tokens and its token ids asked for, through the route's two doors
+    on real engines: the same prompt token ids and the same answer."""
+    options: dict[str, Any] = {"truncate_prompt_tokens": 6, "truncation_side": "right"}
+    options |= {"add_special_tokens": True, "return_token_ids": True}
+    body = {**GREEDY, "messages": TEXT, "chat_template": STRING_TEMPLATE, **options}
+    status, http = await post(epd_url, body)
+    async with AsyncEpdClient(GRPC[epd_url]) as client:
+        answer = await client.generate(
+            [user(TEXT[0]["content"])], max_tokens=10, chat_template=STRING_TEMPLATE, **options
+        )
+    assert status == 200, http
+    assert len(http["prompt_token_ids"]) == 6 and http["usage"]["prompt_tokens"] == 6
+    assert answer.prompt_token_ids == http["prompt_token_ids"]
+    choice = http["choices"][0]
+    assert (answer.text, answer.finish_reason) == (
+        choice["message"]["content"],
+        choice["finish_reason"],
+    )
+
+
 async def test_auto_without_the_flags_is_refused_as_vllm_refuses_it(
     vllm_url: str, epd_url: str
 ) -> None:
