@@ -230,10 +230,9 @@ class Router:
         try:
             share_pixels(self.plane, stage, pixels)
             pieces = self._engine_pieces(call, stage, images, videos)
-            prompt_ids = None
             parsing = request.answer_parsing  # NOTE: a reasoning parser reads the prompt too
-            if request.return_token_ids or (parsing is not None and parsing.needs_prompt):
-                prompt_ids = expanded
+            asked = request.return_token_ids or (parsing is not None and parsing.needs_prompt)
+            prompt_ids = expanded if asked else None
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids, prompt.text):
                 yield chunk
         finally:
