@@ -24,7 +24,7 @@ from epd.server.engine.engine_cli import (
 )
 from epd.server.engine.settings import EngineSettings
 from epd.server.engine.vllm_args import parse_engine_args
-from epd.server.engine.vllm_engine import VllmOptions
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.engine.vllm_process import model_cpus
 
 SHARED_GPU_MEMORY = 0.9

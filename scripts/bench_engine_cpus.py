@@ -18,7 +18,8 @@ from bench_e2e import tiny_model_dir
 
 from epd.common.cpus import allowed_cpus, pin_threads
 from epd.server.engine.base import Sampling
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.engine.vllm_process import engine_core_pids
 
 ROUNDS = 3

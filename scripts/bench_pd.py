@@ -77,7 +77,8 @@ class Bench:
         from epd.common.roles import Role
         from epd.server.decode.app import DecodeConfig, build_decode_server
         from epd.server.encode.app import EncodeConfig, build_encode_server
-        from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+        from epd.server.engine.vllm_engine import VllmEngine
+        from epd.server.engine.vllm_options import VllmOptions
         from epd.server.media.grid import ImageGridder
         from epd.server.media.hashing import processor_fingerprint
         from epd.server.media.loader import MediaLoader

@@ -238,7 +238,8 @@ def percentile(ordered: list[float], fraction: float) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
     from epd.server.models.tiny.build import build_tiny_model, preset
 
     with tempfile.TemporaryDirectory() as folder:

@@ -179,7 +179,8 @@ def by_file(calls: set[Call]) -> dict[str, list[str]]:
 
 
 async def measure(model_dir: Path) -> set[Call]:
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     def options(role: str) -> VllmOptions:
         return VllmOptions(kv_role=role, kv_cache_bytes=96 << 20, max_model_len=2048)

@@ -28,7 +28,7 @@ from epd.server.transfer.transfer_cli import (
 from epd.server.worker.worker_cli import add_worker_arguments
 
 if TYPE_CHECKING:
-    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_options import VllmOptions
 
 DEFAULT_PORT = DECODE_PORT
 

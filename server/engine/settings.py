@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from epd.common.flags import flag
 from epd.server.engine.device import CPU, CUDA, DEFAULTS, DEVICE_CHOICES, DTYPE_CHOICES
-from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import MIN_KV_LEASE_S
+from epd.server.engine.vllm_options import VllmOptions
 
 _CPU, _CUDA, _VLLM = DEFAULTS[CPU], DEFAULTS[CUDA], VllmOptions()
 

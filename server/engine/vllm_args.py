@@ -17,7 +17,7 @@ from epd.server.engine.device import device_type
 from epd.server.engine.vllm_inputs import kv_transfer_config
 
 if TYPE_CHECKING:
-    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_options import VllmOptions
 
 # Engine arguments epd's own flags own, since epd reads the same fact outside vLLM.
 OWNED = {"model": "--model (epd reads the model's tokenizer and config from it)"}

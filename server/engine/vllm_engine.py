@@ -30,8 +30,8 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ from epd.common.errors import (
     Unavailable,
 )
 from epd.server.engine.base import (
-    DEFAULT_MAX_PENDING,
     IMAGE_GRIDS_KEY,
     IMAGE_HASHES_KEY,
     Candidates,
@@ -55,24 +54,22 @@ from epd.server.engine.base import (
     TokenChunk,
     Usage,
 )
-from epd.server.engine.device import CPU, CPU_KV_CACHE_MB, DEFAULTS
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
 from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
-    DEFAULT_KV_LEASE_S,
     SideChannel,
     candidates,
     prompt_candidates,
     raw_prompt,
     sampling_params,
 )
+from epd.server.engine.vllm_options import VllmOptions, as_started
 from epd.server.engine.vllm_outputs import chunk_of, request_failed
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.engine.vllm_stats import LoadTracker
-from epd.server.media.policy import DEFAULT_MAX_VIDEOS
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "epd_seed"
@@ -81,65 +78,6 @@ SEED_KEY = "epd_seed"
 # killed an EngineCore still waiting for a slow worker, leaving its shared memory to Python's
 # resource_tracker ("leaked shared_memory objects").
 ENGINE_CORE_STOP_S = 15.0
-
-
-@dataclass(frozen=True, slots=True)
-class VllmOptions:
-    """How to start the engine (CPU settings by default; ``epd.server.engine.device`` has the
-    defaults of each device).
-
-    ``device``: ``cpu`` or ``cuda:N``, the one vLLM's build runs on (``start`` checks), as
-    registered with the scheduler; KV-transfer engines keep their KV buffer there.
-    ``max_model_len``: None is the model's own context, as vLLM derives it.
-    ``kv_cache_bytes``: None sizes the cache from ``gpu_memory_utilization`` (GPU only).
-    ``max_num_seqs`` / ``max_num_batched_tokens``: None are vLLM's defaults for the device.
-    ``kv_role``: None (no KV transfer), ``kv_producer`` (serves ``prefill``), ``kv_consumer``
-    (serves ``decode``) or ``kv_both``. ``side_channel``: where the NIXL handshake listens
-    (port 0: a free port). ``kv_lease_s``: how long a producer keeps KV blocks that no decode
-    worker reads (a cancelled request's), the same on both sides. ``cpu_threads``: on CPU, the
-    model's torch threads (None: every CPU this process may use but one, the layout vLLM's own
-    CPU executor uses, which keeps one core for its scheduling). ``overrides``: more
-    ``AsyncEngineArgs`` fields by name (``vllm_args.parse_engine_args``), applied over every
-    value epd computes from the settings above; ``start`` reads the prompt limits
-    (``max_model_len``, images and videos per prompt) back from the engine when they override
-    those or leave them to vLLM. ``max_videos_per_prompt``: vLLM's ``limit_mm_per_prompt`` for
-    video, given explicitly (the route's ``--media-max-videos`` default). ``reasoning_parser``:
-    vLLM's reasoning parser (``vllm serve --reasoning-parser``; None: none): structured outputs
-    start after the reasoning, and ``thinking_token_budget`` is accepted (``vllm_reasoning``).
-    """
-
-    device: str = CPU
-    dtype: str = DEFAULTS[CPU].dtype
-    max_model_len: int | None = None
-    kv_cache_bytes: int | None = CPU_KV_CACHE_MB << 20
-    gpu_memory_utilization: float = 0.92  # vLLM's default
-    tensor_parallel_size: int = 1
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    max_images_per_prompt: int = 8
-    max_videos_per_prompt: int = DEFAULT_MAX_VIDEOS
-    max_pending_requests: int = DEFAULT_MAX_PENDING
-    enforce_eager: bool = DEFAULTS[CPU].enforce_eager
-    kv_role: str | None = None
-    side_channel: SideChannel = field(default_factory=SideChannel)
-    kv_lease_s: int = DEFAULT_KV_LEASE_S
-    cpu_threads: int | None = None
-    reasoning_parser: str | None = None
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _as_started(options: VllmOptions, model_config: Any) -> VllmOptions:
-    """``options`` with the prompt limits the engine settled on where overrides set them."""
-    if options.max_model_len is None or "max_model_len" in options.overrides:
-        options = replace(options, max_model_len=model_config.max_model_len)
-    multimodal = model_config.multimodal_config
-    if "limit_mm_per_prompt" in options.overrides and multimodal is not None:
-        options = replace(
-            options,
-            max_images_per_prompt=multimodal.get_limit_per_prompt("image"),
-            max_videos_per_prompt=multimodal.get_limit_per_prompt("video"),
-        )
-    return options
 
 
 def _layout(model_dir: Path) -> VisionLayout:
@@ -204,7 +142,7 @@ class VllmEngine(Engine):
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
-        options = _as_started(options, llm.model_config)
+        options = as_started(options, llm.model_config)
         name = model_id or model_dir.name
         engine = cls(llm, name, _layout(model_dir), options, tracker, model_dir, rpc_dir)
         # NOTE: this frame may outlive the call: when it made the process's first vLLM import,

@@ -21,7 +21,7 @@ from epd.server.engine.vllm_inputs import SIDE_CHANNEL_ENV_LOCK
 from epd.server.engine.vllm_stats import LoadTracker
 
 if TYPE_CHECKING:
-    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_options import VllmOptions
 
 logger = logging.getLogger(__name__)
 

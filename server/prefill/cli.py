@@ -34,7 +34,7 @@ from epd.server.worker.worker_cli import add_worker_arguments
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
     from epd.server.engine.transformers_engine import TransformersOptions
-    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_options import VllmOptions
 
 DEFAULT_PORT = PREFILL_PORT
 # NOTE: no PrefillConfig field: the cli starts the engine it names.

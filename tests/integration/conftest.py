@@ -17,7 +17,8 @@ KV_CACHE_BYTES = 96 << 20
 
 async def start_pair(model_dir: Path) -> tuple[Any, Any]:
     """A KV producer and a KV consumer vLLM engine of ``model_dir``, started together."""
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     def options(role: str) -> VllmOptions:
         return VllmOptions(kv_role=role, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=2048)

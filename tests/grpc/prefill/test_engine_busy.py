@@ -11,7 +11,8 @@ import pytest
 
 from epd.common.channels import create_channel
 from epd.common.status import from_rpc_error
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb

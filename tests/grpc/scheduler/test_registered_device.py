@@ -14,7 +14,8 @@ from epd.scheduler.app import build_scheduler_server
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.transformers_engine import TransformersEngine
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc

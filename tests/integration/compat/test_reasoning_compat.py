@@ -119,7 +119,8 @@ async def servers(
 ) -> AsyncIterator[tuple[str, Any, Any]]:
     """``vllm serve`` with the parser, and a KV producer and consumer engine with it, started
     together: (vLLM's URL, producer, consumer)."""
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     def options(role: str) -> VllmOptions:
         return VllmOptions(

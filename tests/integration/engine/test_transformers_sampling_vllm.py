@@ -17,7 +17,8 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, EngineImage, Sampling, StructuredOutput, TokenChunk
 from epd.server.engine.transformers_engine import TransformersEngine, TransformersOptions
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
+from epd.server.engine.vllm_options import VllmOptions
 from tests.pictures import picture
 
 from .helpers import prompt_tokens

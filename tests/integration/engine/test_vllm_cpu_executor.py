@@ -16,7 +16,8 @@ pytestmark = pytest.mark.vllm
 async def test_on_cpu_the_model_runs_in_the_engine_core_process(
     tiny_model_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     before = {child.pid for child in psutil.Process().children(recursive=True)}

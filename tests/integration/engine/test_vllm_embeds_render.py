@@ -25,7 +25,8 @@ async def family_engine(request: pytest.FixtureRequest, tiny_family_dir, engines
     if request.param == FAMILIES[0].name:
         yield engines[0]
         return
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     options = VllmOptions(kv_cache_bytes=64 << 20, max_model_len=2048)
     engine = await VllmEngine.start(tiny_family_dir(request.param), options=options)

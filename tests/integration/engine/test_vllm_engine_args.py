@@ -10,7 +10,8 @@ pytestmark = pytest.mark.vllm
 
 async def test_engine_args_epd_does_not_name_change_the_started_engine(tiny_model_dir) -> None:
     from epd.server.engine.vllm_args import parse_engine_args
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     overrides = parse_engine_args(
         ["max_num_seqs=3", "enable_prefix_caching=false"], ["--max-model-len", "1024"]

@@ -44,7 +44,8 @@ async def fresh_engines(tiny_model_dir):
     prometheus-client's process-wide registry and every engine that starts unregisters the
     ``vllm:*`` collectors there before adding its own (one engine per process, as epd runs
     them), so the session's engines have lost theirs to whichever engine a test started last."""
-    from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+    from epd.server.engine.vllm_engine import VllmEngine
+    from epd.server.engine.vllm_options import VllmOptions
 
     def options(role: str) -> VllmOptions:
         return VllmOptions(kv_role=role, kv_cache_bytes=KV_CACHE_BYTES, max_model_len=2048)

@@ -26,8 +26,8 @@ from epd.scheduler.core import SchedulerConfig
 from epd.server.decode.app import DecodeConfig
 from epd.server.encode.app import EncodeConfig
 from epd.server.engine.transformers_engine import TransformersOptions
-from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import SideChannel
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.media.policy import MediaPolicy
 from epd.server.prefill.app import PrefillConfig
 from epd.server.route.app import RouteConfig

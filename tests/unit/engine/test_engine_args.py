@@ -89,7 +89,7 @@ def test_the_users_engine_args_win_over_epds_values(tmp_path: Path) -> None:
 
 
 def test_vllm_gets_the_image_and_video_limits_per_prompt_explicitly(tmp_path: Path) -> None:
-    from epd.server.engine.vllm_engine import VllmOptions
+    from epd.server.engine.vllm_options import VllmOptions
     from epd.server.media.policy import DEFAULT_MAX_VIDEOS
 
     assert engine_args(tmp_path, "tiny", VllmOptions()).limit_mm_per_prompt == {

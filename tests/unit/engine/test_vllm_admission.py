@@ -23,8 +23,9 @@ from epd.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from epd.server.engine.base import KV_LOAD_FAILED, EngineImage, Sampling, TokenChunk
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
 from epd.server.engine.vllm_inputs import PICTURE_NAME_PREFIX
+from epd.server.engine.vllm_options import VllmOptions
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from epd.common.cpus import allowed_cpus
-from epd.server.engine.vllm_engine import VllmOptions
 from epd.server.engine.vllm_inputs import SideChannel
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.engine.vllm_process import (
     default_cpu_threads,
     engine_environment,

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from epd.server.engine.base import Sampling
-from epd.server.engine.vllm_engine import VllmEngine, VllmOptions
+from epd.server.engine.vllm_engine import VllmEngine
+from epd.server.engine.vllm_options import VllmOptions
 from tests.unit.engine.test_vllm_admission import LAYOUT, PROMPT, FakeLlm, output
 
 pytest.importorskip("vllm")
