@@ -3,10 +3,10 @@
 The rendered prompt keeps one placeholder per image and video; the engine expands each to its
 token count. What the route derives from that expanded prompt, each from the counts the media
 step computed once (``media.RouteImage``, ``media.RouteVideo``): its block hashes for KV-aware
-routing (``block_hashes``), the cut a request's ``truncate_prompt_tokens`` asks for
-(``truncated``), the expanded token ids, checked against the model's context before anything is
-encoded and given back to a request that asks for them (``engine_prompt``), and the prefill
-worker's prompt with the encoders' embedding references (``embedded``).
+routing, from the same expansion that is checked against the model's context before anything is
+encoded (``block_hashes``), the cut a request's ``truncate_prompt_tokens`` asks for
+(``truncated``), the expanded token ids for a request that asks for them (``expanded``), and the
+prefill worker's prompt with the encoders' embedding references (``embedded``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from epd.server.media.hashing import salted
 from epd.server.route.encoding import EncodeStage
 from epd.server.route.media import RouteImage, RouteVideo, video_input
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatRequest, bad
+from epd.server.route.request import ChatRequest
 from epd.v1 import generation_pb2, multimodal_pb2
 
 
@@ -29,13 +29,17 @@ def block_hashes(
     images: list[RouteImage],
     videos: list[RouteVideo],
     salt: str = "",
+    param: str = "messages",
 ) -> list[int]:
-    """The expanded prompt's block hashes, each image and video named by its (salted) hash."""
+    """The expanded prompt's block hashes, each image and video named by its (salted) hash; a
+    400 naming ``param`` when the prompt leaves no room in the model's context
+    (``PromptBuilder.block_hashes``)."""
     return prompts.block_hashes(
         token_ids,
         [(image.item.mm_hash, image.num_tokens) for image in images],
         [(salted(v.video.video_hash, salt), prompts.video_tokens(v.video.plan)) for v in videos],
         salt,
+        param,
     )
 
 
@@ -54,29 +58,17 @@ def truncated(
     return prompts.truncated(token_ids, keep, side, image_tokens, video_tokens)
 
 
-def engine_prompt(
+def expanded(
     prompts: PromptBuilder,
     token_ids: list[int],
     images: list[RouteImage],
     videos: list[RouteVideo],
-    param: str = "messages",
 ) -> list[int]:
-    """The prompt's token ids as the engine holds them, each image and video expanded; a 400
-    naming ``param`` (``PROMPT_TOO_LONG``, as the engines refuse it) when they leave no room
-    for an answer in the model's context, so that nothing is encoded for a prompt the engine
-    would refuse."""
+    """The prompt's token ids as the engine holds them, each image and video expanded (for a
+    request that asks for them)."""
     image_tokens = [image.num_tokens for image in images]
     video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
-    expanded = prompts.expanded_ids(token_ids, image_tokens, video_tokens)
-    context = prompts.max_context_tokens
-    if context is not None and len(expanded) >= context:
-        raise bad(
-            f"the prompt expands to {len(expanded)} tokens; the model's context is {context} "
-            "tokens, which leaves no room for an answer",
-            param,
-            "PROMPT_TOO_LONG",
-        )
-    return expanded
+    return prompts.expanded_ids(token_ids, image_tokens, video_tokens)
 
 
 def embedded(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +22,14 @@ from epd.common.errors import EpdError
 from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
-from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.route.peers import Peers
 from epd.server.route.request import Deadline
 from epd.server.route.resumption import (
     DEFAULT_MAX_RESUMPTIONS,
+    Attempt,
+    OnResumed,
     Progress,
-    is_no_worker,
-    is_resumable,
+    Recovery,
 )
 from epd.server.route.topology import Plan
 from epd.v1 import decode_service_pb2 as decode_pb
@@ -38,12 +37,7 @@ from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
-logger = logging.getLogger(__name__)
-MAX_PREFILL_ATTEMPTS = 3
-RESUMED_EVENT = "epd.resumed"
 OnPrefilled = Callable[[], Awaitable[None]]
-# told of each resumption: the failed worker's role ("prefill" or "decode"), tokens sent before
-OnResumed = Callable[[str, int], None]
 # the prompt for a chosen prefill worker (embeddings the worker can read from its host)
 PromptFor = Callable[[scheduler_pb.WorkerInfo], Awaitable[generation_pb2.Prompt]]
 
@@ -152,93 +146,6 @@ async def stream_tokens(
         placement = None
 
 
-@dataclass
-class Attempt:
-    """One attempt at a request: its workers, where it failed, its release of the embeddings."""
-
-    prefill: scheduler_pb.WorkerInfo | None = None
-    decode_id: str = ""
-    # the decode worker's stream had started when the attempt failed
-    in_decode: bool = False
-    release: asyncio.Future[Any] | None = None
-
-    def failed_role(self, error: EpdError) -> str:
-        """The role of the worker whose failure, ``error``, ended the attempt: a decode stream
-        that could not read its KV failed for want of the prefill worker."""
-        return "decode" if self.in_decode and error.reason != KV_LOAD_FAILED else "prefill"
-
-
-@dataclass
-class Excluded:
-    """Workers that failed this request, not chosen again for it."""
-
-    prefill: list[str] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
-
-    def add(self, attempt: Attempt, error: EpdError) -> str:
-        """Exclude the worker whose ``error`` failed ``attempt``; returns its id."""
-        if attempt.failed_role(error) == "decode":
-            self.decode.append(attempt.decode_id)
-            return attempt.decode_id
-        assert attempt.prefill is not None
-        self.prefill.append(attempt.prefill.id)
-        return attempt.prefill.id
-
-
-@dataclass
-class Recovery:
-    """Where one request's stream stands between attempts: what it sent, the workers it excluded,
-    its failures and resumptions so far, the failure being recovered from. The transitions:
-    ``check_recoverable`` (raise what ends the request), then ``recover_from`` (exclude the
-    failed worker and count the failure)."""
-
-    progress: Progress
-    max_resumptions: int
-    excluded: Excluded = field(default_factory=Excluded)
-    num_failures: int = 0
-    num_resumptions: int = 0
-    lost: EpdError | None = None
-
-    @property
-    def is_resuming(self) -> bool:
-        """Whether the client has tokens already: the next attempt continues after them."""
-        return bool(self.progress.sent)
-
-    def check_recoverable(self, attempt: Attempt, error: EpdError) -> None:
-        """Raise what ends the request after ``attempt`` failed with ``error``: the loss being
-        resumed from when no replica is left to resume on, else ``error`` itself when it is not
-        a worker's loss (or no worker was reached) or the tries are spent."""
-        lost = self.lost if self.is_resuming else None
-        if lost is not None and (attempt.prefill is None or is_no_worker(error)):
-            raise lost from error
-        if attempt.prefill is None or not is_resumable(error) or self._tries_spent():
-            raise error
-        if self.is_resuming and not self.progress.can_resume:
-            raise error
-
-    def recover_from(self, attempt: Attempt, error: EpdError, on_resumed: OnResumed | None) -> None:
-        """Exclude the worker whose ``error`` failed ``attempt`` and count the failure (a
-        resumption when tokens were sent: a span event, and ``on_resumed`` told)."""
-        self.lost = error
-        failed = self.excluded.add(attempt, error)
-        self.num_failures += 1
-        self.num_resumptions += self.is_resuming
-        num_sent = len(self.progress.sent)
-        _log_failure(self.progress.call.request_id, attempt, failed, error, num_sent)
-        if not self.is_resuming:
-            return
-        trace.get_current_span().add_event(
-            RESUMED_EVENT, {"epd.failed_worker": failed, "epd.tokens_sent": num_sent}
-        )
-        if on_resumed is not None:
-            on_resumed(attempt.failed_role(error), num_sent)
-
-    def _tries_spent(self) -> bool:
-        if self.is_resuming:
-            return self.num_resumptions >= self.max_resumptions
-        return self.num_failures + 1 >= MAX_PREFILL_ATTEMPTS
-
-
 async def _attempt(
     peers: Peers,
     recovery: Recovery,
@@ -255,7 +162,13 @@ async def _attempt(
         placement = await choose_prefill(peers, call, recovery.excluded.prefill)
     choice = placement.prefill
     worker = attempt.prefill = choice.worker
-    prompt = call.prompt if prompt_for is None else await _prompt(attempt, prompt_for, worker)
+    try:
+        prompt = call.prompt if prompt_for is None else await prompt_for(worker)
+    except EpdError:
+        # NOTE: images not encoded again for the worker's host: the request's failure, not the
+        # worker's, so none is excluded or retried for it
+        attempt.prefill = None
+        raise
     call = progress.continued(prompt)
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
@@ -273,44 +186,10 @@ async def _attempt(
         yield progress.record(piece)
 
 
-async def _prompt(
-    attempt: Attempt, prompt_for: PromptFor, worker: scheduler_pb.WorkerInfo
-) -> generation_pb2.Prompt:
-    """The prompt for ``worker``. When it cannot be made (its images could not be encoded
-    again for the worker's host), the failure is the request's, not the worker's: the attempt
-    then names no worker, and none is excluded or retried for it."""
-    try:
-        return await prompt_for(worker)
-    except EpdError:
-        attempt.prefill = None
-        raise
-
-
 async def _settle(release: asyncio.Future[Any] | None) -> None:
     """Wait for an attempt's release of the embeddings before the next attempt reads them."""
     if release is not None:
         await asyncio.shield(release)
-
-
-def _log_failure(
-    request_id: str, attempt: Attempt, failed: str, error: EpdError, sent: int
-) -> None:
-    if sent:
-        logger.warning(
-            "request %s: %s worker %s failed after %d tokens (%s); resuming on another",
-            request_id,
-            attempt.failed_role(error),
-            failed,
-            sent,
-            error,
-        )
-    else:
-        logger.warning(
-            "request %s: prefill on %s failed before the first token (%s); retrying elsewhere",
-            request_id,
-            failed,
-            error,
-        )
 
 
 async def _prefill_decode(peers: Peers, call: EngineCall, endpoint: str) -> AsyncIterator[Piece]:
@@ -335,13 +214,15 @@ async def _prefill_then_decode(
 ) -> AsyncIterator[Piece]:
     """Prefill on ``worker``, then decode on ``decoder`` (None: one chosen beside the prefill,
     ``excluded`` left out)."""
+    request = prefill_pb.PrefillRequest(
+        request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling
+    )
+    prefill = peers.prefill(worker.endpoint).Prefill(request, timeout=call.deadline.remaining())
     try:
         if decoder is None:
-            reply, chosen = await concurrently(
-                _prefill(peers, call, worker.endpoint), _choose_decode(peers, call, excluded)
-            )
+            reply, chosen = await concurrently(prefill, _choose_decode(peers, call, excluded))
         else:
-            reply, chosen = await _prefill(peers, call, worker.endpoint), decoder
+            reply, chosen = await prefill, decoder
     except EpdError as error:
         if error.reason != "WRONG_MODE":
             raise
@@ -389,13 +270,6 @@ async def _pieces(stream: Any) -> AsyncGenerator[Piece, None]:
             )
     finally:
         stream.cancel()  # NOTE: no-op once finished; aborts the engine request otherwise
-
-
-async def _prefill(peers: Peers, call: EngineCall, endpoint: str) -> prefill_pb.PrefillResponse:
-    request = prefill_pb.PrefillRequest(
-        request_id=call.request_id, model=call.model, prompt=call.prompt, sampling=call.sampling
-    )
-    return await peers.prefill(endpoint).Prefill(request, timeout=call.deadline.remaining())
 
 
 async def _choose_decode(

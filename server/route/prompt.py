@@ -300,16 +300,27 @@ class PromptBuilder:
         images: list[tuple[str, int]],
         videos: Sequence[tuple[str, VideoTokens]] | None = None,
         salt: str = "",
+        param: str = "messages",
     ) -> list[int]:
         """Chained hashes of the full blocks of the expanded prompt (``_expanded``), each image's
         and video's rows a pad value derived from its mm_hash; ``images`` holds (mm_hash, number
         of image tokens) per image, in prompt order, ``videos`` (mm_hash, ``VideoTokens``) per
-        video. ``salt``
-        (the request's ``hashing.key_salt``; "" for none) is mixed into the first block, as vLLM
-        mixes a request's cache_salt, so the whole chain is the tenant's own."""
+        video. ``salt`` (the request's ``hashing.key_salt``; "" for none) is mixed into the
+        first block, as vLLM mixes a request's cache_salt, so the whole chain is the tenant's
+        own. The same expansion is the engine's prompt length: a 400 naming ``param``
+        (``PROMPT_TOO_LONG``, as the engines refuse it) when it leaves no room for an answer in
+        the model's context, so that nothing is encoded for a prompt the engine would refuse."""
         pictures = [(num_tokens, _pad(mm_hash)) for mm_hash, num_tokens in images]
         clips = [(tokens, _pad(mm_hash)) for mm_hash, tokens in videos or []]
         expanded = self._expanded(token_ids, pictures, clips, _pad(""))
+        context = self.max_context_tokens
+        if context is not None and len(expanded) >= context:
+            raise bad(
+                f"the prompt expands to {len(expanded)} tokens; the model's context is "
+                f"{context} tokens, which leaves no room for an answer",
+                param,
+                "PROMPT_TOO_LONG",
+            )
         hashes, previous = [], f"{salt}|".encode() if salt else b""
         for start in range(0, len(expanded) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = ",".join(map(str, expanded[start : start + BLOCK_SIZE])).encode()

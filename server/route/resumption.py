@@ -1,4 +1,9 @@
-"""What a request's stream has produced so far, so that it can go on elsewhere.
+"""Where a request's stream stands between attempts, so that it can go on elsewhere: what it
+sent (``Progress``), the attempt that failed (``Attempt``), and the retries and resumptions so far
+with their two transitions (``Recovery``). ``hops.stream_tokens`` is the loop that uses them.
+
+A failure before the first token is retried on another prefill worker, up to
+``MAX_PREFILL_ATTEMPTS`` workers.
 
 When the worker streaming a request's tokens dies mid-stream, the route continues the request on
 another replica: the same prompt (its images re-read or re-encoded) followed by the tokens the
@@ -12,17 +17,29 @@ resumption point is not seen.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
 
 from epd.common.errors import Cancelled, EpdError, Unavailable
+from epd.server.engine.base import KV_LOAD_FAILED
 from epd.server.worker.convert import sampling_from_proto
 from epd.v1 import generation_pb2
+from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 if TYPE_CHECKING:
     from epd.server.route.hops import EngineCall, Piece
 
+logger = logging.getLogger(__name__)
 DEFAULT_MAX_RESUMPTIONS = 3
+MAX_PREFILL_ATTEMPTS = 3
+RESUMED_EVENT = "epd.resumed"
+# told of each resumption: the failed worker's role ("prefill" or "decode"), tokens sent before
+OnResumed = Callable[[str, int], None]
 # failures a resumption answers: the worker is gone or its server ended the call
 RESUMABLE = (Unavailable, Cancelled)
 NO_WORKER_REASONS = frozenset({"NO_PREFILL_WORKER", "NO_DECODE_WORKER"})
@@ -108,3 +125,111 @@ class Progress:
         usage.completion_tokens += self.offset
         usage.cached_prompt_tokens = min(usage.cached_prompt_tokens, usage.prompt_tokens)
         return replace(piece, usage=usage)
+
+
+@dataclass
+class Attempt:
+    """One attempt at a request: its workers, where it failed, its release of the embeddings."""
+
+    prefill: scheduler_pb.WorkerInfo | None = None
+    decode_id: str = ""
+    # the decode worker's stream had started when the attempt failed
+    in_decode: bool = False
+    release: asyncio.Future[Any] | None = None
+
+    def failed_role(self, error: EpdError) -> str:
+        """The role of the worker whose failure, ``error``, ended the attempt: a decode stream
+        that could not read its KV failed for want of the prefill worker."""
+        return "decode" if self.in_decode and error.reason != KV_LOAD_FAILED else "prefill"
+
+
+@dataclass
+class Excluded:
+    """Workers that failed this request, not chosen again for it."""
+
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+
+    def add(self, attempt: Attempt, error: EpdError) -> str:
+        """Exclude the worker whose ``error`` failed ``attempt``; returns its id."""
+        if attempt.failed_role(error) == "decode":
+            self.decode.append(attempt.decode_id)
+            return attempt.decode_id
+        assert attempt.prefill is not None
+        self.prefill.append(attempt.prefill.id)
+        return attempt.prefill.id
+
+
+@dataclass
+class Recovery:
+    """Where one request's stream stands between attempts: what it sent, the workers it excluded,
+    its failures and resumptions so far, the failure being recovered from. The transitions:
+    ``check_recoverable`` (raise what ends the request), then ``recover_from`` (exclude the
+    failed worker and count the failure)."""
+
+    progress: Progress
+    max_resumptions: int
+    excluded: Excluded = field(default_factory=Excluded)
+    num_failures: int = 0
+    num_resumptions: int = 0
+    lost: EpdError | None = None
+
+    @property
+    def is_resuming(self) -> bool:
+        """Whether the client has tokens already: the next attempt continues after them."""
+        return bool(self.progress.sent)
+
+    def check_recoverable(self, attempt: Attempt, error: EpdError) -> None:
+        """Raise what ends the request after ``attempt`` failed with ``error``: the loss being
+        resumed from when no replica is left to resume on, else ``error`` itself when it is not
+        a worker's loss (or no worker was reached) or the tries are spent."""
+        lost = self.lost if self.is_resuming else None
+        if lost is not None and (attempt.prefill is None or is_no_worker(error)):
+            raise lost from error
+        if attempt.prefill is None or not is_resumable(error) or self._tries_spent():
+            raise error
+        if self.is_resuming and not self.progress.can_resume:
+            raise error
+
+    def recover_from(self, attempt: Attempt, error: EpdError, on_resumed: OnResumed | None) -> None:
+        """Exclude the worker whose ``error`` failed ``attempt`` and count the failure (a
+        resumption when tokens were sent: a span event, and ``on_resumed`` told)."""
+        self.lost = error
+        failed = self.excluded.add(attempt, error)
+        self.num_failures += 1
+        self.num_resumptions += self.is_resuming
+        num_sent = len(self.progress.sent)
+        _log_failure(self.progress.call.request_id, attempt, failed, error, num_sent)
+        if not self.is_resuming:
+            return
+        trace.get_current_span().add_event(
+            RESUMED_EVENT, {"epd.failed_worker": failed, "epd.tokens_sent": num_sent}
+        )
+        if on_resumed is not None:
+            on_resumed(attempt.failed_role(error), num_sent)
+
+    def _tries_spent(self) -> bool:
+        if self.is_resuming:
+            return self.num_resumptions >= self.max_resumptions
+        return self.num_failures + 1 >= MAX_PREFILL_ATTEMPTS
+
+
+def _log_failure(
+    request_id: str, attempt: Attempt, failed: str, error: EpdError, sent: int
+) -> None:
+    if sent:
+        logger.warning(
+            "request %s: %s worker %s failed after %d tokens (%s); resuming on another",
+            request_id,
+            attempt.failed_role(error),
+            failed,
+            sent,
+            error,
+        )
+    else:
+        logger.warning(
+            "request %s: prefill on %s failed before the first token (%s); retrying elsewhere",
+            request_id,
+            failed,
+            error,
+        )

@@ -10,7 +10,7 @@ One path per request, each step a function of what the steps before it made:
    (``media.RouteVideo``), each chunk an encoding item whose frames are shared likewise; the
    prompt as the engine will hold it (block hashes, a requested cut, the embedded prompt)
    follows from those counts (``engine_prompt``), and one beyond the model's context is
-   refused there, before anything is encoded;
+   refused as its block hashes are computed, before anything is encoded;
 3. encoding: with live encoders, the scheduler assigns them while it chooses the prefill worker
    (KV-aware, from the hashes of the expanded prompt), and the images are encoded for that
    worker's host and device (``encoding``); without, the images go raw to an encode_prefill
@@ -46,7 +46,7 @@ from epd.server.route.encoding import (
     release_pixels,
     share_pixels,
 )
-from epd.server.route.engine_prompt import block_hashes, embedded, engine_prompt, truncated
+from epd.server.route.engine_prompt import block_hashes, embedded, expanded, truncated
 from epd.server.route.hops import (
     EngineCall,
     OnPrefilled,
@@ -200,7 +200,6 @@ class Router:
             token_ids = truncated(self.prompts, request, token_ids, images, videos)
         token_ids = token_ids + request.answer_prefix  # NOTE: a beam's step: its tokens so far
         param = "messages" if request.prompt_token_ids is None else "prompt"
-        expanded = engine_prompt(self.prompts, token_ids, images, videos, param)
         sampling, salt = request.sampling, ""
         if request.tenant or sampling.cache_salt:  # NOTE: else one namespace, keys unchanged
             sampling, salt = in_namespace(request, images, videos)
@@ -209,7 +208,7 @@ class Router:
             model,
             generation_pb2.Prompt(token_ids=token_ids),
             sampling,
-            block_hashes(self.prompts, token_ids, images, videos, salt),
+            block_hashes(self.prompts, token_ids, images, videos, salt, param),
             plan_for(live_roles, len(images) + len(videos)),
             live_roles,
             deadline,
@@ -232,7 +231,7 @@ class Router:
             pieces = self._engine_pieces(call, stage, images, videos)
             parsing = request.answer_parsing  # NOTE: a reasoning parser reads the prompt too
             asked = request.return_token_ids or (parsing is not None and parsing.needs_prompt)
-            prompt_ids = expanded if asked else None
+            prompt_ids = expanded(self.prompts, token_ids, images, videos) if asked else None
             async for chunk in self._chunks(pieces, call.sampling, prompt_ids, prompt.text):
                 yield chunk
         finally:

@@ -389,7 +389,12 @@ class StubPrompts:
         return Rendered("ab", [1, 2])
 
     def block_hashes(
-        self, token_ids: list[int], images: Any, videos: Any = None, salt: str = ""
+        self,
+        token_ids: list[int],
+        images: Any,
+        videos: Any = None,
+        salt: str = "",
+        param: str = "messages",
     ) -> list[int]:
         return []
 
