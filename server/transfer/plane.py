@@ -201,20 +201,18 @@ class DataPlane:
             if isinstance(nixl, NixlProducer) and nixl.lends_device_memory is not False:
                 kind = tensor_pb2.TRANSFER_KIND_NIXL
         if not kind:
-            kind = self._automatic_kind(consumer_host_id)
+            if consumer_host_id == self.host_id and tensor_pb2.TRANSFER_KIND_SHM in self.producers:
+                kind = tensor_pb2.TRANSFER_KIND_SHM
+            elif consumer_host_id and tensor_pb2.TRANSFER_KIND_NIXL in self.producers:
+                kind = tensor_pb2.TRANSFER_KIND_NIXL
+            else:
+                kind = tensor_pb2.TRANSFER_KIND_INLINE
         if kind not in self.producers:
             raise FailedPrecondition(
                 f"transfer kind {KIND_NAMES.get(int(kind), kind)} is not available in this process",
                 reason="TRANSFER_UNAVAILABLE",
             )
         return kind
-
-    def _automatic_kind(self, consumer_host_id: str) -> int:
-        if consumer_host_id == self.host_id and tensor_pb2.TRANSFER_KIND_SHM in self.producers:
-            return tensor_pb2.TRANSFER_KIND_SHM
-        if consumer_host_id and tensor_pb2.TRANSFER_KIND_NIXL in self.producers:
-            return tensor_pb2.TRANSFER_KIND_NIXL
-        return tensor_pb2.TRANSFER_KIND_INLINE
 
     def put(
         self,
@@ -292,11 +290,11 @@ class DataPlane:
         return tensor
 
     def release(self, lease_ids: Iterable[str]) -> int:
-        """Free the given leases (unknown ones are ignored); returns how many were held."""
+        """Free the given leases (unknown ones are ignored); returns how many were held. A lease
+        is held by one producer at most: the first that held it ends the search."""
         return sum(
-            producer.release(lease_id)
+            any(producer.release(lease_id) for producer in self.producers.values())
             for lease_id in lease_ids
-            for producer in self.producers.values()
         )
 
     def held(self) -> list[LeaseInfo]:
