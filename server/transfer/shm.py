@@ -51,7 +51,7 @@ from epd.server.transfer.shm_orphans import (
 )
 from epd.server.transfer.shm_orphans import list_segments as list_segments
 from epd.server.transfer.shm_orphans import orphans as orphans
-from epd.server.transfer.tensors import check_ref, copy_payload, describe, from_bytes, move
+from epd.server.transfer.tensors import check_ref, copy_payload, describe, move, view_bytes
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
@@ -69,15 +69,13 @@ _SEGMENT_NUMBERS = itertools.count(1)
 
 @dataclass(slots=True)
 class Segment:
-    """One mapped segment owned by this producer."""
+    """One mapped segment owned by this producer: the lease stamp of the payload it carries
+    (``payload_layout``), then the payload."""
 
     name: str
     capacity: int
     buffer: mmap.mmap
     address: int
-
-    def stamp(self, lease_id: str, content_tag: bytes = b"") -> None:
-        self.buffer[:HEADER_BYTES] = stamp_of(lease_id, content_tag)
 
 
 class SegmentPool:
@@ -166,7 +164,7 @@ class ShmProducer(LeasedProducer[Segment]):
         segment = self._pool.acquire(ref.byte_size)
         copy_payload(segment.address + HEADER_BYTES, tensor)
         info = self._lease(ref, segment, segment.name, ttl_s)
-        segment.stamp(info.lease_id, content_tag)
+        segment.buffer[:HEADER_BYTES] = stamp_of(info.lease_id, content_tag)
         ref.shm.CopyFrom(
             tensor_pb2.ShmLocation(name=segment.name, offset=HEADER_BYTES, size=ref.byte_size)
         )
@@ -227,7 +225,7 @@ class ShmConsumer(TensorConsumer):
     ) -> torch.Tensor:
         """As ``TensorConsumer.get``; with ``content_tag``, FailedPrecondition (CONTENT_MISMATCH)
         unless the producer tagged the payload so."""
-        dtype = check_ref(ref)
+        dtype, shape = check_ref(ref)
         location = ref.shm
         if ref.host_id != self.host_id:
             raise FailedPrecondition(
@@ -245,11 +243,7 @@ class ShmConsumer(TensorConsumer):
                 f"{location.name!r} is not an epd segment name", reason="BAD_TENSOR_REF"
             )
         if ref.byte_size <= SMALL_COPY_BYTES:
-            fd = self._open(location.name)
-            try:
-                return self._read(fd, ref, dtype, content_tag)
-            finally:
-                os.close(fd)
+            return view_bytes(self._read(ref, content_tag), dtype, shape, ref.byte_size)
         cache = self.copies if copy else self.views
         lease_stamp = stamp_of(ref.lease_id)[:LEASE_STAMP_BYTES]
         view = cache.take(location.name, ref.lease_id, lease_stamp) or self._map(
@@ -265,8 +259,8 @@ class ShmConsumer(TensorConsumer):
         if not copy:
             payload_view = view[location.offset :]
             cache.lend(location.name, payload_view)
-            return from_bytes(payload_view, ref, dtype)
-        payload = self.buffers.empty(dtype, ref.shape[:], ref.byte_size)
+            return view_bytes(payload_view, dtype, shape, ref.byte_size)
+        payload = self.buffers.empty(dtype, shape, ref.byte_size)
         move(payload.data_ptr(), _address(view) + location.offset, ref.byte_size)
         # NOTE: a lease released during the copy may have let another payload in.
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
@@ -292,17 +286,20 @@ class ShmConsumer(TensorConsumer):
                 reason="SEGMENT_NOT_FOUND",
             ) from None
 
-    def _read(
-        self, fd: int, ref: tensor_pb2.TensorRef, dtype: torch.dtype, content_tag: bytes
-    ) -> torch.Tensor:
-        """A private copy read with ``preadv`` (no mapping to set up and tear down)."""
+    def _read(self, ref: tensor_pb2.TensorRef, content_tag: bytes) -> bytearray:
+        """A private copy of the payload read with ``preadv`` (no mapping to set up and tear
+        down), its stamp checked."""
         location = ref.shm
         header = bytearray(HEADER_BYTES)
         payload = bytearray(ref.byte_size)
-        if location.offset == HEADER_BYTES:
-            num_read = os.preadv(fd, [header, payload], 0)
-        else:
-            num_read = os.preadv(fd, [header], 0) + os.preadv(fd, [payload], location.offset)
+        fd = self._open(location.name)
+        try:
+            if location.offset == HEADER_BYTES:
+                num_read = os.preadv(fd, [header, payload], 0)
+            else:
+                num_read = os.preadv(fd, [header], 0) + os.preadv(fd, [payload], location.offset)
+        finally:
+            os.close(fd)
         if num_read != HEADER_BYTES + ref.byte_size:
             raise InvalidArgument(
                 f"segment {location.name} is shorter than the reference "
@@ -310,7 +307,7 @@ class ShmConsumer(TensorConsumer):
                 reason="TENSOR_SIZE_MISMATCH",
             )
         _check_stamp(header, location.name, ref.lease_id, content_tag)
-        return from_bytes(payload, ref, dtype)
+        return payload
 
     def _map(self, cache: MappingCache, name: str, lease_id: str) -> memoryview:
         """A view of a new mapping of the whole segment (private or shared, as ``cache`` keeps

@@ -96,7 +96,8 @@ class MappingCache:
         where it last served ``lease_id`` (that view may have been written to) or where the
         segment does not start with ``header`` (``lease_id``'s stamp): a stale reference must
         never reset a mapping whose views still serve a live lease."""
-        self._sweep_now_and_then()
+        if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+            self.trim()
         with self._lock:
             mapping = self._mappings.get(name)
             if mapping is None:
@@ -164,10 +165,6 @@ class MappingCache:
     def num_bytes(self) -> int:
         """Bytes of the mappings kept."""
         return self._bytes
-
-    def _sweep_now_and_then(self) -> None:
-        if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
-            self.trim()
 
     def _forget(self, name: str) -> None:
         mapping = self._mappings.pop(name)

@@ -32,17 +32,6 @@ _memmove_holding_gil = ctypes.PYFUNCTYPE(
 )(_MEMMOVE_ADDRESS)
 
 
-def scalar_type(dtype: torch.dtype) -> Any:
-    """The proto ScalarType of ``dtype``; InvalidArgument for dtypes the plane cannot carry."""
-    if dtype not in SCALAR_TYPES:
-        raise InvalidArgument(
-            f"dtype {dtype} cannot be transferred; use one of "
-            f"{sorted(str(d) for d in SCALAR_TYPES)}",
-            reason="UNSUPPORTED_DTYPE",
-        )
-    return SCALAR_TYPES[dtype]
-
-
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a CPU tensor's payload (contiguous copy only when needed)."""
     flat = tensor.detach().contiguous().reshape(-1)
@@ -87,10 +76,16 @@ def move(destination: int, source: int, num_bytes: int) -> None:
 
 
 def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
-    """A TensorRef with dtype, shape and byte size of ``tensor`` and no location yet."""
-    return tensor_pb2.TensorRef(
-        dtype=scalar_type(tensor.dtype), shape=tensor.shape, byte_size=tensor.nbytes
-    )
+    """A TensorRef with dtype, shape and byte size of ``tensor`` and no location yet;
+    InvalidArgument for dtypes the plane cannot carry."""
+    scalar_type = SCALAR_TYPES.get(tensor.dtype)
+    if scalar_type is None:
+        raise InvalidArgument(
+            f"dtype {tensor.dtype} cannot be transferred; use one of "
+            f"{sorted(str(d) for d in SCALAR_TYPES)}",
+            reason="UNSUPPORTED_DTYPE",
+        )
+    return tensor_pb2.TensorRef(dtype=scalar_type, shape=tensor.shape, byte_size=tensor.nbytes)
 
 
 def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
@@ -117,24 +112,19 @@ def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
     return dtype, shape
 
 
-def check_ref(ref: tensor_pb2.TensorRef) -> torch.dtype:
-    """Validate dtype, shape, byte size and that there is a location; return the torch dtype.
-    Raises InvalidArgument."""
-    dtype, _ = check_layout(ref)
+def check_ref(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
+    """Validate dtype, shape, byte size and that there is a location; return the torch dtype and
+    the shape. Raises InvalidArgument."""
+    layout = check_layout(ref)
     if ref.WhichOneof("location") is None:
         raise_no_location()
-    return dtype
+    return layout
 
 
 def raise_no_location() -> NoReturn:
     raise InvalidArgument(
         "TensorRef has no location (shm, nixl or inline_data)", reason="BAD_TENSOR_REF"
     )
-
-
-def from_bytes(buffer: object, ref: tensor_pb2.TensorRef, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``ref``'s dtype and shape viewing ``buffer`` (writable, no copy)."""
-    return view_bytes(buffer, dtype, ref.shape[:], ref.byte_size)
 
 
 def view_bytes(

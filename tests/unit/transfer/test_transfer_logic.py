@@ -201,7 +201,7 @@ def test_bad_references_raise_typed_errors(plane: DataPlane, mutate, error, reas
 def test_inline_payload_length_is_checked() -> None:
     ref = describe(torch.ones(4))
     ref.inline_data = b"\0" * 3
-    assert check_ref(ref) == torch.float32
+    assert check_ref(ref) == (torch.float32, [4])
     with pytest.raises(InvalidArgument, match="3 bytes"):
         DataPlane("h").get(ref)
 
