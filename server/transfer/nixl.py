@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from epd.server.transfer.base import LeasedProducer, ProducerSettings
-from epd.server.transfer.leases import LeaseInfo
+from epd.server.transfer.base import LeasedProducer, LeaseInfo, ProducerSettings
 from epd.server.transfer.nixl_agent import NixlAgent, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool, StampArena
 from epd.server.transfer.payload_layout import HEADER_BYTES

@@ -27,9 +27,8 @@ from typing import Any
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import TensorConsumer, TensorProducer
+from epd.server.transfer.base import DEFAULT_LEASE_TTL_S, LeaseInfo, TensorConsumer, TensorProducer
 from epd.server.transfer.inline import InlineConsumer, InlineProducer
-from epd.server.transfer.leases import DEFAULT_LEASE_TTL_S, LeaseInfo
 from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.nixl_agent import process_agent

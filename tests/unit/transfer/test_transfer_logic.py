@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.leases import LeaseTable
+from epd.server.transfer.base import LeaseTable
 from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, is_accelerator, parse_kind
@@ -227,7 +227,7 @@ def test_lease_ids_are_unique_across_threads_and_forks() -> None:
     import os
     import threading
 
-    from epd.server.transfer.leases import new_lease_id
+    from epd.server.transfer.base import new_lease_id
 
     drawn: list[str] = []
     threads = [
