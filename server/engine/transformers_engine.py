@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ from epd.server.engine.logprobs import (
     prompt_ranked,
 )
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.engine.raw_video import video_pixel_inputs
 from epd.server.engine.sampler import (
     IMPLEMENTED_FIELDS,
     StopChecker,
@@ -56,6 +55,7 @@ from epd.server.engine.sampler import (
     check_token_ids,
 )
 from epd.server.engine.token_text import TokenTexts
+from epd.server.engine.transformers_tower import tower_embeddings
 from epd.server.models.model_dir import max_model_len
 from epd.server.models.registry import family_of_config
 
@@ -131,7 +131,8 @@ class TransformersEngine(Engine):
         config = await asyncio.to_thread(_config, model_dir)
         check_room(_kv_capacity(options, config), max_model_len(options.max_model_len, config))
         model, processor = await asyncio.to_thread(_load, model_dir, options)
-        return cls(model, processor, model_id or model_dir.name, _layout(model, processor), options)
+        layout = VisionLayout.of(model.config, processor.tokenizer)
+        return cls(model, processor, model_id or model_dir.name, layout, options)
 
     async def generate(
         self,
@@ -325,28 +326,14 @@ class TransformersEngine(Engine):
     @torch.inference_mode()
     def _encode_pictures(self, images: list[EngineImage]) -> list[EngineImage]:
         """``images`` with raw pictures replaced by the vision tower's embeddings and grids."""
-        return [image if image.embeddings is not None else self._encode(image) for image in images]
-
-    def _encode(self, image: EngineImage) -> EngineImage:
-        """A raw picture's or video's embeddings from the model's own processor and tower."""
-        if image.frames is not None:
-            video_processor = getattr(self.processor, "video_processor", None)
-            pixel_values, grid = video_pixel_inputs(
-                self.family, video_processor, self.model.config, image
+        return [
+            image
+            if image.embeddings is not None
+            else tower_embeddings(
+                self.family, self.model, self.processor, self.options.device, image
             )
-        else:
-            processor = self.family.image_processor_within(
-                self.processor.image_processor, image.image_settings.settings
-            )
-            pixel_values, grid = self.family.pixel_inputs(
-                processor, [image.image], self.model.config
-            )
-        pixel_values = pixel_values.to(self.options.device, self.model.dtype)
-        features = self.family.image_embeddings(
-            self.family.model_tower(self.model), pixel_values, grid.to(self.options.device)
-        )
-        t, h, w = (int(v) for v in grid[0])
-        return replace(image, grid=(t, h, w), embeddings=features, image=None, frames=None)
+            for image in images
+        ]
 
     def _decode_text(self, token_ids: list[int]) -> str:
         return str(self.processor.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -387,10 +374,6 @@ def _load(model_dir: Path, options: TransformersOptions) -> tuple[Any, Any]:
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=DTYPES[options.dtype])
     return model.to(options.device).eval(), processor
-
-
-def _layout(model: Any, processor: Any) -> VisionLayout:
-    return VisionLayout.of(model.config, processor.tokenizer)
 
 
 def _video_positions(ids: torch.Tensor, is_video: torch.Tensor, videos: list[EngineImage]) -> Any:

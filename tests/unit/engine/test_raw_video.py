@@ -8,7 +8,7 @@ import pytest
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, VideoFrames
-from epd.server.engine.raw_video import video_pixel_inputs
+from epd.server.engine.transformers_tower import video_pixel_inputs
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_overrides import VideoOverrides
 from epd.server.media.video_planner import PlannedVideo, VideoPlanner

@@ -1,12 +1,15 @@
-"""A raw video's pixel inputs for an engine that runs its own tower in-process (no grpc).
+"""The transformers engine's own vision tower on raw pictures and videos (an encode_prefill
+worker's raw media), in-process, no grpc.
 
-The route planned the video (frames kept, size, grid); the engine runs the family's video
-processor on the kept frames, resized to the plan's size (``ModelFamily.video_pixel_inputs``), as
-an encoder does for a chunk, and checks that they give the plan's grid.
+A picture goes through the family's image processor within its pixel budget; a video's kept
+frames, resized to the size the route planned (frames kept, size, grid), through the family's
+video processor (``ModelFamily.video_pixel_inputs``), as an encoder does for a chunk, checked to
+give the plan's grid; then the family's tower turns the pixel values into embeddings.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,6 +18,25 @@ from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.models.family import ModelFamily
 from epd.server.models.video import VideoRefused
+
+
+def tower_embeddings(
+    family: ModelFamily, model: Any, processor: Any, device: str, image: EngineImage
+) -> EngineImage:
+    """``image`` (a raw picture or video) as the embeddings and grid of ``model``'s own
+    processor (``processor``: the checkpoint's) and tower, on ``device`` (the model's)."""
+    if image.frames is not None:
+        video_processor = getattr(processor, "video_processor", None)
+        pixel_values, grid = video_pixel_inputs(family, video_processor, model.config, image)
+    else:
+        image_processor = family.image_processor_within(
+            processor.image_processor, image.image_settings.settings
+        )
+        pixel_values, grid = family.pixel_inputs(image_processor, [image.image], model.config)
+    pixel_values = pixel_values.to(device, model.dtype)
+    features = family.image_embeddings(family.model_tower(model), pixel_values, grid.to(device))
+    t, h, w = (int(v) for v in grid[0])
+    return replace(image, grid=(t, h, w), embeddings=features, image=None, frames=None)
 
 
 def video_pixel_inputs(
