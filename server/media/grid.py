@@ -53,17 +53,18 @@ class ImageGridder:
             reason, param = "MEDIA_KWARGS_NOT_SUPPORTED", {"param": "mm_processor_kwargs"}
             raise InvalidArgument(str(e), reason=reason, metadata=param) from e
 
-    def processor_within(self, settings: ImageSettings) -> Any:
-        """The model's image processor resizing within ``settings`` (none: its own)."""
-        return self.family.image_processor_within(self.processor, settings.settings)
-
     def grid_of_size(
         self, width: int, height: int, settings: ImageSettings = NO_IMAGE_SETTINGS
     ) -> Grid:
         """(t, h, w) for an image of ``width`` x ``height`` pixels resized within
         ``settings``."""
-        _check_shape(width, height, self.family.max_aspect_ratio)
-        processor = self.processor_within(settings)
+        ratio = self.family.max_aspect_ratio
+        short_side, long_side = sorted((width, height))
+        if short_side <= 0 or (ratio is not None and long_side > ratio * short_side):
+            raise _bad_shape(width, height, ratio)
+        processor = self.processor
+        if settings.key:
+            processor = self.family.image_processor_within(processor, settings.settings)
         try:
             return self.family.image_grid(width, height, self.config, processor)
         except ValueError as e:
@@ -79,15 +80,14 @@ class ImageGridder:
         return t * h * w // self.merge_size**2
 
 
-def _check_shape(width: int, height: int, max_aspect_ratio: int | None) -> None:
-    """Refuse a shape the resize rule cannot take, saying how to make it fit."""
-    if width <= 0 or height <= 0:
-        raise InvalidArgument(
+def _bad_shape(width: int, height: int, max_aspect_ratio: int | None) -> InvalidArgument:
+    """The refusal of an empty image, or of one whose sides are further apart than
+    ``max_aspect_ratio``, saying how to make it fit."""
+    if width <= 0 or height <= 0 or max_aspect_ratio is None:
+        return InvalidArgument(
             f"image of {width}x{height} pixels is empty", reason="BAD_IMAGE_SHAPE"
         )
     long_side, short_side = max(width, height), min(width, height)
-    if max_aspect_ratio is None or long_side <= max_aspect_ratio * short_side:
-        return
     padded_short, cropped_long = (
         math.ceil(long_side / max_aspect_ratio),
         short_side * max_aspect_ratio,
@@ -97,7 +97,7 @@ def _check_shape(width: int, height: int, max_aspect_ratio: int | None) -> None:
     else:
         padded, cropped = (padded_short, height), (width, cropped_long)
     ratio = math.ceil(long_side / short_side * 10) / 10
-    raise InvalidArgument(
+    return InvalidArgument(
         f"image of {width}x{height} pixels has an aspect ratio of {ratio:g}:1; this model's image "
         f"processor accepts at most {max_aspect_ratio}:1: pad the image to at least "
         f"{padded[0]}x{padded[1]} or crop it to at most {cropped[0]}x{cropped[1]} pixels",

@@ -17,7 +17,7 @@ kwargs); nothing here lifts the media policy's pixel limit: a floor over it is r
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from epd.common.errors import InvalidArgument
@@ -36,22 +36,21 @@ BUDGET_KEYS = ("min_pixels", "max_pixels")
 @dataclass(frozen=True, slots=True)
 class ImageSettings:
     """An image processor's pixel budget changed from the checkpoint's (None: the
-    checkpoint's)."""
+    checkpoint's). ``settings`` and ``key`` are derived from the two once, when it is made."""
 
     min_pixels: int | None = None
     max_pixels: int | None = None
+    #: the settings changed, by name
+    settings: dict[str, int] = field(init=False, compare=False)
+    #: canonical text of ``settings`` ("" for none): ``MediaItem.image_settings`` and part of
+    #: the image's mm_hash
+    key: str = field(init=False)
 
-    @property
-    def settings(self) -> dict[str, int]:
-        """The settings changed, by name."""
-        return {name: value for name, value in asdict(self).items() if value is not None}
-
-    @property
-    def key(self) -> str:
-        """Canonical text of the settings changed ("" for none): ``MediaItem.image_settings``
-        and part of the image's mm_hash."""
-        settings = self.settings
-        return json.dumps(settings, sort_keys=True) if settings else ""
+    def __post_init__(self) -> None:
+        pairs = zip(BUDGET_KEYS, (self.min_pixels, self.max_pixels), strict=True)
+        settings = {name: value for name, value in pairs if value is not None}
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "key", json.dumps(settings, sort_keys=True) if settings else "")
 
 
 NO_IMAGE_SETTINGS = ImageSettings()
