@@ -6,10 +6,12 @@ from epd.common.errors import InvalidArgument
 from epd.common.roles import role_from_proto, role_to_proto
 from epd.scheduler.demand import EncoderDemand
 from epd.scheduler.model import (
+    Assignment,
     EncodeItem,
     HeldReport,
     ItemOutcome,
     Load,
+    Placement,
     Policy,
     RegisteredWorker,
     WorkerSpec,
@@ -120,6 +122,35 @@ def items_from_proto(items: list[pb.EncodeItem]) -> list[EncodeItem]:
 def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
     """The outcomes of a CompleteEncoding request."""
     return [ItemOutcome(o.item_index, o.latency_ms, o.cache_hit, o.failed) for o in outcomes]
+
+
+def assignment_to_proto(assignment: Assignment) -> pb.AssignEncodersResponse:
+    """Where each item of a request is encoded, as AssignEncoders answers."""
+    return pb.AssignEncodersResponse(
+        assignment_id=assignment.assignment_id,
+        policy=POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
+        assignments=[
+            pb.EncoderAssignment(item_index=i, worker_id=worker_id, endpoint=endpoint)
+            for i, (worker_id, endpoint) in enumerate(
+                zip(assignment.worker_ids, assignment.endpoints, strict=True)
+            )
+        ],
+    )
+
+
+def placement_to_proto(placement: Placement) -> pb.PlaceResponse:
+    """A request's workers, as Place answers (``decode`` and ``encoders`` unset when None)."""
+    reply = pb.PlaceResponse(
+        prefill=pb.ChoosePrefillResponse(
+            worker=spec_to_proto(placement.prefill.spec),
+            num_cached_blocks=placement.num_cached_blocks,
+        )
+    )
+    if placement.decode is not None:
+        reply.decode.worker.CopyFrom(spec_to_proto(placement.decode.spec))
+    if placement.encoders is not None:
+        reply.encoders.CopyFrom(assignment_to_proto(placement.encoders))
+    return reply
 
 
 def status_to_proto(

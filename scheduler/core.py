@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epd.common.errors import InvalidArgument, Unavailable
-from epd.common.roles import DEFAULT_PREFILL_ROLES, Role
+from epd.common.roles import DEFAULT_PREFILL_ROLES, Role, hands_off_kv
 from epd.scheduler.config import DEFAULT_POLICY, SchedulerConfig, split_ratio
 from epd.scheduler.demand import DemandTracker, EncoderDemand
 from epd.scheduler.encoder_costs import EncoderCosts
@@ -26,11 +26,18 @@ from epd.scheduler.model import (
     HeldReport,
     ItemOutcome,
     Load,
+    Placement,
     Policy,
     RegisteredWorker,
     WorkerSpec,
 )
-from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderPolicy, EncoderView, make_policy
+from epd.scheduler.policies.encoders import (
+    AdaptivePolicy,
+    EncoderPolicy,
+    EncoderView,
+    PerImagePolicy,
+    PerRequestPolicy,
+)
 from epd.scheduler.policies.routing import PrefillChooser
 from epd.scheduler.registry import Clock, Registry
 
@@ -69,9 +76,11 @@ class Scheduler:
         self._clock = clock
         # NOTE: per_image follows the workers' own weights (Dynamo's default); the split ratio
         # is per_request's knob and adaptive's prior before it has measured anything.
-        self._policies = {
-            p: make_policy(p, None if p is Policy.PER_IMAGE else self.config.split_ratio)
-            for p in Policy
+        self._adaptive = AdaptivePolicy(self.config.split_ratio)
+        self._policies: dict[Policy, EncoderPolicy] = {
+            Policy.PER_IMAGE: PerImagePolicy(),
+            Policy.PER_REQUEST: PerRequestPolicy(self.config.split_ratio),
+            Policy.ADAPTIVE: self._adaptive,
         }
         # NOTE: in creation order (created_at never decreases): expiry reads it from the front.
         self._pending: dict[str, _Pending] = {}
@@ -121,16 +130,6 @@ class Scheduler:
         with self._lock:
             self.registry.deregister(lease_id)
 
-    def list_workers(self, role: Role | None = None, model: str = "") -> list[RegisteredWorker]:
-        """Registered workers (draining ones included) of ``role`` and ``model`` (None / "" =
-        any), by id."""
-        with self._lock:
-            return [
-                w
-                for w in self.registry.all()
-                if (role is None or w.spec.role == role) and (not model or w.spec.model == model)
-            ]
-
     # ---- encoders
     def assign_encoders(
         self,
@@ -150,7 +149,7 @@ class Scheduler:
             raise InvalidArgument("no items to assign", reason="NO_ITEMS")
         with self._lock:
             self._expire_assignments()
-            workers = self.registry.live([Role.ENCODE], self._model(model), exclude)
+            workers = self.registry.live([Role.ENCODE], self.registry.model(model), exclude)
             if not workers:
                 raise Unavailable(
                     f"no live encoder for model {model or '(any)'}",
@@ -199,7 +198,7 @@ class Scheduler:
         """What the adaptive policy knows of every registered encoder now (learned service
         time, backlog), by id; for metrics and inspection."""
         with self._lock:
-            encoders = [w for w in self.registry.all() if w.spec.role is Role.ENCODE]
+            encoders = self.registry.all(Role.ENCODE)
             return [self._costs.view(worker, frozenset()) for worker in encoders]
 
     def encoder_demand(self, model: str = "") -> list[EncoderDemand]:
@@ -222,11 +221,31 @@ class Scheduler:
         with self._lock:
             return self._holdings.num_held(), self._holdings.num_encoding
 
-    def policy(self, policy: Policy) -> EncoderPolicy:
-        """The policy object used for ``policy`` (for inspection and tests)."""
-        return self._policies[policy]
-
     # ---- prefill / decode
+    def place(
+        self,
+        items: Sequence[EncodeItem] = (),
+        block_hashes: Sequence[int] = (),
+        *,
+        model: str = "",
+        policy: Policy | None = None,
+        prefill_roles: Sequence[Role] = DEFAULT_PREFILL_ROLES,
+    ) -> Placement:
+        """Where one request runs, in one decision: its prefill worker (``choose_prefill``), the
+        decode worker that one hands its KV to (``hands_off_kv``: a prefill worker always, an
+        encode_prefill worker while a decode worker is live) and, with ``items``, its encoders
+        (``assign_encoders``). Unavailable with the first missing role's reason."""
+        with self._lock:
+            prefill, num_cached = self.choose_prefill(
+                block_hashes, model=model, roles=prefill_roles
+            )
+            decoders = self.registry.live([Role.DECODE], self.registry.model(model), ())
+            decode = None
+            if hands_off_kv(prefill.spec.role, is_decode_live=bool(decoders)):
+                decode = self.choose_decode(model=model)
+            encoders = self.assign_encoders(items, model=model, policy=policy) if items else None
+            return Placement(prefill, num_cached, decode, encoders)
+
     def choose_prefill(
         self,
         block_hashes: Sequence[int] = (),
@@ -240,7 +259,7 @@ class Scheduler:
         there. Returns (worker, number of cached leading blocks)."""
         with self._lock:
             workers = self.registry.live(
-                roles or DEFAULT_PREFILL_ROLES, self._model(model), exclude
+                roles or DEFAULT_PREFILL_ROLES, self.registry.model(model), exclude
             )
             if not workers:
                 raise Unavailable(
@@ -252,7 +271,7 @@ class Scheduler:
     def choose_decode(self, *, model: str = "", exclude: Sequence[str] = ()) -> RegisteredWorker:
         """The least-loaded live decode worker."""
         with self._lock:
-            workers = self.registry.live([Role.DECODE], self._model(model), exclude)
+            workers = self.registry.live([Role.DECODE], self.registry.model(model), exclude)
             if not workers:
                 raise Unavailable(
                     f"no live decode worker for model {model or '(any)'}", reason=NO_DECODE_WORKER
@@ -260,19 +279,6 @@ class Scheduler:
             return min(workers, key=self._load_key)
 
     # ---- internals
-    def _model(self, model: str) -> str:
-        """Empty model means the only one registered; InvalidArgument when there are several."""
-        if model:
-            return model
-        models = self.registry.models()
-        if len(models) > 1:
-            raise InvalidArgument(
-                f"name the model: several are served ({', '.join(models)})",
-                reason="MODEL_REQUIRED",
-                metadata={"models": ",".join(models)},
-            )
-        return models[0] if models else ""
-
     @staticmethod
     def _load_key(worker: RegisteredWorker) -> tuple[float, float, str]:
         load = worker.load
@@ -301,12 +307,6 @@ class Scheduler:
             assert placed_id is not None
             ids.append(first.setdefault(item.mm_hash, placed_id) if item.mm_hash else placed_id)
         return ids
-
-    @property
-    def _adaptive(self) -> AdaptivePolicy:
-        adaptive = self._policies[Policy.ADAPTIVE]
-        assert isinstance(adaptive, AdaptivePolicy)
-        return adaptive
 
     def _record(
         self,

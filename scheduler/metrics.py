@@ -27,7 +27,7 @@ def register_scheduler_metrics(scheduler: Scheduler, registry: CollectorRegistry
 
 def _families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     by_state: Counter[tuple[str, ...]] = Counter()
-    for worker in scheduler.list_workers():
+    for worker in scheduler.registry.all():
         by_state[worker.spec.role.label, "draining" if worker.draining else "live"] += 1
     every_state: dict[tuple[str, ...], float] = {
         (role.label, state): 0 for role in Role for state in ("live", "draining")

@@ -95,3 +95,13 @@ class Assignment:
     policy: Policy
     worker_ids: tuple[str, ...]
     endpoints: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one request runs (``Scheduler.place``)."""
+
+    prefill: RegisteredWorker
+    num_cached_blocks: int  # leading blocks of the prompt the prefill worker is believed to hold
+    decode: RegisteredWorker | None  # None: the prefill worker decodes itself
+    encoders: Assignment | None  # None: the request named no items

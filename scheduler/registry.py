@@ -143,11 +143,17 @@ class Registry:
                 key=lambda w: w.id,
             )
 
-    def all(self) -> list[RegisteredWorker]:
-        """Every registered worker, by id."""
+    def all(self, role: Role | None = None, model: str = "") -> list[RegisteredWorker]:
+        """Registered workers (draining ones included) of ``role`` and ``model`` (None / "" =
+        any), by id."""
         with self._lock:
             self.evict_expired()
-            return sorted(self._by_id.values(), key=lambda w: w.id)
+            workers = sorted(self._by_id.values(), key=lambda w: w.id)
+        return [
+            w
+            for w in workers
+            if (role is None or w.spec.role is role) and (not model or w.spec.model == model)
+        ]
 
     def get(self, worker_id: str) -> RegisteredWorker | None:
         """The worker with ``worker_id``, if registered."""
@@ -158,6 +164,20 @@ class Registry:
         """Models served by at least one registered worker."""
         with self._lock:
             return sorted({w.spec.model for w in self._by_id.values()})
+
+    def model(self, name: str) -> str:
+        """``name``, or when empty the only model registered ("" when none is); InvalidArgument
+        (MODEL_REQUIRED) when several are."""
+        if name:
+            return name
+        models = self.models()
+        if len(models) > 1:
+            raise InvalidArgument(
+                f"name the model: several are served ({', '.join(models)})",
+                reason="MODEL_REQUIRED",
+                metadata={"models": ",".join(models)},
+            )
+        return models[0] if models else ""
 
     def heartbeat_age(self, worker: RegisteredWorker) -> float:
         """Seconds since ``worker``'s latest heartbeat."""

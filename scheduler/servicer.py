@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import grpc
 
-from epd.common.errors import Unavailable
-from epd.common.roles import Role, hands_off_kv, role_from_proto
+from epd.common.roles import Role, role_from_proto
 from epd.common.status import handle_errors
 from epd.scheduler import convert
-from epd.scheduler.core import NO_DECODE_WORKER, Scheduler
-from epd.scheduler.model import RegisteredWorker
+from epd.scheduler.core import Scheduler
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
@@ -59,9 +56,13 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def AssignEncoders(
         self, request: pb.AssignEncodersRequest, context: Context
     ) -> pb.AssignEncodersResponse:
-        return self._assign_encoders(
-            request.items, request.model, request.policy, request.exclude_worker_ids
+        assignment = self.scheduler.assign_encoders(
+            convert.items_from_proto(list(request.items)),
+            model=request.model,
+            policy=convert.policy_from_proto(request.policy),
+            exclude=list(request.exclude_worker_ids),
         )
+        return convert.assignment_to_proto(assignment)
 
     @handle_errors
     async def CompleteEncoding(
@@ -78,8 +79,14 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
     async def ChoosePrefill(
         self, request: pb.ChoosePrefillRequest, context: Context
     ) -> pb.ChoosePrefillResponse:
-        return self._choose_prefill(
-            request.block_hashes, request.model, request.roles, request.exclude_worker_ids
+        worker, num_cached = self.scheduler.choose_prefill(
+            list(request.block_hashes),
+            model=request.model,
+            exclude=list(request.exclude_worker_ids),
+            roles=[role_from_proto(role) for role in request.roles],
+        )
+        return pb.ChoosePrefillResponse(
+            worker=convert.spec_to_proto(worker.spec), num_cached_blocks=num_cached
         )
 
     @handle_errors
@@ -93,25 +100,21 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
 
     @handle_errors
     async def Place(self, request: pb.PlaceRequest, context: Context) -> pb.PlaceResponse:
-        prefill = self._choose_prefill(
-            request.block_hashes, request.model, request.prefill_roles, ()
+        placement = self.scheduler.place(
+            convert.items_from_proto(list(request.items)),
+            list(request.block_hashes),
+            model=request.model,
+            policy=convert.policy_from_proto(request.policy),
+            prefill_roles=[role_from_proto(role) for role in request.prefill_roles],
         )
-        reply = pb.PlaceResponse(prefill=prefill)
-        decode = self._decode_for(role_from_proto(prefill.worker.role), request.model)
-        if decode is not None:
-            reply.decode.worker.CopyFrom(convert.spec_to_proto(decode.spec))
-        if request.items:
-            reply.encoders.CopyFrom(
-                self._assign_encoders(request.items, request.model, request.policy, ())
-            )
-        return reply
+        return convert.placement_to_proto(placement)
 
     @handle_errors
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
         role = role_from_proto(request.role) if request.role != pb.WORKER_ROLE_UNSPECIFIED else None
-        workers = self.scheduler.list_workers(role, request.model)
+        workers = self.scheduler.registry.all(role, request.model)
         age, held = self.scheduler.registry.heartbeat_age, self.scheduler.held_items
         return pb.ListWorkersResponse(
             workers=[
@@ -131,60 +134,6 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
             demands=[convert.demand_to_proto(d) for d in demands],
             wait_target_seconds=self.scheduler.config.encode_wait_target_s,
         )
-
-    def _assign_encoders(
-        self,
-        items: Sequence[pb.EncodeItem],
-        model: str,
-        policy: pb.EncoderPolicy,
-        exclude: Sequence[str],
-    ) -> pb.AssignEncodersResponse:
-        assignment = self.scheduler.assign_encoders(
-            convert.items_from_proto(list(items)),
-            model=model,
-            policy=convert.policy_from_proto(policy),
-            exclude=list(exclude),
-        )
-        return pb.AssignEncodersResponse(
-            assignment_id=assignment.assignment_id,
-            policy=convert.POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
-            assignments=[
-                pb.EncoderAssignment(item_index=i, worker_id=w, endpoint=e)
-                for i, (w, e) in enumerate(
-                    zip(assignment.worker_ids, assignment.endpoints, strict=True)
-                )
-            ],
-        )
-
-    def _choose_prefill(
-        self,
-        block_hashes: Sequence[int],
-        model: str,
-        roles: Sequence[pb.WorkerRole],
-        exclude: Sequence[str],
-    ) -> pb.ChoosePrefillResponse:
-        worker, cached = self.scheduler.choose_prefill(
-            list(block_hashes),
-            model=model,
-            exclude=list(exclude),
-            roles=[role_from_proto(role) for role in roles],
-        )
-        return pb.ChoosePrefillResponse(
-            worker=convert.spec_to_proto(worker.spec), num_cached_blocks=cached
-        )
-
-    def _decode_for(self, prefill_role: Role, model: str) -> RegisteredWorker | None:
-        """The decode worker a prefill worker of ``prefill_role`` hands its KV to
-        (``hands_off_kv``): UNAVAILABLE when none is live for a role that always hands it over;
-        None for a role that hands it over only while one is live, or never."""
-        if not hands_off_kv(prefill_role, is_decode_live=True):
-            return None
-        try:
-            return self.scheduler.choose_decode(model=model)
-        except Unavailable as e:
-            if e.reason != NO_DECODE_WORKER or hands_off_kv(prefill_role, is_decode_live=False):
-                raise
-            return None
 
     @property
     def _ttl_ms(self) -> int:

@@ -199,13 +199,3 @@ def comparable_figures(encoders: Sequence[EncoderView]) -> dict[str, float | Non
     if all(e.own_ms for e in encoders) or not any(e.own_ms for e in encoders):
         return {e.id: e.own_ms or e.service_ms for e in encoders}
     return {e.id: e.inferred_ms or e.own_ms for e in encoders}
-
-
-def make_policy(policy: Policy, split_ratio: tuple[float, float] | None = None) -> EncoderPolicy:
-    """A fresh policy object of kind ``policy``."""
-    classes: dict[Policy, type[EncoderPolicy]] = {
-        Policy.PER_IMAGE: PerImagePolicy,
-        Policy.PER_REQUEST: PerRequestPolicy,
-        Policy.ADAPTIVE: AdaptivePolicy,
-    }
-    return classes[policy](split_ratio)  # type: ignore[call-arg]

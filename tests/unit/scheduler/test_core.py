@@ -149,19 +149,19 @@ def test_deregistered_worker_drains_its_in_flight_work_then_leaves() -> None:
     assignment = scheduler.assign_encoders(items(1), policy=Policy.PER_IMAGE)
     (busy,) = assignment.worker_ids
     scheduler.deregister(lease[busy])
-    (draining,) = [w for w in scheduler.list_workers() if w.id == busy]
+    (draining,) = [w for w in scheduler.registry.all() if w.id == busy]
     assert draining.draining and draining.num_assigned_in_flight == 1
     for _ in range(3):
         assert busy not in scheduler.assign_encoders(items(2)).worker_ids
     scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(0, 5.0)])
-    assert busy not in [w.id for w in scheduler.list_workers()]
+    assert busy not in [w.id for w in scheduler.registry.all()]
 
 
 def test_idle_deregistered_worker_leaves_at_once() -> None:
     scheduler, _ = create_scheduler(spec("a"))
     (worker,) = scheduler.registry.all()
     scheduler.deregister(worker.lease_id)
-    assert scheduler.list_workers() == []
+    assert scheduler.registry.all() == []
 
 
 def test_evicted_worker_comes_back_with_nothing_remembered() -> None:
@@ -171,7 +171,7 @@ def test_evicted_worker_comes_back_with_nothing_remembered() -> None:
     clock.now += 4
     scheduler.heartbeat(scheduler.registry.get(other).lease_id)  # type: ignore[union-attr]
     clock.now += 2
-    assert [w.id for w in scheduler.list_workers()] == [other]
+    assert [w.id for w in scheduler.registry.all()] == [other]
     scheduler.register(spec(first.id, Role.PREFILL))
     worker, cached = scheduler.choose_prefill([1, 2, 3])
     assert cached == 0 and worker.id == first.id  # its KV cache is gone; by load, ids break ties
@@ -183,7 +183,7 @@ def test_a_new_registration_is_not_charged_for_its_predecessors_work() -> None:
     assignment = scheduler.assign_encoders(items(3))
     scheduler.register(spec("a"))  # the worker restarted at the same endpoint
     scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(i, 9.0) for i in range(3)])
-    (worker,) = scheduler.list_workers()
+    (worker,) = scheduler.registry.all()
     assert worker.num_assigned_in_flight == 0
     scheduler.assign_encoders(items(1))
     assert worker.num_assigned_in_flight == 1
@@ -252,7 +252,7 @@ def serve_singles(
         clock.now += 0.02
         if clock.now >= next_beat:
             next_beat += 1.0
-            for worker in scheduler.list_workers():
+            for worker in scheduler.registry.all():
                 scheduler.heartbeat(worker.lease_id, Load(item_latency_ms=latest.get(worker.id, 0)))
     return chosen
 

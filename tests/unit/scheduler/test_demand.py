@@ -104,7 +104,7 @@ def test_the_scheduler_needs_more_encoders_under_a_burst_and_none_once_quiet() -
     assert all(d.num_needed > d.load for d in burst)
     for _ in range(12):
         clock.now += 5
-        for worker in scheduler.list_workers():
+        for worker in scheduler.registry.all():
             scheduler.heartbeat(worker.lease_id)
     assert [d.num_needed for d in scheduler.encoder_demand()] == [0, 0]
     assert scheduler.encoder_demand(model="other") == []
