@@ -47,14 +47,7 @@ from epd.server.route.encoding import (
     share_pixels,
 )
 from epd.server.route.engine_prompt import block_hashes, embedded, expanded, truncated
-from epd.server.route.hops import (
-    EngineCall,
-    OnPrefilled,
-    Piece,
-    PromptFor,
-    place,
-    stream_tokens,
-)
+from epd.server.route.hops import EngineCall, Piece, place, stream_tokens
 from epd.server.route.media import (
     DEFAULT_CHUNK_PATCHES,
     RouteImage,
@@ -277,44 +270,23 @@ class Router:
                     is_first = False
                     self._refresh_roles()
 
-    def _engine_pieces(
+    async def _engine_pieces(
         self,
         call: EngineCall,
         stage: EncodeStage,
         images: list[RouteImage],
         videos: Sequence[RouteVideo] = (),
     ) -> AsyncGenerator[Piece, None]:
-        """The engine's tokens: with encoders, once the images and videos are encoded for the
-        chosen prefill worker; else for the raw images and whole videos (if any; ``stage``'s
-        items after the images are the videos' ``whole_video_item``). The leases go once it is
-        prefilled."""
+        """The engine's tokens. With encoders: the request placed (encoders, prefill worker,
+        decode worker), its images and videos encoded for that worker (the embeddings'
+        consumer: same host gets shared memory, another host NIXL; told its embeddings device
+        too), then streamed with the embeddings' references for it. Else: streamed with the raw
+        images and whole videos (``stage``'s items after the images are the videos'
+        ``whole_video_item``). The leases go once it is prefilled."""
 
         async def prefilled() -> None:
             release_pixels(self.plane, stage)
             await release_all(self.peers, stage, read=True)
-
-        if call.plan.uses_encoders:
-            return self._encoded_pieces(call, stage, images, videos, prefilled)
-        video_items = stage.items[len(images) :]
-        prompt = raw_prompt(call.prompt.token_ids, images, videos, video_items)
-        return self._stream(replace(call, prompt=prompt), prefilled)
-
-    async def _encoded_pieces(
-        self,
-        call: EngineCall,
-        stage: EncodeStage,
-        images: list[RouteImage],
-        videos: Sequence[RouteVideo],
-        prefilled: OnPrefilled,
-    ) -> AsyncGenerator[Piece, None]:
-        """Place the request (encoders, prefill worker, decode worker), encode for that worker
-        (the embeddings' consumer: same host gets shared memory, another host NIXL; told its
-        embeddings device too), then stream with the embeddings' references for it."""
-        items = encode_items(stage, list(range(len(stage.items))))
-        placement = await place(self.peers, call, items, stage.policy)
-        self._set_consumer(stage, placement.prefill.worker)
-        await encode_all(self.peers, stage, call.deadline, placement.encoders)
-        release_pixels(self.plane, stage)
 
         async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
             # NOTE: only another host needs new references; any is readable into any device.
@@ -323,25 +295,29 @@ class Router:
                 await self._encode_again_for(worker, stage, call.deadline)
             return embedded(call.prompt.token_ids, stage, images, videos)
 
-        async for piece in self._stream(call, prefilled, placement, prompt_for):
-            yield piece
-
-    def _stream(
-        self,
-        call: EngineCall,
-        prefilled: OnPrefilled,
-        placement: scheduler_pb.PlaceResponse | None = None,
-        prompt_for: PromptFor | None = None,
-    ) -> AsyncGenerator[Piece, None]:
-        return stream_tokens(
+        placement = None
+        if call.plan.uses_encoders:
+            items = encode_items(stage, list(range(len(stage.items))))
+            placement = await place(self.peers, call, items, stage.policy)
+            self._set_consumer(stage, placement.prefill.worker)
+            await encode_all(self.peers, stage, call.deadline, placement.encoders)
+            release_pixels(self.plane, stage)
+        else:
+            video_items = stage.items[len(images) :]
+            raw = raw_prompt(call.prompt.token_ids, images, videos, video_items)
+            call = replace(call, prompt=raw)
+        pieces = stream_tokens(
             self.peers,
             call,
             prefilled,
             placement,
-            prompt_for,
+            prompt_for if placement is not None else None,
             max_resumptions=self.max_resumptions,
             on_resumed=self._count_resumption,
         )
+        async with aclosing(pieces):
+            async for piece in pieces:
+                yield piece
 
     async def _prompt(self, request: ChatRequest) -> Rendered:
         """The prompt's tokens (size checked first), with the chat template's text where the
