@@ -34,8 +34,3 @@ def stamp_of(lease_id: str, content_tag: bytes = b"") -> bytes:
         raise ValueError(f"a content tag has {CONTENT_TAG_BYTES} bytes, not {len(content_tag)}")
     lease = (MAGIC + lease_id.encode()).ljust(LEASE_STAMP_BYTES, b"\0")
     return (lease + content_tag).ljust(HEADER_BYTES, b"\0")
-
-
-def content_tag_of(header: bytes | bytearray | memoryview) -> bytes:
-    """The content tag in a buffer's ``header`` (zeros where none was given)."""
-    return bytes(header[LEASE_STAMP_BYTES : LEASE_STAMP_BYTES + CONTENT_TAG_BYTES])

@@ -28,12 +28,12 @@ import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorConsumer
-from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, IdlePool
+from epd.server.transfer.idle_pool import IdlePool
 from epd.server.transfer.payload_layout import (
+    CONTENT_TAG_BYTES,
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
     MAGIC,
-    content_tag_of,
     size_class,
     stamp_of,
 )
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 # Payloads up to this size are read into a private copy: a read costs less than mapping.
 SMALL_COPY_BYTES = 16 << 10
-# NOTE: one counter per process, not per pool: several producers in one process (tests, a
+# NOTE: one counter per process, not per producer: several producers in one process (tests, a
 # process serving two roles) must never pick the same segment name.
 _SEGMENT_NUMBERS = itertools.count(1)
 
@@ -78,68 +78,11 @@ class Segment:
     address: int
 
 
-class SegmentPool:
-    """Segments by power-of-two size class, reused after release (creating one per transfer is
-    several times slower). Idle segments beyond ``max_idle_bytes`` are unlinked."""
-
-    def __init__(
-        self, shm_dir: str = SHM_DIR, max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES
-    ) -> None:
-        self._dir = shm_dir
-        self._prefix = process_prefix()
-        self._idle: IdlePool[Segment] = IdlePool(max_idle_bytes)
-        self._lock = threading.Lock()
-        self.num_created = 0
-        self.num_live = 0  # created and not yet unlinked: leased, idle, or being filled
-
-    def acquire(self, num_bytes: int) -> Segment:
-        """A segment with room for ``num_bytes`` of payload."""
-        capacity = size_class(num_bytes)
-        segment = self._idle.take(capacity)
-        if segment is not None:
-            return segment
-        return self._create(f"{self._prefix}{next(_SEGMENT_NUMBERS)}", capacity)
-
-    def give_back(self, segment: Segment) -> None:
-        """Return ``segment`` for reuse (or unlink it if the idle budget is full)."""
-        segment.buffer[:HEADER_BYTES] = bytes(HEADER_BYTES)
-        if not self._idle.offer(segment.capacity, segment):
-            self._destroy(segment)
-
-    def close(self) -> None:
-        """Unlink every idle segment (and every segment given back later)."""
-        for segment in self._idle.close():
-            self._destroy(segment)
-
-    def _create(self, name: str, capacity: int) -> Segment:
-        path = os.path.join(self._dir, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, capacity)
-            buffer = mmap.mmap(fd, capacity)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        with self._lock:
-            self.num_created += 1
-            self.num_live += 1
-        # NOTE: the ctypes object is dropped at once, so the mapping stays closable.
-        return Segment(name, capacity, buffer, ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
-
-    def _destroy(self, segment: Segment) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self._dir, segment.name))
-        with self._lock:
-            self.num_live -= 1
-        # NOTE: BufferError means a local view still exists; the mapping goes when it is collected.
-        with contextlib.suppress(BufferError):
-            segment.buffer.close()
-
-
 class ShmProducer(LeasedProducer[Segment]):
-    """Puts tensors into pooled segments under leases; removes dead processes' leftovers."""
+    """Puts tensors into pooled segments under leases; removes dead processes' leftovers.
+
+    Segments are pooled by power-of-two size class and reused after release (creating one per
+    transfer is several times slower); idle segments beyond ``max_idle_bytes`` are unlinked."""
 
     kind = "shm"
 
@@ -153,7 +96,12 @@ class ShmProducer(LeasedProducer[Segment]):
         super().__init__(host_id, **settings)
         self._dir = shm_dir
         self.orphans_removed = cleanup_orphans(shm_dir)
-        self._pool = SegmentPool(shm_dir, self.max_idle_bytes)
+        self._prefix = process_prefix()
+        self._idle: IdlePool[Segment] = IdlePool(self.max_idle_bytes)
+        self._lock = threading.Lock()
+        self.num_segments_created = 0
+        self.num_segments = 0
+        """Segments created and not yet unlinked: leased, idle, or being filled."""
 
     def put(
         self, tensor: torch.Tensor, *, ttl_s: float | None = None, content_tag: bytes = b""
@@ -161,7 +109,8 @@ class ShmProducer(LeasedProducer[Segment]):
         """As ``TensorProducer.put``; ``content_tag`` goes into the segment's stamp, where
         ``get(..., content_tag=)`` checks it (``payload_layout``)."""
         ref = describe(tensor)
-        segment = self._pool.acquire(ref.byte_size)
+        capacity = size_class(ref.byte_size)
+        segment = self._idle.take(capacity) or self._create(capacity)
         copy_payload(segment.address + HEADER_BYTES, tensor)
         info = self._lease(ref, segment, segment.name, ttl_s)
         segment.buffer[:HEADER_BYTES] = stamp_of(info.lease_id, content_tag)
@@ -171,7 +120,11 @@ class ShmProducer(LeasedProducer[Segment]):
         return ref
 
     def _free(self, segment: Segment) -> None:
-        self._pool.give_back(segment)
+        """Wipe ``segment``'s stamp and keep it for reuse (unlink it if the idle budget is
+        full, or once closed)."""
+        segment.buffer[:HEADER_BYTES] = bytes(HEADER_BYTES)
+        if not self._idle.offer(segment.capacity, segment):
+            self._destroy(segment)
 
     def remove_orphans(self) -> list[str]:
         """Unlink the segments of dead producers on this host (see ``shm_orphans``)."""
@@ -179,17 +132,35 @@ class ShmProducer(LeasedProducer[Segment]):
 
     def close(self) -> None:
         super().close()
-        self._pool.close()
+        for segment in self._idle.close():
+            self._destroy(segment)
 
-    @property
-    def num_segments_created(self) -> int:
-        """Segments created so far (the pool reuses; tests check it stays small)."""
-        return self._pool.num_created
+    def _create(self, capacity: int) -> Segment:
+        name = f"{self._prefix}{next(_SEGMENT_NUMBERS)}"
+        path = os.path.join(self._dir, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, capacity)
+            buffer = mmap.mmap(fd, capacity)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.num_segments_created += 1
+            self.num_segments += 1
+        # NOTE: the ctypes object is dropped at once, so the mapping stays closable.
+        return Segment(name, capacity, buffer, ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
 
-    @property
-    def num_segments(self) -> int:
-        """Segments this producer has now (leased or idle in its pool)."""
-        return self._pool.num_live
+    def _destroy(self, segment: Segment) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self._dir, segment.name))
+        with self._lock:
+            self.num_segments -= 1
+        # NOTE: BufferError means a local view still exists; the mapping goes when it is collected.
+        with contextlib.suppress(BufferError):
+            segment.buffer.close()
 
 
 class ShmConsumer(TensorConsumer):
@@ -261,7 +232,9 @@ class ShmConsumer(TensorConsumer):
             cache.lend(location.name, payload_view)
             return view_bytes(payload_view, dtype, shape, ref.byte_size)
         payload = self.buffers.empty(dtype, shape, ref.byte_size)
-        move(payload.data_ptr(), _address(view) + location.offset, ref.byte_size)
+        # NOTE: numpy gives the address of a read-only view too, which ctypes refuses.
+        source = int(np.frombuffer(view, dtype=np.uint8).ctypes.data) + location.offset
+        move(payload.data_ptr(), source, ref.byte_size)
         # NOTE: a lease released during the copy may have let another payload in.
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         return payload
@@ -328,11 +301,6 @@ class ShmConsumer(TensorConsumer):
         return view
 
 
-def _address(view: memoryview) -> int:
-    """Address of the first byte of ``view`` (read-only views too, which ctypes refuses)."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
 def _check_stamp(
     header: bytes | bytearray | memoryview, name: str, lease_id: str, content_tag: bytes = b""
 ) -> None:
@@ -343,7 +311,8 @@ def _check_stamp(
             f"lease {lease_id} was released: segment {name} no longer holds its payload",
             reason="LEASE_RELEASED",
         )
-    if content_tag and content_tag_of(header) != content_tag:
+    tag = header[LEASE_STAMP_BYTES : LEASE_STAMP_BYTES + CONTENT_TAG_BYTES]
+    if content_tag and tag != content_tag:
         raise FailedPrecondition(
             f"segment {name} does not hold the payload its reference names (content tag "
             f"{content_tag.hex()} expected)",

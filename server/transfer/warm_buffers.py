@@ -21,11 +21,10 @@ import weakref
 
 import torch
 
-from epd.server.transfer.idle_pool import IdlePool
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, IdlePool
 from epd.server.transfer.tensors import shaped
 
 DEFAULT_MIN_BYTES = 32 << 20
-DEFAULT_MAX_IDLE_BYTES = 1 << 30
 
 
 def buffer_class(num_bytes: int) -> int:
