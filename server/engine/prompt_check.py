@@ -85,12 +85,12 @@ class VisionLayout:
 
     def count_images(self, token_ids: list[int]) -> int:
         """Image placeholders (``placeholder``) in ``token_ids``."""
-        previous = None
-        count = 0
-        for token in token_ids:
-            count += self._is_placeholder(token, previous)
-            previous = token
-        return count
+        previous: list[int | None] = [None, *token_ids[:-1]]
+        return sum(
+            token == self.image_pad_id
+            and (self.vision_start_id is None or before == self.vision_start_id)
+            for token, before in zip(token_ids, previous, strict=True)
+        )
 
     def count_videos(self, token_ids: list[int]) -> int:
         """Video placeholders (the vision start, then the video token; the video token alone
@@ -98,7 +98,6 @@ class VisionLayout:
         if self.video_pad_id is None:
             return 0
         previous: list[int | None] = [None, *token_ids[:-1]]
-        # NOTE: inline, not a helper: the request walk counts the functions on an image's path
         return sum(
             token == self.video_pad_id
             and (self.vision_start_id is None or before == self.vision_start_id)
@@ -167,9 +166,9 @@ class VisionLayout:
                 "images were given",
                 reason="IMAGE_COUNT_MISMATCH",
             )
-        if self.count_videos(token_ids) != num_videos:
+        if (num_video_groups := self.count_videos(token_ids)) != num_videos:
             raise InvalidArgument(
-                f"the prompt has {self.count_videos(token_ids)} video placeholders but "
+                f"the prompt has {num_video_groups} video placeholders but "
                 f"{num_videos} videos were given",
                 reason="VIDEO_COUNT_MISMATCH",
             )

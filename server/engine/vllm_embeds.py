@@ -90,7 +90,9 @@ def _named(
             embeds = torch.zeros(t * h * w // layout.merge_size**2, layout.embedding_width)
             names.append(image.mm_hash or f"{request_id}-{index}")
         elif image.is_bound:
-            names.append(bound_name(image.mm_hash, embeds))
+            # NOTE: the image and the precision they were computed in: what equal embeddings share
+            dtype = str(embeds.dtype).removeprefix("torch.")
+            names.append(f"{EMBEDS_BOUND_PREFIX}{image.mm_hash}-{dtype}")
         else:
             names.append(embeddings_hash(embeds, image.grid, hash_algorithm))
         embeddings.append(embeds)
@@ -129,12 +131,6 @@ def _rows_mask(layout: VisionLayout, length: int) -> torch.Tensor | None:
     mask = torch.zeros(length, dtype=torch.bool)
     mask[len(layout.image_start_ids) : length - len(layout.image_end_ids)] = True
     return mask
-
-
-def bound_name(mm_hash: str, embeds: torch.Tensor) -> str:
-    """The name of embeddings their encoder bound to the image ``mm_hash`` (a content tag):
-    the image and the precision they were computed in, which is what equal embeddings share."""
-    return f"{EMBEDS_BOUND_PREFIX}{mm_hash}-{str(embeds.dtype).removeprefix('torch.')}"
 
 
 def embeddings_hash(

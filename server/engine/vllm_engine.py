@@ -105,6 +105,9 @@ class VllmEngine(Engine):
         self.model_id = model_id
         self.layout = layout
         self.options = options
+        # NOTE: as the started engine settled it (``start`` reads it back); an engine around an
+        # AsyncLLM that ``start`` did not make, with no value given, leaves the check to vLLM.
+        self.max_model_len = options.max_model_len or sys.maxsize
         self.device = options.device
         self._tracker = tracker or LoadTracker()
         self._running: set[str] = set()
@@ -113,13 +116,6 @@ class VllmEngine(Engine):
         self._hash_algorithm = getattr(multimodal, "mm_hasher_algorithm", "blake3")
         self.model_dir = model_dir
         self._rpc_dir = rpc_dir
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest prompt + output in tokens, as the started engine settled it (``start`` reads
-        it back); an engine around an AsyncLLM that ``start`` did not make, with no value given,
-        leaves the check to vLLM."""
-        return self.options.max_model_len or sys.maxsize
 
     @classmethod
     async def start(

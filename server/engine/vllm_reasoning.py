@@ -48,7 +48,13 @@ def request_options(
     owns."""
     from vllm.sampling_params import RepetitionDetectionParams
 
-    extra_args = {**_xargs(sampling.vllm_xargs)}
+    extra_args = _json_object(sampling.vllm_xargs, "vllm_xargs") if sampling.vllm_xargs else {}
+    if owned := [key for key in OWNED_EXTRA_ARGS if key in extra_args]:
+        raise InvalidArgument(
+            f"vllm_xargs.{owned[0]}: epd passes the KV handoff itself",
+            reason="BAD_SAMPLING",
+            metadata={"param": "vllm_xargs"},
+        )
     if kv_transfer_params:
         extra_args["kv_transfer_params"] = kv_transfer_params
     detection = sampling.repetition_detection
@@ -77,20 +83,6 @@ def generate_options(sampling: Sampling) -> dict[str, Any]:
         kwargs = _json_object(constraint.chat_template_kwargs, "chat_template_kwargs")
         options["reasoning_parser_kwargs"] = {"chat_template_kwargs": kwargs}
     return options
-
-
-def _xargs(text: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    xargs = _json_object(text, "vllm_xargs")
-    for key in OWNED_EXTRA_ARGS:
-        if key in xargs:
-            raise InvalidArgument(
-                f"vllm_xargs.{key}: epd passes the KV handoff itself",
-                reason="BAD_SAMPLING",
-                metadata={"param": "vllm_xargs"},
-            )
-    return xargs
 
 
 def _json_object(text: str, name: str) -> dict[str, Any]:
