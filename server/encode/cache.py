@@ -20,21 +20,17 @@ class CachedEmbedding:
     embeddings: torch.Tensor
     grid: Grid
 
-    @property
-    def num_bytes(self) -> int:
-        return self.embeddings.numel() * self.embeddings.element_size()
-
 
 class EmbeddingCache:
-    """Thread-safe LRU with a byte budget (0 disables caching); ``journal`` tells the
-    encoder's heartbeats what it took and evicted."""
+    """Thread-safe LRU with a byte budget (0 disables caching), holding ``num_bytes`` of
+    embeddings; ``journal`` tells the encoder's heartbeats what it took and evicted."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
             raise ValueError("cache budget must not be negative")
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, CachedEmbedding] = OrderedDict()
-        self._bytes = 0
+        self.num_bytes = 0
         self._lock = threading.Lock()
         self.num_hits = 0
         self.num_misses = 0
@@ -55,26 +51,22 @@ class EmbeddingCache:
 
     def put(self, mm_hash: str, entry: CachedEmbedding) -> None:
         """Insert, evicting the least recently used past the budget; too-large entries skip."""
-        if entry.num_bytes > self.max_bytes:
+        if entry.embeddings.nbytes > self.max_bytes:
             return
         with self._lock:
             old = self._entries.pop(mm_hash, None)
-            self._bytes -= old.num_bytes if old else 0
+            self.num_bytes -= old.embeddings.nbytes if old else 0
             self._entries[mm_hash] = entry
-            self._bytes += entry.num_bytes
-            while self._bytes > self.max_bytes:
+            self.num_bytes += entry.embeddings.nbytes
+            while self.num_bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.num_bytes
+                self.num_bytes -= evicted.embeddings.nbytes
                 self.num_evictions += 1
 
     def hashes(self, limit: int = 1024) -> list[str]:
         """Up to ``limit`` most recently used hashes, most recent first."""
         with self._lock:
             return list(reversed(self._entries))[:limit]
-
-    @property
-    def num_bytes(self) -> int:
-        return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)
