@@ -39,6 +39,16 @@ class BatchStats:
     batch_weight: int = 0  # the latest batch's items' summed ``weigh`` (its vision tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class _Queued(Generic[Item, Result]):
+    """An item waiting for a batch: what ``weigh`` said of it, the future of its result and of
+    its batch's size."""
+
+    item: Item
+    weight: int
+    future: asyncio.Future[tuple[Result, int]]
+
+
 class DynamicBatcher(Generic[Item, Result]):
     """Batches calls of ``run(items) -> results`` (same order, same length)."""
 
@@ -62,14 +72,13 @@ class DynamicBatcher(Generic[Item, Result]):
         self.max_wait_s = max_wait_s
         self.inline_below_s = inline_below_s
         self.num_inline_batches = 0
-        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[tuple[Result, int]]]] = (
-            asyncio.Queue()
-        )
+        self._queue: asyncio.Queue[_Queued[Item, Result]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self.stats = BatchStats()
         self.num_running = 0
         self.on_batch = on_batch
-        # NOTE: what ``weigh`` (None: nothing) says of the items waiting and of the batch running.
+        # NOTE: what ``weigh`` (None: nothing) said of each item when submitted, summed over the
+        # items waiting and over the batch running.
         self.weigh: Weigh[Item] | None = None
         self.queued_weight = 0
         self.running_weight = 0
@@ -90,8 +99,9 @@ class DynamicBatcher(Generic[Item, Result]):
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work())
         future: asyncio.Future[tuple[Result, int]] = asyncio.get_running_loop().create_future()
-        self.queued_weight += self._weight(item)
-        await self._queue.put((item, future))
+        weight = 0 if self.weigh is None else self.weigh(item)
+        self.queued_weight += weight
+        await self._queue.put(_Queued(item, weight, future))
         return await future
 
     async def close(self) -> None:
@@ -100,8 +110,7 @@ class DynamicBatcher(Generic[Item, Result]):
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
         while not self._queue.empty():
-            _, future = self._queue.get_nowait()
-            future.cancel()
+            self._queue.get_nowait().future.cancel()
         self.queued_weight = 0
 
     async def _work(self) -> None:
@@ -120,30 +129,20 @@ class DynamicBatcher(Generic[Item, Result]):
                     batch.append(await asyncio.wait_for(self._queue.get(), remaining))
                 except TimeoutError:
                     break
-            self.queued_weight -= sum(self._weight(item) for item, _ in batch)
-            live = [(item, future) for item, future in batch if not future.cancelled()]
+            self.queued_weight -= sum(queued.weight for queued in batch)
+            live = [queued for queued in batch if not queued.future.cancelled()]
             if live:
                 await self._run_batch(live)
 
-    def _weight(self, item: Item) -> int:
-        return 0 if self.weigh is None else self.weigh(item)
-
-    def _expected_s(self, num_items: int) -> float:
-        """Expected duration of a batch of ``num_items``; infinite before the first batch."""
-        if not self.stats.num_batches:
-            return float("inf")
-        return self.stats.item_run_ms * num_items / 1000
-
-    async def _run_batch(
-        self,
-        batch: list[tuple[Item, asyncio.Future[tuple[Result, int]]]],
-    ) -> None:
+    async def _run_batch(self, batch: list[_Queued[Item, Result]]) -> None:
         start = time.monotonic()
         self.num_running = len(batch)
-        items = [item for item, _ in batch]
-        self.running_weight = sum(map(self._weight, items))
+        items = [queued.item for queued in batch]
+        self.running_weight = sum(queued.weight for queued in batch)
+        # NOTE: expected from the latest batch's time per item (none before the first batch).
+        expected_s = self.stats.item_run_ms * len(items) / 1000
         try:
-            if self._expected_s(len(items)) < self.inline_below_s:
+            if self.stats.num_batches and expected_s < self.inline_below_s:
                 self.num_inline_batches += 1
                 results, run_s = self._timed_run(items)
             else:
@@ -152,8 +151,8 @@ class DynamicBatcher(Generic[Item, Result]):
                 )
         except Exception as e:
             if len(batch) == 1:
-                if not batch[0][1].done():
-                    batch[0][1].set_exception(e)
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(e)
                 return
             self.stats.num_failed_batches += 1
             for single in batch:
@@ -170,9 +169,9 @@ class DynamicBatcher(Generic[Item, Result]):
         self.stats.batch_weight = batch_weight
         if self.on_batch is not None:
             self.on_batch(len(batch), elapsed_ms / 1000)
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result((result, len(batch)))
+        for queued, result in zip(batch, results, strict=True):
+            if not queued.future.done():
+                queued.future.set_result((result, len(batch)))
 
     def _timed_run(self, items: list[Item]) -> tuple[list[Result], float]:
         """``run(items)`` and its duration in seconds (measured where it runs)."""
