@@ -3,11 +3,13 @@ prefill and decode workers. Each wraps one peer's long-lived channel, on which g
 every call, and is the route's one RPC-error boundary: a failed call raises the ``EpdError`` of
 its status (``status.from_rpc_error``: code, reason and metadata as the peer sent them; a worker
 that cannot be reached is Unavailable, reason PEER_UNREACHABLE, naming its endpoint), never
-``grpc.aio.AioRpcError``. Methods are named after the RPCs they call."""
+``grpc.aio.AioRpcError``. Each RPC is an attribute named after it (``UnaryRpc`` or
+``StreamingRpc`` over the stub's method), called as the stub's method is."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -23,160 +25,116 @@ from epd.v1 import prefill_service_pb2_grpc as prefill_grpc
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 from epd.v1 import scheduler_service_pb2_grpc as scheduler_grpc
 
+Request = TypeVar("Request")
 Response = TypeVar("Response")
 
 
+@dataclass(frozen=True, slots=True)
 class Responses(Generic[Response]):
     """The responses of one server-streaming call, in order (``async for``); iterating again goes
     on where the last iteration stopped. A failure raises the call's ``EpdError``."""
 
-    def __init__(self, call: Any, peer: str) -> None:
-        self._call = call
-        self._peer = peer
+    call: grpc.aio.UnaryStreamCall[Any, Response]
+    peer: str
 
-    def __aiter__(self) -> Responses[Response]:
-        return self
-
-    async def __anext__(self) -> Response:
+    async def __aiter__(self) -> AsyncIterator[Response]:
+        # NOTE: the call hands every iteration the same iterator, so a new one reads on.
         try:
-            response = await self._call.read()
+            async for response in self.call:
+                yield response
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e, self._peer) from None
-        if response is grpc.aio.EOF:
-            raise StopAsyncIteration
-        result: Response = response
-        return result
+            raise from_rpc_error(e, self.peer) from None
 
     def cancel(self) -> bool:
         """End the call (the server's handler is cancelled); False once it has ended."""
-        return bool(self._call.cancel())
+        return bool(self.call.cancel())
 
 
-async def _answer(call: Awaitable[Any], peer: str) -> Any:
-    try:
-        return await call
-    except grpc.aio.AioRpcError as e:
-        raise from_rpc_error(e, peer) from None
+@dataclass(frozen=True, slots=True)
+class UnaryRpc(Generic[Request, Response]):
+    """One unary RPC of ``peer`` (the stub's ``method``): its answer, or its ``EpdError``."""
+
+    method: grpc.aio.UnaryUnaryMultiCallable[Request, Response]
+    peer: str = ""
+
+    async def __call__(self, request: Request, *, timeout: float | None = None) -> Response:
+        try:
+            reply: Response = await self.method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e, self.peer) from None
+        return reply
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingRpc(Generic[Request, Response]):
+    """One server-streaming RPC of ``peer`` (the stub's ``method``): its ``Responses``."""
+
+    method: grpc.aio.UnaryStreamMultiCallable[Request, Response]
+    peer: str
+
+    def __call__(self, request: Request, *, timeout: float | None = None) -> Responses[Response]:
+        return Responses(self.method(request, timeout=timeout), self.peer)
 
 
 class SchedulerClient:
     """The scheduler's calls the route makes. Failures keep the scheduler's reasons (one that
     cannot be reached is Unavailable, reason UNAVAILABLE)."""
 
+    ListWorkers: UnaryRpc[scheduler_pb.ListWorkersRequest, scheduler_pb.ListWorkersResponse]
+    AssignEncoders: UnaryRpc[
+        scheduler_pb.AssignEncodersRequest, scheduler_pb.AssignEncodersResponse
+    ]
+    CompleteEncoding: UnaryRpc[
+        scheduler_pb.CompleteEncodingRequest, scheduler_pb.CompleteEncodingResponse
+    ]
+    ChoosePrefill: UnaryRpc[scheduler_pb.ChoosePrefillRequest, scheduler_pb.ChoosePrefillResponse]
+    ChooseDecode: UnaryRpc[scheduler_pb.ChooseDecodeRequest, scheduler_pb.ChooseDecodeResponse]
+    Place: UnaryRpc[scheduler_pb.PlaceRequest, scheduler_pb.PlaceResponse]
+
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._stub = scheduler_grpc.SchedulerServiceStub(channel)
-
-    async def ListWorkers(
-        self, request: scheduler_pb.ListWorkersRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.ListWorkersResponse:
-        reply: scheduler_pb.ListWorkersResponse = await _answer(
-            self._stub.ListWorkers(request, timeout=timeout), ""
-        )
-        return reply
-
-    async def AssignEncoders(
-        self,
-        request: scheduler_pb.AssignEncodersRequest,
-        *,
-        timeout: float | None = None,
-    ) -> scheduler_pb.AssignEncodersResponse:
-        reply: scheduler_pb.AssignEncodersResponse = await _answer(
-            self._stub.AssignEncoders(request, timeout=timeout), ""
-        )
-        return reply
-
-    async def CompleteEncoding(
-        self,
-        request: scheduler_pb.CompleteEncodingRequest,
-        *,
-        timeout: float | None = None,
-    ) -> scheduler_pb.CompleteEncodingResponse:
-        reply: scheduler_pb.CompleteEncodingResponse = await _answer(
-            self._stub.CompleteEncoding(request, timeout=timeout), ""
-        )
-        return reply
-
-    async def ChoosePrefill(
-        self,
-        request: scheduler_pb.ChoosePrefillRequest,
-        *,
-        timeout: float | None = None,
-    ) -> scheduler_pb.ChoosePrefillResponse:
-        reply: scheduler_pb.ChoosePrefillResponse = await _answer(
-            self._stub.ChoosePrefill(request, timeout=timeout), ""
-        )
-        return reply
-
-    async def ChooseDecode(
-        self, request: scheduler_pb.ChooseDecodeRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.ChooseDecodeResponse:
-        reply: scheduler_pb.ChooseDecodeResponse = await _answer(
-            self._stub.ChooseDecode(request, timeout=timeout), ""
-        )
-        return reply
-
-    async def Place(
-        self, request: scheduler_pb.PlaceRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.PlaceResponse:
-        reply: scheduler_pb.PlaceResponse = await _answer(
-            self._stub.Place(request, timeout=timeout), ""
-        )
-        return reply
+        stub = scheduler_grpc.SchedulerServiceStub(channel)
+        self.ListWorkers = UnaryRpc(stub.ListWorkers)
+        self.AssignEncoders = UnaryRpc(stub.AssignEncoders)
+        self.CompleteEncoding = UnaryRpc(stub.CompleteEncoding)
+        self.ChoosePrefill = UnaryRpc(stub.ChoosePrefill)
+        self.ChooseDecode = UnaryRpc(stub.ChooseDecode)
+        self.Place = UnaryRpc(stub.Place)
 
 
 class EncoderClient:
     """``Encode`` and ``Release`` of the encoder at ``endpoint``."""
 
+    Encode: StreamingRpc[encode_pb.EncodeRequest, encode_pb.EncodeResponse]
+    Release: UnaryRpc[encode_pb.ReleaseRequest, encode_pb.ReleaseResponse]
+
     def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
-        self._stub = encode_grpc.EncodeServiceStub(channel)
+        stub = encode_grpc.EncodeServiceStub(channel)
         self.endpoint = endpoint
-
-    def Encode(
-        self, request: encode_pb.EncodeRequest, *, timeout: float | None = None
-    ) -> Responses[encode_pb.EncodeResponse]:
-        return Responses(self._stub.Encode(request, timeout=timeout), self.endpoint)
-
-    async def Release(
-        self, request: encode_pb.ReleaseRequest, *, timeout: float | None = None
-    ) -> encode_pb.ReleaseResponse:
-        reply: encode_pb.ReleaseResponse = await _answer(
-            self._stub.Release(request, timeout=timeout), self.endpoint
-        )
-        return reply
+        self.Encode = StreamingRpc(stub.Encode, endpoint)
+        self.Release = UnaryRpc(stub.Release, endpoint)
 
 
 class PrefillClient:
     """``Prefill`` and ``PrefillDecode`` of the prefill worker at ``endpoint``."""
 
+    Prefill: UnaryRpc[prefill_pb.PrefillRequest, prefill_pb.PrefillResponse]
+    PrefillDecode: StreamingRpc[prefill_pb.PrefillDecodeRequest, prefill_pb.PrefillDecodeResponse]
+
     def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
-        self._stub = prefill_grpc.PrefillServiceStub(channel)
+        stub = prefill_grpc.PrefillServiceStub(channel)
         self.endpoint = endpoint
-
-    async def Prefill(
-        self, request: prefill_pb.PrefillRequest, *, timeout: float | None = None
-    ) -> prefill_pb.PrefillResponse:
-        reply: prefill_pb.PrefillResponse = await _answer(
-            self._stub.Prefill(request, timeout=timeout), self.endpoint
-        )
-        return reply
-
-    def PrefillDecode(
-        self, request: prefill_pb.PrefillDecodeRequest, *, timeout: float | None = None
-    ) -> Responses[prefill_pb.PrefillDecodeResponse]:
-        return Responses(self._stub.PrefillDecode(request, timeout=timeout), self.endpoint)
+        self.Prefill = UnaryRpc(stub.Prefill, endpoint)
+        self.PrefillDecode = StreamingRpc(stub.PrefillDecode, endpoint)
 
 
 class DecodeClient:
     """``Decode`` of the decode worker at ``endpoint``."""
 
-    def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
-        self._stub = decode_grpc.DecodeServiceStub(channel)
-        self.endpoint = endpoint
+    Decode: StreamingRpc[decode_pb.DecodeRequest, decode_pb.DecodeResponse]
 
-    def Decode(
-        self, request: decode_pb.DecodeRequest, *, timeout: float | None = None
-    ) -> Responses[decode_pb.DecodeResponse]:
-        return Responses(self._stub.Decode(request, timeout=timeout), self.endpoint)
+    def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.Decode = StreamingRpc(decode_grpc.DecodeServiceStub(channel).Decode, endpoint)
 
 
 class HealthClient:
