@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
 
 import numpy as np
 import torch
@@ -88,32 +88,46 @@ class Preparer:
     async def prepare(
         self, source: Source, settings: ImageSettings = NO_IMAGE_SETTINGS
     ) -> Prepared | None:
-        """``source`` prepared for the tower (in the pool unless it is small), an image's
-        resized within ``settings``; or None when the route's shared pixels cannot be read
-        here, or no longer hold the image they are tagged with once read (the lease was
-        released meanwhile): then the source is loaded."""
-        if isinstance(source, LoadedImage):
-            pixels = torch.from_numpy(source.pixels)
-            return await self._in_pool(
-                pixels.numel(), lambda p: self.prepare_image(p, settings), pixels
+        """``source`` prepared for the tower, an image's resized within ``settings``: in the pool
+        (reading and preparing pixels off the event loop) unless it is so small that the
+        hand-off would cost more. None when the route's shared pixels cannot be read here, or
+        no longer hold the image they are tagged with once read (the lease was released
+        meanwhile): then the source is loaded."""
+        run: Callable[[], Prepared]
+        if isinstance(source, SharedPixels):
+            run = partial(self._prepare_shared, source, settings)
+            num_values = math.prod(source.ref.shape)
+        else:
+            pixels = torch.from_numpy(
+                source.pixels if isinstance(source, LoadedImage) else source.frames
             )
-        if isinstance(source, VideoFrames):
-            frames = torch.from_numpy(source.frames)
-            return await self._in_pool(
-                frames.numel(), lambda f: self._prepared(f, source.video, settings), frames
-            )
+            video = source.video if isinstance(source, VideoFrames) else None
+            run = partial(self._prepared, pixels, video, settings)
+            num_values = pixels.numel()
         try:
-            size = math.prod(source.ref.shape)
-            return await self._in_pool(size, lambda s: self._prepare_shared(s, settings), source)
+            if num_values <= 3 * INLINE_DECODE_PIXELS:
+                return run()
+            return await asyncio.get_running_loop().run_in_executor(self.pool, run)
         except EpdError as e:
+            if not isinstance(source, SharedPixels):
+                raise
             logger.debug("pixels of %s unreadable here (%s): loading the source", source.mm_hash, e)
             return None
 
     def _prepare_shared(self, source: SharedPixels, settings: ImageSettings) -> Prepared:
-        """The route's pixels of ``source`` read and prepared, then found still tagged so (their
-        lease was not released while they were read); EpdError otherwise."""
-        prepared = self._prepared(self._shared_pixels(source), source.video, settings)
-        self._shared_pixels(source)
+        """The route's pixels of ``source`` (tagged by the route with its mm_hash: a check of
+        their segment's stamp, whatever the image's size) read, checked and prepared, then
+        found still tagged so (their lease was not released while they were read); EpdError
+        otherwise."""
+        tag = pixels_tag(source.mm_hash)
+        pixels = self.plane.get(source.ref, content_tag=tag)
+        if source.video is None:
+            pixels = check_pixels(pixels, self.policy)
+        else:
+            limit = self.policy.max_video_frame_pixels
+            pixels = check_frames(pixels, source.video.num_frames, limit)
+        prepared = self._prepared(pixels, source.video, settings)
+        self.plane.get(source.ref, content_tag=tag)
         return prepared
 
     def _prepared(
@@ -125,21 +139,3 @@ class Preparer:
             return self.prepare_image(pixels, settings)
         assert self.prepare_video is not None  # NOTE: the worker refuses video items without
         return self.prepare_video(pixels, video.resized)
-
-    def _shared_pixels(self, source: SharedPixels) -> torch.Tensor:
-        """A view of the route's pixels of ``source``, tagged by the route with its mm_hash
-        (a check of their segment's stamp, whatever the image's size); EpdError if they cannot
-        be read here or are not tagged so."""
-        pixels = self.plane.get(source.ref, content_tag=pixels_tag(source.mm_hash))
-        if source.video is not None:
-            limit = self.policy.max_video_frame_pixels
-            return check_frames(pixels, source.video.num_frames, limit)
-        return check_pixels(pixels, self.policy)
-
-    async def _in_pool(self, num_values: int, run: Callable[[Any], Prepared], arg: Any) -> Prepared:
-        """``run(arg)`` in the preparing pool (reading and preparing pixels, off the event loop),
-        or at once for an image of ``num_values`` values small enough that the hand-off would
-        cost more."""
-        if num_values <= 3 * INLINE_DECODE_PIXELS:
-            return run(arg)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, run, arg)
