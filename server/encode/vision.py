@@ -74,8 +74,9 @@ def _visual_state_dict(model_dir: Path, family: Any) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """One image made ready for the tower: its pixel inputs (``ModelFamily.pixel_inputs``), on
-    the device that made them, and its grid [1, 3]."""
+    """Images made ready for the tower: their pixel inputs (``ModelFamily.pixel_inputs``), on
+    the device that made them, and their grids [num_images, 3] (one image, or a video chunk's
+    frames, as the worker prepares them one by one; several, from ``preprocess``)."""
 
     pixel_values: Any
     grid: torch.Tensor
@@ -145,15 +146,11 @@ class VisionEncoder:
             self.attention,
         )
 
-    def preprocess(
-        self, images: list[Any], settings: ImageSettings = NO_IMAGE_SETTINGS
-    ) -> tuple[Any, torch.Tensor]:
+    def preprocess(self, images: list[Any]) -> tuple[Any, torch.Tensor]:
         """Pixel inputs of all ``images`` (Pillow images or uint8 [3, height, width] tensors) in
-        one processor call, resized within ``settings`` (none: the model's own), and their
-        grids [num_images, 3]."""
-        processor = self.family.image_processor_within(self.processor, settings.settings)
+        one call of the model's processor, and their grids [num_images, 3]."""
         return self.family.pixel_inputs(
-            processor, images, self.config, device=self.preprocess_device
+            self.processor, images, self.config, device=self.preprocess_device
         )
 
     def prepare(
@@ -161,9 +158,12 @@ class VisionEncoder:
     ) -> Prepared:
         """The pixel inputs of one image given as its RGB pixels (uint8 [height, width, 3], a
         view is enough: they are read before this returns), made by the model's processor on
-        ``preprocess_device`` within ``settings``; thread-safe, so images are prepared in
-        parallel, apart from the tower."""
-        pixel_values, grid = self.preprocess([pixels.permute(2, 0, 1)], settings)
+        ``preprocess_device`` within ``settings`` (none: the model's own); thread-safe, so
+        images are prepared in parallel, apart from the tower."""
+        processor = self.family.image_processor_within(self.processor, settings.settings)
+        pixel_values, grid = self.family.pixel_inputs(
+            processor, [pixels.permute(2, 0, 1)], self.config, device=self.preprocess_device
+        )
         return Prepared(pixel_values, grid)
 
     def prepare_video(self, frames: torch.Tensor, resized: tuple[int, int]) -> Prepared:
@@ -181,26 +181,18 @@ class VisionEncoder:
 
     @torch.inference_mode()
     def run(self, prepared: list[Prepared]) -> list[tuple[torch.Tensor, Grid]]:
-        """Embeddings [num_tokens, hidden] and grid of each prepared image, in one tower call."""
+        """Embeddings [num_tokens, hidden] and grid of each image of ``prepared``, in one tower
+        call. Returns once an accelerator has computed them, so the calling thread (the
+        tower's own) is the one that waits, never the event loop that hands the embeddings
+        over, and a batch's time is what the device took. The embeddings stay on the encoder's
+        device: the data plane hands them over from there (device to device over NIXL, or
+        staged to host memory once)."""
         if len(prepared) == 1:
             pixel_values, grid = prepared[0].pixel_values, prepared[0].grid
         else:
             pixel_values, grid = self.family.join_pixel_inputs(
                 [(p.pixel_values, p.grid) for p in prepared]
             )
-        return self._tower(pixel_values, grid)
-
-    @torch.inference_mode()
-    def encode(self, images: list[Any]) -> list[tuple[torch.Tensor, Grid]]:
-        """Embeddings [num_tokens, hidden] and grid of each image, preprocessed together, in one
-        tower call. The embeddings stay on the encoder's device: the data plane hands them over
-        from there (device to device over NIXL, or staged to host memory once)."""
-        return self._tower(*self.preprocess(images))
-
-    def _tower(self, pixel_values: Any, grid: torch.Tensor) -> list[tuple[torch.Tensor, Grid]]:
-        """The tower on joined pixel inputs; returns once an accelerator has computed them, so
-        the calling thread (the tower's own) is the one that waits, never the event loop that
-        hands the embeddings over, and a batch's time is what the device took."""
         merged = self.family.image_embeddings(
             self.model, pixel_values.to(self.device, self.dtype), grid.to(self.device)
         )
@@ -213,3 +205,9 @@ class VisionEncoder:
         if self.device.type != "cpu":
             getattr(torch, self.device.type).synchronize(self.device)
         return results
+
+    @torch.inference_mode()
+    def encode(self, images: list[Any]) -> list[tuple[torch.Tensor, Grid]]:
+        """Embeddings [num_tokens, hidden] and grid of each image, preprocessed together
+        (``preprocess``), in one tower call (``run``)."""
+        return self.run([Prepared(*self.preprocess(images))])
