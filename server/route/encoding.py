@@ -50,17 +50,6 @@ class EncodeStage:
     # images sent to another encoder after theirs failed
     num_retried: int = 0
 
-    def leases(self, *, read: bool = False) -> dict[str, list[str]]:
-        """Lease ids by producer endpoint; with ``read`` (the consumer has read every
-        reference), none of NIXL references: the consumer's READ told their producer to free
-        them."""
-        by_endpoint: dict[str, list[str]] = defaultdict(list)
-        for result in self.results.values():
-            ref = result.embeddings
-            if ref.lease_id and not (read and ref.WhichOneof("location") == "nixl"):
-                by_endpoint[ref.producer_endpoint].append(ref.lease_id)
-        return by_endpoint
-
 
 def share_pixels(
     plane: DataPlane | None,
@@ -100,7 +89,10 @@ def release_pixels(plane: DataPlane | None, stage: EncodeStage) -> None:
 def encode_items(stage: EncodeStage, indices: list[int]) -> list[scheduler_pb.EncodeItem]:
     """What the scheduler is told of the items ``indices`` (into ``stage.items``)."""
     return [
-        scheduler_pb.EncodeItem(mm_hash=stage.items[i].mm_hash, num_tokens=_num_tokens(stage, i))
+        scheduler_pb.EncodeItem(
+            mm_hash=stage.items[i].mm_hash,
+            num_tokens=stage.num_tokens[i] if i < len(stage.num_tokens) else 0,
+        )
         for i in indices
     ]
 
@@ -248,7 +240,12 @@ async def release_all(peers: Peers, stage: EncodeStage, *, read: bool = False) -
     ``read``: the consumer has read every reference (it has prefilled), so NIXL leases are left
     to the notification its READ sent: no Release call for an encoder that handed over by NIXL
     alone (another host, or GPU memory)."""
-    for endpoint, lease_ids in stage.leases(read=read).items():
+    by_endpoint: dict[str, list[str]] = defaultdict(list)
+    for result in stage.results.values():
+        ref = result.embeddings
+        if ref.lease_id and not (read and ref.WhichOneof("location") == "nixl"):
+            by_endpoint[ref.producer_endpoint].append(ref.lease_id)
+    for endpoint, lease_ids in by_endpoint.items():
         try:
             await peers.encoder(endpoint).Release(
                 encode_pb.ReleaseRequest(lease_ids=lease_ids), timeout=5
@@ -256,7 +253,3 @@ async def release_all(peers: Peers, stage: EncodeStage, *, read: bool = False) -
         except EpdError as e:
             logger.warning("release at %s failed (%s); leases will expire", endpoint, e)
     stage.results.clear()
-
-
-def _num_tokens(stage: EncodeStage, index: int) -> int:
-    return stage.num_tokens[index] if index < len(stage.num_tokens) else 0
