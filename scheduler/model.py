@@ -63,10 +63,10 @@ class RegisteredWorker:
     load: Load = field(default_factory=Load)
     num_assigned_in_flight: int = 0
     draining: bool = False
+    id: str = field(init=False)  # the spec's, read at every placement
 
-    @property
-    def id(self) -> str:
-        return self.spec.id
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
 
 
 @dataclass(frozen=True, slots=True)
