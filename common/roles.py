@@ -11,7 +11,6 @@ one written into a message.
 from __future__ import annotations
 
 import enum
-from typing import cast
 
 from epd.common.errors import InvalidArgument
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -20,11 +19,11 @@ from epd.v1 import scheduler_service_pb2 as scheduler_pb
 class Role(enum.Enum):
     """What a worker serves (``epd.v1.WorkerRole`` without UNSPECIFIED)."""
 
-    ENCODE = 1  # EncodeService: images to embeddings
-    PREFILL = 2  # PrefillService handing its KV to a decode worker
-    DECODE = 3  # DecodeService
-    PREFILL_DECODE = 4  # PrefillService, aggregated
-    ENCODE_PREFILL = 5  # PrefillService running the vision tower itself
+    ENCODE = scheduler_pb.WORKER_ROLE_ENCODE  # EncodeService: images to embeddings
+    PREFILL = scheduler_pb.WORKER_ROLE_PREFILL  # PrefillService handing its KV to a decode worker
+    DECODE = scheduler_pb.WORKER_ROLE_DECODE  # DecodeService
+    PREFILL_DECODE = scheduler_pb.WORKER_ROLE_PREFILL_DECODE  # PrefillService, aggregated
+    ENCODE_PREFILL = scheduler_pb.WORKER_ROLE_ENCODE_PREFILL  # PrefillService with the vision tower
 
     @property
     def label(self) -> str:
@@ -65,17 +64,17 @@ def known_role(value: int) -> Role | None:
 def role_from_proto(value: int) -> Role:
     """The role numbered ``value`` in a message; InvalidArgument (BAD_ROLE) for UNSPECIFIED or
     a number this build does not know."""
-    role = known_role(value)
-    if role is None:
+    try:
+        return Role(value)
+    except ValueError:
         raise InvalidArgument(
             f"worker role must be set ({_spelled(list(Role))})", reason="BAD_ROLE"
-        )
-    return role
+        ) from None
 
 
 def role_to_proto(role: Role) -> scheduler_pb.WorkerRole:
     """``role``'s number in ``epd.v1.WorkerRole``."""
-    return cast("scheduler_pb.WorkerRole", role.value)
+    return role.value
 
 
 def _spelled(roles: list[Role]) -> str:
