@@ -10,9 +10,58 @@ from collections.abc import Sequence
 
 from epd.scheduler.demand import DemandTracker, EncoderDemand, KindState, device_kind
 from epd.scheduler.model import EncodeItem, RegisteredWorker
-from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderView
-from epd.scheduler.policies.stats import Ewma, ServiceTimes
+from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderView, Ewma
 from epd.scheduler.registry import Clock
+
+
+class ServiceTimes:
+    """Per-item service time per worker id, in milliseconds.
+
+    Two sources: what the worker measures itself (compute time per item, sent in heartbeats:
+    exact, but only as fresh as the last heartbeat) and what the scheduler infers from completed
+    assignments (always available, but it folds in queueing it can only estimate). The worker's
+    own figure wins when there is one.
+    """
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self._alpha = alpha
+        self._reported: dict[str, Ewma] = {}
+        self._by_worker: dict[str, Ewma] = {}
+
+    def add_reported(self, worker_id: str, item_ms: float, units_per_item: float = 1.0) -> None:
+        """Record the worker's own per-item compute time (from a heartbeat), its items having
+        been ``units_per_item`` mean-sized items each of late."""
+        self._reported.setdefault(worker_id, Ewma(self._alpha)).add(item_ms / units_per_item)
+
+    def add_completion(
+        self, worker_id: str, max_latency_ms: float, num_units: float, backlog_at_assign: int
+    ) -> None:
+        """A finished group of ``num_units`` of work (items scaled by their size, see
+        ``AdaptivePolicy.units``) whose last item arrived ``max_latency_ms`` after the call; the
+        encoder also had ``backlog_at_assign`` items ahead of it (serial service)."""
+        if num_units > 0:
+            item_ms = max_latency_ms / (num_units + backlog_at_assign)
+            self._by_worker.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
+
+    def estimates(self, worker_id: str) -> tuple[float | None, float | None, float | None]:
+        """(the estimate, the worker's own figure, the inferred one), each None without
+        samples: the estimate is the worker's own figure when it has one, else the inferred."""
+        own, inferred = self._reported.get(worker_id), self._by_worker.get(worker_id)
+        own_ms = own.value if own is not None else None
+        inferred_ms = inferred.value if inferred is not None else None
+        return (own_ms if own_ms is not None else inferred_ms), own_ms, inferred_ms
+
+    def slowest(self, worker_id: str) -> float | None:
+        """The larger of the two estimates (None without samples): the worker's own figure is
+        its compute alone, the inferred one includes what surrounds it (loading, preparing,
+        handing over), which bounds how fast the worker really serves."""
+        known = [figure for figure in self.estimates(worker_id)[1:] if figure is not None]
+        return max(known) if known else None
+
+    def forget(self, worker_id: str) -> None:
+        """Drop the estimates of a worker that left."""
+        self._reported.pop(worker_id, None)
+        self._by_worker.pop(worker_id, None)
 
 
 class EncoderCosts:
@@ -59,20 +108,20 @@ class EncoderCosts:
 
     def service_ms(self, worker_id: str) -> float | None:
         """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
-        estimate: float | None = self._service.get(worker_id)
-        return estimate
+        return self._service.estimates(worker_id)[0]
 
     def view(self, worker: RegisteredWorker, cached: frozenset[str]) -> EncoderView:
         """The policy's view of ``worker``, which answers ``cached`` without its tower."""
         busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
+        service_ms, own_ms, inferred_ms = self._service.estimates(worker.id)
         return EncoderView(
             worker.id,
             worker.spec.device,
             worker.spec.weight,
             backlog_items=worker.num_assigned_in_flight,
-            service_ms=self._service.get(worker.id),
-            own_ms=self._service.own(worker.id),
-            inferred_ms=self._service.inferred(worker.id),
+            service_ms=service_ms,
+            own_ms=own_ms,
+            inferred_ms=inferred_ms,
             backlog_ms=max(0.0, busy_ms),
             cached=cached,
             is_stale=self.is_stale(worker.id),

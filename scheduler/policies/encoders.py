@@ -4,10 +4,11 @@
   request's images spread over encoders (and wait for the slowest).
 - ``PerRequestPolicy``: the whole request to one encoder by smooth weighted round robin.
 - ``AdaptivePolicy``: list scheduling by least expected completion time. Each encoder's per-item
-  service time is learned (EWMA, see ``stats``; encoders compared by one kind of figure, see
-  ``comparable_figures``); its backlog is the work the scheduler assigned and
-  not yet saw completed (or what it reports, if more). Images go one by one to the encoder that
-  would finish them first, an image already in an encoder's cache costing almost nothing there.
+  service time is learned (EWMA, see ``encoder_costs.ServiceTimes``; encoders compared by one
+  kind of figure, see ``AdaptivePolicy.service_times``); its backlog is the work the scheduler
+  assigned and not yet saw completed (or what it reports, if more). Images go one by one to the
+  encoder that would finish them first, an image already in an encoder's cache costing almost
+  nothing there.
   A slow encoder thus gets exactly the work it finishes sooner than the fast one would: none at
   low load, its useful share under load. Without statistics it falls back to the weights.
   Items are costed by size: an item of ``num_tokens`` vision tokens counts ``num_tokens`` over the
@@ -27,12 +28,29 @@ from dataclasses import dataclass, field
 
 from epd.common.errors import InvalidArgument
 from epd.scheduler.model import EncodeItem, Policy
-from epd.scheduler.policies.stats import Ewma
 from epd.scheduler.policies.swrr import SmoothWeightedRoundRobin
 
 CACHE_HIT_COST = 0.05
 # completion times closer than this share of the item's fastest service time are a tie
 NEAR_TIE = 0.25
+
+
+@dataclass(slots=True)
+class Ewma:
+    """Exponentially weighted moving average; ``value`` is None until the first sample."""
+
+    alpha: float = 0.3
+    value: float | None = None
+    num_samples: int = 0
+
+    def add(self, sample: float) -> None:
+        """Fold in one sample (non-positive samples are ignored)."""
+        if sample <= 0:
+            return
+        self.value = (
+            sample if self.value is None else (self.alpha * sample + (1 - self.alpha) * self.value)
+        )
+        self.num_samples += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +180,10 @@ class AdaptivePolicy(EncoderPolicy):
             work = {e.id: service[e.id] * self.cost(item, e) for e in encoders}
             if probes and not any(item.mm_hash and item.mm_hash in e.cached for e in encoders):
                 best = probes.pop(0)
-            else:
-                best = self._earliest(encoders, finish, work)
+            else:  # NOTE: the first (rotated) encoder finishing within a near tie of the best
+                completion = {e.id: finish[e.id] + work[e.id] for e in encoders}
+                limit = min(completion.values()) + NEAR_TIE * min(work.values())
+                best = next(e for e in encoders if completion[e.id] <= limit)
             finish[best.id] += work[best.id]
             chosen.append(best.id)
         return chosen
@@ -173,29 +193,17 @@ class AdaptivePolicy(EncoderPolicy):
         hit = bool(item.mm_hash) and item.mm_hash in encoder.cached
         return CACHE_HIT_COST if hit else self.units(item)
 
-    @staticmethod
-    def _earliest(
-        encoders: Sequence[EncoderView], finish: dict[str, float], work: dict[str, float]
-    ) -> EncoderView:
-        """The first encoder (in rotated order) that finishes within a near tie of the best."""
-        completion = {e.id: finish[e.id] + work[e.id] for e in encoders}
-        limit = min(completion.values()) + NEAR_TIE * min(work.values())
-        return next(e for e in encoders if completion[e.id] <= limit)
-
     def service_times(self, encoders: Sequence[EncoderView]) -> dict[str, float]:
-        """Per-item service time per encoder; unknown ones from weights scaled to known ones."""
+        """Per-item service time per encoder, one kind of figure for all: their own figures
+        when each has one, else the inferred ones (an encoder with none inferred: its own). The
+        encoder's own figure is its compute alone, the inferred one everything around it too,
+        so one encoder's own against another's inferred would make the first look faster than
+        it is. Unknown ones come from the weights, scaled to the known ones."""
         weights = dict(weights_of(encoders, self.split_ratio))
-        measured = comparable_figures(encoders)
+        if all(e.own_ms for e in encoders) or not any(e.own_ms for e in encoders):
+            measured = {e.id: e.own_ms or e.service_ms for e in encoders}
+        else:
+            measured = {e.id: e.inferred_ms or e.own_ms for e in encoders}
         known = [ms * weights[e.id] for e in encoders if (ms := measured[e.id])]
         scale = sorted(known)[len(known) // 2] if known else 1.0
         return {e.id: measured[e.id] or scale / weights[e.id] for e in encoders}
-
-
-def comparable_figures(encoders: Sequence[EncoderView]) -> dict[str, float | None]:
-    """One kind of service time for every encoder: their own figures when each has one, else
-    the inferred ones (an encoder with none inferred: its own). The encoder's own figure is its
-    compute alone, the inferred one everything around it too, so one encoder's own against
-    another's inferred would make the first look faster than it is."""
-    if all(e.own_ms for e in encoders) or not any(e.own_ms for e in encoders):
-        return {e.id: e.own_ms or e.service_ms for e in encoders}
-    return {e.id: e.inferred_ms or e.own_ms for e in encoders}
