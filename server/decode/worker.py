@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, Sampling, TokenChunk
 from epd.server.worker.engine_worker import EngineDrain
-from epd.server.worker.images import check_addressed
 from epd.server.worker.kv_handle import VIDEO_KEYS, decode_kv_params, handle_images
 
 
@@ -34,8 +33,7 @@ class DecodeWorker:
         one carrier of the prompt's image grids and names (its KV is pulled, so images need no
         more) and of the seed the prefill sampled with.
         """
-        self.drain.refuse_if_draining()
-        check_addressed(request_id, model, self.engine.model_id)
+        self.drain.admit(request_id, model)
         if not kv_handle:
             raise InvalidArgument(
                 "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"

@@ -22,7 +22,7 @@ from epd.server.media.video_loader import VideoLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.engine_worker import EngineDrain
-from epd.server.worker.images import ImageResolver, check_addressed
+from epd.server.worker.images import ImageResolver
 from epd.server.worker.kv_handle import video_params
 from epd.v1 import generation_pb2
 
@@ -72,8 +72,7 @@ class PrefillWorker:
                 "the KV handle to a decode worker",
                 reason="WRONG_MODE",
             )
-        self.drain.refuse_if_draining()
-        check_addressed(request_id, model, self.engine.model_id)
+        self.drain.admit(request_id, model)
         images = await self._images(prompt)
         async for chunk in self.engine.generate(
             request_id, list(prompt.token_ids), images, sampling
@@ -90,8 +89,7 @@ class PrefillWorker:
                 "PrefillDecode; Prefill needs a worker in prefill mode",
                 reason="WRONG_MODE",
             )
-        self.drain.refuse_if_draining()
-        check_addressed(request_id, model, self.engine.model_id)
+        self.drain.admit(request_id, model)
         images = await self._images(prompt)
         result = await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
         if prompt.videos and result.kv_transfer_params is not None:
@@ -104,8 +102,7 @@ class PrefillWorker:
         if not (prompt.images or prompt.videos):
             return []
         start = time.monotonic()
-        images = await self.images.resolve(prompt.images)
-        images += await self.images.resolve_videos(prompt.videos)
+        images = await self.images.resolve(prompt.images, prompt.videos)
         trace.get_current_span().add_event(IMAGES_RESOLVED)
         if self.metrics is not None:
             self.metrics.embedding_handoff.observe(time.monotonic() - start)

@@ -54,21 +54,17 @@ def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
         thinking_token_budget=(
             params.thinking_token_budget if params.HasField("thinking_token_budget") else None
         ),
-        repetition_detection=repetition_detection_from_proto(params),
+        repetition_detection=(
+            RepetitionDetection(
+                params.repetition_detection.max_pattern_size,
+                params.repetition_detection.min_pattern_size,
+                params.repetition_detection.min_count,
+            )
+            if params.HasField("repetition_detection")
+            else None
+        ),
         vllm_xargs=params.vllm_xargs,
         logprob_token_ids=tuple(params.logprob_token_ids),
-    )
-
-
-def repetition_detection_from_proto(
-    params: generation_pb2.SamplingParams,
-) -> RepetitionDetection | None:
-    """The n-gram repetition stop ``params`` sets, or None."""
-    if not params.HasField("repetition_detection"):
-        return None
-    detection = params.repetition_detection
-    return RepetitionDetection(
-        detection.max_pattern_size, detection.min_pattern_size, detection.min_count
     )
 
 

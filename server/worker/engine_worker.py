@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from epd.common.errors import Unavailable
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.roles import Role
 from epd.common.server import ServiceBinding
 from epd.server.engine.base import Engine
@@ -55,12 +55,20 @@ class EngineDrain:
         is_idle = load.num_running == 0 and load.num_waiting == 0
         return is_idle and (not self.holds_kv or load.kv_usage == 0)
 
-    def refuse_if_draining(self) -> None:
-        """Raise ``Unavailable`` (reason DRAINING) once draining: the caller asks another."""
+    def admit(self, request_id: str, model: str) -> None:
+        """Check a new call: ``Unavailable`` (reason DRAINING) once draining (the caller asks
+        another); InvalidArgument for an empty request id or another model than the engine's."""
         if self.is_draining:
             raise Unavailable(
                 f"{self.kind} worker for {self.engine.model_id} is draining; ask another",
                 reason="DRAINING",
+            )
+        if not request_id:
+            raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
+        if model and model != self.engine.model_id:
+            raise InvalidArgument(
+                f"this worker serves {self.engine.model_id!r}, not {model!r}",
+                reason="WRONG_MODEL",
             )
 
 

@@ -40,20 +40,6 @@ from epd.v1.multimodal_pb2 import ImageInput
 logger = logging.getLogger(__name__)
 
 
-def _is_shared_memory(ref: tensor_pb2.TensorRef) -> bool:
-    return bool(ref.WhichOneof("location") == "shm")
-
-
-def check_addressed(request_id: str, model: str, served_model: str) -> None:
-    """InvalidArgument for an empty request id or another model than ``served_model``."""
-    if not request_id:
-        raise InvalidArgument("request_id must not be empty", reason="MISSING_REQUEST_ID")
-    if model and model != served_model:
-        raise InvalidArgument(
-            f"this worker serves {served_model!r}, not {model!r}", reason="WRONG_MODEL"
-        )
-
-
 def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
     """The image's (t, h, w) patch grid, or None when the message has none."""
     return (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
@@ -79,17 +65,17 @@ class ImageResolver:
         self.device = device
         self.videos = videos
 
-    async def resolve(self, images: Sequence[multimodal_pb2.ImageInput]) -> list[EngineImage]:
-        """Engine images in prompt order (embeddings copied out of the data plane)."""
-        return [await self._resolve(i, image) for i, image in enumerate(images)]
-
-    async def resolve_videos(
-        self, videos: Sequence[multimodal_pb2.VideoInput]
+    async def resolve(
+        self,
+        images: Sequence[multimodal_pb2.ImageInput],
+        videos: Sequence[multimodal_pb2.VideoInput] = (),
     ) -> list[EngineImage]:
-        """Engine videos in prompt order: each video's chunk embeddings copied out of the data
-        plane and joined in order (bound to the video when their encoders bound every chunk),
-        or, for a worker that takes raw images, its kept frames (``video_frames.raw_video``)."""
-        resolved = []
+        """A prompt's engine images as engines take them: its images in prompt order
+        (embeddings copied out of the data plane), then its videos in prompt order (each
+        video's chunk embeddings copied out and joined in order, bound to the video when their
+        encoders bound every chunk; or, for a worker that takes raw images, its kept frames:
+        ``video_frames.raw_video``)."""
+        resolved = [await self._resolve(i, image) for i, image in enumerate(images)]
         for index, video in enumerate(videos):
             if video.HasField("media"):
                 if self.loader is None:
@@ -184,9 +170,8 @@ class ImageResolver:
         """A copy of the embeddings of ``image`` if their shared-memory segment carries the
         content tag of its mm_hash (their encoder's word, which only it can write), else None:
         then they are read as they are and engines name them by their bytes."""
-        if not (image.mm_hash and _is_shared_memory(image.embeddings)) or is_accelerator(
-            self.device
-        ):
+        in_shared_memory = image.embeddings.WhichOneof("location") == "shm"
+        if not (image.mm_hash and in_shared_memory) or is_accelerator(self.device):
             return None
         tag = embeddings_tag(image.mm_hash)
         try:

@@ -76,7 +76,7 @@ async def resolve(
     videos = VideoLoader(planner, MediaPolicy(), cache_items=0)
     try:
         images = ImageResolver(worker, object(), videos=videos)  # type: ignore[arg-type]
-        (video,) = await images.resolve_videos([message])
+        (video,) = await images.resolve([], [message])
     finally:
         worker.close()
     return video, videos
@@ -146,7 +146,7 @@ async def test_a_worker_that_takes_embeddings_refuses_raw_videos(planner: VideoP
     plane = DataPlane("host-a", kinds=("shm",))
     try:
         with pytest.raises(FailedPrecondition) as caught:
-            await ImageResolver(plane).resolve_videos([message])
+            await ImageResolver(plane).resolve([], [message])
     finally:
         plane.close()
     assert caught.value.reason == "RAW_VIDEOS_UNSUPPORTED"
