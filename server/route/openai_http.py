@@ -34,7 +34,6 @@ from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
 from epd.server.route.stream_interval import batched
-from epd.server.route.tools_answer import AnswerParsing
 from epd.server.route.tools_request import ToolCalling
 from epd.v1 import generation_pb2
 
@@ -317,7 +316,9 @@ class ChatApi:
         if chat.return_token_ids:
             payload["choices"][0]["token_ids"] = list(piece.token_ids)
         if chat.answer_parsing is not None:
-            return _parsed_delta(chat.answer_parsing, payload, choice)
+            return chat.answer_parsing.parsed_chunk(
+                payload, choice.index, piece.text, list(piece.token_ids)
+            )
         return payload
 
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
@@ -378,26 +379,6 @@ class CompletionApi:
     def usage(self, chat: ChatRequest, usage: generation_pb2.Usage | None) -> dict[str, Any]:
         assert self.writer is not None
         return self.writer.usage(usage)
-
-
-def _parsed_delta(
-    parsing: AnswerParsing, payload: dict[str, Any], choice: Choice
-) -> dict[str, Any] | None:
-    """``payload`` with its delta and finish reason as vLLM's parsers make them (None: the
-    parser holds the text back and the chunk carries nothing else)."""
-    piece, entry = choice.chunk, payload["choices"][0]
-    if parsing.hides_metadata:
-        entry["logprobs"] = None
-        entry.pop("token_ids", None)
-    delta = parsing.delta(choice.index, piece.text, list(piece.token_ids), entry["finish_reason"])
-    # NOTE: as vLLM: a chunk with token ids is sent though the parser holds its text back
-    is_empty = entry["finish_reason"] is None and entry["logprobs"] is None
-    if delta is None and is_empty and entry.get("token_ids") is None:
-        return None
-    entry["delta"] = delta or {}
-    if entry["finish_reason"] is not None:
-        entry["finish_reason"] = parsing.finish_reason(choice.index, entry["finish_reason"])
-    return payload
 
 
 async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:

@@ -131,6 +131,26 @@ class AnswerParsing:
             if self.hides_metadata:
                 choice["logprobs"] = None
 
+    def parsed_chunk(
+        self, payload: dict[str, Any], index: int, text: str, token_ids: list[int]
+    ) -> dict[str, Any] | None:
+        """A streamed chat chunk ``payload`` of completion ``index`` (``text``, ``token_ids``)
+        with its delta and finish reason as vLLM's parsers make them (None: the parser holds
+        the text back and the chunk carries nothing else)."""
+        entry = payload["choices"][0]
+        if self.hides_metadata:
+            entry["logprobs"] = None
+            entry.pop("token_ids", None)
+        delta = self.delta(index, text, token_ids, entry["finish_reason"])
+        # NOTE: as vLLM: a chunk with token ids is sent though the parser holds its text back
+        is_empty = entry["finish_reason"] is None and entry["logprobs"] is None
+        if delta is None and is_empty and entry.get("token_ids") is None:
+            return None
+        entry["delta"] = delta or {}
+        if entry["finish_reason"] is not None:
+            entry["finish_reason"] = self.finish_reason(index, entry["finish_reason"])
+        return payload
+
     def finish_reason(self, index: int, finish_reason: str) -> str:
         """Completion ``index``'s streamed finish reason: ``tool_calls`` when tools were streamed
         and the choice was not a named one, as vLLM says."""
