@@ -125,11 +125,11 @@ class PrefillChooser:
         number of its leading blocks that worker holds; its blocks are then recorded there.
         ``busy``: a worker's requests in flight and queued per unit of its capacity."""
         ordered = sorted(workers, key=lambda worker: worker.id)
+        overlaps = [self.index.overlap(worker.id, block_hashes) for worker in ordered]
         if self.policy == ROUND_ROBIN:
-            chosen = ordered[self._turn % len(ordered)]
+            best = self._turn % len(ordered)
             self._turn += 1
         else:
-            overlaps = [self.index.overlap(worker.id, block_hashes) for worker in ordered]
             loads = [busy(worker) for worker in ordered]
             best = max(range(len(ordered)), key=lambda i: (overlaps[i], -loads[i]))
             is_held = 0 < overlaps[best] >= self.cache_threshold * len(block_hashes)
@@ -140,7 +140,5 @@ class PrefillChooser:
                     range(len(ordered)),
                     key=lambda i: (loads[i], self.index.num_blocks(ordered[i].id)),
                 )
-            chosen = ordered[best]
-        overlap = self.index.overlap(chosen.id, block_hashes)
-        self.index.store(chosen.id, block_hashes)
-        return chosen, overlap
+        self.index.store(ordered[best].id, block_hashes)
+        return ordered[best], overlaps[best]
