@@ -68,10 +68,10 @@ class GuardedResolver(AbstractResolver):
 
 async def fetch_url(url: str, policy: MediaPolicy) -> bytes:
     """The bytes behind ``url`` (data:, file:, http:, https:) under ``policy``."""
-    check_url(url, policy)
     scheme = url_scheme(url)
     if scheme == "data":
         return decode_data_url(url, policy)
+    check_url(url, policy)
     if scheme == "file":
         return read_file_url(url, policy)
     if scheme in ("http", "https"):
@@ -103,8 +103,10 @@ def url_scheme(url: str) -> str:
 
 def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
     """Payload of a ``data:[<mime>][;base64],<data>`` URL (scheme, media type and ``;base64``
-    in any case, as RFC 2397 reads them)."""
+    in any case, as RFC 2397 reads them). Its header is checked as ``check_url`` checks a URL;
+    its payload is bounded by the byte limit instead, and checked as it is decoded."""
     header, sep, payload = url[5:].partition(",")
+    check_url(url[: 5 + len(header)], policy, "data URL header" if sep else "URL")
     if not sep:
         raise _refuse("data URL has no ',' before its payload", "BAD_DATA_URL")
     if len(payload) * 3 // 4 > policy.max_bytes:
@@ -121,20 +123,17 @@ def decode_data_url(url: str, policy: MediaPolicy) -> bytes:
         raise _refuse(f"data URL is not valid base64: {e}", "BAD_DATA_URL") from e
 
 
-def check_url(url: str, policy: MediaPolicy) -> None:
-    """Refuse, before any I/O, a URL over the length limit or one with whitespace or control
-    characters (urllib would quietly strip them and fetch another URL). A data: URL's payload
-    is bounded by the byte limit instead and checked as it is decoded."""
-    comma = url.find(",") if url_scheme(url) == "data" else -1
-    head = url[:comma] if comma >= 0 else url
-    if len(head) > policy.max_url_chars:
-        what = "data URL header" if comma >= 0 else "URL"
+def check_url(url: str, policy: MediaPolicy, what: str = "URL") -> None:
+    """Refuse, before any I/O, a URL (or the part of one ``what`` names) over the length limit
+    or with whitespace or control characters (urllib would quietly strip them and fetch
+    another URL)."""
+    if len(url) > policy.max_url_chars:
         raise _refuse(
-            f"{what} is {len(head)} characters, the limit is {policy.max_url_chars}; "
+            f"{what} is {len(url)} characters, the limit is {policy.max_url_chars}; "
             "send a large image as bytes or a data: URL",
             "BAD_URL",
         )
-    if not is_clean(head):
+    if not is_clean(url):
         raise _bad_characters()
 
 

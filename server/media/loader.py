@@ -14,7 +14,7 @@ from PIL import Image
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import declared_pixels, decode_image
-from epd.server.media.fetch import fetch_url, url_scheme
+from epd.server.media.fetch import decode_data_url, fetch_url, url_scheme
 from epd.server.media.hashing import mm_hash
 from epd.server.media.policy import MediaPolicy
 
@@ -26,20 +26,12 @@ INLINE_DECODE_PIXELS = 256 * 256
 @dataclass(frozen=True, slots=True)
 class LoadedImage:
     """A decoded image, as its RGB pixels (uint8 [height, width, 3], never written: shared by
-    every request for the same source), and its content hash."""
+    every request for the same source), its content hash and its size in pixels."""
 
     pixels: np.ndarray
     mm_hash: str
-
-    @property
-    def width(self) -> int:
-        """Width in pixels."""
-        return int(self.pixels.shape[1])
-
-    @property
-    def height(self) -> int:
-        """Height in pixels."""
-        return int(self.pixels.shape[0])
+    width: int
+    height: int
 
     @property
     def image(self) -> Image.Image:
@@ -70,34 +62,31 @@ class MediaLoader:
         self.processor_fingerprint = processor_fingerprint
         # NOTE: a byte budget, not only a count: 256 images at the pixel limit would be ~24 GiB.
         self.cache: AsyncLruCache[LoadedImage] = AsyncLruCache(
-            cache_items, max_bytes=cache_bytes, size_of=_decoded_bytes
+            cache_items, max_bytes=cache_bytes, size_of=lambda loaded: loaded.pixels.nbytes
         )
         self.num_refused: Counter[str] = Counter()  # by error reason, for metrics
         self.num_decoded = 0  # images decoded (and hashed): loads that missed the cache
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
-        """Decode the image at ``url`` or in ``data`` (exactly one must be given). A refusal
-        (an EpdError: bad URL, too large, not an image...) is counted by its reason."""
+        """Decode the image at ``url`` or in ``data`` (exactly one must be given; a data: URL
+        is its payload's bytes). A refusal (an EpdError: bad URL, too large, not an image...)
+        is counted by its reason."""
         try:
-            return await self._load(url, data)
+            if bool(url) == bool(data):
+                raise InvalidArgument(
+                    "a media item needs exactly one of url or data", reason="BAD_MEDIA_ITEM"
+                )
+            if url_scheme(url) == "data":
+                url, data = "", decode_data_url(url, self.policy)
+            if url:
+                return await self.cache.get_or_load("url:" + url, lambda: self._fetch_and_load(url))
+            key = "bytes:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+            if self._decodes_inline(data):
+                return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
+            return await self.cache.get_or_load(key, lambda: self._off_loop(data))
         except EpdError as e:
             self.num_refused[e.reason] += 1
             raise
-
-    async def _load(self, url: str, data: bytes) -> LoadedImage:
-        if bool(url) == bool(data):
-            raise InvalidArgument(
-                "a media item needs exactly one of url or data", reason="BAD_MEDIA_ITEM"
-            )
-        if url and url_scheme(url) not in ("data", "file"):
-            key = "url:" + url
-        else:
-            key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
-        if not data:
-            return await self.cache.get_or_load(key, lambda: self._fetch_and_load(url))
-        if self._decodes_inline(data):
-            return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
-        return await self.cache.get_or_load(key, lambda: self._off_loop(data))
 
     async def _fetch_and_load(self, url: str) -> LoadedImage:
         raw = await fetch_url(url, self.policy)
@@ -122,8 +111,5 @@ class MediaLoader:
             pixels, model_id=self.model_id, processor_fingerprint=self.processor_fingerprint
         )
         self.num_decoded += 1
-        return LoadedImage(pixels, digest)
-
-
-def _decoded_bytes(loaded: LoadedImage) -> int:
-    return int(loaded.pixels.nbytes)
+        height, width = pixels.shape[:2]
+        return LoadedImage(pixels, digest, width, height)

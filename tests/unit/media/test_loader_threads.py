@@ -3,6 +3,7 @@ ones and unreadable bytes in a worker thread; the outcome is the same either way
 
 from __future__ import annotations
 
+import base64
 import threading
 
 import pytest
@@ -55,3 +56,17 @@ async def test_small_images_load_without_a_turn_of_the_event_loop() -> None:
             load.send(None)
         assert finished.value.value.image.size == (64, 48)
         assert media.cache.num_hits == expect_hit and media.cache.num_loads == 1
+
+
+async def test_a_data_url_loads_as_its_payloads_bytes() -> None:
+    """A small image in a data: URL loads as its bytes do, without a turn of the event loop, and
+    the same bytes sent either way are one cache entry."""
+    media = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
+    data = encode(noise(64, 48, seed=4))
+    load = media.load(url="data:image/png;base64," + base64.b64encode(data).decode())
+    with pytest.raises(StopIteration) as finished:  # NOTE: done at the first step, no await
+        load.send(None)
+    loaded = finished.value.value
+    assert (loaded.width, loaded.height) == (64, 48)
+    assert (await media.load(data=data)).mm_hash == loaded.mm_hash
+    assert media.cache.num_loads == 1 and media.cache.num_hits == 1
