@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("epd.server.prefill.cli", "run a prefill worker (vLLM or transformers)"),
     "decode": ("epd.server.decode.cli", "run a decode worker on vLLM (KV pulled from prefill)"),
     "route": ("epd.server.route.cli", "run the route: the public Generate / ListModels entry"),
+    "store-holder": (
+        "epd.server.store.holder_cli",
+        "lend the embedding store (Mooncake) the memory its values live in",
+    ),
     "up": ("epd.launch.up_cli", "start a local deployment, answer one request with an image"),
     "chat": ("epd.client.chat_cli", "ask a running deployment about images"),
     "generate": (

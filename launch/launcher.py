@@ -40,7 +40,7 @@ from epd.server.transfer.shm_leftovers import cleanup_leftovers
 from epd.server.transfer.shm_orphans import cleanup_orphans
 
 if TYPE_CHECKING:
-    from epd.launch.store_service import StartedMaster
+    from epd.launch.store_service import StartedStore
 
 
 def free_port() -> int:
@@ -309,16 +309,17 @@ async def start_topology(
     return route
 
 
-def _start_store(deployment: Deployment, topology: Topology) -> StartedMaster | None:
+def _start_store(deployment: Deployment, topology: Topology) -> StartedStore | None:
     """With ``--embedding-store mooncake``, the Mooncake master, started first (so that it
-    stops last); RuntimeError when Mooncake is not installed."""
+    stops last; its holder starts once it serves); RuntimeError when Mooncake is not
+    installed."""
     if topology.embedding_store != MOONCAKE:
         return None
     # NOTE: store_service builds on this module's Deployment.
-    from epd.launch.store_service import start_master
+    from epd.launch.store_service import start_store
 
     try:
-        return start_master(deployment)
+        return start_store(deployment, topology.store_segment_mb)
     except ValueError as e:
         raise RuntimeError(str(e)) from e
 

@@ -1,15 +1,20 @@
-"""The Mooncake master as one more service of ``epd up --embedding-store mooncake``.
+"""The embedding store's services of ``epd up --embedding-store mooncake``: its master and its
+segment holder.
 
 ``mooncake_master`` (from Mooncake's wheel) holds the store's metadata and, with
-``--enable_http_metadata_server``, serves the HTTP metadata server its clients (the encoders)
-meet at; the values live in the encoders' own segments. It listens on three free loopback ports:
-its RPC port, the metadata server and an admin port whose ``/health`` says when it serves.
+``--enable_http_metadata_server``, serves the HTTP metadata server its clients meet at. It
+listens on three free loopback ports: its RPC port, the metadata server and an admin port whose
+``/health`` says when it serves. Once it serves, ``epd store-holder`` (service store-holder)
+joins it and lends it the memory the values live in; the encoders, started after, lend none, so
+the values outlive encoder restarts. Started in that order, ``Deployment.stop`` signals the
+encoders first, then the holder, then the master.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,11 +23,12 @@ from pathlib import Path
 
 from epd.common.advertise import endpoint
 from epd.launch.launcher import Child, Deployment, free_port, tail
-from epd.launch.public_entry import LOOPBACK
+from epd.launch.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK
 from epd.server.store.base import MOONCAKE
-from epd.server.store.mooncake import INSTALL_HINT
+from epd.server.store.client import INSTALL_HINT
 
 MASTER_NAME = "store-master"
+HOLDER_NAME = "store-holder"
 READY_TIMEOUT_S = 30.0
 
 
@@ -48,16 +54,13 @@ class MasterAddress:
     def metadata_server(self) -> str:
         return f"http://{endpoint(self.host, self.metadata_port)}/metadata"
 
+    def store_args(self) -> list[str]:
+        """The flags that name this master and its metadata server."""
+        return ["--store-master", self.master, "--store-metadata-server", self.metadata_server]
+
     def encoder_args(self) -> list[str]:
         """The flags that point an encoder at this master's store."""
-        return [
-            "--embedding-store",
-            MOONCAKE,
-            "--store-master",
-            self.master,
-            "--store-metadata-server",
-            self.metadata_server,
-        ]
+        return ["--embedding-store", MOONCAKE, *self.store_args()]
 
 
 def master_binary() -> Path:
@@ -109,6 +112,53 @@ def start_master(deployment: Deployment) -> StartedMaster:
     address = MasterAddress.free()
     command = master_command(address)
     return StartedMaster(deployment.start_command(MASTER_NAME, address.rpc_port, command), address)
+
+
+@dataclass(frozen=True, slots=True)
+class StartedStore:
+    """The store's master, started; its holder starts once the master serves (``ready_args``)
+    and lends ``segment_mb`` MiB."""
+
+    deployment: Deployment
+    master: StartedMaster
+    segment_mb: int
+
+    async def ready_args(self) -> list[str]:
+        """The encoders' store flags (they lend no segment), once the master serves and the
+        holder joined it; RuntimeError if either does not."""
+        args = await self.master.ready_args()
+        holder = start_holder(self.deployment, self.master.address, self.segment_mb)
+        await self.deployment.wait_healthy(holder, READY_TIMEOUT_S)
+        return [*args, "--store-segment-mb", "0"]
+
+
+def start_store(deployment: Deployment, segment_mb: int) -> StartedStore:
+    """Start the master of a store whose holder will lend ``segment_mb`` MiB; ValueError when
+    Mooncake is not installed."""
+    return StartedStore(deployment, start_master(deployment), segment_mb)
+
+
+def holder_command(address: MasterAddress, port: int, segment_mb: int) -> list[str]:
+    """The command line of a holder lending ``segment_mb`` MiB to the store of ``address``,
+    serving its health on loopback ``port``."""
+    server = [*INTERNAL_SERVER_ARGS, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "epd",
+        HOLDER_NAME,
+        *address.store_args(),
+        "--store-segment-mb",
+        str(segment_mb),
+        *server,
+    ]
+
+
+def start_holder(deployment: Deployment, address: MasterAddress, segment_mb: int) -> Child:
+    """Start ``epd store-holder`` on a free loopback port as ``deployment``'s service
+    ``store-holder``."""
+    port = free_port()
+    return deployment.start_command(HOLDER_NAME, port, holder_command(address, port, segment_mb))
 
 
 async def wait_master_ready(

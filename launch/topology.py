@@ -185,10 +185,20 @@ class Topology:
     embedding_store: str = field(
         default=NONE,
         metadata=flag(
-            "mooncake: start a Mooncake master (service store-master, on free ports) and point "
-            "every encoder at it, a deployment-wide embedding store; none: each encoder's own "
-            "cache only",
+            "mooncake: start a Mooncake master (service store-master, on free ports) and a "
+            "segment holder lending it memory (service store-holder), and point every encoder "
+            "at it, a deployment-wide embedding store whose values outlive encoder restarts; "
+            "none: each encoder's own cache only",
             choices=EMBEDDING_STORES,
+        ),
+    )
+    store_segment_mb: int = field(
+        default=1024,
+        metadata=flag(
+            "MiB of host memory the store's holder lends it (--embedding-store mooncake): every "
+            "stored embedding lives there",
+            type=at_least_one,
+            metavar="MIB",
         ),
     )
     num_decode: int = field(

@@ -30,7 +30,8 @@ from epd.launch.store_service import MasterAddress, start_master
 from epd.server.encode.cache import CachedEmbedding
 from epd.server.encode.vision import VisionEncoder
 from epd.server.store.base import Lookup, Publish
-from epd.server.store.mooncake import Client, new_client, read, write
+from epd.server.store.client import Client, new_client
+from epd.server.store.mooncake import read, write
 
 # (label, rows, hidden, dtype): a Qwen2-VL-2B image of 448x448 is 256 rows of 1536
 SIZES = [

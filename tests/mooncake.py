@@ -17,7 +17,7 @@ import pytest
 
 from epd.launch.launcher import Deployment
 from epd.launch.store_service import MasterAddress, StartedMaster, start_master
-from epd.server.store.mooncake import MooncakeSettings
+from epd.server.store.client import MooncakeSettings
 
 
 def skip_without_mooncake() -> None:

@@ -4,12 +4,12 @@ Every call into Mooncake blocks (after the master died, each takes about 4 s), s
 the event loop: ``setup``, then every publish, run in one daemon writer thread fed by a bounded
 queue; lookups run in ``NUM_READERS`` reader threads, each waited
 for at most ``timeout_s``. A lookup that finds every reader still busy with a slow call is not
-asked (``Lookup.UNAVAILABLE``), so a store that hangs costs a request nothing. The encoder lends
-the store ``segment_bytes`` of its memory (Mooncake keeps values in its clients' segments) and
-reads and writes through a local buffer of ``buffer_bytes``, which bounds a value's size.
-
-NOTE: ``setup`` holds the GIL, for about 90 s when the master cannot be reached: the writer
-calls it only once the master's port and the metadata server's accept a connection.
+asked (``Lookup.UNAVAILABLE``), so a store that hangs costs a request nothing. Mooncake keeps
+values in its clients' segments, wherever its master allocates them: an encoder lends the store
+``segment_bytes`` of its memory, or none (0) when the deployment's segment holder
+(``holder.py``) lends it all, so that values outlive encoder restarts. Reads and writes go
+through a local buffer of ``buffer_bytes``, which bounds a value's size. The client and its
+settings: ``client.py``.
 """
 
 from __future__ import annotations
@@ -17,80 +17,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import socket
 import threading
-import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 from epd.server.encode.cache import CachedEmbedding
 from epd.server.store.base import MOONCAKE, EmbeddingStore, Lookup, Publish
+from epd.server.store.client import (
+    CLOSE_WAIT_S,
+    Client,
+    MooncakeSettings,
+    join,
+    new_client,
+)
 from epd.server.store.codec import CorruptValue, decode_value, encode_value, store_key
+
+__all__ = ["MooncakeSettings", "MooncakeStore", "read", "write"]
 
 NUM_READERS = 2
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
-RETRY_CONNECT_S = 2.0
-# NOTE: a client's close takes about 12 s once its master died; a process that exits before
-# it ends aborts in Mooncake's destructors.
-CLOSE_WAIT_S = 30.0
-INSTALL_HINT = (
-    "--embedding-store mooncake needs Mooncake's Python package (mooncake-transfer-engine-non-cuda "
-    "on CPU, -cuda13 on GPUs) and Debian's libibverbs1 and librdmacm1: scripts/install.sh "
-    "installs them"
-)
 logger = logging.getLogger(__name__)
-
-
-class Client(Protocol):
-    """The calls of ``MooncakeDistributedStore`` this store makes (status codes: 0 or a size
-    for success, a negative Mooncake ``ErrorCode`` otherwise; ``get`` answers b"" on failure)."""
-
-    def setup(self, *args: Any) -> int: ...
-    def get_size(self, key: str) -> int: ...
-    def get(self, key: str) -> bytes: ...
-    def put(self, key: str, value: bytes) -> int: ...
-    def close(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MooncakeSettings:
-    """Where the master and its metadata server are, how this client joins (``local_hostname``:
-    the address its peers reach it at), how long a lookup may take, the memory it lends and
-    buffers, and how many publishes may wait. ValueError for an empty address or a size or
-    wait out of range."""
-
-    master: str
-    metadata_server: str
-    local_hostname: str = "127.0.0.1"
-    timeout_s: float = 0.05
-    segment_bytes: int = 256 << 20
-    buffer_bytes: int = 64 << 20
-    max_queued: int = 64
-
-    def __post_init__(self) -> None:
-        if not self.master or not self.metadata_server:
-            raise ValueError(
-                "--embedding-store mooncake needs --store-master HOST:PORT and "
-                "--store-metadata-server http://HOST:PORT/metadata"
-            )
-        if not self.timeout_s > 0:
-            raise ValueError(f"store timeout must be positive, got {self.timeout_s}")
-        if min(self.segment_bytes, self.buffer_bytes, self.max_queued) < 1:
-            raise ValueError("store segment, buffer and queue sizes must be at least 1")
-
-
-def new_client() -> Client:
-    """A Mooncake client, not set up; ValueError saying how to install Mooncake when it cannot
-    be loaded."""
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:
-        raise ValueError(f"{INSTALL_HINT} ({e})") from e
-    client: Client = MooncakeDistributedStore()
-    return client
 
 
 class MooncakeStore(EmbeddingStore):
@@ -181,30 +128,13 @@ class MooncakeStore(EmbeddingStore):
             client.close()
 
     def _join(self) -> Client | None:
-        """The set-up client, retried every ``RETRY_CONNECT_S`` until it joins; None once
-        closed."""
-        client, settings = self._unconnected, self.settings
-        while client is not None and not self._closed.is_set():
-            if not is_reachable(settings):
-                self._closed.wait(RETRY_CONNECT_S)
-                continue
-            status = client.setup(
-                settings.local_hostname,
-                settings.metadata_server,
-                settings.segment_bytes,
-                settings.buffer_bytes,
-                "tcp",
-                "",
-                settings.master,
-            )
-            if status == 0:
-                self._client = client
-                self._connected.set()
-                logger.info("joined the embedding store at %s", settings.master)
-                return client
-            logger.warning("embedding store at %s: setup failed (%d)", settings.master, status)
-            self._closed.wait(RETRY_CONNECT_S)
-        return None
+        """The set-up client, once it joined; None once closed first."""
+        client = self._unconnected
+        if client is None or not join(client, self.settings, self._closed):
+            return None
+        self._client = client
+        self._connected.set()
+        return client
 
     def _drop_queued(self) -> None:
         while True:
@@ -212,19 +142,6 @@ class MooncakeStore(EmbeddingStore):
                 self._queue.get_nowait()
             except queue.Empty:
                 return
-
-
-def is_reachable(settings: MooncakeSettings) -> bool:
-    """Whether the master's port and the metadata server's both accept a connection now."""
-    metadata = urllib.parse.urlsplit(settings.metadata_server)
-    master = urllib.parse.urlsplit(f"//{settings.master}")
-    for host, port in ((master.hostname, master.port), (metadata.hostname, metadata.port)):
-        try:
-            with socket.create_connection((host or "", port or 80), timeout=1.0):
-                pass
-        except (OSError, ValueError):
-            return False
-    return True
 
 
 def read(client: Client, mm_hash: str, max_bytes: int) -> tuple[Lookup, CachedEmbedding | None]:

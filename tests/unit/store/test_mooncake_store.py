@@ -12,8 +12,9 @@ import torch
 
 from epd.server.encode.cache import CachedEmbedding
 from epd.server.store.base import Lookup, Publish
+from epd.server.store.client import MooncakeSettings
 from epd.server.store.codec import store_key
-from epd.server.store.mooncake import MooncakeSettings, MooncakeStore
+from epd.server.store.mooncake import MooncakeStore
 from tests.mooncake import freeze, kill, raw_client, running_master, settings_of, thaw
 
 HASH = "00112233445566778899aabbccddeeff"
