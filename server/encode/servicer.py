@@ -73,4 +73,4 @@ class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]
 
     @handle_errors
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
-        return pb.ReleaseResponse(num_released=self.worker.release(list(request.lease_ids)))
+        return pb.ReleaseResponse(num_released=self.worker.plane.release(request.lease_ids))

@@ -107,7 +107,8 @@ class _Computed:
 
 
 class EncodeWorker:
-    """Everything one encode process does, behind two calls: ``encode`` and ``release``."""
+    """Everything one encode process does, behind one call, ``encode``; its payloads are freed
+    through its data plane (``plane.release``)."""
 
     def __init__(
         self,
@@ -235,10 +236,6 @@ class EncodeWorker:
             if isinstance(executor, ThreadPoolExecutor):
                 executor.shutdown(wait=False, cancel_futures=True)
 
-    def release(self, lease_ids: list[str]) -> int:
-        """Free the payloads of ``lease_ids``; unknown ones are ignored."""
-        return self.plane.release(lease_ids)
-
     def _validate(self, items: list[MediaSource], model: str) -> None:
         if not items:
             raise InvalidArgument("EncodeRequest has no items", reason="NO_ITEMS")
@@ -259,10 +256,8 @@ class EncodeWorker:
         return index, await self._compute(item)
 
     async def _compute(self, item: MediaSource) -> _Computed:
-        if item.mm_hash and (hit := self.cache.get(item.mm_hash)) is not None:
-            return _Computed(hit, item.mm_hash, True, 0.0)
-        if item.mm_hash and (stored := await self._stored(item.mm_hash)) is not None:
-            return stored
+        if item.mm_hash and (known := await self._known(item.mm_hash)) is not None:
+            return known
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
         if item.video is not None:
@@ -286,10 +281,8 @@ class EncodeWorker:
                 "hashes with another model id or processor",
                 reason="MM_HASH_MISMATCH",
             )
-        if not item.mm_hash and (hit := self.cache.get(loaded.mm_hash)) is not None:
-            return _Computed(hit, loaded.mm_hash, True, 0.0)
-        if not item.mm_hash and (stored := await self._stored(loaded.mm_hash)) is not None:
-            return stored
+        if not item.mm_hash and (known := await self._known(loaded.mm_hash)) is not None:
+            return known
         if self.gridder is not None:
             # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
             self.gridder.grid_of_size(loaded.width, loaded.height, settings)
@@ -323,12 +316,12 @@ class EncodeWorker:
         seconds = time.monotonic() - start
         return _Computed(encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size)
 
-    async def _stored(self, mm_hash: str) -> _Computed | None:
-        """The embeddings of ``mm_hash`` from the deployment's store, now in the cache too; None
-        on a miss or when there is no store (the store counts why)."""
-        if not self.store.is_enabled:
-            return None
-        if (entry := await self.store.lookup(mm_hash)) is None:
+    async def _known(self, mm_hash: str) -> _Computed | None:
+        """The embeddings of ``mm_hash`` from the cache, else from the deployment's store (then
+        cached too); None on a miss in both (the store counts why)."""
+        if (hit := self.cache.get(mm_hash)) is not None:
+            return _Computed(hit, mm_hash, True, 0.0)
+        if not self.store.is_enabled or (entry := await self.store.lookup(mm_hash)) is None:
             return None
         self.cache.put(mm_hash, entry)
         return _Computed(entry, mm_hash, True, 0.0)

@@ -100,7 +100,7 @@ async def test_cache_hit_skips_the_tower(app, stub) -> None:
     assert app.worker.batcher.stats.num_batches == batches
     consumer = DataPlane(app.worker.plane.host_id)
     assert torch.equal(consumer.get(by_hash.embeddings), consumer.get(first.embeddings))
-    app.worker.release([r.embeddings.lease_id for r in (first, by_hash, by_bytes)])
+    app.worker.plane.release([r.embeddings.lease_id for r in (first, by_hash, by_bytes)])
 
 
 async def test_concurrent_requests_share_tower_calls(app, stub, reference) -> None:
@@ -113,7 +113,7 @@ async def test_concurrent_requests_share_tower_calls(app, stub, reference) -> No
     consumer = DataPlane(app.worker.plane.host_id)
     for data, (response,) in zip(images, results, strict=True):
         assert torch.allclose(consumer.get(response.embeddings), reference(data), atol=1e-5)
-    app.worker.release([r.embeddings.lease_id for (r,) in results])
+    app.worker.plane.release([r.embeddings.lease_id for (r,) in results])
 
 
 async def test_a_request_streams_cache_hits_first(app, stub) -> None:
@@ -126,7 +126,7 @@ async def test_a_request_streams_cache_hits_first(app, stub) -> None:
     )
     assert [r.item_index for r in responses] == [1, 0]
     assert [r.cache_hit for r in responses] == [True, False]
-    app.worker.release([r.embeddings.lease_id for r in (warm, *responses)])
+    app.worker.plane.release([r.embeddings.lease_id for r in (warm, *responses)])
 
 
 async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
@@ -150,7 +150,7 @@ async def test_another_host_gets_nixl_or_inline(app, stub) -> None:
     assert torch.equal(
         embeddings, DataPlane(app.worker.plane.host_id).get(local.embeddings, copy=True)
     )
-    app.worker.release([local.embeddings.lease_id, remote.embeddings.lease_id])
+    app.worker.plane.release([local.embeddings.lease_id, remote.embeddings.lease_id])
     assert app.worker.plane.held() == []
 
 
@@ -173,7 +173,7 @@ async def test_the_consumers_device_reaches_the_data_plane(app, stub, monkeypatc
     (response,) = await encode(
         stub, multimodal_pb2.MediaItem(data=png(6)), consumer_device="cuda:0"
     )
-    app.worker.release([response.embeddings.lease_id])
+    app.worker.plane.release([response.embeddings.lease_id])
     assert devices == ["cuda:0"] and app.worker.plane.held() == []
 
 

@@ -63,7 +63,7 @@ async def test_urls_timeouts_and_redirects(tiny_model_dir, monkeypatch) -> None:
             request = pb.EncodeRequest(items=[multimodal_pb2.MediaItem(url=f"{server}/image.png")])
             (response,) = [r async for r in stub.Encode(request)]
             assert response.embeddings.byte_size > 0
-            app.worker.release([response.embeddings.lease_id])
+            app.worker.plane.release([response.embeddings.lease_id])
             assert await reason_of(stub, f"{server}/slow") == "FETCH_TIMEOUT"
             assert await reason_of(stub, f"{server}/huge") == "IMAGE_TOO_LARGE"
             assert await reason_of(stub, f"{server}/image\t.png") == "BAD_URL"

@@ -49,7 +49,7 @@ async def parts() -> AsyncIterator[tuple[EncodeWorker, FakeTower, list[ImageSett
 
 async def encoded(worker: EncodeWorker, source: MediaSource) -> tuple[str, bool]:
     (item,) = [item async for item in worker.encode([source], consumer_host_id="host-a")]
-    worker.release([item.embeddings.lease_id])
+    worker.plane.release([item.embeddings.lease_id])
     return item.mm_hash, item.cache_hit
 
 

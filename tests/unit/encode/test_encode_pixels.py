@@ -66,7 +66,7 @@ def first_pixel_sum(image: Image.Image) -> float:
 
 async def encoded(worker: EncodeWorker, source: MediaSource) -> EncodedItem:
     (item,) = [item async for item in worker.encode([source], consumer_host_id="host-a")]
-    worker.release([item.embeddings.lease_id])
+    worker.plane.release([item.embeddings.lease_id])
     return item
 
 
