@@ -88,3 +88,18 @@ async def test_an_unreachable_worker_is_named_and_the_scheduler_keeps_the_code()
     assert worker.value.reason == streamed.value.reason == "PEER_UNREACHABLE"
     assert worker.value.metadata == {"endpoint": endpoint}
     assert scheduler.value.reason == "UNAVAILABLE"
+
+
+async def test_a_traced_call_reads_on_and_fails_alike(encoder, spans) -> None:
+    servicer, endpoint = encoder
+    servicer.encode_error = errors.InvalidArgument("second image is broken", reason="BAD_IMAGE")
+    async with create_channel(endpoint) as channel:  # NOTE: with the tracing interceptors
+        responses = EncoderClient(channel, endpoint).Encode(encode_request("a", "b"))
+        async for response in responses:
+            first = response.mm_hash
+            break
+        with pytest.raises(errors.InvalidArgument) as caught:
+            async for _ in responses:
+                pass
+    assert first == "a" and caught.value.reason == "BAD_IMAGE"
+    assert any(span.name == "/epd.v1.EncodeService/Encode" for span in spans.get_finished_spans())
