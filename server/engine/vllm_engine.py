@@ -61,12 +61,13 @@ from epd.server.engine.vllm_embeds import embeddings_prompt
 from epd.server.engine.vllm_inputs import (
     SideChannel,
     candidates,
+    chunk_of,
     prompt_candidates,
     raw_prompt,
+    request_failed,
     sampling_params,
 )
 from epd.server.engine.vllm_options import VllmOptions, as_started
-from epd.server.engine.vllm_outputs import chunk_of, request_failed
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
 from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.engine.vllm_stats import LoadTracker

@@ -1,4 +1,6 @@
-"""Engine dataclasses -> vLLM inputs: multimodal data, sampling parameters, KV transfer config.
+"""Engine dataclasses <-> vLLM's request objects: multimodal data, sampling parameters and the
+KV transfer config going in; token chunks, log probabilities and a failed request's error coming
+out (``VllmEngine`` streams through these).
 
 Pure conversions (vLLM is imported lazily, inside the functions that build its objects).
 """
@@ -11,12 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from epd.common.errors import InvalidArgument
+from epd.common.errors import InvalidArgument, Unavailable
 from epd.server.engine.base import (
+    KV_LOAD_FAILED,
     Candidates,
     EngineImage,
     Sampling,
     StructuredOutput,
+    TokenChunk,
+    Usage,
     VideoFrames,
 )
 from epd.server.engine.vllm_reasoning import request_options
@@ -172,6 +177,38 @@ def prompt_candidates(positions: Any) -> list[Candidates]:
     """vLLM's prompt logprobs (None at the first position, then one ``candidates`` per prompt
     token) as ``Candidates``, the first position's empty; [] when there are none."""
     return [candidates(position) if position else () for position in positions or []]
+
+
+def request_failed(params: Any) -> Unavailable:
+    """The error for a request vLLM finished with reason ``error`` (retryable, request-level):
+    on a decode worker, the KV it was to read from its prefill worker could not be loaded (the
+    prefill worker died or dropped it; vLLM's ``kv_load_failure_policy`` is ``fail``)."""
+    kv_params = (params.extra_args or {}).get("kv_transfer_params") or {}
+    if kv_params.get("do_remote_prefill"):
+        return Unavailable(
+            "the request's KV could not be loaded from its prefill worker",
+            reason=KV_LOAD_FAILED,
+        )
+    return Unavailable("the engine failed the request", reason="ENGINE_REQUEST_FAILED")
+
+
+def chunk_of(output: Any, prompt_token_ids: list[int], num_generated: int) -> TokenChunk:
+    """A delta output as a chunk; ``num_generated`` counts the request's tokens so far."""
+    completion = output.outputs[0]
+    logprobs = [candidates(position) for position in completion.logprobs or []]
+    prompt_logprobs = prompt_candidates(output.prompt_logprobs) if output.prompt_logprobs else []
+    if not output.finished:
+        return TokenChunk(
+            list(completion.token_ids), logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )
+    num_prompt = len(output.prompt_token_ids or prompt_token_ids)
+    return TokenChunk(
+        list(completion.token_ids),
+        completion.finish_reason,
+        Usage(num_prompt, num_generated, output.num_cached_tokens or 0),
+        logprobs,
+        prompt_logprobs,
+    )
 
 
 def structured_outputs(constraint: StructuredOutput | None) -> Any:
