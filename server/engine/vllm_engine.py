@@ -363,7 +363,7 @@ class VllmEngine(Engine):
             await self._llm.abort(request_id)
 
     def load(self) -> EngineLoad:
-        stats = self._tracker.latest()
+        stats = self._tracker.latest
         return EngineLoad(
             num_running=max(len(self._running) - stats.num_waiting, 0),
             num_waiting=stats.num_waiting,

@@ -19,20 +19,8 @@ class LoadTracker:
     """Keeps the latest ``SchedulerStats`` of an AsyncLLM; pass ``factory`` as a stat logger."""
 
     def __init__(self) -> None:
-        self._latest = SchedulerLoad()
-
-    def latest(self) -> SchedulerLoad:
-        """The figures of the engine's last step."""
-        return self._latest
-
-    def update(self, scheduler_stats: Any) -> None:
-        """Record vLLM's figures (called from the engine's output loop)."""
-        if scheduler_stats is not None:
-            self._latest = SchedulerLoad(
-                int(scheduler_stats.num_running_reqs),
-                int(scheduler_stats.num_waiting_reqs),
-                float(scheduler_stats.kv_cache_usage),
-            )
+        # the figures of the engine's last step, set from the engine's output loop
+        self.latest = SchedulerLoad()
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
         """A vLLM per-engine stat logger factory feeding this tracker."""
@@ -51,7 +39,12 @@ class LoadTracker:
                 mm_cache_stats: Any = None,
                 engine_idx: int = 0,
             ) -> None:
-                tracker.update(scheduler_stats)
+                if scheduler_stats is not None:
+                    tracker.latest = SchedulerLoad(
+                        int(scheduler_stats.num_running_reqs),
+                        int(scheduler_stats.num_waiting_reqs),
+                        float(scheduler_stats.kv_cache_usage),
+                    )
 
             def log_engine_initialized(self) -> None:
                 pass
