@@ -28,8 +28,7 @@ from epd.server.route.router import Router
 from epd.server.route.sampling import IS_VLLM_INSTALLED, generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.tools import ToolOptions, parser_class
-from epd.server.route.tools_request import ToolCalling
+from epd.server.route.tools import ToolCalling, ToolOptions, parser_class
 from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane

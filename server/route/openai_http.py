@@ -34,7 +34,7 @@ from epd.server.route.request import ChatRequest
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.router import Router
 from epd.server.route.stream_interval import batched
-from epd.server.route.tools_request import ToolCalling
+from epd.server.route.tools import ToolCalling
 from epd.v1 import generation_pb2
 
 logger = logging.getLogger(__name__)

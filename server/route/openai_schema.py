@@ -30,7 +30,7 @@ from epd.server.route.request import (
 )
 from epd.server.route.request_check import RequestLimits, check_request, check_request_id
 from epd.server.route.sampling import beam_sampling_to_proto, sampling_to_proto
-from epd.server.route.tools_request import ToolCalling, chat_step
+from epd.server.route.tools import ToolCalling, chat_step
 from epd.v1 import generation_pb2
 
 MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})

@@ -1,6 +1,6 @@
 """The gRPC door's answer (no I/O, no grpc): each chunk of a request's completions as a
 ``GenerateResponse``. Where the request has an ``AnswerParsing`` (the route's tool or reasoning
-parser, ``tools_request``), its text is split into content, reasoning and tool call parts, and
+parser, ``tools.chat_step``), its text is split into content, reasoning and tool call parts, and
 its finish reason said, by the same vLLM parsers and in the same way as the OpenAI door's
 stream; its chunks are gathered ``stream_interval`` tokens at a time as that door's are
 (``stream_interval.batched``)."""

@@ -16,8 +16,8 @@ from epd.server.route.request import from_proto
 from epd.server.route.request_check import RequestLimits, check_request
 from epd.server.route.route_answers import responses
 from epd.server.route.router import Router
+from epd.server.route.tools import ToolCalling
 from epd.server.route.tools_proto import add_tools
-from epd.server.route.tools_request import ToolCalling
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@ The gRPC door's ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``chat_temp
 ``documents`` and ``include_reasoning`` mean what an OpenAI body's fields of those names mean, and
 so do its messages' ``tool_calls``, ``tool_call_id`` and ``reasoning`` (``add_turn_fields``).
 ``openai_fields`` writes them as vLLM's ``ChatCompletionRequest`` reads them, and ``add_tools`` has
-vLLM check them and runs the OpenAI door's own step on the result (``tools_request.chat_step``): the
+vLLM check them and runs the OpenAI door's own step on the result (``tools.chat_step``): the
 same refusals, the tools given to the chat template, the constraint a forced tool choice puts on the
 output, and the ``AnswerParsing`` that splits the answer into content, reasoning and tool calls.
 """
@@ -20,7 +20,7 @@ from epd.server.engine.vllm_inputs import structured_outputs
 from epd.server.route.openai_schema import TOOL_ROLES, parse_with, template_fields
 from epd.server.route.request import ChatRequest, bad
 from epd.server.route.sampling import IS_VLLM_INSTALLED, structured_output_to_proto
-from epd.server.route.tools_request import ToolCalling, chat_step
+from epd.server.route.tools import ToolCalling, chat_step
 from epd.server.worker.convert import structured_output_from_proto
 from epd.v1 import generation_pb2
 from epd.v1 import route_service_pb2 as pb

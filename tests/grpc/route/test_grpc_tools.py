@@ -28,8 +28,13 @@ from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request_check import RequestLimits
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.tools import ToolOptions, parser_class
-from epd.server.route.tools_request import AUTO_NEEDS_FLAGS, UNTRUSTED_TEMPLATE, ToolCalling
+from epd.server.route.tools import (
+    AUTO_NEEDS_FLAGS,
+    UNTRUSTED_TEMPLATE,
+    ToolCalling,
+    ToolOptions,
+    parser_class,
+)
 from epd.v1 import generation_pb2
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc

@@ -133,9 +133,8 @@ async def test_a_reasoning_parser_reads_the_engines_prompt_tokenised_once(
 ) -> None:
     """As vLLM gives its parsers the engine's prompt_token_ids (each image expanded): the
     router's first chunk carries them, and the prompt is tokenised once, by the router."""
-    from epd.server.route.tools import ToolOptions, check_tool_options, parser_class
+    from epd.server.route.tools import ToolCalling, ToolOptions, check_tool_options, parser_class
     from epd.server.route.tools_answer import AnswerParsing
-    from epd.server.route.tools_request import ToolCalling
 
     prompts = PromptBuilder(tiny_model_dir)
     prompts.tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})

@@ -14,8 +14,7 @@ import pytest
 
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.router import RouteChunk
-from epd.server.route.tools import ToolOptions, parser_class
-from epd.server.route.tools_request import AUTO_NEEDS_FLAGS, ToolCalling
+from epd.server.route.tools import AUTO_NEEDS_FLAGS, ToolCalling, ToolOptions, parser_class
 from epd.v1 import generation_pb2
 
 CALL = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

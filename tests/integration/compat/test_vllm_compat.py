@@ -30,8 +30,7 @@ from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.encode.app import EncodeConfig, build_encode_server
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
-from epd.server.route.tools import ToolOptions
-from epd.server.route.tools_request import AUTO_NEEDS_FLAGS, UNTRUSTED_TEMPLATE
+from epd.server.route.tools import AUTO_NEEDS_FLAGS, UNTRUSTED_TEMPLATE, ToolOptions
 from tests.integration.registered import until_registered
 from tests.pictures import picture
 from tests.unit.scripts.loader import load

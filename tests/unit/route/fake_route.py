@@ -11,8 +11,7 @@ from epd.server.route.app import SERVICE_NAME
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.router import Router
 from epd.server.route.servicer import RouteServicer
-from epd.server.route.tools import ToolOptions, parser_class
-from epd.server.route.tools_request import ToolCalling
+from epd.server.route.tools import ToolCalling, ToolOptions, parser_class
 from epd.v1 import route_service_pb2_grpc
 from tests.unit.route.fakes import FakeEngine, FakePeers, model_router
 

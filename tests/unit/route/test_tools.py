@@ -14,8 +14,13 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.server.route import openai_schema as schema
 from epd.server.route.cli import add_arguments
-from epd.server.route.tools import ToolOptions, check_tool_options, parser_class
-from epd.server.route.tools_request import AUTO_NEEDS_FLAGS, ToolCalling
+from epd.server.route.tools import (
+    AUTO_NEEDS_FLAGS,
+    ToolCalling,
+    ToolOptions,
+    check_tool_options,
+    parser_class,
+)
 
 TOOLS = [
     {
