@@ -13,7 +13,6 @@ from epd.server.engine.base import (
     TokenChunk,
     Usage,
 )
-from epd.server.worker.kv_handle import encode_kv_params
 from epd.v1 import generation_pb2
 
 # An engine's finish reason (None: not finished) as a FinishReason value, by the one map.
@@ -138,13 +137,4 @@ def logprobs_to_proto(position: Candidates | None) -> generation_pb2.TokenLogpro
             generation_pb2.Logprob(token_id=token, logprob=logprob, rank=rank, token=text)
             for token, logprob, rank, text in position
         ]
-    )
-
-
-def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
-    """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
-    if not params:
-        return generation_pb2.KvHandle()
-    return generation_pb2.KvHandle(
-        engine_id=str(params.get("remote_engine_id", "")), payload=encode_kv_params(params)
     )

@@ -1,4 +1,5 @@
-"""The KV handle's payload: an engine's KV transfer parameters as opaque bytes (no grpc).
+"""The KV handle: an engine's KV transfer parameters as the KvHandle message's opaque payload,
+and back (no grpc).
 
 The prefill worker encodes its engine's ``kv_transfer_params`` once, the route passes the bytes
 on untouched, and the decode worker decodes them once for its engine. The encoding is a UTF-8
@@ -14,6 +15,7 @@ from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
+from epd.v1 import generation_pb2
 
 # The handle's list, beside the engine's image grids and names, of each entry's seconds per
 # temporal patch where it is a video (0.0 where its family has none), null where an image. Set
@@ -28,11 +30,14 @@ VIDEO_TIMESTAMPS_KEY = "epd_video_timestamps"
 VIDEO_KEYS = (VIDEO_SECONDS_KEY, VIDEO_TIMESTAMPS_KEY)
 
 
-def encode_kv_params(params: dict[str, Any] | None) -> bytes:
-    """The payload of ``params``; empty when there is no handle (nothing to decode)."""
+def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
+    """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
     if not params:
-        return b""
-    return json.dumps(params, separators=(",", ":")).encode()
+        return generation_pb2.KvHandle()
+    return generation_pb2.KvHandle(
+        engine_id=str(params.get("remote_engine_id", "")),
+        payload=json.dumps(params, separators=(",", ":")).encode(),
+    )
 
 
 def decode_kv_params(payload: bytes) -> dict[str, Any]:

@@ -8,8 +8,7 @@ import pytest
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
-from epd.server.worker import convert
-from epd.server.worker.kv_handle import decode_kv_params, encode_kv_params, handle_images
+from epd.server.worker.kv_handle import decode_kv_params, handle_images, kv_handle_to_proto
 from epd.v1 import generation_pb2
 
 HANDLE = {
@@ -33,7 +32,7 @@ def through_the_wire(handle: generation_pb2.KvHandle) -> generation_pb2.KvHandle
 
 
 def test_a_handle_crosses_the_wire_exactly_with_ints_as_ints() -> None:
-    handle = through_the_wire(convert.kv_handle_to_proto(HANDLE))
+    handle = through_the_wire(kv_handle_to_proto(HANDLE))
     assert handle.engine_id == "e1"
     params = decode_kv_params(handle.payload)
     assert params == HANDLE
@@ -43,9 +42,8 @@ def test_a_handle_crosses_the_wire_exactly_with_ints_as_ints() -> None:
 
 
 def test_no_handle_is_an_empty_payload() -> None:
-    assert convert.kv_handle_to_proto(None) == generation_pb2.KvHandle()
-    assert convert.kv_handle_to_proto({}) == generation_pb2.KvHandle()
-    assert encode_kv_params(None) == b""
+    assert kv_handle_to_proto(None) == generation_pb2.KvHandle()
+    assert kv_handle_to_proto({}) == generation_pb2.KvHandle()
 
 
 @pytest.mark.parametrize(

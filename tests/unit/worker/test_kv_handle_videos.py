@@ -11,8 +11,8 @@ from epd.server.worker.kv_handle import (
     VIDEO_SECONDS_KEY,
     VIDEO_TIMESTAMPS_KEY,
     decode_kv_params,
-    encode_kv_params,
     handle_images,
+    kv_handle_to_proto,
     video_params,
 )
 
@@ -32,7 +32,7 @@ def test_decode_gets_the_prefills_images_and_videos_back() -> None:
         IMAGE_HASHES_KEY: [i.mm_hash for i in images],
         **video_params(images),
     }
-    assert handle_images(decode_kv_params(encode_kv_params(params))) == images
+    assert handle_images(decode_kv_params(kv_handle_to_proto(params).payload)) == images
     # a handle without the keys (images only) reads as images
     del params[VIDEO_SECONDS_KEY], params[VIDEO_TIMESTAMPS_KEY]
     assert [i.is_video for i in handle_images(params)] == [False, False, False]
