@@ -97,13 +97,14 @@ class Preparer:
         if isinstance(source, SharedPixels):
             run = partial(self._prepare_shared, source, settings)
             num_values = math.prod(source.ref.shape)
+        elif isinstance(source, LoadedImage):
+            pixels = torch.from_numpy(source.pixels)
+            run, num_values = partial(self.prepare_image, pixels, settings), pixels.numel()
         else:
-            pixels = torch.from_numpy(
-                source.pixels if isinstance(source, LoadedImage) else source.frames
-            )
-            video = source.video if isinstance(source, VideoFrames) else None
-            run = partial(self._prepared, pixels, video, settings)
-            num_values = pixels.numel()
+            assert self.prepare_video is not None  # NOTE: the worker refuses video items without
+            frames = torch.from_numpy(source.frames)
+            run = partial(self.prepare_video, frames, source.video.resized)
+            num_values = frames.numel()
         try:
             if num_values <= 3 * INLINE_DECODE_PIXELS:
                 return run()
@@ -122,20 +123,11 @@ class Preparer:
         tag = pixels_tag(source.mm_hash)
         pixels = self.plane.get(source.ref, content_tag=tag)
         if source.video is None:
-            pixels = check_pixels(pixels, self.policy)
+            prepared = self.prepare_image(check_pixels(pixels, self.policy), settings)
         else:
+            assert self.prepare_video is not None  # NOTE: the worker refuses video items without
             limit = self.policy.max_video_frame_pixels
-            pixels = check_frames(pixels, source.video.num_frames, limit)
-        prepared = self._prepared(pixels, source.video, settings)
+            frames = check_frames(pixels, source.video.num_frames, limit)
+            prepared = self.prepare_video(frames, source.video.resized)
         self.plane.get(source.ref, content_tag=tag)
         return prepared
-
-    def _prepared(
-        self, pixels: torch.Tensor, video: VideoSpan | None, settings: ImageSettings
-    ) -> Prepared:
-        """An image's pixels (resized within ``settings``), or a video chunk's frames
-        (``video`` set), ready for the tower."""
-        if video is None:
-            return self.prepare_image(pixels, settings)
-        assert self.prepare_video is not None  # NOTE: the worker refuses video items without
-        return self.prepare_video(pixels, video.resized)
