@@ -355,7 +355,7 @@ class Scheduler:
         worker.num_assigned_in_flight = max(
             0, worker.num_assigned_in_flight - len(group.item_indices)
         )
-        if self.registry.get(worker.id) is not worker:
+        if worker.has_left:
             return
         done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
         self._costs.finished(

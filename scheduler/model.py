@@ -63,6 +63,7 @@ class RegisteredWorker:
     load: Load = field(default_factory=Load)
     num_assigned_in_flight: int = 0
     draining: bool = False
+    has_left: bool = False  # removed from the registry (its id may be registered again)
     id: str = field(init=False)  # the spec's, read at every placement
 
     def __post_init__(self) -> None:

@@ -110,8 +110,7 @@ class Registry:
     def finish_drain(self, worker: RegisteredWorker) -> None:
         """Remove ``worker`` if it is draining and has nothing assigned in flight."""
         with self._lock:
-            is_current = self._by_id.get(worker.id) is worker
-            if is_current and worker.draining and worker.num_assigned_in_flight == 0:
+            if worker.draining and worker.num_assigned_in_flight == 0 and not worker.has_left:
                 self._remove(worker)
 
     def evict_expired(self) -> list[RegisteredWorker]:
@@ -184,6 +183,7 @@ class Registry:
         return self._clock() - worker.last_heartbeat
 
     def _remove(self, worker: RegisteredWorker) -> None:
+        worker.has_left = True
         del self._by_id[worker.id]
         self._by_lease.pop(worker.lease_id, None)
         self._on_remove(worker)

@@ -189,6 +189,18 @@ def test_a_new_registration_is_not_charged_for_its_predecessors_work() -> None:
     assert worker.num_assigned_in_flight == 1
 
 
+def test_work_that_closes_after_its_worker_left_teaches_its_successor_nothing() -> None:
+    scheduler, _ = create_scheduler(spec("a"))
+    (before,) = scheduler.registry.all()
+    assignment = scheduler.assign_encoders(items(2))
+    scheduler.deregister(before.lease_id)  # draining: its work is in flight
+    scheduler.register(spec("a"))  # the worker restarted at the same endpoint
+    scheduler.complete_encoding(assignment.assignment_id, [ItemOutcome(i, 9.0) for i in range(2)])
+    (after,) = scheduler.registry.all()
+    assert after is not before and not after.has_left and before.has_left
+    assert scheduler.service_ms("a") is None and scheduler.held_items("a") == []
+
+
 def test_forgotten_encoder_is_no_longer_a_cache_home() -> None:
     scheduler, _ = create_scheduler(spec("a"), spec("b"))
     first = scheduler.assign_encoders([EncodeItem("img")], policy=Policy.PER_IMAGE)
