@@ -55,11 +55,12 @@ from epd.server.route.media import (
     in_namespace,
     load_images,
     load_videos,
+    raw_prompt,
+    stage_items,
 )
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder, Rendered
-from epd.server.route.raw_media import raw_prompt, stage_items
 from epd.server.route.request import ChatRequest, Deadline
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import RoleView, plan_for

@@ -15,8 +15,7 @@ from epd.server.media.hashing import salted
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
-from epd.server.route.media import load_video
-from epd.server.route.raw_media import raw_prompt, stage_items
+from epd.server.route.media import load_video, raw_prompt, stage_items
 from epd.server.route.request import ImageSource
 from tests.unit.models.clips import make_clip
 

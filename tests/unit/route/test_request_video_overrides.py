@@ -66,7 +66,7 @@ def test_a_pixel_budget_beside_an_image_reaches_the_video_and_other_image_keys_a
 def test_a_pixel_budget_needs_encoders_and_a_sampling_override_does_not(
     tiny_model_dir: Path,
 ) -> None:
-    from epd.server.route.raw_media import stage_items
+    from epd.server.route.media import stage_items
 
     videos = loader(tiny_model_dir, trusted=True)
     pixels = MediaKwargs({"max_pixels": 6272}, None)
