@@ -41,7 +41,6 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
             f"image is {len(data)} bytes, the limit is {policy.max_bytes}", "IMAGE_TOO_LARGE"
         )
     image = open_image(data, policy)
-    _check_pixels(image, policy)
     _check_scans(image, data, policy)
     try:
         image.seek(0)
@@ -52,18 +51,26 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
 
 
 def open_image(data: bytes, policy: MediaPolicy) -> Image.Image:
-    """``data`` opened (header read, no pixel decoded) if it is in one of the policy's formats."""
+    """``data`` opened (header read, no pixel decoded) if it is in one of the policy's formats
+    and its declared size is within the policy's pixel limit."""
     try:
         # NOTE: no warnings.catch_warnings here: it swaps process-wide state and decoding runs in
-        # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours in
-        # _check_pixels is tighter and runs before any pixel is decoded.
-        return Image.open(io.BytesIO(data), formats=policy.image_formats)
+        # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours
+        # below is tighter and runs before any pixel is decoded.
+        image = Image.open(io.BytesIO(data), formats=policy.image_formats)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise _refuse(
             f"image has more pixels than the limit of {policy.max_pixels}", "TOO_MANY_PIXELS"
         ) from e
     except Exception as e:
         raise _unreadable(data, policy) from e
+    width, height = image.size
+    if width * height > policy.max_pixels:
+        raise _refuse(
+            f"image is {width}x{height} pixels, the limit is {policy.max_pixels} pixels",
+            "TOO_MANY_PIXELS",
+        )
+    return image
 
 
 def declared_pixels(data: bytes, policy: MediaPolicy) -> int | None:
@@ -74,15 +81,6 @@ def declared_pixels(data: bytes, policy: MediaPolicy) -> int | None:
     except Exception:
         return None
     return width * height
-
-
-def _check_pixels(image: Image.Image, policy: MediaPolicy) -> None:
-    width, height = image.size
-    if width * height > policy.max_pixels:
-        raise _refuse(
-            f"image is {width}x{height} pixels, the limit is {policy.max_pixels} pixels",
-            "TOO_MANY_PIXELS",
-        )
 
 
 def _check_scans(image: Image.Image, data: bytes, policy: MediaPolicy) -> None:

@@ -39,15 +39,17 @@ class _QwenVl(ModelFamily):
     def image_grid(self, width: int, height: int, config: Any, processor: Any) -> Grid:
         # NOTE: transformers 5 keeps min/max pixels in size (shortest_edge / longest_edge); it
         # moves legacy min_pixels / max_pixels keys of preprocessor_config.json there on load.
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
         patch_size = int(processor.patch_size)
-        resized_height, resized_width = self.resized(
-            width,
+        resized_height, resized_width = smart_resize(
             height,
+            width,
             patch_size * int(processor.merge_size),
-            int(processor.size["shortest_edge"]),
-            int(processor.size["longest_edge"]),
+            min_pixels=int(processor.size["shortest_edge"]),
+            max_pixels=int(processor.size["longest_edge"]),
         )
-        return 1, resized_height // patch_size, resized_width // patch_size
+        return 1, int(resized_height) // patch_size, int(resized_width) // patch_size
 
     def image_pixel_budget(self, processor: Any, given: dict[str, int]) -> dict[str, int]:
         if not given:
@@ -120,17 +122,6 @@ class _QwenVl(ModelFamily):
                 torch.tensor(seconds, dtype=torch.float64) for seconds in timestamps
             ]
         return data
-
-    def resized(
-        self, width: int, height: int, factor: int, min_pixels: int, max_pixels: int
-    ) -> tuple[int, int]:
-        """(height, width) ``smart_resize`` makes of a ``width`` x ``height`` image."""
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
-        height, width = smart_resize(
-            height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels
-        )
-        return int(height), int(width)
 
     def plan_video(self, clip: VideoClip, config: Any, processor: Any) -> VideoPlan:
         return qwen_video.plan(clip, processor, self._video_resized, self._video_timing)
