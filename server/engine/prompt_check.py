@@ -43,6 +43,13 @@ class VisionLayout:
     video_prompt_tokens: Callable[[Grid, tuple[float, ...]], list[int] | None] | None = field(
         default=None, compare=False, repr=False
     )
+    # tokens the expansion adds around each image's rows (its delimiters), set once as it is built
+    num_delimiters: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "num_delimiters", len(self.image_start_ids) + len(self.image_end_ids)
+        )
 
     @classmethod
     def of(cls, config: Any, tokenizer: Any = None) -> VisionLayout:
@@ -71,11 +78,6 @@ class VisionLayout:
                 else partial(family.video_prompt_tokens, config=config, tokenizer=tokenizer)
             ),
         )
-
-    @property
-    def num_delimiters(self) -> int:
-        """Tokens the expansion adds around each image's rows."""
-        return len(self.image_start_ids) + len(self.image_end_ids)
 
     @property
     def placeholder(self) -> list[int]:

@@ -64,7 +64,10 @@ def handle_images(params: dict[str, Any]) -> list[EngineImage]:
     listed: empty. INVALID_ARGUMENT ``BAD_KV_HANDLE`` when the grids are not lists of three
     positive ints or the names not one string per grid."""
     grids = params.get(IMAGE_GRIDS_KEY) or []
-    if not isinstance(grids, list) or not all(_is_grid(grid) for grid in grids):
+    if not isinstance(grids, list) or not all(
+        isinstance(grid, list) and len(grid) == 3 and all(type(n) is int and n > 0 for n in grid)
+        for grid in grids
+    ):
         raise InvalidArgument(
             f"kv_handle.payload's {IMAGE_GRIDS_KEY} must list [t, h, w] grids of positive ints",
             reason="BAD_KV_HANDLE",
@@ -120,11 +123,3 @@ def video_params(images: list[EngineImage]) -> dict[str, list[Any]]:
 
 def _is_seconds(value: Any) -> bool:
     return isinstance(value, list) and all(type(number) in (int, float) for number in value)
-
-
-def _is_grid(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == 3
-        and all(type(number) is int and number > 0 for number in value)
-    )
