@@ -23,6 +23,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        self._ttl_ms = int(scheduler.registry.ttl_s * 1000)
 
     @handle_errors
     async def RegisterWorker(
@@ -134,7 +135,3 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
             demands=[convert.demand_to_proto(d) for d in demands],
             wait_target_seconds=self.scheduler.config.encode_wait_target_s,
         )
-
-    @property
-    def _ttl_ms(self) -> int:
-        return int(self.scheduler.registry.ttl_s * 1000)
