@@ -1,7 +1,9 @@
 """``epd store-holder``: lend the embedding store its memory (``holder.py``), until SIGTERM.
 
-The service serves gRPC health only: SERVING once it joined the store, NOT_SERVING while it
-leaves. It leaves the store after the server stopped, before the process ends.
+The service serves gRPC health (SERVING once it joined the store, NOT_SERVING while it leaves)
+and, with ``--metrics-port``, its process's figures (``process_*``: the memory it lends shows in
+``process_resident_memory_bytes`` as it fills). It leaves the store after the server stopped,
+before the process ends.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 
 from epd.common.advertise import advertised_host
 from epd.common.flags import add_dataclass_arguments, from_arguments
+from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, build_server
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.serving import serve, stop_signals
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(options: ServerOptions, holder: SegmentHolder) -> int:
     with stop_signals() as stop:
-        server, port = await build_server([], options)
+        server, port = await build_server([], options, new_registry())
         print(f"epd store-holder listening on {options.host}:{port}", flush=True)
         serving = asyncio.ensure_future(_mark_serving_once_joined(server, holder))
         try:

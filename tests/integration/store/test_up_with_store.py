@@ -1,7 +1,8 @@
-"""``epd up --embedding-store mooncake`` (E/PD, two encoders): the Mooncake master starts as one
-more service and the encoders join its store; an image one encoder encoded is served by the
-other without its tower (counted by both encoders' metrics); the master killed under load fails
-no request; and the master stops with the rest."""
+"""``epd up --embedding-store mooncake`` (E/PD, two encoders): the Mooncake master and its
+segment holder start as two more services and the encoders join the store; an image one encoder
+encoded is served by the other without its tower (counted by both encoders' metrics), and by
+either once both were killed and restarted (the value lives in the holder); the master killed
+under load fails no request; and the store's services stop with the rest."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from epd.client import EpdClient, user
-from epd.common.channels import create_channel
+from epd.common.channels import create_channel, wait_for_health
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
@@ -41,9 +42,10 @@ def wait_for(condition, what: str, timeout_s: float = 60) -> None:  # type: igno
         time.sleep(0.2)
 
 
-def joined(stack: Stack) -> bool:
+def joined(stack: Stack, times: int = 1) -> bool:
+    """Whether each encoder joined the store ``times`` times (once per start: its log grows)."""
     logs = [(stack.run_dir / f"{encoder}.log").read_text() for encoder in ENCODERS]
-    return all("joined the embedding store" in log for log in logs)
+    return all(log.count("joined the embedding store") == times for log in logs)
 
 
 def ask(stack: Stack, seed: int) -> None:
@@ -86,13 +88,29 @@ def test_up_with_the_store_shares_encodings_and_outlives_its_master(
         assert served.cache_hit
         assert metric(stack, second, "epd_encode_images_total") == 0
         assert metric(stack, second, "epd_encode_store_lookups_total", outcome="hit") == 1
+        restart_encoders(stack)
+        served = asyncio.run(encode_directly(stack.endpoints[first], png(picture(70, 64, 64))))
+        assert served.cache_hit
+        assert metric(stack, first, "epd_encode_images_total") == 0
+        assert metric(stack, first, "epd_encode_store_lookups_total", outcome="hit") == 1
         failures = under_load_killing(stack, master_pid)
-        run_dir = stack.run_dir
+        run_dir, holder_pid = stack.run_dir, stack.pids["store-holder"]
     assert failures == [], failures
     assert "Master service started" in (run_dir / "store-master.log").read_text()
-    assert not is_alive(master_pid)
+    assert "left the embedding store" in (run_dir / "store-holder.log").read_text()
+    assert not is_alive(master_pid) and not is_alive(holder_pid)
     for encoder in ENCODERS:
         assert "Traceback" not in (run_dir / f"{encoder}.log").read_text()
+
+
+def restart_encoders(stack: Stack) -> None:
+    """Kill both encoders (SIGKILL: nothing of theirs survives but what the store holds) and
+    return once ``epd up`` restarted them and they joined the store again and serve."""
+    for encoder in ENCODERS:
+        os.kill(stack.pids[encoder], signal.SIGKILL)
+    wait_for(lambda: joined(stack, times=2), "both encoders to restart and join", timeout_s=180)
+    for encoder in ENCODERS:
+        asyncio.run(wait_for_health(stack.endpoints[encoder], timeout_s=120))
 
 
 def under_load_killing(stack: Stack, master_pid: int) -> list[str]:

@@ -1,6 +1,7 @@
 """The embedding store in the chart: with store.enabled, the Mooncake master runs as one more
 Deployment (one replica, replaced with Recreate) and Service, listening where its Service says,
-and every encoder joins it with epd encode's store flags; without it, neither exists."""
+the segment holder as another Deployment lending store.segmentMb, and every encoder joins the
+store with epd encode's store flags, lending no segment; without it, none of them exists."""
 
 from __future__ import annotations
 
@@ -31,12 +32,27 @@ def test_the_master_is_one_deployment_and_a_service_the_encoders_name() -> None:
     assert args[args.index("--embedding-store") + 1] == "mooncake"
     assert args[args.index("--store-master") + 1] == f"{name}:50090"
     assert args[args.index("--store-metadata-server") + 1] == f"http://{name}:50091/metadata"
+    assert args[args.index("--store-segment-mb") + 1] == "0"
+
+
+def test_the_holder_lends_the_segment_to_the_master_its_service_names() -> None:
+    objects = render(sets=STORE)
+    holder = by_component(objects, "Deployment")["store-holder"]
+    name = by_component(objects, "Service")["store-master"]["metadata"]["name"]
+    assert holder["spec"]["replicas"] == 1 and holder["spec"]["strategy"]["type"] == "Recreate"
+    container = only_container(holder)
+    assert container["command"] == ["epd", "store-holder"]
+    args = [str(arg) for arg in container["args"]]
+    assert args[args.index("--store-master") + 1] == f"{name}:50090"
+    assert args[args.index("--store-metadata-server") + 1] == f"http://{name}:50091/metadata"
     assert args[args.index("--store-segment-mb") + 1] == "64"
+    assert container["ports"][0] == {"name": "grpc", "containerPort": 50093, "protocol": "TCP"}
 
 
 def test_without_the_store_there_is_no_master_and_no_store_flag() -> None:
     objects = render()
     assert "store-master" not in by_component(objects, "Deployment")
     assert "store-master" not in by_component(objects, "Service")
+    assert "store-holder" not in by_component(objects, "Deployment")
     for workload in workloads(objects):
         assert "--embedding-store" not in only_container(workload)["args"]
