@@ -93,16 +93,15 @@ class EngineImage:
     # the pixel budget a raw picture is resized within (its mm_hash covers it); none: the
     # model's own
     image_settings: ImageSettings = NO_IMAGE_SETTINGS
+    # whether this is a video (its placeholder is the model's video token); set as it is built
+    is_video: bool = field(init=False, compare=False, repr=False)
+    # whether the engine runs its own vision tower on it (a raw picture or raw frames); set as
+    # it is built
+    is_raw: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def is_video(self) -> bool:
-        """Whether this is a video (its placeholder is the model's video token)."""
-        return self.seconds_per_temporal_patch is not None
-
-    @property
-    def is_raw(self) -> bool:
-        """Whether the engine runs its own vision tower on it (a raw picture or raw frames)."""
-        return self.image is not None or self.frames is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_video", self.seconds_per_temporal_patch is not None)
+        object.__setattr__(self, "is_raw", self.image is not None or self.frames is not None)
 
 
 @dataclass(frozen=True, slots=True)
