@@ -16,6 +16,7 @@ from aiohttp import web
 from epd import __version__
 from epd.common.errors import EpdError, Unavailable
 from epd.common.http_tracing import tracing_middleware
+from epd.common.telemetry import traces_rpcs
 from epd.server.route import openai_answers, openai_logprobs
 from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
@@ -74,7 +75,8 @@ class OpenAiHttp:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 picks a free port); returns the port."""
-        middlewares = [tracing_middleware]
+        # NOTE: as the gRPC side: a SERVER span per request only where spans are exported
+        middlewares = [tracing_middleware] if traces_rpcs() else []
         if self.options.auth_token:
             middlewares.append(auth_middleware(self.options.tokens()))
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=middlewares)

@@ -15,6 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from epd.common.http_tracing import tracing_middleware
+from epd.server.route import openai_http
 from epd.server.route.http_guard import HttpOptions, count_json_values
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.router import RouteChunk
@@ -218,3 +220,17 @@ def test_bad_options_are_refused() -> None:
         HttpOptions(max_connections=0)
     with pytest.raises(ValueError, match="certificate and a key"):
         HttpOptions(tls_cert_file="cert.pem")
+
+
+@pytest.mark.parametrize("traced", [False, True])
+async def test_requests_get_a_server_span_only_where_spans_are_exported(
+    traced: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_http, "traces_rpcs", lambda: traced)
+    http, url = await started(HttpOptions())
+    try:
+        assert http._runner is not None
+        assert (tracing_middleware in http._runner.app.middlewares) is traced
+        assert (await post(url, CHAT))[0] == 200
+    finally:
+        await http.stop()
