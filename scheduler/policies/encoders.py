@@ -41,7 +41,6 @@ class Ewma:
 
     alpha: float = 0.3
     value: float | None = None
-    num_samples: int = 0
 
     def add(self, sample: float) -> None:
         """Fold in one sample (non-positive samples are ignored)."""
@@ -50,7 +49,6 @@ class Ewma:
         self.value = (
             sample if self.value is None else (self.alpha * sample + (1 - self.alpha) * self.value)
         )
-        self.num_samples += 1
 
 
 @dataclass(frozen=True, slots=True)
