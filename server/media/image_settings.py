@@ -41,10 +41,10 @@ class ImageSettings:
     min_pixels: int | None = None
     max_pixels: int | None = None
     #: the settings changed, by name
-    settings: dict[str, int] = field(init=False, compare=False)
+    settings: dict[str, int] = field(init=False, repr=False, compare=False)
     #: canonical text of ``settings`` ("" for none): ``MediaItem.image_settings`` and part of
     #: the image's mm_hash
-    key: str = field(init=False)
+    key: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         pairs = zip(BUDGET_KEYS, (self.min_pixels, self.max_pixels), strict=True)
