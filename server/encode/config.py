@@ -184,7 +184,8 @@ class EncodeConfig:
         default=256,
         metadata=flag(
             "MiB of this encoder's host memory lent to the store (Mooncake keeps values in its "
-            "clients' segments)"
+            "clients' segments, and they leave with the client); 0: none, the values live in "
+            "the store's holder (epd store-holder; epd up starts one)"
         ),
     )
     store_buffer_mb: int = field(
