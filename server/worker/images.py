@@ -40,9 +40,9 @@ from epd.v1.multimodal_pb2 import ImageInput
 logger = logging.getLogger(__name__)
 
 
-def grid_of(image: multimodal_pb2.ImageInput) -> Grid | None:
-    """The image's (t, h, w) patch grid, or None when the message has none."""
-    return (image.grid.t, image.grid.h, image.grid.w) if image.HasField("grid") else None
+def grid_of(item: multimodal_pb2.ImageInput | multimodal_pb2.VideoInput) -> Grid | None:
+    """The image's or video's (t, h, w) patch grid, or None when the message has none."""
+    return (item.grid.t, item.grid.h, item.grid.w) if item.HasField("grid") else None
 
 
 class ImageResolver:
@@ -101,10 +101,9 @@ class ImageResolver:
             bound = self._bound_embeddings(part)
             is_bound = is_bound and bound is not None
             parts.append(bound if bound is not None else self._copied(ref))
-        grid = (video.grid.t, video.grid.h, video.grid.w) if video.HasField("grid") else None
         return EngineImage(
             video.mm_hash,
-            grid,
+            grid_of(video),
             embeddings=torch.cat(parts) if len(parts) > 1 else parts[0],
             is_bound=is_bound,
             seconds_per_temporal_patch=video.seconds_per_temporal_patch,
