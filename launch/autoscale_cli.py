@@ -19,7 +19,7 @@ from epd.launch.ports import LAUNCHER_METRICS_OFFSET
 from epd.launch.public_entry import LOOPBACK
 from epd.launch.scaling import ScalingOptions
 from epd.launch.topology import Topology
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.server.engine.device import CPU, CUDA, XPU, cuda_device_index, device_type, xpu_available
 
 # The scheduler's settings of the signal, which epd up passes on when given.

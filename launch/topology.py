@@ -33,7 +33,7 @@ from epd.launch.ports import (
     EngineWorker,
     engine_workers,
 )
-from epd.scheduler.core import DEFAULT_POLICY
+from epd.scheduler.config import DEFAULT_POLICY
 from epd.scheduler.model import Policy
 from epd.server.store.base import EMBEDDING_STORES, NONE
 

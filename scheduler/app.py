@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
-from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
+from epd.scheduler.core import Scheduler
 from epd.scheduler.metrics import register_scheduler_metrics
 from epd.scheduler.servicer import SchedulerServicer
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc

@@ -14,7 +14,7 @@ from epd.common.server import ServerOptions
 from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
 from epd.common.serving import serve, stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 
 DEFAULT_PORT = SCHEDULER_PORT
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.roles import DEFAULT_PREFILL_ROLES, Role, hands_off_kv
-from epd.scheduler.config import DEFAULT_POLICY, SchedulerConfig, split_ratio
+from epd.scheduler.config import SchedulerConfig
 from epd.scheduler.demand import DemandTracker, EncoderDemand
 from epd.scheduler.encoder_costs import EncoderCosts
 from epd.scheduler.holdings import Holdings
@@ -40,8 +40,6 @@ from epd.scheduler.policies.encoders import (
 )
 from epd.scheduler.policies.routing import PrefillChooser
 from epd.scheduler.registry import Clock, Registry
-
-__all__ = ["DEFAULT_POLICY", "NO_DECODE_WORKER", "Scheduler", "SchedulerConfig", "split_ratio"]
 
 # Reason of the Unavailable ``choose_decode`` raises when no decode worker is live.
 NO_DECODE_WORKER = "NO_DECODE_WORKER"

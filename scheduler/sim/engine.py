@@ -9,7 +9,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from epd.common.roles import Role
-from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
+from epd.scheduler.core import Scheduler
 from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy, WorkerSpec
 from epd.scheduler.sim.model import REFERENCE_TOKENS, Scenario, SimEncoder
 

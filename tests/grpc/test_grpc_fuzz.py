@@ -27,7 +27,7 @@ from PIL import Image
 
 from epd.common.server import EpdServer, ServiceBinding, build_server
 from epd.scheduler.app import build_scheduler_server
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy

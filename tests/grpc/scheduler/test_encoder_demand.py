@@ -6,7 +6,7 @@ import pytest
 
 from epd.common.channels import create_channel
 from epd.scheduler.app import build_scheduler_server
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 from tests.grpc.scheduler.test_scheduler_service import info

@@ -14,7 +14,7 @@ from epd.common.channels import create_channel, wait_for_health
 from epd.common.roles import Role, role_to_proto
 from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.server.worker.serve_worker import WorkerApp, WorkerSpec, serve_worker, worker_id
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epd.common.channels import create_channel
 from epd.common.roles import Role
 from epd.scheduler.app import build_scheduler_server
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.base import Engine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server

@@ -22,7 +22,7 @@ from epd.cli import COMMANDS
 from epd.common.server import ServerOptions
 from epd.launch.monitor import WatchOptions
 from epd.launch.topology import Topology
-from epd.scheduler.core import SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
 from epd.server.decode.app import DecodeConfig
 from epd.server.encode.app import EncodeConfig
 from epd.server.engine.transformers_engine import TransformersOptions

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from epd.common.roles import Role
-from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
+from epd.scheduler.core import Scheduler
 from epd.scheduler.model import WorkerSpec
 
 

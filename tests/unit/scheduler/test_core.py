@@ -9,7 +9,8 @@ import pytest
 
 from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.roles import Role
-from epd.scheduler.core import Scheduler, SchedulerConfig
+from epd.scheduler.config import SchedulerConfig
+from epd.scheduler.core import Scheduler
 from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
