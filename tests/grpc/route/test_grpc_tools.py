@@ -1,200 +1,28 @@
 """Tools and reasoning through both doors of one route: the same chat sent to the OpenAI HTTP
 port and to gRPC ``RouteService.Generate``, over one Router whose engine (a fake) answers with a
 hermes tool call or a deepseek_r1 reasoning, gets the same prompt, the same sampling, the same
-tool calls, reasoning, content and finish reason, and the same refusals; gRPC's
-``stream_interval`` gathers chunks as HTTP's does."""
+tool calls, reasoning, content and finish reason, and the same refusals; the SDK returns them
+typed."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 from google.protobuf import json_format, struct_pb2
 
 from epd.client import AsyncEpdClient, EpdClientError, Tool, ToolCall, assistant, tool, user
 from epd.client.messages import join
-from epd.common.server import EpdServer, ServiceBinding, build_server
-from epd.server.route.app import SERVICE_NAME
-from epd.server.route.http_guard import HttpOptions
-from epd.server.route.openai_http import OpenAiHttp
-from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request_check import RequestLimits
-from epd.server.route.servicer import RouteServicer
-from epd.server.route.tools import (
-    AUTO_NEEDS_FLAGS,
-    UNTRUSTED_TEMPLATE,
-    ToolCalling,
-    ToolOptions,
-    parser_class,
-)
-from epd.v1 import generation_pb2
+from epd.server.route.tools import AUTO_NEEDS_FLAGS, UNTRUSTED_TEMPLATE
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, model_router
-
-CALL = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THOUGHT = "the sky is clear</think>It is sunny."
-PARAMETERS = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 40}},
-    "required": ["city"],
-}
-TOOL = {
-    "type": "function",
-    "function": {"name": "get_weather", "description": "today's weather", "parameters": PARAMETERS},
-}
-QUESTION = [{"role": "user", "content": "weather in Paris?"}]
-HERMES = ToolOptions(enable_auto_tool_choice=True, tool_call_parser="hermes")
-DEEPSEEK = ToolOptions(reasoning_parser="deepseek_r1")
-
-
-class StoppingEngine(FakeEngine):
-    """A fake engine whose stream ends as a model's does at its end of sequence (STOP)."""
-
-    def _stream(self, tokens: list[int], response_type: Callable[..., Any]) -> Any:
-        stream = super()._stream(tokens, response_type)
-        stream.responses[-1].finish_reason = generation_pb2.FINISH_REASON_STOP
-        return stream
-
-
-@dataclass
-class Doors:
-    """One route's two doors over one router, whose engine ``engine`` answers every request."""
-
-    http_url: str
-    grpc_endpoint: str
-    engine: FakeEngine
-    tokenizer: Any
-
-    async def post(self, body: dict[str, Any]) -> tuple[int, str]:
-        body = {"model": "tiny", "max_tokens": 64, "messages": QUESTION, **body}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(self.http_url, json=body) as response,
-        ):
-            return response.status, await response.text()
-
-    async def generate(self, **fields: Any) -> list[pb.GenerateResponse]:
-        message = pb.ChatMessage(role="user", content=[pb.ContentPart(text="weather in Paris?")])
-        fields.setdefault("messages", [message])
-        request = pb.GenerateRequest(
-            model="tiny", sampling=generation_pb2.SamplingParams(max_tokens=64), **fields
-        )
-        async with grpc.aio.insecure_channel(self.grpc_endpoint) as channel:
-            stub = pb_grpc.RouteServiceStub(channel)
-            return [response async for response in stub.Generate(request, timeout=20)]
-
-    def last_call(self) -> Any:
-        """The request the engine got last."""
-        return self.engine.calls[-1][1]
-
-
-@pytest.fixture(scope="module")
-def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with ``<think>`` and ``</think>`` in its vocabulary."""
-    from epd.server.models.tiny.build import build_tiny_model, preset
-
-    config = preset("tiny", added_tokens=("<think>", "</think>"))
-    return build_tiny_model(tmp_path_factory.mktemp("thinking") / "tiny-thinking", config)
-
-
-async def open_doors(
-    model_dir: Path, options: ToolOptions | None, answer: str
-) -> tuple[Doors, OpenAiHttp, EpdServer]:
-    """Both doors over one router whose engine answers ``answer``, then its end of sequence."""
-    prompts = PromptBuilder(model_dir)
-    tokenizer = prompts.tokenizer
-    calling = None
-    if options is not None:
-        parser_cls = parser_class(options, tokenizer, "tiny")
-        calling = ToolCalling(parser_cls, options.enable_auto_tool_choice, tokenizer)
-    peers = FakePeers(FakeScheduler(encoders=["enc0"]))
-    tokens = [*tokenizer(answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-    engine = peers.engines["pd0"] = StoppingEngine(tokens=tokens)
-    router = model_router(peers, prompts, model_dir)
-    limits = RequestLimits(max_context_tokens=prompts.max_context_tokens)
-    servicer = RouteServicer(router, limits, tools=calling)
-    binding = ServiceBinding(SERVICE_NAME, servicer, pb_grpc.add_RouteServiceServicer_to_server)
-    server, port = await build_server([binding])
-    await server.mark_serving()
-    http = OpenAiHttp(router, HttpOptions(), limits, tools=calling)
-    http_port = await http.start("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{http_port}/v1/chat/completions"
-    return Doors(url, f"127.0.0.1:{port}", engine, tokenizer), http, server
-
-
-def doors_fixture(options: ToolOptions | None, answer: str, model: str) -> Any:
-    """A fixture of both doors of a route with ``options``' parsers on the fixture ``model``'s
-    tiny model, whose engine answers ``answer``."""
-
-    @pytest.fixture
-    async def doors(request: pytest.FixtureRequest) -> AsyncIterator[Doors]:
-        model_dir = request.getfixturevalue(model)
-        opened, http, server = await open_doors(model_dir, options, answer)
-        yield opened
-        await http.stop()
-        await server.drain_and_stop(0)
-
-    return doors
-
-
-hermes = doors_fixture(HERMES, CALL, "tiny_model_dir")
-deepseek = doors_fixture(DEEPSEEK, THOUGHT, "thinking_model_dir")
-plain = doors_fixture(None, CALL, "tiny_model_dir")
-
-
-def grpc_tool() -> pb.Tool:
-    parameters = struct_pb2.Struct()
-    parameters.update(PARAMETERS)
-    return pb.Tool(name="get_weather", description="today's weather", parameters=parameters)
-
-
-def http_answer(text: str) -> tuple[str, str, list[tuple[int, str, str]], str]:
-    """A streamed OpenAI answer's content, reasoning, tool calls (index, name, arguments) and
-    finish reason."""
-    content, reasoning, finish = "", "", ""
-    calls: dict[int, list[str]] = {}
-    for line in text.splitlines():
-        if not line.startswith("data: {"):
-            continue
-        (choice,) = json.loads(line[6:])["choices"]
-        delta = choice["delta"]
-        content += delta.get("content") or ""
-        reasoning += delta.get("reasoning") or ""
-        for call in delta.get("tool_calls") or []:
-            function = call.get("function") or {}
-            entry = calls.setdefault(call["index"], ["", ""])
-            entry[0] += function.get("name") or ""
-            entry[1] += function.get("arguments") or ""
-        finish = choice["finish_reason"] or finish
-    return content, reasoning, [(i, *entry) for i, entry in sorted(calls.items())], finish
-
-
-def grpc_answer(
-    responses: list[pb.GenerateResponse],
-) -> tuple[str, str, list[tuple[int, str, str]], str]:
-    """The same of a gRPC answer."""
-    calls: dict[int, list[str]] = {}
-    for response in responses:
-        for call in response.tool_calls:
-            entry = calls.setdefault(call.index, ["", ""])
-            entry[0] += call.name
-            entry[1] += call.arguments
-    finish = generation_pb2.FinishReason.Name(responses[-1].finish_reason)
-    return (
-        "".join(response.text for response in responses),
-        "".join(response.reasoning for response in responses),
-        [(i, *entry) for i, entry in sorted(calls.items())],
-        finish.removeprefix("FINISH_REASON_").lower(),
-    )
+from tests.grpc.route.door_answers import grpc_answer, grpc_tool, http_answer
+from tests.grpc.route.doors import PARAMETERS, QUESTION, TOOL, Doors
 
 
 async def test_a_tool_call_is_the_openai_doors(hermes: Doors) -> None:
@@ -352,18 +180,6 @@ async def test_a_tool_without_a_name_is_refused(plain: Doors) -> None:
         await plain.generate(tools=[pb.Tool(description="nameless")])
     refusal = EpdClientError.from_rpc_error(raised.value)
     assert (refusal.code, refusal.metadata["param"]) == ("INVALID_ARGUMENT", "tools[0].name")
-
-
-async def test_stream_interval_gathers_chunks_as_over_http(plain: Doors) -> None:
-    status, streamed = await plain.post({"stream": True, "stream_interval": 4})
-    http_chunks = [line for line in streamed.splitlines() if line.startswith("data: {")]
-    responses = await plain.generate(stream_interval=4)
-    num_tokens = len(plain.engine.tokens)
-    assert status == 200 and num_tokens > 8
-    sizes = [len(response.token_ids) for response in responses]
-    assert sum(sizes) == num_tokens and all(size >= 4 for size in sizes[1:-1])
-    assert len(responses) == len(http_chunks) - 1  # NOTE: HTTP's first chunk is the role's
-    assert len(await plain.generate()) == num_tokens
 
 
 async def test_the_sdk_returns_the_tool_call_and_reasoning_typed(
