@@ -41,9 +41,6 @@ from epd.scheduler.policies.encoders import (
 from epd.scheduler.policies.routing import PrefillChooser
 from epd.scheduler.registry import Clock, Registry
 
-# Reason of the Unavailable ``choose_decode`` raises when no decode worker is live.
-NO_DECODE_WORKER = "NO_DECODE_WORKER"
-
 
 @dataclass(slots=True)
 class _Group:
@@ -272,7 +269,7 @@ class Scheduler:
             workers = self.registry.live([Role.DECODE], self.registry.model(model), exclude)
             if not workers:
                 raise Unavailable(
-                    f"no live decode worker for model {model or '(any)'}", reason=NO_DECODE_WORKER
+                    f"no live decode worker for model {model or '(any)'}", reason="NO_DECODE_WORKER"
                 )
             return min(workers, key=self._load_key)
 
