@@ -31,6 +31,14 @@ class BackgroundCalls:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+def retrieve_exception(task: asyncio.Task[Any]) -> None:
+    """A done callback for a task that may end with nobody awaiting it (its callers cancelled, or
+    a sibling failed first): its failure is retrieved, so asyncio does not log it as "never
+    retrieved"."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def concurrently(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
     """Both results; the first failure cancels the other one and is raised as it is."""
     first_result, second_result = await every([first, second])

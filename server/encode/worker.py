@@ -31,11 +31,11 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.tasks import retrieve_exception
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache, Grid
 from epd.server.encode.preparing import (
@@ -181,7 +181,7 @@ class EncodeWorker:
             asyncio.ensure_future(self._compute_indexed(i, item)) for i, item in enumerate(items)
         ]
         for task in tasks:
-            task.add_done_callback(_retrieve_exception)
+            task.add_done_callback(retrieve_exception)
         self.num_in_flight += len(items)
         try:
             for done in asyncio.as_completed(tasks):
@@ -356,7 +356,7 @@ class EncodeWorker:
             encoded = await asyncio.shield(task)
             return None if encoded is None else replace(encoded, joined=True)
         task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source, settings))
-        task.add_done_callback(_retrieve_exception)
+        task.add_done_callback(retrieve_exception)
         self._encoding[mm_hash] = task
         return await asyncio.shield(task)
 
@@ -375,9 +375,3 @@ class EncodeWorker:
         if self.store.is_enabled:
             self.store.publish(mm_hash, entry)
         return _Encoded(entry, batch_size)
-
-
-def _retrieve_exception(task: asyncio.Task[Any]) -> None:
-    # NOTE: when one item fails, the others' failures are not awaited; retrieve them here.
-    if not task.cancelled():
-        task.exception()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from epd.common.tasks import retrieve_exception
 
 Value = TypeVar("Value")
 
@@ -47,7 +49,7 @@ class AsyncLruCache(Generic[Value]):
         if task is None:
             self.num_loads += 1
             task = asyncio.ensure_future(self._load_and_keep(key, load))
-            task.add_done_callback(_retrieve_exception)
+            task.add_done_callback(retrieve_exception)
             self._loading[key] = task
         else:
             self.num_hits += 1
@@ -89,9 +91,3 @@ class AsyncLruCache(Generic[Value]):
 
     def __len__(self) -> int:
         return len(self._values)
-
-
-def _retrieve_exception(task: asyncio.Task[Any]) -> None:
-    # NOTE: a load whose every caller went away must not log "exception never retrieved".
-    if not task.cancelled():
-        task.exception()
