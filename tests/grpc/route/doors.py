@@ -23,7 +23,10 @@ from epd.v1 import generation_pb2
 from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, FakeStream, model_router
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fake_stream import FakeStream
+from tests.unit.route.fakes import FakePeers, model_router
 
 CALL = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 THOUGHT = "the sky is clear</think>It is sunny."

@@ -18,7 +18,9 @@ from PIL import Image
 from epd.server.route import openai_schema as schema
 from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.prompt import PromptBuilder, Rendered
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, model_router
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, model_router
 
 ANSWER = [11, 12, 13]
 buffer = io.BytesIO()

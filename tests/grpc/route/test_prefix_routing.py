@@ -24,7 +24,8 @@ from epd.server.route.router import Router
 from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
-from tests.unit.route.fakes import FakeEngine, FakePeers, model_router
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fakes import FakePeers, model_router
 
 WORKERS = ("pd0", "pd1")
 QUESTIONS = (

@@ -27,7 +27,9 @@ from epd.server.route.openai_http import OpenAiHttp
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.servicer import RouteServicer
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2, route_service_pb2_grpc
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, model_router
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, model_router
 
 Outcome = tuple[str, str]  # ("ok", "") or (reason, param)
 OK: Outcome = ("ok", "")

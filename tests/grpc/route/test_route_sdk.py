@@ -17,8 +17,11 @@ from epd.common.errors import Unavailable as ServerUnavailable
 from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.server.route.prompt import PromptBuilder
+from tests.unit.route.fake_encoder import FakeEncoder
+from tests.unit.route.fake_engines import FakeEngine
 from tests.unit.route.fake_route import serve_route
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers
 
 TOKEN = "s3cret"
 Route = tuple[str, FakePeers, PromptBuilder]

@@ -10,7 +10,9 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.common.roles import Role
 from epd.server.route.hops import stream_tokens
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers
 from tests.unit.route.test_resumption import E_P_D, E_PD, _nothing, call_of
 
 TOPOLOGIES = [

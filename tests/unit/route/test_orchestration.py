@@ -19,13 +19,9 @@ from epd.server.route.router import Router
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import (
-    FakeEngine,
-    FakePeers,
-    FakeScheduler,
-    generate,
-    text_router,
-)
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, generate, text_router
 
 
 def stage_of(num_images: int) -> EncodeStage:

@@ -12,7 +12,8 @@ from epd.common.errors import InvalidArgument
 from epd.server.route.prompt import PromptBuilder
 from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, ImageSource
 from tests.pictures import picture, png
-from tests.unit.route.fakes import FakeEncoder, FakePeers, model_router
+from tests.unit.route.fake_encoder import FakeEncoder
+from tests.unit.route.fakes import FakePeers, model_router
 
 # NOTE: the tiny Qwen2-VL's chat around one picture and "hi", the picture's rows
 # included: 28 tokens at 56x56 (4 rows), 88 at 224x224 (64 rows)

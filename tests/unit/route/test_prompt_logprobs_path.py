@@ -8,7 +8,9 @@ import pytest
 
 from epd.common.roles import Role
 from epd.v1 import generation_pb2
-from tests.unit.route.fakes import FakeEngine, FakePeers, FakeScheduler, generate, text_router
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, generate, text_router
 
 POSITIONS = [
     generation_pb2.TokenLogprobs(),

@@ -17,13 +17,9 @@ from epd.server.route.request import Deadline
 from epd.server.route.resumption import Progress
 from epd.server.route.topology import plan_for
 from epd.v1 import generation_pb2, multimodal_pb2
-from tests.unit.route.fakes import (
-    SCRIPT,
-    FakePeers,
-    FakeScheduler,
-    ScriptedEngine,
-    text_router,
-)
+from tests.unit.route.fake_engines import SCRIPT, ScriptedEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, text_router
 from tests.unit.route.test_orchestration import engine_pieces, stage_of
 
 E_PD = frozenset({Role.PREFILL_DECODE})
@@ -173,7 +169,7 @@ async def test_a_failure_after_the_last_piece_is_not_resumed() -> None:
 
     def finished_then_lost(request: Any, timeout: float | None = None) -> Any:
         from epd.v1 import prefill_service_pb2 as prefill_pb
-        from tests.unit.route.fakes import FakeStream
+        from tests.unit.route.fake_stream import FakeStream
 
         last = prefill_pb.PrefillDecodeResponse(token_ids=SCRIPT[:6], finish_reason=2)
         return FakeStream([last], Unavailable("down"))

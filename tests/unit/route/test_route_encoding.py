@@ -13,7 +13,10 @@ from epd.common.errors import InvalidArgument, Unavailable
 from epd.common.roles import Role
 from epd.server.route.encoding import encode_all, release_all, release_pixels
 from epd.server.route.request import Deadline
-from tests.unit.route.fakes import FakeEncoder, FakeEngine, FakePeers, FakeScheduler, text_router
+from tests.unit.route.fake_encoder import FakeEncoder
+from tests.unit.route.fake_engines import FakeEngine
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, text_router
 from tests.unit.route.test_orchestration import engine_call, engine_pieces, stage_of
 
 

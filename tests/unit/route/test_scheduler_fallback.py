@@ -17,7 +17,8 @@ from epd.server.route.metrics import RouteMetrics
 from epd.server.route.request import Deadline
 from epd.server.route.scheduler_fallback import REJOIN_GRACE_S, FallbackScheduler
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakePeers, FakeScheduler, generate, text_router
+from tests.unit.route.fake_scheduler import FakeScheduler
+from tests.unit.route.fakes import FakePeers, generate, text_router
 from tests.unit.route.test_orchestration import stage_of
 
 FALLBACK_S = 60.0
