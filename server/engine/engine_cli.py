@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 from epd.common.flags import add_dataclass_arguments, from_arguments
 from epd.server.engine.device import defaults_for
 from epd.server.engine.settings import EngineSettings
-from epd.server.engine.vllm_args import parse_engine_args
+from epd.server.engine.vllm_args import check_reasoning_parser, parse_engine_args
 from epd.server.engine.vllm_options import VllmOptions
-from epd.server.engine.vllm_reasoning import check_reasoning_parser
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
 
 if TYPE_CHECKING:

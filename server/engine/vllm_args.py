@@ -1,5 +1,6 @@
 """VllmOptions -> vLLM's engine arguments (built without starting anything), and the engine
-arguments a user names, parsed by vLLM's own engine-args parser.
+arguments a user names, parsed by vLLM's own engine-args parser (the reasoning parser checked
+against vLLM's registry).
 
 vLLM picks its device from its build (its platform); ``check_platform`` refuses options for
 another device before an engine is started on the wrong one.
@@ -73,6 +74,22 @@ def check_platform(device: str, platform_device_type: str) -> None:
             f"this vLLM build runs on {platform_device_type or 'no device it recognises'}, "
             f"not {device} (scripts/install.sh --target cpu|cuda installs the build for a device)"
         )
+
+
+def check_reasoning_parser(name: str | None) -> str | None:
+    """``name`` if vLLM's registry holds such a reasoning parser (None: none asked); ValueError
+    naming the flag and the parsers it holds otherwise (this imports vLLM when a name is
+    given)."""
+    if not name:
+        return None
+    from vllm.reasoning import ReasoningParserManager
+
+    names = ReasoningParserManager.list_registered()
+    if name not in names:
+        raise ValueError(
+            f"--reasoning-parser {name}: no such parser in vLLM; choose from {', '.join(names)}"
+        )
+    return name
 
 
 def parse_engine_args(pairs: Sequence[str], cli_args: Sequence[str]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from epd.server.engine.vllm_inputs import (
     SideChannel,
     candidates,
     chunk_of,
+    generate_options,
     prompt_candidates,
     raw_prompt,
     request_failed,
@@ -69,7 +70,6 @@ from epd.server.engine.vllm_inputs import (
 )
 from epd.server.engine.vllm_options import VllmOptions, as_started
 from epd.server.engine.vllm_process import create_llm, destroy_zmq_context, side_channel_port
-from epd.server.engine.vllm_reasoning import generate_options
 from epd.server.engine.vllm_stats import LoadTracker
 
 logger = logging.getLogger(__name__)

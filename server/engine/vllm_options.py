@@ -35,7 +35,8 @@ class VllmOptions:
     those or leave them to vLLM. ``max_videos_per_prompt``: vLLM's ``limit_mm_per_prompt`` for
     video, given explicitly (the route's ``--media-max-videos`` default). ``reasoning_parser``:
     vLLM's reasoning parser (``vllm serve --reasoning-parser``; None: none): structured outputs
-    start after the reasoning, and ``thinking_token_budget`` is accepted (``vllm_reasoning``).
+    start after the reasoning, and ``thinking_token_budget`` is accepted
+    (``vllm_inputs.generate_options``).
     """
 
     device: str = CPU

@@ -17,8 +17,7 @@ from epd.launch.up_engine import engine_settings
 from epd.server.engine.base import RepetitionDetection, Sampling, StructuredOutput
 from epd.server.engine.engine_cli import engine_options
 from epd.server.engine.vllm_args import engine_args
-from epd.server.engine.vllm_inputs import sampling_params
-from epd.server.engine.vllm_reasoning import generate_options
+from epd.server.engine.vllm_inputs import generate_options, sampling_params
 from epd.server.prefill import cli as prefill_cli
 from epd.server.route.sampling import check_sampling, sampling_to_proto
 from epd.server.worker import convert
