@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, Sampling, TokenChunk
+from epd.server.worker.convert import VIDEO_KEYS, decode_kv_params, handle_images
 from epd.server.worker.engine_worker import EngineDrain
-from epd.server.worker.kv_handle import VIDEO_KEYS, decode_kv_params, handle_images
 
 
 class DecodeWorker:

@@ -12,7 +12,6 @@ from epd.common.status import handle_errors
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.prefill.worker import PrefillWorker
 from epd.server.worker import convert
-from epd.server.worker.kv_handle import kv_handle_to_proto
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
 
@@ -42,7 +41,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         return pb.PrefillResponse(
             first_token_id=result.first_token_id,
             finish_reason=convert.finish_reason_to_proto(result.finish_reason),  # type: ignore[arg-type]
-            kv_handle=kv_handle_to_proto(result.kv_transfer_params),
+            kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
             usage=convert.usage_to_proto(result.usage),
             first_token_logprobs=convert.logprobs_to_proto(result.first_logprobs),
             prompt_logprobs=[convert.logprobs_to_proto(p) for p in result.prompt_logprobs],

@@ -21,9 +21,9 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
+from epd.server.worker.convert import video_params
 from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import ImageResolver
-from epd.server.worker.kv_handle import video_params
 from epd.v1 import generation_pb2
 
 IMAGES_RESOLVED = "epd.images_resolved"

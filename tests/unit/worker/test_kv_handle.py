@@ -8,7 +8,7 @@ import pytest
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
-from epd.server.worker.kv_handle import decode_kv_params, handle_images, kv_handle_to_proto
+from epd.server.worker.convert import decode_kv_params, handle_images, kv_handle_to_proto
 from epd.v1 import generation_pb2
 
 HANDLE = {

@@ -7,7 +7,7 @@ import pytest
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.worker.kv_handle import (
+from epd.server.worker.convert import (
     VIDEO_SECONDS_KEY,
     VIDEO_TIMESTAMPS_KEY,
     decode_kv_params,
