@@ -1,11 +1,14 @@
 """Embedding store benchmark: one image's embeddings written to and read from Mooncake Store
-(through a real master on this machine, TCP on loopback) against encoding the image again.
+(through a real master and segment holder on this machine, as ``epd up`` starts them; TCP on
+loopback) against encoding the image again.
 
 For each size: ``put`` is what an encoder's publisher does (pack the value with its digest, one
-Mooncake put); ``get`` is what a lookup does in its reader thread (get_size, get, check the
-digest, unpack), by a second client, as another encoder would; ``encode`` is the vision tower of
-the model (``--model``, default the tiny one) on one image of ``--image-size`` pixels, prepared
-beforehand, and its embeddings' size is the first row. Medians over ``--repeats``.
+Mooncake put into the holder's segment); ``get`` is what a lookup does in its reader thread
+(get_size, get, check the digest, unpack), by a second client, as another encoder would; both
+clients lend no memory, as ``epd up``'s encoders. ``encode`` is the vision tower of the model
+(``--model``, default the tiny one; ``epd model tiny --preset small`` builds a larger one) on
+one image of ``--image-size`` pixels, prepared beforehand, and its embeddings' size is the
+first row. Medians over ``--repeats``.
 
     .venv/bin/python scripts/bench_store.py [--model DIR] [--repeats N] [--json]
 """
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 
 from epd.launch.launcher import Deployment
-from epd.launch.store_service import MasterAddress, start_master
+from epd.launch.store_service import MasterAddress, start_store
 from epd.server.encode.cache import CachedEmbedding
 from epd.server.encode.vision import VisionEncoder
 from epd.server.store.base import Lookup, Publish
@@ -40,6 +43,7 @@ SIZES = [
     ("1024x3584 bf16", 1024, 3584, torch.bfloat16),
 ]
 BUFFER_BYTES = 64 << 20
+HOLDER_SEGMENT_MB = 256
 
 
 def median_ms(run: Callable[[], Any], repeats: int) -> float:
@@ -55,7 +59,7 @@ def median_ms(run: Callable[[], Any], repeats: int) -> float:
 def joined(address: MasterAddress) -> Client:
     client = new_client()
     status = client.setup(
-        "127.0.0.1", address.metadata_server, 256 << 20, BUFFER_BYTES, "tcp", "", address.master
+        "127.0.0.1", address.metadata_server, 0, BUFFER_BYTES, "tcp", "", address.master
     )
     if status != 0:
         raise SystemExit(f"bench_store: Mooncake setup failed ({status})")
@@ -76,7 +80,7 @@ def store_rows(
     put_ms = median_ms(put, repeats)
     return {
         "size": label,
-        "bytes": entry.num_bytes,
+        "bytes": entry.embeddings.nbytes,
         "put_ms": put_ms,
         "get_ms": median_ms(get, repeats),
     }
@@ -92,17 +96,18 @@ def encode_row(
     encode_ms = median_ms(lambda: encoder.run([prepared]), repeats)
     entry = CachedEmbedding(embeddings, grid)
     label = f"{model.name} {image_size}px: {tuple(embeddings.shape)} {embeddings.dtype}"
-    return {"size": label, "bytes": entry.num_bytes, "encode_ms": encode_ms}, entry
+    return {"size": label, "bytes": entry.embeddings.nbytes, "encode_ms": encode_ms}, entry
 
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     encoded, entry = encode_row(args.model, args.image_size, args.repeats)
     with tempfile.TemporaryDirectory() as run_dir:
         deployment = Deployment(Path(run_dir), dict(os.environ))
-        master = start_master(deployment)
+        store = start_store(deployment, HOLDER_SEGMENT_MB)
         try:
-            await master.ready_args()
-            writer, reader = joined(master.address), joined(master.address)
+            await store.ready_args()
+            address = store.master.address
+            writer, reader = joined(address), joined(address)
             rows = [{**encoded, **store_rows(writer, reader, entry, "", args.repeats)}]
             for label, num_rows, hidden, dtype in SIZES:
                 tensor = torch.randn(num_rows, hidden).to(dtype)

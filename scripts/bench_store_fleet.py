@@ -1,14 +1,15 @@
 """The embedding store in a fleet: tower runs and time to the first answer of a repeated-image
 workload over two encoders, without and with the store, then after one encoder restarts.
 
-One process, real gRPC: a scheduler, two encoders of ``--model`` (caches of ``--cache-images``
-images each, so they evict), a prefill+decode worker on the transformers engine and a
-route; with the store, a Mooncake master started as ``epd up`` starts it. Phase ``repeated``:
-``--images`` distinct images, each asked ``--repeats`` times in a shuffled order,
-``--concurrency`` at a time, one answer token each. Phase ``restart``: one encoder replaced by
-a fresh process of the same id (its cache empty), then every image asked once more. Per phase:
-the tower's images (both encoders), the store's hits, and the answers' time to first message
-(p50, p90).
+One process, real gRPC: a scheduler, two encoders of ``--model`` (caches of ``--cache-mb``
+each, so they evict), a prefill+decode worker on the transformers engine and a route; with the
+store, a Mooncake master and its segment holder started as ``epd up`` starts them (the encoders
+lend no memory). Phase ``repeated``: ``--images`` distinct images, each asked ``--repeats``
+times in a shuffled order, ``--concurrency`` at a time, one answer token each. Then one encoder
+is replaced by a fresh one of the same id (its cache empty). Phase ``restart``: every image asked
+once more; phase ``minute``: the restarted fleet's first ``--window-s`` seconds (the ``restart``
+round, then more rounds in shuffled orders until the window ends). Per phase: the tower's images
+(both encoders), the store's hits, and the answers' time to first message (p50, p90).
 
     .venv/bin/python scripts/bench_store_fleet.py [--model DIR] [--json]
 """
@@ -35,7 +36,7 @@ from PIL import Image
 
 from epd.common.channels import create_channel
 from epd.launch.launcher import Deployment
-from epd.launch.store_service import MasterAddress, start_master
+from epd.launch.store_service import MasterAddress, start_store
 from epd.scheduler.app import build_scheduler_server
 from epd.server.encode.app import EncodeApp, EncodeConfig, build_encode_server
 from epd.server.engine.transformers_engine import TransformersEngine
@@ -65,10 +66,12 @@ class Fleet:
     restarts: list[EncodeApp] = field(default_factory=list)
 
     def towers(self) -> int:
-        return self.towers_before + sum(e.worker.batcher.stats.num_items for e in self.encoders)
+        return self.towers_before + sum(
+            int(e.worker.batcher.stats.num_items) for e in self.encoders
+        )
 
     def store_hits(self) -> int:
-        hits = sum(e.worker.store.counts.lookups[Lookup.HIT] for e in self.encoders)
+        hits = sum(int(e.worker.store.counts.lookups[Lookup.HIT]) for e in self.encoders)
         return self.store_hits_before + hits
 
     def store_counts(self) -> dict[str, int]:
@@ -98,6 +101,7 @@ async def start_encoder(fleet: Fleet, index: int) -> EncodeApp:
             "store_master": fleet.store.master,
             "store_metadata_server": fleet.store.metadata_server,
             "store_timeout_ms": fleet.store_timeout_ms,
+            "store_segment_mb": 0,
         }
     config = EncodeConfig(
         fleet.model,
@@ -166,22 +170,52 @@ async def ask(fleet: Fleet, image: bytes) -> float:
     return first
 
 
-async def phase(fleet: Fleet, images: list[bytes], order: list[int], concurrency: int) -> dict:
-    towers, hits = fleet.towers(), fleet.store_hits()
+async def asked(
+    fleet: Fleet, images: list[bytes], order: list[int], concurrency: int
+) -> list[float]:
+    """Seconds to the first message of each question, ``order`` naming the images."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(index: int) -> float:
         async with gate:
             return await ask(fleet, images[index])
 
-    seconds = await asyncio.gather(*(one(i) for i in order))
+    return list(await asyncio.gather(*(one(i) for i in order)))
+
+
+def summary(seconds: list[float], tower_images: int, store_hits: int) -> dict[str, Any]:
     return {
-        "requests": len(order),
-        "tower_images": fleet.towers() - towers,
-        "store_hits": fleet.store_hits() - hits,
+        "requests": len(seconds),
+        "tower_images": tower_images,
+        "store_hits": store_hits,
         "ttft_p50_ms": statistics.median(seconds) * 1000,
         "ttft_p90_ms": statistics.quantiles(seconds, n=10)[-1] * 1000,
     }
+
+
+async def phase(
+    fleet: Fleet, images: list[bytes], order: list[int], concurrency: int
+) -> dict[str, Any]:
+    towers, hits = fleet.towers(), fleet.store_hits()
+    seconds = await asked(fleet, images, order, concurrency)
+    return summary(seconds, fleet.towers() - towers, fleet.store_hits() - hits)
+
+
+async def first_minute(
+    fleet: Fleet, images: list[bytes], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The ``restart`` round (every image once), and the ``minute``: that round and more
+    rounds, each image once in a shuffled order, until ``args.window_s`` since the restart."""
+    start, towers, hits = time.monotonic(), fleet.towers(), fleet.store_hits()
+    seconds = await asked(fleet, images, list(range(len(images))), args.concurrency)
+    restart = summary(seconds, fleet.towers() - towers, fleet.store_hits() - hits)
+    shuffler = random.Random(1)
+    while time.monotonic() - start < args.window_s:
+        order = list(range(len(images)))
+        shuffler.shuffle(order)
+        seconds += await asked(fleet, images, order, args.concurrency)
+    minute = summary(seconds, fleet.towers() - towers, fleet.store_hits() - hits)
+    return [restart, {**minute, "seconds": time.monotonic() - start}]
 
 
 async def restart_second_encoder(fleet: Fleet) -> None:
@@ -202,12 +236,13 @@ async def run_once(args: argparse.Namespace, store: MasterAddress | None) -> dic
         repeated = await phase(fleet, images, order, args.concurrency)
         counts = fleet.store_counts()
         await restart_second_encoder(fleet)
-        restart = await phase(fleet, images, list(range(args.images)), args.concurrency)
+        restart, minute = await first_minute(fleet, images, args)
     # NOTE: counts since the encoders serving at the end of a phase started
     return {
         "store": store is not None,
         "repeated": {**repeated, "store_counts": counts},
-        "restart": {**restart, "store_counts": fleet.store_counts()},
+        "restart": restart,
+        "minute": {**minute, "store_counts": fleet.store_counts()},
     }
 
 
@@ -215,10 +250,10 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = [await run_once(args, None)]
     with tempfile.TemporaryDirectory() as run_dir:
         deployment = Deployment(Path(run_dir), dict(os.environ))
-        master = start_master(deployment)
+        store = start_store(deployment, args.store_segment_mb)
         try:
-            await master.ready_args()
-            rows.append(await run_once(args, master.address))
+            await store.ready_args()
+            rows.append(await run_once(args, store.master.address))
         finally:
             deployment.stop(grace_s=10)
     return rows
@@ -237,6 +272,12 @@ def main() -> None:
     parser.add_argument(
         "--store-timeout-ms", type=float, default=50.0, help="the encoders' --store-timeout-ms"
     )
+    parser.add_argument(
+        "--store-segment-mb", type=int, default=256, help="the store holder's segment"
+    )
+    parser.add_argument(
+        "--window-s", type=float, default=60.0, help="phase minute: seconds after the restart"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     rows = asyncio.run(measure(args))
@@ -248,7 +289,7 @@ def main() -> None:
         f"{'p90 ms':>8}"
     )
     for row in rows:
-        for name in ("repeated", "restart"):
+        for name in ("repeated", "restart", "minute"):
             p = row[name]
             print(
                 f"{'yes' if row['store'] else 'no':<6} {name:<9} {p['requests']:>8} "
