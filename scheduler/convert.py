@@ -8,7 +8,6 @@ from epd.scheduler.demand import EncoderDemand
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
-    HeldReport,
     ItemOutcome,
     Load,
     Placement,
@@ -73,29 +72,6 @@ def load_from_proto(load: pb.WorkerLoad) -> Load:
         load.item_latency_ms,
         load.kv_usage,
         load.batches_finished,
-    )
-
-
-def held_from_proto(load: pb.WorkerLoad) -> HeldReport | None:
-    """The held-items report of a heartbeat's load; None when it carries none."""
-    if not load.HasField("held_items"):
-        return None
-    held = load.held_items
-    return HeldReport(
-        held.is_snapshot,
-        tuple(held.added_mm_hashes),
-        tuple(held.evicted_mm_hashes),
-        tuple(held.stored_mm_hashes),
-    )
-
-
-def held_to_proto(held: HeldReport) -> pb.HeldItems:
-    """An encoder's held-items report as sent with its heartbeat."""
-    return pb.HeldItems(
-        is_snapshot=held.is_snapshot,
-        added_mm_hashes=held.added,
-        evicted_mm_hashes=held.evicted,
-        stored_mm_hashes=held.stored,
     )
 
 

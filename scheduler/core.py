@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.held_items import HeldReport
 from epd.common.roles import DEFAULT_PREFILL_ROLES, Role, hands_off_kv
 from epd.scheduler.config import SchedulerConfig
 from epd.scheduler.demand import DemandTracker, EncoderDemand
@@ -23,7 +24,6 @@ from epd.scheduler.holdings import Holdings
 from epd.scheduler.model import (
     Assignment,
     EncodeItem,
-    HeldReport,
     ItemOutcome,
     Load,
     Placement,

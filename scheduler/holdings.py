@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 
-from epd.scheduler.model import EncodeItem, HeldReport
+from epd.common.held_items import HeldReport
+from epd.scheduler.model import EncodeItem
 
 # The holder id of the embedding store (worker ids are never empty).
 STORE = ""

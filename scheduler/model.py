@@ -42,17 +42,6 @@ class Load:
     batches_finished: int = 0  # encoders: a new batch's figure when it grew (0: not reported)
 
 
-@dataclass(frozen=True, slots=True)
-class HeldReport:
-    """What an encoder's cache took and evicted since its previous heartbeat, and what it wrote
-    to the embedding store; ``is_snapshot``: ``added`` is the whole cache (epd.v1.HeldItems)."""
-
-    is_snapshot: bool = False
-    added: tuple[str, ...] = ()
-    evicted: tuple[str, ...] = ()
-    stored: tuple[str, ...] = ()
-
-
 @dataclass(slots=True)
 class RegisteredWorker:
     """One registry entry: the registration, its lease and what the scheduler tracks."""

@@ -6,6 +6,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from epd.common.held_items import held_from_proto
 from epd.common.roles import Role, role_from_proto
 from epd.common.status import handle_errors
 from epd.scheduler import convert
@@ -42,7 +43,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
             load,
             list(request.load.stored_block_hashes),
             list(request.load.removed_block_hashes),
-            convert.held_from_proto(request.load),
+            held_from_proto(request.load),
         )
         return pb.HeartbeatResponse(ttl_ms=self._ttl_ms)
 

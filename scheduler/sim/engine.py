@@ -8,10 +8,11 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from epd.common.held_items import HeldReport
 from epd.common.roles import Role
 from epd.scheduler.config import SchedulerConfig
 from epd.scheduler.core import Scheduler
-from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy, WorkerSpec
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy, WorkerSpec
 from epd.scheduler.sim.model import REFERENCE_TOKENS, Scenario, SimEncoder
 
 HEARTBEAT_S = 1.0

@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from epd.common.advertise import advertised_host
 from epd.common.cpus import allowed_cpus
+from epd.common.held_items import held_to_proto
 from epd.common.metrics import new_registry
 from epd.common.roles import Role
 from epd.common.server import ServerOptions, ServiceBinding
-from epd.scheduler.convert import held_to_proto
 from epd.server.encode.batcher import DynamicBatcher
 from epd.server.encode.cache import EmbeddingCache
 from epd.server.encode.config import ACCELERATOR_BATCH_SIZE, CPU_MAX_INLINE_MS, EncodeConfig

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from epd.scheduler.model import HeldReport
+from epd.common.held_items import HeldReport
 
 # The most items a report names as held (the cache's most recently used ones).
 MAX_REPORTED_ITEMS = 4096

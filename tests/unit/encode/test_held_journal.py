@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from epd.scheduler.model import HeldReport
+from epd.common.held_items import HeldReport
 from epd.server.encode.cache import CachedEmbedding, EmbeddingCache
 from epd.server.encode.held import HeldItemsJournal
 

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from epd.common.errors import InvalidArgument, Unavailable
+from epd.common.held_items import HeldReport
 from epd.common.roles import Role
 from epd.scheduler.config import SchedulerConfig
 from epd.scheduler.core import Scheduler
-from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import FakeClock, create_scheduler, spec
 
 

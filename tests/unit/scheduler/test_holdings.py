@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from epd.common.held_items import HeldReport
 from epd.scheduler.holdings import STORE, Holdings
-from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Load, Policy
+from epd.scheduler.model import EncodeItem, ItemOutcome, Load, Policy
 from tests.unit.scheduler.factories import create_scheduler, spec
 
 POLICIES = list(Policy)

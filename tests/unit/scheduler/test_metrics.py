@@ -6,9 +6,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epd.common.held_items import HeldReport
 from epd.common.roles import Role
 from epd.scheduler.metrics import register_scheduler_metrics
-from epd.scheduler.model import EncodeItem, HeldReport, ItemOutcome, Policy
+from epd.scheduler.model import EncodeItem, ItemOutcome, Policy
 from tests.scrape import value
 from tests.unit.scheduler.factories import create_scheduler, spec
 
