@@ -12,13 +12,11 @@ import argparse
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epd.server.engine.device import device_type
 from epd.server.engine.vllm_inputs import kv_transfer_config
-
-if TYPE_CHECKING:
-    from epd.server.engine.vllm_options import VllmOptions
+from epd.server.engine.vllm_options import VllmOptions
 
 # Engine arguments epd's own flags own, since epd reads the same fact outside vLLM.
 OWNED = {"model": "--model (epd reads the model's tokenizer and config from it)"}

@@ -13,15 +13,13 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epd.common.cpus import allowed_cpus, pin_threads
 from epd.server.engine.device import device_type
 from epd.server.engine.vllm_inputs import SIDE_CHANNEL_ENV_LOCK
+from epd.server.engine.vllm_options import VllmOptions
 from epd.server.engine.vllm_stats import LoadTracker
-
-if TYPE_CHECKING:
-    from epd.server.engine.vllm_options import VllmOptions
 
 logger = logging.getLogger(__name__)
 
