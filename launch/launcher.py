@@ -53,7 +53,8 @@ def free_port() -> int:
 @dataclass
 class Child:
     """One running service, reached at ``host`` (with TLS verified by ``tls_ca_file`` when set);
-    ``env``: its variables beyond the deployment's."""
+    ``env``: its variables beyond the deployment's; ``stop_wave``: ``Deployment.stop`` stops it
+    once every child of a lower wave has ended."""
 
     name: str
     port: int
@@ -67,6 +68,7 @@ class Child:
     host: str = LOOPBACK
     tls_ca_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    stop_wave: int = 0
 
     @property
     def endpoint(self) -> str:
@@ -219,33 +221,41 @@ class Deployment:
         raise RuntimeError(f"{child.name} not healthy after {timeout_s:.0f}s; log {child.log}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM every child (dependants first), SIGKILL what is left of its process group
-        after ``grace_s``; returns once every group is empty (vLLM's engine cores included) and
-        the shared memory of dead processes (a child killed with SIGKILL left its own) is
-        removed."""
+        """SIGTERM every child (dependants first), wave by wave (``Child.stop_wave``: the
+        embedding store's holder after the encoders, its master last), SIGKILL what is left of
+        a process group once ``grace_s`` in all ran out; returns once every group is empty
+        (vLLM's engine cores included) and the shared memory of dead processes (a child killed
+        with SIGKILL left its own) is removed."""
         everyone = [*self.children, *self.retiring]
-        for child in reversed(everyone):
-            if child.process.poll() is None:
-                # NOTE: the child alone: it stops its own processes. vLLM's EngineCore takes a
-                # second SIGTERM (from a signal to the whole group) as "exit now", mid-teardown,
-                # and Python's resource_tracker then reported its leaked semaphore/shared memory.
-                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for child in everyone:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.process.wait(max(0.0, deadline - time.monotonic()))
-            while _group_alive(child.process.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            _signal_group(child.process.pid, signal.SIGKILL)
-            child.process.wait()
-            settle = time.monotonic() + 5.0  # NOTE: bounded: unreaped zombies still answer
-            while _group_alive(child.process.pid) and time.monotonic() < settle:
-                time.sleep(0.05)
+        for wave in sorted({child.stop_wave for child in everyone}):
+            _stop_wave([child for child in everyone if child.stop_wave == wave], deadline)
         self.children.clear()
         self.retiring.clear()
         cleanup_orphans()
         cleanup_leftovers()
         cleanup_rpc_dirs()
+
+
+def _stop_wave(children: list[Child], deadline: float) -> None:
+    """SIGTERM ``children`` (the last started first) and wait for each process group to empty,
+    SIGKILL what is left of it at ``deadline``."""
+    for child in reversed(children):
+        if child.process.poll() is None:
+            # NOTE: the child alone: it stops its own processes. vLLM's EngineCore takes a
+            # second SIGTERM (from a signal to the whole group) as "exit now", mid-teardown,
+            # and Python's resource_tracker then reported its leaked semaphore/shared memory.
+            child.process.send_signal(signal.SIGTERM)
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        while _group_alive(child.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal_group(child.process.pid, signal.SIGKILL)
+        child.process.wait()
+        settle = time.monotonic() + 5.0  # NOTE: bounded: unreaped zombies still answer
+        while _group_alive(child.process.pid) and time.monotonic() < settle:
+            time.sleep(0.05)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

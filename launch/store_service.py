@@ -6,8 +6,8 @@ segment holder.
 listens on three free loopback ports: its RPC port, the metadata server and an admin port whose
 ``/health`` says when it serves. Once it serves, ``epd store-holder`` (service store-holder)
 joins it and lends it the memory the values live in; the encoders, started after, lend none, so
-the values outlive encoder restarts. Started in that order, ``Deployment.stop`` signals the
-encoders first, then the holder, then the master.
+the values outlive encoder restarts. ``Deployment.stop`` stops the encoders (and the rest)
+first, then the holder, then the master, each once the previous ones ended.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from epd.server.store.client import INSTALL_HINT
 MASTER_NAME = "store-master"
 HOLDER_NAME = "store-holder"
 READY_TIMEOUT_S = 30.0
+# NOTE: Deployment.stop's waves: the encoders leave the store, then the holder unmounts its
+# segment from the master, which stops last.
+HOLDER_STOP_WAVE = 1
+MASTER_STOP_WAVE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +115,9 @@ def start_master(deployment: Deployment) -> StartedMaster:
     when Mooncake is not installed."""
     address = MasterAddress.free()
     command = master_command(address)
-    return StartedMaster(deployment.start_command(MASTER_NAME, address.rpc_port, command), address)
+    child = deployment.start_command(MASTER_NAME, address.rpc_port, command)
+    child.stop_wave = MASTER_STOP_WAVE
+    return StartedMaster(child, address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +164,9 @@ def start_holder(deployment: Deployment, address: MasterAddress, segment_mb: int
     """Start ``epd store-holder`` on a free loopback port as ``deployment``'s service
     ``store-holder``."""
     port = free_port()
-    return deployment.start_command(HOLDER_NAME, port, holder_command(address, port, segment_mb))
+    child = deployment.start_command(HOLDER_NAME, port, holder_command(address, port, segment_mb))
+    child.stop_wave = HOLDER_STOP_WAVE
+    return child
 
 
 async def wait_master_ready(

@@ -88,6 +88,18 @@ async def test_epd_store_holder_serves_health_once_joined_and_leaves_on_sigterm(
     assert "Traceback" not in log
 
 
+async def test_deployment_stop_lets_the_holder_leave_before_the_master_stops(tmp_path) -> None:
+    skip_without_mooncake()
+    deployment = Deployment(tmp_path, dict(os.environ))
+    try:
+        await start_store(deployment, 16).ready_args()
+    finally:
+        deployment.stop(grace_s=30)
+    log = (tmp_path / f"{HOLDER_NAME}.log").read_text()
+    assert "left the embedding store" in log
+    assert "Failed to unmount" not in log and "Failed to ping master" not in log
+
+
 async def test_a_holder_closed_before_any_master_answers_stops_at_once() -> None:
     skip_without_mooncake()
     holder = SegmentHolder(HolderConfig("127.0.0.1:1", "http://127.0.0.1:1/metadata").settings("x"))
