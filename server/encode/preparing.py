@@ -129,5 +129,5 @@ class Preparer:
             limit = self.policy.max_video_frame_pixels
             frames = check_frames(pixels, source.video.num_frames, limit)
             prepared = self.prepare_video(frames, source.video.resized)
-        self.plane.get(source.ref, content_tag=tag)
+        self.plane.check(source.ref, tag)
         return prepared

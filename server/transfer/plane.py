@@ -288,6 +288,15 @@ class DataPlane:
         self.counts.add_read(consumer.kind, ref.byte_size)
         return tensor
 
+    def check(self, ref: tensor_pb2.TensorRef, content_tag: bytes = b"") -> None:
+        """That a shared-memory payload read earlier (``get``) is still held under ``ref``'s
+        lease, tagged ``content_tag`` where given (``ShmConsumer.check``): for a reader that
+        used a view, or a copy that may have raced a release; another location's payload cannot
+        change under its reader, so there is nothing to check."""
+        consumer = self.consumers.get(ref.WhichOneof("location") or "")
+        if isinstance(consumer, ShmConsumer):
+            consumer.check(ref, content_tag)
+
     def release(self, lease_ids: Iterable[str]) -> int:
         """Free the given leases (unknown ones are ignored); returns how many were held. A lease
         is held by one producer at most: the first that held it ends the search."""

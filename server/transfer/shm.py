@@ -239,6 +239,21 @@ class ShmConsumer(TensorConsumer):
         _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
         return payload
 
+    def check(self, ref: tensor_pb2.TensorRef, content_tag: bytes = b"") -> None:
+        """That ``ref``'s segment still holds its payload, tagged ``content_tag`` where one is
+        expected (NotFound LEASE_RELEASED, FailedPrecondition CONTENT_MISMATCH otherwise): its
+        header alone read with ``pread``, for a reader that has used the payload and must know
+        it was not released meanwhile (no mapping to set up and tear down)."""
+        name = ref.shm.name
+        if not NAME.match(name):
+            raise InvalidArgument(f"{name!r} is not an epd segment name", reason="BAD_TENSOR_REF")
+        fd = self._open(name)
+        try:
+            header = os.pread(fd, HEADER_BYTES, 0)
+        finally:
+            os.close(fd)
+        _check_stamp(header, name, ref.lease_id, content_tag)
+
     def trim(self) -> None:
         """Forget kept mappings of segments their producers unlinked (they pin memory); reset
         those whose view has died (pages a caller wrote to are freed)."""

@@ -159,7 +159,7 @@ class ImageResolver:
         tag = pixels_tag(media.mm_hash)
         try:
             pixels = self.plane.get(media.pixels, copy=True, content_tag=tag)
-            self.plane.get(media.pixels, content_tag=tag)
+            self.plane.check(media.pixels, tag)
             return Image.fromarray(check_pixels(pixels, policy).numpy())
         except EpdError as e:
             logger.debug("pixels of %s unreadable here (%s): loading the source", media.mm_hash, e)

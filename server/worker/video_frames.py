@@ -62,7 +62,7 @@ def _shared_frames(
     tag = pixels_tag(video.mm_hash)
     try:
         pixels = plane.get(media.pixels, copy=True, content_tag=tag)
-        plane.get(media.pixels, content_tag=tag)
+        plane.check(media.pixels, tag)
         max_pixels = loader.policy.max_video_frame_pixels if loader is not None else None
         return _checked(pixels, video, max_pixels)
     except EpdError as e:

@@ -164,14 +164,20 @@ async def test_shared_pixels_are_read_and_prepared_off_the_event_loop(worker, ho
     serves every request of the encoder (on a GPU it is the encoder's serial part)."""
     image = noise(width=320, height=240, seed=10)
     ref = put_pixels(holder, image)
-    read_on: list[str] = []
-    get = worker.plane.get
+    read_on: list[tuple[str, str]] = []
+    get, check = worker.plane.get, worker.plane.check
 
     def recording_get(*args: Any, **kwargs: Any) -> torch.Tensor:
-        read_on.append(threading.current_thread().name)
+        read_on.append(("get", threading.current_thread().name))
         return get(*args, **kwargs)
 
+    def recording_check(*args: Any, **kwargs: Any) -> None:
+        read_on.append(("check", threading.current_thread().name))
+        check(*args, **kwargs)
+
     worker.plane.get = recording_get  # type: ignore[method-assign]
+    worker.plane.check = recording_check  # type: ignore[method-assign]
     item = await encoded(worker, MediaSource(hash_of(image), data=b"junk", pixels=ref))
     assert item.mm_hash == hash_of(image) and not item.cache_hit
-    assert len(read_on) == 2 and threading.main_thread().name not in read_on
+    assert [call for call, _ in read_on] == ["get", "check"]
+    assert threading.main_thread().name not in [thread for _, thread in read_on]

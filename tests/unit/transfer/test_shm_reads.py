@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.common.errors import InvalidArgument, NotFound
-from epd.server.transfer.payload_layout import HEADER_BYTES
+from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from epd.server.transfer.payload_layout import CONTENT_TAG_BYTES, HEADER_BYTES
 from epd.server.transfer.plane import DataPlane
-from epd.server.transfer.shm import SMALL_COPY_BYTES
+from epd.server.transfer.shm import SMALL_COPY_BYTES, ShmConsumer
 from epd.v1 import tensor_pb2
 
 HOST = "host-a"
@@ -88,4 +88,34 @@ def test_a_reference_past_the_end_of_its_segment_is_refused(plane: DataPlane) ->
         with pytest.raises(InvalidArgument) as caught:
             plane.get(bad)
         assert caught.value.reason == "TENSOR_SIZE_MISMATCH"
+    plane.release([ref.lease_id])
+
+
+@pytest.mark.parametrize("elements", [SMALL, LARGE])
+def test_check_finds_a_payload_still_held_until_its_lease_is_released(
+    plane: DataPlane, elements: int
+) -> None:
+    tag = b"t" * CONTENT_TAG_BYTES
+    ref = plane.put(torch.ones(elements), HOST, content_tag=tag)
+    plane.get(ref, content_tag=tag)
+    plane.check(ref, tag)
+    plane.check(ref)
+    with pytest.raises(FailedPrecondition) as mismatch:
+        plane.check(ref, b"u" * CONTENT_TAG_BYTES)
+    assert mismatch.value.reason == "CONTENT_MISMATCH"
+    again = reuse(plane, ref, 3.0)
+    with pytest.raises(NotFound) as caught:
+        plane.check(ref, tag)
+    assert caught.value.reason == "LEASE_RELEASED"
+    plane.release([again.lease_id])
+    with pytest.raises(NotFound):
+        plane.check(ref)
+
+
+def test_check_reads_the_header_alone_without_a_mapping(plane: DataPlane) -> None:
+    ref = plane.put(torch.ones(LARGE), HOST)
+    consumer = plane.consumers["shm"]
+    assert isinstance(consumer, ShmConsumer)
+    plane.check(ref)
+    assert len(consumer.views) == len(consumer.copies) == 0
     plane.release([ref.lease_id])
