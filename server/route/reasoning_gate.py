@@ -5,7 +5,7 @@ vLLM's chat server judges the rendered prompt with its composed ``Parser``
 (``ChatCompletionRequest.resolve_reasoning_ended``) and hands the verdict, and the request's
 chat template arguments for the engine's own reasoning parser, to the engine beside the
 sampling. ``gate_structured_output`` writes the same onto the ``StructuredOutput`` the prefill
-and decode workers get (``engine.vllm_reasoning`` passes it to vLLM).
+and decode workers get (``engine.vllm_inputs.generate_options`` passes it to vLLM).
 """
 
 from __future__ import annotations
