@@ -31,15 +31,9 @@ from epd.server.route.tools import ToolOptions
 from epd.v1 import generation_pb2
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
-from tests.integration.compat.test_vllm_compat import (
-    NAMED,
-    TEXT,
-    TOOL_FLAGS,
-    VERDICT,
-    choices,
-    post,
-    streamed,
-)
+from tests.integration.compat.vllm_serve.bodies import NAMED, TEXT, VERDICT
+from tests.integration.compat.vllm_serve.exchange import choices, post, streamed
+from tests.integration.compat.vllm_serve.servers import TOOL_FLAGS
 from tests.integration.conftest import KV_CACHE_BYTES
 from tests.integration.registered import until_registered
 from tests.unit.scripts.loader import load
