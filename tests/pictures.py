@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 
 import numpy as np
@@ -19,3 +20,8 @@ def png(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def data_url(image: Image.Image) -> str:
+    """``image`` as a PNG ``data:`` URL, as OpenAI bodies carry pictures."""
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()

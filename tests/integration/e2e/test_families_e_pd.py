@@ -3,7 +3,7 @@ around two images of different sizes, answered token for token as transformers' 
 on the same checkpoint. The same chat on vLLM engines is asked by
 ``tests/integration/engine/test_families_matrix.py`` for every family beside the default one (on
 the engines its matrix starts anyway), and the default family's E/PD on vLLM by
-``test_route_epd_in_process``."""
+``route_epd_in_process/test_grpc_door.py``."""
 
 from __future__ import annotations
 

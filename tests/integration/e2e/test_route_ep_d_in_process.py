@@ -19,7 +19,7 @@ from epd.server.engine.reference import ReferenceEngine
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.server.route.app import RouteConfig, build_route_server
 from epd.v1 import route_service_pb2_grpc
-from tests.integration.e2e.test_route_epd_in_process import (
+from tests.integration.e2e.route_epd_deployment import (
     chat_request,
     count_decodes_and_hashes,
     counted,

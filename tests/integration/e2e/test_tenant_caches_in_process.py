@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from epd.v1 import generation_pb2, multimodal_pb2, route_service_pb2
-from tests.integration.e2e.test_route_epd_in_process import deployment  # noqa: F401
+from tests.integration.e2e.route_epd_deployment import deployment_fixture
 from tests.pictures import picture, png
 
 pytestmark = pytest.mark.vllm
+deployment = deployment_fixture("module")
 
 # NOTE: over two of vLLM's 128-token CPU blocks, so a repeat finds whole blocks cached
 QUESTION = "list every colour, shape and object you can see in this picture, in order " * 12
@@ -30,7 +31,7 @@ def request(cache_salt: str) -> route_service_pb2.GenerateRequest:
     )
 
 
-async def ask(deployment: Any, cache_salt: str) -> tuple[int, int, int]:  # noqa: F811
+async def ask(deployment: Any, cache_salt: str) -> tuple[int, int, int]:
     """(prompt tokens vLLM found cached, encoder cache hits, encoder cache misses) of one
     request with ``cache_salt``."""
     stub, encoders, _, _ = deployment
@@ -42,7 +43,7 @@ async def ask(deployment: Any, cache_salt: str) -> tuple[int, int, int]:  # noqa
     return responses[-1].usage.cached_prompt_tokens, hits, misses
 
 
-async def test_one_tenant_hits_its_own_entries_and_not_another_s(deployment) -> None:  # noqa: F811
+async def test_one_tenant_hits_its_own_entries_and_not_another_s(deployment) -> None:
     cached, hits, _ = await ask(deployment, "tenant-a")
     assert cached == 0 and hits == 0
     cached, hits, _ = await ask(deployment, "tenant-a")
