@@ -6,7 +6,7 @@ lent is back once the load is over, and nothing is left in /dev/shm. Before it: 
 replicas register under their own ids and ports, and answers equal the reference tokens, through
 the other replica once the first is killed.
 
-The decode role is E/P/D's (vLLM): ``test_stack_e2e`` kills one under load, and the whole chaos
+The decode role is E/P/D's (vLLM): ``stack_e2e`` kills one under load, and the whole chaos
 over E/P/D is ``scripts/bench_soak.py --chaos -- --topology epd --prefill-workers 2
 --decode-workers 2`` (about 4 min here; docs/deploy.md)."""
 

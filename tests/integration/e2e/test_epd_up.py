@@ -1,5 +1,5 @@
 """``epd up`` (the README's first command) for each model family: the answer equals the reference
-tokens. The default topology itself (E/P/D on vLLM) is checked by ``test_stack_e2e`` (answers,
+tokens. The default topology itself (E/P/D on vLLM) is checked by ``stack_e2e`` (answers,
 one trace across every service, nothing left running or in /dev/shm, no traceback or
 resource_tracker warning in a log), ``epd up``'s one-shot run (the demo answered, then every
 process stopped) by ``tests/integration/install/test_wheel.py`` on the installed wheel, and the
@@ -19,7 +19,7 @@ from tests.integration.e2e.launcher import assert_demo_answered, epd_command
 pytestmark = pytest.mark.vllm
 # NOTE: none in CI (86 s each): every family's E/PD answer is checked on both engines over real
 # gRPC (test_families_e_pd, test_families_matrix), and the launcher names no family;
-# --all-families runs them all (the first family is test_stack_e2e's).
+# --all-families runs them all (the first family is stack_e2e's).
 CI_FAMILIES: tuple[str, ...] = ()
 QUESTION = "What is in this picture?"
 
