@@ -30,6 +30,7 @@ from epd.server.store.client import INSTALL_HINT
 MASTER_NAME = "store-master"
 HOLDER_NAME = "store-holder"
 READY_TIMEOUT_S = 30.0
+MASTER_START_ATTEMPTS = 3
 # NOTE: Deployment.stop's waves: the encoders leave the store, then the holder unmounts its
 # segment from the master, which stops last.
 HOLDER_STOP_WAVE = 1
@@ -97,15 +98,32 @@ def master_command(address: MasterAddress) -> list[str]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class StartedMaster:
-    """A master started as a service of a deployment."""
+class MasterExited(RuntimeError):
+    """The master exited before it served."""
 
+
+@dataclass(slots=True)
+class StartedMaster:
+    """A master started as a service of ``deployment``."""
+
+    deployment: Deployment
     child: Child
     address: MasterAddress
 
     async def ready_args(self) -> list[str]:
-        """The encoders' store flags, once the master serves (RuntimeError if it does not)."""
+        """The encoders' store flags, once the master serves. A master that exits first (it
+        aborts when another process took one of its ports between their choice and its bind)
+        starts again on new ports, up to ``MASTER_START_ATTEMPTS`` times in all; RuntimeError
+        when it still does not serve."""
+        for _ in range(MASTER_START_ATTEMPTS - 1):
+            try:
+                await wait_master_ready(self.child, self.address)
+                return self.address.encoder_args()
+            except MasterExited:
+                self.address = MasterAddress.free()
+                self.child.port = self.address.rpc_port
+                self.child.command = master_command(self.address)
+                self.deployment.restart(self.child)
         await wait_master_ready(self.child, self.address)
         return self.address.encoder_args()
 
@@ -117,7 +135,7 @@ def start_master(deployment: Deployment) -> StartedMaster:
     command = master_command(address)
     child = deployment.start_command(MASTER_NAME, address.rpc_port, command)
     child.stop_wave = MASTER_STOP_WAVE
-    return StartedMaster(child, address)
+    return StartedMaster(deployment, child, address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +196,7 @@ async def wait_master_ready(
     while time.monotonic() < deadline:
         if child.process.poll() is not None:
             child.is_reported = True
-            raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
+            raise MasterExited(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
         if await asyncio.to_thread(is_master_ready, address):
             return
         await asyncio.sleep(0.1)
