@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from epd.common.advertise import endpoint
 from epd.common.channels import wait_for_health
+from epd.launch.free_ports import free_port
 from epd.launch.ports import (
     ENCODER_OFFSET,
     HTTP_OFFSET,
@@ -41,13 +41,6 @@ from epd.server.transfer.shm_orphans import cleanup_orphans
 
 if TYPE_CHECKING:
     from epd.launch.store_service import StartedStore
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -392,10 +385,8 @@ def _start_route(
 def _start_engine(
     deployment: Deployment, topology: Topology, worker: EngineWorker, engine: list[str]
 ) -> Child:
-    if worker.command == "prefill":
-        role = [*PREFILL_MODES[topology.name], "--engine", topology.engine]
-    else:
-        role = []
+    is_prefill = worker.command == "prefill"
+    role = [*PREFILL_MODES[topology.name], "--engine", topology.engine] if is_prefill else []
     return deployment.start(
         worker.name,
         worker.offset,

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epd.common.advertise import endpoint
-from epd.launch.launcher import Child, Deployment, free_port, tail
+from epd.launch.free_ports import free_port
+from epd.launch.launcher import Child, Deployment, tail
 from epd.launch.public_entry import INTERNAL_SERVER_ARGS, LOOPBACK
 from epd.server.store.base import MOONCAKE
 from epd.server.store.client import INSTALL_HINT

@@ -26,7 +26,7 @@ from process_cpu import task_cpu
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd.common.channels import create_channel, wait_for_health
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.server.media.hashing import mm_hash, processor_fingerprint
 from epd.server.transfer.plane import DataPlane, default_host_id
 from epd.v1 import encode_service_pb2 as pb

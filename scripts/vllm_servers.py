@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epd.launch.launcher import Child, Deployment, free_port
+from epd.launch.free_ports import free_port
+from epd.launch.launcher import Child, Deployment
 
 
 async def start_vllm(

@@ -13,7 +13,7 @@ from epd.common import errors
 from epd.common.channels import create_channel
 from epd.common.clients import EncoderClient, SchedulerClient
 from epd.common.server import ServerOptions, build_server
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import multimodal_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb

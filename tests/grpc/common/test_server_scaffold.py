@@ -19,7 +19,7 @@ from epd.common.channels import create_channel, wait_for_health
 from epd.common.server import ServerOptions, build_server
 from epd.common.status import error_info, from_rpc_error
 from epd.common.telemetry import JsonLinesSpanExporter, make_exporter
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
 from epd.v1 import multimodal_pb2

@@ -19,7 +19,7 @@ from PIL import Image
 
 from epd.client import EpdClientError
 from epd.common.server import ServiceBinding, build_server
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.server.route import openai_schema as schema
 from epd.server.route.app import SERVICE_NAME, RouteConfig, build_route_server
 from epd.server.route.http_guard import HttpOptions

@@ -11,7 +11,7 @@ import pytest
 
 from epd.client import AsyncEpdClient, user
 from epd.client.errors import Unavailable
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.server.route.app import RouteApp, RouteConfig, build_route_server
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 
 
 def prometheus_binary() -> str:

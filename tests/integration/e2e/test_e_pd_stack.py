@@ -29,7 +29,7 @@ import pytest
 
 from epd.client import EpdClient, user
 from epd.common.channels import wait_for_health
-from epd.launch.launcher import free_port
+from epd.launch.free_ports import free_port
 from epd.launch.up_cli import SPAN_FILE
 from tests.integration.e2e.launcher import (
     Stack,
