@@ -11,7 +11,7 @@ from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.engine.settings import MODEL_ID_FLAG
 from epd.server.media.policy import MediaPolicy
 from epd.server.store.base import EMBEDDING_STORES, MOONCAKE, NONE
-from epd.server.store.mooncake import MooncakeSettings
+from epd.server.store.client import MooncakeSettings
 from epd.server.transfer.base import DEFAULT_LEASE_TTL_S
 from epd.server.transfer.options import TransferOptions
 

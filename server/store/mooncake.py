@@ -32,8 +32,6 @@ from epd.server.store.client import (
 )
 from epd.server.store.codec import CorruptValue, decode_value, encode_value, store_key
 
-__all__ = ["MooncakeSettings", "MooncakeStore", "read", "write"]
-
 NUM_READERS = 2
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
