@@ -16,8 +16,8 @@ Who frees what:
   private tensor the caller owns.
 - ``release`` is idempotent: unknown or already released leases return False.
 
-A leased producer's bookkeeping (who holds what until when) is a ``LeaseTable``: no I/O, on an
-injectable clock.
+A ``LeasedProducer`` keeps that bookkeeping (who holds what until when) without I/O, on an
+injectable clock; its subclasses say how a payload is freed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
 
 import torch
@@ -76,60 +75,6 @@ def new_lease_id() -> str:
             _ids.extend(digits[i : i + 32] for i in range(0, len(digits), 32))
 
 
-@dataclass(slots=True)
-class _Entry(Generic[Payload]):
-    info: LeaseInfo
-    payload: Payload
-
-
-class LeaseTable(Generic[Payload]):
-    """Thread-safe map of lease id -> payload with expiry times on ``clock`` (seconds)."""
-
-    def __init__(self, clock: Clock = time.time) -> None:
-        self._clock = clock
-        self._entries: dict[str, _Entry[Payload]] = {}
-        self._lock = threading.Lock()
-
-    def add(
-        self, payload: Payload, *, kind: str, byte_size: int, location: str, ttl_s: float
-    ) -> LeaseInfo:
-        """Hold ``payload`` under a new lease that expires ``ttl_s`` from now."""
-        info = LeaseInfo(new_lease_id(), kind, byte_size, location, self._clock() + ttl_s)
-        with self._lock:
-            self._entries[info.lease_id] = _Entry(info, payload)
-        return info
-
-    def pop(self, lease_id: str) -> Payload | None:
-        """Remove and return the payload of ``lease_id``; None if unknown or already gone."""
-        with self._lock:
-            entry = self._entries.pop(lease_id, None)
-        return None if entry is None else entry.payload
-
-    def pop_expired(self) -> list[Payload]:
-        """Remove and return every payload whose lease has expired."""
-        now = self._clock()
-        with self._lock:
-            expired = [key for key, e in self._entries.items() if e.info.expires_at <= now]
-            return [self._entries.pop(key).payload for key in expired]
-
-    def pop_all(self) -> list[Payload]:
-        """Remove and return every payload (shutdown)."""
-        with self._lock:
-            payloads = [entry.payload for entry in self._entries.values()]
-            self._entries.clear()
-        return payloads
-
-    def held(self) -> list[LeaseInfo]:
-        """The leases still held, oldest expiry first."""
-        with self._lock:
-            infos = [entry.info for entry in self._entries.values()]
-        return sorted(infos, key=lambda info: info.expires_at)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-
 class TensorProducer(ABC):
     """Producer side of one backend. Thread-safe."""
 
@@ -146,7 +91,7 @@ class TensorProducer(ABC):
         return False
 
     def held(self) -> list[LeaseInfo]:
-        """Payloads still held (for leak checks and debugging)."""
+        """Payloads still held, oldest expiry first (for leak checks and debugging)."""
         return []
 
     def reap_expired(self) -> int:
@@ -180,7 +125,9 @@ class LeasedProducer(TensorProducer, Generic[Payload]):
         self.producer_endpoint = settings.get("producer_endpoint", "")
         self.ttl_s = settings.get("ttl_s", DEFAULT_LEASE_TTL_S)
         self.max_idle_bytes = settings.get("max_idle_bytes", DEFAULT_MAX_IDLE_BYTES)
-        self._leases: LeaseTable[Payload] = LeaseTable(settings.get("clock", time.time))
+        self._clock = settings.get("clock", time.time)
+        self._leases: dict[str, tuple[LeaseInfo, Payload]] = {}
+        self._leases_lock = threading.Lock()
 
     @abstractmethod
     def _free(self, payload: Payload) -> None:
@@ -196,13 +143,10 @@ class LeasedProducer(TensorProducer, Generic[Payload]):
         """Hold ``payload`` (``ref``'s bytes, at ``location``) under a new lease of ``ttl_s``
         (None: the default) and fill in ``ref``'s holder-facing fields (host, lease, expiry,
         where to release)."""
-        info = self._leases.add(
-            payload,
-            kind=self.kind,
-            byte_size=ref.byte_size,
-            location=location,
-            ttl_s=ttl_s or self.ttl_s,
-        )
+        expires_at = self._clock() + (ttl_s or self.ttl_s)
+        info = LeaseInfo(new_lease_id(), self.kind, ref.byte_size, location, expires_at)
+        with self._leases_lock:
+            self._leases[info.lease_id] = (info, payload)
         ref.host_id = self.host_id
         ref.lease_id = info.lease_id
         ref.lease_expire_time_ms = int(info.expires_at * 1000)
@@ -210,23 +154,32 @@ class LeasedProducer(TensorProducer, Generic[Payload]):
         return info
 
     def release(self, lease_id: str) -> bool:
-        payload = self._leases.pop(lease_id)
-        if payload is None:
+        with self._leases_lock:
+            lease = self._leases.pop(lease_id, None)
+        if lease is None:
             return False
-        self._free(payload)
+        self._free(lease[1])
         return True
 
     def held(self) -> list[LeaseInfo]:
-        return self._leases.held()
+        with self._leases_lock:
+            infos = [info for info, _ in self._leases.values()]
+        return sorted(infos, key=lambda info: info.expires_at)
 
     def reap_expired(self) -> int:
-        expired = self._leases.pop_expired()
-        for payload in expired:
+        now = self._clock()
+        with self._leases_lock:
+            expired = [key for key, (info, _) in self._leases.items() if info.expires_at <= now]
+            payloads = [self._leases.pop(key)[1] for key in expired]
+        for payload in payloads:
             self._free(payload)
-        return len(expired)
+        return len(payloads)
 
     def close(self) -> None:
-        for payload in self._leases.pop_all():
+        with self._leases_lock:
+            payloads = [payload for _, payload in self._leases.values()]
+            self._leases.clear()
+        for payload in payloads:
             self._free(payload)
 
 

@@ -206,8 +206,7 @@ class NixlProducer(LeasedProducer[Block | Lent]):
         info = self._lease(ref, lent, f"{agent.name}@{address:#x}", ttl_s)
         stamp = stamps.take(info.lease_id)
         if stamp is None:
-            self._leases.pop(info.lease_id)
-            agent.unshare(address)
+            self.release(info.lease_id)  # NOTE: unshares the tensor; it had no stamp to give back
             return None
         lent.stamp_address = stamp
         if on_device:

@@ -18,7 +18,7 @@ from epd.server.transfer.nixl_consumer import (
     mirror,
     remote_payload,
 )
-from epd.server.transfer.nixl_pool import RegisteredPool
+from epd.server.transfer.nixl_pool import RegisteredPool, StampArena
 from epd.server.transfer.payload_layout import HEADER_BYTES
 from epd.v1 import tensor_pb2
 
@@ -37,6 +37,13 @@ class FakeAgent:
         self.registered.add(address)
 
     def deregister(self, address: int) -> None:
+        self.registered.discard(address)
+
+    def share(self, address: int, length: int, memory_type: str, device_id: int) -> bool:
+        self.registered.add(address)
+        return True
+
+    def unshare(self, address: int) -> None:
         self.registered.discard(address)
 
     def metadata(self, address: int) -> bytes:
@@ -156,6 +163,20 @@ def test_copy_returns_the_block_at_once_and_expiry_is_reaped(agent: FakeAgent) -
     assert caught.value.reason == "LEASE_RELEASED"
     producer.close()
     consumer.close()
+    assert agent.registered == set()
+
+
+def test_a_lend_without_a_free_stamp_slot_is_undone_and_copied(
+    agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(StampArena, "take", lambda self, lease_id: None)
+    producer = NixlProducer("host-a", agent_factory=factory(agent), zero_copy_min_bytes=1)
+    tensor = torch.arange(1024, dtype=torch.int64)
+    ref = producer.put(tensor)
+    assert [d.length for d in ref.nixl.descriptors] == [HEADER_BYTES + ref.byte_size]
+    assert len(producer.held()) == 1 and producer.num_lent == 0
+    assert tensor.data_ptr() not in agent.registered
+    producer.close()
     assert agent.registered == set()
 
 

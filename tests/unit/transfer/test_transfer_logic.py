@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from epd.server.transfer.base import LeaseTable
+from epd.server.transfer.base import LeasedProducer
 from epd.server.transfer.nixl import NixlProducer
 from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, is_accelerator, parse_kind
@@ -30,17 +30,37 @@ class FakeClock:
         return self.now
 
 
-def test_lease_table_expires_on_the_clock() -> None:
+class RecordingProducer(LeasedProducer[int]):
+    """Leases each tensor's first element as its payload and records what it frees."""
+
+    kind = "test"
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__("host-a", clock=clock)
+        self.freed: list[int] = []
+
+    def put(self, tensor: torch.Tensor, *, ttl_s: float | None = None) -> tensor_pb2.TensorRef:
+        ref = describe(tensor)
+        self._lease(ref, int(tensor[0]), f"slot{int(tensor[0])}", ttl_s)
+        return ref
+
+    def _free(self, payload: int) -> None:
+        self.freed.append(payload)
+
+
+def test_leases_expire_on_the_clock() -> None:
     clock = FakeClock()
-    table: LeaseTable[str] = LeaseTable(clock)
-    short = table.add("a", kind="shm", byte_size=1, location="s1", ttl_s=1.0)
-    table.add("b", kind="shm", byte_size=2, location="s2", ttl_s=10.0)
-    assert [info.location for info in table.held()] == ["s1", "s2"]
+    producer = RecordingProducer(clock)
+    short = producer.put(torch.tensor([1]), ttl_s=1.0)
+    producer.put(torch.tensor([2]), ttl_s=10.0)
+    assert (short.host_id, short.lease_expire_time_ms) == ("host-a", 1_001_000)
+    assert [info.location for info in producer.held()] == ["slot1", "slot2"]
     clock.now += 1.0
-    assert table.pop_expired() == ["a"]
-    assert table.pop(short.lease_id) is None
-    assert [info.location for info in table.held()] == ["s2"]
-    assert table.pop_all() == ["b"] and len(table) == 0
+    assert producer.reap_expired() == 1 and producer.freed == [1]
+    assert not producer.release(short.lease_id)
+    assert [info.location for info in producer.held()] == ["slot2"]
+    producer.close()
+    assert producer.freed == [1, 2] and producer.held() == []
 
 
 @pytest.fixture
