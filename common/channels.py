@@ -26,33 +26,31 @@ class _MetadataAdder:
     def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
         self._pairs = tuple(pairs)
 
-    def _with_metadata(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    async def _intercept(self, continuation: Any, details: Any, request: Any) -> Any:
+        """Continue the call (of any kind) with the pairs added to its metadata."""
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._pairs)
-        return grpc.aio.ClientCallDetails(
+        details = grpc.aio.ClientCallDetails(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
+        return await continuation(details, request)
 
 
 # NOTE: one class per call kind: grpc.aio files an interceptor under the first kind it is an
 # instance of, so a single class implementing all four would only ever see unary-unary calls.
 class _UnaryUnaryMetadata(_MetadataAdder, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._with_metadata(details), request)
+    intercept_unary_unary = _MetadataAdder._intercept
 
 
 class _UnaryStreamMetadata(_MetadataAdder, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._with_metadata(details), request)
+    intercept_unary_stream = _MetadataAdder._intercept
 
 
 class _StreamUnaryMetadata(_MetadataAdder, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._with_metadata(details), requests)
+    intercept_stream_unary = _MetadataAdder._intercept
 
 
 class _StreamStreamMetadata(_MetadataAdder, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._with_metadata(details), requests)
+    intercept_stream_stream = _MetadataAdder._intercept
 
 
 def metadata_interceptors(pairs: Sequence[tuple[str, str]]) -> list[grpc.aio.ClientInterceptor]:
