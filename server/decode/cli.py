@@ -25,7 +25,7 @@ from epd.server.transfer.transfer_cli import (
     add_transfer_arguments,
     set_nixl_log_level,
 )
-from epd.server.worker.worker_cli import add_worker_arguments
+from epd.server.worker.worker_cli import add_worker_arguments, worker_fields
 
 if TYPE_CHECKING:
     from epd.server.engine.vllm_options import VllmOptions
@@ -45,13 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """The ``DecodeConfig`` of the flags."""
-    return DecodeConfig(
-        worker_id=args.worker_id,
-        weight=args.weight,
-        capacity=args.max_pending,
-        scheduler=args.scheduler,
-        host_id=args.host_id,
-    )
+    return DecodeConfig(capacity=args.max_pending, host_id=args.host_id, **worker_fields(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,19 +9,14 @@ import sys
 from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
 from epd.common.ports import ENCODE_PORT
 from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.server_cli import pin_to_cpus, server_options
 from epd.common.serving import serve, stop_signals
-from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.common.telemetry_cli import configure_from_args
 from epd.server.encode.app import build_encode_server
 from epd.server.encode.config import EncodeConfig
-from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
-from epd.server.transfer.transfer_cli import (
-    add_transfer_arguments,
-    set_nixl_log_level,
-    transfer_options,
-)
-from epd.server.worker.worker_cli import add_worker_arguments
+from epd.server.transfer.transfer_cli import set_nixl_log_level
+from epd.server.worker.worker_cli import add_media_worker_arguments, media_worker_fields
 
 DEFAULT_PORT = ENCODE_PORT
 # NOTE: no EncodeConfig field: the cli sets torch's threads itself.
@@ -42,26 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_dataclass_arguments(parser, EncodeConfig)
     add_flag(parser, "threads", THREADS, default=0, kind=int)
-    add_worker_arguments(parser, EncodeConfig, "encode")
-    add_media_arguments(parser)
-    add_transfer_arguments(parser)
-    add_server_arguments(parser, default_port=DEFAULT_PORT)
-    add_telemetry_arguments(parser)
+    add_media_worker_arguments(parser, EncodeConfig, "encode", DEFAULT_PORT)
 
 
 def encode_config(args: argparse.Namespace) -> EncodeConfig:
     """The ``EncodeConfig`` of the flags (``--model`` resolved by the caller); ValueError names
     a value out of range."""
-    return from_arguments(
-        EncodeConfig,
-        args,
-        model_dir=args.model,
-        worker_id=args.worker_id,
-        weight=args.weight,
-        scheduler=args.scheduler,
-        media=media_policy(args),
-        transfer=transfer_options(args),
-    )
+    return from_arguments(EncodeConfig, args, **media_worker_fields(args))
 
 
 def run(args: argparse.Namespace) -> int:

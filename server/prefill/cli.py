@@ -11,9 +11,9 @@ from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_argum
 from epd.common.ports import PREFILL_PORT
 from epd.common.roles import Role
 from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
+from epd.common.server_cli import pin_to_cpus, server_options
 from epd.common.serving import serve, stop_signals
-from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
+from epd.common.telemetry_cli import configure_from_args
 from epd.server.engine.device import CPU, device_type, resolve_device
 from epd.server.engine.engine_cli import (
     add_engine_arguments,
@@ -22,14 +22,9 @@ from epd.server.engine.engine_cli import (
     transformers_options,
     vllm_installed,
 )
-from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
-from epd.server.transfer.transfer_cli import (
-    add_transfer_arguments,
-    set_nixl_log_level,
-    transfer_options,
-)
-from epd.server.worker.worker_cli import add_worker_arguments
+from epd.server.transfer.transfer_cli import set_nixl_log_level
+from epd.server.worker.worker_cli import add_media_worker_arguments, media_worker_fields
 
 if TYPE_CHECKING:
     from epd.server.engine.base import Engine
@@ -71,11 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, PrefillConfig)
     add_flag(parser, "engine", ENGINE, default="auto", kind=str)
     add_engine_arguments(parser)
-    add_worker_arguments(parser, PrefillConfig, "MODE")
-    add_media_arguments(parser)
-    add_transfer_arguments(parser)
-    add_server_arguments(parser, default_port=DEFAULT_PORT)
-    add_telemetry_arguments(parser)
+    add_media_worker_arguments(parser, PrefillConfig, "MODE", DEFAULT_PORT)
 
 
 def prefill_config(args: argparse.Namespace) -> PrefillConfig:
@@ -84,14 +75,9 @@ def prefill_config(args: argparse.Namespace) -> PrefillConfig:
     return from_arguments(
         PrefillConfig,
         args,
-        model_dir=args.model,
-        worker_id=args.worker_id,
-        weight=args.weight,
         capacity=args.max_pending,
-        scheduler=args.scheduler,
-        media=media_policy(args),
         hands_off_kv=args.kv_transfer or args.mode is Role.PREFILL,
-        transfer=transfer_options(args),
+        **media_worker_fields(args),
     )
 
 
