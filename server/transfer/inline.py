@@ -7,7 +7,7 @@ import torch
 
 from epd.common.errors import InvalidArgument
 from epd.server.transfer.base import TensorConsumer, TensorProducer
-from epd.server.transfer.tensors import as_bytes, check_ref, describe, view_bytes
+from epd.server.transfer.tensors import as_bytes, check_layout, describe, view_bytes
 from epd.v1 import tensor_pb2
 
 
@@ -28,7 +28,7 @@ class InlineConsumer(TensorConsumer):
     kind = "inline"
 
     def get(self, ref: tensor_pb2.TensorRef, *, copy: bool = False) -> torch.Tensor:
-        dtype, shape = check_ref(ref)
+        dtype, shape = check_layout(ref)
         if len(ref.inline_data) != ref.byte_size:
             raise InvalidArgument(
                 f"inline payload has {len(ref.inline_data)} bytes, TensorRef says {ref.byte_size}",

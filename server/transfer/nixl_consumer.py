@@ -21,7 +21,6 @@ from epd.server.transfer.payload_layout import HEADER_BYTES, stamp_of
 from epd.server.transfer.tensors import (
     check_layout,
     move,
-    raise_no_location,
     shaped,
     view_bytes,
 )
@@ -203,7 +202,9 @@ def remote_payload(ref: tensor_pb2.TensorRef) -> tuple[str, str, Regions, bool]:
     agent_name = location.agent_name
     if not agent_name:
         if ref.WhichOneof("location") is None:
-            raise_no_location()
+            raise InvalidArgument(
+                "TensorRef has no location (shm, nixl or inline_data)", reason="BAD_TENSOR_REF"
+            )
         raise InvalidArgument("NIXL location has no agent name", reason="BAD_TENSOR_REF")
     memory_type = _MEMORY_TYPES.get(location.memory_type)
     if memory_type is None:

@@ -51,7 +51,7 @@ from epd.server.transfer.shm_orphans import (
 )
 from epd.server.transfer.shm_orphans import list_segments as list_segments
 from epd.server.transfer.shm_orphans import orphans as orphans
-from epd.server.transfer.tensors import check_ref, copy_payload, describe, move, view_bytes
+from epd.server.transfer.tensors import check_layout, copy_payload, describe, move, view_bytes
 from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
@@ -196,7 +196,7 @@ class ShmConsumer(TensorConsumer):
     ) -> torch.Tensor:
         """As ``TensorConsumer.get``; with ``content_tag``, FailedPrecondition (CONTENT_MISMATCH)
         unless the producer tagged the payload so."""
-        dtype, shape = check_ref(ref)
+        dtype, shape = check_layout(ref)
         location = ref.shm
         if ref.host_id != self.host_id:
             raise FailedPrecondition(

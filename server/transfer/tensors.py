@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
@@ -90,7 +90,8 @@ def describe(tensor: torch.Tensor) -> tensor_pb2.TensorRef:
 
 def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
     """Validate dtype, shape and byte size; return the torch dtype and the shape. Raises
-    InvalidArgument. (``check_ref`` without the location check.)"""
+    InvalidArgument. The location is the reading backend's to check: the data plane hands a
+    reference to the consumer its location names."""
     dtype = DTYPES.get(ref.dtype)
     if dtype is None:
         raise InvalidArgument(f"TensorRef has unknown dtype {ref.dtype}", reason="BAD_TENSOR_REF")
@@ -110,21 +111,6 @@ def check_layout(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
             reason="TENSOR_SIZE_MISMATCH",
         )
     return dtype, shape
-
-
-def check_ref(ref: tensor_pb2.TensorRef) -> tuple[torch.dtype, list[int]]:
-    """Validate dtype, shape, byte size and that there is a location; return the torch dtype and
-    the shape. Raises InvalidArgument."""
-    layout = check_layout(ref)
-    if ref.WhichOneof("location") is None:
-        raise_no_location()
-    return layout
-
-
-def raise_no_location() -> NoReturn:
-    raise InvalidArgument(
-        "TensorRef has no location (shm, nixl or inline_data)", reason="BAD_TENSOR_REF"
-    )
 
 
 def view_bytes(

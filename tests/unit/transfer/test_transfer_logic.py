@@ -14,7 +14,7 @@ from epd.server.transfer.nixl_agent import is_available as is_nixl_available
 from epd.server.transfer.plane import DataPlane, is_accelerator, parse_kind
 from epd.server.transfer.tensors import (
     GIL_HELD_COPY_MAX_BYTES,
-    check_ref,
+    check_layout,
     describe,
     move,
     stage_to_host,
@@ -221,7 +221,7 @@ def test_bad_references_raise_typed_errors(plane: DataPlane, mutate, error, reas
 def test_inline_payload_length_is_checked() -> None:
     ref = describe(torch.ones(4))
     ref.inline_data = b"\0" * 3
-    assert check_ref(ref) == (torch.float32, [4])
+    assert check_layout(ref) == (torch.float32, [4])
     with pytest.raises(InvalidArgument, match="3 bytes"):
         DataPlane("h").get(ref)
 
