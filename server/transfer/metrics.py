@@ -38,10 +38,8 @@ def _families(plane: DataPlane) -> Iterator[GaugeMetricFamily | CounterMetricFam
         ["kind"],
         {(kind,): num_bytes[kind] for kind in kinds},
     )
-    counts = plane.counts
-    bytes_put, bytes_read = counts.bytes_put(), counts.bytes_read()
-    moved: dict[tuple[str, ...], float] = {(kind, "put"): bytes_put.get(kind, 0) for kind in kinds}
-    moved |= {(kind, "read"): value for kind, value in bytes_read.items()}
+    moved: dict[tuple[str, ...], float] = {(kind, "put"): 0 for kind in kinds}
+    moved |= plane.bytes_moved()
     yield labelled_counter(
         "epd_transfer_bytes",
         "Bytes handed over through the data plane: put by this process as producer, read by "
@@ -49,7 +47,7 @@ def _families(plane: DataPlane) -> Iterator[GaugeMetricFamily | CounterMetricFam
         ["kind", "direction"],
         moved,
     )
-    expired = counts.expired()
+    expired = plane.leases_expired()
     yield labelled_counter(
         "epd_transfer_leases_expired",
         "Leases freed by the reaper because nobody released them before they expired (a leak "

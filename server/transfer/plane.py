@@ -52,47 +52,6 @@ ALL_KINDS = ("shm", "nixl", "inline")
 ORPHAN_SWEEP_S = 10.0
 
 
-class TransferCounts:
-    """Bytes put and read and leases that expired unreleased, by transfer kind. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bytes_put: Counter[str] = Counter()
-        self._bytes_read: Counter[str] = Counter()
-        self._expired: Counter[str] = Counter()
-
-    def add_put(self, kind: str, num_bytes: int) -> None:
-        """A producer of ``kind`` took ``num_bytes``."""
-        with self._lock:
-            self._bytes_put[kind] += num_bytes
-
-    def add_read(self, kind: str, num_bytes: int) -> None:
-        """A consumer of ``kind`` read ``num_bytes``."""
-        with self._lock:
-            self._bytes_read[kind] += num_bytes
-
-    def add_expired(self, kind: str, num_leases: int) -> None:
-        """The reaper freed ``num_leases`` leases of ``kind`` that nobody released (a leak)."""
-        if num_leases:
-            with self._lock:
-                self._expired[kind] += num_leases
-
-    def bytes_put(self) -> dict[str, int]:
-        """Bytes put so far, by kind."""
-        with self._lock:
-            return dict(self._bytes_put)
-
-    def bytes_read(self) -> dict[str, int]:
-        """Bytes read so far, by kind."""
-        with self._lock:
-            return dict(self._bytes_read)
-
-    def expired(self) -> dict[str, int]:
-        """Leases freed by expiry so far, by kind."""
-        with self._lock:
-            return dict(self._expired)
-
-
 def default_host_id() -> str:
     """Hostname plus boot id: equal exactly for processes sharing /dev/shm (unless a container
     gives each its own; then ``--host-id`` tells them apart)."""
@@ -162,7 +121,9 @@ class DataPlane:
         if "inline" in kinds:
             self.producers[tensor_pb2.TRANSFER_KIND_INLINE] = InlineProducer()
             self.consumers["inline_data"] = InlineConsumer()
-        self.counts = TransferCounts()
+        self._bytes_moved: Counter[tuple[str, str]] = Counter()
+        self._leases_expired: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -249,7 +210,8 @@ class DataPlane:
             ref = producer.lend_from_device(tensor, ttl_s=ttl_s)
         else:
             ref = producer.put(tensor, ttl_s=ttl_s)
-        self.counts.add_put(KIND_NAMES[kind], ref.byte_size)
+        with self._counts_lock:
+            self._bytes_moved[KIND_NAMES[kind], "put"] += ref.byte_size
         return ref
 
     def get(
@@ -285,7 +247,8 @@ class DataPlane:
             tensor = consumer.get_on(ref, torch.device(device))
         else:
             tensor = consumer.get(ref, copy=copy)
-        self.counts.add_read(consumer.kind, ref.byte_size)
+        with self._counts_lock:
+            self._bytes_moved[consumer.kind, "read"] += ref.byte_size
         return tensor
 
     def check(self, ref: tensor_pb2.TensorRef, content_tag: bytes = b"") -> None:
@@ -314,9 +277,22 @@ class DataPlane:
         num_freed = 0
         for producer in self.producers.values():
             num_expired = producer.reap_expired()
-            self.counts.add_expired(producer.kind, num_expired)
+            if num_expired:
+                with self._counts_lock:
+                    self._leases_expired[producer.kind] += num_expired
             num_freed += num_expired
         return num_freed
+
+    def bytes_moved(self) -> dict[tuple[str, str], int]:
+        """Bytes handed over so far by (kind, direction): "put" by this process as producer,
+        "read" by it as consumer."""
+        with self._counts_lock:
+            return dict(self._bytes_moved)
+
+    def leases_expired(self) -> dict[str, int]:
+        """Leases the reaper freed so far because nobody released them (a leak), by kind."""
+        with self._counts_lock:
+            return dict(self._leases_expired)
 
     def num_shm_segments(self) -> int:
         """Shared-memory segments this plane's producer has now (leased or pooled)."""
