@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -85,31 +86,18 @@ class VisionLayout:
         start = [] if self.vision_start_id is None else [self.vision_start_id]
         return [*start, self.image_pad_id]
 
-    def count_images(self, token_ids: list[int]) -> int:
-        """Image placeholders (``placeholder``) in ``token_ids``."""
+    def count_placeholders(self, token_ids: list[int]) -> tuple[int, int]:
+        """The image placeholders (``placeholder``) and the video placeholders (the vision
+        start, then the video token; the video token alone where ``vision_start_id`` is None)
+        in ``token_ids``, counted in one pass."""
         previous: list[int | None] = [None, *token_ids[:-1]]
-        return sum(
-            token == self.image_pad_id
-            and (self.vision_start_id is None or before == self.vision_start_id)
+        placed = Counter(
+            token
             for token, before in zip(token_ids, previous, strict=True)
+            if self.vision_start_id is None or before == self.vision_start_id
         )
-
-    def count_videos(self, token_ids: list[int]) -> int:
-        """Video placeholders (the vision start, then the video token; the video token alone
-        where ``vision_start_id`` is None) in ``token_ids``."""
-        if self.video_pad_id is None:
-            return 0
-        previous: list[int | None] = [None, *token_ids[:-1]]
-        return sum(
-            token == self.video_pad_id
-            and (self.vision_start_id is None or before == self.vision_start_id)
-            for token, before in zip(token_ids, previous, strict=True)
-        )
-
-    def _is_placeholder(self, token: int, previous: int | None) -> bool:
-        return token == self.image_pad_id and (
-            self.vision_start_id is None or previous == self.vision_start_id
-        )
+        num_videos = 0 if self.video_pad_id is None else placed[self.video_pad_id]
+        return placed[self.image_pad_id], num_videos
 
     def expand(self, token_ids: list[int], images: list[EngineImage]) -> list[int]:
         """``token_ids`` with each image's (and video's) one placeholder token repeated to its
@@ -131,13 +119,12 @@ class VisionLayout:
         videos = iter([(i, image) for i, image in enumerate(images) if image.is_video])
         previous = None
         for token in token_ids:
-            if self._is_placeholder(token, previous):
+            is_placed = self.vision_start_id is None or previous == self.vision_start_id
+            if is_placed and token == self.image_pad_id:
                 rows = self._expected_rows(*next(pictures))
                 ranges.append((len(expanded), rows + self.num_delimiters))
                 expanded.extend([*self.image_start_ids, *[token] * rows, *self.image_end_ids])
-            elif token == self.video_pad_id and (
-                self.vision_start_id is None or previous == self.vision_start_id
-            ):
+            elif is_placed and token == self.video_pad_id:
                 run = self.video_tokens(*next(videos))
                 ranges.append((len(expanded), len(run)))
                 expanded.extend(run)
@@ -160,7 +147,7 @@ class VisionLayout:
         """
         if not token_ids:
             raise InvalidArgument("the prompt has no tokens", reason="EMPTY_PROMPT")
-        groups = self.count_images(token_ids)
+        groups, num_video_groups = self.count_placeholders(token_ids)
         num_videos = sum(image.is_video for image in images)
         if groups != len(images) - num_videos:
             raise InvalidArgument(
@@ -168,7 +155,7 @@ class VisionLayout:
                 "images were given",
                 reason="IMAGE_COUNT_MISMATCH",
             )
-        if (num_video_groups := self.count_videos(token_ids)) != num_videos:
+        if num_video_groups != num_videos:
             raise InvalidArgument(
                 f"the prompt has {num_video_groups} video placeholders but "
                 f"{num_videos} videos were given",

@@ -49,8 +49,10 @@ def test_matching_prompt_and_images_pass() -> None:
     LAYOUT.check(prompt(0), [], 100)
 
 
-def test_count_images_counts_start_pad_pairs_only() -> None:
-    assert LAYOUT.count_images([5, 6, 7, 5, 1, 6, 5, 6]) == 2
+def test_count_placeholders_counts_start_pad_pairs_only() -> None:
+    assert LAYOUT.count_placeholders([5, 6, 7, 5, 1, 6, 5, 6]) == (2, 0)
+    videos = VisionLayout(5, 6, merge_size=2, embedding_width=8, video_pad_id=9)
+    assert videos.count_placeholders([5, 6, 5, 9, 9, 1, 9, 5, 9]) == (1, 2)
 
 
 def test_bad_prompts_and_images_are_named() -> None:
@@ -108,7 +110,7 @@ def test_an_image_token_alone_is_a_placeholder_where_the_family_has_no_start_tok
     images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
     token_ids = [1, 6, 2, 6, 3]
     assert layout.placeholder == [6]
-    assert layout.count_images(token_ids) == 2
+    assert layout.count_placeholders(token_ids) == (2, 0)
     assert layout.expand(token_ids, images) == [1, 6, 6, 6, 2, 6, 6, 3]
     layout.check(token_ids, images, max_len=64, grids_suffice=True)
 
@@ -131,7 +133,7 @@ def test_delimiters_wrap_each_images_rows_and_count_toward_the_limit() -> None:
     layout = INTERNVL_LAYOUT
     images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
     token_ids = [1, 6, 2, 6, 3]
-    assert layout.count_images(token_ids) == 2
+    assert layout.count_placeholders(token_ids) == (2, 0)
     expanded, ranges = layout.expand_with_ranges(token_ids, images)
     assert expanded == [1, 10, 6, 6, 6, 11, 2, 10, 6, 6, 11, 3]
     assert ranges == [(1, 5), (7, 4)]

@@ -113,7 +113,7 @@ def test_a_video_placeholder_is_the_video_token_alone(
     layout.check(prompt, [video], 100)
     assert layout.video_tokens(0, video) == tokens
     expanded, ranges = layout.expand_with_ranges(prompt, [video])
-    assert layout.count_videos(prompt) == 1
+    assert layout.count_placeholders(prompt) == (0, 1)
     assert expanded == [1, *[config.video_token_id] * 13, 2] and ranges == [(1, 13)]
 
 
