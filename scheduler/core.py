@@ -96,7 +96,7 @@ class Scheduler:
         """Register (or re-register) a worker."""
         with self._lock:
             worker = self.registry.register(spec)
-            self._costs.registered(worker.id)
+            self._costs.registered(worker)
             return worker
 
     def heartbeat(
@@ -161,9 +161,10 @@ class Scheduler:
                 for w in workers
             ]
             self._adaptive.observe(items)
+            units = [self._adaptive.units(item) for item in items]
             ids = self._place(items, workers, views, self._policies[chosen_policy])
-            self._costs.assigned(ids, items, views, workers)
-            return self._record(ids, items, workers, chosen_policy)
+            self._costs.assigned(ids, items, units, views)
+            return self._record(ids, items, units, workers, chosen_policy)
 
     def complete_encoding(
         self, assignment_id: str, outcomes: Sequence[ItemOutcome], *, final: bool = True
@@ -307,11 +308,12 @@ class Scheduler:
         self,
         ids: list[str],
         items: Sequence[EncodeItem],
+        units: list[float],
         workers: list[RegisteredWorker],
         policy: Policy,
     ) -> Assignment:
-        """Open the assignment of ``items`` to ``ids``: each encoder's group counted in flight,
-        each item an encoder must encode marked as being encoded there."""
+        """Open the assignment of ``items`` (of ``units`` sizes) to ``ids``: each encoder's group
+        counted in flight, each item an encoder must encode marked as being encoded there."""
         by_id = {w.id: w for w in workers}
         groups: dict[str, _Group] = {}
         for index, worker_id in enumerate(ids):
@@ -333,7 +335,7 @@ class Scheduler:
         self._pending[assignment_id] = _Pending(
             list(groups.values()),
             [item.mm_hash for item in items],
-            [self._adaptive.units(item) for item in items],
+            units,
             self._clock(),
             is_encoding,
         )

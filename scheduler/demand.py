@@ -130,11 +130,24 @@ class KindState:
 
 
 @dataclass(slots=True)
-class _Arrivals:
+class KindArrivals:
+    """The arrivals and cache outcomes of one (model, kind): each encoder holds its kind's from
+    registration on, so an arrival is counted without looking its kind up."""
+
     units: DecayingRate
     hit_units: DecayingRate
     done_units: DecayingRate
     cost_s: SmoothedValue
+
+    def arrived(self, units: float, now: float) -> None:
+        """``units`` of work assigned to an encoder of this kind at ``now``."""
+        self.units.add(units, now)
+
+    def done(self, units: float, cache_hit: bool, now: float) -> None:
+        """An assigned item of ``units`` reported done, from the cache or computed."""
+        self.done_units.add(units, now)
+        if cache_hit:
+            self.hit_units.add(units, now)
 
 
 @dataclass(slots=True)
@@ -143,18 +156,18 @@ class DemandTracker:
 
     smoothing_s: float
     target_wait_s: float
-    _by_kind: dict[tuple[str, str], _Arrivals] = field(default_factory=dict)
+    _by_kind: dict[tuple[str, str], KindArrivals] = field(default_factory=dict)
 
-    def arrived(self, model: str, device: str, units: float, now: float) -> None:
-        """``units`` of work assigned to an encoder on ``device`` at ``now``."""
-        self._arrivals(model, device_kind(device)).units.add(units, now)
-
-    def done(self, model: str, device: str, units: float, cache_hit: bool, now: float) -> None:
-        """An assigned item of ``units`` reported done, from the cache or computed."""
-        arrivals = self._arrivals(model, device_kind(device))
-        arrivals.done_units.add(units, now)
-        if cache_hit:
-            arrivals.hit_units.add(units, now)
+    def arrivals(self, key: tuple[str, str]) -> KindArrivals:
+        """The counters of ``key`` = (model, ``device_kind``), made on first use."""
+        if key not in self._by_kind:
+            self._by_kind[key] = KindArrivals(
+                DecayingRate(self.smoothing_s),
+                DecayingRate(self.smoothing_s),
+                DecayingRate(self.smoothing_s),
+                SmoothedValue(self.smoothing_s),
+            )
+        return self._by_kind[key]
 
     def demand(self, kinds: dict[tuple[str, str], KindState], now: float) -> list[EncoderDemand]:
         """The demand of every (model, kind) with live encoders or recent arrivals."""
@@ -163,7 +176,7 @@ class DemandTracker:
         return [self._demand(key, kinds.get(key, KindState(0, (), 0.0)), now) for key in keys]
 
     def _demand(self, key: tuple[str, str], state: KindState, now: float) -> EncoderDemand:
-        arrivals = self._arrivals(*key)
+        arrivals = self.arrivals(key)
         done = arrivals.done_units.rate(now)
         hit_ratio = min(1.0, arrivals.hit_units.rate(now) / done) if done > 0 else 0.0
         rate = arrivals.units.rate(now) * (1 - hit_ratio)
@@ -179,17 +192,6 @@ class DemandTracker:
         return EncoderDemand(
             *key, state.num_live, needed, rate, load, item_s, state.backlog_s, hit_ratio
         )
-
-    def _arrivals(self, model: str, kind: str) -> _Arrivals:
-        key = (model, kind)
-        if key not in self._by_kind:
-            self._by_kind[key] = _Arrivals(
-                DecayingRate(self.smoothing_s),
-                DecayingRate(self.smoothing_s),
-                DecayingRate(self.smoothing_s),
-                SmoothedValue(self.smoothing_s),
-            )
-        return self._by_kind[key]
 
 
 def _mean(values: Iterable[float]) -> float:

@@ -1,71 +1,59 @@
-"""What each encoder's work costs and how long it stays busy, as the scheduler learns it: service
-times per mean-sized item, the time each encoder is expected to be busy until, when each last
-gave a fresh sample, and the demand on each kind of encoder (``demand``). No grpc, no I/O; the
-scheduler's lock serialises every call.
+"""What each encoder's work costs and how long it stays busy, as the scheduler learns it: one
+record per registered encoder (its service times per mean-sized item, the time it is expected to
+be busy until, when it last gave a fresh sample, its kind's demand counters), made when it
+registers and dropped when it leaves, and the demand on each kind of encoder (``demand``). No
+grpc, no I/O; the scheduler's lock serialises every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from epd.scheduler.demand import DemandTracker, EncoderDemand, KindState, device_kind
+from epd.common.roles import Role
+from epd.scheduler.demand import DemandTracker, EncoderDemand, KindArrivals, KindState, device_kind
 from epd.scheduler.model import EncodeItem, RegisteredWorker
 from epd.scheduler.policies.encoders import AdaptivePolicy, EncoderView, Ewma
 from epd.scheduler.registry import Clock
 
 
-class ServiceTimes:
-    """Per-item service time per worker id, in milliseconds.
+@dataclass(slots=True)
+class _Encoder:
+    """What is learned of one registered encoder.
 
-    Two sources: what the worker measures itself (compute time per item, sent in heartbeats:
-    exact, but only as fresh as the last heartbeat) and what the scheduler infers from completed
-    assignments (always available, but it folds in queueing it can only estimate). The worker's
-    own figure wins when there is one.
+    Its service time per mean-sized item has two sources: what the encoder measures itself
+    (``own``: compute time per item, sent in heartbeats, exact but only as fresh as the last
+    heartbeat) and what the scheduler infers from completed assignments (``inferred``: always
+    available, but it folds in queueing it can only estimate). The encoder's own figure wins
+    when there is one.
     """
 
-    def __init__(self, alpha: float = 0.3) -> None:
-        self._alpha = alpha
-        self._reported: dict[str, Ewma] = {}
-        self._by_worker: dict[str, Ewma] = {}
+    kind: tuple[str, str]  # (model, device_kind): whose demand its arrivals count for
+    arrivals: KindArrivals
+    sampled_at: float  # NOTE: when it last finished computed work (its registration until then)
+    own: Ewma = field(default_factory=Ewma)
+    inferred: Ewma = field(default_factory=Ewma)
+    busy_until: float = 0.0
+    # NOTE: the mean size of the items it was given of late turns the per-item latency it
+    # reports into a per-unit one (an encoder fed big images is not slow).
+    units_per_item: Ewma = field(default_factory=Ewma)
+    batches_seen: int = 0
 
-    def add_reported(self, worker_id: str, item_ms: float, units_per_item: float = 1.0) -> None:
-        """Record the worker's own per-item compute time (from a heartbeat), its items having
-        been ``units_per_item`` mean-sized items each of late."""
-        self._reported.setdefault(worker_id, Ewma(self._alpha)).add(item_ms / units_per_item)
+    @property
+    def service_ms(self) -> float | None:
+        """The estimate: its own figure when it has one, else the inferred (None: neither)."""
+        return self.own.value if self.own.value is not None else self.inferred.value
 
-    def add_completion(
-        self, worker_id: str, max_latency_ms: float, num_units: float, backlog_at_assign: int
-    ) -> None:
-        """A finished group of ``num_units`` of work (items scaled by their size, see
-        ``AdaptivePolicy.units``) whose last item arrived ``max_latency_ms`` after the call; the
-        encoder also had ``backlog_at_assign`` items ahead of it (serial service)."""
-        if num_units > 0:
-            item_ms = max_latency_ms / (num_units + backlog_at_assign)
-            self._by_worker.setdefault(worker_id, Ewma(self._alpha)).add(item_ms)
-
-    def estimates(self, worker_id: str) -> tuple[float | None, float | None, float | None]:
-        """(the estimate, the worker's own figure, the inferred one), each None without
-        samples: the estimate is the worker's own figure when it has one, else the inferred."""
-        own, inferred = self._reported.get(worker_id), self._by_worker.get(worker_id)
-        own_ms = own.value if own is not None else None
-        inferred_ms = inferred.value if inferred is not None else None
-        return (own_ms if own_ms is not None else inferred_ms), own_ms, inferred_ms
-
-    def slowest(self, worker_id: str) -> float | None:
-        """The larger of the two estimates (None without samples): the worker's own figure is
-        its compute alone, the inferred one includes what surrounds it (loading, preparing,
-        handing over), which bounds how fast the worker really serves."""
-        known = [figure for figure in self.estimates(worker_id)[1:] if figure is not None]
+    def slowest_ms(self) -> float | None:
+        """The larger of the two figures (None without samples): the own figure is its compute
+        alone, the inferred one includes what surrounds it (loading, preparing, handing over),
+        which bounds how fast it really serves."""
+        known = [ms for ms in (self.own.value, self.inferred.value) if ms is not None]
         return max(known) if known else None
-
-    def forget(self, worker_id: str) -> None:
-        """Drop the estimates of a worker that left."""
-        self._reported.pop(worker_id, None)
-        self._by_worker.pop(worker_id, None)
 
 
 class EncoderCosts:
-    """Learned costs and expected backlogs of the encoders, by worker id."""
+    """Learned costs and expected backlogs of the registered encoders, by worker id."""
 
     def __init__(
         self,
@@ -80,80 +68,66 @@ class EncoderCosts:
         self._clock = clock
         self._probe_after_s = probe_after_s
         self._demand = demand
-        self._service = ServiceTimes()
-        self._busy_until: dict[str, float] = {}
-        # NOTE: the mean size of the items each encoder was given of late turns the per-item
-        # latency it reports into a per-unit one (an encoder fed big images is not slow).
-        self._units_per_item: dict[str, Ewma] = {}
-        # NOTE: when each encoder last finished computed work (its registration until then):
-        # an idle encoder's estimate older than probe_after_s is stale and gets probed.
-        self._sampled_at: dict[str, float] = {}
-        self._batches_seen: dict[str, int] = {}
+        self._encoders: dict[str, _Encoder] = {}
 
-    def registered(self, worker_id: str) -> None:
-        """A worker (re)registered: its estimate is fresh from now on."""
-        self._sampled_at[worker_id] = self._clock()
-        self._batches_seen.pop(worker_id, None)
+    def registered(self, worker: RegisteredWorker) -> None:
+        """A worker (re)registered: an encoder's estimates start afresh from now on."""
+        if worker.spec.role is Role.ENCODE:
+            kind = (worker.spec.model, device_kind(worker.spec.device))
+            self._encoders[worker.id] = _Encoder(kind, self._demand.arrivals(kind), self._clock())
 
     def reported(self, worker_id: str, item_latency_ms: float, batches_finished: int = 0) -> None:
         """An encoder's heartbeat reported its latest batch's latency per item, after
         ``batches_finished`` batches (0: not counted); a figure it already reported after as
         many batches is not a new sample (an idle encoder repeats its last batch's)."""
-        if batches_finished:
-            if self._batches_seen.get(worker_id) == batches_finished:
-                return
-            self._batches_seen[worker_id] = batches_finished
-        units = self._units_per_item.get(worker_id, Ewma()).value or 1.0
-        self._service.add_reported(worker_id, item_latency_ms, units)
+        encoder = self._encoders.get(worker_id)
+        if encoder is None or (batches_finished and encoder.batches_seen == batches_finished):
+            return
+        encoder.batches_seen = batches_finished or encoder.batches_seen
+        encoder.own.add(item_latency_ms / (encoder.units_per_item.value or 1.0))
 
     def service_ms(self, worker_id: str) -> float | None:
         """Learned service time of one mean-sized item on ``worker_id`` (None: not measured)."""
-        return self._service.estimates(worker_id)[0]
+        encoder = self._encoders.get(worker_id)
+        return encoder.service_ms if encoder is not None else None
 
     def view(self, worker: RegisteredWorker, cached: frozenset[str]) -> EncoderView:
         """The policy's view of ``worker``, which answers ``cached`` without its tower."""
-        busy_ms = (self._busy_until.get(worker.id, 0.0) - self._clock()) * 1000
-        service_ms, own_ms, inferred_ms = self._service.estimates(worker.id)
+        encoder = self._encoders[worker.id]
+        now = self._clock()
         return EncoderView(
             worker.id,
             worker.spec.device,
             worker.spec.weight,
             backlog_items=worker.num_assigned_in_flight,
-            service_ms=service_ms,
-            own_ms=own_ms,
-            inferred_ms=inferred_ms,
-            backlog_ms=max(0.0, busy_ms),
+            service_ms=encoder.service_ms,
+            own_ms=encoder.own.value,
+            inferred_ms=encoder.inferred.value,
+            backlog_ms=max(0.0, (encoder.busy_until - now) * 1000),
             cached=cached,
-            is_stale=self.is_stale(worker.id),
+            is_stale=self._is_stale(encoder, now),
         )
-
-    def is_stale(self, worker_id: str) -> bool:
-        """Whether ``worker_id``'s estimate had no fresh sample for the probe horizon."""
-        now: float = self._clock()
-        return now - self._sampled_at.get(worker_id, now) > self._probe_after_s
 
     def assigned(
         self,
         ids: Sequence[str],
         items: Sequence[EncodeItem],
+        units: Sequence[float],
         views: Sequence[EncoderView],
-        workers: Sequence[RegisteredWorker],
     ) -> None:
-        """Items were placed (``ids[i]`` encodes ``items[i]``, of ``workers``): push each
-        encoder's busy-until time by its work (an item it answers without its tower adds almost
-        none), learn the sizes it is given and count the arrivals on its kind."""
+        """Items were placed (``ids[i]`` encodes ``items[i]``, of ``units[i]`` mean-sized items):
+        push each encoder's busy-until time by its work (an item it answers without its tower
+        adds almost none), learn the sizes it is given and count the arrivals on its kind."""
         adaptive = self._adaptive
         service_ms = adaptive.service_times(views)
         views_by_id = {view.id: view for view in views}
-        specs = {worker.id: worker.spec for worker in workers}
         now = self._clock()
-        for worker_id, item in zip(ids, items, strict=True):
-            start = max(now, self._busy_until.get(worker_id, now))
+        for worker_id, item, size in zip(ids, items, units, strict=True):
+            encoder = self._encoders[worker_id]
             work_ms = service_ms[worker_id] * adaptive.cost(item, views_by_id[worker_id])
-            self._busy_until[worker_id] = start + work_ms / 1000
-            units = adaptive.units(item)
-            self._units_per_item.setdefault(worker_id, Ewma()).add(units)
-            self._demand.arrived(specs[worker_id].model, specs[worker_id].device, units, now)
+            encoder.busy_until = max(now, encoder.busy_until) + work_ms / 1000
+            encoder.units_per_item.add(size)
+            encoder.arrivals.arrived(size, now)
 
     def finished(
         self,
@@ -163,40 +137,42 @@ class EncoderCosts:
     ) -> None:
         """A group of items given to ``worker`` with ``backlog_at_assign`` items ahead closed;
         ``answered``: (units, latency ms, cache hit) of each item it answered. The computed ones
-        are a service-time sample (the slowest over their units), all count for the demand, and
-        an encoder with nothing assigned left is not busy past now."""
-        now = self._clock()
+        are a service-time sample (the slowest over their units, the encoder serving its
+        backlog first), all count for the demand, and an encoder with nothing assigned left is
+        not busy past now."""
+        encoder, now = self._encoders[worker.id], self._clock()
         if worker.num_assigned_in_flight == 0:
-            self._busy_until[worker.id] = min(self._busy_until.get(worker.id, 0.0), now)
+            encoder.busy_until = min(encoder.busy_until, now)
         computed = [(units, latency_ms) for units, latency_ms, hit in answered if not hit]
         if computed:
-            if self.is_stale(worker.id):
-                self._service.forget(worker.id)  # NOTE: a fresh sample outweighs a stale one
-            self._sampled_at[worker.id] = now
+            if self._is_stale(encoder, now):
+                encoder.own, encoder.inferred = Ewma(), Ewma()  # NOTE: fresh outweighs stale
+            encoder.sampled_at = now
             latency_ms = max(latency for _, latency in computed)
             units = sum(units for units, _ in computed)
-            self._service.add_completion(worker.id, latency_ms, units, backlog_at_assign)
+            if units > 0:
+                encoder.inferred.add(latency_ms / (units + backlog_at_assign))
         for units, _, hit in answered:
-            self._demand.done(worker.spec.model, worker.spec.device, units, hit, now)
+            encoder.arrivals.done(units, hit, now)
 
     def demand(self, encoders: Sequence[RegisteredWorker]) -> list[EncoderDemand]:
         """The encoders each (model, kind) needs, given the live ``encoders``."""
         now = self._clock()
-        grouped: dict[tuple[str, str], list[RegisteredWorker]] = {}
+        grouped: dict[tuple[str, str], list[_Encoder]] = {}
         for worker in encoders:
-            key = (worker.spec.model, device_kind(worker.spec.device))
-            grouped.setdefault(key, []).append(worker)
+            encoder = self._encoders[worker.id]
+            grouped.setdefault(encoder.kind, []).append(encoder)
         states = {}
-        for key, workers in grouped.items():
-            costs = [self._service.slowest(w.id) for w in workers]
-            backlog = sum(max(0.0, self._busy_until.get(w.id, now) - now) for w in workers)
-            states[key] = KindState(len(workers), tuple(c for c in costs if c), backlog)
+        for kind, members in grouped.items():
+            costs = [encoder.slowest_ms() for encoder in members]
+            backlog = sum(max(0.0, encoder.busy_until - now) for encoder in members)
+            states[kind] = KindState(len(members), tuple(c for c in costs if c), backlog)
         return self._demand.demand(states, now)
 
     def forget(self, worker_id: str) -> None:
         """Drop what was learned of a worker that left."""
-        self._service.forget(worker_id)
-        self._busy_until.pop(worker_id, None)
-        self._units_per_item.pop(worker_id, None)
-        self._sampled_at.pop(worker_id, None)
-        self._batches_seen.pop(worker_id, None)
+        self._encoders.pop(worker_id, None)
+
+    def _is_stale(self, encoder: _Encoder, now: float) -> bool:
+        """Whether ``encoder``'s estimate had no fresh sample for the probe horizon."""
+        return now - encoder.sampled_at > self._probe_after_s

@@ -4,7 +4,7 @@
   request's images spread over encoders (and wait for the slowest).
 - ``PerRequestPolicy``: the whole request to one encoder by smooth weighted round robin.
 - ``AdaptivePolicy``: list scheduling by least expected completion time. Each encoder's per-item
-  service time is learned (EWMA, see ``encoder_costs.ServiceTimes``; encoders compared by one
+  service time is learned (EWMA, see ``encoder_costs.py``; encoders compared by one
   kind of figure, see ``AdaptivePolicy.service_times``); its backlog is the work the scheduler
   assigned and not yet saw completed (or what it reports, if more). Images go one by one to the
   encoder that would finish them first, an image already in an encoder's cache costing almost

@@ -61,8 +61,8 @@ def test_the_rate_is_smoothed_over_its_time_constant() -> None:
 def test_cache_hits_are_not_counted_as_work() -> None:
     tracker = DemandTracker(smoothing_s=10.0, target_wait_s=0.25)
     for second in range(50):
-        tracker.arrived("m", "cuda:0", 10.0, float(second))
-        tracker.done("m", "cuda:1", 10.0, second % 2 == 0, float(second))
+        tracker.arrivals(("m", device_kind("cuda:0"))).arrived(10.0, float(second))
+        tracker.arrivals(("m", device_kind("cuda:1"))).done(10.0, second % 2 == 0, float(second))
     [demand] = tracker.demand({("m", "cuda"): KindState(2, (100.0, 100.0), 0.0)}, 50.0)
     assert (demand.model, demand.device, demand.num_live) == ("m", "cuda", 2)
     assert demand.cache_hit_ratio == pytest.approx(0.5, abs=0.05)
@@ -72,7 +72,7 @@ def test_cache_hits_are_not_counted_as_work() -> None:
 
 def test_an_unmeasured_kind_needs_what_it_runs() -> None:
     tracker = DemandTracker(smoothing_s=10.0, target_wait_s=0.25)
-    tracker.arrived("m", "cpu", 3.0, 0.0)
+    tracker.arrivals(("m", "cpu")).arrived(3.0, 0.0)
     [demand] = tracker.demand({("m", "cpu"): KindState(2, (), 0.0)}, 1.0)
     assert (demand.num_needed, demand.item_s, demand.load) == (2, None, 0.0)
     assert device_kind("cuda:3") == "cuda" and device_kind("") == "cpu"
@@ -141,7 +141,7 @@ def test_the_signal_is_exported_with_units_in_its_names() -> None:
 
 def test_the_cost_is_smoothed_over_time() -> None:
     tracker = DemandTracker(smoothing_s=10.0, target_wait_s=0.25)
-    tracker.arrived("m", "cpu", 1.0, 0.0)
+    tracker.arrivals(("m", "cpu")).arrived(1.0, 0.0)
     first = tracker.demand({("m", "cpu"): KindState(1, (100.0,), 0.0)}, 0.0)[0]
     jumped = tracker.demand({("m", "cpu"): KindState(1, (300.0,), 0.0)}, 10.0)[0]
     assert first.item_s == pytest.approx(0.1)
