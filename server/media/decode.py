@@ -32,15 +32,12 @@ def _refuse(message: str, reason: str) -> InvalidArgument:
     return InvalidArgument(message, reason=reason)
 
 
-def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
-    """Decode ``data`` under ``policy``'s limits; returns an RGB image."""
-    if not data:
-        raise _refuse("image is empty", "EMPTY_IMAGE")
-    if len(data) > policy.max_bytes:
-        raise _refuse(
-            f"image is {len(data)} bytes, the limit is {policy.max_bytes}", "IMAGE_TOO_LARGE"
-        )
-    image = open_image(data, policy)
+def decode_image(
+    data: bytes, policy: MediaPolicy, opened: Image.Image | None = None
+) -> Image.Image:
+    """Decode ``data`` under ``policy``'s limits; returns an RGB image. ``opened``: ``data`` as
+    ``open_image`` opened it already (None: opened here)."""
+    image = open_image(data, policy) if opened is None else opened
     _check_scans(image, data, policy)
     try:
         image.seek(0)
@@ -51,8 +48,14 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
 
 
 def open_image(data: bytes, policy: MediaPolicy) -> Image.Image:
-    """``data`` opened (header read, no pixel decoded) if it is in one of the policy's formats
-    and its declared size is within the policy's pixel limit."""
+    """``data`` opened (header read, no pixel decoded) if it is within the policy's byte limit,
+    in one of its formats and its declared size within its pixel limit."""
+    if not data:
+        raise _refuse("image is empty", "EMPTY_IMAGE")
+    if len(data) > policy.max_bytes:
+        raise _refuse(
+            f"image is {len(data)} bytes, the limit is {policy.max_bytes}", "IMAGE_TOO_LARGE"
+        )
     try:
         # NOTE: no warnings.catch_warnings here: it swaps process-wide state and decoding runs in
         # threads. Pillow's own bomb check (warning, then error at 2x) fires in open(); ours
@@ -71,16 +74,6 @@ def open_image(data: bytes, policy: MediaPolicy) -> Image.Image:
             "TOO_MANY_PIXELS",
         )
     return image
-
-
-def declared_pixels(data: bytes, policy: MediaPolicy) -> int | None:
-    """Width x height as the header declares it (nothing decoded); None if unreadable."""
-    try:
-        with Image.open(io.BytesIO(data), formats=policy.image_formats) as image:
-            width, height = image.size
-    except Exception:
-        return None
-    return width * height
 
 
 def _check_scans(image: Image.Image, data: bytes, policy: MediaPolicy) -> None:

@@ -13,7 +13,7 @@ from PIL import Image
 
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
-from epd.server.media.decode import declared_pixels, decode_image
+from epd.server.media.decode import decode_image, open_image
 from epd.server.media.fetch import decode_data_url, fetch_url, url_scheme
 from epd.server.media.hashing import mm_hash
 from epd.server.media.policy import MediaPolicy
@@ -81,35 +81,39 @@ class MediaLoader:
             if url:
                 return await self.cache.get_or_load("url:" + url, lambda: self._fetch_and_load(url))
             key = "bytes:" + hashlib.blake2b(data, digest_size=16).hexdigest()
-            if self._decodes_inline(data):
-                return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data))
-            return await self.cache.get_or_load(key, lambda: self._off_loop(data))
+            image = open_image(data, self.policy)
+            if _decodes_inline(image):
+                return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data, image))
+            return await self.cache.get_or_load(key, lambda: self._off_loop(data, image))
         except EpdError as e:
             self.num_refused[e.reason] += 1
             raise
 
     async def _fetch_and_load(self, url: str) -> LoadedImage:
         raw = await fetch_url(url, self.policy)
-        if self._decodes_inline(raw):
-            return self._decode_and_hash(raw)
-        return await self._off_loop(raw)
+        image = open_image(raw, self.policy)
+        if _decodes_inline(image):
+            return self._decode_and_hash(raw, image)
+        return await self._off_loop(raw, image)
 
-    async def _off_loop(self, raw: bytes) -> LoadedImage:
+    async def _off_loop(self, raw: bytes, image: Image.Image) -> LoadedImage:
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._decode_and_hash, raw
+            self.executor, self._decode_and_hash, raw, image
         )
 
-    def _decodes_inline(self, raw: bytes) -> bool:
-        pixels = declared_pixels(raw, self.policy)
-        return pixels is not None and pixels <= INLINE_DECODE_PIXELS
-
-    def _decode_and_hash(self, raw: bytes) -> LoadedImage:
+    def _decode_and_hash(self, raw: bytes, image: Image.Image) -> LoadedImage:
+        """``raw`` (``image``: as ``open_image`` opened it) decoded and hashed."""
         # NOTE: np.array, not np.asarray: Pillow's array is read-only, which torch refuses to wrap.
-        pixels = np.array(decode_image(raw, self.policy))
+        pixels = np.array(decode_image(raw, self.policy, image))
         digest = mm_hash(
             pixels, model_id=self.model_id, processor_fingerprint=self.processor_fingerprint
         )
         self.num_decoded += 1
         height, width = pixels.shape[:2]
         return LoadedImage(pixels, digest, width, height)
+
+
+def _decodes_inline(image: Image.Image) -> bool:
+    """Whether ``image`` (opened, not decoded) is small enough to decode on the event loop."""
+    return image.width * image.height <= INLINE_DECODE_PIXELS

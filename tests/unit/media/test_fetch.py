@@ -96,15 +96,21 @@ async def test_cache_keeps_decoded_images_under_a_byte_budget() -> None:
 
 
 async def test_a_failed_load_is_shared_and_not_cached() -> None:
+    """A load that fails decoding (a truncated image, large enough to decode in a thread) is
+    shared by concurrent callers and not cached; bytes no format opens fail before any load."""
     loader = MediaLoader(GUARDED, model_id="m", processor_fingerprint="p")
+    truncated = encode(noise(400, 300))[:400]
     outcomes = await asyncio.gather(
-        *(loader.load(data=b"junk") for _ in range(3)), return_exceptions=True
+        *(loader.load(data=truncated) for _ in range(3)), return_exceptions=True
     )
     assert all(isinstance(o, InvalidArgument) for o in outcomes)
     assert loader.cache.num_loads == 1 and len(loader.cache) == 0
     with pytest.raises(InvalidArgument):
-        await loader.load(data=b"junk")
+        await loader.load(data=truncated)
     assert loader.cache.num_loads == 2
+    with pytest.raises(InvalidArgument) as caught:
+        await loader.load(data=b"junk")
+    assert caught.value.reason == "BAD_IMAGE" and loader.cache.num_loads == 2
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Where MediaLoader decodes: small images (by their declared size) on the event loop, larger
-ones and unreadable bytes in a worker thread; the outcome is the same either way."""
+ones in a worker thread, the outcome the same either way; bytes that no allowed format opens are
+refused before any decode. Each image's header is read once."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def recording_loader() -> tuple[MediaLoader, list[bool]]:
     decode = media._decode_and_hash
     loop_thread = threading.get_ident()
 
-    def recorded(raw: bytes) -> loader_module.LoadedImage:
+    def recorded(raw: bytes, image: Image.Image) -> loader_module.LoadedImage:
         on_loop.append(threading.get_ident() == loop_thread)
-        return decode(raw)
+        return decode(raw, image)
 
     media._decode_and_hash = recorded  # type: ignore[method-assign]
     return media, on_loop
@@ -40,11 +41,28 @@ async def test_small_images_decode_on_the_loop_large_ones_in_a_thread() -> None:
     assert loaded[0].image.tobytes() == small.tobytes()
 
 
-async def test_unreadable_bytes_fail_the_same_way_off_the_loop() -> None:
+async def test_unreadable_bytes_are_refused_before_any_decode() -> None:
     media, on_loop = recording_loader()
     with pytest.raises(InvalidArgument) as caught:
         await media.load(data=b"\x89PNG\r\n\x1a\n not really")
-    assert caught.value.reason == "BAD_IMAGE" and on_loop == [False]
+    assert caught.value.reason == "BAD_IMAGE" and on_loop == []
+    assert media.num_refused["BAD_IMAGE"] == 1
+
+
+@pytest.mark.parametrize("size", [(64, 48), (INLINE_DECODE_PIXELS // 100, 101)])
+async def test_each_image_is_opened_once(monkeypatch: pytest.MonkeyPatch, size) -> None:
+    """Its header is read once, for the pixel limit and the choice of thread alike."""
+    media = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
+    opened: list[int] = []
+    real_open = Image.open
+
+    def counted_open(*args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(1)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted_open)
+    loaded = await media.load(data=encode(noise(*size, seed=2)))
+    assert (loaded.width, loaded.height) == size and len(opened) == 1
 
 
 async def test_small_images_load_without_a_turn_of_the_event_loop() -> None:
