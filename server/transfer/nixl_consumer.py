@@ -13,7 +13,7 @@ import torch
 
 from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer.base import TensorConsumer
-from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES
+from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, WarmBuffers
 from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory, StartedOnUse
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool
@@ -24,7 +24,6 @@ from epd.server.transfer.tensors import (
     shaped,
     view_bytes,
 )
-from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ import torch
 
 from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorConsumer
-from epd.server.transfer.idle_pool import IdlePool
+from epd.server.transfer.idle_pool import IdlePool, WarmBuffers
 from epd.server.transfer.payload_layout import (
     CONTENT_TAG_BYTES,
     HEADER_BYTES,
@@ -52,7 +52,6 @@ from epd.server.transfer.shm_orphans import (
 from epd.server.transfer.shm_orphans import list_segments as list_segments
 from epd.server.transfer.shm_orphans import orphans as orphans
 from epd.server.transfer.tensors import check_layout, copy_payload, describe, move, view_bytes
-from epd.server.transfer.warm_buffers import WarmBuffers
 from epd.v1 import tensor_pb2
 
 if TYPE_CHECKING:
@@ -165,7 +164,7 @@ class ShmProducer(LeasedProducer[Segment]):
 
 class ShmConsumer(TensorConsumer):
     """Maps segments of producers on the same host; views payloads without copying, or copies
-    them out at memcpy speed (large copies into recycled buffers, see ``warm_buffers``).
+    them out at memcpy speed (large copies into recycled buffers, see ``idle_pool``).
 
     Mappings are kept for the next lease of the same segment (see ``shm_mappings``): at most
     ``max_mapped_bytes`` (default 1 GiB; 0 keeps none) in ``max_mappings`` segments, once for

@@ -8,8 +8,8 @@ import gc
 import pytest
 import torch
 
+from epd.server.transfer.idle_pool import WarmBuffers, buffer_class
 from epd.server.transfer.shm import ShmConsumer, ShmProducer
-from epd.server.transfer.warm_buffers import WarmBuffers, buffer_class
 
 MIN = 64 << 10
 
