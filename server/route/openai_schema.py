@@ -2,12 +2,13 @@
 
 The whole body is checked before any work, as ``vllm serve`` checks it: vLLM's own
 ``ChatCompletionRequest`` parses it (types, ranges, its defaults; unknown fields are accepted and
-logged, as vLLM does), vLLM's ``to_sampling_params`` makes its sampling (``sampling.py`` carries
-it), the messages' shape is checked here, and ``request_check.check_request`` judges the
-``ChatRequest`` they make, the one check the gRPC door makes too. A field epd does not implement
-yet is refused at any value but its default. Anything malformed, out of range or not implemented
-is an ``InvalidArgument`` naming the parameter, which ``openai_answers.error_body`` turns into
-a 400 OpenAI error object. Writing the answers is ``openai_answers``'s job.
+logged, as vLLM does), vLLM's ``to_sampling_params`` makes and judges its sampling
+(``sampling.py`` carries it), the messages' shape is checked here, and
+``request_check.check_content`` judges what vLLM leaves to epd in the ``ChatRequest`` they make
+(the gRPC door's ``check_request`` makes that check too). A field epd does not implement yet is
+refused at any value but its default. Anything malformed, out of range or not implemented is an
+``InvalidArgument`` naming the parameter, which ``openai_answers.error_body`` turns into a 400
+OpenAI error object. Writing the answers is ``openai_answers``'s job.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from epd.server.route.request import (
     clean,
     new_request_id,
 )
-from epd.server.route.request_check import RequestLimits, check_request, check_request_id
+from epd.server.route.request_check import RequestLimits, check_content, check_request_id
 from epd.server.route.sampling import beam_sampling_to_proto, sampling_to_proto
 from epd.server.route.tools import ToolCalling, chat_step
 from epd.v1 import generation_pb2
@@ -269,7 +270,7 @@ def to_chat_request(
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
     template_kwargs, parsing = chat_step(parsed, tools, trust_chat_template, "chat_template")
     limits = limits or RequestLimits()
-    name, max_tokens = _max_tokens(parsed, limits.max_context_tokens)
+    max_tokens = _max_tokens(parsed, limits.max_context_tokens)
     request = ChatRequest(
         new_request_id(request_id),
         parsed.model or default_model,
@@ -292,18 +293,17 @@ def to_chat_request(
     if parsed.truncate_prompt_tokens is not None:
         request.truncate_prompt_tokens = kept_tokens(parsed, limits.max_context_tokens)
         request.truncation_side = parsed.truncation_side
-    check_request(request, limits, max_tokens_param=name)
+    check_content(request, limits)
     return request
 
 
-def _max_tokens(parsed: Any, context: int | None) -> tuple[str, int]:
-    """The field that bounds ``parsed``'s answer and its bound: as vLLM, none, or one beyond
-    the ``context``, is the rest of the context."""
-    name = "max_completion_tokens" if parsed.max_completion_tokens else "max_tokens"
+def _max_tokens(parsed: Any, context: int | None) -> int:
+    """The bound on ``parsed``'s answer: as vLLM, none, or one beyond the ``context``, is the
+    rest of the context."""
     max_tokens = parsed.max_completion_tokens or parsed.max_tokens
     if max_tokens is None or (context is not None and max_tokens > context):
         max_tokens = context or SAMPLING_DEFAULTS.max_tokens
-    return name, int(max_tokens)
+    return int(max_tokens)
 
 
 def kept_tokens(parsed: Any, context: int | None) -> int | None:

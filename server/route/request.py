@@ -1,8 +1,8 @@
 """The route's own request: what both doors make of a caller's chat (no I/O, no grpc).
 
 The OpenAI HTTP door makes a ``ChatRequest`` of a JSON body (``openai_schema``), the gRPC door of
-a ``GenerateRequest`` (``from_proto``); ``request_check.check_request`` then judges it the same
-way whichever door it came by, and the ``Router`` runs it. The request id is made here, once:
+a ``GenerateRequest`` (``from_proto``); ``request_check`` then judges it (the same content
+rules whichever door it came by), and the ``Router`` runs it. The request id is made here, once:
 the caller's (the gRPC field, the X-Request-Id header), else a fresh one.
 """
 

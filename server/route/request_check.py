@@ -1,12 +1,14 @@
-"""One check of a ``ChatRequest``, whichever door it came in by (no I/O).
+"""The checks of a ``ChatRequest`` before any work (tokenising, fetching images), no I/O.
 
-The OpenAI HTTP door turns a JSON body into a ChatRequest (JSON types, parameter names:
-``openai_schema``), the gRPC door a GenerateRequest (``request.from_proto``). Both pass it to
-``check_request`` before any work (tokenising, fetching images), so a request is judged the same
-way whichever door it came in by: sizes against ``RequestLimits``, roles, parts, the sampling as
-the engine will judge it (``sampling.check_sampling``) and ``max_tokens`` against the model's
-context. A refusal is an ``InvalidArgument`` whose ``param`` metadata names the field
-(``messages[1].content[0].image``, ``max_tokens``): a 400 over HTTP, INVALID_ARGUMENT over gRPC.
+The OpenAI HTTP door has vLLM's ``ChatCompletionRequest`` judge a body (types, ranges, its
+``to_sampling_params``: ``openai_schema``), then ``check_content`` judges what vLLM leaves to
+epd: the model's name, the chat (roles, parts, sizes against ``RequestLimits``) and epd's bounds
+on the sampling's lists. The gRPC door's ``GenerateRequest`` (``request.from_proto``) comes with
+none of vLLM's judging: ``check_request`` judges it whole, its id, encoder policy and
+``max_tokens`` against the model's context, ``check_content``, and its sampling as the engine
+will judge it (``sampling.check_sampling``). A refusal is an ``InvalidArgument`` whose ``param``
+metadata names the field (``messages[1].content[0].image``, ``max_tokens``): a 400 over HTTP,
+INVALID_ARGUMENT over gRPC.
 """
 
 from __future__ import annotations
@@ -78,25 +80,41 @@ def check_request_id(request_id: str, param: str) -> None:
         raise bad(f"{param} must be 1-128 letters, digits or . _ : -", param)
 
 
-def check_request(
-    request: ChatRequest,
-    limits: RequestLimits,
-    *,
-    max_tokens_param: str = "max_tokens",
-) -> None:
-    """Refuse ``request`` unless every rule holds, then give it its defaults in place: each role
-    its template name, an unset ``max_tokens`` the model's context. ``max_tokens_param``: the
-    name the caller gave max_tokens (OpenAI's ``max_completion_tokens``), for the error."""
+def check_request(request: ChatRequest, limits: RequestLimits) -> None:
+    """Refuse ``request`` whole (the gRPC door's, which no vLLM request model judged; the
+    completions door's) unless every rule holds, then give it its defaults in place: each role
+    its template name, an unset ``max_tokens`` the model's context."""
     check_request_id(request.request_id, "request_id")
-    if request.model:
-        check_name(request.model, "model")
+    check_content(request, limits)
     if request.encoder_policy not in scheduler_pb.EncoderPolicy.values():
         raise bad(f"unknown encoder_policy {request.encoder_policy}", "encoder_policy")
+    sampling = request.sampling
+    context = limits.max_context_tokens
+    if not sampling.max_tokens:
+        sampling.max_tokens = context or SAMPLING_DEFAULTS.max_tokens
+    elif context is not None and sampling.max_tokens > context:
+        raise bad(
+            f"max_tokens is {sampling.max_tokens} but the model's context is {context} tokens",
+            "max_tokens",
+        )
+    if not request.use_beam_search:
+        check_sampling(sampling)
+
+
+def check_content(request: ChatRequest, limits: RequestLimits) -> None:
+    """Refuse ``request`` for what no vLLM request model judges: its model's name, its chat
+    (each role then named as templates know it) or completion's prompt, epd's bounds on its
+    sampling's lists, and a beam search's steps (vLLM's beam search makes each step's sampling,
+    which its ``BeamSearchParams`` does not judge)."""
+    if request.model:
+        check_name(request.model, "model")
     if request.prompt_token_ids is None:
         _check_chat(request.messages, limits)
     else:
         _check_prompt(request.prompt_token_ids, limits)
-    _check_sampling(request.sampling, limits, max_tokens_param, request.use_beam_search)
+    _check_sizes(request.sampling)
+    if request.use_beam_search:
+        check_sampling(beam_step_sampling(request.sampling))
 
 
 def _check_prompt(token_ids: list[int], limits: RequestLimits) -> None:
@@ -163,25 +181,6 @@ def _check_media(source: ImageSource, param: str) -> None:
     if not (source.url or source.data):
         kind = param.rsplit(".", 1)[-1]
         raise bad(f"{kind} parts need a url or data", param, "BAD_MEDIA_ITEM")
-
-
-def _check_sampling(
-    sampling: generation_pb2.SamplingParams,
-    limits: RequestLimits,
-    max_tokens_param: str,
-    is_beam_search: bool = False,
-) -> None:
-    context = limits.max_context_tokens
-    if not sampling.max_tokens:
-        sampling.max_tokens = context or SAMPLING_DEFAULTS.max_tokens
-    elif context is not None and sampling.max_tokens > context:
-        raise bad(
-            f"{max_tokens_param} is {sampling.max_tokens} but the model's context is "
-            f"{context} tokens",
-            max_tokens_param,
-        )
-    _check_sizes(sampling)
-    check_sampling(beam_step_sampling(sampling) if is_beam_search else sampling)
 
 
 def _check_sizes(sampling: generation_pb2.SamplingParams) -> None:

@@ -2,9 +2,10 @@
 
 The HTTP door lets vLLM's own ``ChatCompletionRequest.to_sampling_params`` turn a body into
 vLLM's ``SamplingParams`` (its defaults, the model's generation config over them, its checks),
-and ``sampling_to_proto`` carries the result to the workers field by field. Whichever door a
-request came in by, ``check_sampling`` holds its ``SamplingParams`` to what the engine will
-accept, with the engine's own conversion, before any work.
+and ``sampling_to_proto`` carries the result to the workers field by field: vLLM has judged it.
+A ``SamplingParams`` vLLM's request models did not make (the gRPC door's, a beam search's steps)
+is held by ``check_sampling`` to what the engine will accept, with the engine's own conversion,
+before any work.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from epd.common.errors import EpdError
-from epd.server.engine.vllm_inputs import sampling_params
+from epd.server.engine.vllm_inputs import OWNED_EXTRA_ARGS, sampling_params
 from epd.server.route.request import bad
 from epd.server.worker.convert import sampling_from_proto
 from epd.v1 import generation_pb2
@@ -36,9 +37,6 @@ GENERATION_DEFAULTS = (
 )
 # vLLM's candidates per beam and step of a beam search: twice the beams (as transformers').
 CANDIDATES_PER_BEAM = 2
-# Request fields vLLM's ``to_sampling_params`` moves into ``extra_args``, which epd's route takes
-# with no effect (``openai_schema.IGNORED_FIELDS``): the hand-offs are the route's own.
-TRANSFER_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 
 
 def generation_defaults(model_dir: Path) -> dict[str, Any]:
@@ -90,7 +88,6 @@ def sampling_to_proto(params: Any, request: Any = None) -> generation_pb2.Sampli
         "cache_salt": getattr(request, "cache_salt", None),
         "thinking_token_budget": params.thinking_token_budget,
         "repetition_detection": _repetition_detection(params.repetition_detection),
-        # NOTE: the engine's conversion (check_sampling) refuses the keys of epd's KV handoff
         "vllm_xargs": json.dumps(xargs) if (xargs := _xargs(params, request)) else None,
     }
     message = generation_pb2.SamplingParams()
@@ -153,12 +150,16 @@ def _set(message: generation_pb2.SamplingParams, name: str, value: Any) -> None:
 
 
 def _xargs(params: Any, request: Any) -> dict[str, Any]:
-    """vLLM's ``extra_args`` of ``params`` less what ``request``'s ``TRANSFER_FIELDS`` put
-    there (a ``vllm_xargs`` key of those names stays, for the engine to refuse)."""
+    """vLLM's ``extra_args`` of ``params`` less the KV handoff's fields (``OWNED_EXTRA_ARGS``)
+    that ``request`` set and vLLM's ``to_sampling_params`` moved there, which epd's route takes
+    with no effect (``openai_schema.IGNORED_FIELDS``: the hand-offs are its own); a
+    ``vllm_xargs`` key of those names is refused, as the engine refuses it."""
     extra = dict(params.extra_args or {})
-    for name in TRANSFER_FIELDS:
+    for name in OWNED_EXTRA_ARGS:
         if getattr(request, name, None):
             extra.pop(name, None)
+    if owned := [key for key in OWNED_EXTRA_ARGS if key in extra]:
+        raise bad(f"vllm_xargs.{owned[0]}: epd passes the KV handoff itself", "vllm_xargs")
     return extra
 
 

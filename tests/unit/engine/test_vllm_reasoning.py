@@ -151,7 +151,10 @@ def test_the_route_refuses_vllm_xargs_naming_epds_kv_handoff_as_the_engine_would
         "vllm_xargs": {"kv_transfer_params": "x"},
     }
     request = ChatCompletionRequest.model_validate(body)
-    message = sampling_to_proto(request.to_sampling_params(8, {}), request)
     with pytest.raises(EpdError) as caught:
-        check_sampling(message)
+        sampling_to_proto(request.to_sampling_params(8, {}), request)
+    assert (caught.value.metadata or {}).get("param") == "vllm_xargs"
+    grpc_door = generation_pb2.SamplingParams(vllm_xargs='{"kv_transfer_params": "x"}')
+    with pytest.raises(EpdError) as caught:
+        check_sampling(grpc_door)
     assert (caught.value.metadata or {}).get("param") == "vllm_xargs"

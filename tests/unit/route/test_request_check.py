@@ -69,12 +69,12 @@ def test_an_unset_max_tokens_gets_the_context_or_the_default_where_it_is_unknown
     assert request.sampling.max_tokens == 7
 
 
-def test_max_tokens_beyond_the_context_is_refused_under_the_callers_name() -> None:
+def test_max_tokens_beyond_the_context_is_refused() -> None:
+    """(The HTTP door gives such a body the rest of the context, as vLLM: ``_max_tokens``.)"""
     request = chat(("user", ["hi"]), max_tokens=4097)
     with pytest.raises(InvalidArgument) as caught:
-        limits = RequestLimits(max_context_tokens=4096)
-        check_request(request, limits, max_tokens_param="max_completion_tokens")
-    assert caught.value.metadata["param"] == "max_completion_tokens"
+        check_request(request, RequestLimits(max_context_tokens=4096))
+    assert caught.value.metadata["param"] == "max_tokens"
     assert "4097" in caught.value.message and "4096 tokens" in caught.value.message
 
 
