@@ -95,32 +95,25 @@ class ImageResolver:
                 f"video {index} needs its chunks' embeddings, each with its content hash",
                 reason="MISSING_IMAGE_DATA",
             )
-        parts, is_bound = [], True
-        for ref, chunk_hash in zip(video.chunks, video.chunk_hashes, strict=True):
-            part = ImageInput(mm_hash=chunk_hash, embeddings=ref)
-            bound = self._bound_embeddings(part)
-            is_bound = is_bound and bound is not None
-            parts.append(bound if bound is not None else self._copied(ref))
+        read = [
+            self._embeddings(ref, chunk_hash)
+            for ref, chunk_hash in zip(video.chunks, video.chunk_hashes, strict=True)
+        ]
+        parts = [tensor for tensor, _ in read]
         return EngineImage(
             video.mm_hash,
             grid_of(video),
             embeddings=torch.cat(parts) if len(parts) > 1 else parts[0],
-            is_bound=is_bound,
+            is_bound=all(is_bound for _, is_bound in read),
             seconds_per_temporal_patch=video.seconds_per_temporal_patch,
             timestamps=tuple(video.timestamps),
         )
 
-    def _copied(self, ref: tensor_pb2.TensorRef) -> torch.Tensor:
-        return self.plane.get(ref, copy=True, device=self.device)
-
     async def _resolve(self, index: int, image: multimodal_pb2.ImageInput) -> EngineImage:
         source = image.WhichOneof("source")
         if source == "embeddings":
-            bound = self._bound_embeddings(image)
-            if bound is not None:
-                return EngineImage(image.mm_hash, grid_of(image), embeddings=bound, is_bound=True)
-            tensor = self.plane.get(image.embeddings, copy=True, device=self.device)
-            return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor)
+            tensor, is_bound = self._embeddings(image.embeddings, image.mm_hash)
+            return EngineImage(image.mm_hash, grid_of(image), embeddings=tensor, is_bound=is_bound)
         if source == "media":
             if self.loader is None:
                 raise FailedPrecondition(
@@ -165,17 +158,16 @@ class ImageResolver:
             logger.debug("pixels of %s unreadable here (%s): loading the source", media.mm_hash, e)
             return None
 
-    def _bound_embeddings(self, image: multimodal_pb2.ImageInput) -> torch.Tensor | None:
-        """A copy of the embeddings of ``image`` if their shared-memory segment carries the
-        content tag of its mm_hash (their encoder's word, which only it can write), else None:
-        then they are read as they are and engines name them by their bytes."""
-        in_shared_memory = image.embeddings.WhichOneof("location") == "shm"
-        if not (image.mm_hash and in_shared_memory) or is_accelerator(self.device):
-            return None
-        tag = embeddings_tag(image.mm_hash)
-        try:
-            return self.plane.get(image.embeddings, copy=True, content_tag=tag)
-        except FailedPrecondition as e:
-            if e.reason != "CONTENT_MISMATCH":
-                raise
-            return None
+    def _embeddings(self, ref: tensor_pb2.TensorRef, mm_hash: str) -> tuple[torch.Tensor, bool]:
+        """A copy of the embeddings ``ref`` points to, on the engine's device, and whether they
+        are bound to the image ``mm_hash``: their shared-memory segment carries its content tag
+        (their encoder's word, which only it can write). Unbound embeddings are read as they
+        are, and engines name them by their bytes."""
+        in_shared_memory = ref.WhichOneof("location") == "shm"
+        if mm_hash and in_shared_memory and not is_accelerator(self.device):
+            try:
+                return self.plane.get(ref, copy=True, content_tag=embeddings_tag(mm_hash)), True
+            except FailedPrecondition as e:
+                if e.reason != "CONTENT_MISMATCH":
+                    raise
+        return self.plane.get(ref, copy=True, device=self.device), False
