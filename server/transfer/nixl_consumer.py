@@ -11,13 +11,13 @@ import weakref
 
 import torch
 
-from epd.common.errors import InvalidArgument, NotFound
+from epd.common.errors import InvalidArgument
 from epd.server.transfer.base import TensorConsumer
 from epd.server.transfer.idle_pool import DEFAULT_MAX_IDLE_BYTES, WarmBuffers
 from epd.server.transfer.nixl import RELEASE_PREFIX, AgentFactory, StartedOnUse
 from epd.server.transfer.nixl_agent import NixlAgent, Region, process_agent
 from epd.server.transfer.nixl_pool import Block, RegisteredPool
-from epd.server.transfer.payload_layout import HEADER_BYTES, stamp_of
+from epd.server.transfer.payload_layout import HEADER_BYTES, check_stamp
 from epd.server.transfer.tensors import (
     check_layout,
     move,
@@ -73,8 +73,8 @@ class NixlConsumer(TensorConsumer):
         local = mirror(remote, block.address if is_stamped else block.address + HEADER_BYTES)
         try:
             self._read(agent, ref, local, remote, memory_type)
-            if is_stamped and not block.is_stamped(lease_id):
-                raise _lease_released(lease_id)
+            if is_stamped:
+                check_stamp(block.memory[:HEADER_BYTES], lease_id, "its NIXL buffer")
             # NOTE: a small payload is copied into a bytearray that torch.frombuffer wraps: no
             # torch.empty, which costs more as the first tensor call of a process just woken.
             small = (
@@ -142,8 +142,8 @@ class NixlConsumer(TensorConsumer):
             self._read(agent, ref, mirror(remote, start, device_id), remote, memory_type, "VRAM")
         finally:
             agent.deregister(address)
-        if is_stamped and bytes(buffer[:HEADER_BYTES].cpu().numpy()) != stamp_of(ref.lease_id):
-            raise _lease_released(ref.lease_id)
+        if is_stamped:
+            check_stamp(bytes(buffer[:HEADER_BYTES].cpu().numpy()), ref.lease_id, "its NIXL buffer")
         return shaped(buffer[HEADER_BYTES:].view(dtype), shape)
 
     def _read(
@@ -233,13 +233,6 @@ def remote_payload(ref: tensor_pb2.TensorRef) -> tuple[str, str, Regions, bool]:
     raise InvalidArgument(
         f"NIXL descriptors cover {total} bytes, the TensorRef says {byte_size}",
         reason="TENSOR_SIZE_MISMATCH",
-    )
-
-
-def _lease_released(lease_id: str) -> NotFound:
-    return NotFound(
-        f"lease {lease_id} was released: its NIXL buffer no longer holds the payload",
-        reason="LEASE_RELEASED",
     )
 
 

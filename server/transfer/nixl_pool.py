@@ -35,9 +35,6 @@ class Block:
     def stamp(self, lease_id: str) -> None:
         self.memory[:HEADER_BYTES] = stamp_of(lease_id)
 
-    def is_stamped(self, lease_id: str) -> bool:
-        return self.memory[:HEADER_BYTES] == stamp_of(lease_id)
-
 
 class RegisteredPool:
     """Registered blocks by size class, reused after give_back; idle ones beyond

@@ -30,10 +30,9 @@ from epd.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorConsumer
 from epd.server.transfer.idle_pool import IdlePool, WarmBuffers
 from epd.server.transfer.payload_layout import (
-    CONTENT_TAG_BYTES,
     HEADER_BYTES,
     LEASE_STAMP_BYTES,
-    MAGIC,
+    check_stamp,
     size_class,
     stamp_of,
 )
@@ -225,7 +224,7 @@ class ShmConsumer(TensorConsumer):
                 f"reference needs {location.offset + location.size}",
                 reason="TENSOR_SIZE_MISMATCH",
             )
-        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id, content_tag)
+        check_stamp(view[:HEADER_BYTES], ref.lease_id, f"segment {location.name}", content_tag)
         if not copy:
             payload_view = view[location.offset :]
             cache.lend(location.name, payload_view)
@@ -235,7 +234,7 @@ class ShmConsumer(TensorConsumer):
         source = int(np.frombuffer(view, dtype=np.uint8).ctypes.data) + location.offset
         move(payload.data_ptr(), source, ref.byte_size)
         # NOTE: a lease released during the copy may have let another payload in.
-        _check_stamp(view[:HEADER_BYTES], location.name, ref.lease_id)
+        check_stamp(view[:HEADER_BYTES], ref.lease_id, f"segment {location.name}")
         return payload
 
     def check(self, ref: tensor_pb2.TensorRef, content_tag: bytes = b"") -> None:
@@ -251,7 +250,7 @@ class ShmConsumer(TensorConsumer):
             header = os.pread(fd, HEADER_BYTES, 0)
         finally:
             os.close(fd)
-        _check_stamp(header, name, ref.lease_id, content_tag)
+        check_stamp(header, ref.lease_id, f"segment {name}", content_tag)
 
     def trim(self) -> None:
         """Forget kept mappings of segments their producers unlinked (they pin memory); reset
@@ -293,7 +292,7 @@ class ShmConsumer(TensorConsumer):
                 f"needs ({location.offset + location.size} bytes)",
                 reason="TENSOR_SIZE_MISMATCH",
             )
-        _check_stamp(header, location.name, ref.lease_id, content_tag)
+        check_stamp(header, ref.lease_id, f"segment {location.name}", content_tag)
         return payload
 
     def _map(self, cache: MappingCache, name: str, lease_id: str) -> memoryview:
@@ -313,22 +312,3 @@ class ShmConsumer(TensorConsumer):
         if not cache.keep(name, Mapping(fd, buffer, lease_id)):
             os.close(fd)
         return view
-
-
-def _check_stamp(
-    header: bytes | bytearray | memoryview, name: str, lease_id: str, content_tag: bytes = b""
-) -> None:
-    """NotFound unless the segment header carries ``lease_id`` (else its lease was released);
-    FailedPrecondition unless it carries ``content_tag`` too, when one is expected."""
-    if header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : LEASE_STAMP_BYTES] != lease_id.encode():
-        raise NotFound(
-            f"lease {lease_id} was released: segment {name} no longer holds its payload",
-            reason="LEASE_RELEASED",
-        )
-    tag = header[LEASE_STAMP_BYTES : LEASE_STAMP_BYTES + CONTENT_TAG_BYTES]
-    if content_tag and tag != content_tag:
-        raise FailedPrecondition(
-            f"segment {name} does not hold the payload its reference names (content tag "
-            f"{content_tag.hex()} expected)",
-            reason="CONTENT_MISMATCH",
-        )
