@@ -11,64 +11,39 @@ from tokenizers.decoders import DecodeStream
 from epd.v1 import generation_pb2
 
 
-class Detokenizer:
-    """Turns a growing stream of token ids into text deltas, holding back characters whose bytes
-    have not all arrived; special tokens are left out unless ``skip_special_tokens`` is false,
-    and then two adjacent ones are written without the space between them when
-    ``spaces_between_special_tokens`` is false (vLLM's ``FastIncrementalDetokenizer``).
+class StoppedText:
+    """The text of one completion as vLLM writes it (``vllm.v1.engine.detokenizer``'s
+    ``FastIncrementalDetokenizer``), delta by delta.
 
-    ``tokenizer`` is a transformers tokenizer with a ``tokenizers`` backend (what AutoTokenizer
-    loads for every family served); each id is decoded once, with the few before it that its
-    text depends on (``tokenizers.decoders.DecodeStream``), never the whole output again.
+    Each id is decoded once, with the few before it that its text depends on
+    (``tokenizers.decoders.DecodeStream``), never the whole output again; characters whose bytes
+    have not all arrived are held back. Special tokens are left out unless
+    ``skip_special_tokens`` is false, and then two adjacent ones are written without the space
+    between them when ``spaces_between_special_tokens`` is false. The text is cut before the
+    stop string the engine stopped at (after it with include_stop_str_in_output); without the
+    text of the stop token or EOS that ended it (unless include_stop_str_in_output); and, while
+    it streams, the last characters a stop string could still begin with are held back. The
+    engine has already stopped where vLLM stops: this only finds where, from the same tokens.
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        skip_special_tokens: bool = True,
-        spaces_between_special_tokens: bool = True,
-    ) -> None:
+    def __init__(self, tokenizer: Any, sampling: generation_pb2.SamplingParams) -> None:
+        """``tokenizer``: a transformers tokenizer with a ``tokenizers`` backend (what
+        AutoTokenizer loads for every family served); ``sampling``: the request's (its stop
+        strings, include_stop_str_in_output, min_tokens and special-token options)."""
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise ValueError(f"{type(tokenizer).__name__} has no tokenizers backend to stream with")
+        skip = sampling.skip_special_tokens or not sampling.HasField("skip_special_tokens")
+        spaces = sampling.spaces_between_special_tokens or not sampling.HasField(
+            "spaces_between_special_tokens"
+        )
         self._backend = backend
-        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._stream = DecodeStream(skip_special_tokens=skip)
         self._added: dict[int, str] = {}
-        if not (skip_special_tokens or spaces_between_special_tokens):
+        if not (skip or spaces):
             added = backend.get_added_tokens_decoder().items()
             self._added = {token_id: token.content for token_id, token in added}
         self._is_last_special = False
-
-    def add(self, token_ids: list[int]) -> str:
-        """The new text after appending ``token_ids`` ('' while a character is incomplete)."""
-        text = ""
-        for token_id in token_ids:
-            part = self._stream.step(self._backend, token_id) or ""
-            if self._added:
-                special = self._added.get(token_id)
-                if special is not None and self._is_last_special:
-                    part = special  # NOTE: its own text, without the space before it
-                self._is_last_special = special is not None
-            text += part
-        return text
-
-
-class StoppedText:
-    """The text of one completion as vLLM writes it (``vllm.v1.engine.detokenizer``): cut before
-    the stop string the engine stopped at (after it with include_stop_str_in_output); without
-    the text of the stop token or EOS that ended it (unless include_stop_str_in_output); and,
-    while it streams, the last characters a stop string could still begin with held back. The
-    engine has already stopped where vLLM stops: this only finds where, from the same tokens."""
-
-    def __init__(self, tokenizer: Any, sampling: generation_pb2.SamplingParams) -> None:
-        """``sampling``: the request's (its stop strings, include_stop_str_in_output,
-        min_tokens and special-token options)."""
-        self._detokenizer = Detokenizer(
-            tokenizer,
-            sampling.skip_special_tokens or not sampling.HasField("skip_special_tokens"),
-            sampling.spaces_between_special_tokens
-            or not sampling.HasField("spaces_between_special_tokens"),
-        )
         self._stop = list(sampling.stop)
         self._include_stop = include_stop = sampling.include_stop_str_in_output
         self._min_tokens = sampling.min_tokens
@@ -94,7 +69,13 @@ class StoppedText:
 
     def _append(self, token_ids: list[int]) -> None:
         for token_id in token_ids:
-            self._text += self._detokenizer.add([token_id])
+            part = self._stream.step(self._backend, token_id) or ""
+            if self._added:
+                special = self._added.get(token_id)
+                if special is not None and self._is_last_special:
+                    part = special  # NOTE: its own text, without the space before it
+                self._is_last_special = special is not None
+            self._text += part
             self._num_tokens += 1
             if self._num_tokens == self._min_tokens:
                 self._checked_from = len(self._text)

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from epd.server.route.detokenize import Detokenizer
+from epd.server.route.detokenize import StoppedText
 from epd.v1 import generation_pb2
 
 TEXT = "héllo wörld, ünïcode ✓ 🙂 done. 中文也可以，还有emoji 🚀🚀 and spaces  at   ends "
@@ -48,7 +48,7 @@ def metaspace_tokenizer() -> PreTrainedTokenizerFast:
 
 def streamed(tokenizer: PreTrainedTokenizerFast, ids: list[int], seed: int) -> list[str]:
     rng = random.Random(seed)
-    detokenizer = Detokenizer(tokenizer)
+    detokenizer = StoppedText(tokenizer, generation_pb2.SamplingParams())
     deltas, start = [], 0
     while start < len(ids):
         size = rng.choice([1, 1, 1, 2, 3, 7])
@@ -88,7 +88,7 @@ def test_metaspace_deltas_keep_the_spaces_between_words(seed: int) -> None:
 def test_an_incomplete_character_is_held_back_until_its_last_byte() -> None:
     tokenizer = metaspace_tokenizer()
     ids = tokenizer("a✓", add_special_tokens=False)["input_ids"]
-    detokenizer = Detokenizer(tokenizer)
+    detokenizer = StoppedText(tokenizer, generation_pb2.SamplingParams())
     deltas = [detokenizer.add([i]) for i in ids]
     assert deltas[-3:] == ["", "", "✓"]
     assert "".join(deltas) == "a✓"
@@ -96,13 +96,11 @@ def test_an_incomplete_character_is_held_back_until_its_last_byte() -> None:
 
 def test_a_tokenizer_without_a_tokenizers_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="no tokenizers backend"):
-        Detokenizer(object())
+        StoppedText(object(), generation_pb2.SamplingParams())
 
 
 def stopped_text(tokenizer, token_ids, stop, include=False, min_tokens=0, chunk=1):
     """(deltas, whole) of ``token_ids`` fed ``chunk`` at a time, the last chunk ending in a stop."""
-    from epd.server.route.detokenize import StoppedText
-
     sampling = generation_pb2.SamplingParams(
         stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens
     )
@@ -126,8 +124,6 @@ def test_the_text_ends_before_a_stop_string_inside_a_token(qwen_tokenizer, chunk
 def test_characters_a_stop_string_may_begin_with_are_held_back_while_streaming(
     qwen_tokenizer,
 ) -> None:
-    from epd.server.route.detokenize import StoppedText
-
     ids = qwen_tokenizer.encode("abcdef")
     text = StoppedText(qwen_tokenizer, generation_pb2.SamplingParams(stop=["xyz", "zz"]))
     streamed = "".join(text.add([token]) for token in ids)
@@ -197,7 +193,8 @@ def test_special_tokens_are_written_as_vllm_writes_them(
         ids = [*tokenizer.encode("ab", add_special_tokens=False), *specials]
         ids += tokenizer.encode("c d", add_special_tokens=False) + specials[:1]
         options = {"skip_special_tokens": skip, "spaces_between_special_tokens": spaces}
-        detokenizer = Detokenizer(tokenizer, skip, spaces)
+        sampling = generation_pb2.SamplingParams(**options)
+        detokenizer = StoppedText(tokenizer, sampling)
         streamed = "".join(detokenizer.add([token_id]) for token_id in ids)
         assert streamed == vllm_text(tokenizer, ids, **options)
         assert (tokenizer.eos_token in streamed) is not skip
