@@ -9,7 +9,7 @@ import sys
 from epd.client.errors import EpdClientError
 from epd.client.messages import POLICIES, local_path, user
 from epd.client.sdk import AsyncEpdClient
-from epd.common.flags import Flag, add_flag
+from epd.common.flags import Flag, add_flag, refused
 from epd.common.ports import ROUTE_PORT
 
 # NOTE: the client's options are the SDK's arguments, no dataclass of ours.
@@ -59,11 +59,9 @@ def run(args: argparse.Namespace) -> int:
             try:
                 path = local_path(source)
             except ValueError as e:
-                print(f"epd chat: {e}", file=sys.stderr)
-                return 2
+                return refused("chat", e)
             if path is not None and not path.is_file():
-                print(f"epd chat: no such {kind} file: {source}", file=sys.stderr)
-                return 2
+                return refused("chat", f"no such {kind} file: {source}")
     return asyncio.run(_chat(args))
 
 

@@ -331,3 +331,10 @@ def scalar_type(hint: Any) -> type:
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
     origin = typing.get_origin(hint)
     return typing.cast(type, origin or hint)
+
+
+def refused(command: str, error: object) -> int:
+    """Print ``epd COMMAND: ERROR`` on stderr, as every command reports a flag value (or a
+    setting only its service can judge) that it refuses; 2, the exit status of such a refusal."""
+    print(f"epd {command}: {error}", file=sys.stderr)
+    return 2

@@ -1,4 +1,5 @@
-"""Server flags shared by every service's command line, and the ``ServerOptions`` they give."""
+"""Server flags shared by every service's command line, the ``ServerOptions`` they give, and the
+line a started service prints before it serves."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import os
 
 from epd.common.cpus import check_available, parse_cpu_list, pin_threads
 from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
-from epd.common.server import ServerOptions
+from epd.common.server import EpdServer, ServerOptions
+from epd.common.serving import StopSignals, serve
 
 # NOTE: no options field: the cli pins the process itself (pin_to_cpus).
 CPUS = Flag(
@@ -42,3 +44,12 @@ def pin_to_cpus(args: argparse.Namespace) -> list[int] | None:
     check_available(cpus)
     pin_threads(os.getpid(), cpus)
     return cpus
+
+
+async def serve_announced(
+    command: str, server: EpdServer, port: int, stop: StopSignals, *, host: str, detail: str = ""
+) -> None:
+    """Print ``epd COMMAND listening on HOST:PORT`` and ``detail`` (the line people and
+    launchers wait for), then ``serve`` until a stop signal and drain."""
+    print(f"epd {command} listening on {host}:{port}{detail}", flush=True)
+    await serve(server, stop)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from epd import __version__
 from epd.common.flag_suggest import close_match, reject_unknown
+from epd.common.flags import refused
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -58,8 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             add_config_argument(sub)
             args = [args[0], *file_arguments(args[0], sub, args[1:]), *args[1:]]
         except ValueError as e:  # NOTE: a malformed EPD_* fallback or --config file
-            print(f"epd {args[0]}: {e}", file=sys.stderr)
-            return 2
+            return refused(args[0], e)
         parsed, extras = parser.parse_known_args(args)
         if extras:
             reject_unknown(parser, parsed, extras)

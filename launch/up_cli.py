@@ -19,7 +19,7 @@ from epd.client.errors import EpdClientError
 from epd.client.messages import user
 from epd.client.sdk import AsyncEpdClient
 from epd.common.cpus import allowed_cpus
-from epd.common.flags import add_dataclass_arguments, flag
+from epd.common.flags import add_dataclass_arguments, flag, refused
 from epd.common.telemetry import DEFAULT_SPAN_FILE_MB
 from epd.common.telemetry_cli import mebibytes
 from epd.launch.autoscale_cli import (
@@ -173,8 +173,7 @@ def run(args: argparse.Namespace) -> int:
         _plan(args)
         _resolve_model(args)
     except ValueError as e:
-        print(f"epd up: {e}", file=sys.stderr)
-        return 2
+        return refused("up", e)
     deployment = _deployment(args)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 
 from epd.common.errors import InvalidArgument
-from epd.common.flags import add_dataclass_arguments, from_arguments
+from epd.common.flags import add_dataclass_arguments, from_arguments, refused
 from epd.common.ports import SCHEDULER_PORT
 from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.scheduler.config import SchedulerConfig
 
@@ -40,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
         options = server_options(args)
         pin_to_cpus(args)
     except (InvalidArgument, ValueError) as e:
-        print(f"epd scheduler: {e}", file=sys.stderr)
-        return 2
+        return refused("scheduler", e)
     configure_from_args("epd-scheduler", args)
     return asyncio.run(_serve(options, config))
 
@@ -51,6 +49,5 @@ async def _serve(options: ServerOptions, config: SchedulerConfig) -> int:
 
     with stop_signals() as stop:
         server, port = await build_scheduler_server(options, config)
-        print(f"epd scheduler listening on {options.host}:{port}", flush=True)
-        await serve(server, stop)
+        await serve_announced("scheduler", server, port, stop, host=options.host)
     return 0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import TYPE_CHECKING
 
+from epd.common.flags import refused
 from epd.common.ports import DECODE_PORT
 from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.decode.app import DecodeConfig, build_decode_server
 from epd.server.engine.device import resolve_device
@@ -62,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
         args.device = resolve_device(args.device)
         engine_settings = engine_options(args, "kv_consumer", args.device)
     except ValueError as e:
-        print(f"epd decode: {e}", file=sys.stderr)
-        return 2
+        return refused("decode", e)
     config = decode_config(args)
     configure_from_args("epd-decode", args)
     set_nixl_log_level(args)
@@ -84,12 +83,10 @@ async def _serve(
                 args.model, model_id=args.model_id, options=engine_settings
             )
         except ValueError as e:
-            print(f"epd decode: {e}", file=sys.stderr)
-            return 2
+            return refused("decode", e)
         try:
             app = await build_decode_server(config, engine, options)
-            print(f"epd decode listening on {options.host}:{app.port}", flush=True)
-            await serve(app.server, stop)
+            await serve_announced("decode", app.server, app.port, stop, host=options.host)
         finally:
             await engine.close()
     return 0

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 
-from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
+from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments, refused
 from epd.common.ports import ENCODE_PORT
 from epd.common.server import ServerOptions
-from epd.common.server_cli import pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import configure_from_args
 from epd.server.encode.app import build_encode_server
 from epd.server.encode.config import EncodeConfig
@@ -56,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
         options = server_options(args)
         cpus = pin_to_cpus(args)
     except ValueError as e:
-        print(f"epd encode: {e}", file=sys.stderr)
-        return 2
+        return refused("encode", e)
     configure_from_args("epd-encode", args)
     set_nixl_log_level(args)
     threads = args.threads or (len(cpus) if cpus else 0)
@@ -73,13 +71,10 @@ async def _serve(config: EncodeConfig, options: ServerOptions) -> int:
         try:
             app = await build_encode_server(config, options)
         except ValueError as e:
-            print(f"epd encode: {e}", file=sys.stderr)
-            return 2
-        print(
-            f"epd encode listening on {options.host}:{app.port} as {app.info.id} "
-            f"(device {app.info.device})",
-            flush=True,
+            return refused("encode", e)
+        detail = f" as {app.info.id} (device {app.info.device})"
+        await serve_announced(
+            "encode", app.server, app.port, stop, host=options.host, detail=detail
         )
-        await serve(app.server, stop)
     await app.stop()  # NOTE: drained already: frees the worker's threads and payloads
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from epd.common.flags import refused
 from epd.server.models.model_cli import add_model_arguments
 from epd.server.models.model_dir import resolve_model
 
@@ -69,13 +70,11 @@ def load_images(paths: list[Path]) -> list[Image.Image]:
 def run(args: argparse.Namespace) -> int:
     """Build the tiny model if needed, generate, print the answer and token ids."""
     if args.max_tokens <= 0:
-        print("epd generate: --max-tokens must be positive", file=sys.stderr)
-        return 2
+        return refused("generate", "--max-tokens must be positive")
     try:
         images = load_images(args.image) or [demo_image()]
     except ValueError as e:
-        print(f"epd generate: {e}", file=sys.stderr)
-        return 2
+        return refused("generate", e)
     if args.model is None and not (DEFAULT_MODEL_DIR / "config.json").exists():
         from epd.server.models.tiny.build import build_tiny_model
 
@@ -84,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_dir = resolve_model(args.model or str(DEFAULT_MODEL_DIR), args.revision).path
     except ValueError as e:
-        print(f"epd generate: {e}", file=sys.stderr)
-        return 2
+        return refused("generate", e)
     from epd.server.engine.reference import ReferenceEngine
 
     start = time.monotonic()

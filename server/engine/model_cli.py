@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from epd.common.flags import refused
 from epd.server.models.registry import FAMILIES
 from epd.server.models.tiny.build import PRESETS, build_tiny_model, preset
 
@@ -59,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
             family=args.family,
         )
     except ValueError as e:
-        print(f"epd model tiny: {e}", file=sys.stderr)
-        return 2
+        return refused("model tiny", e)
     start = time.monotonic()
 
     def progress(message: str) -> None:

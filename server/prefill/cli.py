@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import TYPE_CHECKING
 
-from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments
+from epd.common.flags import Flag, add_dataclass_arguments, add_flag, from_arguments, refused
 from epd.common.ports import PREFILL_PORT
 from epd.common.roles import Role
 from epd.common.server import ServerOptions
-from epd.common.server_cli import pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import configure_from_args
 from epd.server.engine.device import CPU, device_type, resolve_device
 from epd.server.engine.engine_cli import (
@@ -92,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
         args.device = resolve_device(args.device)
         engine_settings = _engine_settings(args, config)
     except ValueError as e:
-        print(f"epd prefill: {e}", file=sys.stderr)
-        return 2
+        return refused("prefill", e)
     configure_from_args("epd-prefill", args)
     set_nixl_log_level(args)
     threads = args.cpu_threads or (len(cpus) if cpus else 0)
@@ -123,20 +121,16 @@ async def _serve(
         try:
             engine = await _start_engine(args, engine_settings)
         except ValueError as e:
-            print(f"epd prefill: {e}", file=sys.stderr)
-            return 2
+            return refused("prefill", e)
         try:
             try:
                 app = await build_prefill_server(config, engine, options)
             except ValueError as e:
-                print(f"epd prefill: {e}", file=sys.stderr)
-                return 2
-            print(
-                f"epd prefill listening on {options.host}:{app.port} ({config.mode.label}, "
-                f"{args.engine})",
-                flush=True,
+                return refused("prefill", e)
+            detail = f" ({config.mode.label}, {args.engine})"
+            await serve_announced(
+                "prefill", app.server, app.port, stop, host=options.host, detail=detail
             )
-            await serve(app.server, stop)
             app.worker.plane.close()
         finally:
             await engine.close()

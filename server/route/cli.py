@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 
-from epd.common.flags import add_dataclass_arguments, from_arguments
+from epd.common.flags import add_dataclass_arguments, from_arguments, refused
 from epd.common.ports import LOCAL_SCHEDULER, ROUTE_PORT
 from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.media.media_cli import add_media_arguments, media_policy
 from epd.server.models.model_cli import add_model_arguments, resolve_model_arguments
@@ -88,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
         pin_to_cpus(args)
         config = route_config(args)
     except ValueError as e:
-        print(f"epd route: {e}", file=sys.stderr)
-        return 2
+        return refused("route", e)
     configure_from_args("epd-route", args)
     return asyncio.run(_serve(config, options))
 
@@ -99,13 +97,11 @@ async def _serve(config: RouteConfig, options: ServerOptions) -> int:
         try:
             app = await build_route_server(config, options)
         except ValueError as e:  # NOTE: settings only the model can judge (--chat-template)
-            print(f"epd route: {e}", file=sys.stderr)
-            return 2
+            return refused("route", e)
         http = ""
         if app.http:
             http = f", OpenAI HTTP on {app.http.scheme}://{options.host}:{app.http.port}/v1"
-        print(f"epd route listening on {options.host}:{app.port}{http}", flush=True)
-        await serve(app.server, stop)
+        await serve_announced("route", app.server, app.port, stop, host=options.host, detail=http)
     await app.router.peers.close()
     if app.router.plane is not None:
         app.router.plane.close()  # NOTE: unlinks the segments of the images' pixels

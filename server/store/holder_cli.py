@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 
 from epd.common.advertise import advertised_host
-from epd.common.flags import add_dataclass_arguments, from_arguments
+from epd.common.flags import add_dataclass_arguments, from_arguments, refused
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, build_server
-from epd.common.server_cli import add_server_arguments, pin_to_cpus, server_options
-from epd.common.serving import serve, stop_signals
+from epd.common.server_cli import add_server_arguments, pin_to_cpus, serve_announced, server_options
+from epd.common.serving import stop_signals
 from epd.common.telemetry_cli import add_telemetry_arguments, configure_from_args
 from epd.server.store.holder import HolderConfig, SegmentHolder
 
@@ -42,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
         host = advertised_host(options.host, options.advertise_host, config.store_master)
         holder = SegmentHolder(config.settings(host))
     except ValueError as e:
-        print(f"epd store-holder: {e}", file=sys.stderr)
-        return 2
+        return refused("store-holder", e)
     configure_from_args("epd-store-holder", args)
     return asyncio.run(_serve(options, holder))
 
@@ -51,10 +49,9 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(options: ServerOptions, holder: SegmentHolder) -> int:
     with stop_signals() as stop:
         server, port = await build_server([], options, new_registry())
-        print(f"epd store-holder listening on {options.host}:{port}", flush=True)
         serving = asyncio.ensure_future(_mark_serving_once_joined(server, holder))
         try:
-            await serve(server, stop)
+            await serve_announced("store-holder", server, port, stop, host=options.host)
         finally:
             await holder.close()
             await serving

@@ -17,6 +17,7 @@ from epd.common.flags import (
     add_passed_on_arguments,
     flag,
     from_arguments,
+    refused,
 )
 
 MiB = 1 << 20
@@ -226,3 +227,14 @@ def test_passed_on_flags_default_to_none_and_read_no_variable(
     assert vars(parser.parse_args([])) == {"count": None, "port": None}
     found = {action.dest: action.help for action in parser._actions}
     assert found["count"] == "how many (default 3)" and found["port"] == "a port (default: theirs)"
+
+
+def test_a_refusal_names_the_command_on_stderr_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert refused("encode", ValueError("--threads must be 0 (the default) or more")) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "",
+        "epd encode: --threads must be 0 (the default) or more\n",
+    )

@@ -4,12 +4,14 @@ alike (a server must accept the pings of channels made with the same setting).""
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
 
 from epd.common.channels import keepalive_options, server_ping_options
-from epd.common.server import ServerOptions
-from epd.common.server_cli import add_server_arguments, server_options
+from epd.common.server import ServerOptions, build_server
+from epd.common.server_cli import add_server_arguments, serve_announced, server_options
+from epd.common.serving import stop_signals
 
 
 def parse(argv: list[str]) -> ServerOptions:
@@ -49,3 +51,15 @@ def test_servers_accept_pings_as_often_as_channels_send_them() -> None:
     server = dict(server_ping_options(1.5))
     assert channel["grpc.keepalive_time_ms"] == channel["grpc.keepalive_timeout_ms"] == 1500
     assert server["grpc.http2.min_ping_interval_without_data_ms"] < 1500
+
+
+async def test_a_served_server_announces_its_address_then_drains_on_stop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ServerOptions(host="127.0.0.1", port=0)
+    server, port = await build_server([], options)
+    with stop_signals() as stop:
+        stop.requested.set()
+        await serve_announced("holder", server, port, stop, host=options.host, detail=" (x)")
+    assert capsys.readouterr().out == f"epd holder listening on 127.0.0.1:{port} (x)\n"
+    await asyncio.wait_for(server.wait_for_termination(), timeout=5)  # drained: it stopped
