@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 from opentelemetry import trace
 
+from epd.common.generation import finish_reason_value
 from epd.common.status import handle_errors
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.prefill.worker import PrefillWorker
@@ -40,7 +41,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         )
         return pb.PrefillResponse(
             first_token_id=result.first_token_id,
-            finish_reason=convert.finish_reason_to_proto(result.finish_reason),  # type: ignore[arg-type]
+            finish_reason=finish_reason_value(result.finish_reason),  # type: ignore[arg-type]
             kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
             usage=convert.usage_to_proto(result.usage),
             first_token_logprobs=convert.logprobs_to_proto(result.first_logprobs),

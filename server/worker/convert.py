@@ -29,9 +29,6 @@ from epd.server.engine.base import (
 )
 from epd.v1 import generation_pb2
 
-# An engine's finish reason (None: not finished) as a FinishReason value, by the one map.
-finish_reason_to_proto = finish_reason_value
-
 
 def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
     """Proto sampling with ``SAMPLING_DEFAULTS`` for the fields left at zero (max_tokens, top_p;
@@ -122,7 +119,7 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
     """Fields of a streamed token response (PrefillDecodeResponse, DecodeResponse) for ``chunk``."""
     fields: dict[str, Any] = {
         "token_ids": chunk.token_ids,
-        "finish_reason": finish_reason_to_proto(chunk.finish_reason),
+        "finish_reason": finish_reason_value(chunk.finish_reason),
     }
     if chunk.usage is not None:
         fields["usage"] = usage_to_proto(chunk.usage)
