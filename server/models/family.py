@@ -49,11 +49,6 @@ def separately_batched_items(embeddings: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-def device_argument(device: str | None) -> dict[str, Any]:
-    """The keyword argument that runs an image processor on ``device`` (none for None)."""
-    return {} if device is None else {"device": device}
-
-
 def image_size(image: Any) -> tuple[int, int]:
     """(width, height) of a Pillow image or of a [3, height, width] tensor."""
     if hasattr(image, "width"):
@@ -123,7 +118,7 @@ class ModelFamily(ABC):
         ``image_grid_thw``). Callers only move the pixel values (``.to(device, dtype)``) and
         hand them to ``image_embeddings``: a family whose tower needs more than pixels gives a
         ``BatchFeature`` (LLaVA-OneVision: its pixel values and image sizes)."""
-        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
+        inputs = processor(images=images, return_tensors="pt", device=device)
         return inputs["pixel_values"], inputs["image_grid_thw"]
 
     def join_pixel_inputs(self, parts: list[tuple[Any, Any]]) -> tuple[Any, Any]:

@@ -27,7 +27,6 @@ from typing import Any
 from epd.server.models.family import (
     Grid,
     SeparatelyBatchedFamily,
-    device_argument,
 )
 from epd.server.models.projected_tower import projected_tower
 
@@ -104,9 +103,7 @@ class InternVl(SeparatelyBatchedFamily):
     ) -> tuple[Any, Any]:
         import torch
 
-        inputs = processor(
-            images=images, return_tensors="pt", **_images_kwargs(), **device_argument(device)
-        )
+        inputs = processor(images=images, return_tensors="pt", **_images_kwargs(), device=device)
         rows = rows_per_tile(config)
         grids = [(1, 1, int(num_tiles) * rows) for num_tiles in inputs["num_patches"]]
         return inputs["pixel_values"], torch.tensor(grids)

@@ -20,7 +20,6 @@ from typing import Any
 from epd.server.models.family import (
     Grid,
     ModelFamily,
-    device_argument,
     image_size,
 )
 from epd.server.models.projected_tower import projected_tower
@@ -88,7 +87,7 @@ class Llava(ModelFamily):
     ) -> tuple[Any, Any]:
         import torch
 
-        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
+        inputs = processor(images=images, return_tensors="pt", device=device)
         grids = [self.image_grid(*image_size(image), config, processor) for image in images]
         return inputs["pixel_values"], torch.tensor(grids)
 

@@ -41,7 +41,6 @@ from epd.server.models import onevision_video
 from epd.server.models.family import (
     Grid,
     SeparatelyBatchedFamily,
-    device_argument,
     image_size,
 )
 from epd.server.models.projected_tower import projected_tower
@@ -98,7 +97,7 @@ class LlavaOnevision(SeparatelyBatchedFamily):
         import torch
         from transformers import BatchFeature
 
-        inputs = processor(images=images, return_tensors="pt", **device_argument(device))
+        inputs = processor(images=images, return_tensors="pt", device=device)
         pixels = BatchFeature({key: inputs[key] for key in ("pixel_values", "image_sizes")})
         grids = [self.image_grid(*image_size(image), config, processor) for image in images]
         return pixels, torch.tensor(grids)

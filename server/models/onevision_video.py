@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from epd.server.models.family import Grid, device_argument
+from epd.server.models.family import Grid
 from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, sample_frames
 
 #: the key of a video chunk's frames in the encoder's pixel inputs
@@ -90,7 +90,7 @@ def pixel_inputs(
         do_sample_frames=False,
         size={"height": height, "width": width},
         return_tensors="pt",
-        **device_argument(device),
+        device=device,
     )
     pixels = inputs["pixel_values_videos"][0]
     grid = torch.tensor([[int(pixels.shape[0]), side, side]])

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from epd.server.models.family import device_argument
 from epd.server.models.video import VideoClip, VideoPlan, VideoRefused, sample_frames
 
 #: frames a second sampled when the processor sets neither ``fps`` nor ``num_frames``
@@ -127,7 +126,7 @@ def pixel_inputs(
         do_resize=False,
         do_sample_frames=False,
         return_tensors="pt",
-        **device_argument(device),
+        device=device,
     )
     return inputs["pixel_values_videos"], inputs["video_grid_thw"]
 
