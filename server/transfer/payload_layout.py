@@ -19,6 +19,8 @@ HEADER_BYTES = 64
 LEASE_STAMP_BYTES = 40
 CONTENT_TAG_BYTES = 16
 MAGIC = b"EPDSHM01"
+# a lease id fills the stamp's lease part exactly (``base.new_lease_id``: 32 hex digits)
+LEASE_ID_CHARS = LEASE_STAMP_BYTES - len(MAGIC)
 MIN_PAYLOAD_CLASS_BYTES = 64 << 10
 
 

@@ -31,6 +31,7 @@ from epd.server.transfer.base import LeasedProducer, ProducerSettings, TensorCon
 from epd.server.transfer.idle_pool import IdlePool, WarmBuffers
 from epd.server.transfer.payload_layout import (
     HEADER_BYTES,
+    LEASE_ID_CHARS,
     LEASE_STAMP_BYTES,
     check_stamp,
     size_class,
@@ -210,6 +211,12 @@ class ShmConsumer(TensorConsumer):
         if not NAME.match(location.name):
             raise InvalidArgument(
                 f"{location.name!r} is not an epd segment name", reason="BAD_TENSOR_REF"
+            )
+        if len(ref.lease_id) != LEASE_ID_CHARS:
+            # NOTE: else a longer id, cut to the stamp's length, could pass for a live lease's
+            # and reset the mapping its views use.
+            raise InvalidArgument(
+                f"{ref.lease_id!r} is not an epd lease id", reason="BAD_TENSOR_REF"
             )
         if ref.byte_size <= SMALL_COPY_BYTES:
             return view_bytes(self._read(ref, content_tag), dtype, shape, ref.byte_size)

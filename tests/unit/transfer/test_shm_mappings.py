@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from epd.common.errors import NotFound
+from epd.common.errors import InvalidArgument, NotFound
 from epd.server.transfer import shm
 from epd.server.transfer.shm import SHM_DIR, SMALL_COPY_BYTES, ShmConsumer, ShmProducer
 from epd.v1 import tensor_pb2
@@ -96,6 +96,26 @@ def test_a_stale_reference_never_resets_the_view_of_a_live_lease(
     with pytest.raises(NotFound) as caught:
         consumer.get(first)
     assert caught.value.reason == "LEASE_RELEASED"
+    assert torch.equal(live, torch.full((ELEMENTS,), 5.0)), "a live view keeps its writes"
+    producer.release(second.lease_id)
+
+
+def test_a_malformed_lease_id_never_resets_the_view_of_a_live_lease(
+    producer: ShmProducer, consumer: ShmConsumer
+) -> None:
+    # NOTE: the live lease's id plus a character once matched the segment's stamp as far as the
+    # cache compared it (40 bytes), and the mapping was reset under the live view.
+    first = producer.put(torch.full((ELEMENTS,), 1.0))
+    consumer.get(first)
+    second = reuse(producer, first, 2.0)
+    live = consumer.get(second)
+    live.fill_(5.0)
+    malformed = tensor_pb2.TensorRef()
+    malformed.CopyFrom(second)
+    malformed.lease_id += "0"
+    with pytest.raises(InvalidArgument) as caught:
+        consumer.get(malformed)
+    assert caught.value.reason == "BAD_TENSOR_REF"
     assert torch.equal(live, torch.full((ELEMENTS,), 5.0)), "a live view keeps its writes"
     producer.release(second.lease_id)
 
