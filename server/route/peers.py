@@ -1,5 +1,7 @@
 """Clients of the other services, one per endpoint over one channel, reused across requests.
-They raise domain errors (``clients``): the route's logic never sees a gRPC error."""
+They raise domain errors (``clients``): the route's logic never sees a gRPC error. The
+scheduler's client keeps the workers' listing fresh in the background (its ``watch``), the one
+source of the route's view of the live roles (``roles``)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from epd.server.route.scheduler_fallback import (
     HEALTH_TIMEOUT_S,
     FallbackScheduler,
 )
+from epd.server.route.topology import RoleView
 
 
 class Peers:
     """Lazily opened channels keyed by endpoint, with their clients. ``scheduler`` answers from
     its last listing while the scheduler is unreachable, for up to ``scheduler_fallback_s``
-    (``scheduler_fallback``)."""
+    (``scheduler_fallback``); ``roles``: the live roles of its listings (``start``)."""
 
     def __init__(
         self,
@@ -39,17 +42,19 @@ class Peers:
     ) -> None:
         self._channels = ChannelPool(auth_token, keepalive_s=keepalive_s)
         self.background = BackgroundCalls()
+        self.roles = RoleView()
         self.scheduler = FallbackScheduler(
             SchedulerClient(self._channels.get(scheduler_endpoint)),
             self.is_serving,
             scheduler_fallback_s,
             metrics=metrics,
+            on_listing=self.roles.update,
         )
         self._watch: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Keep the scheduler's listing fresh in the background (nothing with fallback off)."""
-        if self._watch is None and self.scheduler.fallback_s > 0:
+        """Keep the scheduler's listing, and so ``roles``, fresh in the background."""
+        if self._watch is None:
             self._watch = asyncio.create_task(self.scheduler.watch())
 
     def encoder(self, endpoint: str) -> EncoderClient:

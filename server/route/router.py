@@ -32,8 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 
-from epd.common.errors import NotFound
-from epd.common.roles import Role, known_role
+from epd.common.roles import known_role
 from epd.server.media.grid import ImageGridder
 from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
@@ -63,7 +62,7 @@ from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder, Rendered
 from epd.server.route.request import ChatRequest, Deadline
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
-from epd.server.route.topology import RoleView, plan_for
+from epd.server.route.topology import plan_for
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import generation_pb2
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -134,7 +133,7 @@ class Router:
         self.model_id = model_id
         self.host_id = host_id
         self.grids = grids
-        self.roles = RoleView()
+        self.roles = peers.roles
 
     async def generate(
         self, request: ChatRequest, timeout_s: float | None = None, *, is_observed: bool = True
@@ -177,7 +176,7 @@ class Router:
         deadline = Deadline(timeout_s)
         model = request.model or self.model_id
         trace.get_current_span().set_attribute("epd.request_id", request.request_id)
-        live_roles = await self._live_roles(model, deadline)  # NOTE: an unknown model loads nothing
+        live_roles = await self.roles.live_roles(model, self.model_id, self._list_workers, deadline)
         prompt = await self._prompt(request)
         token_ids = prompt.token_ids
         images, videos = await asyncio.gather(
@@ -235,7 +234,6 @@ class Router:
         """Let go of what a request held once it ends, however it ends: its pixels, its
         embeddings' leases on the encoders (shielded from the request's cancellation), and
         count its retried encodings."""
-        self._refresh_roles()
         release_pixels(self.plane, stage)
         if self.metrics is not None and stage.num_retried:
             self.metrics.encode_retries.inc(stage.num_retried)
@@ -249,8 +247,7 @@ class Router:
         prompt_text: str | None = None,
     ) -> AsyncIterator[RouteChunk]:
         """The engine's pieces as text deltas, stop strings applied as vLLM applies them, the
-        first with ``prompt_ids`` and ``prompt_text`` (None: not asked); the view of the roles
-        is refreshed once the first is out (off the request's path)."""
+        first with ``prompt_ids`` and ``prompt_text`` (None: not asked)."""
         text_of = StoppedText(self.prompts.tokenizer, sampling)
         is_first = True
         async with aclosing(pieces):
@@ -267,9 +264,7 @@ class Router:
                     prompt_ids if is_first else None,
                     prompt_text if is_first else None,
                 )
-                if is_first:
-                    is_first = False
-                    self._refresh_roles()
+                is_first = False
 
     async def _engine_pieces(
         self,
@@ -360,30 +355,7 @@ class Router:
         if self.metrics is not None:
             self.metrics.resumptions.labels(role=role).inc()
 
-    async def _live_roles(self, model: str, deadline: Deadline) -> frozenset[Role]:
-        await self.roles.ensure_fit(model, self._list_workers, deadline.remaining)
-        served = self.roles.models() | {self.model_id}
-        if model and model not in served:
-            names = ", ".join(_shortened(name) for name in sorted(served))
-            shown = _shortened(model)
-            raise NotFound(
-                f"model {shown!r} is not served here; served models: {names}",
-                reason="MODEL_NOT_FOUND",
-                metadata={"model": shown},
-            )
-        return self.roles.roles(model)
-
-    def _refresh_roles(self) -> None:
-        """Refresh a stale view of the roles, off the request's path: once the first token is
-        out (or the request has ended)."""
-        self.roles.refresh_in_background(self._list_workers, self.peers.background)
-
     async def _list_workers(self, timeout_s: float | None) -> scheduler_pb.ListWorkersResponse:
         return await self.peers.scheduler.ListWorkers(
             scheduler_pb.ListWorkersRequest(), timeout=timeout_s
         )
-
-
-def _shortened(name: str, limit: int = 64) -> str:
-    """``name`` cut to ``limit`` characters for an error: a caller's string is not echoed whole."""
-    return name if len(name) <= limit else f"{name[:limit]}..."

@@ -2,8 +2,10 @@
 
 ``FallbackScheduler`` has the methods of ``SchedulerClient`` the route calls and delegates to
 it. It keeps the scheduler's latest full ListWorkers listing (``refresh``, every second while
-``watch`` runs). When the scheduler is unreachable (a call fails Unavailable without a reason of
-the scheduler's own, or ``refresh`` gets no answer) it answers from that listing instead:
+``watch`` runs), and hands each listing ``refresh`` gets, as ListWorkers would answer it, to
+``on_listing`` (the route's ``RoleView``). When the scheduler is unreachable (a call fails
+Unavailable without a reason of the scheduler's own, or ``refresh`` gets no answer) it answers
+from that listing instead:
 
 - ChoosePrefill, ChooseDecode, AssignEncoders: the live workers of the model and roles asked,
   minus the request's exclusions and the workers whose health check failed, in turn (round
@@ -27,7 +29,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from epd.common.errors import DeadlineExceeded, EpdError, Unavailable
 from epd.common.roles import (
@@ -39,6 +41,9 @@ from epd.common.roles import (
 )
 from epd.server.route.metrics import RouteMetrics
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
+
+if TYPE_CHECKING:
+    from epd.common.clients import SchedulerClient
 
 # How long the route may serve from its last view by default: long enough
 # for the scheduler's pod to be replaced and the workers to register again (about 12 s after
@@ -54,36 +59,9 @@ LOCAL_ASSIGNMENT_PREFIX = "local-"
 # reasons of an Unavailable that mean "no answer from the scheduler" (no ErrorInfo of its own)
 UNREACHABLE_REASONS = frozenset({"UNAVAILABLE", "PEER_UNREACHABLE"})
 HealthCheck = Callable[[str], Awaitable[bool]]
+OnListing = Callable[[scheduler_pb.ListWorkersResponse], None]
 Reply = TypeVar("Reply")
 logger = logging.getLogger(__name__)
-
-
-class SchedulerCalls(Protocol):
-    """The scheduler calls the route makes (``common.clients.SchedulerClient``)."""
-
-    async def ListWorkers(
-        self, request: scheduler_pb.ListWorkersRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.ListWorkersResponse: ...
-
-    async def AssignEncoders(
-        self, request: scheduler_pb.AssignEncodersRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.AssignEncodersResponse: ...
-
-    async def CompleteEncoding(
-        self, request: scheduler_pb.CompleteEncodingRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.CompleteEncodingResponse: ...
-
-    async def ChoosePrefill(
-        self, request: scheduler_pb.ChoosePrefillRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.ChoosePrefillResponse: ...
-
-    async def ChooseDecode(
-        self, request: scheduler_pb.ChooseDecodeRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.ChooseDecodeResponse: ...
-
-    async def Place(
-        self, request: scheduler_pb.PlaceRequest, *, timeout: float | None = None
-    ) -> scheduler_pb.PlaceResponse: ...
 
 
 def is_unreachable(error: EpdError) -> bool:
@@ -92,19 +70,21 @@ def is_unreachable(error: EpdError) -> bool:
 
 
 class FallbackScheduler:
-    """``SchedulerCalls`` that answer from the last listing while the scheduler is away.
+    """``client``'s calls, answered from the last listing while the scheduler is away.
 
     ``is_serving(endpoint)``: the worker's gRPC health check (True: SERVING; never raises).
     ``fallback_s``: how long after its fetch the listing may be used (0: never, calls fail as the
-    scheduler's do). ``clock``: monotonic seconds (tests move it)."""
+    scheduler's do). ``on_listing``: told each listing ``refresh`` gets (while degraded: the
+    listing less the unhealthy workers). ``clock``: monotonic seconds (tests move it)."""
 
     def __init__(
         self,
-        client: SchedulerCalls,
+        client: SchedulerClient,
         is_serving: HealthCheck,
         fallback_s: float = DEFAULT_FALLBACK_S,
         *,
         metrics: RouteMetrics | None = None,
+        on_listing: OnListing = lambda listing: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if fallback_s < 0:
@@ -113,6 +93,7 @@ class FallbackScheduler:
         self._is_serving = is_serving
         self.fallback_s = fallback_s
         self._metrics = metrics
+        self._on_listing = on_listing
         self._clock = clock
         self._listing: scheduler_pb.ListWorkersResponse | None = None
         self._listed_at = -float("inf")
@@ -120,6 +101,7 @@ class FallbackScheduler:
         self._degraded_since: float | None = None
         self._answered_since: float | None = None
         self._has_logged_expiry = False
+        self._is_listing_failing = False
         self._turns: Counter[str] = Counter()
         self.num_local_choices = 0
 
@@ -201,21 +183,31 @@ class FallbackScheduler:
             listing = await self._client.ListWorkers(
                 scheduler_pb.ListWorkersRequest(), timeout=REFRESH_TIMEOUT_S
             )
-        except (Unavailable, DeadlineExceeded) as e:
+        except EpdError as e:
             if (is_unreachable(e) or isinstance(e, DeadlineExceeded)) and self.is_fresh():
                 self._enter_degraded(e)
-        except EpdError as e:
-            logger.debug("listing the workers failed: %s", e)
+            elif not self._is_listing_failing:
+                self._is_listing_failing = True
+                logger.warning(
+                    "could not refresh the workers' listing (%s); the route's view of the live "
+                    "roles is kept",
+                    e,
+                )
         if not self.is_degraded:
             if listing is not None:
                 self._record(listing)
+                self._on_listing(listing)
             return
         await self._check_health()
         if listing is not None and self._has_rejoined(listing):
             self._leave_degraded(listing)
+            self._on_listing(listing)
+        elif self.is_fresh():
+            self._on_listing(self._local_listing(scheduler_pb.ListWorkersRequest()))
 
     def _record(self, listing: scheduler_pb.ListWorkersResponse) -> None:
         self._listing, self._listed_at = listing, self._clock()
+        self._is_listing_failing = False
 
     def _enter_degraded(self, error: EpdError) -> None:
         if self.is_degraded:

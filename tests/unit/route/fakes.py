@@ -16,6 +16,7 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.route.prompt import PromptBuilder, Rendered
 from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, new_request_id
 from epd.server.route.router import Router
+from epd.server.route.topology import RoleView
 from tests.unit.route.fake_encoder import FakeEncoder
 from tests.unit.route.fake_engines import FakeEngine
 from tests.unit.route.fake_scheduler import FakeScheduler
@@ -29,6 +30,7 @@ class FakePeers:
     encoders: dict[str, FakeEncoder] = field(default_factory=dict)
     engines: dict[str, Any] = field(default_factory=dict)
     background: BackgroundCalls = field(default_factory=BackgroundCalls)
+    roles: RoleView = field(default_factory=RoleView)
 
     def encoder(self, endpoint: str) -> FakeEncoder:
         return self.encoders.setdefault(endpoint, FakeEncoder(endpoint))

@@ -39,6 +39,6 @@ def test_the_view_of_live_roles_leaves_unknown_and_unspecified_roles_out() -> No
     view = RoleView()
     for role in (UNKNOWN_ROLE, scheduler_pb.WORKER_ROLE_UNSPECIFIED):
         view.update(listing_with(role))
-        assert view.roles("tiny") == frozenset() and view.models() == {"tiny"}
+        assert view.roles("tiny") == frozenset() and view.models == {"tiny"}
     view.update(listing_with(scheduler_pb.WORKER_ROLE_DECODE))
     assert view.roles("tiny") == {Role.DECODE}

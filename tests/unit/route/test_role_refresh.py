@@ -1,6 +1,7 @@
-"""The route's view of the live roles is refreshed off the requests' path: a stale view is served,
-and refreshed in the background once the first token is out; a request waits for ListWorkers
-only without a view, with an expired one, or with one that has no live role for its model."""
+"""The route's view of the live roles is refreshed off the requests' path, by the scheduler
+listing's one refresh loop (``FallbackScheduler.refresh``, every second under ``watch``): a stale
+view is served and no request asks for a listing; a request waits for ListWorkers only without a
+view, with an expired one, or with one that has no live role for its model."""
 
 from __future__ import annotations
 
@@ -11,21 +12,22 @@ from typing import Any
 
 import pytest
 
-from epd.common.errors import Unavailable
+from epd.common.roles import Role
 from epd.server.route.router import Router
+from epd.server.route.scheduler_fallback import FallbackScheduler
 from epd.server.route.topology import MAX_AGE_TTLS, RoleView
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
-from tests.unit.route.fakes import FakePeers, generate, generate_request, text_router
+from tests.unit.route.fakes import FakePeers, generate, text_router
+from tests.unit.route.test_scheduler_fallback import DownableScheduler, Health
 
 TTL_S = RoleView().ttl_s
 
 
 class HeldListWorkers:
-    """The fake scheduler's ListWorkers, answered only once ``go`` is set (or failing)."""
+    """The fake scheduler's ListWorkers, answered only once ``go`` is set."""
 
-    def __init__(self, peers: FakePeers, error: Exception | None = None) -> None:
+    def __init__(self, peers: FakePeers) -> None:
         self.answer = peers.scheduler.ListWorkers
-        self.error = error
         self.go = asyncio.Event()
         self.num_started = 0
         self.num_answered = 0
@@ -34,8 +36,6 @@ class HeldListWorkers:
     async def __call__(self, request: Any, timeout: float | None = None) -> Any:
         self.num_started += 1
         await self.go.wait()
-        if self.error is not None:
-            raise self.error
         self.num_answered += 1
         return await self.answer(request, timeout)
 
@@ -52,21 +52,13 @@ async def router_with_view(
     return worker, peers
 
 
-async def test_a_stale_view_is_served_and_refreshed_after_the_first_token() -> None:
+async def test_a_stale_view_is_served_and_no_request_lists_the_workers() -> None:
     worker, peers = await router_with_view(age_s=2 * TTL_S)
     list_workers = HeldListWorkers(peers)
-    stream = worker.generate(generate_request("tiny"))
-    first = await asyncio.wait_for(anext(stream), 5)
-    assert first.token_ids == [7] and list_workers.num_started == 0
-    rest = [chunk async for chunk in stream]
-    assert [token for chunk in rest for token in chunk.token_ids] == [8, 9]
-    await asyncio.sleep(0)
-    assert list_workers.num_started == 1  # NOTE: the refresh is under way, not waited for
+    assert len(await asyncio.wait_for(generate(worker, "tiny"), 5)) == 3
     await generate(worker, "tiny")
-    assert list_workers.num_started == 1  # NOTE: one refresh at a time
-    list_workers.go.set()
     await peers.background.settle()
-    assert list_workers.num_answered == 1 and not worker.roles.is_stale()
+    assert list_workers.num_started == 0  # NOTE: the refresh loop's job, not the requests'
 
 
 async def test_an_expired_view_makes_the_request_wait_for_the_listing() -> None:
@@ -89,20 +81,34 @@ async def test_a_stale_view_without_a_live_role_of_the_model_waits_for_the_listi
     assert len(await asyncio.wait_for(request, 5)) == 3
 
 
-async def test_a_failed_background_refresh_keeps_the_view_and_is_logged(
+async def test_the_listings_refresh_feeds_the_view_and_a_failed_one_keeps_it_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    worker, peers = await router_with_view(age_s=2 * TTL_S)
-    list_workers = HeldListWorkers(peers, Unavailable("scheduler down"))
-    list_workers.go.set()
+    remote, view = DownableScheduler(), RoleView()
+    fallback = FallbackScheduler(remote, Health(), 0, on_listing=view.update)  # type: ignore[arg-type]
+    await fallback.refresh()
+    assert view.roles("tiny") == {Role.ENCODE, Role.PREFILL_DECODE, Role.DECODE}
+    assert not view.is_stale()
+    remote.scheduler.encoders = []
+    remote.is_down = True
     with caplog.at_level(logging.WARNING):
-        await generate(worker, "tiny")
-        await peers.background.settle()
-    assert list_workers.num_started == 1
-    assert "could not refresh the live roles" in caplog.text
-    assert len(await generate(worker, "tiny")) == 3  # NOTE: served from the kept view
-    await peers.background.settle()
-    assert list_workers.num_started == 1  # NOTE: the next try waits a TTL
+        await fallback.refresh()
+        await fallback.refresh()
+    assert Role.ENCODE in view.roles("tiny")  # NOTE: kept as it was
+    assert caplog.text.count("could not refresh the workers' listing") == 1
+    remote.is_down = False
+    await fallback.refresh()
+    assert view.roles("tiny") == {Role.PREFILL_DECODE, Role.DECODE}
+
+
+async def test_while_degraded_the_view_leaves_out_the_workers_failing_their_health_check() -> None:
+    remote, health, view = DownableScheduler(), Health(failing={"enc0", "enc1"}), RoleView()
+    fallback = FallbackScheduler(remote, health, 60, on_listing=view.update)  # type: ignore[arg-type]
+    await fallback.refresh()
+    assert Role.ENCODE in view.roles("tiny")
+    remote.is_down = True
+    await fallback.refresh()
+    assert fallback.is_degraded and view.roles("tiny") == {Role.PREFILL_DECODE, Role.DECODE}
 
 
 def test_a_view_expires_after_its_max_age() -> None:
