@@ -20,9 +20,9 @@ Two kinds of cache, one per use:
   other's writes.
 
 A mapping of a segment that its producer unlinked would pin the segment's memory: hits check the
-link count, and ``trim`` (at most once a second from reads, and from the data plane's reaper)
-forgets such mappings. Pages a caller wrote to are this process's own memory until the mapping
-is reset: ``trim`` also resets private mappings whose view has died.
+link count, and ``trim`` (the data plane's reaper calls it once a second) forgets such mappings.
+Pages a caller wrote to are this process's own memory until the mapping is reset: ``trim`` also
+resets private mappings whose view has died.
 """
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ import contextlib
 import mmap
 import os
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_MAPPINGS = 64
-SWEEP_INTERVAL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -88,7 +86,6 @@ class MappingCache:
         self._mappings: OrderedDict[str, Mapping] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._last_sweep = time.monotonic()
 
     def take(self, name: str, lease_id: str, header: bytes) -> memoryview | None:
         """A view of the whole kept mapping of segment ``name`` for ``lease_id``; None where none
@@ -96,8 +93,6 @@ class MappingCache:
         where it last served ``lease_id`` (that view may have been written to) or where the
         segment does not start with ``header`` (``lease_id``'s stamp): a stale reference must
         never reset a mapping whose views still serve a live lease."""
-        if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
-            self.trim()
         with self._lock:
             mapping = self._mappings.get(name)
             if mapping is None:
@@ -139,7 +134,6 @@ class MappingCache:
         private ones whose view has died (pages a caller wrote to are private memory of this
         process until then); returns how many were forgotten."""
         with self._lock:
-            self._last_sweep = time.monotonic()
             gone = [
                 name
                 for name, mapping in self._mappings.items()
