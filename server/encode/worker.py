@@ -327,8 +327,9 @@ class EncodeWorker:
         return _Computed(entry, mm_hash, True, 0.0)
 
     async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
-        """The embeddings of ``mm_hash`` from the cache or an encoding in flight."""
-        if (hit := self.cache.get(mm_hash)) is not None:
+        """The embeddings of ``mm_hash`` from an encoding in flight, or the cache where one ended
+        while the store was asked (the miss was counted, by ``_known``)."""
+        if (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
             return _Computed(hit, mm_hash, True, 0.0)
         start = time.monotonic()
         task = self._encoding.get(mm_hash)

@@ -186,6 +186,7 @@ async def test_a_hash_only_item_neither_cached_nor_in_flight_is_refused(parts) -
     with pytest.raises(InvalidArgument) as caught:
         await by_hash(worker, "e" * 32)
     assert caught.value.reason == "MM_HASH_NOT_CACHED" and tower.calls == []
+    assert (worker.cache.num_misses, worker.cache.num_hits) == (1, 0)  # NOTE: one lookup, one miss
 
 
 async def test_the_consumers_device_reaches_the_data_plane(parts) -> None:
