@@ -42,21 +42,27 @@ from epd.scheduler.policies.routing import PrefillChooser
 from epd.scheduler.registry import Clock, Registry
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    index: int  # in the request
+    mm_hash: str
+    units: float
+    is_encoding: bool  # its encoder was given it to encode (not held there nor in the store)
+
+
 @dataclass(slots=True)
 class _Group:
+    """The items of one assignment given to one encoder."""
+
     worker: RegisteredWorker
-    item_indices: list[int]
+    items: list[_Item]
     backlog_at_assign: int
 
 
 @dataclass(slots=True)
 class _Pending:
     groups: list[_Group]
-    mm_hashes: list[str]
-    units: list[float]
     created_at: float
-    # per item: whether its encoder was given it to encode (not held there nor in the store)
-    is_encoding: list[bool]
 
 
 class Scheduler:
@@ -179,8 +185,8 @@ class Scheduler:
                 return
             by_index = {outcome.item_index: outcome for outcome in outcomes}
             for group in list(pending.groups):
-                if final or all(i in by_index for i in group.item_indices):
-                    self._finish_group(group, by_index, pending)
+                if final or all(item.index in by_index for item in group.items):
+                    self._finish_group(group, by_index)
                     pending.groups.remove(group)
             if final or not pending.groups:
                 del self._pending[assignment_id]
@@ -316,61 +322,46 @@ class Scheduler:
         counted in flight, each item an encoder must encode marked as being encoded there."""
         by_id = {w.id: w for w in workers}
         groups: dict[str, _Group] = {}
-        for index, worker_id in enumerate(ids):
+        for index, (item, worker_id) in enumerate(zip(items, ids, strict=True)):
             worker = by_id[worker_id]
             if worker_id not in groups:
                 groups[worker_id] = _Group(worker, [], worker.num_assigned_in_flight)
-            groups[worker_id].item_indices.append(index)
+            encodes = bool(item.mm_hash) and not self._holdings.can_serve(worker_id, item.mm_hash)
+            groups[worker_id].items.append(_Item(index, item.mm_hash, units[index], encodes))
         for group in groups.values():
-            group.worker.num_assigned_in_flight += len(group.item_indices)
-            self.num_assigned[policy, group.worker.id] += len(group.item_indices)
-        is_encoding = [
-            bool(item.mm_hash) and not self._holdings.can_serve(worker_id, item.mm_hash)
-            for item, worker_id in zip(items, ids, strict=True)
-        ]
-        for item, worker_id, encodes in zip(items, ids, is_encoding, strict=True):
-            if encodes:
-                self._holdings.start_encoding(item.mm_hash, worker_id)
+            group.worker.num_assigned_in_flight += len(group.items)
+            self.num_assigned[policy, group.worker.id] += len(group.items)
+            for opened in group.items:
+                if opened.is_encoding:
+                    self._holdings.start_encoding(opened.mm_hash, group.worker.id)
         assignment_id = uuid.uuid4().hex
-        self._pending[assignment_id] = _Pending(
-            list(groups.values()),
-            [item.mm_hash for item in items],
-            units,
-            self._clock(),
-            is_encoding,
-        )
+        self._pending[assignment_id] = _Pending(list(groups.values()), self._clock())
         return Assignment(
             assignment_id, policy, tuple(ids), tuple(by_id[i].spec.endpoint for i in ids)
         )
 
-    def _finish_group(
-        self, group: _Group, outcomes: dict[int, ItemOutcome], pending: _Pending
-    ) -> None:
+    def _finish_group(self, group: _Group, outcomes: dict[int, ItemOutcome]) -> None:
         # NOTE: the group holds the registry entry it was given to, so a worker that left and
         # registered again is not charged for its predecessor's work.
         worker = group.worker
-        worker.num_assigned_in_flight = max(
-            0, worker.num_assigned_in_flight - len(group.item_indices)
-        )
+        worker.num_assigned_in_flight = max(0, worker.num_assigned_in_flight - len(group.items))
         if worker.has_left:
             return
-        done = [outcomes[i] for i in group.item_indices if i in outcomes and not outcomes[i].failed]
-        self._costs.finished(
-            worker,
-            [(pending.units[o.item_index], o.latency_ms, o.cache_hit) for o in done],
-            group.backlog_at_assign,
-        )
-        for index in group.item_indices:
-            if mm_hash := pending.mm_hashes[index]:
-                outcome = outcomes.get(index)
-                answered = outcome is not None and not outcome.failed
+        answered = {index: outcome for index, outcome in outcomes.items() if not outcome.failed}
+        samples = []
+        for item in group.items:
+            outcome = answered.get(item.index)
+            if outcome is not None:
+                samples.append((item.units, outcome.latency_ms, outcome.cache_hit))
+            if item.mm_hash:
                 self._holdings.close(
-                    mm_hash,
+                    item.mm_hash,
                     worker.id,
-                    was_encoding=pending.is_encoding[index],
-                    answered=answered,
-                    computed=answered and outcome is not None and not outcome.cache_hit,
+                    was_encoding=item.is_encoding,
+                    answered=outcome is not None,
+                    computed=outcome is not None and not outcome.cache_hit,
                 )
+        self._costs.finished(worker, samples, group.backlog_at_assign)
         self.registry.finish_drain(worker)
 
     def _forget(self, worker: RegisteredWorker) -> None:
