@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from epd.server.transfer.tensors import shaped
+from epd.server.transfer.tensors import view_bytes
 
 Item = TypeVar("Item")
 # the idle budget of a pool of the data plane unless its owner says otherwise
@@ -110,8 +110,7 @@ class WarmBuffers:
         # the array dies and the finalizer brings the mapping back.
         array = (ctypes.c_char * byte_size).from_buffer(buffer)
         weakref.finalize(array, self._give_back, buffer)
-        flat = torch.frombuffer(array, dtype=torch.uint8, count=byte_size)
-        return shaped(flat.view(dtype), shape)
+        return view_bytes(array, dtype, shape, byte_size)
 
     @property
     def idle_bytes(self) -> int:
