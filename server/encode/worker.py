@@ -90,19 +90,12 @@ class EncodedItem:
 
 
 @dataclass(frozen=True, slots=True)
-class _Encoded:
-    entry: CachedEmbedding
-    batch_size: int
-    # another request's encoding (or the cache) answered: the tower did not run for this one
-    joined: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class _Computed:
     entry: CachedEmbedding
     mm_hash: str
+    # the cache, the store or another request's encoding answered: no tower ran for this one
     cache_hit: bool
-    seconds: float
+    seconds: float = 0.0
     batch_size: int = 0
 
 
@@ -147,7 +140,7 @@ class EncodeWorker:
         self.store.on_stored = cache.journal.stored
         self.worker_id = worker_id
         self.model_id = model_id
-        self._encoding: dict[str, asyncio.Task[_Encoded | None]] = {}
+        self._encoding: dict[str, asyncio.Task[_Computed | None]] = {}
         self.num_in_flight = 0
         self.is_draining = False
 
@@ -264,13 +257,9 @@ class EncodeWorker:
             return await self._compute_video(item, item.video)
         settings = item.image_settings
         if item.pixels is not None and is_mm_hash(item.mm_hash):
-            start = time.monotonic()
             shared = SharedPixels(item.pixels, item.mm_hash)
-            if (encoded := await self._encode_once(item.mm_hash, shared, settings)) is not None:
-                seconds = time.monotonic() - start
-                return _Computed(
-                    encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size
-                )
+            if (computed := await self._encode_once(item.mm_hash, shared, settings)) is not None:
+                return computed
         loaded = await self.loader.load(url=item.url, data=item.data)
         # NOTE: its keys are its hash under its budget, salted for a tenant's item
         name = salted(under_settings(loaded.mm_hash, settings.key), item.key_salt)
@@ -287,13 +276,12 @@ class EncodeWorker:
             # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
             self.gridder.grid_of_size(loaded.width, loaded.height, settings)
         start = time.monotonic()
-        encoded = None
-        while encoded is None:
+        computed = None
+        while computed is None:
             # NOTE: None only where this joined another request's encoding from shared pixels
             # that could not be read: that one has ended, so the next call encodes these.
-            encoded = await self._encode_once(loaded.mm_hash, loaded, settings)
-        seconds = time.monotonic() - start
-        return _Computed(encoded.entry, loaded.mm_hash, encoded.joined, seconds, encoded.batch_size)
+            computed = await self._encode_once(loaded.mm_hash, loaded, settings, start)
+        return computed
 
     async def _compute_video(self, item: MediaSource, span: VideoSpan) -> _Computed:
         """A video chunk's embeddings: from the route's shared frames, else from the video's
@@ -303,18 +291,18 @@ class EncodeWorker:
         if not is_mm_hash(item.mm_hash):
             raise InvalidArgument("a video item needs its chunk's mm_hash", reason="BAD_VIDEO_SPAN")
         start = time.monotonic()
-        encoded = None
+        computed = None
         if item.pixels is not None:
             shared = SharedPixels(item.pixels, item.mm_hash, span)
-            encoded = await self._encode_once(item.mm_hash, shared)
-        if encoded is None:
+            computed = await self._encode_once(item.mm_hash, shared, started=start)
+        if computed is None:
             frames = await frames_from_source(
                 self.videos, item.url, item.data, span, item.mm_hash, item.key_salt
             )
-        while encoded is None:
-            encoded = await self._encode_once(item.mm_hash, VideoFrames(frames, span))
-        seconds = time.monotonic() - start
-        return _Computed(encoded.entry, item.mm_hash, encoded.joined, seconds, encoded.batch_size)
+        while computed is None:
+            source = VideoFrames(frames, span)
+            computed = await self._encode_once(item.mm_hash, source, started=start)
+        return computed
 
     async def _known(self, mm_hash: str) -> _Computed | None:
         """The embeddings of ``mm_hash`` from the cache, else from the deployment's store (then
@@ -333,37 +321,45 @@ class EncodeWorker:
             return _Computed(hit, mm_hash, True, 0.0)
         start = time.monotonic()
         task = self._encoding.get(mm_hash)
-        if task is None or (encoded := await asyncio.shield(task)) is None:
+        if task is None or (computed := await asyncio.shield(task)) is None:
             raise InvalidArgument(
                 f"mm_hash {mm_hash} is not cached on this encoder; send the "
                 "image (url or data) with it",
                 reason="MM_HASH_NOT_CACHED",
             )
-        return _Computed(encoded.entry, mm_hash, True, time.monotonic() - start, encoded.batch_size)
+        return replace(computed, cache_hit=True, seconds=time.monotonic() - start)
 
     async def _encode_once(
-        self, mm_hash: str, source: Source, settings: ImageSettings = NO_IMAGE_SETTINGS
-    ) -> _Encoded | None:
+        self,
+        mm_hash: str,
+        source: Source,
+        settings: ImageSettings = NO_IMAGE_SETTINGS,
+        started: float | None = None,
+    ) -> _Computed | None:
         """The embeddings of ``source`` (an image's resized within ``settings``), encoded once
-        whoever asks for ``mm_hash`` meanwhile (``joined`` for all but the first, and when an
-        encoding ended while this request loaded the image or asked the store); None if
-        ``source`` is shared pixels that cannot be read (nothing was encoded)."""
+        whoever asks for ``mm_hash`` meanwhile (a cache hit for all but the first, and when an
+        encoding ended while this request loaded the image or asked the store), their seconds
+        counted from ``started`` (``time.monotonic()``; None: now); None if ``source`` is
+        shared pixels that cannot be read (nothing was encoded)."""
         # NOTE: the encoding runs in its own task, shared by every request for this image: a
         # request that is cancelled stops waiting without failing the others.
+        started = time.monotonic() if started is None else started
         task = self._encoding.get(mm_hash)
         if task is None and (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
-            return _Encoded(hit, 0, joined=True)
-        if task is not None:
-            encoded = await asyncio.shield(task)
-            return None if encoded is None else replace(encoded, joined=True)
-        task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source, settings))
-        task.add_done_callback(retrieve_exception)
-        self._encoding[mm_hash] = task
-        return await asyncio.shield(task)
+            return _Computed(hit, mm_hash, True, time.monotonic() - started)
+        is_joining = task is not None
+        if task is None:
+            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source, settings))
+            task.add_done_callback(retrieve_exception)
+            self._encoding[mm_hash] = task
+        computed = await asyncio.shield(task)
+        if computed is None:
+            return None
+        return replace(computed, cache_hit=is_joining, seconds=time.monotonic() - started)
 
     async def _encode_and_cache(
         self, mm_hash: str, source: Source, settings: ImageSettings
-    ) -> _Encoded | None:
+    ) -> _Computed | None:
         try:
             prepared = await self.preparer.prepare(source, settings)
             if prepared is None:
@@ -375,4 +371,4 @@ class EncodeWorker:
         self.cache.put(mm_hash, entry)
         if self.store.is_enabled:
             self.store.publish(mm_hash, entry)
-        return _Encoded(entry, batch_size)
+        return _Computed(entry, mm_hash, False, batch_size=batch_size)
