@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import Engine, Sampling, TokenChunk
-from epd.server.worker.convert import VIDEO_KEYS, decode_kv_params, handle_images
+from epd.server.worker.convert import decode_kv_params
 from epd.server.worker.engine_worker import EngineDrain
 
 
@@ -29,9 +29,9 @@ class DecodeWorker:
     ) -> AsyncIterator[TokenChunk]:
         """Stream the tokens after ``first_token_id`` (usage on the last chunk covers it too).
 
-        ``kv_handle`` is the payload of the KvHandle Prefill returned, decoded here once: the
-        one carrier of the prompt's image grids and names (its KV is pulled, so images need no
-        more) and of the seed the prefill sampled with.
+        ``kv_handle`` is the payload of the KvHandle Prefill returned, decoded here once for the
+        engine: the one carrier of what the engine needs of the prompt's images (their KV is
+        pulled) and of the seed the prefill sampled with.
         """
         self.drain.admit(request_id, model)
         if not kv_handle:
@@ -39,10 +39,7 @@ class DecodeWorker:
                 "kv_handle is empty: pass the one Prefill returned", reason="MISSING_KV_HANDLE"
             )
         kv_params = decode_kv_params(kv_handle)
-        images = handle_images(kv_params)
-        for key in VIDEO_KEYS:
-            kv_params.pop(key, None)
         async for chunk in self.engine.decode(
-            request_id, prompt_token_ids, images, sampling, first_token_id, kv_params
+            request_id, prompt_token_ids, sampling, first_token_id, kv_params
         ):
             yield chunk

@@ -39,11 +39,6 @@ Grid = tuple[int, int, int]
 # token first, then the most likely ones by rank; each (token id, log probability, rank, its text
 # as the engine decodes it there or None).
 Candidates = tuple[tuple[int, float, int, str | None], ...]
-# Keys of ``kv_transfer_params`` under which ``prefill`` lists the prompt's image grids and names
-# (mm_hash), so a decode worker lays out positions and names the images as the prefill did, from
-# the handle alone, even when the prompt's images were raw pictures.
-IMAGE_GRIDS_KEY = "epd_image_grids"
-IMAGE_HASHES_KEY = "epd_image_hashes"
 # Reason of the Unavailable a decode worker's stream ends with when the KV it was handed could not
 # be read from the prefill worker (gone, or the KV dropped): the prefill worker is at fault.
 KV_LOAD_FAILED = "KV_LOAD_FAILED"
@@ -304,15 +299,16 @@ class Engine(ABC):
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        images: list[EngineImage],
         sampling: Sampling,
         first_token_id: int,
         kv_transfer_params: dict[str, Any],
     ) -> AsyncIterator[TokenChunk]:
         """Pull the KV cache ``prefill`` returned and stream the tokens after ``first_token_id``.
 
-        ``images`` need grids only (their embeddings are not recomputed). Usage on the last
-        chunk counts the whole request, first token included. Only KV consumers implement it.
+        ``kv_transfer_params`` are exactly what ``prefill`` returned: the engine learns from them
+        what it needs of the prompt's images (their KV is pulled, never recomputed) and of the
+        prefill's sampling. Usage on the last chunk counts the whole request, first token
+        included. Only KV consumers implement it.
         """
         raise FailedPrecondition(
             "this engine does not take KV caches from prefill workers",

@@ -17,11 +17,16 @@ mm_hash and their dtype; others by a hash of their bytes, dtype, shape and grid,
 claims. Grid-only images (decode after a remote prefill: their KV is pulled, never
 recomputed) get zero embeddings of the right shape, so vLLM lays out positions as the prefill did,
 named by the route's ``mm_hash``, else uniquely per request.
+
+A decode engine learns those images from the KV handle alone: ``VllmEngine.prefill`` lists them
+in its ``kv_transfer_params`` (``IMAGE_GRIDS_KEY`` and the lists beside it), and
+``take_handle_images`` reads them back and takes them off (vLLM's connector never sees them).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,6 +38,35 @@ from epd.server.models.video import VideoRefused
 
 EMBEDS_HASH_PREFIX = "epd-embeds-"
 EMBEDS_BOUND_PREFIX = "epd-mm-"
+# The handle's lists, one entry per image of the prompt (images, then videos): its [t, h, w] grid;
+# its name (mm_hash); a video's seconds per temporal patch (0.0 where its family has none), null
+# where an image; a video's time of each temporal patch in seconds (Qwen3-VL's timestamps, which
+# its engine writes into the prompt: decode lays the prompt out as prefill did only with them),
+# an empty list where its family shows none, null where an image. The video lists are there only
+# where the prompt has videos.
+IMAGE_GRIDS_KEY = "epd_image_grids"
+IMAGE_HASHES_KEY = "epd_image_hashes"
+VIDEO_SECONDS_KEY = "epd_video_seconds"
+VIDEO_TIMESTAMPS_KEY = "epd_video_timestamps"
+# Each list beside the grids: its key, its entries where it is missing, what an entry must be.
+_HANDLE_LISTS: tuple[tuple[str, Any, Callable[[Any], bool], str], ...] = (
+    (IMAGE_HASHES_KEY, "", lambda name: isinstance(name, str), "one string"),
+    (
+        VIDEO_SECONDS_KEY,
+        None,
+        lambda value: value is None or type(value) in (int, float),
+        "a number or null",
+    ),
+    (
+        VIDEO_TIMESTAMPS_KEY,
+        None,
+        lambda value: (
+            value is None
+            or (isinstance(value, list) and all(type(n) in (int, float) for n in value))
+        ),
+        "a list of numbers or null",
+    ),
+)
 
 
 def embeddings_prompt(
@@ -154,3 +188,39 @@ def embeddings_hash(
         hasher.update(payload.view(-1).view(torch.uint8).numpy())
     digest: str = hasher.hexdigest()
     return EMBEDS_HASH_PREFIX + digest
+
+
+def take_handle_images(params: dict[str, Any]) -> list[EngineImage]:
+    """The prompt's images as the prefill engine listed them in ``params`` (``IMAGE_GRIDS_KEY``
+    and the lists beside it, taken off ``params``): each one's grid and name, a video's timing;
+    none listed: empty. INVALID_ARGUMENT ``BAD_KV_HANDLE`` when the grids are not lists of three
+    positive ints or another list has not one valid entry per grid (a caller's mistake, told
+    without a traceback)."""
+    grids = params.pop(IMAGE_GRIDS_KEY, None) or []
+    if not isinstance(grids, list) or not all(
+        isinstance(grid, list) and len(grid) == 3 and all(type(n) is int and n > 0 for n in grid)
+        for grid in grids
+    ):
+        raise InvalidArgument(
+            f"kv_handle.payload's {IMAGE_GRIDS_KEY} must list [t, h, w] grids of positive ints",
+            reason="BAD_KV_HANDLE",
+        )
+    lists = []
+    for key, missing, is_entry, entry in _HANDLE_LISTS:
+        values = params.pop(key, [missing] * len(grids))
+        if not (
+            isinstance(values, list)
+            and len(values) == len(grids)
+            and all(is_entry(value) for value in values)
+        ):
+            raise InvalidArgument(
+                f"kv_handle.payload's {key} must list {entry} per image grid",
+                reason="BAD_KV_HANDLE",
+            )
+        lists.append(values)
+    return [
+        EngineImage(
+            name, (t, h, w), seconds_per_temporal_patch=video, timestamps=tuple(stamp or ())
+        )
+        for (t, h, w), name, video, stamp in zip(grids, *lists, strict=True)
+    ]

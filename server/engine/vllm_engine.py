@@ -42,8 +42,6 @@ from epd.common.errors import (
     Unavailable,
 )
 from epd.server.engine.base import (
-    IMAGE_GRIDS_KEY,
-    IMAGE_HASHES_KEY,
     Candidates,
     Engine,
     EngineImage,
@@ -57,7 +55,14 @@ from epd.server.engine.base import (
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.rpc_leftovers import rpc_dir_prefix
 from epd.server.engine.vllm_args import check_platform, engine_args
-from epd.server.engine.vllm_embeds import embeddings_prompt
+from epd.server.engine.vllm_embeds import (
+    IMAGE_GRIDS_KEY,
+    IMAGE_HASHES_KEY,
+    VIDEO_SECONDS_KEY,
+    VIDEO_TIMESTAMPS_KEY,
+    embeddings_prompt,
+    take_handle_images,
+)
 from epd.server.engine.vllm_inputs import (
     SideChannel,
     candidates,
@@ -205,6 +210,11 @@ class VllmEngine(Engine):
         if handle is not None:
             handle[IMAGE_GRIDS_KEY] = [list(self._grid(image)) for image in images]
             handle[IMAGE_HASHES_KEY] = [image.mm_hash for image in images]
+            if any(image.is_video for image in images):
+                handle[VIDEO_SECONDS_KEY] = [image.seconds_per_temporal_patch for image in images]
+                handle[VIDEO_TIMESTAMPS_KEY] = [
+                    list(image.timestamps) if image.is_video else None for image in images
+                ]
             if seed is not None:
                 handle[SEED_KEY] = seed
         first_logprobs = candidates(completion.logprobs[0]) if completion.logprobs else None
@@ -216,7 +226,6 @@ class VllmEngine(Engine):
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        images: list[EngineImage],
         sampling: Sampling,
         first_token_id: int,
         kv_transfer_params: dict[str, Any],
@@ -224,8 +233,7 @@ class VllmEngine(Engine):
         self._require_role("kv_consumer", "decode")
         kv_params = dict(kv_transfer_params)
         seed = kv_params.pop(SEED_KEY, sampling.seed)
-        kv_params.pop(IMAGE_GRIDS_KEY, None)
-        kv_params.pop(IMAGE_HASHES_KEY, None)
+        images = take_handle_images(kv_params)
         if not kv_params.get("do_remote_prefill") or not (seed is None or type(seed) is int):
             raise InvalidArgument(
                 "the KV handle is not one a prefill worker returned", reason="BAD_KV_HANDLE"

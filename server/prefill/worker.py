@@ -21,7 +21,6 @@ from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.transfer.plane import DataPlane
-from epd.server.worker.convert import video_params
 from epd.server.worker.engine_worker import EngineDrain
 from epd.server.worker.images import ImageResolver
 from epd.v1 import generation_pb2
@@ -91,10 +90,7 @@ class PrefillWorker:
             )
         self.drain.admit(request_id, model)
         images = await self._images(prompt)
-        result = await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
-        if prompt.videos and result.kv_transfer_params is not None:
-            result.kv_transfer_params.update(video_params(images))
-        return result
+        return await self.engine.prefill(request_id, list(prompt.token_ids), images, sampling)
 
     async def _images(self, prompt: generation_pb2.Prompt) -> list[EngineImage]:
         """The engine's inputs for the prompt's images, timed when there are any (a metric

@@ -17,10 +17,7 @@ from typing import Any, overload
 from epd.common.errors import InvalidArgument
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
 from epd.server.engine.base import (
-    IMAGE_GRIDS_KEY,
-    IMAGE_HASHES_KEY,
     Candidates,
-    EngineImage,
     RepetitionDetection,
     Sampling,
     StructuredOutput,
@@ -151,19 +148,6 @@ def logprobs_to_proto(position: Candidates | None) -> generation_pb2.TokenLogpro
     )
 
 
-# The handle's list, beside the engine's image grids and names, of each entry's seconds per
-# temporal patch where it is a video (0.0 where its family has none), null where an image. Set
-# by the prefill worker and taken off by the decode worker: its engine never sees it.
-VIDEO_SECONDS_KEY = "epd_video_seconds"
-# The handle's list, beside the grids, of each video's time of each temporal patch in seconds
-# (Qwen3-VL's timestamps, which its engine writes into the prompt: decode lays the prompt out as
-# prefill did only with them), an empty list where its family shows none, null where an image.
-# Set and taken off as VIDEO_SECONDS_KEY.
-VIDEO_TIMESTAMPS_KEY = "epd_video_timestamps"
-#: the keys the prefill worker adds for the decode worker alone
-VIDEO_KEYS = (VIDEO_SECONDS_KEY, VIDEO_TIMESTAMPS_KEY)
-
-
 def kv_handle_to_proto(params: dict[str, Any] | None) -> generation_pb2.KvHandle:
     """KvHandle of an engine's KV transfer parameters (empty when there is nothing to decode)."""
     if not params:
@@ -190,70 +174,3 @@ def decode_kv_params(payload: bytes) -> dict[str, Any]:
             reason="BAD_KV_HANDLE",
         )
     return params
-
-
-def handle_images(params: dict[str, Any]) -> list[EngineImage]:
-    """The prompt's images as the prefill engine listed them in ``params``: each image's grid
-    and name (mm_hash), all a decode engine needs (its KV is pulled, never recomputed); none
-    listed: empty. INVALID_ARGUMENT ``BAD_KV_HANDLE`` when the grids are not lists of three
-    positive ints or the names not one string per grid."""
-    grids = params.get(IMAGE_GRIDS_KEY) or []
-    if not isinstance(grids, list) or not all(
-        isinstance(grid, list) and len(grid) == 3 and all(type(n) is int and n > 0 for n in grid)
-        for grid in grids
-    ):
-        raise InvalidArgument(
-            f"kv_handle.payload's {IMAGE_GRIDS_KEY} must list [t, h, w] grids of positive ints",
-            reason="BAD_KV_HANDLE",
-        )
-    names = params.get(IMAGE_HASHES_KEY, [""] * len(grids))
-    if not (
-        isinstance(names, list)
-        and len(names) == len(grids)
-        and all(isinstance(name, str) for name in names)
-    ):
-        raise InvalidArgument(
-            f"kv_handle.payload's {IMAGE_HASHES_KEY} must list one string per image grid",
-            reason="BAD_KV_HANDLE",
-        )
-    seconds = params.get(VIDEO_SECONDS_KEY, [None] * len(grids))
-    if not (
-        isinstance(seconds, list)
-        and len(seconds) == len(grids)
-        and all(value is None or type(value) in (int, float) for value in seconds)
-    ):
-        raise InvalidArgument(
-            f"kv_handle.payload's {VIDEO_SECONDS_KEY} must list a number or null per image grid",
-            reason="BAD_KV_HANDLE",
-        )
-    stamps = params.get(VIDEO_TIMESTAMPS_KEY, [None] * len(grids))
-    if not (
-        isinstance(stamps, list)
-        and len(stamps) == len(grids)
-        and all(value is None or _is_seconds(value) for value in stamps)
-    ):
-        raise InvalidArgument(
-            f"kv_handle.payload's {VIDEO_TIMESTAMPS_KEY} must list a list of numbers or null "
-            "per image grid",
-            reason="BAD_KV_HANDLE",
-        )
-    return [
-        EngineImage(
-            name, (t, h, w), seconds_per_temporal_patch=video, timestamps=tuple(stamp or ())
-        )
-        for name, (t, h, w), video, stamp in zip(names, grids, seconds, stamps, strict=True)
-    ]
-
-
-def video_params(images: list[EngineImage]) -> dict[str, list[Any]]:
-    """The handle's video lists (``VIDEO_KEYS``) of a prompt's ``images``."""
-    return {
-        VIDEO_SECONDS_KEY: [image.seconds_per_temporal_patch for image in images],
-        VIDEO_TIMESTAMPS_KEY: [
-            list(image.timestamps) if image.is_video else None for image in images
-        ],
-    }
-
-
-def _is_seconds(value: Any) -> bool:
-    return isinstance(value, list) and all(type(number) in (int, float) for number in value)

@@ -12,7 +12,7 @@ import grpc
 from epd.common.channels import create_channel
 from epd.common.status import from_rpc_error
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.engine.base import EngineImage, EngineLoad, Sampling, TokenChunk, Usage
+from epd.server.engine.base import EngineLoad, Sampling, TokenChunk, Usage
 from epd.v1 import decode_service_pb2 as pb
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
 from epd.v1 import generation_pb2
@@ -38,7 +38,6 @@ class HeldDecodeEngine(CannedEngine):
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        images: list[EngineImage],
         sampling: Sampling,
         first_token_id: int,
         kv_transfer_params: dict[str, Any],

@@ -181,7 +181,7 @@ async def test_a_decode_stream_closed_early_aborts_its_request(llm) -> None:
     options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
     engine = VllmEngine(llm, "tiny", LAYOUT, options)
     stream = engine.decode(
-        "d", PROMPT, [], SAMPLING, first_token_id=7, kv_transfer_params={"do_remote_prefill": True}
+        "d", PROMPT, SAMPLING, first_token_id=7, kv_transfer_params={"do_remote_prefill": True}
     )
     assert (await anext(stream)).token_ids == [], "the resampled first token is dropped"
     await stream.aclose()
@@ -196,7 +196,7 @@ async def test_a_handle_with_a_malformed_seed_is_refused_before_the_engine_runs(
     options = VllmOptions(max_pending_requests=2, kv_role="kv_consumer")
     engine = VllmEngine(llm, "tiny", LAYOUT, options)
     handle = {"do_remote_prefill": True, "epd_seed": seed}
-    stream = engine.decode("d", PROMPT, [], SAMPLING, first_token_id=7, kv_transfer_params=handle)
+    stream = engine.decode("d", PROMPT, SAMPLING, first_token_id=7, kv_transfer_params=handle)
     with pytest.raises(InvalidArgument) as caught:
         await anext(stream)
     assert caught.value.reason == "BAD_KV_HANDLE"
@@ -299,7 +299,7 @@ async def test_a_request_vllm_finishes_with_an_error_fails_unavailable(llm) -> N
     engine = VllmEngine(llm, "tiny", LAYOUT, options)
     kv = {"do_remote_prefill": True}
     with pytest.raises(Unavailable) as caught:
-        [c async for c in engine.decode("d", PROMPT, [], SAMPLING, 7, kv_transfer_params=kv)]
+        [c async for c in engine.decode("d", PROMPT, SAMPLING, 7, kv_transfer_params=kv)]
     assert caught.value.reason == KV_LOAD_FAILED
     with pytest.raises(Unavailable) as caught:
         [c async for c in engine.generate("g", PROMPT, [], SAMPLING)]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from epd.common.errors import InvalidArgument
-from epd.server.engine.base import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY, EngineImage
-from epd.server.worker.convert import decode_kv_params, handle_images, kv_handle_to_proto
+from epd.server.engine.vllm_embeds import IMAGE_GRIDS_KEY, IMAGE_HASHES_KEY
+from epd.server.worker.convert import decode_kv_params, kv_handle_to_proto
 from epd.v1 import generation_pb2
 
 HANDLE = {
@@ -55,17 +55,3 @@ def test_a_payload_that_is_not_a_json_object_is_a_bad_handle(payload: bytes) -> 
     with pytest.raises(InvalidArgument) as caught:
         decode_kv_params(payload)
     assert caught.value.reason == "BAD_KV_HANDLE"
-
-
-def test_images_come_back_from_the_handle_and_malformed_ones_are_a_bad_handle() -> None:
-    assert handle_images(HANDLE) == [EngineImage("a", (1, 4, 6))]
-    assert handle_images({}) == []
-    assert handle_images({IMAGE_GRIDS_KEY: [[1, 4, 6]]}) == [EngineImage("", (1, 4, 6))]
-    for grids in ([[1, 4]], [[1, 4, "6"]], [[1.0, 4.0, 6.0]], [[1, 0, 6]], [[True, 4, 6]], 5):
-        with pytest.raises(InvalidArgument) as caught:
-            handle_images({IMAGE_GRIDS_KEY: grids})
-        assert caught.value.reason == "BAD_KV_HANDLE", grids
-    for names in (["a", "b"], [], [1], "a"):
-        with pytest.raises(InvalidArgument) as caught:
-            handle_images({IMAGE_GRIDS_KEY: [[1, 4, 6]], IMAGE_HASHES_KEY: names})
-        assert caught.value.reason == "BAD_KV_HANDLE", names
