@@ -24,12 +24,10 @@ from epd.server.encode.worker import EncodeWorker
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
-from epd.server.media.metrics import register_media_metrics
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
 from epd.server.store.base import MOONCAKE, EmbeddingStore, NoStore
 from epd.server.store.mooncake import MooncakeStore
-from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.registration import LoadFn
 from epd.server.worker.serve_worker import Named, WorkerApp, WorkerSpec, serve_worker
@@ -190,8 +188,6 @@ def embedding_store(config: EncodeConfig, local_hostname: str) -> EmbeddingStore
 def _registry_of(worker: EncodeWorker) -> CollectorRegistry:
     registry = new_registry()
     EncodeMetrics(worker, registry)
-    register_media_metrics(worker.loader, registry)
-    register_plane_metrics(worker.plane, registry)
     return registry
 
 

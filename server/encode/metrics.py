@@ -27,7 +27,9 @@ from epd.common.metrics import (
 from epd.server.encode.vision import Prepared
 from epd.server.encode.worker import EncodeWorker
 from epd.server.media.grid import ImageGridder
+from epd.server.media.metrics import register_media_metrics
 from epd.server.store.base import EmbeddingStore, Lookup, Publish
+from epd.server.transfer.metrics import register_plane_metrics
 
 # The busy fraction is the tower's seconds in batches that ended this long ago at most.
 BUSY_WINDOW_S = 10.0
@@ -65,8 +67,9 @@ def _smoothed(previous: float | None, sample: float) -> float:
 
 
 class EncodeMetrics:
-    """The encoder's metrics in ``registry``; ``observe_batch`` is the batcher's observer, and
-    the batcher weighs each image by its vision tokens (``worker.gridder``'s count)."""
+    """The encoder's metrics in ``registry``, with its media loader's and data plane's;
+    ``observe_batch`` is the batcher's observer, and the batcher weighs each image by its
+    vision tokens (``worker.gridder``'s count)."""
 
     def __init__(self, worker: EncodeWorker, registry: CollectorRegistry) -> None:
         self.batch_size = Histogram(
@@ -86,6 +89,8 @@ class EncodeMetrics:
         self.image_cost_s: float | None = None
         self.token_cost_s: float | None = None
         registry.register(ScrapeCollector(self._families))
+        register_media_metrics(worker.loader, registry)
+        register_plane_metrics(worker.plane, registry)
         worker.batcher.on_batch = self.observe_batch
         if worker.gridder is not None:
             worker.batcher.weigh = _token_counter(worker.gridder)

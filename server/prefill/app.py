@@ -12,14 +12,12 @@ from epd.common.server import ServerOptions, ServiceBinding
 from epd.server.engine.base import DEFAULT_MAX_PENDING, Engine
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
-from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
 from epd.server.prefill.metrics import PrefillMetrics
 from epd.server.prefill.servicer import PrefillServicer
 from epd.server.prefill.worker import PrefillWorker
-from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
 from epd.server.worker.engine_worker import engine_worker_spec
@@ -87,11 +85,7 @@ async def build_prefill_server(
         processor_fingerprint=processor_fingerprint(config.model_dir),
     )
     registry = new_registry() if options.exports_metrics else None
-    metrics = None
-    if registry is not None:
-        metrics = PrefillMetrics(registry)
-        register_plane_metrics(plane, registry)
-        register_media_metrics(loader, registry)
+    metrics = None if registry is None else PrefillMetrics(registry, loader, plane)
     videos = None
     if config.mode is Role.ENCODE_PREFILL:
         # NOTE: decodes a raw video only where the route's frames cannot be read (another host)

@@ -12,7 +12,6 @@ from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_se
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
-from epd.server.media.metrics import register_media_metrics
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
@@ -29,7 +28,6 @@ from epd.server.route.sampling import IS_VLLM_INSTALLED, generation_defaults
 from epd.server.route.scheduler_fallback import DEFAULT_FALLBACK_S
 from epd.server.route.servicer import RouteServicer
 from epd.server.route.tools import ToolCalling, ToolOptions, parser_class
-from epd.server.transfer.metrics import register_plane_metrics
 from epd.server.transfer.options import TransferOptions
 from epd.server.transfer.plane import DataPlane
 from epd.v1 import route_service_pb2_grpc as pb_grpc
@@ -146,11 +144,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     # NOTE: one set of limits for both doors: gRPC and HTTP judge a request alike.
     limits = config.limits.with_context(prompts.max_context_tokens)
     registry = new_registry() if options.exports_metrics else None
-    metrics = None
-    if registry is not None:
-        metrics = RouteMetrics(registry)
-        register_media_metrics(loader, registry)
-        register_plane_metrics(plane, registry)
+    metrics = None if registry is None else RouteMetrics(registry, loader=loader, plane=plane)
     peers = Peers(
         config.scheduler,
         options.auth_token,

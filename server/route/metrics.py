@@ -15,14 +15,29 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epd.common.errors import EpdError
 from epd.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS_S, TOKEN_BUCKETS_S
+from epd.server.media.loader import MediaLoader
+from epd.server.media.metrics import register_media_metrics
+from epd.server.transfer.metrics import register_plane_metrics
+from epd.server.transfer.plane import DataPlane
 
 
 class RouteMetrics:
-    """The route's metrics, registered in ``registry``."""
+    """The route's metrics, registered in ``registry``, with its media ``loader``'s and data
+    ``plane``'s when given (the route always gives them; a test of its requests alone need not)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        loader: MediaLoader | None = None,
+        plane: DataPlane | None = None,
+    ) -> None:
         self._add_request_metrics(registry)
         self._add_routing_metrics(registry)
+        if loader is not None:
+            register_media_metrics(loader, registry)
+        if plane is not None:
+            register_plane_metrics(plane, registry)
 
     def _add_request_metrics(self, registry: CollectorRegistry) -> None:
         """Requests: outcomes, latencies, tokens and images."""
