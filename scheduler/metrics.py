@@ -4,7 +4,7 @@ workers, the placements made, and what the adaptive policy has learned of each e
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -18,6 +18,7 @@ from epd.common.metrics import (
 )
 from epd.common.roles import Role
 from epd.scheduler.core import Scheduler
+from epd.scheduler.demand import EncoderDemand
 
 
 def register_scheduler_metrics(scheduler: Scheduler, registry: CollectorRegistry) -> None:
@@ -100,42 +101,50 @@ def _held_families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily]:
     )
 
 
-def _demand_families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily]:
-    """The autoscaling signal (``scheduler/demand.py``), by model and device kind."""
-    demands = scheduler.encoder_demand()
-    labels = ["model", "device"]
-    yield labelled_gauge(
+# NOTE: one gauge per figure of scheduler/demand.py's EncoderDemand, labelled by its kind.
+DEMAND_GAUGES: tuple[tuple[str, str, Callable[[EncoderDemand], float | None]], ...] = (
+    (
         "epd_scheduler_encoders_needed",
         "Encoders of each kind the current arrivals need to keep the encode wait under "
         "--encode-wait-target-s (the autoscaling signal)",
-        labels,
-        {(d.model, d.device): d.num_needed for d in demands},
-    )
-    yield labelled_gauge(
+        lambda d: d.num_needed,
+    ),
+    (
         "epd_scheduler_encoders_live",
         "Live encoders of each kind (registered, not draining)",
-        labels,
-        {(d.model, d.device): d.num_live for d in demands},
-    )
-    yield labelled_gauge(
+        lambda d: d.num_live,
+    ),
+    (
         "epd_scheduler_encode_arrivals_images_per_second",
         "Mean-sized images per second assigned to each kind and not answered from a cache, "
         "exponentially weighted over --demand-smoothing-s",
-        labels,
-        {(d.model, d.device): d.arrival_rate for d in demands},
-    )
-    yield labelled_gauge(
+        lambda d: d.arrival_rate,
+    ),
+    (
         "epd_scheduler_encode_load_encoders",
         "Offered load: encoders of each kind kept busy on average (arrivals x learned cost)",
-        labels,
-        {(d.model, d.device): d.load for d in demands},
-    )
-    yield labelled_gauge(
+        lambda d: d.load,
+    ),
+    (
         "epd_scheduler_encode_image_cost_seconds",
         "Learned encoder-seconds of one mean-sized image on each kind (absent until measured)",
-        labels,
-        {(d.model, d.device): d.item_s for d in demands if d.item_s is not None},
-    )
+        lambda d: d.item_s,
+    ),
+)
+
+
+def _demand_families(scheduler: Scheduler) -> Iterator[GaugeMetricFamily]:
+    """The autoscaling signal (``scheduler/demand.py``), by model and device kind; a kind
+    whose figure is None (not measured yet) is absent from that gauge."""
+    demands = scheduler.encoder_demand()
+    for name, documentation, figure in DEMAND_GAUGES:
+        values = {(d.model, d.device): figure(d) for d in demands}
+        yield labelled_gauge(
+            name,
+            documentation,
+            ["model", "device"],
+            {kind: value for kind, value in values.items() if value is not None},
+        )
     yield gauge(
         "epd_scheduler_encode_wait_target_seconds",
         "The encode wait epd_scheduler_encoders_needed keeps under (--encode-wait-target-s)",

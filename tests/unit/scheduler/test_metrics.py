@@ -68,3 +68,16 @@ def test_metrics_follow_the_scheduler() -> None:
         for s in evicted
         if s.name == "epd_scheduler_assigned_items_total" and s.labels["encoder"] == other
     ], "an evicted encoder's placement series is dropped with it"
+
+
+def test_an_unmeasured_image_cost_is_absent_beside_the_kinds_other_figures() -> None:
+    scheduler, _ = create_scheduler(spec("e0"), ttl_s=1000)
+    registry = CollectorRegistry()
+    register_scheduler_metrics(scheduler, registry)
+    [demand] = scheduler.encoder_demand()
+    scraped = samples(registry)
+    labels = {"model": demand.model, "device": "cpu"}
+    assert demand.item_s is None
+    assert value(scraped, "epd_scheduler_encoders_live", **labels) == 1
+    assert value(scraped, "epd_scheduler_encoders_needed", **labels) == demand.num_needed
+    assert not [s for s in scraped if s.name == "epd_scheduler_encode_image_cost_seconds"]
