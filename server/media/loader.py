@@ -18,8 +18,8 @@ from epd.server.media.fetch import decode_data_url, fetch_url, url_scheme
 from epd.server.media.hashing import mm_hash
 from epd.server.media.policy import MediaPolicy
 
-# Images of at most this many pixels (declared in their header) are decoded on the event loop:
-# that costs less than the hand-off to a thread and back.
+# Images given as bytes (or a data: URL) of at most this many pixels (declared in their header) are
+# decoded on the event loop: that costs less than the hand-off to a thread and back.
 INLINE_DECODE_PIXELS = 256 * 256
 
 
@@ -82,7 +82,7 @@ class MediaLoader:
                 return await self.cache.get_or_load("url:" + url, lambda: self._fetch_and_load(url))
             key = "bytes:" + hashlib.blake2b(data, digest_size=16).hexdigest()
             image = open_image(data, self.policy)
-            if _decodes_inline(image):
+            if image.width * image.height <= INLINE_DECODE_PIXELS:
                 return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data, image))
             return await self.cache.get_or_load(key, lambda: self._off_loop(data, image))
         except EpdError as e:
@@ -90,11 +90,10 @@ class MediaLoader:
             raise
 
     async def _fetch_and_load(self, url: str) -> LoadedImage:
+        # NOTE: decoded off the event loop whatever its size: the fetch costs more than the
+        # hand-off to a thread.
         raw = await fetch_url(url, self.policy)
-        image = open_image(raw, self.policy)
-        if _decodes_inline(image):
-            return self._decode_and_hash(raw, image)
-        return await self._off_loop(raw, image)
+        return await self._off_loop(raw, open_image(raw, self.policy))
 
     async def _off_loop(self, raw: bytes, image: Image.Image) -> LoadedImage:
         # NOTE: decoding and hashing both walk every pixel: off the event loop.
@@ -112,8 +111,3 @@ class MediaLoader:
         self.num_decoded += 1
         height, width = pixels.shape[:2]
         return LoadedImage(pixels, digest, width, height)
-
-
-def _decodes_inline(image: Image.Image) -> bool:
-    """Whether ``image`` (opened, not decoded) is small enough to decode on the event loop."""
-    return image.width * image.height <= INLINE_DECODE_PIXELS

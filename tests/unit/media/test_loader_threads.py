@@ -18,8 +18,9 @@ from epd.server.media.policy import MediaPolicy
 from .images import encode, noise
 
 
-def recording_loader() -> tuple[MediaLoader, list[bool]]:
-    media = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p", cache_items=0)
+def recording_loader(policy: MediaPolicy | None = None) -> tuple[MediaLoader, list[bool]]:
+    policy = policy or MediaPolicy()
+    media = MediaLoader(policy, model_id="m", processor_fingerprint="p", cache_items=0)
     on_loop: list[bool] = []
     decode = media._decode_and_hash
     loop_thread = threading.get_ident()
@@ -39,6 +40,15 @@ async def test_small_images_decode_on_the_loop_large_ones_in_a_thread() -> None:
     assert on_loop == [True, False]
     assert [item.image.size for item in loaded] == [small.size, large.size]
     assert loaded[0].image.tobytes() == small.tobytes()
+
+
+async def test_a_fetched_image_decodes_in_a_thread_whatever_its_size(tmp_path) -> None:
+    """Its fetch costs more than the hand-off: no second choice of thread after it."""
+    media, on_loop = recording_loader(MediaPolicy(allow_local_files=True))
+    path = tmp_path / "small.png"
+    path.write_bytes(encode(noise(64, 48, seed=5)))
+    loaded = await media.load(url=path.as_uri())
+    assert (loaded.width, loaded.height) == (64, 48) and on_loop == [False]
 
 
 async def test_unreadable_bytes_are_refused_before_any_decode() -> None:
