@@ -39,7 +39,7 @@ def _families(plane: DataPlane) -> Iterator[GaugeMetricFamily | CounterMetricFam
         {(kind,): num_bytes[kind] for kind in kinds},
     )
     moved: dict[tuple[str, ...], float] = {(kind, "put"): 0 for kind in kinds}
-    moved |= plane.bytes_moved()
+    moved.update(plane.bytes_moved().items())
     yield labelled_counter(
         "epd_transfer_bytes",
         "Bytes handed over through the data plane: put by this process as producer, read by "
