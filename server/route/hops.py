@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import trace
 
 from epd.common.errors import EpdError
-from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
+from epd.common.roles import hands_off_kv, role_from_proto, role_to_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.route.peers import Peers
@@ -65,7 +65,6 @@ class EngineCall:
     sampling: generation_pb2.SamplingParams
     block_hashes: list[int]
     plan: Plan
-    live_roles: frozenset[Role]
     deadline: Deadline
 
 
@@ -173,7 +172,7 @@ async def _attempt(
     span = trace.get_current_span()
     span.set_attribute("epd.prefill_id", worker.id)
     span.set_attribute("epd.cached_blocks", choice.num_cached_blocks)
-    if hands_off_kv(role_from_proto(worker.role), Role.DECODE in call.live_roles):
+    if hands_off_kv(role_from_proto(worker.role), call.plan.is_decode_live):
         decoder = placement.decode if placement.HasField("decode") else None
         pieces = _prefill_then_decode(
             peers, call, worker, attempt, decoder, recovery.excluded.decode

@@ -203,7 +203,6 @@ class Router:
             sampling,
             block_hashes(self.prompts, token_ids, images, videos, salt, param),
             plan_for(live_roles, len(images) + len(videos)),
-            live_roles,
             deadline,
         )
         items, pixels = stage_items(call.plan.uses_encoders, images, videos)

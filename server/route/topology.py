@@ -36,17 +36,20 @@ ListWorkers: TypeAlias = Callable[[float | None], Awaitable[scheduler_pb.ListWor
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """How one request runs: encode on encoders or not, and which roles may prefill it."""
+    """How one request runs: encode on encoders or not, which roles may prefill it, and whether
+    decode workers are live (a worker that can hand its KV over then does: ``hands_off_kv``)."""
 
     uses_encoders: bool
     prefill_roles: tuple[Role, ...]
+    is_decode_live: bool = False
 
 
 def plan_for(live_roles: frozenset[Role], num_images: int) -> Plan:
     """The plan for a request with ``num_images`` images given the roles live now."""
+    is_decode_live = Role.DECODE in live_roles
     if num_images and Role.ENCODE not in live_roles and Role.ENCODE_PREFILL in live_roles:
-        return Plan(uses_encoders=False, prefill_roles=(Role.ENCODE_PREFILL,))
-    return Plan(uses_encoders=num_images > 0, prefill_roles=EMBEDDING_CONSUMERS)
+        return Plan(False, (Role.ENCODE_PREFILL,), is_decode_live)
+    return Plan(num_images > 0, EMBEDDING_CONSUMERS, is_decode_live)
 
 
 class RoleView:

@@ -47,7 +47,6 @@ def engine_call(live_roles: frozenset[int], num_images: int = 0) -> EngineCall:
         generation_pb2.SamplingParams(),
         [],
         plan_for(live_roles, num_images),
-        live_roles,
         Deadline(30),
     )  # type: ignore[arg-type]
 

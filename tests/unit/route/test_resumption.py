@@ -34,7 +34,6 @@ def call_of(live_roles: frozenset[int], max_tokens: int = 6, num_images: int = 0
         generation_pb2.SamplingParams(max_tokens=max_tokens),
         [],
         plan_for(live_roles, num_images),
-        live_roles,
         Deadline(30),
     )  # type: ignore[arg-type]
 

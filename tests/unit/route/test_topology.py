@@ -46,6 +46,7 @@ def test_plan_follows_the_live_roles(roles, num_images, uses_encoders, prefill_r
     plan = plan_for(frozenset(roles), num_images)
     assert plan.uses_encoders is uses_encoders
     assert plan.prefill_roles == prefill_roles
+    assert plan.is_decode_live is (Role.DECODE in roles)
 
 
 def test_kv_goes_to_decode_only_from_prefill_or_encode_prefill_beside_decoders() -> None:
