@@ -19,7 +19,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -265,16 +265,6 @@ def _save_model(tokenizer: Any, config: TinyModelConfig, out: Path) -> None:
 
 
 def _sizes(config: TinyModelConfig) -> TinySizes:
-    return TinySizes(
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        vision_depth=config.vision_depth,
-        vision_embed_dim=config.vision_embed_dim,
-        vision_num_heads=config.vision_num_heads,
-        min_pixels=config.min_pixels,
-        max_pixels=config.max_pixels,
-        init_range=config.init_range,
-    )
+    """``config``'s values of the fields ``TinySizes`` has (the others keep its defaults)."""
+    names = {field.name for field in fields(TinySizes)}
+    return TinySizes(**{name: value for name, value in asdict(config).items() if name in names})

@@ -3,6 +3,7 @@ serving (no family carries builder code; no server imports the builders)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from epd.server.models.family import ModelFamily
 from epd.server.models.registry import FAMILIES, UnsupportedModel
+from epd.server.models.tiny.build import PRESETS
 from epd.server.models.tiny.registry import BUILDERS, builder_named
 
 # what `epd route|prefill|encode|decode` import, and the engines and tower they serve with
@@ -67,3 +69,24 @@ def test_serving_never_imports_the_tiny_builders() -> None:
     )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == []
+
+
+def test_the_checkpoint_has_the_sizes_of_its_config(tiny_model_dir) -> None:
+    sizes = PRESETS["tiny"]
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    text, vision = config["text_config"], config["vision_config"]
+    assert (text["hidden_size"], text["intermediate_size"]) == (
+        sizes.hidden_size,
+        sizes.intermediate_size,
+    )
+    assert (text["num_hidden_layers"], text["num_attention_heads"]) == (
+        sizes.num_layers,
+        sizes.num_heads,
+    )
+    assert text["num_key_value_heads"] == sizes.num_kv_heads
+    assert (vision["depth"], vision["embed_dim"], vision["num_heads"]) == (
+        sizes.vision_depth,
+        sizes.vision_embed_dim,
+        sizes.vision_num_heads,
+    )
+    assert vision["initializer_range"] == sizes.init_range
