@@ -235,11 +235,15 @@ async def _report(
         logger.warning("could not report encoding outcome: %s", e)
 
 
-async def release_all(peers: Peers, stage: EncodeStage, *, read: bool = False) -> None:
-    """Release every lease of ``stage`` at its producer (best effort: leases also expire).
-    ``read``: the consumer has read every reference (it has prefilled), so NIXL leases are left
-    to the notification its READ sent: no Release call for an encoder that handed over by NIXL
-    alone (another host, or GPU memory)."""
+async def release_all(
+    peers: Peers, stage: EncodeStage, plane: DataPlane | None = None, *, read: bool = False
+) -> None:
+    """Release every lease of ``stage``: its pixels' in ``plane`` (``release_pixels``), its
+    embeddings' at their producers (best effort: leases also expire). ``read``: the consumer
+    has read every reference (it has prefilled), so NIXL leases are left to the notification
+    its READ sent: no Release call for an encoder that handed over by NIXL alone (another host,
+    or GPU memory)."""
+    release_pixels(plane, stage)
     by_endpoint: dict[str, list[str]] = defaultdict(list)
     for result in stage.results.values():
         ref = result.embeddings

@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from opentelemetry import trace
 
@@ -233,10 +234,9 @@ class Router:
         """Let go of what a request held once it ends, however it ends: its pixels, its
         embeddings' leases on the encoders (shielded from the request's cancellation), and
         count its retried encodings."""
-        release_pixels(self.plane, stage)
         if self.metrics is not None and stage.num_retried:
             self.metrics.encode_retries.inc(stage.num_retried)
-        await asyncio.shield(release_all(self.peers, stage))
+        await asyncio.shield(release_all(self.peers, stage, self.plane))
 
     async def _chunks(
         self,
@@ -279,10 +279,6 @@ class Router:
         images and whole videos (``stage``'s items after the images are the videos'
         ``whole_video_item``). The leases go once it is prefilled."""
 
-        async def prefilled() -> None:
-            release_pixels(self.plane, stage)
-            await release_all(self.peers, stage, read=True)
-
         async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
             # NOTE: only another host needs new references; any is readable into any device.
             # A resumption finds them released once its predecessor had prefilled.
@@ -304,7 +300,7 @@ class Router:
         pieces = stream_tokens(
             self.peers,
             call,
-            prefilled,
+            partial(release_all, self.peers, stage, self.plane, read=True),
             placement,
             prompt_for if placement is not None else None,
             max_resumptions=self.max_resumptions,

@@ -246,3 +246,13 @@ async def test_the_pixels_are_released_once_encoded_not_at_the_end_of_the_answer
     await pieces.aclose()
     release_pixels(worker.plane, stage)
     assert plane.released == ["pixels-0", "pixels-1"]
+
+
+async def test_release_all_lets_go_of_the_pixels_and_the_embeddings_together() -> None:
+    peers, stage, plane = FakePeers(), stage_of(2), RecordingPlane()
+    await encode_all(peers, stage, Deadline(30))  # type: ignore[arg-type]
+    stage.pixel_leases = ["pixels-0", "pixels-1"]
+    await release_all(peers, stage, plane, read=True)  # type: ignore[arg-type]
+    assert plane.released == ["pixels-0", "pixels-1"] and stage.pixel_leases == []
+    assert len([i for e in peers.encoders.values() for i in e.released]) == 2  # NOTE: shm leases
+    assert stage.results == {}
