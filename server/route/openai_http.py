@@ -154,11 +154,11 @@ class OpenAiHttp:
         except EpdError as e:
             return _error(e)
         chat.tenant = request.get(TENANT_KEY, "")
-        if isinstance(body, dict) and body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._stream(request, chat, api, include_usage)
         num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
         answers = [openai_answers.Answer() for _ in range(num_answers)]
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await self._stream(request, chat, api, answers, include_usage)
         try:
             choices = generate_choices(self.router, chat, self.options.request_timeout_s)
             async for choice in choices:
@@ -174,8 +174,15 @@ class OpenAiHttp:
         return str(self.router.prompts.tokenizer.decode([token_id]))
 
     async def _stream(
-        self, request: web.Request, chat: ChatRequest, api: Api, include_usage: bool
+        self,
+        request: web.Request,
+        chat: ChatRequest,
+        api: Api,
+        answers: list[openai_answers.Answer],
+        include_usage: bool,
     ) -> web.StreamResponse:
+        """Stream ``chat``'s answers as server-sent events, each choice's chunks added to its
+        ``answers`` entry (what it has said so far)."""
         pieces = generate_choices(self.router, chat, self.options.request_timeout_s)
         if chat.stream_interval > 1:
             pieces = batched(pieces, chat.stream_interval)
@@ -197,8 +204,6 @@ class OpenAiHttp:
         prompt_text = first.chunk.prompt_text if first is not None else None
         for payload in api.opening(chat, prompt_ids, prompt_text):
             await _send(response, payload)
-        num_answers = max(chat.sampling.n, 1) * (1 + len(chat.more_prompts))
-        answers = [openai_answers.Answer() for _ in range(num_answers)]
         try:
             choice = first
             while choice is not None:
