@@ -11,7 +11,11 @@ from epd.server.encode.vision import DTYPES, PREPROCESS_DEVICES
 from epd.server.engine.settings import MODEL_ID_FLAG
 from epd.server.media.policy import MediaPolicy
 from epd.server.store.base import EMBEDDING_STORES, MOONCAKE, NONE
-from epd.server.store.client import MooncakeSettings
+from epd.server.store.client import (
+    STORE_MASTER_FLAG,
+    STORE_METADATA_SERVER_FLAG,
+    MooncakeSettings,
+)
 from epd.server.transfer.base import DEFAULT_LEASE_TTL_S
 from epd.server.transfer.options import TransferOptions
 
@@ -158,21 +162,8 @@ class EncodeConfig:
             choices=EMBEDDING_STORES,
         ),
     )
-    store_master: str = field(
-        default="",
-        metadata=flag(
-            "HOST:PORT of the Mooncake master (--embedding-store mooncake)",
-            env="EPD_STORE_MASTER",
-        ),
-    )
-    store_metadata_server: str = field(
-        default="",
-        metadata=flag(
-            "URL of Mooncake's HTTP metadata server, e.g. http://HOST:PORT/metadata "
-            "(mooncake_master --enable_http_metadata_server serves one)",
-            env="EPD_STORE_METADATA_SERVER",
-        ),
-    )
+    store_master: str = field(default="", metadata=STORE_MASTER_FLAG)
+    store_metadata_server: str = field(default="", metadata=STORE_METADATA_SERVER_FLAG)
     store_timeout_ms: float = field(
         default=50.0,
         metadata=flag(

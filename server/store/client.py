@@ -15,6 +15,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from epd.common.flags import flag
+
 RETRY_CONNECT_S = 2.0
 # NOTE: a client's close takes about 12 s once its master died; a process that exits before
 # it ends aborts in Mooncake's destructors.
@@ -23,6 +25,16 @@ INSTALL_HINT = (
     "--embedding-store mooncake needs Mooncake's Python package (mooncake-transfer-engine-non-cuda "
     "on CPU, -cuda13 on GPUs) and Debian's libibverbs1 and librdmacm1: scripts/install.sh "
     "installs them"
+)
+# NOTE: where the store is, for every command that joins it (encoders, the segment holder).
+STORE_MASTER_FLAG = flag(
+    "HOST:PORT of the embedding store's Mooncake master",
+    env="EPD_STORE_MASTER",
+)
+STORE_METADATA_SERVER_FLAG = flag(
+    "URL of Mooncake's HTTP metadata server, e.g. http://HOST:PORT/metadata "
+    "(mooncake_master --enable_http_metadata_server serves one)",
+    env="EPD_STORE_METADATA_SERVER",
 )
 logger = logging.getLogger(__name__)
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from epd.common.flags import flag
 from epd.server.store.client import (
     CLOSE_WAIT_S,
+    STORE_MASTER_FLAG,
+    STORE_METADATA_SERVER_FLAG,
     Client,
     MooncakeSettings,
     join,
@@ -37,17 +39,8 @@ class HolderConfig:
     """The store a holder joins and the memory it lends it; the defaults of ``epd
     store-holder``'s flags (ValueError for a missing address or a segment under 1 MiB)."""
 
-    store_master: str = field(
-        default="",
-        metadata=flag("HOST:PORT of the Mooncake master", env="EPD_STORE_MASTER"),
-    )
-    store_metadata_server: str = field(
-        default="",
-        metadata=flag(
-            "URL of Mooncake's HTTP metadata server, e.g. http://HOST:PORT/metadata",
-            env="EPD_STORE_METADATA_SERVER",
-        ),
-    )
+    store_master: str = field(default="", metadata=STORE_MASTER_FLAG)
+    store_metadata_server: str = field(default="", metadata=STORE_METADATA_SERVER_FLAG)
     store_segment_mb: int = field(
         default=1024,
         metadata=flag(
