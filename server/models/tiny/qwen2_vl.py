@@ -49,14 +49,18 @@ VIDEO_SAMPLING = dict(do_sample_frames=True, fps=2.0, min_frames=4, max_frames=7
 
 
 class QwenVlBuilder(TinyBuilder):
-    """What the Qwen families' builders share: the config of ``_config_class`` with the text
-    and vision configs, the processor of ``_processor_class`` with ``_processors``'."""
+    """What the Qwen families' builders share: the config of ``config_class`` with the text
+    and vision configs, the processor of ``processor_class`` with ``_processors``', the model
+    of ``model_class`` (each the name of a transformers class, imported when building)."""
 
     chat_template = qwen_chat_template(DEFAULT_SYSTEM_TURN)
+    processor_class: str
+    config_class: str
+    model_class: str
 
     def save_processor(self, tokenizer: Any, sizes: TinySizes, out: Path) -> None:
         image_processor, video_processor = self._processors(sizes)
-        processor = self._processor_class()(
+        processor = self._transformers_class(self.processor_class)(
             image_processor=image_processor,
             tokenizer=tokenizer,
             video_processor=video_processor,
@@ -69,7 +73,7 @@ class QwenVlBuilder(TinyBuilder):
     def model(self, token_ids: dict[str, int], vocab_size: int, sizes: TinySizes) -> Any:
         import torch
 
-        config = self._config_class()(
+        config = self._transformers_class(self.config_class)(
             text_config=self._text_config(token_ids, vocab_size, sizes),
             vision_config=self._vision_config(sizes),
             image_token_id=token_ids["<|image_pad|>"],
@@ -80,7 +84,7 @@ class QwenVlBuilder(TinyBuilder):
             bos_token_id=token_ids["<|endoftext|>"],
             eos_token_id=token_ids["<|im_end|>"],
         )
-        return self._model_class()(config).eval().to(torch.float32)
+        return self._transformers_class(self.model_class)(config).eval().to(torch.float32)
 
     def _processors(self, sizes: TinySizes) -> tuple[Any, Any]:
         from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
@@ -107,14 +111,10 @@ class QwenVlBuilder(TinyBuilder):
         }
         return tiny_text_config(token_ids, vocab_size, sizes, rope)
 
-    def _processor_class(self) -> Any:
-        raise NotImplementedError
+    def _transformers_class(self, name: str) -> Any:
+        import transformers
 
-    def _config_class(self) -> Any:
-        raise NotImplementedError
-
-    def _model_class(self) -> Any:
-        raise NotImplementedError
+        return getattr(transformers, name)
 
     def _vision_config(self, sizes: TinySizes) -> dict[str, Any]:
         raise NotImplementedError
@@ -124,21 +124,9 @@ class Qwen2VlBuilder(QwenVlBuilder):
     """Tiny Qwen2-VL (``Qwen2VLForConditionalGeneration``)."""
 
     name = "qwen2_vl"
-
-    def _processor_class(self) -> Any:
-        from transformers import Qwen2VLProcessor
-
-        return Qwen2VLProcessor
-
-    def _config_class(self) -> Any:
-        from transformers import Qwen2VLConfig
-
-        return Qwen2VLConfig
-
-    def _model_class(self) -> Any:
-        from transformers import Qwen2VLForConditionalGeneration
-
-        return Qwen2VLForConditionalGeneration
+    processor_class = "Qwen2VLProcessor"
+    config_class = "Qwen2VLConfig"
+    model_class = "Qwen2VLForConditionalGeneration"
 
     def _vision_config(self, sizes: TinySizes) -> dict[str, Any]:
         return dict(
@@ -159,21 +147,9 @@ class Qwen2_5VlBuilder(QwenVlBuilder):  # noqa: N801 - the model's own name
     """Tiny Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``)."""
 
     name = "qwen2_5_vl"
-
-    def _processor_class(self) -> Any:
-        from transformers import Qwen2_5_VLProcessor
-
-        return Qwen2_5_VLProcessor
-
-    def _config_class(self) -> Any:
-        from transformers import Qwen2_5_VLConfig
-
-        return Qwen2_5_VLConfig
-
-    def _model_class(self) -> Any:
-        from transformers import Qwen2_5_VLForConditionalGeneration
-
-        return Qwen2_5_VLForConditionalGeneration
+    processor_class = "Qwen2_5_VLProcessor"
+    config_class = "Qwen2_5_VLConfig"
+    model_class = "Qwen2_5_VLForConditionalGeneration"
 
     def _vision_config(self, sizes: TinySizes) -> dict[str, Any]:
         # NOTE: the last block attends over the whole image, the others within windows of

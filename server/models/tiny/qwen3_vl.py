@@ -25,6 +25,9 @@ class Qwen3VlBuilder(QwenVlBuilder):
     """Tiny Qwen3-VL (``Qwen3VLForConditionalGeneration``), dense."""
 
     name = "qwen3_vl"
+    processor_class = "Qwen3VLProcessor"
+    config_class = "Qwen3VLConfig"
+    model_class = "Qwen3VLForConditionalGeneration"
     # NOTE: as the hub's Qwen3-VL template: no default system turn.
     chat_template = qwen_chat_template(system_turn="")
 
@@ -60,21 +63,6 @@ class Qwen3VlBuilder(QwenVlBuilder):
             "mrope_interleaved": True,
         }
         return text
-
-    def _config_class(self) -> Any:
-        from transformers import Qwen3VLConfig
-
-        return Qwen3VLConfig
-
-    def _processor_class(self) -> Any:
-        from transformers import Qwen3VLProcessor
-
-        return Qwen3VLProcessor
-
-    def _model_class(self) -> Any:
-        from transformers import Qwen3VLForConditionalGeneration
-
-        return Qwen3VLForConditionalGeneration
 
     def _vision_config(self, sizes: TinySizes) -> dict[str, Any]:
         # NOTE: the hub's checkpoints take DeepStack features after 3 of 24-27 blocks, spread
