@@ -154,21 +154,33 @@ class Qwen2_5VlBuilder(QwenVlBuilder):  # noqa: N801 - the model's own name
     def _vision_config(self, sizes: TinySizes) -> dict[str, Any]:
         # NOTE: the last block attends over the whole image, the others within windows of
         # window_size pixels, as in the hub's checkpoints (every 8th block there).
-        return dict(
-            depth=sizes.vision_depth,
-            hidden_size=sizes.vision_embed_dim,
-            intermediate_size=2 * sizes.vision_embed_dim,
-            out_hidden_size=sizes.hidden_size,
-            num_heads=sizes.vision_num_heads,
-            patch_size=PATCH_SIZE,
-            spatial_merge_size=MERGE_SIZE,
-            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+        return merged_tower_config(
+            sizes,
+            PATCH_SIZE,
             window_size=112,
             fullatt_block_indexes=[sizes.vision_depth - 1],
             tokens_per_second=2,
-            in_channels=3,
-            initializer_range=sizes.init_range,
         )
+
+
+def merged_tower_config(sizes: TinySizes, patch_size: int, **own: Any) -> dict[str, Any]:
+    """The vision config of a tower that projects to the language model itself (Qwen2.5-VL's
+    and Qwen3-VL's): ``sizes``' depth, width (an MLP twice as wide) and heads, the language
+    model's width out, patches of ``patch_size`` merged as Qwen's, and the family's ``own``
+    fields."""
+    return dict(
+        depth=sizes.vision_depth,
+        hidden_size=sizes.vision_embed_dim,
+        intermediate_size=2 * sizes.vision_embed_dim,
+        out_hidden_size=sizes.hidden_size,
+        num_heads=sizes.vision_num_heads,
+        patch_size=patch_size,
+        spatial_merge_size=MERGE_SIZE,
+        temporal_patch_size=TEMPORAL_PATCH_SIZE,
+        in_channels=3,
+        initializer_range=sizes.init_range,
+        **own,
+    )
 
 
 def mrope_section(head_dim: int) -> list[int]:

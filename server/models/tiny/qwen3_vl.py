@@ -13,6 +13,7 @@ from epd.server.models.tiny.qwen2_vl import (
     TEMPORAL_PATCH_SIZE,
     VIDEO_SAMPLING,
     QwenVlBuilder,
+    merged_tower_config,
     qwen_chat_template,
 )
 
@@ -68,20 +69,12 @@ class Qwen3VlBuilder(QwenVlBuilder):
         # NOTE: the hub's checkpoints take DeepStack features after 3 of 24-27 blocks, spread
         # out; a tiny tower takes them after blocks d/4 and d/2 (both blocks of a 2-block tower).
         depth = sizes.vision_depth
-        return dict(
-            depth=depth,
-            hidden_size=sizes.vision_embed_dim,
-            intermediate_size=2 * sizes.vision_embed_dim,
-            num_heads=sizes.vision_num_heads,
-            out_hidden_size=sizes.hidden_size,
-            patch_size=PATCH_SIZE,
-            spatial_merge_size=MERGE_SIZE,
-            temporal_patch_size=TEMPORAL_PATCH_SIZE,
+        return merged_tower_config(
+            sizes,
+            PATCH_SIZE,
             # a square grid of learned positions, resampled to each image's grid
             num_position_embeddings=16 * 16,
             deepstack_visual_indexes=sorted({depth // 4, depth // 2}),
-            in_channels=3,
-            initializer_range=sizes.init_range,
         )
 
 
