@@ -10,10 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd.common.errors import Unavailable
-from epd.server.media.loader import MediaLoader
-from epd.server.media.policy import MediaPolicy
 from epd.server.route.metrics import RouteMetrics
-from epd.server.transfer.plane import DataPlane
 from tests.scrape import value
 
 
@@ -54,18 +51,3 @@ def test_requests_are_counted_by_outcome_and_timed() -> None:
     assert value(ended, "epd_route_time_per_output_token_seconds_count") == 1
     assert value(ended, "epd_route_time_per_output_token_seconds_sum") >= 0.01
     assert value(ended, "epd_route_request_duration_seconds_count") == 3
-
-
-def test_the_routes_loader_and_plane_are_exported_with_its_own_metrics() -> None:
-    registry = CollectorRegistry()
-    loader = MediaLoader(MediaPolicy(), model_id="m", processor_fingerprint="p")
-    loader.num_refused["BAD_IMAGE"] += 1
-    plane = DataPlane(kinds=("shm",))
-    try:
-        RouteMetrics(registry, loader=loader, plane=plane)
-        exported = samples(registry)
-    finally:
-        plane.close()
-    assert value(exported, "epd_media_refusals_total", reason="BAD_IMAGE") == 1
-    assert value(exported, "epd_transfer_leases_outstanding", kind="shm") == 0
-    assert value(exported, "epd_route_requests_in_flight") == 0
