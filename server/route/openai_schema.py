@@ -140,25 +140,18 @@ def _text(value: Any, param: str) -> str:
     return clean(value, param)
 
 
-def _image(part: dict[str, Any], param: str) -> ChatPart:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
+def _media(part: dict[str, Any], key: str, param: str) -> ImageSource:
+    """The source of an ``image_url`` or ``video_url`` part (``key``): its object's ``url`` or
+    the URL alone (an http(s), ``data:`` or ``file:`` URL); an image's ``detail``, if given, one
+    of ``IMAGE_DETAILS``."""
+    value = part.get(key)
+    url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str):
-        raise bad("image_url parts need image_url.url", f"{param}.image_url")
-    detail = image.get("detail") if isinstance(image, dict) else None
+        raise bad(f"{key} parts need {key}.url", f"{param}.{key}")
+    detail = value.get("detail") if key == "image_url" and isinstance(value, dict) else None
     if detail is not None and detail not in IMAGE_DETAILS:
         raise bad("image_url.detail must be auto, low or high", f"{param}.image_url.detail")
-    return ChatPart(image=ImageSource(url=clean(url, f"{param}.image_url.url")))
-
-
-def _video(part: dict[str, Any], param: str) -> ChatPart:
-    """vLLM's ``video_url`` part: ``{"type": "video_url", "video_url": {"url": ...}}`` (an
-    http(s) URL under the image fetch guard, or a ``data:video/...`` URL)."""
-    video = part.get("video_url")
-    url = video.get("url") if isinstance(video, dict) else video
-    if not isinstance(url, str):
-        raise bad("video_url parts need video_url.url", f"{param}.video_url")
-    return ChatPart(video=ImageSource(url=clean(url, f"{param}.video_url.url")))
+    return ImageSource(url=clean(url, f"{param}.{key}.url"))
 
 
 def _part(part: Any, param: str) -> ChatPart:
@@ -166,9 +159,9 @@ def _part(part: Any, param: str) -> ChatPart:
     if kind == "text":
         return ChatPart(text=_text(part.get("text"), f"{param}.text"))
     if kind == "image_url":
-        return _image(part, param)
+        return ChatPart(image=_media(part, kind, param))
     if kind == "video_url":
-        return _video(part, param)
+        return ChatPart(video=_media(part, kind, param))
     raise bad(
         f"unsupported content part type {str(kind)[:64]!r} (use text, image_url or video_url)",
         param,
