@@ -13,7 +13,7 @@ caches. The prefill worker gets the chunks' embeddings in order as one video (``
 
 With a tenant or a cache_salt, every item's key moves into the tenant's namespace once, before
 any hop sees it (``in_namespace``); with a data plane, each item's decoded pixels are shared with
-the workers on this host that read them (``pixels_of``).
+the workers on this host that read them (``stage_items``).
 
 Without a live encoder (EPD, EP/D), the items go raw to an encode_prefill worker, whose engine
 runs its own vision tower, with the pixels the route decoded (``stage_items``, ``raw_prompt``).
@@ -26,7 +26,7 @@ so the worker's engine takes the frames as they are, neither decoded nor sampled
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,17 +195,6 @@ def in_namespace(
     return sampling, salt
 
 
-def pixels_of(
-    images: Sequence[RouteImage], videos: Sequence[RouteVideo]
-) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
-    """Each item's decoded pixels: an image's, then each video chunk's kept frames."""
-    for image in images:
-        yield image.item, image.loaded.pixels
-    for video in videos:
-        for chunk, item in zip(video.chunks, video.items, strict=True):
-            yield item, video.video.frames[chunk.frames.start : chunk.frames.stop]
-
-
 def video_input(
     video: RouteVideo, results: list[encode_pb.EncodeResponse]
 ) -> multimodal_pb2.VideoInput:
@@ -255,29 +244,22 @@ def whole_video_item(video: RouteVideo) -> multimodal_pb2.MediaItem:
 
 def stage_items(
     uses_encoders: bool, images: list[RouteImage], videos: list[RouteVideo]
-) -> tuple[list[multimodal_pb2.MediaItem], Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]]:
-    """A request's items and, lazily, each one's decoded pixels to share: with encoders, its
-    images and its videos' chunks (``media.pixels_of``); else its images and each video's
+) -> tuple[list[multimodal_pb2.MediaItem], list[tuple[multimodal_pb2.MediaItem, np.ndarray]]]:
+    """A request's items, and each one with its decoded pixels to share: its images, then with
+    encoders its videos' chunks (each chunk's kept frames), else each video's
     ``whole_video_item`` with all its kept frames."""
-    image_items = [image.item for image in images]
+    pixels = [(image.item, image.loaded.pixels) for image in images]
     if uses_encoders:
-        chunk_items = [item for video in videos for item in video.items]
-        return image_items + chunk_items, pixels_of(images, videos)
-    for video in videos:
-        video.video.check_whole()
-    video_items = [whole_video_item(video) for video in videos]
-    return image_items + video_items, _raw_pixels(images, videos, video_items)
-
-
-def _raw_pixels(
-    images: Sequence[RouteImage],
-    videos: Sequence[RouteVideo],
-    video_items: Sequence[multimodal_pb2.MediaItem],
-) -> Iterator[tuple[multimodal_pb2.MediaItem, np.ndarray]]:
-    for image in images:
-        yield image.item, image.loaded.pixels
-    for video, item in zip(videos, video_items, strict=True):
-        yield item, video.video.frames
+        pixels += [
+            (item, video.video.frames[chunk.frames.start : chunk.frames.stop])
+            for video in videos
+            for chunk, item in zip(video.chunks, video.items, strict=True)
+        ]
+    else:
+        for video in videos:
+            video.video.check_whole()
+        pixels += [(whole_video_item(video), video.video.frames) for video in videos]
+    return [item for item, _ in pixels], pixels
 
 
 def raw_prompt(

@@ -1,7 +1,7 @@
 """What the route hands an encode_prefill worker for a video (EPD, EP/D): the whole video as one
 item named by the video's hash (salted as its chunks, for a tenant), its source, a span of every
 kept frame at the plan's size, the kept frames as that item's pixels, and the plan in the
-VideoInput."""
+VideoInput; with encoders, each chunk's item shares the chunk's own frames."""
 
 from __future__ import annotations
 
@@ -52,3 +52,13 @@ def test_a_video_at_a_url_goes_by_its_url(tiny_model_dir: Path) -> None:
     (item,), _ = stage_items(False, [], [video])
     assert (item.WhichOneof("source"), item.url) == ("url", url)
     assert item.mm_hash == video.video.video_hash and not item.key_salt
+
+
+def test_with_encoders_each_chunk_shares_its_own_kept_frames(tiny_model_dir: Path) -> None:
+    loader = VideoLoader(VideoPlanner(tiny_model_dir, "tiny"), MediaPolicy())
+    video = asyncio.run(load_video(loader, ImageSource(data=CLIP), 1))
+    items, pixels = stage_items(True, [], [video])
+    assert items == video.items and [item for item, _ in pixels] == items
+    for chunk, (_, frames) in zip(video.chunks, pixels, strict=True):
+        assert np.array_equal(frames, video.video.frames[chunk.frames.start : chunk.frames.stop])
+    assert sum(len(frames) for _, frames in pixels) == len(video.video.frames)
