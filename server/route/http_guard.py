@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -28,6 +28,7 @@ from epd.common.flags import flag
 
 MiB = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 # Where an authenticated request keeps its caller's identity (``ChatRequest.tenant``).
 TENANT_KEY = web.RequestKey("epd_tenant", str)
@@ -202,19 +203,11 @@ def auth_middleware(tokens: list[str]) -> Any:
     return check_token
 
 
-@dataclass(frozen=True, slots=True)
-class JsonBody:
-    """A request's parsed JSON body, and whether it was large (over ``INLINE_PARSE_BYTES``):
-    work that grows with it belongs off the event loop too."""
-
-    value: Any
-    is_large: bool
-
-
-async def read_json(request: web.Request, options: HttpOptions) -> JsonBody:
-    """The request's JSON body, read within the body timeout and size limit, refused before
-    parsing if it holds more than ``max_json_values`` values, and parsed off the event loop when
-    large. Raises HttpError (413, 408 or 400)."""
+async def read_json(request: web.Request, options: HttpOptions, then: Callable[[Any], T]) -> T:
+    """``then`` of the request's JSON body, read within the body timeout and size limit,
+    refused before parsing if it holds more than ``max_json_values`` values, parsed and handed
+    to ``then`` off the event loop, in one thread, when large (work that grows with the body).
+    Raises HttpError (413, 408 or 400), and what ``then`` raises."""
     length = request.content_length
     if length is not None and length > options.max_body_bytes:
         raise _too_large(options)
@@ -227,8 +220,8 @@ async def read_json(request: web.Request, options: HttpOptions) -> JsonBody:
             408, f"the body did not arrive within {options.body_timeout_s:g}s", "request_timeout"
         ) from None
     if len(body) <= INLINE_PARSE_BYTES:
-        return JsonBody(parse_json(body, options.max_json_values), is_large=False)
-    return JsonBody(await asyncio.to_thread(parse_json, body, options.max_json_values), True)
+        return then(parse_json(body, options.max_json_values))
+    return await asyncio.to_thread(lambda: then(parse_json(body, options.max_json_values)))
 
 
 def parse_json(body: bytes, max_values: int) -> Any:

@@ -4,8 +4,6 @@ gRPC, so the official ``openai`` client and OpenAI-speaking benchmarks work unch
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -143,14 +141,13 @@ class OpenAiHttp:
         """Read the body, convert it with ``api`` and answer it, whole or streamed."""
         if self.is_draining:
             return _error(Unavailable("the route is draining; retry", reason="DRAINING"))
+        request_id = request.headers.get("X-Request-Id")
         try:
-            read = await read_json(request, self.options)
+            body, chat = await read_json(
+                request, self.options, lambda value: (value, api.convert(value, request_id))
+            )
         except HttpError as e:
             return e.response()
-        body = read.value
-        convert = functools.partial(api.convert, body, request.headers.get("X-Request-Id"))
-        try:
-            chat = await asyncio.to_thread(convert) if read.is_large else convert()
         except EpdError as e:
             return _error(e)
         chat.tenant = request.get(TENANT_KEY, "")

@@ -128,6 +128,25 @@ async def test_a_body_over_the_limit_is_413_and_never_parsed() -> None:
         await http.stop()
 
 
+async def test_a_large_body_is_parsed_and_judged_off_the_event_loop_as_a_small_one() -> None:
+    """Over ``INLINE_PARSE_BYTES`` the body is parsed and converted in a thread: the same answer,
+    and a refusal the conversion raises there is the same 400 naming the field."""
+    from epd.server.route.http_guard import INLINE_PARSE_BYTES
+
+    http, url = await started(HttpOptions())
+    try:
+        text = "x " * INLINE_PARSE_BYTES
+        large = dict(CHAT, messages=[{"role": "user", "content": text}])
+        status, body = await post(url, large)
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == "ok"  # type: ignore[index]
+        status, body = await post(url, dict(large, temperature=-1))
+        assert status == 400
+        assert body["error"]["param"] == "temperature"  # type: ignore[index]
+    finally:
+        await http.stop()
+
+
 @pytest.mark.parametrize(
     "filler",
     [b"[],", b"{},", b"1,"],
