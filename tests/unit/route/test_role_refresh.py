@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from epd.common.roles import Role
+from epd.server.route.peers import Peers
 from epd.server.route.router import Router
 from epd.server.route.scheduler_fallback import FallbackScheduler
 from epd.server.route.topology import MAX_AGE_TTLS, RoleView
@@ -120,3 +121,18 @@ def test_a_view_expires_after_its_max_age() -> None:
     assert RoleView(ttl_s=2.0).max_age_s == MAX_AGE_TTLS * 2.0
     with pytest.raises(ValueError):
         RoleView(ttl_s=1.0, max_age_s=0.5)
+
+
+async def test_the_listing_is_refreshed_with_the_scheduler_fallback_off_too() -> None:
+    peers = Peers("127.0.0.1:1", scheduler_fallback_s=0)
+    refreshed = asyncio.Event()
+
+    async def refresh() -> None:
+        peers.roles.update(scheduler_pb.ListWorkersResponse())
+        refreshed.set()
+
+    peers.scheduler.refresh = refresh  # type: ignore[method-assign]
+    peers.start()
+    await asyncio.wait_for(refreshed.wait(), 5)
+    assert not peers.roles.is_stale()
+    await peers.close()
