@@ -44,3 +44,7 @@ def test_the_gpu_check_runs_on_cpu_and_writes_its_figures(tmp_path: Path) -> Non
     store = json.loads((tmp_path / "bench_store.json").read_text())
     assert store["rows"][0]["encode_ms"] > 0
     assert all(row["put_ms"] > 0 and row["get_ms"] > 0 for row in store["rows"])
+    hops = json.loads((tmp_path / "bench_hops.json").read_text())
+    assert hops["ttft_ms"] > 0 and "vllm_ttft_ms" not in hops
+    calls = {(row["service"], row["rpc"]) for row in hops["hops"]}
+    assert {("epd-scheduler", "Place"), ("epd-encode", "Encode")} <= calls
