@@ -8,7 +8,6 @@ from typing import Any, TypeAlias
 import grpc
 from opentelemetry import trace
 
-from epd.common.generation import finish_reason_value
 from epd.common.status import handle_errors
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.prefill.worker import PrefillWorker
@@ -39,14 +38,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):  # type: ignore[misc]
         result = await self.worker.prefill(
             request.request_id, request.model, request.prompt, sampling
         )
-        return pb.PrefillResponse(
-            first_token_id=result.first_token_id,
-            finish_reason=finish_reason_value(result.finish_reason),  # type: ignore[arg-type]
-            kv_handle=convert.kv_handle_to_proto(result.kv_transfer_params),
-            usage=convert.usage_to_proto(result.usage),
-            first_token_logprobs=convert.logprobs_to_proto(result.first_logprobs),
-            prompt_logprobs=[convert.logprobs_to_proto(p) for p in result.prompt_logprobs],
-        )
+        return pb.PrefillResponse(**convert.prefill_fields(result))
 
     @handle_errors
     async def PrefillDecode(

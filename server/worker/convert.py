@@ -12,12 +12,13 @@ as lists. Keys must be strings.
 from __future__ import annotations
 
 import json
-from typing import Any, overload
+from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.common.generation import SAMPLING_DEFAULTS, finish_reason_value
 from epd.server.engine.base import (
     Candidates,
+    PrefillResult,
     RepetitionDetection,
     Sampling,
     StructuredOutput,
@@ -127,19 +128,23 @@ def chunk_fields(chunk: TokenChunk) -> dict[str, Any]:
     return fields
 
 
-@overload
-def logprobs_to_proto(position: Candidates) -> generation_pb2.TokenLogprobs: ...
+def prefill_fields(result: PrefillResult) -> dict[str, Any]:
+    """Fields of the PrefillResponse for ``result``."""
+    fields: dict[str, Any] = {
+        "first_token_id": result.first_token_id,
+        "finish_reason": finish_reason_value(result.finish_reason),
+        "kv_handle": kv_handle_to_proto(result.kv_transfer_params),
+        "usage": usage_to_proto(result.usage),
+        "prompt_logprobs": [logprobs_to_proto(p) for p in result.prompt_logprobs],
+    }
+    if result.first_logprobs is not None:
+        fields["first_token_logprobs"] = logprobs_to_proto(result.first_logprobs)
+    return fields
 
 
-@overload
-def logprobs_to_proto(position: None) -> None: ...
-
-
-def logprobs_to_proto(position: Candidates | None) -> generation_pb2.TokenLogprobs | None:
-    """The TokenLogprobs of one position's candidates (None: none were asked for; empty: the
-    prompt's first position, which has none)."""
-    if position is None:
-        return None
+def logprobs_to_proto(position: Candidates) -> generation_pb2.TokenLogprobs:
+    """The TokenLogprobs of one position's candidates (empty: the prompt's first position,
+    which has none)."""
     return generation_pb2.TokenLogprobs(
         candidates=[
             generation_pb2.Logprob(token_id=token, logprob=logprob, rank=rank, token=text)
