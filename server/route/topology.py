@@ -66,6 +66,8 @@ class RoleView:
         self._roles: dict[str, frozenset[Role]] = {}
         self.models: frozenset[str] = frozenset()
         self._fetched_at = -float("inf")
+        # when a request last waited for a listing for want of its model's roles
+        self._asked_at = -float("inf")
 
     def is_stale(self, now: float | None = None) -> bool:
         """Whether the view should be refreshed."""
@@ -84,12 +86,15 @@ class RoleView:
     ) -> frozenset[Role]:
         """The live roles of ``model`` (empty: the only model's), a NotFound
         (``MODEL_NOT_FOUND``) for a model neither registered nor ``served_here`` (the route's
-        own), before anything of the request is loaded. A stale view is refreshed first only
-        where it is expired or has no live role for ``model`` (a model just registered, workers
-        back): the request waits for that ListWorkers (within the request's ``deadline``) and a
-        failure of it is the request's; ``list_workers(timeout_s)`` is the scheduler's
-        ListWorkers. Any other stale view is served as it is: the watch refreshes it."""
-        if self.is_stale() and (self.is_expired() or not self.roles(model)):
+        own), before anything of the request is loaded. The view is refreshed first only where
+        it is expired, or has no live role for ``model`` (a model just registered, workers back
+        since the watch's last listing: at most once per TTL): the request waits for that
+        ListWorkers (within the request's ``deadline``) and a failure of it is the request's;
+        ``list_workers(timeout_s)`` is the scheduler's ListWorkers. Any other view is served as
+        it is: the watch refreshes it."""
+        now = time.monotonic()
+        if self.is_expired(now) or (not self.roles(model) and now - self._asked_at > self.ttl_s):
+            self._asked_at = now
             self.update(await list_workers(deadline.remaining()))
         served = self.models | {served_here}
         if model and model not in served:

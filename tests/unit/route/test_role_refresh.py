@@ -82,6 +82,20 @@ async def test_a_stale_view_without_a_live_role_of_the_model_waits_for_the_listi
     assert len(await asyncio.wait_for(request, 5)) == 3
 
 
+async def test_a_fresh_view_without_a_live_role_of_the_model_waits_once_per_ttl() -> None:
+    """The watch listed the workers before the model's registered (a route that just started):
+    the first request waits for a listing; another within the TTL does not ask again."""
+    worker, peers = await router_with_view(0.0, scheduler_pb.ListWorkersResponse())
+    list_workers = HeldListWorkers(peers)
+    first = asyncio.ensure_future(generate(worker, "tiny"))
+    await asyncio.sleep(0.05)
+    assert not first.done() and list_workers.num_started == 1
+    assert len(await asyncio.wait_for(generate(worker, "tiny"), 5)) == 3
+    assert list_workers.num_started == 1
+    list_workers.go.set()
+    assert len(await asyncio.wait_for(first, 5)) == 3
+
+
 async def test_the_listings_refresh_feeds_the_view_and_a_failed_one_keeps_it_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
