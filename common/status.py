@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -46,6 +46,8 @@ _ERROR_CLASSES: dict[grpc.StatusCode, type[EpdError]] = {
     grpc.StatusCode.CANCELLED: errors.Cancelled,
 }
 
+# The context every servicer method takes (epd's servicers read no request metadata types).
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 Method = TypeVar("Method", bound=Callable[..., Any])
 
 

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
-
-import grpc
-
 from epd.common.held_items import held_from_proto
 from epd.common.roles import Role, role_from_proto
-from epd.common.status import handle_errors
+from epd.common.status import Context, handle_errors
 from epd.scheduler import convert
 from epd.scheduler.core import Scheduler
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
 
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 # The most held items ListWorkers shows per encoder (the route polls the listing every second).
 LISTED_HELD_ITEMS = 256
 

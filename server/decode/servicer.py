@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
 
-import grpc
 from opentelemetry import trace
 
-from epd.common.status import handle_errors
+from epd.common.status import Context, handle_errors
 from epd.server.decode.worker import DecodeWorker
 from epd.server.worker import convert
 from epd.v1 import decode_service_pb2 as pb
 from epd.v1 import decode_service_pb2_grpc as pb_grpc
-
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class DecodeServicer(pb_grpc.DecodeServiceServicer):  # type: ignore[misc]

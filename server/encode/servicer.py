@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
 
-import grpc
 from opentelemetry import trace
 
-from epd.common.status import handle_errors
+from epd.common.status import Context, handle_errors
 from epd.server.encode.video_items import VideoSpan
 from epd.server.encode.worker import EncodeWorker, MediaSource
 from epd.server.media.image_settings import image_settings_of
 from epd.v1 import encode_service_pb2 as pb
 from epd.v1 import encode_service_pb2_grpc as pb_grpc
 from epd.v1 import multimodal_pb2
-
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class EncodeServicer(pb_grpc.EncodeServiceServicer):  # type: ignore[misc]

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from typing import Any
 
-import grpc
 from opentelemetry import trace
 
-from epd.common.status import handle_errors
+from epd.common.status import Context, handle_errors
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.prefill.worker import PrefillWorker
 from epd.server.worker import convert
 from epd.v1 import prefill_service_pb2 as pb
 from epd.v1 import prefill_service_pb2_grpc as pb_grpc
-
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 def _annotate(request_id: str, num_images: int) -> Any:

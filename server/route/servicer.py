@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
-
-import grpc
 
 from epd.common.auth import AUTHORIZATION_KEY, bearer_token, token_identity
-from epd.common.status import handle_errors
+from epd.common.status import Context, handle_errors
 from epd.server.route.choices import generate_choices
 from epd.server.route.options_proto import add_options
 from epd.server.route.reasoning_gate import gate_request
@@ -20,8 +17,6 @@ from epd.server.route.tools import ToolCalling
 from epd.server.route.tools_proto import add_tools
 from epd.v1 import route_service_pb2 as pb
 from epd.v1 import route_service_pb2_grpc as pb_grpc
-
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class RouteServicer(pb_grpc.RouteServiceServicer):  # type: ignore[misc]
