@@ -30,6 +30,7 @@ from epd.server.route.openai_logprobs import (
 )
 from epd.server.route.openai_schema import (
     SAMPLING_FIELDS,
+    answer_bound,
     kept_tokens,
     parse_with,
     refuse_unimplemented,
@@ -41,7 +42,7 @@ from epd.server.route.request import ChatRequest, bad, new_request_id
 from epd.server.route.request_check import (
     MAX_CHOICES,
     RequestLimits,
-    check_request,
+    check_content,
     check_request_id,
 )
 from epd.v1 import generation_pb2
@@ -96,9 +97,7 @@ def to_completion_request(
     context = limits.max_context_tokens
     keep = None if parsed.truncate_prompt_tokens is None else kept_tokens(parsed, context)
     prompt = _prompts(parsed, tokenizer, keep)
-    max_tokens = parsed.max_tokens
-    if max_tokens is None or (context is not None and max_tokens > context):
-        max_tokens = context or 16
+    max_tokens = answer_bound(parsed, context)
     if len(prompt.token_ids) * max(parsed.n, 1) > MAX_CHOICES:
         raise bad(
             f"a request answers at most {MAX_CHOICES} completions (prompts times n)",
@@ -120,7 +119,7 @@ def to_completion_request(
     if parsed.use_beam_search:
         take_beam_search(parsed, request)
     for token_ids in prompt.token_ids:
-        check_request(replace(request, prompt_token_ids=token_ids), limits)
+        check_content(replace(request, prompt_token_ids=token_ids), limits)
     return request, prompt
 
 

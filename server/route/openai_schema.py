@@ -263,7 +263,7 @@ def to_chat_request(
     refuse_unimplemented(parsed, IMPLEMENTED_FIELDS)
     template_kwargs, parsing = chat_step(parsed, tools, trust_chat_template, "chat_template")
     limits = limits or RequestLimits()
-    max_tokens = _max_tokens(parsed, limits.max_context_tokens)
+    max_tokens = answer_bound(parsed, limits.max_context_tokens)
     request = ChatRequest(
         new_request_id(request_id),
         parsed.model or default_model,
@@ -290,10 +290,10 @@ def to_chat_request(
     return request
 
 
-def _max_tokens(parsed: Any, context: int | None) -> int:
-    """The bound on ``parsed``'s answer: as vLLM, none, or one beyond the ``context``, is the
-    rest of the context."""
-    max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+def answer_bound(parsed: Any, context: int | None) -> int:
+    """The bound on ``parsed``'s answer (a chat's or a completion's request): as vLLM, none, or
+    one beyond the ``context``, is the rest of the context."""
+    max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
     if max_tokens is None or (context is not None and max_tokens > context):
         max_tokens = context or SAMPLING_DEFAULTS.max_tokens
     return int(max_tokens)

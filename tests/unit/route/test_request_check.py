@@ -70,7 +70,7 @@ def test_an_unset_max_tokens_gets_the_context_or_the_default_where_it_is_unknown
 
 
 def test_max_tokens_beyond_the_context_is_refused() -> None:
-    """(The HTTP door gives such a body the rest of the context, as vLLM: ``_max_tokens``.)"""
+    """(The HTTP door gives such a body the rest of the context, as vLLM: ``answer_bound``.)"""
     request = chat(("user", ["hi"]), max_tokens=4097)
     with pytest.raises(InvalidArgument) as caught:
         check_request(request, RequestLimits(max_context_tokens=4096))
