@@ -131,7 +131,7 @@ class PromptBuilder:
         add_special_tokens: bool = False,
     ) -> Rendered:
         """The rendered chat, by default with the assistant's turn opened: its text and token
-        ids. The chat is one ``request_check.check_request`` passed: messages, roles and sizes
+        ids. The chat is one ``request_check.check_content`` passed: messages, roles and sizes
         are not checked again. ``template_kwargs``: the request's (``ChatRequest.template_kwargs``);
         ``chat_template``: the request's own template (None: the route's; then, as vLLM, a
         ``chat_template`` among ``template_kwargs`` where the route has no ``--chat-template``),

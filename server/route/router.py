@@ -139,7 +139,7 @@ class Router:
     async def generate(
         self, request: ChatRequest, timeout_s: float | None = None, *, is_observed: bool = True
     ) -> AsyncIterator[RouteChunk]:
-        """Stream the answer to ``request`` (checked: ``request_check.check_request``), counted
+        """Stream the answer to ``request`` (checked: ``request_check``), counted
         and timed in ``metrics`` unless not ``is_observed`` (a step of a request observed whole:
         ``beam_choices``)."""
         if self.metrics is None or not is_observed:
