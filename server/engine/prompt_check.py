@@ -10,6 +10,7 @@ from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Grid
+from epd.server.models.family import ModelFamily
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class VisionLayout:
     image token to the image's rows, t x h x w / ``merge_size`` ** 2 of its grid.
     ``embedding_width``: the width of an image's embedding rows as engines take them (the text
     model's hidden size, or wider where the family carries more per row, e.g. DeepStack features).
-    ``family``: the name of the model's family (how embeddings enter vLLM).
+    ``family``: the model's family (how embeddings enter vLLM), found once as the layout is made.
     ``image_start_ids`` / ``image_end_ids``: tokens the expansion puts before and after an image's
     rows (InternVL: ``<img>`` and ``</img>``; none for the others).
     ``video_pad_id``: the video token, after ``vision_start_id`` in a video's placeholder (None:
@@ -37,7 +38,7 @@ class VisionLayout:
     image_pad_id: int
     merge_size: int
     embedding_width: int
-    family: str = "qwen2_vl"
+    family: ModelFamily
     image_start_ids: tuple[int, ...] = ()
     image_end_ids: tuple[int, ...] = ()
     video_pad_id: int | None = None
@@ -69,7 +70,7 @@ class VisionLayout:
             image_pad_id=int(config.image_token_id),
             merge_size=family.merge_size(config),
             embedding_width=family.embedding_width(config),
-            family=family.name,
+            family=family,
             image_start_ids=tuple(start_ids),
             image_end_ids=tuple(end_ids),
             video_pad_id=getattr(config, "video_token_id", None),

@@ -83,9 +83,7 @@ def embeddings_prompt(
     Call ``layout.check`` first: every image needs a valid grid, and its embeddings (if any)
     the rows that grid gives.
     """
-    from epd.server.models.registry import family_named
-
-    family = family_named(layout.family)
+    family = layout.family
     pictures = [image for image in images if not image.is_video]
     videos = [image for image in images if image.is_video]
     embeddings, grids, names = _named(request_id, pictures, layout, hash_algorithm)

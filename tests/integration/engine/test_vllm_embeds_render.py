@@ -11,7 +11,7 @@ import torch
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling
 from epd.server.media.grid import ImageGridder
-from epd.server.models.registry import FAMILIES, family_named
+from epd.server.models.registry import FAMILIES
 from tests.families import skip_unless_run
 
 pytestmark = pytest.mark.vllm
@@ -38,7 +38,7 @@ def vllm_render(engine, token_ids: list[int], images: list[EngineImage]):
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
     llm = engine._llm
-    family = family_named(engine.layout.family)
+    family = engine.layout.family
     data = family.vllm_data(
         [image.embeddings for image in images], [image.grid for image in images]
     )
@@ -79,7 +79,7 @@ async def test_two_images_render_as_vllm_renders_them(family_engine) -> None:
     assert [(p.offset, p.length) for p in ours["mm_placeholders"]["image"]] == ranges
     our_items, their_items = ours["mm_kwargs"]["image"], theirs["mm_kwargs"]["image"]
     assert len(our_items) == len(their_items) == 2
-    extra_keys = set(family_named(engine.layout.family).vllm_extra_keys)
+    extra_keys = set(engine.layout.family.vllm_extra_keys)
     for our_item, their_item in zip(our_items, their_items, strict=True):
         assert our_item.keys() == their_item.keys() | extra_keys
         for key in their_item:

@@ -12,9 +12,15 @@ from PIL import Image
 from epd.common.errors import Code, InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
-from epd.server.models.registry import UnsupportedModel
+from epd.server.models.registry import UnsupportedModel, family_named
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
+LAYOUT = VisionLayout(
+    vision_start_id=5,
+    image_pad_id=6,
+    merge_size=2,
+    embedding_width=8,
+    family=family_named("qwen2_vl"),
+)
 END = 7
 # InternVL's: image token 6 alone, each image's rows between <img> (10) and </img> (11)
 INTERNVL_LAYOUT = VisionLayout(
@@ -22,7 +28,7 @@ INTERNVL_LAYOUT = VisionLayout(
     6,
     merge_size=1,
     embedding_width=8,
-    family="internvl",
+    family=family_named("internvl"),
     image_start_ids=(10,),
     image_end_ids=(11,),
 )
@@ -51,7 +57,9 @@ def test_matching_prompt_and_images_pass() -> None:
 
 def test_count_placeholders_counts_start_pad_pairs_only() -> None:
     assert LAYOUT.count_placeholders([5, 6, 7, 5, 1, 6, 5, 6]) == (2, 0)
-    videos = VisionLayout(5, 6, merge_size=2, embedding_width=8, video_pad_id=9)
+    videos = VisionLayout(
+        5, 6, merge_size=2, embedding_width=8, family=family_named("qwen2_vl"), video_pad_id=9
+    )
     assert videos.count_placeholders([5, 6, 5, 9, 9, 1, 9, 5, 9]) == (1, 2)
 
 
@@ -96,17 +104,19 @@ def family_config(architecture: str) -> Any:
     return Qwen2VLConfig(text_config={"hidden_size": 16}, **ids)
 
 
-def test_embedding_width_is_the_familys() -> None:
+def test_embedding_width_and_family_are_the_familys() -> None:
     assert VisionLayout.of(family_config("Qwen2VLForConditionalGeneration")).embedding_width == 16
     # NOTE: Qwen3-VL's rows carry its two DeepStack levels beside the main features.
-    assert VisionLayout.of(family_config("Qwen3VLForConditionalGeneration")).embedding_width == 48
+    qwen3 = VisionLayout.of(family_config("Qwen3VLForConditionalGeneration"))
+    assert qwen3.embedding_width == 48
+    assert qwen3.family is family_named("qwen3_vl")
     with pytest.raises(UnsupportedModel, match="Gemma3ForConditionalGeneration is not supported"):
         VisionLayout.of(family_config("Gemma3ForConditionalGeneration"))
 
 
 def test_an_image_token_alone_is_a_placeholder_where_the_family_has_no_start_token() -> None:
     """LLaVA-1.5: each image token is one image, expanded to its (1, 1, rows) grid's rows."""
-    layout = VisionLayout(vision_start_id=None, image_pad_id=6, merge_size=1, embedding_width=8)
+    layout = VisionLayout(None, 6, merge_size=1, embedding_width=8, family=family_named("llava"))
     images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
     token_ids = [1, 6, 2, 6, 3]
     assert layout.placeholder == [6]

@@ -26,11 +26,18 @@ from epd.server.engine.vllm_embeds import EMBEDS_HASH_PREFIX
 from epd.server.engine.vllm_engine import VllmEngine
 from epd.server.engine.vllm_inputs import PICTURE_NAME_PREFIX
 from epd.server.engine.vllm_options import VllmOptions
+from epd.server.models.registry import family_named
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")
 
-LAYOUT = VisionLayout(vision_start_id=5, image_pad_id=6, merge_size=2, embedding_width=8)
+LAYOUT = VisionLayout(
+    vision_start_id=5,
+    image_pad_id=6,
+    merge_size=2,
+    embedding_width=8,
+    family=family_named("qwen2_vl"),
+)
 PROMPT = [1, 2, 3]
 SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 
@@ -261,7 +268,9 @@ async def test_embeddings_and_pictures_go_through_vllms_renderer(engine, llm) ->
 async def test_a_family_with_items_of_its_own_skips_the_renderer(llm) -> None:
     """LLaVA-OneVision gives its items itself (vLLM 0.32 batches its embeddings wrongly): the
     engine takes them rendered, through vLLM's processor cache."""
-    layout = VisionLayout(None, 6, merge_size=1, embedding_width=8, family="llava_onevision")
+    layout = VisionLayout(
+        None, 6, merge_size=1, embedding_width=8, family=family_named("llava_onevision")
+    )
     engine = VllmEngine(llm, "tiny", layout, VllmOptions())
     llm.release.set()
     await first_chunk(engine, "a", [1, 6, 7], [EngineImage("h", (1, 1, 2), torch.ones(2, 8))])
@@ -280,7 +289,9 @@ async def test_more_images_than_the_engine_takes_are_refused(llm) -> None:
 
 
 async def test_more_videos_than_the_engine_takes_are_refused_apart_from_images(llm) -> None:
-    layout = VisionLayout(5, 6, merge_size=2, embedding_width=8, video_pad_id=9)
+    layout = VisionLayout(
+        5, 6, merge_size=2, embedding_width=8, family=family_named("qwen2_vl"), video_pad_id=9
+    )
     options = VllmOptions(max_images_per_prompt=1, max_videos_per_prompt=1)
     engine = VllmEngine(llm, "tiny", layout, options)
     image = EngineImage("i", (1, 2, 2), embeddings=torch.ones(1, 8))

@@ -25,12 +25,18 @@ from epd.server.engine.vllm_embeds import (
 )
 from epd.server.engine.vllm_engine import VllmEngine
 from epd.server.engine.vllm_options import VllmOptions
+from epd.server.models.registry import family_named
 from tests.unit.engine.test_vllm_admission import FakeLlm, output
 
 pytest.importorskip("vllm")
 
 LAYOUT = VisionLayout(
-    vision_start_id=1, image_pad_id=2, merge_size=2, embedding_width=8, video_pad_id=3
+    vision_start_id=1,
+    image_pad_id=2,
+    merge_size=2,
+    embedding_width=8,
+    family=family_named("qwen2_vl"),
+    video_pad_id=3,
 )
 PROMPT = [9, 1, 2, 9, 1, 3, 9]
 IMAGE = EngineImage("img", (1, 2, 2), embeddings=torch.ones(1, 8))

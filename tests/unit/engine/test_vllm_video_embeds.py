@@ -12,6 +12,7 @@ import torch
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_embeds import embeddings_prompt
+from epd.server.models.registry import family_named
 
 VIDEO_PAD = 9
 # an image, a video, then text: 5 opens each placeholder, 7 closes it
@@ -27,7 +28,9 @@ VIDEO = EngineImage(
 
 
 def layout(family: str) -> VisionLayout:
-    return VisionLayout(5, 6, merge_size=2, embedding_width=8, family=family, video_pad_id=9)
+    return VisionLayout(
+        5, 6, merge_size=2, embedding_width=8, family=family_named(family), video_pad_id=9
+    )
 
 
 def test_qwen2_5_vls_seconds_per_temporal_patch_go_to_vllms_public_input() -> None:
