@@ -254,8 +254,8 @@ class DataPlane:
     def check(self, ref: tensor_pb2.TensorRef, content_tag: bytes = b"") -> None:
         """That a shared-memory payload read earlier (``get``) is still held under ``ref``'s
         lease, tagged ``content_tag`` where given (``ShmConsumer.check``): for a reader that
-        used a view, or a copy that may have raced a release; another location's payload cannot
-        change under its reader, so there is nothing to check."""
+        used a view (a copy was checked once copied); another location's payload cannot change
+        under its reader, so there is nothing to check."""
         consumer = self.consumers.get(ref.WhichOneof("location") or "")
         if isinstance(consumer, ShmConsumer):
             consumer.check(ref, content_tag)

@@ -9,7 +9,9 @@ never registers, warns about or unlinks them behind our back.
 
 Each segment starts with the 64-byte lease stamp of the payload it carries (``payload_layout``).
 A consumer checks it, so a reference whose lease was released (and whose segment was reused for
-another tensor) fails with NOT_FOUND instead of returning someone else's data.
+another tensor) fails with NOT_FOUND instead of returning someone else's data: a copying read
+checks it once the payload is copied (a copy returns verified bytes or raises); the reader of a
+view checks it after use (``ShmConsumer.check``).
 """
 
 from __future__ import annotations
@@ -194,7 +196,9 @@ class ShmConsumer(TensorConsumer):
         self, ref: tensor_pb2.TensorRef, *, copy: bool = False, content_tag: bytes = b""
     ) -> torch.Tensor:
         """As ``TensorConsumer.get``; with ``content_tag``, FailedPrecondition (CONTENT_MISMATCH)
-        unless the producer tagged the payload so."""
+        unless the producer tagged the payload so. A copy (``copy=True``, and every payload up to
+        ``SMALL_COPY_BYTES``) is checked after it was copied: it holds the lease's payload or
+        the read raises (NotFound LEASE_RELEASED); a view is checked before it is returned."""
         dtype, shape = check_layout(ref)
         location = ref.shm
         if ref.host_id != self.host_id:
@@ -281,19 +285,18 @@ class ShmConsumer(TensorConsumer):
 
     def _read(self, ref: tensor_pb2.TensorRef, content_tag: bytes) -> bytearray:
         """A private copy of the payload read with ``preadv`` (no mapping to set up and tear
-        down), its stamp checked."""
+        down), then its stamp read and checked: the copy holds the lease's payload only if the
+        stamp still names the lease once every payload byte is in (a read is not atomic with
+        respect to a producer that releases the segment and fills it again meanwhile)."""
         location = ref.shm
-        header = bytearray(HEADER_BYTES)
         payload = bytearray(ref.byte_size)
         fd = self._open(location.name)
         try:
-            if location.offset == HEADER_BYTES:
-                num_read = os.preadv(fd, [header, payload], 0)
-            else:
-                num_read = os.preadv(fd, [header], 0) + os.preadv(fd, [payload], location.offset)
+            num_read = os.preadv(fd, [payload], location.offset)
+            header = os.pread(fd, HEADER_BYTES, 0)
         finally:
             os.close(fd)
-        if num_read != HEADER_BYTES + ref.byte_size:
+        if num_read != ref.byte_size:
             raise InvalidArgument(
                 f"segment {location.name} is shorter than the reference "
                 f"needs ({location.offset + location.size} bytes)",

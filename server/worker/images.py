@@ -145,14 +145,13 @@ class ImageResolver:
     ) -> Image.Image | None:
         """The route's decoded pixels of ``media`` as a picture of the image its mm_hash names,
         if the route shared them in a segment it tagged with that mm_hash (only the route
-        writes that tag) and they were still tagged so once copied (not released meanwhile);
-        else None (another host, released, none shared): then the source is loaded."""
+        writes that tag) and they were still tagged so once copied (a copying read checks
+        that); else None (another host, released, none shared): then the source is loaded."""
         if not (media.HasField("pixels") and is_mm_hash(media.mm_hash)):
             return None
         tag = pixels_tag(media.mm_hash)
         try:
             pixels = self.plane.get(media.pixels, copy=True, content_tag=tag)
-            self.plane.check(media.pixels, tag)
             return Image.fromarray(check_pixels(pixels, policy).numpy())
         except EpdError as e:
             logger.debug("pixels of %s unreadable here (%s): loading the source", media.mm_hash, e)

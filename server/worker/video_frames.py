@@ -55,14 +55,14 @@ def _shared_frames(
 ) -> VideoFrames | None:
     """The route's kept frames of ``video`` with the message's timing, if the route shared
     them in a segment it tagged with the video's mm_hash and they were still tagged so once
-    copied; else None (another host, released, none shared, not frames the timing fits)."""
+    copied (a copying read checks that); else None (another host, released, none shared, not
+    frames the timing fits)."""
     media = video.media
     if not media.HasField("pixels"):
         return None
     tag = pixels_tag(video.mm_hash)
     try:
         pixels = plane.get(media.pixels, copy=True, content_tag=tag)
-        plane.check(media.pixels, tag)
         max_pixels = loader.policy.max_video_frame_pixels if loader is not None else None
         return _checked(pixels, video, max_pixels)
     except EpdError as e:

@@ -1,8 +1,10 @@
 """How the shm consumer reads: small payloads (and ``copy=True``) are private copies read with
-``preadv``, larger ones are views of a mapping; both check the lease stamp and the segment size."""
+``preadv``, larger ones are views of a mapping; both check the lease stamp and the segment size,
+a copy once it is copied."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -61,6 +63,37 @@ def test_a_released_reference_is_refused_after_reuse(
         plane.get(ref, copy=copy)
     assert caught.value.reason == "LEASE_RELEASED"
     plane.release([again.lease_id])
+
+
+def test_a_small_copy_refuses_a_segment_reused_while_it_was_read(
+    monkeypatch: pytest.MonkeyPatch, plane: DataPlane
+) -> None:
+    ref = plane.put(torch.full((SMALL,), 1.0), HOST)
+    tenant: list[tensor_pb2.TensorRef] = []
+    preadv = os.preadv
+
+    def preadv_while_the_segment_changes_hands(
+        fd: int, buffers: list[bytearray], offset: int
+    ) -> int:
+        """The read's first half, then the segment released and filled again, then the rest:
+        a read is not atomic with respect to the producer."""
+        data = bytearray(sum(len(buffer) for buffer in buffers))
+        half = len(data) // 2
+        num_read = preadv(fd, [memoryview(data)[:half]], offset)
+        if not tenant:
+            tenant.append(reuse(plane, ref, 2.0))
+        num_read += preadv(fd, [memoryview(data)[half:]], offset + half)
+        start = 0
+        for buffer in buffers:
+            buffer[:] = data[start : start + len(buffer)]
+            start += len(buffer)
+        return num_read
+
+    monkeypatch.setattr(os, "preadv", preadv_while_the_segment_changes_hands)
+    with pytest.raises(NotFound) as caught:
+        plane.get(ref, copy=True)
+    assert caught.value.reason == "LEASE_RELEASED"
+    plane.release([tenant[0].lease_id])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
