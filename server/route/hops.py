@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import trace
 
 from epd.common.errors import EpdError
-from epd.common.roles import hands_off_kv, role_from_proto, role_to_proto
+from epd.common.roles import hands_off_kv, role_from_proto
 from epd.common.tasks import concurrently
 from epd.common.telemetry import FIRST_TOKEN_EVENT
 from epd.server.route.peers import Peers
@@ -38,8 +38,9 @@ from epd.v1 import prefill_service_pb2 as prefill_pb
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 OnPrefilled = Callable[[], Awaitable[None]]
-# the prompt for a chosen prefill worker (embeddings the worker can read from its host)
-PromptFor = Callable[[scheduler_pb.WorkerInfo], Awaitable[generation_pb2.Prompt]]
+# the prompt for an attempt's placement: its images encoded for the chosen prefill worker (by the
+# encoders the placement names, if any), embeddings the worker can read from its host
+PromptFor = Callable[[scheduler_pb.PlaceResponse], Awaitable[generation_pb2.Prompt]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ async def place(
         items=items,
         policy=policy,
         block_hashes=call.block_hashes,
-        prefill_roles=[role_to_proto(role) for role in call.plan.prefill_roles],
+        prefill_roles=[role.value for role in call.plan.prefill_roles],
     )
     return await peers.scheduler.Place(request, timeout=call.deadline.remaining())
 
@@ -98,7 +99,7 @@ async def choose_prefill(
         model=call.model,
         block_hashes=call.block_hashes,
         exclude_worker_ids=excluded,
-        roles=[role_to_proto(role) for role in call.plan.prefill_roles],
+        roles=[role.value for role in call.plan.prefill_roles],
     )
     choice = await peers.scheduler.ChoosePrefill(request, timeout=call.deadline.remaining())
     return scheduler_pb.PlaceResponse(prefill=choice)
@@ -122,8 +123,9 @@ async def stream_tokens(
     after it (its stream ends UNAVAILABLE or CANCELLED: it died, or drained past its grace) is
     replaced by another replica that continues the request (``resumption``), up to
     ``max_resumptions`` times; ``on_resumed`` is told each time (the failed role's name, tokens
-    sent so far). ``prompt_for``: the prompt for each chosen worker (a retry on another host needs
-    its embeddings there, a resumption needs them again), else ``call.prompt``."""
+    sent so far). ``prompt_for``: the prompt for each attempt's placement (the first attempt's
+    images encoded for its worker, a retry on another host needs them there, a resumption needs
+    them again), else ``call.prompt``."""
     recovery = Recovery(Progress(call), max_resumptions)
     while True:
         attempt = Attempt()
@@ -162,10 +164,10 @@ async def _attempt(
     choice = placement.prefill
     worker = attempt.prefill = choice.worker
     try:
-        prompt = call.prompt if prompt_for is None else await prompt_for(worker)
+        prompt = call.prompt if prompt_for is None else await prompt_for(placement)
     except EpdError:
-        # NOTE: images not encoded again for the worker's host: the request's failure, not the
-        # worker's, so none is excluded or retried for it
+        # NOTE: images not encoded for the worker: the request's failure, not the worker's, so
+        # none is excluded or retried for it
         attempt.prefill = None
         raise
     call = progress.continued(prompt)

@@ -61,7 +61,7 @@ from epd.server.route.media import (
 from epd.server.route.metrics import RouteMetrics
 from epd.server.route.peers import Peers
 from epd.server.route.prompt import PromptBuilder, Rendered
-from epd.server.route.request import ChatRequest, Deadline
+from epd.server.route.request import ChatRequest, Deadline, ImageSource
 from epd.server.route.resumption import DEFAULT_MAX_RESUMPTIONS
 from epd.server.route.topology import plan_for
 from epd.server.transfer.plane import DataPlane
@@ -142,13 +142,14 @@ class Router:
         """Stream the answer to ``request`` (checked: ``request_check``), counted
         and timed in ``metrics`` unless not ``is_observed`` (a step of a request observed whole:
         ``beam_choices``)."""
+        sources = request.images  # NOTE: a walk over the messages' parts: once a request
         if self.metrics is None or not is_observed:
-            async for chunk in self._answer(request, timeout_s):
+            async for chunk in self._answer(request, sources, timeout_s):
                 yield chunk
             return
-        observation = self.metrics.observe(len(request.images))
+        observation = self.metrics.observe(len(sources))
         try:
-            async for chunk in self._answer(request, timeout_s):
+            async for chunk in self._answer(request, sources, timeout_s):
                 usage = chunk.usage
                 observation.add(
                     len(chunk.token_ids), usage.prompt_tokens if usage is not None else 0
@@ -172,7 +173,7 @@ class Router:
         return {model: dict(roles) for model, roles in sorted(counts.items())}
 
     async def _answer(
-        self, request: ChatRequest, timeout_s: float | None
+        self, request: ChatRequest, sources: list[ImageSource], timeout_s: float | None
     ) -> AsyncIterator[RouteChunk]:
         deadline = Deadline(timeout_s)
         model = request.model or self.model_id
@@ -181,13 +182,13 @@ class Router:
         prompt = await self._prompt(request)
         token_ids = prompt.token_ids
         images, videos = await asyncio.gather(
-            load_images(self.loader, self.grids, request.images, request.media_kwargs),
+            load_images(self.loader, self.grids, sources, request.media_kwargs),
             load_videos(
                 self.videos,
                 request.videos,
                 self.video_chunk_patches,
                 request.media_kwargs,
-                has_images=bool(request.images),
+                has_images=bool(sources),
             ),
         )
         if request.truncate_prompt_tokens is not None:
@@ -273,26 +274,38 @@ class Router:
         videos: Sequence[RouteVideo] = (),
     ) -> AsyncGenerator[Piece, None]:
         """The engine's tokens. With encoders: the request placed (encoders, prefill worker,
-        decode worker), its images and videos encoded for that worker (the embeddings'
-        consumer: same host gets shared memory, another host NIXL; told its embeddings device
-        too), then streamed with the embeddings' references for it. Else: streamed with the raw
-        images and whole videos (``stage``'s items after the images are the videos'
-        ``whole_video_item``). The leases go once it is prefilled."""
+        decode worker), then streamed with the embeddings' references for each attempt's prefill
+        worker (``prompt_for``). Else: streamed with the raw images and whole videos (``stage``'s
+        items after the images are the videos' ``whole_video_item``). The leases go once it is
+        prefilled."""
 
-        async def prompt_for(worker: scheduler_pb.WorkerInfo) -> generation_pb2.Prompt:
-            # NOTE: only another host needs new references; any is readable into any device.
-            # A resumption finds them released once its predecessor had prefilled.
-            if not stage.results or (worker.host_id or self.host_id) != stage.consumer_host_id:
-                await self._encode_again_for(worker, stage, call.deadline)
+        async def prompt_for(chosen: scheduler_pb.PlaceResponse) -> generation_pb2.Prompt:
+            # NOTE: the images encoded for the chosen prefill worker (the embeddings' consumer:
+            # same host gets shared memory, another host NIXL; told its embeddings device too),
+            # by the encoders the first attempt's Place named. A retry on another host, or a
+            # resumption that finds them released, encodes again (the caches answer by mm_hash);
+            # any reference is readable into any device.
+            worker = chosen.prefill.worker
+            host_id = worker.host_id or self.host_id
+            if not stage.results or host_id != stage.consumer_host_id:
+                if stage.encoder_ids:
+                    logger.info(
+                        "request %s: prefill on %s (host %s); encoding its images again for it",
+                        call.request_id,
+                        worker.id,
+                        host_id,
+                    )
+                    await release_all(self.peers, stage, self.plane)
+                stage.consumer_host_id, stage.consumer_device = host_id, worker.embeddings_device
+                first = chosen.encoders if chosen.HasField("encoders") else None
+                await encode_all(self.peers, stage, call.deadline, first)
+                release_pixels(self.plane, stage)
             return embedded(call.prompt.token_ids, stage, images, videos)
 
         placement = None
         if call.plan.uses_encoders:
             items = encode_items(stage, list(range(len(stage.items))))
             placement = await place(self.peers, call, items, stage.policy)
-            self._set_consumer(stage, placement.prefill.worker)
-            await encode_all(self.peers, stage, call.deadline, placement.encoders)
-            release_pixels(self.plane, stage)
         else:
             video_items = stage.items[len(images) :]
             raw = raw_prompt(call.prompt.token_ids, images, videos, video_items)
@@ -323,28 +336,6 @@ class Router:
         else:
             rendered = await asyncio.to_thread(self.prompts.render, *arguments)
         return rendered if request.return_prompt_text else Rendered(None, rendered.token_ids)
-
-    def _set_consumer(self, stage: EncodeStage, worker: scheduler_pb.WorkerInfo) -> None:
-        """Encode ``stage`` for ``worker``: its host, and the device it reads embeddings into."""
-        stage.consumer_host_id = worker.host_id or self.host_id
-        stage.consumer_device = worker.embeddings_device
-
-    async def _encode_again_for(
-        self, worker: scheduler_pb.WorkerInfo, stage: EncodeStage, deadline: Deadline
-    ) -> None:
-        """A retry moved the prefill to ``worker`` on another host, where the embeddings'
-        references (shared memory on the old one) cannot be read, or a resumption needs them
-        after they were released: release them and encode again for it (the encoders' caches
-        answer by mm_hash)."""
-        self._set_consumer(stage, worker)
-        logger.info(
-            "request %s: prefill on %s (host %s); encoding its images again for it",
-            stage.request_id,
-            worker.id,
-            stage.consumer_host_id,
-        )
-        await release_all(self.peers, stage)
-        await encode_all(self.peers, stage, deadline)
 
     def _count_resumption(self, role: str, num_sent: int) -> None:
         if self.metrics is not None:

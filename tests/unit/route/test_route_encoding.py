@@ -130,6 +130,24 @@ async def test_images_are_encoded_for_the_host_of_the_chosen_prefill_worker(
     assert {request.consumer_host_id for request in requests} == {consumer}
 
 
+async def test_the_first_attempt_encodes_by_the_encoders_its_place_named() -> None:
+    """Place assigns the first attempt's encoders with its prefill worker: its images are encoded
+    by that assignment, not assigned again, before the prompt goes to the worker."""
+    peers = FakePeers()
+    call = engine_call(frozenset({Role.ENCODE, Role.PREFILL_DECODE}), 2)
+    pieces = [piece async for piece in engine_pieces(text_router(peers), call, stage_of(2))]
+    await peers.background.settle()
+    assert [t for piece in pieces for t in piece.token_ids] == [7, 8, 9]
+    names = [name for name, _ in peers.scheduler.calls]
+    assert names.count("Place") == 1 and names.count("AssignEncoders") == 1  # NOTE: Place's
+    assert [len(e.requests) for e in peers.encoders.values()] == [1, 1]
+    [served] = peers.engines["pd0"].calls
+    assert [image.WhichOneof("source") for image in served[1].prompt.images] == [
+        "embeddings",
+        "embeddings",
+    ]
+
+
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 async def test_images_are_encoded_for_the_device_of_the_chosen_prefill_worker(device: str) -> None:
     peers = FakePeers(FakeScheduler(prefill_host_id="host-a", prefill_devices={"pd0": device}))
