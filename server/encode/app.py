@@ -22,7 +22,6 @@ from epd.server.encode.servicer import EncodeServicer
 from epd.server.encode.vision import VisionEncoder
 from epd.server.encode.worker import EncodeWorker
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import VideoPlanner
@@ -149,12 +148,7 @@ def build_encode_worker(
         inline_below_s=(max_inline_ms_for(device_type) if inline_ms is None else inline_ms) / 1000,
         executor=tower_thread,
     )
-    loader = MediaLoader(
-        config.media,
-        model_id=model_id,
-        processor_fingerprint=processor_fingerprint(config.model_dir),
-        executor=pool,
-    )
+    loader = MediaLoader.for_model(config.media, config.model_dir, model_id=model_id, executor=pool)
     plane = DataPlane.from_options(
         config.transfer, lease_ttl_s=config.lease_ttl_s, forced_kind=config.transfer_kind
     )

@@ -7,6 +7,7 @@ import hashlib
 from collections import Counter
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -15,7 +16,7 @@ from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import decode_image, open_image
 from epd.server.media.fetch import decode_data_url, fetch_url, url_scheme
-from epd.server.media.hashing import mm_hash
+from epd.server.media.hashing import mm_hash, processor_fingerprint
 from epd.server.media.policy import MediaPolicy
 
 # Images given as bytes (or a data: URL) of at most this many pixels (declared in their header) are
@@ -66,6 +67,20 @@ class MediaLoader:
         )
         self.num_refused: Counter[str] = Counter()  # by error reason, for metrics
         self.num_decoded = 0  # images decoded (and hashed): loads that missed the cache
+
+    @classmethod
+    def for_model(
+        cls,
+        policy: MediaPolicy,
+        model_dir: str | Path,
+        *,
+        model_id: str,
+        executor: Executor | None = None,
+    ) -> MediaLoader:
+        """A loader for the checkpoint in ``model_dir`` served as ``model_id``, whose mm_hashes
+        cover that model's processor settings (``processor_fingerprint``), read once here."""
+        fingerprint = processor_fingerprint(model_dir)
+        return cls(policy, model_id=model_id, processor_fingerprint=fingerprint, executor=executor)
 
     async def load(self, *, url: str = "", data: bytes = b"") -> LoadedImage:
         """Decode the image at ``url`` or in ``data`` (exactly one must be given; a data: URL

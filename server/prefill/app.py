@@ -10,7 +10,6 @@ from epd.common.metrics import new_registry
 from epd.common.roles import PREFILL_MODES, Role
 from epd.common.server import ServerOptions, ServiceBinding
 from epd.server.engine.base import DEFAULT_MAX_PENDING, Engine
-from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
@@ -79,11 +78,7 @@ async def build_prefill_server(
     # NOTE: the reaper also forgets kept mappings of encoders' segments that their encoder
     # unlinked (an encoder that stopped), which would pin that memory in this process.
     plane.start_reaper()
-    loader = MediaLoader(
-        config.media,
-        model_id=engine.model_id,
-        processor_fingerprint=processor_fingerprint(config.model_dir),
-    )
+    loader = MediaLoader.for_model(config.media, config.model_dir, model_id=engine.model_id)
     registry = new_registry() if options.exports_metrics else None
     metrics = None if registry is None else PrefillMetrics(registry, loader, plane)
     videos = None

@@ -10,7 +10,6 @@ from epd.common.flags import flag
 from epd.common.metrics import new_registry
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.media.grid import ImageGridder
-from epd.server.media.hashing import processor_fingerprint
 from epd.server.media.loader import MediaLoader
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
@@ -130,11 +129,7 @@ async def build_route_server(config: RouteConfig, options: ServerOptions | None 
     """Start a route for ``config.model_dir`` talking to ``config.scheduler``."""
     options = options or ServerOptions()
     model_id = config.model_id or config.model_dir.name
-    loader = MediaLoader(
-        config.media,
-        model_id=model_id,
-        processor_fingerprint=processor_fingerprint(config.model_dir),
-    )
+    loader = MediaLoader.for_model(config.media, config.model_dir, model_id=model_id)
     # NOTE: shared memory only: the pixels are for encoders on this host; others load the source.
     plane = DataPlane.from_options(config.transfer, kinds=("shm",))
     plane.start_reaper()

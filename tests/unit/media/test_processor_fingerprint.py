@@ -4,16 +4,19 @@ transformers 5 saves it) nested in ``processor_config.json``, and the processor'
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
-from epd.server.media.hashing import mm_hash, processor_fingerprint
+from epd.server.media.hashing import processor_fingerprint
+from epd.server.media.loader import MediaLoader
+from epd.server.media.policy import MediaPolicy
 from epd.server.models.registry import FAMILIES
 
 IMAGE = Image.new("RGB", (64, 48), (90, 120, 150))
@@ -35,9 +38,11 @@ def loaded_mean(model_dir: Path) -> list[float]:
 
 
 def hash_of(model_dir: Path) -> str:
-    return mm_hash(
-        np.asarray(IMAGE), model_id="m", processor_fingerprint=processor_fingerprint(model_dir)
-    )
+    """The image's mm_hash as the services' loader for ``model_dir`` names it."""
+    png = io.BytesIO()
+    IMAGE.save(png, format="PNG")
+    loader = MediaLoader.for_model(MediaPolicy(), model_dir, model_id="m")
+    return asyncio.run(loader.load(data=png.getvalue())).mm_hash
 
 
 def edit(path: Path, change: Callable[[dict], None]) -> None:
