@@ -56,9 +56,11 @@ class ImageSettings:
 NO_IMAGE_SETTINGS = ImageSettings()
 
 
-def image_settings_of(key: str) -> ImageSettings:
-    """The settings whose ``ImageSettings.key`` is ``key`` ("": none), as the route sent them;
-    InvalidArgument (BAD_MEDIA_ITEM) when it is not such a key."""
+def image_settings_of(key: str, max_pixels: int | None = None) -> ImageSettings:
+    """The settings whose ``ImageSettings.key`` is ``key`` ("": none), as the route sent them,
+    within the media policy's ``max_pixels`` where it is given (``within_policy``'s check: a
+    worker holds another hop's budget to its own limit); InvalidArgument: BAD_MEDIA_ITEM when
+    ``key`` is not such a key, BAD_MEDIA_KWARGS for a floor over ``max_pixels``."""
     if not key:
         return NO_IMAGE_SETTINGS
     try:
@@ -68,6 +70,8 @@ def image_settings_of(key: str) -> ImageSettings:
     values = settings.settings.values()
     if settings.key != key or not all(type(v) is int and v > 0 for v in values):
         raise _bad_key(key)
+    if max_pixels is not None:
+        _check_floor(settings, max_pixels)
     return settings
 
 
@@ -90,6 +94,12 @@ def within_policy(settings: dict[str, Any], max_pixels: int) -> ImageSettings:
     ``ImageSettings``; a floor over the media policy's ``max_pixels`` is BAD_MEDIA_KWARGS (it
     would resize every image over the limit)."""
     budget = ImageSettings(**{key: settings[key] for key in BUDGET_KEYS if key in settings})
+    _check_floor(budget, max_pixels)
+    return budget
+
+
+def _check_floor(budget: ImageSettings, max_pixels: int) -> None:
+    """BAD_MEDIA_KWARGS if ``budget``'s floor is over the media policy's ``max_pixels``."""
     if budget.min_pixels is not None and budget.min_pixels > max_pixels:
         raise InvalidArgument(
             f"min_pixels ({budget.min_pixels}) is over the media pixel limit of {max_pixels} "
@@ -97,7 +107,6 @@ def within_policy(settings: dict[str, Any], max_pixels: int) -> ImageSettings:
             reason="BAD_MEDIA_KWARGS",
             metadata={"param": "mm_processor_kwargs.min_pixels"},
         )
-    return budget
 
 
 def _bad_key(key: str) -> InvalidArgument:

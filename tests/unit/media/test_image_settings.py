@@ -153,6 +153,17 @@ def test_the_key_is_canonical_and_read_back() -> None:
     assert NO_IMAGE_SETTINGS.key == "" and image_settings_of("") == NO_IMAGE_SETTINGS
 
 
+def test_a_key_is_read_back_within_the_media_pixel_limit() -> None:
+    """A worker reads the route's budget and holds its floor to its own limit in one call."""
+    settings = ImageSettings(min_pixels=3136, max_pixels=9000)
+    assert image_settings_of(settings.key, 3136) == settings
+    assert image_settings_of("", 1) == NO_IMAGE_SETTINGS
+    with pytest.raises(InvalidArgument) as caught:
+        image_settings_of(settings.key, 3135)
+    assert caught.value.reason == "BAD_MEDIA_KWARGS"
+    assert caught.value.metadata == {"param": "mm_processor_kwargs.min_pixels"}
+
+
 @pytest.mark.parametrize(
     "key",
     [
