@@ -4,8 +4,8 @@
 A member's value is its number in ``epd.v1.WorkerRole`` (``Role.PREFILL`` is
 ``WORKER_ROLE_PREFILL``); its ``label`` (the name in lower case) is how ``epd prefill --mode``,
 the metrics and ListModels spell it. Code passes ``Role`` members around and converts at the
-gRPC boundary only: ``role_from_proto`` for a number read from a message, ``role_to_proto`` for
-one written into a message.
+gRPC boundary only: ``role_from_proto`` for a number read from a message (checked), ``role.value``
+for one written into a message.
 """
 
 from __future__ import annotations
@@ -70,11 +70,6 @@ def role_from_proto(value: int) -> Role:
         raise InvalidArgument(
             f"worker role must be set ({_spelled(list(Role))})", reason="BAD_ROLE"
         ) from None
-
-
-def role_to_proto(role: Role) -> scheduler_pb.WorkerRole:
-    """``role``'s number in ``epd.v1.WorkerRole``."""
-    return role.value
 
 
 def _spelled(roles: list[Role]) -> str:

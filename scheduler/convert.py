@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from epd.common.errors import InvalidArgument
-from epd.common.roles import role_from_proto, role_to_proto
+from epd.common.roles import role_from_proto
 from epd.scheduler.demand import EncoderDemand
 from epd.scheduler.model import (
     Assignment,
@@ -53,7 +53,7 @@ def spec_to_proto(spec: WorkerSpec) -> pb.WorkerInfo:
     """``spec`` as a WorkerInfo message."""
     return pb.WorkerInfo(
         id=spec.id,
-        role=role_to_proto(spec.role),
+        role=spec.role.value,
         endpoint=spec.endpoint,
         device=spec.device,
         weight=spec.weight,

@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from epd.common.roles import Role, role_to_proto
+from epd.common.roles import Role
 from epd.common.server import EpdServer, ServerOptions, ServiceBinding, build_server
 from epd.server.worker.registration import LoadFn, Resync, WorkerRegistration, start_registration
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -100,7 +100,7 @@ async def serve_worker(spec: WorkerSpec[W], options: ServerOptions) -> WorkerApp
     """Serve ``spec``'s worker: bind, name it, set up the drain, register, mark SERVING."""
     info = scheduler_pb.WorkerInfo()
     info.CopyFrom(spec.info)
-    info.role = role_to_proto(spec.role)
+    info.role = spec.role.value
     info.host_id = spec.host_id
 
     def name(port: int) -> None:

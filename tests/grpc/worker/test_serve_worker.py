@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from epd.common.channels import create_channel, wait_for_health
-from epd.common.roles import Role, role_to_proto
+from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
 from epd.scheduler.config import SchedulerConfig
@@ -85,7 +85,7 @@ async def test_a_worker_is_named_registered_and_serving(scheduler: str) -> None:
     await wait_for_health(endpoint, timeout_s=2)
     [status] = await registered(scheduler)
     assert (status.info.id, status.info.endpoint) == (app.info.id, endpoint)
-    assert status.info.role == role_to_proto(Role.ENCODE) and status.info.host_id == "node1"
+    assert status.info.role == pb.WORKER_ROLE_ENCODE and status.info.host_id == "node1"
     assert (status.info.device, status.info.capacity, status.info.model) == ("cpu", 3, "tiny")
     await app.stop()
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epd.common.errors import Unavailable
-from epd.common.roles import Role, hands_off_kv, role_from_proto, role_to_proto
+from epd.common.roles import Role, hands_off_kv, role_from_proto
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -54,9 +54,7 @@ class FakeScheduler:
         return scheduler_pb.ListWorkersResponse(
             workers=[
                 scheduler_pb.WorkerStatus(
-                    info=scheduler_pb.WorkerInfo(
-                        id=w, role=role_to_proto(r), endpoint=w, model="tiny"
-                    ),
+                    info=scheduler_pb.WorkerInfo(id=w, role=r.value, endpoint=w, model="tiny"),
                     state=scheduler_pb.WORKER_STATE_LIVE,
                 )
                 for w, r in workers
@@ -74,7 +72,7 @@ class FakeScheduler:
         live = [
             (w, r)
             for w, r in self.prefills
-            if w not in request.exclude_worker_ids and role_to_proto(r) in request.roles
+            if w not in request.exclude_worker_ids and r.value in request.roles
         ]
         if not live:
             raise Unavailable("no prefill worker", reason="NO_WORKER")
@@ -82,7 +80,7 @@ class FakeScheduler:
         return scheduler_pb.ChoosePrefillResponse(
             worker=scheduler_pb.WorkerInfo(
                 id=worker,
-                role=role_to_proto(role),
+                role=role.value,
                 endpoint=worker,
                 host_id=self.prefill_hosts.get(worker, self.prefill_host_id),
                 embeddings_device=self.prefill_devices.get(worker, ""),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epd.common.errors import DeadlineExceeded
-from epd.common.roles import Role, hands_off_kv, role_to_proto
+from epd.common.roles import Role, hands_off_kv
 from epd.server.route.request import Deadline
 from epd.server.route.topology import RoleView, plan_for
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
@@ -58,7 +58,7 @@ def test_kv_goes_to_decode_only_from_prefill_or_encode_prefill_beside_decoders()
 
 def worker(model: str, role: Role, state: int = scheduler_pb.WORKER_STATE_LIVE) -> object:
     return scheduler_pb.WorkerStatus(
-        info=scheduler_pb.WorkerInfo(model=model, role=role_to_proto(role)), state=state
+        info=scheduler_pb.WorkerInfo(model=model, role=role.value), state=state
     )  # type: ignore[arg-type]
 
 
