@@ -2,71 +2,34 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 
 from epd.server.encode.held import HeldItemsJournal
+from epd.server.media.cache import AsyncLruCache
 
 Grid = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class CachedEmbedding:
-    """Embeddings of one image and its grid."""
+    """Embeddings of one image, its grid and the number of images in the tower's batch that
+    made them (0: made elsewhere, e.g. read from the embedding store)."""
 
     embeddings: torch.Tensor
     grid: Grid
+    batch_size: int = 0
 
 
-class EmbeddingCache:
-    """Thread-safe LRU with a byte budget (0 disables caching), holding ``num_bytes`` of
-    embeddings; ``journal`` tells the encoder's heartbeats what it took and evicted."""
+class EmbeddingCache(AsyncLruCache[CachedEmbedding]):
+    """The media cache (``AsyncLruCache``: one encoding of an image shared by concurrent
+    requests) under a byte budget of embeddings (0 disables caching), with no limit on their
+    number; ``journal`` tells the encoder's heartbeats what it took and evicted."""
+
+    max_bytes: int
 
     def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("cache budget must not be negative")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, CachedEmbedding] = OrderedDict()
-        self.num_bytes = 0
-        self._lock = threading.Lock()
-        self.num_hits = 0
-        self.num_misses = 0
-        self.num_evictions = 0
-        self.journal = HeldItemsJournal(self.hashes)
-
-    def get(self, mm_hash: str, *, count_miss: bool = True) -> CachedEmbedding | None:
-        """The entry of ``mm_hash`` (counted as a hit, or a miss with ``count_miss``)."""
-        with self._lock:
-            entry = self._entries.get(mm_hash)
-            if entry is None:
-                if count_miss:
-                    self.num_misses += 1
-                return None
-            self._entries.move_to_end(mm_hash)
-            self.num_hits += 1
-            return entry
-
-    def put(self, mm_hash: str, entry: CachedEmbedding) -> None:
-        """Insert, evicting the least recently used past the budget; too-large entries skip."""
-        if entry.embeddings.nbytes > self.max_bytes:
-            return
-        with self._lock:
-            old = self._entries.pop(mm_hash, None)
-            self.num_bytes -= old.embeddings.nbytes if old else 0
-            self._entries[mm_hash] = entry
-            self.num_bytes += entry.embeddings.nbytes
-            while self.num_bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self.num_bytes -= evicted.embeddings.nbytes
-                self.num_evictions += 1
-
-    def hashes(self, limit: int = 1024) -> list[str]:
-        """Up to ``limit`` most recently used hashes, most recent first."""
-        with self._lock:
-            return list(reversed(self._entries))[:limit]
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(None, max_bytes=max_bytes, size_of=attrgetter("embeddings.nbytes"))
+        self.journal = HeldItemsJournal(self.keys)

@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -89,6 +90,10 @@ class EncodedItem:
     batch_size: int = 0
 
 
+class _PixelsUnread(Exception):
+    """The route's shared pixels could not be read here: nothing was encoded (not cached)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Computed:
     entry: CachedEmbedding
@@ -140,7 +145,6 @@ class EncodeWorker:
         self.store.on_stored = cache.journal.stored
         self.worker_id = worker_id
         self.model_id = model_id
-        self._encoding: dict[str, asyncio.Task[_Computed | None]] = {}
         self.num_in_flight = 0
         self.is_draining = False
 
@@ -320,14 +324,17 @@ class EncodeWorker:
         if (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
             return _Computed(hit, mm_hash, True, 0.0)
         start = time.monotonic()
-        task = self._encoding.get(mm_hash)
-        if task is None or (computed := await asyncio.shield(task)) is None:
+        try:
+            entry = await self.cache.join(mm_hash)
+        except _PixelsUnread:
+            entry = None
+        if entry is None:
             raise InvalidArgument(
                 f"mm_hash {mm_hash} is not cached on this encoder; send the "
                 "image (url or data) with it",
                 reason="MM_HASH_NOT_CACHED",
             )
-        return replace(computed, cache_hit=True, seconds=time.monotonic() - start)
+        return _Computed(entry, mm_hash, True, time.monotonic() - start, entry.batch_size)
 
     async def _encode_once(
         self,
@@ -341,34 +348,30 @@ class EncodeWorker:
         encoding ended while this request loaded the image or asked the store), their seconds
         counted from ``started`` (``time.monotonic()``; None: now); None if ``source`` is
         shared pixels that cannot be read (nothing was encoded)."""
-        # NOTE: the encoding runs in its own task, shared by every request for this image: a
-        # request that is cancelled stops waiting without failing the others.
         started = time.monotonic() if started is None else started
-        task = self._encoding.get(mm_hash)
-        if task is None and (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
+        if (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
             return _Computed(hit, mm_hash, True, time.monotonic() - started)
-        is_joining = task is not None
-        if task is None:
-            task = asyncio.ensure_future(self._encode_and_cache(mm_hash, source, settings))
-            task.add_done_callback(retrieve_exception)
-            self._encoding[mm_hash] = task
-        computed = await asyncio.shield(task)
-        if computed is None:
-            return None
-        return replace(computed, cache_hit=is_joining, seconds=time.monotonic() - started)
-
-    async def _encode_and_cache(
-        self, mm_hash: str, source: Source, settings: ImageSettings
-    ) -> _Computed | None:
+        # NOTE: the cache runs the encoding in its own task, shared by every request for this
+        # image: a request that is cancelled stops waiting without failing the others.
+        encoded: list[bool] = []  # NOTE: marked by this request's encoding, not one it joined
+        encode = partial(self._encode, mm_hash, source, settings, encoded)
         try:
-            prepared = await self.preparer.prepare(source, settings)
-            if prepared is None:
-                return None
-            (embeddings, grid), batch_size = await self.batcher.submit_sized(prepared)
-        finally:
-            self._encoding.pop(mm_hash, None)
-        entry = CachedEmbedding(embeddings, grid)
-        self.cache.put(mm_hash, entry)
+            entry = await self.cache.get_or_load(mm_hash, encode)
+        except _PixelsUnread:
+            return None
+        seconds = time.monotonic() - started
+        return _Computed(entry, mm_hash, not encoded, seconds, entry.batch_size)
+
+    async def _encode(
+        self, mm_hash: str, source: Source, settings: ImageSettings, encoded: list[bool]
+    ) -> CachedEmbedding:
+        """``source`` run through the tower (``encoded`` marked), published to the store."""
+        prepared = await self.preparer.prepare(source, settings)
+        if prepared is None:
+            raise _PixelsUnread
+        encoded.append(True)
+        (embeddings, grid), batch_size = await self.batcher.submit_sized(prepared)
+        entry = CachedEmbedding(embeddings, grid, batch_size)
         if self.store.is_enabled:
             self.store.publish(mm_hash, entry)
-        return _Computed(entry, mm_hash, False, batch_size=batch_size)
+        return entry

@@ -97,7 +97,7 @@ async def test_garbage_in_the_store_is_refused_and_the_image_encoded(
         client = raw_client(master.address)
         try:
             reference, expected = await ask(app, png(402))
-            app.worker.cache._entries.clear()  # NOTE: cold again, as after a restart
+            app.worker.cache._values.clear()  # NOTE: cold again, as after a restart
             await stored(app, 1)
             assert client.remove(store_key(reference.mm_hash), True) == 0
             assert client.put(store_key(reference.mm_hash), b"\x01" * 4096) == 0

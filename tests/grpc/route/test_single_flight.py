@@ -100,7 +100,7 @@ async def test_one_new_image_asked_at_once_is_encoded_once(stack: Stack) -> None
     assert sum(stack.tower_images()) == 1, stack.tower_images()
     encoded_by = stack.tower_images().index(1)
     holder = stack.encoders[encoded_by].info.id
-    (mm_hash,) = stack.encoders[encoded_by].worker.cache.hashes()
+    (mm_hash,) = stack.encoders[encoded_by].worker.cache.keys()
     assert await stack.holders(holder) == [mm_hash]
     await stack.ask(image, "sf-again")
     assert stack.tower_images()[encoded_by] == 1 and sum(stack.tower_images()) == 1

@@ -33,7 +33,7 @@ def test_cache_evicts_least_recently_used_past_its_budget() -> None:
     assert cache.num_bytes == 1200 and len(cache) == 3
     cache.put("huge", entry(1000))
     assert cache.get("huge") is None
-    assert cache.hashes(2) == ["a", "d"]
+    assert cache.keys(2) == ["a", "d"]
     assert EmbeddingCache(0).get("x") is None
 
 
