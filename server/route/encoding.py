@@ -39,6 +39,7 @@ class EncodeStage:
     model: str
     items: list[multimodal_pb2.MediaItem]
     policy: Any = 0
+    # the host of the prefill worker the items are encoded for ("": none chosen yet)
     consumer_host_id: str = ""
     # the device the prefill worker reads the embeddings into (its embeddings_device)
     consumer_device: str = ""

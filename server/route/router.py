@@ -213,7 +213,6 @@ class Router:
             model,
             items,
             request.encoder_policy,
-            consumer_host_id=self.host_id,
             num_tokens=[image.num_tokens for image in images]
             + [tokens for v in videos for tokens in v.chunk_tokens],
         )
