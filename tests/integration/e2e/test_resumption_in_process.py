@@ -43,10 +43,12 @@ async def deployment(tiny_model_dir) -> AsyncIterator[dict[str, Any]]:
     route = await build_route_server(RouteConfig(tiny_model_dir, endpoint, "tiny"))
     async with create_channel(endpoint) as channel:
         stub = scheduler_grpc.SchedulerServiceStub(channel)
-        for _ in range(200):
-            if len((await stub.ListWorkers(scheduler_pb.ListWorkersRequest())).workers) == 3:
+        for _ in range(1200):  # NOTE: up to a minute on a loaded machine
+            listing = await stub.ListWorkers(scheduler_pb.ListWorkersRequest())
+            if len(listing.workers) == 3:
                 break
             await asyncio.sleep(0.05)
+        assert len(listing.workers) == 3, listing
     channel = create_channel(f"127.0.0.1:{route.port}")
     yield {
         "stub": route_service_pb2_grpc.RouteServiceStub(channel),
