@@ -13,8 +13,8 @@ pytestmark = pytest.mark.vllm
 # The walk docs/architecture.md lists (the same in every run measured): a change that lengthens
 # the path fails here, and goes into the document with its reason; one that shortens it lowers
 # these.
-MAX_FILES = 73
-MAX_FUNCTIONS = 282
+MAX_FILES = 71
+MAX_FUNCTIONS = 280
 
 
 async def test_the_walk_stays_within_the_documented_path(
