@@ -27,7 +27,7 @@ from epd.server.media.hashing import (
     salted,
     under_settings,
 )
-from epd.server.media.image_settings import image_settings_of, within_policy
+from epd.server.media.image_settings import image_settings_of
 from epd.server.media.loader import MediaLoader
 from epd.server.media.pixels import check_pixels
 from epd.server.media.policy import MediaPolicy
@@ -130,8 +130,7 @@ class ImageResolver:
         """A raw picture of ``image`` (the route's pixels, else its source loaded), to be
         resized within its pixel budget (``MediaItem.image_settings``), named by its mm_hash."""
         media = image.media
-        settings = image_settings_of(media.image_settings)
-        within_policy(settings.settings, loader.policy.max_pixels)
+        settings = image_settings_of(media.image_settings, loader.policy.max_pixels)
         shared = self._shared_picture(media, loader.policy)
         if shared is not None:
             return EngineImage(media.mm_hash, grid_of(image), image=shared, image_settings=settings)
