@@ -57,7 +57,6 @@ from epd.server.engine.sampler import (
 from epd.server.engine.token_text import TokenTexts
 from epd.server.engine.transformers_tower import tower_embeddings
 from epd.server.models.model_dir import max_model_len
-from epd.server.models.registry import family_of_config
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,7 +104,7 @@ class TransformersEngine(Engine):
         self.options = options
         self.device = str(next(model.parameters()).device)
         self.embeddings_device = self.device  # NOTE: images join the input embeddings there
-        self.family = family_of_config(model.config)
+        self.family = layout.family
         self.max_model_len = max_model_len(options.max_model_len, model.config)
         self.budget = KvBudget(_kv_capacity(options, model.config))
         self.vocab_size = int(model.config.get_text_config().vocab_size)
