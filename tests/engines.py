@@ -6,8 +6,18 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from epd.server.engine.base import Engine, EngineImage, PrefillResult, Sampling, TokenChunk, Usage
+from epd.server.engine.prompt_check import VisionLayout
+from epd.server.models.registry import family_named
 
 STOP = TokenChunk(finish_reason="stop")
+# A Qwen2-VL layout of small ids: vision start 5, image pad 6, 2x2 merge, 8-wide rows.
+QWEN_LAYOUT = VisionLayout(
+    vision_start_id=5,
+    image_pad_id=6,
+    merge_size=2,
+    embedding_width=8,
+    family=family_named("qwen2_vl"),
+)
 FIRST_TOKEN_ID = 7
 
 

@@ -12,22 +12,13 @@ from epd.common.roles import Role
 from epd.common.server import ServerOptions
 from epd.scheduler.app import build_scheduler_server
 from epd.server.decode.app import DecodeConfig, build_decode_server
-from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.transformers_engine import TransformersEngine
 from epd.server.engine.vllm_engine import VllmEngine
 from epd.server.engine.vllm_options import VllmOptions
-from epd.server.models.registry import family_named
 from epd.server.prefill.app import PrefillConfig, build_prefill_server
 from epd.v1 import scheduler_service_pb2 as pb
 from epd.v1 import scheduler_service_pb2_grpc as pb_grpc
-
-LAYOUT = VisionLayout(
-    vision_start_id=5,
-    image_pad_id=6,
-    merge_size=2,
-    embedding_width=8,
-    family=family_named("qwen2_vl"),
-)
+from tests.engines import QWEN_LAYOUT as LAYOUT
 
 
 def engine(device: str, kv_role: str) -> VllmEngine:

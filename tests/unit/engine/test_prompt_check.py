@@ -13,14 +13,8 @@ from epd.common.errors import Code, InvalidArgument
 from epd.server.engine.base import EngineImage
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.models.registry import UnsupportedModel, family_named
+from tests.engines import QWEN_LAYOUT as LAYOUT
 
-LAYOUT = VisionLayout(
-    vision_start_id=5,
-    image_pad_id=6,
-    merge_size=2,
-    embedding_width=8,
-    family=family_named("qwen2_vl"),
-)
 END = 7
 # InternVL's: image token 6 alone, each image's rows between <img> (10) and </img> (11)
 INTERNVL_LAYOUT = VisionLayout(

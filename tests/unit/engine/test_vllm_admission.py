@@ -27,17 +27,11 @@ from epd.server.engine.vllm_engine import VllmEngine
 from epd.server.engine.vllm_inputs import PICTURE_NAME_PREFIX
 from epd.server.engine.vllm_options import VllmOptions
 from epd.server.models.registry import family_named
+from tests.engines import QWEN_LAYOUT as LAYOUT
 
 # NOTE: the engine builds vLLM's SamplingParams and catches vLLM's client errors.
 pytest.importorskip("vllm")
 
-LAYOUT = VisionLayout(
-    vision_start_id=5,
-    image_pad_id=6,
-    merge_size=2,
-    embedding_width=8,
-    family=family_named("qwen2_vl"),
-)
 PROMPT = [1, 2, 3]
 SAMPLING = Sampling(max_tokens=4, ignore_eos=True)
 

@@ -9,7 +9,6 @@ from PIL import Image
 
 from epd.common.errors import InvalidArgument
 from epd.server.engine.base import EngineImage, Sampling, TokenChunk, VideoFrames
-from epd.server.engine.prompt_check import VisionLayout
 from epd.server.engine.vllm_inputs import (
     PICTURE_NAME_PREFIX,
     VIDEO_NAME_PREFIX,
@@ -18,17 +17,8 @@ from epd.server.engine.vllm_inputs import (
     raw_prompt,
 )
 from epd.server.media.image_settings import ImageSettings
-from epd.server.models.registry import family_named
 from epd.server.worker import convert
 from epd.v1 import generation_pb2
-
-LAYOUT = VisionLayout(
-    vision_start_id=5,
-    image_pad_id=6,
-    merge_size=2,
-    embedding_width=8,
-    family=family_named("qwen2_vl"),
-)
 
 
 def test_pictures_pass_through_and_mixed_inputs_are_refused() -> None:
