@@ -22,7 +22,7 @@ from epd.server.store.base import Lookup, Publish
 from epd.server.store.client import MooncakeSettings
 from epd.server.store.holder import HolderConfig, SegmentHolder
 from epd.server.store.mooncake import MooncakeStore
-from tests.mooncake import running_master, settings_of, skip_without_mooncake
+from tests.mooncake import settings_of, skip_without_mooncake
 
 HASH = "00112233445566778899aabbccddeeff"
 
@@ -45,22 +45,27 @@ async def stored_once(store: MooncakeStore, entry: CachedEmbedding) -> None:
 async def test_what_an_encoder_stored_outlives_it_in_the_holder_and_leaves_with_it(
     tmp_path,
 ) -> None:
-    async with running_master(tmp_path) as master:
-        config = HolderConfig(master.address.master, master.address.metadata_server, 32)
-        holder = SegmentHolder(config.settings("127.0.0.1"))
-        try:
-            assert await holder.wait_joined(30)
-            original = CachedEmbedding(torch.randn(64, 128), (1, 16, 16))
-            writer = await connected(settings_of(master.address, segment_bytes=0))
-            await stored_once(writer, original)
-            await writer.close()
-            reader = await connected(settings_of(master.address, segment_bytes=0))
-            found = await reader.lookup(HASH)
-            await holder.close()
-            gone = await reader.lookup(HASH)
-            await reader.close()
-        finally:
-            await holder.close()
+    """The holder runs as ``epd up`` runs it, a process of its own: in this process its segment
+    would be freed under a reader's transfer when it leaves."""
+    skip_without_mooncake()
+    deployment = Deployment(tmp_path, dict(os.environ))
+    try:
+        store = start_store(deployment, 32)
+        await store.ready_args()
+        address = store.master.address
+        holder = deployment.children[-1]
+        original = CachedEmbedding(torch.randn(64, 128), (1, 16, 16))
+        writer = await connected(settings_of(address, segment_bytes=0))
+        await stored_once(writer, original)
+        await writer.close()
+        reader = await connected(settings_of(address, segment_bytes=0))
+        found = await reader.lookup(HASH)
+        holder.process.send_signal(signal.SIGTERM)
+        assert holder.process.wait(60) == 0
+        gone = await reader.lookup(HASH)
+        await reader.close()
+    finally:
+        deployment.stop(grace_s=10)
     assert found is not None and torch.equal(found.embeddings, original.embeddings)
     assert gone is None
     assert reader.counts.lookups == {Lookup.HIT: 1, Lookup.MISS: 1}
