@@ -185,7 +185,11 @@ def test_a_killed_encoder_is_reported_restarted_and_leaves_no_shared_memory(stac
         time.sleep(0.2)
     assert line in log.read_text() and "restarting it (1 of 3)" in log.read_text()
     assert segments_of([killed]) == []  # removed as soon as the launcher noticed
+    # NOTE: the launcher reports the restart, then restarts and rewrites the endpoints file
     endpoints = json.loads((stack.work_dir / "endpoints.json").read_text())
+    while endpoints["pids"]["encode0"] == killed and time.monotonic() < deadline:
+        time.sleep(0.2)
+        endpoints = json.loads((stack.work_dir / "endpoints.json").read_text())
     restarted = endpoints["pids"]["encode0"]
     assert restarted != killed and is_alive(restarted)
     _RESTARTED.append(restarted)
