@@ -4,6 +4,7 @@ share one load; later ones hit the cache."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -116,7 +117,7 @@ class AsyncLruCache(Generic[Value]):
     def keys(self, limit: int = 1024) -> list[str]:
         """Up to ``limit`` keys cached, most recently used first (from any thread)."""
         with self._lock:
-            return list(reversed(self._values))[:limit]
+            return list(itertools.islice(reversed(self._values), limit))
 
     def __len__(self) -> int:
         return len(self._values)
