@@ -55,8 +55,9 @@ def plan_for(live_roles: frozenset[Role], num_images: int) -> Plan:
 class RoleView:
     """The set of live roles per model, and the models of every registered worker (live or not,
     ``models``), from the scheduler's ListWorkers: each listing the scheduler client's watch
-    fetches is handed to ``update`` (``Peers``); stale after ``ttl_s``, no longer served after
-    ``max_age_s`` (default ``MAX_AGE_TTLS`` TTLs)."""
+    fetches is handed to ``update`` (``Peers``); no longer served after ``max_age_s`` (default
+    ``MAX_AGE_TTLS`` TTLs), and a request finding no live role of its model asks for a listing at
+    most once per ``ttl_s``."""
 
     def __init__(self, ttl_s: float = 1.0, max_age_s: float | None = None) -> None:
         if ttl_s <= 0 or (max_age_s is not None and max_age_s < ttl_s):
@@ -68,10 +69,6 @@ class RoleView:
         self._fetched_at = -float("inf")
         # when a request last waited for a listing for want of its model's roles
         self._asked_at = -float("inf")
-
-    def is_stale(self, now: float | None = None) -> bool:
-        """Whether the view should be refreshed."""
-        return self._age(now) > self.ttl_s
 
     def is_expired(self, now: float | None = None) -> bool:
         """Whether the view is too old to serve (or was never fetched)."""

@@ -101,9 +101,10 @@ async def test_the_listings_refresh_feeds_the_view_and_a_failed_one_keeps_it_log
 ) -> None:
     remote, view = DownableScheduler(), RoleView()
     fallback = FallbackScheduler(remote, Health(), 0, on_listing=view.update)  # type: ignore[arg-type]
+    assert view.is_expired()
     await fallback.refresh()
     assert view.roles("tiny") == {Role.ENCODE, Role.PREFILL_DECODE, Role.DECODE}
-    assert not view.is_stale()
+    assert not view.is_expired()
     remote.scheduler.encoders = []
     remote.is_down = True
     with caplog.at_level(logging.WARNING):
@@ -130,7 +131,7 @@ def test_a_view_expires_after_its_max_age() -> None:
     view = RoleView(ttl_s=1.0, max_age_s=5.0)
     assert view.is_expired(now=0.0)
     view.update(scheduler_pb.ListWorkersResponse(), now=100.0)
-    assert view.is_stale(now=101.5) and not view.is_expired(now=104.0)
+    assert not view.is_expired(now=104.0)
     assert view.is_expired(now=105.5)
     assert RoleView(ttl_s=2.0).max_age_s == MAX_AGE_TTLS * 2.0
     with pytest.raises(ValueError):
@@ -146,7 +147,8 @@ async def test_the_listing_is_refreshed_with_the_scheduler_fallback_off_too() ->
         refreshed.set()
 
     peers.scheduler.refresh = refresh  # type: ignore[method-assign]
+    assert peers.roles.is_expired()
     peers.start()
     await asyncio.wait_for(refreshed.wait(), 5)
-    assert not peers.roles.is_stale()
+    assert not peers.roles.is_expired()
     await peers.close()

@@ -64,7 +64,7 @@ def worker(model: str, role: Role, state: int = scheduler_pb.WORKER_STATE_LIVE) 
 
 def test_role_view_keeps_live_workers_per_model_and_expires() -> None:
     view = RoleView(ttl_s=1.0)
-    assert view.is_stale(now=0.0)
+    assert view.is_expired(now=0.0)
     view.update(
         scheduler_pb.ListWorkersResponse(
             workers=[
@@ -79,8 +79,8 @@ def test_role_view_keeps_live_workers_per_model_and_expires() -> None:
     assert view.roles("a") == {Role.ENCODE, Role.PREFILL_DECODE}
     assert view.roles("") == {Role.ENCODE, Role.PREFILL_DECODE, Role.ENCODE_PREFILL}
     assert view.roles("c") == frozenset()
-    assert not view.is_stale(now=10.5)
-    assert view.is_stale(now=11.5)
+    assert not view.is_expired(now=10.0 + view.max_age_s - 0.5)
+    assert view.is_expired(now=10.0 + view.max_age_s + 0.5)
 
 
 def test_deadline_counts_down_and_expires() -> None:
