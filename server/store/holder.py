@@ -84,10 +84,6 @@ class SegmentHolder:
         self._thread = threading.Thread(target=self._hold, name="epd-store-holder", daemon=True)
         self._thread.start()
 
-    @property
-    def is_joined(self) -> bool:
-        return self._joined.is_set() and not self._closed.is_set()
-
     async def wait_joined(self, timeout_s: float) -> bool:
         """Whether the holder joined the store within ``timeout_s`` (False at once when closed)."""
         deadline = time.monotonic() + timeout_s

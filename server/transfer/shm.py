@@ -96,11 +96,10 @@ class ShmProducer(LeasedProducer[Segment]):
     ) -> None:
         super().__init__(host_id, **settings)
         self._dir = shm_dir
-        self.orphans_removed = cleanup_orphans(shm_dir)
+        cleanup_orphans(shm_dir)
         self._prefix = process_prefix()
         self._idle: IdlePool[Segment] = IdlePool(self.max_idle_bytes)
         self._lock = threading.Lock()
-        self.num_segments_created = 0
         self.num_segments = 0
         """Segments created and not yet unlinked: leased, idle, or being filled."""
 
@@ -149,7 +148,6 @@ class ShmProducer(LeasedProducer[Segment]):
         finally:
             os.close(fd)
         with self._lock:
-            self.num_segments_created += 1
             self.num_segments += 1
         # NOTE: the ctypes object is dropped at once, so the mapping stays closable.
         return Segment(name, capacity, buffer, ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
