@@ -71,7 +71,6 @@ class DynamicBatcher(Generic[Item, Result]):
         self.max_items = max_items
         self.max_wait_s = max_wait_s
         self.inline_below_s = inline_below_s
-        self.num_inline_batches = 0
         self._queue: asyncio.Queue[_Queued[Item, Result]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self.stats = BatchStats()
@@ -143,7 +142,6 @@ class DynamicBatcher(Generic[Item, Result]):
         expected_s = self.stats.item_run_ms * len(items) / 1000
         try:
             if self.stats.num_batches and expected_s < self.inline_below_s:
-                self.num_inline_batches += 1
                 results, run_s = self._timed_run(items)
             else:
                 results, run_s = await asyncio.get_running_loop().run_in_executor(

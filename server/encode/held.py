@@ -40,7 +40,6 @@ class HeldItemsJournal:
         self._stored: dict[str, None] = {}
         self._needs_snapshot = True
         self._num_takes = 0
-        self.num_snapshots = 0
 
     def stored(self, mm_hash: str) -> None:
         """``mm_hash`` was written to the embedding store."""
@@ -64,7 +63,6 @@ class HeldItemsJournal:
         held = self._held(self.max_items)
         previous, self._reported = self._reported, set(held)
         if is_snapshot:
-            self.num_snapshots += 1
             return HeldReport(True, tuple(held), (), stored)
         added = tuple(h for h in held if h not in previous)
         evicted = tuple(sorted(previous - self._reported))
