@@ -30,14 +30,6 @@ class Role(enum.Enum):
         """The role as the CLI, the metrics and ListModels spell it (``prefill_decode``)."""
         return self.name.lower()
 
-    @classmethod
-    def from_label(cls, label: str) -> Role:
-        """The role spelled ``label``; ValueError for any other spelling."""
-        for role in cls:
-            if role.label == label:
-                return role
-        raise ValueError(f"unknown worker role {label!r}; one of {_spelled(list(cls))}")
-
 
 # The roles a PrefillService serves, in the order of ``epd prefill --mode``'s choices.
 PREFILL_MODES = (Role.PREFILL, Role.PREFILL_DECODE, Role.ENCODE_PREFILL)

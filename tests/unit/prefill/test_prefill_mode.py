@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epd.common.roles import Role
+from epd.common.roles import PREFILL_MODES, Role
 from epd.server.prefill.app import PrefillConfig
 from epd.server.prefill.cli import add_arguments
 
@@ -24,6 +24,13 @@ def test_the_mode_flag_keeps_its_spellings_and_default() -> None:
     flag = mode_flag()
     assert list(flag.choices) == ["prefill", "prefill_decode", "encode_prefill"]
     assert flag.default == "prefill_decode" == PrefillConfig(Path("/m")).mode.label
+    assert [flag.type(role.label) for role in PREFILL_MODES] == list(PREFILL_MODES)
+
+
+@pytest.mark.parametrize("word", ["PREFILL", "pd", "", "decode"])
+def test_another_spelling_of_the_mode_is_refused(word: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected one of prefill, prefill_decode"):
+        mode_flag().type(word)
 
 
 @pytest.mark.parametrize("role", [Role.ENCODE, Role.DECODE])
