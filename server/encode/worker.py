@@ -51,7 +51,7 @@ from epd.server.encode.video_items import VideoSpan, frames_from_source
 from epd.server.encode.vision import Prepared
 from epd.server.media.grid import ImageGridder
 from epd.server.media.hashing import embeddings_tag, is_mm_hash, salted, under_settings
-from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings, within_policy
+from epd.server.media.image_settings import NO_IMAGE_SETTINGS, ImageSettings, check_floor
 from epd.server.media.loader import MediaLoader
 from epd.server.media.video_loader import VideoLoader
 from epd.server.store.base import EmbeddingStore, NoStore
@@ -246,8 +246,7 @@ class EncodeWorker:
                 f"this encoder serves {self.model_id!r}, not {model!r}", reason="WRONG_MODEL"
             )
         for item in items:
-            if budget := item.image_settings.settings:
-                within_policy(budget, self.loader.policy.max_pixels)
+            check_floor(item.image_settings, self.loader.policy.max_pixels)
 
     async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
         return index, await self._compute(item)

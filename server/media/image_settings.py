@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from epd.common.errors import InvalidArgument
 from epd.server.media.video_overrides import (
@@ -58,8 +57,8 @@ NO_IMAGE_SETTINGS = ImageSettings()
 
 def image_settings_of(key: str, max_pixels: int | None = None) -> ImageSettings:
     """The settings whose ``ImageSettings.key`` is ``key`` ("": none), as the route sent them,
-    within the media policy's ``max_pixels`` where it is given (``within_policy``'s check: a
-    worker holds another hop's budget to its own limit); InvalidArgument: BAD_MEDIA_ITEM when
+    within the media policy's ``max_pixels`` where it is given (``check_floor``: a worker holds
+    another hop's budget to its own limit); InvalidArgument: BAD_MEDIA_ITEM when
     ``key`` is not such a key, BAD_MEDIA_KWARGS for a floor over ``max_pixels``."""
     if not key:
         return NO_IMAGE_SETTINGS
@@ -71,7 +70,7 @@ def image_settings_of(key: str, max_pixels: int | None = None) -> ImageSettings:
     if settings.key != key or not all(type(v) is int and v > 0 for v in values):
         raise _bad_key(key)
     if max_pixels is not None:
-        _check_floor(settings, max_pixels)
+        check_floor(settings, max_pixels)
     return settings
 
 
@@ -81,25 +80,19 @@ def resolve_image(
     """The pixel budget ``request``'s ``mm_processor_kwargs`` merged over the ``server``'s give
     an image (``image_keys``: the keys the model's image processor takes; pixel keys it does
     not take are ignored, as it ignores them), within the media policy's ``max_pixels``
-    (``within_policy``). InvalidArgument naming the key."""
+    (``check_floor``). InvalidArgument naming the key."""
     if not server.mm_processor_kwargs and not request.mm_processor_kwargs:
         return NO_IMAGE_SETTINGS
     image = scoped(merged_processor_kwargs(server, request), "images_kwargs")
     pixels = {key: image[key] for key in IMAGE_PIXEL_KEYS if key in image and key in image_keys}
-    return within_policy(checked_pixels(pixels), max_pixels)
-
-
-def within_policy(settings: dict[str, Any], max_pixels: int) -> ImageSettings:
-    """``settings`` (checked ``min_pixels`` / ``max_pixels``: ``video_overrides``) as
-    ``ImageSettings``; a floor over the media policy's ``max_pixels`` is BAD_MEDIA_KWARGS (it
-    would resize every image over the limit)."""
-    budget = ImageSettings(**{key: settings[key] for key in BUDGET_KEYS if key in settings})
-    _check_floor(budget, max_pixels)
+    budget = ImageSettings(**checked_pixels(pixels))
+    check_floor(budget, max_pixels)
     return budget
 
 
-def _check_floor(budget: ImageSettings, max_pixels: int) -> None:
-    """BAD_MEDIA_KWARGS if ``budget``'s floor is over the media policy's ``max_pixels``."""
+def check_floor(budget: ImageSettings, max_pixels: int) -> None:
+    """BAD_MEDIA_KWARGS if ``budget``'s floor is over the media policy's ``max_pixels`` (it would
+    resize every image over the limit)."""
     if budget.min_pixels is not None and budget.min_pixels > max_pixels:
         raise InvalidArgument(
             f"min_pixels ({budget.min_pixels}) is over the media pixel limit of {max_pixels} "
