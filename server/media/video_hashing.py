@@ -33,10 +33,9 @@ VIDEO_PROCESSOR_FILE = "video_preprocessor_config.json"
 
 @dataclass(frozen=True, slots=True)
 class VideoChunk:
-    """``num_patches`` temporal patches from ``first_patch``: the kept frames ``frames``
-    (a range of positions among them) and their content hash."""
+    """``num_patches`` temporal patches: the kept frames ``frames`` (a range of positions
+    among them) and their content hash."""
 
-    first_patch: int
     num_patches: int
     frames: range
     content_hash: str
@@ -80,7 +79,6 @@ def chunk_hashes(
     temporal = plan.temporal_patch_size
     return [
         VideoChunk(
-            first_patch=positions.start // temporal,
             num_patches=-(-len(positions) // temporal),
             frames=positions,
             content_hash=chunk_hash(
