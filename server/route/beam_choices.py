@@ -77,6 +77,7 @@ async def _search(
     (its steps are not), and the chat template's text where the request asked for it."""
     numbers = itertools.count()
     sampling = beam_step_sampling(request.sampling)
+    sources = request.images  # NOTE: a walk over the messages' parts: once a search
     prompt_texts: list[str] = []
 
     async def step(token_ids: Sequence[int]) -> StepResult:
@@ -92,13 +93,13 @@ async def _search(
             answer_parsing=None,
             use_beam_search=False,
         )
-        result, prompt_text = await _step(router, child, deadline)
+        result, prompt_text = await _step(router.answer(child, sources, deadline.remaining()))
         if prompt_text is not None:
             prompt_texts.append(prompt_text)
         return result
 
     metrics = router.metrics
-    observation = metrics.observe(len(request.images)) if metrics is not None else None
+    observation = metrics.observe(len(sources)) if metrics is not None else None
     try:
         answer = await beam_search(beam_params(router, request), step)
     except BaseException as e:
@@ -112,12 +113,9 @@ async def _search(
     return answer, next(iter(prompt_texts), None)
 
 
-async def _step(
-    router: Router, child: ChatRequest, deadline: Deadline
-) -> tuple[StepResult, str | None]:
-    """The candidates of ``child``'s one token (and its prompt, when it asked for it), and the
-    chat template's text where it asked for it."""
-    answer = router.generate(child, deadline.remaining(), is_observed=False)
+async def _step(answer: AsyncIterator[RouteChunk]) -> tuple[StepResult, str | None]:
+    """The candidates of a step's one token (and its prompt, when it asked for it) from its
+    ``answer``, and the chat template's text where it asked for it."""
     chunks = [chunk async for chunk in answer]
     positions = [position for chunk in chunks for position in chunk.logprobs]
     if not positions:

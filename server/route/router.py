@@ -137,19 +137,18 @@ class Router:
         self.roles = peers.roles
 
     async def generate(
-        self, request: ChatRequest, timeout_s: float | None = None, *, is_observed: bool = True
+        self, request: ChatRequest, timeout_s: float | None = None
     ) -> AsyncIterator[RouteChunk]:
-        """Stream the answer to ``request`` (checked: ``request_check``), counted
-        and timed in ``metrics`` unless not ``is_observed`` (a step of a request observed whole:
-        ``beam_choices``)."""
+        """Stream the answer to ``request`` (checked: ``request_check``), counted and timed in
+        ``metrics``."""
         sources = request.images  # NOTE: a walk over the messages' parts: once a request
-        if self.metrics is None or not is_observed:
-            async for chunk in self._answer(request, sources, timeout_s):
+        if self.metrics is None:
+            async for chunk in self.answer(request, sources, timeout_s):
                 yield chunk
             return
         observation = self.metrics.observe(len(sources))
         try:
-            async for chunk in self._answer(request, sources, timeout_s):
+            async for chunk in self.answer(request, sources, timeout_s):
                 usage = chunk.usage
                 observation.add(
                     len(chunk.token_ids), usage.prompt_tokens if usage is not None else 0
@@ -172,9 +171,12 @@ class Router:
             counts[worker.info.model][role.label if role is not None else "unknown"] += 1
         return {model: dict(roles) for model, roles in sorted(counts.items())}
 
-    async def _answer(
+    async def answer(
         self, request: ChatRequest, sources: list[ImageSource], timeout_s: float | None
     ) -> AsyncIterator[RouteChunk]:
+        """Stream the answer to ``request`` whose images are ``sources`` (its ``images``, read
+        once by the caller), not observed in ``metrics``: ``generate`` observes a request, and
+        a beam search's steps are observed as one (``beam_choices``)."""
         deadline = Deadline(timeout_s)
         model = request.model or self.model_id
         trace.get_current_span().set_attribute("epd.request_id", request.request_id)

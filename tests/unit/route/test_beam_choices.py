@@ -20,7 +20,7 @@ from epd.server.route import openai_completions as completions
 from epd.server.route import openai_schema as schema
 from epd.server.route.choices import generate_choices
 from epd.server.route.metrics import RouteMetrics
-from epd.server.route.request import ChatMessage, ChatPart, ChatRequest
+from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, ImageSource
 from epd.server.route.router import RouteChunk
 from epd.v1 import generation_pb2 as g
 
@@ -40,17 +40,18 @@ class FakeRouter:
         )
         self.prompt = prompt
         self.steps: list[ChatRequest] = []
+        self.sources: list[list[ImageSource]] = []
         self.metrics: RouteMetrics | None = None
 
     @staticmethod
     def decode(token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(f"<{t}>" for t in token_ids if t != EOS or not skip_special_tokens)
 
-    async def generate(
-        self, request: ChatRequest, timeout_s: float | None, *, is_observed: bool = True
+    async def answer(
+        self, request: ChatRequest, sources: list[ImageSource], timeout_s: float | None
     ) -> AsyncIterator[Any]:
-        assert not is_observed
         self.steps.append(request)
+        self.sources.append(sources)
         found = NEXT[: request.sampling.logprobs]
         scale = 1 + 0.1 * len(request.answer_prefix)
         position = g.TokenLogprobs(
@@ -88,6 +89,16 @@ async def test_each_step_is_vllms_step_of_one_beam_after_the_prompt() -> None:
     expected = g.SamplingParams(max_tokens=1, temperature=0.5, logprobs=4, cache_salt="s")
     assert all(step.sampling == expected for step in router.steps)
     assert not any(step.use_beam_search for step in router.steps)
+
+
+async def test_a_search_reads_its_images_once_for_all_its_steps() -> None:
+    router = FakeRouter([1, 1, 1])
+    request = chat()
+    pictures = [ImageSource(url="http://example.com/a.png"), ImageSource(data=b"b")]
+    request.messages[0].parts += [ChatPart(image=picture) for picture in pictures]
+    await answer(router, request)
+    assert len(router.steps) == 5 and router.sources[0] == pictures
+    assert all(sources is router.sources[0] for sources in router.sources)
 
 
 async def test_the_answer_is_one_choice_per_beam_best_first() -> None:
