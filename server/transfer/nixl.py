@@ -124,7 +124,6 @@ class NixlProducer(LeasedProducer[Block | Lent]):
         )
         self._stamps: dict[torch.device | None, StampArena] = {}
         self._lock = threading.Lock()
-        self.num_lent = 0
         self.lends_device_memory: bool | None = None
         """Whether this process's NIXL registers GPU memory: None until first tried."""
 
@@ -213,7 +212,6 @@ class NixlProducer(LeasedProducer[Block | Lent]):
             # NOTE: the tower's kernels and the stamp's copy may still be queued; a peer may READ
             # as soon as it holds the reference.
             torch.cuda.synchronize(tensor.device)
-        self.num_lent += 1
         location = ref.nixl
         location.agent_name = agent.name
         location.agent_metadata = agent.metadata_of([stamps.address, address])
@@ -254,11 +252,6 @@ class NixlProducer(LeasedProducer[Block | Lent]):
         for stamps in self._stamps.values():
             stamps.close()
         self._stamps.clear()
-
-    @property
-    def num_blocks_created(self) -> int:
-        """Blocks created (and registered) so far; the pool reuses them."""
-        return 0 if self._nixl.started is None else self._nixl.started[1].num_created
 
     def _on_notification(self, peer: str, message: bytes) -> None:
         if message.startswith(RELEASE_PREFIX):

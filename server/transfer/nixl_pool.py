@@ -44,7 +44,6 @@ class RegisteredPool:
         self._agent = agent
         self._idle: IdlePool[Block] = IdlePool(max_idle_bytes)
         self._lock = threading.Lock()
-        self.num_created = 0
         self.num_outstanding = 0
 
     def acquire(self, num_bytes: int) -> Block:
@@ -55,8 +54,6 @@ class RegisteredPool:
         block = self._idle.take(capacity)
         if block is not None:
             return block
-        with self._lock:
-            self.num_created += 1
         memory = mmap.mmap(-1, capacity)
         view = torch.frombuffer(memory, dtype=torch.uint8)
         address = view.data_ptr()
