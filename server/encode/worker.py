@@ -246,7 +246,8 @@ class EncodeWorker:
                 f"this encoder serves {self.model_id!r}, not {model!r}", reason="WRONG_MODEL"
             )
         for item in items:
-            check_floor(item.image_settings, self.loader.policy.max_pixels)
+            if item.image_settings.settings:
+                check_floor(item.image_settings, self.loader.policy.max_pixels)
 
     async def _compute_indexed(self, index: int, item: MediaSource) -> tuple[int, _Computed]:
         return index, await self._compute(item)
