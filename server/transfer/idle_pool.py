@@ -94,7 +94,6 @@ class WarmBuffers:
     ) -> None:
         self.min_bytes = min_bytes
         self._idle: IdlePool[mmap.mmap] = IdlePool(max_idle_bytes)
-        self.num_created = 0
 
     def empty(self, dtype: torch.dtype, shape: list[int], byte_size: int) -> torch.Tensor:
         """An uninitialised tensor of ``dtype`` and ``shape`` (``byte_size`` bytes) the caller
@@ -105,7 +104,6 @@ class WarmBuffers:
         buffer = self._idle.take(capacity)
         if buffer is None:
             buffer = mmap.mmap(-1, capacity)
-            self.num_created += 1
         # NOTE: the array is the object the tensor's storage keeps alive; when the last view dies,
         # the array dies and the finalizer brings the mapping back.
         array = (ctypes.c_char * byte_size).from_buffer(buffer)
