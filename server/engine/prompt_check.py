@@ -81,16 +81,10 @@ class VisionLayout:
             ),
         )
 
-    @property
-    def placeholder(self) -> list[int]:
-        """The tokens of one image's placeholder before expansion."""
-        start = [] if self.vision_start_id is None else [self.vision_start_id]
-        return [*start, self.image_pad_id]
-
     def count_placeholders(self, token_ids: list[int]) -> tuple[int, int]:
-        """The image placeholders (``placeholder``) and the video placeholders (the vision
-        start, then the video token; the video token alone where ``vision_start_id`` is None)
-        in ``token_ids``, counted in one pass."""
+        """The image placeholders and the video placeholders (the vision start, then the image
+        or video token; the token alone where ``vision_start_id`` is None) in ``token_ids``,
+        counted in one pass."""
         previous: list[int | None] = [None, *token_ids[:-1]]
         placed = Counter(
             token

@@ -58,7 +58,8 @@ def two_images(engine, width: int) -> tuple[list[int], list[EngineImage]]:
         EngineImage(f"h{i}", (t, h, w), torch.randn(t * h * w // layout.merge_size**2, width))
         for i, (t, h, w) in enumerate(grids)
     ]
-    group = [*layout.placeholder, 9]
+    start = [] if layout.vision_start_id is None else [layout.vision_start_id]
+    group = [*start, layout.image_pad_id, 9]  # NOTE: one image's placeholder, then a text token
     return [1, 2, *group, 3, *group, 4], images
 
 

@@ -113,7 +113,6 @@ def test_an_image_token_alone_is_a_placeholder_where_the_family_has_no_start_tok
     layout = VisionLayout(None, 6, merge_size=1, embedding_width=8, family=family_named("llava"))
     images = [EngineImage("a", (1, 1, 3), torch.zeros(3, 8)), EngineImage("b", (1, 1, 2), None)]
     token_ids = [1, 6, 2, 6, 3]
-    assert layout.placeholder == [6]
     assert layout.count_placeholders(token_ids) == (2, 0)
     assert layout.expand(token_ids, images) == [1, 6, 6, 6, 2, 6, 6, 3]
     layout.check(token_ids, images, max_len=64, grids_suffice=True)
