@@ -71,7 +71,6 @@ class WorkerRegistration:
         self._ttl_s = 10.0
         self._task: asyncio.Task[None] | None = None
         self._channel: grpc.aio.Channel | None = None
-        self.num_registrations = 0
 
     @property
     def is_registered(self) -> bool:
@@ -141,7 +140,6 @@ class WorkerRegistration:
             pb.RegisterWorkerRequest(worker=self.info), timeout=RPC_TIMEOUT_S
         )
         self._lease_id, self._ttl_s = reply.lease_id, reply.ttl_ms / 1000
-        self.num_registrations += 1
         self._resync()
         logger.info("registered %s with scheduler %s", self.info.id, self.scheduler_endpoint)
 
