@@ -35,7 +35,7 @@ from epd.client.messages import (
     user,
 )
 from epd.client.options import RequestOptions
-from epd.common.channels import create_channel
+from epd.common.channels import TlsFiles, create_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
 __all__ = ["AsyncEpdClient", "Chunk", "Message", "Picture", "assistant", "system", "user"]
@@ -64,9 +64,7 @@ class AsyncEpdClient:
         self._channel = create_channel(
             endpoint,
             auth_token=auth_token,
-            tls_ca_file=tls_ca_file,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
+            tls=TlsFiles(tls_ca_file, tls_cert_file, tls_key_file),
         )
         self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
         self.timeout_s = timeout_s

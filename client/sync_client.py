@@ -30,7 +30,7 @@ from epd.client.messages import (
 )
 from epd.client.options import RequestOptions
 from epd.common.auth import bearer_metadata
-from epd.common.channels import create_blocking_channel
+from epd.common.channels import TlsFiles, create_blocking_channel
 from epd.v1 import route_service_pb2, route_service_pb2_grpc
 
 __all__ = ["Chunk", "EpdClient", "Message", "Picture", "assistant", "system", "user"]
@@ -58,9 +58,7 @@ class EpdClient:
         # NOTE: the same target, TLS credentials and options as AsyncEpdClient's channel.
         self._channel = create_blocking_channel(
             endpoint,
-            tls_ca_file=tls_ca_file,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
+            tls=TlsFiles(tls_ca_file, tls_cert_file, tls_key_file),
         )
         self._stub = route_service_pb2_grpc.RouteServiceStub(self._channel)
         self._auth = (bearer_metadata(auth_token),) if auth_token else ()

@@ -89,6 +89,34 @@ def server_ping_options(keepalive_s: float) -> list[tuple[str, int]]:
 MAX_RECONNECT_BACKOFF_MS = 5000
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """The PEM files a channel's TLS is made of; none given: plaintext. ``ca_file`` verifies the
+    server (None: the system's roots); ``cert_file`` + ``key_file``: the client's certificate,
+    for mTLS."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """The channel credentials of these files, read now (None: plaintext)."""
+        if not (self.ca_file or self.cert_file):
+            return None
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca_file),
+            private_key=_read(self.key_file),
+            certificate_chain=_read(self.cert_file),
+        )
+
+
+PLAINTEXT = TlsFiles()
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
 @dataclass(frozen=True)
 class ChannelSpec:
     """What a channel to an epd service is opened with, aio or blocking alike."""
@@ -101,16 +129,13 @@ class ChannelSpec:
 def channel_spec(
     endpoint: str,
     *,
-    tls_ca_file: str | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
+    tls: TlsFiles = PLAINTEXT,
     max_message_bytes: int = 64 * MiB,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
 ) -> ChannelSpec:
-    """Target, options and credentials of a channel to ``endpoint`` (host:port), pinging it every
-    ``keepalive_s``. TLS is used when any TLS file is given (``tls_ca_file`` to verify the server,
-    cert + key for mTLS). ``create_channel`` and ``create_blocking_channel`` both open theirs from
-    this, so the async and the blocking clients cannot differ in either."""
+    """Target, options and credentials (``tls``'s) of a channel to ``endpoint`` (host:port),
+    pinging it every ``keepalive_s``. ``create_channel`` and ``create_blocking_channel`` both
+    open theirs from this, so the async and the blocking clients cannot differ in either."""
     options = (
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -118,22 +143,13 @@ def channel_spec(
         ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ("grpc.use_local_subchannel_pool", 1),
     )
-    if not (tls_ca_file or tls_cert_file):
-        return ChannelSpec(endpoint, options, None)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=Path(tls_ca_file).read_bytes() if tls_ca_file else None,
-        private_key=Path(tls_key_file).read_bytes() if tls_key_file else None,
-        certificate_chain=Path(tls_cert_file).read_bytes() if tls_cert_file else None,
-    )
-    return ChannelSpec(endpoint, options, credentials)
+    return ChannelSpec(endpoint, options, tls.credentials())
 
 
 def create_channel(
     endpoint: str,
     *,
-    tls_ca_file: str | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
+    tls: TlsFiles = PLAINTEXT,
     auth_token: str | None = None,
     max_message_bytes: int = 64 * MiB,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
@@ -145,12 +161,7 @@ def create_channel(
     with ``auth_token``, ``authorization: Bearer``.
     """
     spec = channel_spec(
-        endpoint,
-        tls_ca_file=tls_ca_file,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
-        max_message_bytes=max_message_bytes,
-        keepalive_s=keepalive_s,
+        endpoint, tls=tls, max_message_bytes=max_message_bytes, keepalive_s=keepalive_s
     )
     interceptors: list[Any] = list(aio_client_interceptors()) if traces_rpcs() else []
     if auth_token:
@@ -167,9 +178,7 @@ def create_channel(
 def create_blocking_channel(
     endpoint: str,
     *,
-    tls_ca_file: str | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
+    tls: TlsFiles = PLAINTEXT,
     max_message_bytes: int = 64 * MiB,
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
 ) -> grpc.Channel:
@@ -178,12 +187,7 @@ def create_blocking_channel(
     It carries no token: its caller sends ``auth.bearer_metadata`` with each call.
     """
     spec = channel_spec(
-        endpoint,
-        tls_ca_file=tls_ca_file,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
-        max_message_bytes=max_message_bytes,
-        keepalive_s=keepalive_s,
+        endpoint, tls=tls, max_message_bytes=max_message_bytes, keepalive_s=keepalive_s
     )
     if spec.credentials is None:
         return grpc.insecure_channel(spec.target, options=spec.options)
@@ -263,20 +267,16 @@ async def wait_for_health(
     timeout_s: float = 60.0,
     interval_s: float = 0.1,
     channel: grpc.aio.Channel | None = None,
-    tls_ca_file: str | None = None,
-    tls_cert_file: str | None = None,
-    tls_key_file: str | None = None,
+    tls: TlsFiles = PLAINTEXT,
 ) -> None:
     """Poll grpc.health.v1 at ``endpoint`` until ``service`` ("" = the whole server) is SERVING.
 
-    Uses ``channel`` when given (left open), else its own channel (TLS files as in
-    ``create_channel``; health needs no token). Raises Unavailable (reason NOT_HEALTHY, metadata
-    ``endpoint``) with the last status seen when ``timeout_s`` passes.
+    Uses ``channel`` when given (left open), else its own channel (over ``tls``; health needs no
+    token). Raises Unavailable (reason NOT_HEALTHY, metadata ``endpoint``) with the last status
+    seen when ``timeout_s`` passes.
     """
     own_channel = channel is None
-    channel = channel or create_channel(
-        endpoint, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file
-    )
+    channel = channel or create_channel(endpoint, tls=tls)
     stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + timeout_s
     last = "no answer"

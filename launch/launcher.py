@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epd.common.advertise import endpoint
-from epd.common.channels import wait_for_health
+from epd.common.channels import TlsFiles, wait_for_health
 from epd.launch.free_ports import free_port
 from epd.launch.ports import (
     ENCODER_OFFSET,
@@ -207,7 +207,9 @@ class Deployment:
                 child.is_reported = True
                 raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
             try:
-                await wait_for_health(child.endpoint, timeout_s=2.0, tls_ca_file=child.tls_ca_file)
+                await wait_for_health(
+                    child.endpoint, timeout_s=2.0, tls=TlsFiles(ca_file=child.tls_ca_file)
+                )
                 return
             except Exception:  # noqa: BLE001 - keep polling until the deadline
                 continue

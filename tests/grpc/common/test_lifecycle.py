@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epd.common import errors
-from epd.common.channels import create_channel, wait_for_health
+from epd.common.channels import TlsFiles, create_channel, wait_for_health
 from epd.common.server import EpdServer, ServerOptions, build_server
 from epd.common.serving import serve
 from epd.v1 import encode_service_pb2 as encode_pb
@@ -179,24 +179,16 @@ async def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(
         ),
     )
     endpoint, request = f"localhost:{port}", encode_pb.ReleaseRequest(lease_ids=["a"])
-    async with create_channel(
-        endpoint, tls_ca_file=server_cert, tls_cert_file=client_cert, tls_key_file=client_key
-    ) as channel:
+    tls = TlsFiles(ca_file=server_cert, cert_file=client_cert, key_file=client_key)
+    async with create_channel(endpoint, tls=tls) as channel:
         reply = await encode_grpc.EncodeServiceStub(channel).Release(request)
     assert reply.num_released == 1
     for cert, key in ((None, None), (stranger_cert, stranger_key)):
-        async with create_channel(
-            endpoint, tls_ca_file=server_cert, tls_cert_file=cert, tls_key_file=key
-        ) as channel:
+        refused = TlsFiles(ca_file=server_cert, cert_file=cert, key_file=key)
+        async with create_channel(endpoint, tls=refused) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await encode_grpc.EncodeServiceStub(channel).Release(request, timeout=2.0)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     await server.mark_serving()
-    await wait_for_health(
-        endpoint,
-        timeout_s=2.0,
-        tls_ca_file=server_cert,
-        tls_cert_file=client_cert,
-        tls_key_file=client_key,
-    )
+    await wait_for_health(endpoint, timeout_s=2.0, tls=tls)
     await server.drain_and_stop(0)

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from grpc_status import rpc_status
 
 from epd.common import errors
-from epd.common.channels import create_channel, wait_for_health
+from epd.common.channels import TlsFiles, create_channel, wait_for_health
 from epd.common.server import ServerOptions, build_server
 from epd.common.status import error_info, from_rpc_error
 from epd.common.telemetry import JsonLinesSpanExporter, make_exporter
@@ -235,7 +235,7 @@ async def test_tls_server_accepts_a_channel_that_trusts_its_certificate(tmp_path
         [encode_binding(ScriptedEncodeService())],
         ServerOptions(tls_cert_file=cert, tls_key_file=key),
     )
-    async with create_channel(f"localhost:{port}", tls_ca_file=cert) as channel:
+    async with create_channel(f"localhost:{port}", tls=TlsFiles(ca_file=cert)) as channel:
         reply = await encode_grpc.EncodeServiceStub(channel).Release(
             encode_pb.ReleaseRequest(lease_ids=["a", "b"])
         )

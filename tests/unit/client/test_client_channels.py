@@ -12,7 +12,7 @@ import pytest
 
 from epd.client.sdk import AsyncEpdClient
 from epd.client.sync_client import EpdClient
-from epd.common.channels import channel_spec
+from epd.common.channels import TlsFiles, channel_spec
 
 
 class Opened:
@@ -59,7 +59,8 @@ def test_both_clients_open_the_same_channel(
 
     assert opened.calls["blocking"] == opened.calls["aio"]
     target, credentials, options = opened.calls["aio"]
-    spec = channel_spec("route:50050", **arguments)
+    files = TlsFiles(**{name.removeprefix("tls_"): path for name, path in arguments.items()})
+    spec = channel_spec("route:50050", tls=files)
     assert (target, credentials, options) == (spec.target, spec.credentials, spec.options)
     assert (credentials is None) == (not tls)
     assert dict(options)["grpc.max_receive_message_length"] == 64 << 20
