@@ -18,7 +18,7 @@ from opentelemetry import trace
 from epd.server.media.hashing import salted
 from epd.server.route.encoding import EncodeStage
 from epd.server.route.media import RouteImage, RouteVideo, video_input
-from epd.server.route.prompt import PromptBuilder
+from epd.server.route.prompt import PromptBuilder, VideoTokens
 from epd.server.route.request import ChatRequest
 from epd.v1 import generation_pb2, multimodal_pb2
 
@@ -52,10 +52,8 @@ def truncated(
 ) -> list[int]:
     """The prompt cut to the request's ``truncate_prompt_tokens``, as vLLM cuts it."""
     assert request.truncate_prompt_tokens is not None
-    image_tokens = [image.num_tokens for image in images]
-    video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
     keep, side = request.truncate_prompt_tokens, request.truncation_side
-    return prompts.truncated(token_ids, keep, side, image_tokens, video_tokens)
+    return prompts.truncated(token_ids, keep, side, *_media_tokens(prompts, images, videos))
 
 
 def expanded(
@@ -66,9 +64,15 @@ def expanded(
 ) -> list[int]:
     """The prompt's token ids as the engine holds them, each image and video expanded (for a
     request that asks for them)."""
+    return prompts.expanded_ids(token_ids, *_media_tokens(prompts, images, videos))
+
+
+def _media_tokens(
+    prompts: PromptBuilder, images: list[RouteImage], videos: list[RouteVideo]
+) -> tuple[list[int], list[VideoTokens]]:
+    """What each image and each video expands to in the engine's prompt, in prompt order."""
     image_tokens = [image.num_tokens for image in images]
-    video_tokens = [prompts.video_tokens(v.video.plan) for v in videos]
-    return prompts.expanded_ids(token_ids, image_tokens, video_tokens)
+    return image_tokens, [prompts.video_tokens(video.video.plan) for video in videos]
 
 
 def embedded(
