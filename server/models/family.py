@@ -69,8 +69,6 @@ class ModelFamily(ABC):
     visual_prefixes: tuple[str, ...]
     #: the longest side over the shortest the resize rule takes (None: any)
     max_aspect_ratio: int | None = None
-    #: keys ``vllm_items`` adds beside those vLLM's renderer makes (vLLM's model ignores them)
-    vllm_extra_keys: tuple[str, ...] = ()
     #: whether the vision tower packs a batch's images into one sequence and attends within
     #: each by sequence bounds (``cu_seqlens``): the encoder's packed attention applies
     packs_images: bool = False
@@ -251,7 +249,7 @@ class ModelFamily(ABC):
         """None (default): vLLM's renderer makes the engine's items of ``vllm_data``. A family
         whose items the renderer makes wrongly gives them itself: one per image
         (``MultiModalFieldElem`` per field), as the renderer makes them of ``vllm_data`` (a test
-        compares them), and ``vllm_extra_keys``."""
+        compares them), with keys of its own that vLLM's model ignores (``ROWS_KEY``)."""
         return None
 
     @abstractmethod
@@ -264,8 +262,6 @@ class SeparatelyBatchedFamily(ModelFamily):
     """A family whose images enter vLLM as one ``image_embeds`` [rows, hidden] tensor each, in
     items of their own (``separately_batched_items``), so that images of different row counts
     (InternVL's tile counts, LLaVA-OneVision's sizes) are never batched together."""
-
-    vllm_extra_keys = (ROWS_KEY,)
 
     def vllm_items(self, embeddings: list[Any], grids: list[Grid]) -> list[dict[str, Any]]:
         return separately_batched_items(embeddings)
