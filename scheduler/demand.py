@@ -1,9 +1,10 @@
 """How many encoders of each kind the current arrivals need: the autoscaling signal (no grpc).
 
-The scheduler sees every image at arrival (``AssignEncoders``), in mean-sized units (an item of
-``num_tokens`` vision tokens counts ``num_tokens`` over the running mean, as the adaptive policy
-costs it), and learns what one unit costs on each encoder. For each (model, kind), the kind being
-the device type of the encoders (``cpu``, ``cuda``, ``xpu``):
+The scheduler sees every image at arrival (``Place``, or ``AssignEncoders`` for a retry's
+items), in mean-sized units (an item of ``num_tokens`` vision tokens counts ``num_tokens`` over
+the running mean, as the adaptive policy costs it), and learns what one unit costs on each
+encoder. For each (model, kind), the kind being the device type of the encoders (``cpu``,
+``cuda``, ``xpu``):
 
 - arrivals ``λ``: units assigned to encoders of that kind per second, an exponentially weighted
   rate over ``smoothing_s``, less the share that the encoders answer from their caches lately;

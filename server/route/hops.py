@@ -6,7 +6,7 @@ prefill worker; after it, another replica continues the stream from the tokens a
 Scheduler calls stay off the critical path where they can: one ``Place`` call names the first
 attempt's encoders, prefill worker and decode worker together (``place``); a retry asks for
 another prefill worker (``choose_prefill``) and chooses its decode worker while the prompt is
-prefilled; each call costs about a millisecond here."""
+prefilled."""
 
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ async def stream_tokens(
     max_resumptions: int = DEFAULT_MAX_RESUMPTIONS,
     on_resumed: OnResumed | None = None,
 ) -> AsyncGenerator[Piece, None]:
-    """Stream the request's tokens; ``on_prefilled`` (releasing the embeddings) starts in the
-    background once the prompt has been read, so it does not delay the first token.
+    """Stream the request's tokens; ``on_prefilled`` (releasing the request's pixels and
+    embeddings) starts in the background once the prompt has been read, so it does not delay
+    the first token.
     ``placement``: the workers the scheduler's ``Place`` gave the first attempt, if asked
     already (else it is asked here); up to MAX_PREFILL_ATTEMPTS prefill workers are tried before
     the first token, each after the first chosen by ``ChoosePrefill``. A worker that fails

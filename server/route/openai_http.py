@@ -1,6 +1,7 @@
-"""OpenAI-compatible HTTP in the route process: /v1/chat/completions (with SSE streaming),
-/v1/models and /health, served by aiohttp on its own port and driving the same Router as
-gRPC, so the official ``openai`` client and OpenAI-speaking benchmarks work unchanged."""
+"""OpenAI-compatible HTTP in the route process: /v1/chat/completions and /v1/completions (each
+with SSE streaming), /v1/models, /health and /version, served by aiohttp on its own port and
+driving the same Router as gRPC, so the official ``openai`` client and OpenAI-speaking
+benchmarks work unchanged."""
 
 from __future__ import annotations
 

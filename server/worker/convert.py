@@ -29,8 +29,9 @@ from epd.v1 import generation_pb2
 
 
 def sampling_from_proto(params: generation_pb2.SamplingParams) -> Sampling:
-    """Proto sampling with ``SAMPLING_DEFAULTS`` for the fields left at zero (max_tokens, top_p;
-    the others' defaults are their zero values)."""
+    """Proto sampling with vLLM's defaults for the fields left unset: ``SAMPLING_DEFAULTS``'
+    max_tokens and top_p for zero, a repetition penalty of 1.0 for zero, and the two
+    special-token options true when unset; the others' defaults are their zero values."""
     return Sampling(
         max_tokens=params.max_tokens or SAMPLING_DEFAULTS.max_tokens,
         temperature=params.temperature,
