@@ -150,7 +150,9 @@ class Scheduler:
             raise InvalidArgument("no items to assign", reason="NO_ITEMS")
         with self._lock:
             self._expire_assignments()
-            workers = self.registry.live([Role.ENCODE], self.registry.model(model), exclude)
+            workers = self.registry.live(
+                [Role.ENCODE], self.registry.requested_model(model), exclude
+            )
             if not workers:
                 raise Unavailable(
                     f"no live encoder for model {model or '(any)'}",
@@ -168,7 +170,7 @@ class Scheduler:
             ]
             self._adaptive.observe(items)
             units = [self._adaptive.units(item) for item in items]
-            ids = self._place(items, workers, views, self._policies[chosen_policy])
+            ids = self._choose_encoders(items, workers, views, self._policies[chosen_policy])
             self._costs.assigned(ids, items, units, views)
             return self._record(ids, items, units, workers, chosen_policy)
 
@@ -241,7 +243,7 @@ class Scheduler:
             prefill, num_cached = self.choose_prefill(
                 block_hashes, model=model, roles=prefill_roles
             )
-            decoders = self.registry.live([Role.DECODE], self.registry.model(model), ())
+            decoders = self.registry.live([Role.DECODE], self.registry.requested_model(model), ())
             decode = None
             if hands_off_kv(prefill.spec.role, is_decode_live=bool(decoders)):
                 decode = self.choose_decode(model=model)
@@ -261,7 +263,7 @@ class Scheduler:
         there. Returns (worker, number of cached leading blocks)."""
         with self._lock:
             workers = self.registry.live(
-                roles or DEFAULT_PREFILL_ROLES, self.registry.model(model), exclude
+                roles or DEFAULT_PREFILL_ROLES, self.registry.requested_model(model), exclude
             )
             if not workers:
                 raise Unavailable(
@@ -273,7 +275,9 @@ class Scheduler:
     def choose_decode(self, *, model: str = "", exclude: Sequence[str] = ()) -> RegisteredWorker:
         """The least-loaded live decode worker."""
         with self._lock:
-            workers = self.registry.live([Role.DECODE], self.registry.model(model), exclude)
+            workers = self.registry.live(
+                [Role.DECODE], self.registry.requested_model(model), exclude
+            )
             if not workers:
                 raise Unavailable(
                     f"no live decode worker for model {model or '(any)'}", reason="NO_DECODE_WORKER"
@@ -287,7 +291,7 @@ class Scheduler:
         busy = worker.num_assigned_in_flight + load.queue_depth + load.num_in_flight
         return (busy / worker.spec.capacity, load.kv_usage, worker.id)
 
-    def _place(
+    def _choose_encoders(
         self,
         items: Sequence[EncodeItem],
         workers: list[RegisteredWorker],

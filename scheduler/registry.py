@@ -164,7 +164,7 @@ class Registry:
         with self._lock:
             return sorted({w.spec.model for w in self._by_id.values()})
 
-    def model(self, name: str) -> str:
+    def requested_model(self, name: str) -> str:
         """``name``, or when empty the only model registered ("" when none is); InvalidArgument
         (MODEL_REQUIRED) when several are."""
         if name:

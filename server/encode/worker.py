@@ -253,7 +253,7 @@ class EncodeWorker:
         return index, await self._compute(item)
 
     async def _compute(self, item: MediaSource) -> _Computed:
-        if item.mm_hash and (known := await self._known(item.mm_hash)) is not None:
+        if item.mm_hash and (known := await self._cached_or_stored(item.mm_hash)) is not None:
             return known
         if item.mm_hash and not (item.url or item.data):
             return await self._computed_elsewhere(item.mm_hash)
@@ -274,7 +274,7 @@ class EncodeWorker:
                 "hashes with another model id or processor",
                 reason="MM_HASH_MISMATCH",
             )
-        if not item.mm_hash and (known := await self._known(loaded.mm_hash)) is not None:
+        if not item.mm_hash and (known := await self._cached_or_stored(loaded.mm_hash)) is not None:
             return known
         if self.gridder is not None:
             # NOTE: raises InvalidArgument (BAD_IMAGE_SHAPE); the route checked its own images.
@@ -308,7 +308,7 @@ class EncodeWorker:
             computed = await self._encode_once(item.mm_hash, source, started=start)
         return computed
 
-    async def _known(self, mm_hash: str) -> _Computed | None:
+    async def _cached_or_stored(self, mm_hash: str) -> _Computed | None:
         """The embeddings of ``mm_hash`` from the cache, else from the deployment's store (then
         cached too); None on a miss in both (the store counts why)."""
         if (hit := self.cache.get(mm_hash)) is not None:
@@ -320,7 +320,7 @@ class EncodeWorker:
 
     async def _computed_elsewhere(self, mm_hash: str) -> _Computed:
         """The embeddings of ``mm_hash`` from an encoding in flight, or the cache where one ended
-        while the store was asked (the miss was counted, by ``_known``)."""
+        while the store was asked (the miss was counted, by ``_cached_or_stored``)."""
         if (hit := self.cache.get(mm_hash, count_miss=False)) is not None:
             return _Computed(hit, mm_hash, True, 0.0)
         start = time.monotonic()

@@ -26,8 +26,8 @@ from epd.server.route.request import (
     ImageSource,
     bad,
     check_name,
-    clean,
     new_request_id,
+    valid_unicode,
 )
 from epd.server.route.request_check import RequestLimits, check_content, check_request_id
 from epd.server.route.sampling import beam_sampling_to_proto, sampling_to_proto
@@ -137,7 +137,7 @@ IMAGE_DETAILS = ("auto", "low", "high")
 def _text(value: Any, param: str) -> str:
     if not isinstance(value, str):
         raise bad(f"{param} must be a string", param)
-    return clean(value, param)
+    return valid_unicode(value, param)
 
 
 def _media(part: dict[str, Any], key: str, param: str) -> ImageSource:
@@ -151,7 +151,7 @@ def _media(part: dict[str, Any], key: str, param: str) -> ImageSource:
     detail = value.get("detail") if key == "image_url" and isinstance(value, dict) else None
     if detail is not None and detail not in IMAGE_DETAILS:
         raise bad("image_url.detail must be auto, low or high", f"{param}.image_url.detail")
-    return ImageSource(url=clean(url, f"{param}.{key}.url"))
+    return ImageSource(url=valid_unicode(url, f"{param}.{key}.url"))
 
 
 def _part(part: Any, param: str) -> ChatPart:
@@ -170,7 +170,7 @@ def _part(part: Any, param: str) -> ChatPart:
 
 def _content(content: Any, param: str) -> list[ChatPart]:
     if isinstance(content, str):
-        return [ChatPart(text=clean(content, param))]
+        return [ChatPart(text=valid_unicode(content, param))]
     if not isinstance(content, list):
         raise bad("message content must be a string or a non-empty list of parts", param)
     return [_part(part, f"{param}[{index}]") for index, part in enumerate(content)]
@@ -183,7 +183,9 @@ def _message(message: Any, param: str) -> ChatMessage:
         # NOTE: clients echoing an assistant message send its unused fields as null.
         if key not in MESSAGE_KEYS and value is not None:
             shown = f"{param}.{str(key)[:MAX_NAME_CHARS]}"
-            raise bad(f"{clean(shown, param)} is not supported", shown, "UNSUPPORTED_PARAMETER")
+            raise bad(
+                f"{valid_unicode(shown, param)} is not supported", shown, "UNSUPPORTED_PARAMETER"
+            )
     role = _text(message.get("role"), f"{param}.role")
     if message.get("name") is not None:
         check_name(message["name"], f"{param}.name")
@@ -328,7 +330,7 @@ def parse_with(model: Any, body: dict[str, Any]) -> Any:
     except ValidationError as e:
         raise _invalid(e) from None
     except (ValueError, VLLMClientError) as e:
-        raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "body") from None
+        raise bad(valid_unicode(str(e), "body"), getattr(e, "parameter", None) or "body") from None
 
 
 def _invalid(error: Any) -> Exception:
@@ -341,7 +343,7 @@ def _invalid(error: Any) -> Exception:
     message = str(first.get("msg", "invalid request"))
     if isinstance(context := first.get("ctx", {}).get("error"), ValueError):
         param = getattr(context, "parameter", None) or param
-    return bad(f"{clean(param, 'body')}: {clean(message, 'body')}"[:1024], param)
+    return bad(f"{valid_unicode(param, 'body')}: {valid_unicode(message, 'body')}"[:1024], param)
 
 
 def refuse_unimplemented(parsed: Any, implemented: frozenset[str]) -> None:
@@ -374,5 +376,7 @@ def vllm_sampling(
             return beam_sampling_to_proto(beams, parsed)
         params = parsed.to_sampling_params(max_tokens, defaults)
     except (ValueError, VLLMClientError) as e:
-        raise bad(clean(str(e), "body"), getattr(e, "parameter", None) or "sampling") from None
+        raise bad(
+            valid_unicode(str(e), "body"), getattr(e, "parameter", None) or "sampling"
+        ) from None
     return sampling_to_proto(params, parsed)

@@ -97,7 +97,7 @@ class PromptBuilder:
         import jinja2
 
         try:
-            token_ids = self.rendered(PROBE_CHAT).token_ids
+            token_ids = self.render_chat_dicts(PROBE_CHAT).token_ids
         except jinja2.TemplateError as e:
             line = f" (line {e.lineno})" if isinstance(e, jinja2.TemplateSyntaxError) else ""
             raise ValueError(f"--chat-template does not render{line}: {e}") from None
@@ -153,7 +153,7 @@ class PromptBuilder:
                 chat, template_kwargs, chat_template, add_special_tokens
             )
         try:
-            return self.rendered(chat, template_kwargs, None, add_special_tokens)
+            return self.render_chat_dicts(chat, template_kwargs, None, add_special_tokens)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             raise bad(f"the chat template refused the chat: {e}"[:1024], "messages") from None
 
@@ -176,7 +176,7 @@ class PromptBuilder:
             template = self.tokenizer.get_chat_template(template)
             if _detect_content_format(template, default="string") == "string":
                 chat = [{**m, "content": _joined_text(m)} for m in chat]
-            rendered = self.rendered(chat, template_kwargs, template, add_special_tokens)
+            rendered = self.render_chat_dicts(chat, template_kwargs, template, add_special_tokens)
         except Exception as e:  # noqa: BLE001 - a template raises what its author chose
             message = f"the request's chat_template does not render the chat: {e}"
             raise bad(message[:1024], "chat_template") from None
@@ -189,7 +189,7 @@ class PromptBuilder:
             )
         return rendered
 
-    def rendered(
+    def render_chat_dicts(
         self,
         chat: list[dict[str, Any]],
         template_kwargs: dict[str, Any] | None = None,

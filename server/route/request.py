@@ -28,7 +28,7 @@ def bad(message: str, param: str, reason: str = "BAD_REQUEST") -> InvalidArgumen
     return InvalidArgument(message, reason=reason, metadata={"param": param})
 
 
-def clean(value: str, param: str) -> str:
+def valid_unicode(value: str, param: str) -> str:
     """``value`` if it is valid Unicode (JSON's \\ud800 escapes decode to lone surrogates, which
     protobuf refuses to serialize)."""
     if value.isascii():
@@ -44,7 +44,7 @@ def check_name(value: str, param: str) -> str:
     """A name (a model's, a user's) of at most ``MAX_NAME_CHARS`` valid characters."""
     if not isinstance(value, str) or len(value) > MAX_NAME_CHARS:
         raise bad(f"{param} must be a string of at most {MAX_NAME_CHARS} characters", param)
-    return clean(value, param)
+    return valid_unicode(value, param)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,7 +224,7 @@ class ShmConsumer(TensorConsumer):
             return view_bytes(self._read(ref, content_tag), dtype, shape, ref.byte_size)
         cache = self.copies if copy else self.views
         lease_stamp = stamp_of(ref.lease_id)[:LEASE_STAMP_BYTES]
-        view = cache.take(location.name, ref.lease_id, lease_stamp) or self._map(
+        view = cache.kept_view(location.name, ref.lease_id, lease_stamp) or self._map(
             cache, location.name, ref.lease_id
         )
         if location.offset + location.size > len(view):

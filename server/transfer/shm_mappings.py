@@ -87,7 +87,7 @@ class MappingCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def take(self, name: str, lease_id: str, header: bytes) -> memoryview | None:
+    def kept_view(self, name: str, lease_id: str, header: bytes) -> memoryview | None:
         """A view of the whole kept mapping of segment ``name`` for ``lease_id``; None where none
         is kept, where the segment was unlinked (then it is forgotten) or, for a private mapping,
         where it last served ``lease_id`` (that view may have been written to) or where the
