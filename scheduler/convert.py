@@ -91,7 +91,7 @@ def load_to_proto(load: Load, held: list[str] | None = None) -> pb.WorkerLoad:
 
 
 def items_from_proto(items: list[pb.EncodeItem]) -> list[EncodeItem]:
-    """The items of an AssignEncoders request."""
+    """The items of a Place or AssignEncoders request."""
     return [EncodeItem(item.mm_hash, item.num_tokens or 1) for item in items]
 
 
@@ -101,7 +101,8 @@ def outcomes_from_proto(outcomes: list[pb.ItemOutcome]) -> list[ItemOutcome]:
 
 
 def assignment_to_proto(assignment: Assignment) -> pb.AssignEncodersResponse:
-    """Where each item of a request is encoded, as AssignEncoders answers."""
+    """Where each item of a request is encoded, as AssignEncoders answers and Place's
+    ``encoders`` field carries."""
     return pb.AssignEncodersResponse(
         assignment_id=assignment.assignment_id,
         policy=POLICY_VALUES[assignment.policy],  # type: ignore[arg-type]
