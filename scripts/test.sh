@@ -31,4 +31,4 @@ step "mypy (strict) on hand-written code"
 MYPY="$BIN/mypy" "$ROOT/scripts/typecheck.sh"
 
 step "pytest"
-"$BIN/pytest" -q -ra --durations=15 "$@"
+"$BIN/pytest" -q -ra --instafail --durations=15 "$@"
