@@ -3,8 +3,9 @@
 A field's ``metadata=flag(...)`` holds its help, its ``EPD_*`` environment variable and how the
 command line spells it; the field owns the default. ``add_dataclass_arguments`` generates the
 argparse flags of a dataclass from its fields, and ``from_arguments`` builds the dataclass back
-from the parsed namespace (as vLLM generates its CLI from ``EngineArgs``' fields). A flag that
-fills no field (``--cpus``) is declared with ``add_flag`` from the same ``Flag`` record.
+from the parsed namespace (as vLLM generates its CLI from ``EngineArgs``' fields). A field
+holding a dataclass of flags of its own (``metadata=flag_group()``) has them in its place. A flag
+that fills no field (``--cpus``) is declared with ``add_flag`` from the same ``Flag`` record.
 
 Every help ends with ``(env EPD_X; default D)``, which ``common/config_file.py`` and
 ``scripts/gen_flag_table.py`` read. The variable is the flag's fallback: read here, while the
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="DataclassInstance")
 FLAG_KEY = "epd.flag"
+GROUP_KEY = "epd.flag_group"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,13 @@ def flag(help: str, **spelling: Any) -> dict[str, Flag]:
     return {FLAG_KEY: Flag(help, **spelling)}
 
 
+def flag_group() -> dict[str, bool]:
+    """The metadata of a field holding a dataclass whose own fields declare flags:
+    ``add_dataclass_arguments`` adds those flags in this field's place, and ``from_arguments``
+    builds the field from them."""
+    return {GROUP_KEY: True}
+
+
 def flag_of(field: dataclasses.Field[Any]) -> Flag | None:
     """The flag that fills ``field``, or None when no flag does."""
     return field.metadata.get(FLAG_KEY)
@@ -101,11 +110,14 @@ def add_dataclass_arguments(
     defaults: Mapping[str, Any] | None = None,
     skip: tuple[str, ...] = (),
 ) -> None:
-    """Add a flag for each field of dataclass ``cls`` that has one, in field order, but the
-    fields in ``skip``. ``defaults``: field name -> a default other than the field's (a
-    service's own port). ValueError naming a variable whose value is malformed."""
+    """Add a flag for each field of dataclass ``cls`` that has one, in field order (a flag
+    group's flags in its place), but the fields in ``skip``. ``defaults``: field name -> a
+    default other than the field's (a service's own port). ValueError naming a variable whose
+    value is malformed."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if field.metadata.get(GROUP_KEY) and field.name not in skip:
+            add_dataclass_arguments(container, hints[field.name])
         spec = flag_of(field)
         if spec is None or field.name in skip:
             continue
@@ -140,10 +152,13 @@ def add_passed_on_arguments(
 
 
 def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
-    """``cls`` built from the flags ``add_dataclass_arguments`` added (in their field's unit),
-    and ``given`` for other fields; a field whose flag was not added keeps its default."""
+    """``cls`` built from the flags ``add_dataclass_arguments`` added (in their field's unit;
+    a flag group's into its dataclass), and ``given`` for other fields; a field whose flag was
+    not added keeps its default."""
     values = dict(given)
     for field in dataclasses.fields(cls):
+        if field.metadata.get(GROUP_KEY) and field.name not in values:
+            values[field.name] = from_arguments(typing.get_type_hints(cls)[field.name], args)
         spec = flag_of(field)
         if spec is None or field.name in values or dest_of(field) not in vars(args):
             continue

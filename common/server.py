@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,8 +29,9 @@ from epd.common.advertise import advertised_host, endpoint, is_wildcard
 from epd.common.auth import BearerTokenInterceptor
 from epd.common.bad_messages import BadMessageInterceptor
 from epd.common.channels import DEFAULT_KEEPALIVE_S, server_ping_options
-from epd.common.flags import flag
+from epd.common.flags import flag, flag_group
 from epd.common.metrics import MetricsServer, start_metrics_server
+from epd.common.server_tls import ServerTls
 from epd.common.telemetry import traces_rpcs
 
 logger = logging.getLogger(__name__)
@@ -78,24 +78,7 @@ class ServerOptions:
             unit=MiB,
         ),
     )
-    tls_cert_file: str | None = field(
-        default=None,
-        metadata=flag(
-            "PEM certificate chain; serves TLS when set", env="EPD_TLS_CERT", name="tls-cert"
-        ),
-    )
-    tls_key_file: str | None = field(
-        default=None,
-        metadata=flag("PEM private key for --tls-cert", env="EPD_TLS_KEY", name="tls-key"),
-    )
-    tls_client_ca_file: str | None = field(
-        default=None,
-        metadata=flag(
-            "PEM CA bundle; requires and verifies client certificates (mTLS) when set",
-            env="EPD_TLS_CLIENT_CA",
-            name="tls-client-ca",
-        ),
-    )
+    tls: ServerTls = field(default_factory=ServerTls, metadata=flag_group())
     auth_token: str | None = field(
         default=None,
         metadata=flag(
@@ -146,10 +129,6 @@ class ServerOptions:
             raise ValueError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         if self.max_message_bytes <= 0:
             raise ValueError("max message size must be positive")
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("TLS needs both a certificate and a key file")
-        if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError("mTLS (a client CA) needs the server's own certificate and key")
         if self.drain_grace_s < 0:
             raise ValueError("drain grace must not be negative")
         if self.keepalive_s <= 0:
@@ -307,8 +286,8 @@ async def build_server(
                 registry,
                 options.host,
                 options.metrics_port,
-                certfile=options.tls_cert_file,
-                keyfile=options.tls_key_file,
+                certfile=options.tls.cert_file,
+                keyfile=options.tls.key_file,
             )
         except OSError:
             await server.stop(0)
@@ -330,17 +309,10 @@ def _interceptors(options: ServerOptions) -> list[grpc.aio.ServerInterceptor]:
 
 
 def _bind(server: grpc.aio.Server, options: ServerOptions) -> int:
-    if not options.tls_cert_file:
+    credentials = options.tls.credentials()
+    if credentials is None:
         port = server.add_insecure_port(options.address)
     else:
-        assert options.tls_key_file is not None
-        ca_file = options.tls_client_ca_file
-        client_ca = Path(ca_file).read_bytes() if ca_file else None
-        credentials = grpc.ssl_server_credentials(
-            [(Path(options.tls_key_file).read_bytes(), Path(options.tls_cert_file).read_bytes())],
-            root_certificates=client_ca,
-            require_client_auth=client_ca is not None,
-        )
         port = server.add_secure_port(options.address, credentials)
     if port == 0:
         raise OSError(f"could not bind {options.address}")

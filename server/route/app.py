@@ -215,10 +215,4 @@ def _secured_like(http: HttpOptions, options: ServerOptions) -> HttpOptions:
     other is closed. ValueError for tenant tokens without the deployment's token."""
     if http.tenant_tokens_file and not options.auth_token:
         raise ValueError("--tenant-tokens-file needs --auth-token (the deployment's own)")
-    return replace(
-        http,
-        auth_token=options.auth_token,
-        tls_cert_file=options.tls_cert_file,
-        tls_key_file=options.tls_key_file,
-        tls_client_ca_file=options.tls_client_ca_file,
-    )
+    return replace(http, auth_token=options.auth_token, tls=options.tls)

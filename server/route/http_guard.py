@@ -14,7 +14,6 @@ import asyncio
 import hmac
 import json
 import re
-import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from epd.common.auth import token_identity
 from epd.common.flags import flag
+from epd.common.server_tls import ServerTls
 
 MiB = 1 << 20
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -115,9 +115,7 @@ class HttpOptions:
         ),
     )
     auth_token: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_client_ca_file: str | None = None
+    tls: ServerTls = field(default_factory=ServerTls)
 
     def __post_init__(self) -> None:
         positive = {
@@ -132,10 +130,6 @@ class HttpOptions:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"HTTP {name} must be positive, got {value}")
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("HTTPS needs both a certificate and a key file")
-        if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError("client certificates (a client CA) need the server's own TLS pair")
 
     def tokens(self) -> list[str]:
         """The bearer tokens the port accepts: --auth-token's, then the tenant tokens file's
@@ -148,17 +142,6 @@ class HttpOptions:
             lines = Path(self.tenant_tokens_file).read_text().splitlines()
             tokens += [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
         return tokens
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The server's TLS context (client certificates required with a client CA), or None."""
-        if not self.tls_cert_file:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
-        if self.tls_client_ca_file:
-            context.load_verify_locations(cafile=self.tls_client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
 
 
 class HttpError(Exception):
@@ -325,7 +308,7 @@ class GuardedSite(web.TCPSite):
     """A TCP site whose connections are ``GuardedRequestHandler``s."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, options: HttpOptions) -> None:
-        super().__init__(runner, host, port, ssl_context=options.ssl_context())
+        super().__init__(runner, host, port, ssl_context=options.tls.ssl_context())
         self._options = options
 
     async def start(self) -> None:

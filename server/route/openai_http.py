@@ -70,7 +70,7 @@ class OpenAiHttp:
     @property
     def scheme(self) -> str:
         """https when the port serves TLS, else http."""
-        return "https" if self.options.tls_cert_file else "http"
+        return "https" if self.options.tls.is_on else "http"
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 picks a free port); returns the port."""

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epd.common import errors
 from epd.common.channels import TlsFiles, create_channel, wait_for_health
 from epd.common.server import EpdServer, ServerOptions, build_server
+from epd.common.server_tls import ServerTls
 from epd.common.serving import serve
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import encode_service_pb2_grpc as encode_grpc
@@ -174,9 +175,7 @@ async def test_mutual_tls_requires_a_client_certificate_signed_by_the_client_ca(
     stranger_cert, stranger_key = self_signed_cert(tmp_path, "stranger")
     server, port = await build_server(
         [encode_binding(ScriptedEncodeService())],
-        ServerOptions(
-            tls_cert_file=server_cert, tls_key_file=server_key, tls_client_ca_file=client_cert
-        ),
+        ServerOptions(tls=ServerTls(server_cert, server_key, client_cert)),
     )
     endpoint, request = f"localhost:{port}", encode_pb.ReleaseRequest(lease_ids=["a"])
     tls = TlsFiles(ca_file=server_cert, cert_file=client_cert, key_file=client_key)

@@ -17,6 +17,7 @@ from grpc_status import rpc_status
 from epd.common import errors
 from epd.common.channels import TlsFiles, create_channel, wait_for_health
 from epd.common.server import ServerOptions, build_server
+from epd.common.server_tls import ServerTls
 from epd.common.status import error_info, from_rpc_error
 from epd.common.telemetry import JsonLinesSpanExporter, make_exporter
 from epd.launch.free_ports import free_port
@@ -233,7 +234,7 @@ async def test_tls_server_accepts_a_channel_that_trusts_its_certificate(tmp_path
     cert, key = self_signed_cert(tmp_path)
     server, port = await build_server(
         [encode_binding(ScriptedEncodeService())],
-        ServerOptions(tls_cert_file=cert, tls_key_file=key),
+        ServerOptions(tls=ServerTls(cert, key)),
     )
     async with create_channel(f"localhost:{port}", tls=TlsFiles(ca_file=cert)) as channel:
         reply = await encode_grpc.EncodeServiceStub(channel).Release(
@@ -252,9 +253,11 @@ def test_server_options_reject_bad_settings() -> None:
     with pytest.raises(ValueError, match="port"):
         ServerOptions(port=70000)
     with pytest.raises(ValueError, match="certificate and a key"):
-        ServerOptions(tls_cert_file="cert.pem")
+        ServerOptions(tls=ServerTls(cert_file="cert.pem"))
+    with pytest.raises(ValueError, match="certificate and a key"):
+        ServerOptions(tls=ServerTls(key_file="key.pem"))
     with pytest.raises(ValueError, match="mTLS"):
-        ServerOptions(tls_client_ca_file="ca.pem")
+        ServerOptions(tls=ServerTls(client_ca_file="ca.pem"))
 
 
 async def test_trace_context_crosses_two_servers(spans) -> None:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from epd.common.http_tracing import tracing_middleware
+from epd.common.server_tls import ServerTls
 from epd.server.route import openai_http
 from epd.server.route.http_guard import HttpOptions, count_json_values
 from epd.server.route.openai_http import OpenAiHttp
@@ -100,7 +101,7 @@ async def test_without_the_token_chat_and_models_are_401_and_health_stays_open(
 async def test_https_with_the_grpc_certificate_and_client_certificates(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path, "localhost")
     client_cert, client_key = self_signed_cert(tmp_path, "client")
-    options = HttpOptions(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=client_cert)
+    options = HttpOptions(tls=ServerTls(cert, key, client_cert))
     http, url = await started(options)
     assert url.startswith("https://")
     url = url.replace("127.0.0.1", "localhost")
@@ -238,7 +239,7 @@ def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         HttpOptions(max_connections=0)
     with pytest.raises(ValueError, match="certificate and a key"):
-        HttpOptions(tls_cert_file="cert.pem")
+        HttpOptions(tls=ServerTls(cert_file="cert.pem"))
 
 
 @pytest.mark.parametrize("traced", [False, True])

@@ -16,6 +16,7 @@ from epd.common.flags import (
     add_flag,
     add_passed_on_arguments,
     flag,
+    flag_group,
     from_arguments,
     refused,
 )
@@ -227,6 +228,24 @@ def test_passed_on_flags_default_to_none_and_read_no_variable(
     assert vars(parser.parse_args([])) == {"count": None, "port": None}
     found = {action.dest: action.help for action in parser._actions}
     assert found["count"] == "how many (default 3)" and found["port"] == "a port (default: theirs)"
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    before: int = field(default=1, metadata=flag("first"))
+    inner: Options = field(default_factory=Options, metadata=flag_group())
+    after: int = field(default=2, metadata=flag("last"))
+
+
+def test_a_flag_group_has_its_flags_in_its_place_and_builds_its_dataclass() -> None:
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, Grouping)
+    dests = [action.dest for action in parser._actions if action.dest != "help"]
+    assert dests == ["before", *(dest for dest in helps() if dest != "help"), "after"]
+    built = from_arguments(Grouping, parser.parse_args(["--count", "4", "--after", "5"]))
+    assert built == Grouping(inner=Options(count=4), after=5)
+    given = from_arguments(Grouping, parser.parse_args([]), inner=Options(ratio=1.0))
+    assert given.inner == Options(ratio=1.0)
 
 
 def test_a_refusal_names_the_command_on_stderr_and_exits_2(

@@ -20,6 +20,7 @@ import pytest
 
 from epd.cli import COMMANDS
 from epd.common.server import ServerOptions
+from epd.common.server_tls import ServerTls
 from epd.launch.monitor import WatchOptions
 from epd.launch.topology import Topology
 from epd.scheduler.config import SchedulerConfig
@@ -38,11 +39,11 @@ from epd.server.transfer.options import NixlOptions, TransferOptions
 MiB = 1 << 20
 ENV_NAME = re.compile(r"EPD_[A-Z0-9_]+")
 DEFAULT_IN_HELP = re.compile(r"\bdefault:? ([\w.\-]+)")
-SERVER = (ServerOptions, MediaPolicy, TransferOptions, NixlOptions)
+SERVER = (ServerOptions, ServerTls, MediaPolicy, TransferOptions, NixlOptions)
 ENGINE = (VllmOptions, TransformersOptions, SideChannel)
 # The options dataclasses whose fields each command's flags set.
 OPTIONS: dict[str, tuple[type, ...]] = {
-    "scheduler": (SchedulerConfig, ServerOptions),
+    "scheduler": (SchedulerConfig, ServerOptions, ServerTls),
     "encode": (EncodeConfig, *SERVER),
     "prefill": (PrefillConfig, *ENGINE, *SERVER),
     "decode": (DecodeConfig, *ENGINE, *SERVER),

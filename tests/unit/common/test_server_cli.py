@@ -11,6 +11,7 @@ import pytest
 from epd.common.channels import keepalive_options, server_ping_options
 from epd.common.server import ServerOptions, build_server
 from epd.common.server_cli import add_server_arguments, serve_announced, server_options
+from epd.common.server_tls import ServerTls
 from epd.common.serving import stop_signals
 
 
@@ -44,6 +45,17 @@ def test_keepalive_falls_back_to_its_variable_and_the_flag_wins(
 def test_a_keepalive_that_is_not_positive_is_refused() -> None:
     with pytest.raises(ValueError, match="keepalive must be positive"):
         parse(["--grpc-keepalive-s", "0"])
+
+
+def test_tls_flags_fill_the_servers_tls_and_a_half_pair_is_refused() -> None:
+    tls = parse(["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"]).tls
+    assert tls == ServerTls(cert_file="c.pem", key_file="k.pem", client_ca_file="ca.pem")
+    with pytest.raises(ValueError, match="certificate and a key"):
+        parse(["--tls-cert", "c.pem"])
+    with pytest.raises(ValueError, match="certificate and a key"):
+        parse(["--tls-key", "k.pem"])
+    with pytest.raises(ValueError, match="mTLS"):
+        parse(["--tls-client-ca", "ca.pem"])
 
 
 def test_servers_accept_pings_as_often_as_channels_send_them() -> None:

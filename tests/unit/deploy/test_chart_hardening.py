@@ -243,8 +243,8 @@ def test_the_route_serves_tls_from_its_secret(monkeypatch: pytest.MonkeyPatch) -
     assert volume["secret"] == {"secretName": "route-tls"}
     [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert mount["readOnly"] is True
-    assert options.tls_cert_file == f"{mount['mountPath']}/tls.crt"
-    assert options.tls_key_file == f"{mount['mountPath']}/tls.key"
+    assert options.tls.cert_file == f"{mount['mountPath']}/tls.crt"
+    assert options.tls.key_file == f"{mount['mountPath']}/tls.key"
     for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTPS"}
     assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"

@@ -83,7 +83,7 @@ def test_the_internal_flags_give_a_plaintext_loopback_server_without_token(
     add_server_arguments(parser)
     options = server_options(parser.parse_args(list(INTERNAL_SERVER_ARGS)))
     assert options.host == "127.0.0.1" and options.auth_token is None
-    assert (options.tls_cert_file, options.tls_key_file, options.advertise_host) == (None,) * 3
+    assert (options.tls.cert_file, options.tls.key_file, options.advertise_host) == (None,) * 3
 
 
 def test_children_do_not_inherit_the_route_settings_of_the_environment() -> None:
