@@ -178,3 +178,37 @@ async def test_data_urls_are_not_kept_alive_after_loading() -> None:
 )
 def test_url_scheme_reads_as_urlsplit_does(url: str) -> None:
     assert fetch.url_scheme(url) == urllib.parse.urlsplit(url).scheme.lower()
+
+
+BASE64_TEXTS = [
+    "",
+    "QUJD",
+    "QUI=",
+    "QQ==",
+    "QUJD====",
+    "QUJDRA==QUJD",
+    "QQ=A",
+    "QQ",
+    "Q",
+    "====",
+    "QU JD",
+    "QUJD\n",
+    "é",
+    base64.b64encode(PNG).decode(),
+]
+
+
+@pytest.mark.parametrize("text", BASE64_TEXTS)
+def test_data_url_payloads_decode_and_fail_as_the_standard_decoder(text: str) -> None:
+    """The fast decoder (pybase64) answers every payload as base64.b64decode with validate
+    does: the same bytes, or the same error and text (pybase64 alone refuses excess padding,
+    and names every refusal 'Non-base64 digit found')."""
+    try:
+        expected: bytes | str = base64.b64decode(text, validate=True)
+    except ValueError as e:
+        expected = f"{type(e).__name__}: {e}"
+    try:
+        got: bytes | str = fetch.decode_base64(text)
+    except ValueError as e:
+        got = f"{type(e).__name__}: {e}"
+    assert got == expected
