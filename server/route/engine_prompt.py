@@ -37,7 +37,7 @@ def block_hashes(
     return prompts.block_hashes(
         token_ids,
         [(image.item.mm_hash, image.num_tokens) for image in images],
-        [(salted(v.video.video_hash, salt), prompts.video_tokens(v.video.plan)) for v in videos],
+        [(salted(video.video.video_hash, salt), video.tokens) for video in videos],
         salt,
         param,
     )
@@ -53,7 +53,7 @@ def truncated(
     """The prompt cut to the request's ``truncate_prompt_tokens``, as vLLM cuts it."""
     assert request.truncate_prompt_tokens is not None
     keep, side = request.truncate_prompt_tokens, request.truncation_side
-    return prompts.truncated(token_ids, keep, side, *_media_tokens(prompts, images, videos))
+    return prompts.truncated(token_ids, keep, side, *_media_tokens(images, videos))
 
 
 def expanded(
@@ -64,15 +64,14 @@ def expanded(
 ) -> list[int]:
     """The prompt's token ids as the engine holds them, each image and video expanded (for a
     request that asks for them)."""
-    return prompts.expanded_ids(token_ids, *_media_tokens(prompts, images, videos))
+    return prompts.expanded_ids(token_ids, *_media_tokens(images, videos))
 
 
 def _media_tokens(
-    prompts: PromptBuilder, images: list[RouteImage], videos: list[RouteVideo]
+    images: list[RouteImage], videos: list[RouteVideo]
 ) -> tuple[list[int], list[VideoTokens]]:
     """What each image and each video expands to in the engine's prompt, in prompt order."""
-    image_tokens = [image.num_tokens for image in images]
-    return image_tokens, [prompts.video_tokens(video.video.plan) for video in videos]
+    return [image.num_tokens for image in images], [video.tokens for video in videos]
 
 
 def embedded(

@@ -4,12 +4,13 @@ Each image is decoded and hashed (mm_hash) under the media rules (``MediaLoader`
 and token count computed once here (``RouteImage``), within the request's pixel budget
 (``image_budget``), which its item carries to the encoder. Each video is decoded and planned
 once here (``VideoLoader``: the model's video processor settings choose the frames, the size and
-the grid), so everything that shapes the prompt is fixed before any encoder runs. Its kept
-frames are then cut at temporal-patch boundaries into chunks of ``patches_per_chunk`` temporal
-patches, each an encoding item of its own, named by its content hash: the scheduler assigns
-chunks to encoders as it assigns images (weighted by their tokens), so one clip is encoded by
-several encoders at once, and a repeated or overlapping clip finds its chunks in the encoders'
-caches. The prefill worker gets the chunks' embeddings in order as one video (``VideoInput``).
+the grid) and its prompt tokens counted (``RouteVideo.tokens``), so everything that shapes the
+prompt is fixed before any encoder runs. Its kept frames are then cut at temporal-patch
+boundaries into chunks of ``patches_per_chunk`` temporal patches, each an encoding item of its
+own, named by its content hash: the scheduler assigns chunks to encoders as it assigns images
+(weighted by their tokens), so one clip is encoded by several encoders at once, and a repeated
+or overlapping clip finds its chunks in the encoders' caches. The prefill worker gets the
+chunks' embeddings in order as one video (``VideoInput``).
 
 With a tenant or a cache_salt, every item's key moves into the tenant's namespace once, before
 any hop sees it (``in_namespace``); with a data plane, each item's decoded pixels are shared with
@@ -26,7 +27,7 @@ so the worker's engine takes the frames as they are, neither decoded nor sampled
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,12 +48,16 @@ from epd.server.media.video_overrides import (
     check_trusted,
 )
 from epd.server.media.video_planner import PlannedVideo
+from epd.server.models.video import VideoPlan
+from epd.server.route.prompt import VideoTokens
 from epd.server.route.request import ChatRequest, ImageSource
 from epd.v1 import encode_service_pb2 as encode_pb
 from epd.v1 import generation_pb2, multimodal_pb2
 
 #: temporal patches in one chunk by default (--video-chunk-patches)
 DEFAULT_CHUNK_PATCHES = 8
+#: what a video's placeholder token expands to, from its plan (``PromptBuilder.video_tokens``)
+VideoTokensOf = Callable[[VideoPlan], VideoTokens]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +73,16 @@ class RouteImage:
 
 @dataclass(frozen=True, slots=True)
 class RouteVideo:
-    """One video of a request as the route loaded it: its planned frames, and one encoding
-    item per chunk (``items[i]`` encodes ``chunks[i]``; their source is the whole video)."""
+    """One video of a request as the route loaded it, each fact computed once: its planned
+    frames, one encoding item per chunk (``items[i]`` encodes ``chunks[i]``; their source is
+    the whole video) and what its placeholder token expands to in the engine's prompt
+    (``PromptBuilder.video_tokens``), which the block hashes, a truncation and the expanded
+    ids all take."""
 
     video: PlannedVideo
     chunks: list[VideoChunk]
     items: list[multimodal_pb2.MediaItem]
+    tokens: VideoTokens
 
     @property
     def chunk_tokens(self) -> list[int]:
@@ -129,12 +138,15 @@ async def load_videos(
     patches_per_chunk: int,
     kwargs: MediaKwargs = NO_KWARGS,
     has_images: bool = False,
+    *,
+    video_tokens: VideoTokensOf,
 ) -> list[RouteVideo]:
-    """``sources`` each loaded and cut into chunks (``load_video``), within the media policy's
-    count of videos and their tokens together (InvalidArgument ``TOO_MANY_VIDEOS``,
-    ``TOO_MANY_VIDEO_TOKENS``), under the request's ``kwargs`` (``VideoLoader.overrides``:
-    checked in every request, videos or not; ``has_images``: it holds an image too);
-    ``loader`` None: the model takes no video (``VIDEO_NOT_SUPPORTED`` when there is one)."""
+    """``sources`` each loaded, cut into chunks and counted by ``video_tokens`` (``load_video``),
+    within the media policy's count of videos and their tokens together (InvalidArgument
+    ``TOO_MANY_VIDEOS``, ``TOO_MANY_VIDEO_TOKENS``), under the request's ``kwargs``
+    (``VideoLoader.overrides``: checked in every request, videos or not; ``has_images``: it
+    holds an image too); ``loader`` None: the model takes no video (``VIDEO_NOT_SUPPORTED`` when
+    there is one)."""
     if not sources and kwargs == NO_KWARGS:
         return []
     overrides = loader.overrides(kwargs, has_images=has_images) if loader else None
@@ -144,7 +156,7 @@ async def load_videos(
         raise InvalidArgument("this model takes no video", reason="VIDEO_NOT_SUPPORTED")
     check_num_videos(len(sources), loader.policy)
     videos = await asyncio.gather(
-        *(load_video(loader, s, patches_per_chunk, overrides) for s in sources)
+        *(load_video(loader, s, patches_per_chunk, video_tokens, overrides) for s in sources)
     )
     check_video_tokens([video.video.plan.num_tokens for video in videos], loader.policy)
     return list(videos)
@@ -154,10 +166,12 @@ async def load_video(
     loader: VideoLoader,
     source: ImageSource,
     patches_per_chunk: int,
+    video_tokens: VideoTokensOf,
     overrides: VideoOverrides | None = None,
 ) -> RouteVideo:
-    """``source`` decoded, planned (under ``overrides``; None: the server's) and cut into
-    chunks of ``patches_per_chunk`` patches."""
+    """``source`` decoded, planned (under ``overrides``; None: the server's), cut into chunks
+    of ``patches_per_chunk`` patches, and its prompt tokens counted (``video_tokens``: the
+    route's ``PromptBuilder.video_tokens``)."""
     video = await loader.load(url=source.url, data=source.data, overrides=overrides)
     chunks = loader.planner.chunks(video, patches_per_chunk)
     height, width = video.plan.resized
@@ -175,7 +189,7 @@ async def load_video(
         )
         for chunk in chunks
     ]
-    return RouteVideo(video, chunks, items)
+    return RouteVideo(video, chunks, items, video_tokens(video.plan))
 
 
 def in_namespace(

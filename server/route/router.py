@@ -177,8 +177,7 @@ class Router:
         """Stream the answer to ``request`` whose images are ``sources`` (its ``images``, read
         once by the caller), not observed in ``metrics``: ``generate`` observes a request, and
         a beam search's steps are observed as one (``beam_choices``)."""
-        deadline = Deadline(timeout_s)
-        model = request.model or self.model_id
+        deadline, model = Deadline(timeout_s), request.model or self.model_id
         trace.get_current_span().set_attribute("epd.request_id", request.request_id)
         live_roles = await self.roles.live_roles(model, self.model_id, self._list_workers, deadline)
         prompt = await self._prompt(request)
@@ -191,6 +190,7 @@ class Router:
                 self.video_chunk_patches,
                 request.media_kwargs,
                 has_images=bool(sources),
+                video_tokens=self.prompts.video_tokens,
             ),
         )
         if request.truncate_prompt_tokens is not None:

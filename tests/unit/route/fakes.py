@@ -80,6 +80,9 @@ class StubPrompts:
     def expanded_ids(self, token_ids: list[int], image_tokens: Any, video_tokens: Any) -> list[int]:
         return token_ids
 
+    def video_tokens(self, plan: Any) -> Any:
+        raise AssertionError("a text-only router loads no video")
+
 
 def text_router(peers: FakePeers) -> Router:
     """A router for the model ``tiny`` serving text-only requests over ``peers``."""

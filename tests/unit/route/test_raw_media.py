@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +21,13 @@ from epd.server.route.request import ImageSource
 from tests.unit.models.clips import make_clip
 
 CLIP = make_clip(num_frames=8, width=64, height=48, fps=1)
+# NOTE: the tiny model is Qwen2-VL, whose video placeholder expands to the video's rows
+ROWS = attrgetter("num_tokens")
 
 
 def test_a_video_goes_whole_with_its_frames_and_plan(tiny_model_dir: Path) -> None:
     loader = VideoLoader(VideoPlanner(tiny_model_dir, "tiny"), MediaPolicy())
-    video = asyncio.run(load_video(loader, ImageSource(data=CLIP), 1))
+    video = asyncio.run(load_video(loader, ImageSource(data=CLIP), 1, ROWS))
     assert len(video.items) == 4, "four chunks of one temporal patch"
     for item in video.items:  # NOTE: a tenant's request (router.in_namespace)
         item.mm_hash, item.key_salt = salted(item.mm_hash, "tenant"), "tenant"
@@ -48,7 +51,7 @@ def test_a_video_goes_whole_with_its_frames_and_plan(tiny_model_dir: Path) -> No
 def test_a_video_at_a_url_goes_by_its_url(tiny_model_dir: Path) -> None:
     loader = VideoLoader(VideoPlanner(tiny_model_dir, "tiny"), MediaPolicy())
     url = "data:video/mp4;base64," + base64.b64encode(CLIP).decode()
-    video = asyncio.run(load_video(loader, ImageSource(url=url), 2))
+    video = asyncio.run(load_video(loader, ImageSource(url=url), 2, ROWS))
     (item,), _ = stage_items(False, [], [video])
     assert (item.WhichOneof("source"), item.url) == ("url", url)
     assert item.mm_hash == video.video.video_hash and not item.key_salt
@@ -56,7 +59,7 @@ def test_a_video_at_a_url_goes_by_its_url(tiny_model_dir: Path) -> None:
 
 def test_with_encoders_each_chunk_shares_its_own_kept_frames(tiny_model_dir: Path) -> None:
     loader = VideoLoader(VideoPlanner(tiny_model_dir, "tiny"), MediaPolicy())
-    video = asyncio.run(load_video(loader, ImageSource(data=CLIP), 1))
+    video = asyncio.run(load_video(loader, ImageSource(data=CLIP), 1, ROWS))
     items, pixels = stage_items(True, [], [video])
     assert items == video.items and [item for item, _ in pixels] == items
     for chunk, (_, frames) in zip(video.chunks, pixels, strict=True):

@@ -5,7 +5,9 @@ each video's plan, which the chunks the encoders get carry (frames kept, size)."
 from __future__ import annotations
 
 import asyncio
+from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,11 +16,18 @@ from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_overrides import MediaKwargs
 from epd.server.media.video_planner import VideoPlanner
-from epd.server.route.media import load_videos
+from epd.server.route.media import RouteVideo, load_videos
 from epd.server.route.request import ImageSource
 from tests.unit.models.clips import make_clip
 
 CLIP = ImageSource(data=make_clip(num_frames=24, width=64, height=48, fps=8))
+# NOTE: the tiny model is Qwen2-VL, whose video placeholder expands to the video's rows
+ROWS = attrgetter("num_tokens")
+
+
+def load(videos: VideoLoader, *args: Any, **kwargs: Any) -> list[RouteVideo]:
+    """``load_videos`` run to its end."""
+    return asyncio.run(load_videos(videos, *args, video_tokens=ROWS, **kwargs))
 
 
 def loader(model_dir: Path, trusted: bool) -> VideoLoader:
@@ -28,9 +37,9 @@ def loader(model_dir: Path, trusted: bool) -> VideoLoader:
 
 def test_the_requests_override_reaches_the_chunks(tiny_model_dir: Path) -> None:
     videos = loader(tiny_model_dir, trusted=True)
-    default = asyncio.run(load_videos(videos, [CLIP], 1))[0]
+    default = load(videos, [CLIP], 1)[0]
     kwargs = MediaKwargs({"fps": 1, "min_pixels": 12544}, None)
-    slow = asyncio.run(load_videos(videos, [CLIP], 1, kwargs))[0]
+    slow = load(videos, [CLIP], 1, kwargs)[0]
 
     assert len(slow.items) < len(default.items)
     span = slow.items[0].video
@@ -45,7 +54,7 @@ def test_untrusted_kwargs_are_refused_with_or_without_a_video(
 ) -> None:
     videos = loader(tiny_model_dir, trusted=False)
     with pytest.raises(InvalidArgument) as caught:
-        asyncio.run(load_videos(videos, sources, 1, MediaKwargs(None, {"video": {"fps": 1}})))
+        load(videos, sources, 1, MediaKwargs(None, {"video": {"fps": 1}}))
     assert caught.value.metadata["param"] == "media_io_kwargs"
     assert "--trust-request-mm-kwargs" in str(caught.value)
 
@@ -55,11 +64,11 @@ def test_a_pixel_budget_beside_an_image_reaches_the_video_and_other_image_keys_a
 ) -> None:
     videos = loader(tiny_model_dir, trusted=True)
     kwargs = MediaKwargs({"max_pixels": 6272}, None)
-    (budgeted,) = asyncio.run(load_videos(videos, [CLIP], 1, kwargs, has_images=True))
+    (budgeted,) = load(videos, [CLIP], 1, kwargs, has_images=True)
     assert budgeted.video.overrides.max_pixels == 6272
     other = MediaKwargs({"images_kwargs": {"resample": 2}}, None)
     with pytest.raises(InvalidArgument) as caught:
-        asyncio.run(load_videos(videos, [CLIP], 1, other, has_images=True))
+        load(videos, [CLIP], 1, other, has_images=True)
     assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
 
 
@@ -70,12 +79,12 @@ def test_a_pixel_budget_needs_encoders_and_a_sampling_override_does_not(
 
     videos = loader(tiny_model_dir, trusted=True)
     pixels = MediaKwargs({"max_pixels": 6272}, None)
-    budgeted = asyncio.run(load_videos(videos, [CLIP], 1, pixels))
+    budgeted = load(videos, [CLIP], 1, pixels)
     assert stage_items(True, [], budgeted)[0] == budgeted[0].items
     with pytest.raises(InvalidArgument) as caught:
         stage_items(False, [], budgeted)
     assert caught.value.reason == "MEDIA_KWARGS_NOT_SUPPORTED"
-    sampled = asyncio.run(load_videos(videos, [CLIP], 1, MediaKwargs({"fps": 1}, None)))
+    sampled = load(videos, [CLIP], 1, MediaKwargs({"fps": 1}, None))
     assert len(stage_items(False, [], sampled)[0]) == 1
 
 

@@ -17,7 +17,7 @@ def named(salt: str) -> str:
     plan = SimpleNamespace(grid=(2, 4, 4), seconds_per_temporal_patch=1.0, timestamps=None)
     planned: Any = SimpleNamespace(video_hash=VIDEO_HASH, plan=plan)
     chunk = multimodal_pb2.MediaItem(mm_hash=salted(CHUNK_HASH, salt), key_salt=salt)
-    return video_input(RouteVideo(planned, [], [chunk]), []).mm_hash
+    return video_input(RouteVideo(planned, [], [chunk], tokens=8), []).mm_hash
 
 
 def test_a_tenant_s_video_is_named_by_its_salted_hash() -> None:

@@ -5,6 +5,7 @@ between vision start and end), as transformers' processor expands the same chat 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +18,12 @@ from epd.common.errors import Code, InvalidArgument
 from epd.server.engine.base import EngineImage, VideoFrames
 from epd.server.engine.prompt_check import VisionLayout
 from epd.server.media.policy import MediaPolicy
+from epd.server.media.video_loader import VideoLoader
 from epd.server.media.video_planner import PlannedVideo, VideoPlanner
+from epd.server.route import engine_prompt
+from epd.server.route.media import load_videos
 from epd.server.route.prompt import PromptBuilder
-from epd.server.route.request import ChatMessage, ChatPart, ImageSource
+from epd.server.route.request import ChatMessage, ChatPart, ChatRequest, ImageSource
 from tests.unit.models.clips import make_clip
 
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -76,6 +80,32 @@ def test_the_expanded_prompt_and_its_block_hashes_are_the_processors(
     hashes = builder.block_hashes(token_ids, [], [(MM_HASH, tokens)])
     assert hashes == builder.block_hashes(padded, [], [])
     assert len(hashes) == len(reference) // 16
+
+
+def test_a_video_s_tokens_are_counted_once_as_it_loads(
+    planned: tuple[Path, PlannedVideo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route counts a video's prompt tokens as it loads it (``RouteVideo.tokens``); its
+    block hashes, a truncation and the expanded ids take them from there, not from the family
+    again (Qwen3-VL tokenises each patch's timestamp)."""
+    model_dir, _ = planned
+    builder = PromptBuilder(model_dir)
+    loader = VideoLoader(VideoPlanner(model_dir, "tiny"), MediaPolicy())
+    loaded = load_videos(loader, [ImageSource(data=CLIP)], 2, video_tokens=builder.video_tokens)
+    (video,) = asyncio.run(loaded)
+    token_ids = builder.token_ids(CHAT)
+    assert video.tokens == builder.video_tokens(video.video.plan)
+    expected = builder.expanded_ids(token_ids, [], [video.tokens])
+    hashes = builder.block_hashes(token_ids, [], [(video.video.video_hash, video.tokens)])
+
+    def counted_again(plan: object) -> None:
+        raise AssertionError("the video's tokens were counted again")
+
+    monkeypatch.setattr(builder, "video_tokens", counted_again)
+    assert engine_prompt.block_hashes(builder, token_ids, [], [video]) == hashes
+    assert engine_prompt.expanded(builder, token_ids, [], [video]) == expected
+    request = ChatRequest("r", "tiny", CHAT, truncate_prompt_tokens=len(expected))
+    assert engine_prompt.truncated(builder, request, token_ids, [], [video]) == token_ids
 
 
 def test_the_engines_pre_check_counts_the_videos_prompt_tokens(

@@ -114,17 +114,22 @@ async def test_the_route_refuses_videos_over_the_token_limit_before_any_encoder(
     from tests.unit.models.clips import make_clip
 
     planner = VideoPlanner(tiny_model_dir, "tiny")
+    prompt_tokens = PromptBuilder(tiny_model_dir).video_tokens
     clip, other = make_clip(num_frames=8, fps=1), make_clip(num_frames=9, fps=1)
     tokens = planner.load(clip, MediaPolicy()).plan.num_tokens
     loader = VideoLoader(planner, replace(MediaPolicy(), max_video_tokens=tokens))
-    (video,) = await load_videos(loader, [ImageSource(data=clip)], patches_per_chunk=2)
+    (video,) = await load_videos(
+        loader, [ImageSource(data=clip)], patches_per_chunk=2, video_tokens=prompt_tokens
+    )
     assert video.video.plan.num_tokens == tokens and len(video.items) == 2
     for sources in ([clip, other], [clip] * 2):
         with pytest.raises(InvalidArgument) as caught:
-            await load_videos(loader, [ImageSource(data=s) for s in sources], 2)
+            await load_videos(
+                loader, [ImageSource(data=s) for s in sources], 2, video_tokens=prompt_tokens
+            )
         assert caught.value.reason == "TOO_MANY_VIDEO_TOKENS"
     with pytest.raises(InvalidArgument) as caught:
-        await load_videos(loader, [ImageSource(data=clip)] * 5, 2)
+        await load_videos(loader, [ImageSource(data=clip)] * 5, 2, video_tokens=prompt_tokens)
     assert caught.value.reason == "TOO_MANY_VIDEOS"
 
 
@@ -139,8 +144,10 @@ async def test_a_family_without_video_refuses_it_at_the_route_by_name(
     from epd.server.route.media import load_videos
     from tests.unit.models.clips import make_clip
 
-    loader = VideoLoader(VideoPlanner(tiny_family_dir(family), "tiny"), MediaPolicy())
+    model_dir = tiny_family_dir(family)
+    loader = VideoLoader(VideoPlanner(model_dir, "tiny"), MediaPolicy())
+    clip = ImageSource(data=make_clip(num_frames=8, fps=1))
     with pytest.raises(InvalidArgument) as caught:
-        await load_videos(loader, [ImageSource(data=make_clip(num_frames=8, fps=1))], 2)
+        await load_videos(loader, [clip], 2, video_tokens=PromptBuilder(model_dir).video_tokens)
     assert caught.value.reason == "VIDEO_NOT_SUPPORTED"
     assert caught.value.message == f"{family_named(family).title} models do not take video"
