@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import Counter
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.decode import decode_image, open_image
 from epd.server.media.fetch import decode_data_url, fetch_url, url_scheme
-from epd.server.media.hashing import mm_hash, processor_fingerprint
+from epd.server.media.hashing import mm_hash, processor_fingerprint, source_key
 from epd.server.media.policy import MediaPolicy
 
 # Images given as bytes (or a data: URL) of at most this many pixels (declared in their header) are
@@ -95,7 +94,7 @@ class MediaLoader:
                 url, data = "", decode_data_url(url, self.policy)
             if url:
                 return await self.cache.get_or_load("url:" + url, lambda: self._fetch_and_load(url))
-            key = "bytes:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+            key = "bytes:" + source_key(data)
             image = open_image(data, self.policy)
             if image.width * image.height <= INLINE_DECODE_PIXELS:
                 return self.cache.get_or_compute(key, lambda: self._decode_and_hash(data, image))

@@ -10,7 +10,6 @@ once, and a cache bounded by the kept frames' bytes answers a repeated clip.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import Counter
 from concurrent.futures import Executor
 from dataclasses import replace
@@ -18,6 +17,7 @@ from dataclasses import replace
 from epd.common.errors import EpdError, InvalidArgument
 from epd.server.media.cache import AsyncLruCache
 from epd.server.media.fetch import fetch_url, url_scheme
+from epd.server.media.hashing import source_key
 from epd.server.media.image_settings import resolve_image
 from epd.server.media.policy import MediaPolicy
 from epd.server.media.video_overrides import (
@@ -99,7 +99,7 @@ class VideoLoader:
             if url and url_scheme(url) not in ("data", "file"):
                 key = "url:" + url
             else:
-                key = "bytes:" + hashlib.blake2b(data or url.encode(), digest_size=16).hexdigest()
+                key = "bytes:" + source_key(data or url.encode())
             key = f"{overrides.key}|{key}" if overrides.key else key
             return await self.cache.get_or_load(
                 key, lambda: self._fetch_and_plan(url, data, overrides)
