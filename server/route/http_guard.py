@@ -38,6 +38,8 @@ OPEN_PATHS = frozenset({"/health", "/version"})
 INLINE_PARSE_BYTES = 256 << 10
 # Seconds an answered connection keeps reading a body nobody will parse.
 LINGERING_S = 1.0
+# Every byte but the separators and container openings (deleted in one pass over a body).
+_NOT_SEPARATORS = bytes(sorted(set(range(256)) - set(b",[{")))
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -236,7 +238,7 @@ def count_json_values(body: bytes, limit: int) -> int:
 
 
 def _separators(text: bytes) -> int:
-    return text.count(b",") + text.count(b"[") + text.count(b"{") + 1
+    return len(text.translate(None, _NOT_SEPARATORS)) + 1
 
 
 def _too_large(options: HttpOptions) -> HttpError:
