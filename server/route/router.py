@@ -174,19 +174,22 @@ class Router:
     async def answer(
         self, request: ChatRequest, sources: list[ImageSource], timeout_s: float | None
     ) -> AsyncIterator[RouteChunk]:
-        """Stream the answer to ``request`` whose images are ``sources`` (its ``images``, read
-        once by the caller), not observed in ``metrics``: ``generate`` observes a request, and
-        a beam search's steps are observed as one (``beam_choices``)."""
+        """Stream the answer to ``request`` (its images ``sources``, read once by the caller),
+        unobserved: ``generate`` observes a request, a beam search its steps as one."""
         deadline, model = Deadline(timeout_s), request.model or self.model_id
         trace.get_current_span().set_attribute("epd.request_id", request.request_id)
-        live_roles = await self.roles.live_roles(model, self.model_id, self._list_workers, deadline)
+        video_sources = request.videos
+        num_media = len(sources) + len(video_sources)
+        roles = await self.roles.live_roles(
+            model, self.model_id, self._list_workers, deadline, num_media
+        )
         prompt = await self._prompt(request)
         token_ids = prompt.token_ids
         images, videos = await asyncio.gather(
             load_images(self.loader, self.grids, sources, request.media_kwargs),
             load_videos(
                 self.videos,
-                request.videos,
+                video_sources,
                 self.video_chunk_patches,
                 request.media_kwargs,
                 has_images=bool(sources),
@@ -206,7 +209,7 @@ class Router:
             generation_pb2.Prompt(token_ids=token_ids),
             sampling,
             block_hashes(self.prompts, token_ids, images, videos, salt, param),
-            plan_for(live_roles, len(images) + len(videos)),
+            plan_for(roles, num_media),
             deadline,
         )
         items, pixels = stage_items(call.plan.uses_encoders, images, videos)
@@ -218,9 +221,6 @@ class Router:
             num_tokens=[image.num_tokens for image in images]
             + [tokens for v in videos for tokens in v.chunk_tokens],
         )
-        span = trace.get_current_span()
-        span.set_attributes({"epd.images": len(images), "epd.videos": len(videos)})
-        span.set_attribute("epd.encoder_policy", request.encoder_policy)
         try:
             share_pixels(self.plane, stage, pixels)
             pieces = self._engine_pieces(call, stage, images, videos)
@@ -303,6 +303,9 @@ class Router:
                 release_pixels(self.plane, stage)
             return embedded(call.prompt.token_ids, stage, images, videos)
 
+        span = trace.get_current_span()
+        span.set_attributes({"epd.images": len(images), "epd.videos": len(videos)})
+        span.set_attribute("epd.encoder_policy", stage.policy)
         placement = None
         if call.plan.uses_encoders:
             items = encode_items(stage, list(range(len(stage.items))))

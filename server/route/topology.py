@@ -52,6 +52,19 @@ def plan_for(live_roles: frozenset[Role], num_images: int) -> Plan:
     return Plan(num_images > 0, EMBEDDING_CONSUMERS, is_decode_live)
 
 
+def can_serve(live_roles: frozenset[Role], num_media: int) -> bool:
+    """Whether ``live_roles`` serve a request with ``num_media`` images and videos on its plan
+    (``plan_for``): an encoder for its media where the plan uses one, and a worker to prefill
+    it that needs no decode worker or has one."""
+    plan = plan_for(live_roles, num_media)
+    if plan.uses_encoders and Role.ENCODE not in live_roles:
+        return False
+    finishing = {Role.PREFILL_DECODE, Role.ENCODE_PREFILL}
+    if plan.is_decode_live:
+        finishing.add(Role.PREFILL)
+    return any(role in finishing for role in plan.prefill_roles if role in live_roles)
+
+
 class RoleView:
     """The set of live roles per model, and the models of every registered worker (live or not,
     ``models``), from the scheduler's ListWorkers: each listing the scheduler client's watch
@@ -80,17 +93,21 @@ class RoleView:
         served_here: str,
         list_workers: ListWorkers,
         deadline: Deadline,
+        num_media: int = 0,
     ) -> frozenset[Role]:
         """The live roles of ``model`` (empty: the only model's), a NotFound
         (``MODEL_NOT_FOUND``) for a model neither registered nor ``served_here`` (the route's
         own), before anything of the request is loaded. The view is refreshed first only where
-        it is expired, or has no live role for ``model`` (a model just registered, workers back
-        since the watch's last listing: at most once per TTL): the request waits for that
-        ListWorkers (within the request's ``deadline``) and a failure of it is the request's;
+        it is expired, or cannot serve a request with ``num_media`` images and videos
+        (``can_serve``: a model just registered, workers that registered or came back since the
+        watch's last listing: at most once per TTL): the request waits for that ListWorkers
+        (within the request's ``deadline``) and a failure of it is the request's;
         ``list_workers(timeout_s)`` is the scheduler's ListWorkers. Any other view is served as
         it is: the watch refreshes it."""
         now = time.monotonic()
-        if self.is_expired(now) or (not self.roles(model) and now - self._asked_at > self.ttl_s):
+        if self.is_expired(now) or (
+            not can_serve(self.roles(model), num_media) and now - self._asked_at > self.ttl_s
+        ):
             self._asked_at = now
             self.update(await list_workers(deadline.remaining()))
         served = self.models | {served_here}

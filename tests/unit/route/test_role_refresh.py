@@ -96,6 +96,27 @@ async def test_a_fresh_view_without_a_live_role_of_the_model_waits_once_per_ttl(
     assert len(await asyncio.wait_for(first, 5)) == 3
 
 
+async def test_a_fresh_view_missing_a_role_the_request_needs_waits_for_the_listing() -> None:
+    """The watch listed an EP/D deployment's decode worker before its encode_prefill worker
+    registered: a request waits for a listing instead of planning encoders the deployment does
+    not have (CI: EP/D's first requests failed 'no live encoder for model tiny')."""
+    decode_only = scheduler_pb.ListWorkersResponse(
+        workers=[
+            scheduler_pb.WorkerStatus(
+                info=scheduler_pb.WorkerInfo(id="dec0", model="tiny", role=Role.DECODE.value),
+                state=scheduler_pb.WORKER_STATE_LIVE,
+            )
+        ]
+    )
+    worker, peers = await router_with_view(0.0, decode_only)
+    list_workers = HeldListWorkers(peers)
+    request = asyncio.ensure_future(generate(worker, "tiny"))
+    await asyncio.sleep(0.05)
+    assert not request.done() and list_workers.num_started == 1
+    list_workers.go.set()
+    assert len(await asyncio.wait_for(request, 5)) == 3
+
+
 async def test_the_listings_refresh_feeds_the_view_and_a_failed_one_keeps_it_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -7,7 +7,7 @@ import pytest
 from epd.common.errors import DeadlineExceeded
 from epd.common.roles import Role, hands_off_kv
 from epd.server.route.request import Deadline
-from epd.server.route.topology import RoleView, plan_for
+from epd.server.route.topology import RoleView, can_serve, plan_for
 from epd.v1 import scheduler_service_pb2 as scheduler_pb
 
 
@@ -47,6 +47,28 @@ def test_plan_follows_the_live_roles(roles, num_images, uses_encoders, prefill_r
     assert plan.uses_encoders is uses_encoders
     assert plan.prefill_roles == prefill_roles
     assert plan.is_decode_live is (Role.DECODE in roles)
+
+
+@pytest.mark.parametrize(
+    ("roles", "num_media", "served"),
+    [
+        ({Role.ENCODE, Role.PREFILL_DECODE}, 1, True),  # E/PD
+        ({Role.ENCODE, Role.PREFILL, Role.DECODE}, 1, True),  # E/P/D
+        ({Role.ENCODE_PREFILL}, 1, True),  # EPD
+        ({Role.ENCODE_PREFILL, Role.DECODE}, 1, True),  # EP/D
+        ({Role.PREFILL_DECODE}, 0, True),  # text without encoders
+        (set(), 0, False),
+        ({Role.DECODE}, 1, False),  # EP/D's decode worker listed before its encode_prefill
+        ({Role.DECODE}, 0, False),
+        ({Role.PREFILL_DECODE}, 1, False),  # E/PD's worker listed before its encoders
+        ({Role.ENCODE, Role.DECODE}, 1, False),  # E/P/D without its prefill worker yet
+        ({Role.ENCODE, Role.PREFILL}, 1, False),  # E/P/D without its decode worker yet
+    ],
+)
+def test_a_view_serves_a_request_only_with_every_role_its_plan_needs(
+    roles, num_media, served
+) -> None:
+    assert can_serve(frozenset(roles), num_media) is served
 
 
 def test_kv_goes_to_decode_only_from_prefill_or_encode_prefill_beside_decoders() -> None:
