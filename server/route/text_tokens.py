@@ -14,34 +14,26 @@ from typing import Any
 
 
 def text_token_ids(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    """``tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]``."""
-    backend = rust_backend(tokenizer)
-    if (
-        backend is not None
-        and backend.truncation is None
-        and backend.padding is None
-        and backend.encode_special_tokens == bool(tokenizer.split_special_tokens)
-    ):
-        return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-
-
-def rust_backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` under ``tokenizer`` when its class calls it as transformers'
-    fast tokenizers do (none of the call, its encoding or its input mode overridden); else
-    None. Its truncation, padding and special-token splitting are state a call leaves behind,
-    which ``text_token_ids`` checks on each call."""
+    """``tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]``: from its Rust
+    tokenizer when its class calls that as transformers' fast tokenizers do (none of the call,
+    its encoding or its input mode overridden) and no truncation, padding or special-token
+    splitting is in force (state an earlier call may leave behind), else through the call."""
     import tokenizers
     from transformers import TokenizersBackend
 
     kind = type(tokenizer)
-    backend = getattr(tokenizer, "_tokenizer", None)
-    is_plain = (
+    backend: Any = getattr(tokenizer, "_tokenizer", None)
+    is_direct = (
         isinstance(tokenizer, TokenizersBackend)
         and isinstance(backend, tokenizers.Tokenizer)
         and kind.__call__ is TokenizersBackend.__call__
         and kind._encode_plus is TokenizersBackend._encode_plus
         and getattr(kind, "_switch_to_input_mode", None)
         is getattr(TokenizersBackend, "_switch_to_input_mode", None)
+        and backend.truncation is None
+        and backend.padding is None
+        and backend.encode_special_tokens == bool(tokenizer.split_special_tokens)
     )
-    return backend if is_plain else None
+    if is_direct:
+        return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])

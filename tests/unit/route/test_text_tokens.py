@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from epd.server.route.text_tokens import rust_backend, text_token_ids
+from epd.server.route.text_tokens import text_token_ids
 
 CHAT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
 TEXTS = [CHAT, "", " ", "  two  spaces\n\n\ttab", "日本語のテキスト 🙂", "a" * 3000]
@@ -25,26 +25,38 @@ def wrapper_ids(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
+def direct_ids(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """``text_token_ids`` with transformers' wrapper made to fail: the Rust tokenizer's ids."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("went through transformers' call")
+
+    tokenizer._encode_plus = refuse
+    try:
+        return text_token_ids(tokenizer, text, add_special_tokens)
+    finally:
+        del tokenizer._encode_plus
+
+
 @pytest.mark.parametrize("add_special_tokens", [False, True])
 @pytest.mark.parametrize("text", TEXTS)
 def test_ids_are_the_wrappers(tokenizer: Any, text: str, add_special_tokens: bool) -> None:
-    assert rust_backend(tokenizer) is not None
     expected = wrapper_ids(tokenizer, text, add_special_tokens)
-    assert text_token_ids(tokenizer, text, add_special_tokens) == expected
+    assert direct_ids(tokenizer, text, add_special_tokens) == expected
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=200))
 def test_any_text_gets_the_wrappers_ids(tiny_model_dir: Path, text: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert text_token_ids(tokenizer, text, False) == wrapper_ids(tokenizer, text, False)
+    assert direct_ids(tokenizer, text, False) == wrapper_ids(tokenizer, text, False)
 
 
 def test_a_truncation_left_by_an_earlier_call_does_not_cut(tokenizer: Any) -> None:
     """transformers leaves a truncating call's setting on the Rust tokenizer until its next
     call; the ids are still the untruncated call's."""
     tokenizer(TEXTS[-1], truncation=True, max_length=3)
-    assert rust_backend(tokenizer).truncation is not None
+    assert tokenizer._tokenizer.truncation is not None
     ids = text_token_ids(tokenizer, TEXTS[-1], False)
     assert len(ids) > 3 and ids == wrapper_ids(tokenizer, TEXTS[-1], False)
 
@@ -63,5 +75,4 @@ def test_a_class_with_its_own_call_goes_through_it(tokenizer: Any) -> None:
             return {"input_ids": [7, *super().__call__(text, **kwargs)["input_ids"]]}
 
     tokenizer.__class__ = Shifted
-    assert rust_backend(tokenizer) is None
     assert text_token_ids(tokenizer, "hi", False)[0] == 7
