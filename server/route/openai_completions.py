@@ -45,7 +45,6 @@ from epd.server.route.request_check import (
     check_content,
     check_request_id,
 )
-from epd.server.route.text_tokens import text_token_ids
 from epd.v1 import generation_pb2
 
 # vLLM's CompletionRequest fields epd implements.
@@ -152,7 +151,7 @@ def _truncated(token_ids: list[int], keep: int | None, side: str | None) -> list
 
 def _token_ids(prompt: str | list[int], parsed: Any, tokenizer: Any) -> list[int]:
     if isinstance(prompt, str):
-        return text_token_ids(tokenizer, prompt, parsed.add_special_tokens)
+        return list(tokenizer(prompt, add_special_tokens=parsed.add_special_tokens)["input_ids"])
     ids = [int(token) for token in prompt]
     if not ids:
         raise bad("the prompt is empty", "prompt")

@@ -27,7 +27,6 @@ from typing import Any
 from epd.server.models.model_dir import context_length
 from epd.server.models.video import VideoPlan
 from epd.server.route.request import ChatMessage, ChatPart, bad
-from epd.server.route.text_tokens import text_token_ids
 
 BLOCK_SIZE = 16
 # the side vLLM cuts a prompt on when a request names none (its tokenizer registry's default
@@ -212,7 +211,8 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(
             chat, tokenize=False, chat_template=chat_template, **kwargs
         )
-        return Rendered(text, text_token_ids(self.tokenizer, text, add_special_tokens))
+        token_ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        return Rendered(text, list(token_ids))
 
     def video_tokens(self, plan: VideoPlan) -> VideoTokens:
         """What the placeholder token of the video ``plan`` plans expands to, as the engine
