@@ -35,7 +35,7 @@ NAMES=(
   opentelemetry-instrumentation opentelemetry-instrumentation-grpc transformers tokenizers regex
   pytest pytest-asyncio pluggy iniconfig aiohttp multidict yarl propcache frozenlist aiosignal
   aiohappyeyeballs attrs openai pydantic pydantic_core jiter distro annotated-types
-  typing-inspection sniffio httpx2 httpcore2 truststore wrapt setproctitle av
+  typing-inspection sniffio httpx2 httpcore2 truststore wrapt setproctitle av pybase64 blake3
 )
 declare -A version
 while read -r name ver; do version[${name,,}]=$ver; done < <(

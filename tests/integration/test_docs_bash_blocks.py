@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent
 EPD_PROGRAMS = {"epd", ".venv/bin/epd"}
 PYTHON_PROGRAMS = {"python", ".venv/bin/python"}
 # Programs of other projects the docs show (containers, Kubernetes): named, not checked here.
-OTHER_PROJECTS_PROGRAMS = {"docker", "podman", "helm", "kubectl", "curl", "grpcurl"}
+OTHER_PROJECTS_PROGRAMS = {"docker", "podman", "helm", "kubectl", "curl", "grpcurl", "git"}
 
 
 SEPARATORS = {"&&", "||", "|", ";", "&"}
