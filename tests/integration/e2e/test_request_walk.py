@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vllm
 # the path fails here, and goes into the document with its reason; one that shortens it lowers
 # these.
 MAX_FILES = 71
-MAX_FUNCTIONS = 280
+MAX_FUNCTIONS = 282
 
 
 async def test_the_walk_stays_within_the_documented_path(
