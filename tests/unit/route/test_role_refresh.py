@@ -41,6 +41,16 @@ class HeldListWorkers:
         return await self.answer(request, timeout)
 
 
+async def waits_for_the_listing(worker: Router, peers: FakePeers) -> None:
+    """A request to ``worker`` waits for one ListWorkers, then is answered."""
+    list_workers = HeldListWorkers(peers)
+    request = asyncio.ensure_future(generate(worker, "tiny"))
+    await asyncio.sleep(0.05)
+    assert not request.done() and list_workers.num_started == 1
+    list_workers.go.set()
+    assert len(await asyncio.wait_for(request, 5)) == 3
+
+
 async def router_with_view(
     age_s: float, listing: scheduler_pb.ListWorkersResponse | None = None
 ) -> tuple[Router, FakePeers]:
@@ -64,12 +74,7 @@ async def test_a_stale_view_is_served_and_no_request_lists_the_workers() -> None
 
 async def test_an_expired_view_makes_the_request_wait_for_the_listing() -> None:
     worker, peers = await router_with_view(age_s=(MAX_AGE_TTLS + 1) * TTL_S)
-    list_workers = HeldListWorkers(peers)
-    request = asyncio.ensure_future(generate(worker, "tiny"))
-    await asyncio.sleep(0.05)
-    assert not request.done() and list_workers.num_started == 1
-    list_workers.go.set()
-    assert len(await asyncio.wait_for(request, 5)) == 3
+    await waits_for_the_listing(worker, peers)
 
 
 async def test_a_stale_view_without_a_live_role_of_the_model_waits_for_the_listing() -> None:
@@ -109,12 +114,7 @@ async def test_a_fresh_view_missing_a_role_the_request_needs_waits_for_the_listi
         ]
     )
     worker, peers = await router_with_view(0.0, decode_only)
-    list_workers = HeldListWorkers(peers)
-    request = asyncio.ensure_future(generate(worker, "tiny"))
-    await asyncio.sleep(0.05)
-    assert not request.done() and list_workers.num_started == 1
-    list_workers.go.set()
-    assert len(await asyncio.wait_for(request, 5)) == 3
+    await waits_for_the_listing(worker, peers)
 
 
 async def test_the_listings_refresh_feeds_the_view_and_a_failed_one_keeps_it_logged(
