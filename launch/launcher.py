@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epd.common.advertise import endpoint
-from epd.common.channels import TlsFiles, wait_for_health
+from epd.common.channels import PLAINTEXT, TlsFiles, wait_for_health
 from epd.launch.free_ports import free_port
 from epd.launch.ports import (
     ENCODER_OFFSET,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Child:
-    """One running service, reached at ``host`` (with TLS verified by ``tls_ca_file`` when set);
+    """One running service, reached at ``host`` (over ``tls``: its certificate verified);
     ``env``: its variables beyond the deployment's; ``stop_wave``: ``Deployment.stop`` stops it
     once every child of a lower wave has ended."""
 
@@ -59,7 +59,7 @@ class Child:
     num_restarts: int = 0
     is_reported: bool = False
     host: str = LOOPBACK
-    tls_ca_file: str | None = None
+    tls: TlsFiles = PLAINTEXT
     env: dict[str, str] = field(default_factory=dict)
     stop_wave: int = 0
 
@@ -207,9 +207,7 @@ class Deployment:
                 child.is_reported = True
                 raise RuntimeError(f"{child.describe_exit()}; last log lines:\n{tail(child.log)}")
             try:
-                await wait_for_health(
-                    child.endpoint, timeout_s=2.0, tls=TlsFiles(ca_file=child.tls_ca_file)
-                )
+                await wait_for_health(child.endpoint, timeout_s=2.0, tls=child.tls)
                 return
             except Exception:  # noqa: BLE001 - keep polling until the deadline
                 continue
@@ -380,7 +378,7 @@ def _start_route(
         env=entry.route_env(),
     )
     route.http_port = int(http[1]) if http else None
-    route.host, route.tls_ca_file = entry.dial_host, entry.ca_file
+    route.host, route.tls = entry.dial_host, TlsFiles(ca_file=entry.ca_file)
     return route
 
 

@@ -57,13 +57,13 @@ def test_the_route_alone_listens_publicly_with_the_token_and_the_certificate(
     assert flag(route.command, "--tls-key") == key and "--auth-token" not in route.command
     assert "s3cret" not in " ".join(route.command)  # NOTE: out of ps' sight
     assert route.env == {"EPD_AUTH_TOKEN": "s3cret"}
-    assert (route.endpoint, route.tls_ca_file) == (f"localhost:{route.port}", cert)
+    assert (route.endpoint, route.tls.ca_file) == (f"localhost:{route.port}", cert)
     assert set(children) == {"scheduler", "prefill", "encode0"}
     for child in children.values():
         assert flag(child.command, "--host") == "127.0.0.1" and child.env == {}
         for name in ("--auth-token", "--tls-cert", "--tls-key", "--tls-client-ca"):
             assert flag(child.command, name) == ""
-        assert child.endpoint == f"127.0.0.1:{child.port}" and child.tls_ca_file is None
+        assert child.endpoint == f"127.0.0.1:{child.port}" and child.tls.ca_file is None
 
 
 def test_without_a_token_the_route_takes_none_from_a_config_file(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_without_a_token_the_route_takes_none_from_a_config_file(tmp_path: Path)
     assert flag(route.command, "--auth-token") == "" and route.env == {}
     assert flag(route.command, "--host") == "127.0.0.1"
     assert route.endpoint == f"127.0.0.1:{route.port}"
-    assert route.tls_ca_file is None
+    assert route.tls.ca_file is None
 
 
 def test_the_internal_flags_give_a_plaintext_loopback_server_without_token(
